@@ -1,0 +1,1 @@
+"""Checkpoint normalisation: any supported source -> a plain Hugging Face safetensors directory."""

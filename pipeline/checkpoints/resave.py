@@ -1,0 +1,122 @@
+"""`quantize resave`: detect the source checkpoint and write a plain HF safetensors directory.
+
+Supported sources: a native Hugging Face directory (any AutoModelForCausalLM or
+image-text-to-text type: Llama, Glm, Glm4, Glm4v, Glm4vMoe, ...) and a ``.gguf`` file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
+
+SUPPORTED = (
+    "a Hugging Face checkpoint directory (config.json + safetensors/bin weights), "
+    "a .gguf file, or 'demo'"
+)
+MAX_SHARD = "5GB"
+
+
+@dataclass
+class ResaveResult:
+    out: Path
+    source_kind: str
+    architecture: str
+    size_bytes: int
+    seconds: float
+
+    def summary(self) -> str:
+        return (
+            f"resave: wrote {self.out} ({self.architecture} from {self.source_kind}, "
+            f"{human_size(self.size_bytes)}) in {self.seconds:.1f} s"
+        )
+
+
+def detect(source: Path) -> str:
+    """Returns 'gguf', 'chatglm' or 'hf'; raises UserError for anything else."""
+    if not source.exists():
+        raise UserError(f"{source}: no such file or directory; supported sources: {SUPPORTED}")
+    if source.is_file():
+        if source.suffix == ".gguf":
+            return "gguf"
+        raise UserError(f"{source}: not a checkpoint; supported sources: {SUPPORTED}")
+    config_file = source / "config.json"
+    if not config_file.exists():
+        raise UserError(f"{source}: no config.json; supported sources: {SUPPORTED}")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{config_file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if config.get("model_type") == "chatglm" or any(
+        "ChatGLM" in arch for arch in config.get("architectures", [])
+    ):
+        return "chatglm"
+    return "hf"
+
+
+def _load_hf(source: Path, dtype):
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(source)
+    auto = transformers.AutoModelForCausalLM
+    if type(config) in transformers.AutoModelForImageTextToText._model_mapping:
+        auto = transformers.AutoModelForImageTextToText
+    return auto.from_pretrained(source, dtype=dtype)
+
+
+def _copy_processor(source: Path, out: Path, gguf_file: str | None = None) -> None:
+    import transformers
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(source, **kwargs)
+    except Exception:  # text-only models have no processor, only a tokenizer
+        processor = transformers.AutoTokenizer.from_pretrained(source, **kwargs)
+    processor.save_pretrained(out)
+
+
+def _drop_gguf_quantizer(model) -> None:
+    # The weights are already dequantized; saving the GGUF quantizer config would make
+    # transformers try to re-read a GGUF on load.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+
+
+def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveResult:
+    import torch
+
+    from pipeline.checkpoints.demo_model import demo_gguf
+
+    watch = Stopwatch()
+    source = demo_gguf() if str(source) == "demo" else Path(source)
+    kind = detect(source)
+    if kind == "chatglm":
+        raise UserError(
+            f"{source}: ChatGLM remote-code checkpoints are not converted yet "
+            "(tracked in the checkpoints issue); convert to GlmForCausalLM first."
+        )
+    torch_dtype = getattr(torch, dtype)
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        if kind == "gguf":
+            import transformers
+
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                source.parent, gguf_file=source.name, dtype=torch_dtype
+            )
+            _drop_gguf_quantizer(model)
+            _copy_processor(source.parent, tmp, gguf_file=source.name)
+        else:
+            model = _load_hf(source, torch_dtype)
+            _copy_processor(source, tmp)
+        model.save_pretrained(tmp, max_shard_size=MAX_SHARD)
+        architecture = model.config.architectures[0] if model.config.architectures else type(model).__name__
+        (tmp / "source.json").write_text(
+            json.dumps({"source": str(source), "kind": kind, "dtype": dtype}, indent=2) + "\n"
+        )
+    return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)

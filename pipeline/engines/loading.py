@@ -1,0 +1,40 @@
+"""Loading a checkpoint for inference, quantized variants included, the same way for every engine
+that runs in-process.
+
+A compressed-tensors checkpoint is decompressed once at load (packed int4 / fp8 weights become
+dense weights holding exactly the quantized values). Activation and KV-cache quantization stay
+on: compressed-tensors fake-quantizes inputs with the calibrated scales in each forward, so an
+FP8 W8A8 variant is scored with its activations and KV cache in FP8, not as weights-only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def is_compressed_tensors(model_dir: Path) -> bool:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return (config.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
+
+
+def load_for_inference(model_dir: Path | str, dtype):
+    from pipeline.quantize.oneshot import load_model
+
+    model_dir = Path(model_dir)
+    if not is_compressed_tensors(model_dir):
+        return load_model(model_dir, dtype)
+    import warnings
+
+    from compressed_tensors.quantization import QuantizationStatus
+    from transformers import CompressedTensorsConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the model already has a quantization_config": intended
+        model = load_model(model_dir, dtype, quantization_config=CompressedTensorsConfig(dequantize=True))
+    for module in model.modules():
+        if getattr(module, "quantization_status", None) == QuantizationStatus.DECOMPRESSED:
+            # The dense weights already sit on the quantization grid: re-quantizing them in every
+            # forward would change nothing and cost a pass over all weights per token.
+            module.quantization_status = QuantizationStatus.COMPRESSED
+    return model

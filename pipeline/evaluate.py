@@ -1,0 +1,203 @@
+"""`quantize eval`: run one suite through lm-eval with our engine; one result line per item.
+
+lm-eval builds the prompts, extracts answers and scores (the suite is data under evals/);
+our engine only generates. Every completed generation is appended to a cache beside the
+output, keyed by the model's fingerprint and the prompt, so a killed run resumes where it
+stopped and a rerun of an unchanged model costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.engines import Completion, Engine, GenRequest
+from pipeline.errors import UserError
+from pipeline.outputs import Stopwatch, write_atomic, write_json
+
+EVALS_DIR = Path(__file__).resolve().parent.parent / "evals"
+log = logging.getLogger(__name__)
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """Hash of config and weights: a changed variant never reuses another's cached outputs."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).iterdir()):
+        if path.suffix in {".json", ".safetensors", ".jinja"} and path.name != "source.json":
+            digest.update(path.name.encode())
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 22):
+                    digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+class GenerationCache:
+    """Append-only JSONL of finished generations; a torn last line (SIGKILL) is ignored."""
+
+    def __init__(self, path: Path, fingerprint: str):
+        self.path, self.fingerprint = path, fingerprint
+        self.entries: dict[str, dict] = {}
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if entry.get("model") == fingerprint:
+                    self.entries[entry["key"]] = entry
+
+    @staticmethod
+    def key(request: GenRequest) -> str:
+        raw = json.dumps([request.prompt, request.max_new_tokens, request.stop])
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def get(self, request: GenRequest) -> Completion | None:
+        entry = self.entries.get(self.key(request))
+        return Completion(entry["text"], entry["n_tokens"], entry["seconds"]) if entry else None
+
+    def put_many(self, requests: list[GenRequest], completions: list[Completion]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            for request, completion in zip(requests, completions):
+                entry = {"model": self.fingerprint, "key": self.key(request), "text": completion.text,
+                         "n_tokens": completion.n_tokens, "seconds": completion.seconds}
+                self.entries[entry["key"]] = entry
+                handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            handle.flush()
+
+
+def _lm_class():
+    from lm_eval.api.model import LM
+
+    class PipelineLM(LM):
+        """Presents any Engine to lm-eval; generations go through the resume cache in chunks."""
+
+        def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_chunk=None):
+            super().__init__()
+            self.engine, self.cache, self.chunk, self.on_chunk = engine, cache, chunk, on_chunk
+            self.stats: dict[str, Completion] = {}
+
+        @property
+        def tokenizer_name(self) -> str:
+            return str(getattr(self.engine, "model_dir", self.engine.name))
+
+        def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
+            return self.engine.apply_chat_template(chat_history)
+
+        def generate_until(self, requests) -> list[str]:
+            gen = []
+            for request in requests:
+                context, kwargs = request.args
+                gen.append(GenRequest(context, int(kwargs.get("max_gen_toks", 256)), list(kwargs.get("until") or [])))
+            todo = [r for r in gen if self.cache.get(r) is None]
+            for start in range(0, len(todo), self.chunk):
+                part = todo[start:start + self.chunk]
+                self.cache.put_many(part, self.engine.generate(part))
+                if self.on_chunk:
+                    self.on_chunk(len(part))
+            done = [self.cache.get(r) for r in gen]
+            for request, completion in zip(gen, done):
+                self.stats[request.prompt] = completion
+            return [c.text for c in done]
+
+        def loglikelihood(self, requests):
+            raise UserError("this suite needs log-likelihoods, which the pipeline's engines do not give yet")
+
+        def loglikelihood_rolling(self, requests):
+            raise UserError("this suite needs rolling log-likelihoods, which the pipeline's engines do not give yet")
+
+    return PipelineLM
+
+
+def _task_manager(task: str, suite: str):
+    """Our suites first (indexing lm-eval's thousands of built-in tasks takes many seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    ours = TaskManager(include_path=str(EVALS_DIR), include_defaults=False)
+    if task in ours.all_tasks:
+        return ours
+    everything = TaskManager(include_path=str(EVALS_DIR))
+    if task not in everything.all_tasks:
+        raise UserError(f"params.yaml: suites.{suite}.task: lm-eval task {task!r} not found in {EVALS_DIR} "
+                        "or lm-eval's built-in tasks")
+    return everything
+
+
+@dataclass
+class EvalResult:
+    lines: Path
+    summary: dict
+
+    def summary_line(self) -> str:
+        s = self.summary
+        return (f"eval: wrote {self.lines} ({s['n']} items, {s['metric']} {s['score']:.3f}, "
+                f"{s['generated_tokens']} tokens at {s['tokens_per_second']:.0f} tok/s) in {s['seconds']:.0f} s")
+
+
+def _result_line(sample: dict, suite: str, variant: str, metric: str, stats: dict[str, Completion]) -> dict:
+    prompt = sample["arguments"][0][0] if isinstance(sample["arguments"], list) else sample["arguments"]["gen_args_0"]["arg_0"]
+    output = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else ""
+    completion = stats.get(prompt)
+    doc = sample.get("doc", {})
+    score = float(sample.get(metric, 0.0))
+    return {
+        "id": str(doc.get("id", f"{suite}-{sample['doc_id']}")),
+        "suite": suite,
+        "variant": variant,
+        "prompt": prompt,
+        "target": str(sample.get("target", "")),
+        "output": output,
+        "score": score,
+        "correct": score >= 1.0,
+        "n_tokens": completion.n_tokens if completion else None,
+        "seconds": round(completion.seconds, 4) if completion else None,
+    }
+
+
+def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: Path | str,
+        engine: str = "hf", limit: int | None = None, max_new_tokens: int = 256,
+        engine_options: dict | None = None) -> EvalResult:
+    from lm_eval import simple_evaluate
+    from rich.progress import Progress
+
+    from pipeline.engines import make_engine
+
+    watch = Stopwatch()
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if not (model_dir / "config.json").exists():
+        raise UserError(f"{model_dir}: no config.json; pass a checkpoint directory (models/base or models/<variant>)")
+    task_manager = _task_manager(task, suite)
+    cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
+    options = engine_options or {}
+    with Progress(transient=True) as progress:
+        bar = progress.add_task(f"{variant}/{suite}", total=limit)
+        lm_engine = make_engine(engine, model_dir, **options)
+        lm = _lm_class()(lm_engine, cache, chunk=options.get("batch_size", 32),
+                         on_chunk=lambda n: progress.advance(bar, n))
+        results = simple_evaluate(
+            model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
+            apply_chat_template=True, gen_kwargs={"max_gen_toks": max_new_tokens},
+            bootstrap_iters=0, verbosity="WARNING",
+        )
+    task_config = results["configs"][task]
+    metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
+    samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
+    lines = [_result_line(s, suite, variant, metric, lm.stats) for s in samples]
+    generated = sum(line["n_tokens"] or 0 for line in lines)
+    gen_seconds = sum(line["seconds"] or 0 for line in lines)
+    summary = {
+        "suite": suite, "task": task, "variant": variant, "model_dir": str(model_dir), "engine": engine,
+        "metric": metric, "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
+        "metrics": {k: v for k, v in results["results"][task].items() if isinstance(v, (int, float))},
+        "generated_tokens": generated,
+        "tokens_per_second": generated / gen_seconds if gen_seconds else 0.0,
+        "seconds": round(watch.seconds, 2),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines_path = out_dir / f"{suite}.jsonl"
+    write_atomic(lines_path, "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines))
+    write_json(out_dir / f"{suite}.json", summary)
+    return EvalResult(lines_path, summary)

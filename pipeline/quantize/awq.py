@@ -1,0 +1,43 @@
+"""`quantize awq`: AWQ smoothing, then W4A16 group-wise weight quantization."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.quantize import oneshot, plan
+from pipeline.quantize.mappings import mappings_for, supported_architectures
+
+
+def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": group_size,
+               "symmetric": symmetric, "dynamic": False}
+    return [
+        AWQModifier(mappings=mappings, duo_scaling=True, n_grid=n_grid),
+        QuantizationModifier(
+            config_groups={"group_0": {"targets": ["Linear"], "weights": weights}},
+            ignore=plan.ignore_patterns(),
+        ),
+    ]
+
+
+def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "auto", symmetric: bool = False,
+        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32, n_grid: int = 20) -> oneshot.QuantResult:
+    config = plan.read_config(model_dir)  # every check below runs before any weight is loaded
+    arch = plan.architecture(config)
+    mappings = mappings_for(arch)
+    if mappings is None:
+        raise UserError(
+            f"{model_dir}: AWQ has no smoothing mappings for {arch}; supported: "
+            + ", ".join(supported_architectures())
+        )
+    group = plan.choose_group_size(config, group_size, model_dir)
+    scheme = f"W4A16 {'symmetric' if symmetric else 'asymmetric'}, group {group}"
+    return oneshot.run(
+        method="awq", scheme=scheme, recipe=recipe(group, symmetric, mappings, n_grid), model_dir=model_dir,
+        out=out, calib=calib, seq_len=seq_len, num_blocks=num_blocks, holdout=holdout, batch_size=batch_size,
+        details={"architecture": arch, "group_size": group, "symmetric": symmetric, "n_grid": n_grid},
+    )

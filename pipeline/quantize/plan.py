@@ -1,0 +1,84 @@
+"""What a quantization run will do, decided from config.json before any weight is loaded:
+the architecture's support, the group size, and what is left in full precision and why."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import UserError
+
+GROUP_SIZES = (128, 64, 32, 16)
+
+# (pattern, reason): modules left in full precision.
+IGNORE = [
+    ("lm_head", "output head: small, and its error goes straight into every logit"),
+    ("re:.*visual.*", "vision tower: kept in full precision by design"),
+    ("re:.*mlp\\.gate$", "MoE router: tiny, and routing is sensitive to error"),
+]
+
+
+def text_config(config: dict) -> dict:
+    return config.get("text_config") or config
+
+
+def architecture(config: dict) -> str:
+    archs = config.get("architectures") or []
+    if not archs:
+        raise UserError("config.json has no 'architectures' entry; re-save the checkpoint with transformers")
+    return archs[0]
+
+
+def linear_input_widths(config: dict) -> dict[str, int]:
+    """Input width of each kind of quantized Linear, named for the error message."""
+    text = text_config(config)
+    hidden = text["hidden_size"]
+    heads = text.get("num_attention_heads")
+    head_dim = text.get("head_dim") or (hidden // heads if heads else None)
+    widths = {"hidden size": hidden}
+    if text.get("intermediate_size"):
+        widths["intermediate size"] = text["intermediate_size"]
+    if text.get("moe_intermediate_size"):
+        widths["MoE intermediate size"] = text["moe_intermediate_size"]
+    if heads and head_dim and heads * head_dim != hidden:
+        widths["attention width (heads x head_dim)"] = heads * head_dim
+    return widths
+
+
+def group_size_problem(config: dict, group_size: int, model_dir: Path | str) -> str | None:
+    for what, width in linear_input_widths(config).items():
+        if width % group_size:
+            fits = [g for g in GROUP_SIZES if all(w % g == 0 for w in linear_input_widths(config).values())]
+            hint = f"; use {fits[0]}" if fits else ""
+            return f"{group_size} does not divide {width} ({what} of {model_dir}){hint}"
+    return None
+
+
+def choose_group_size(config: dict, requested: int | str, model_dir: Path | str) -> int:
+    """128 unless the model needs smaller; an explicit size that does not fit is refused."""
+    if requested == "auto":
+        for size in GROUP_SIZES:
+            if group_size_problem(config, size, model_dir) is None:
+                return size
+        widths = ", ".join(f"{k} {v}" for k, v in linear_input_widths(config).items())
+        raise UserError(f"{model_dir}: no group size in {GROUP_SIZES} divides the layer widths ({widths})")
+    problem = group_size_problem(config, int(requested), model_dir)
+    if problem:
+        raise UserError(f"group_size: {problem}")
+    return int(requested)
+
+
+def read_config(model_dir: Path | str) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        raise UserError(f"{model_dir}: no config.json; is this a checkpoint directory? (build one with `quantize resave`)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def ignore_patterns() -> list[str]:
+    return [pattern for pattern, _ in IGNORE]
+
+
+def ignore_reasons() -> dict[str, str]:
+    return dict(IGNORE)

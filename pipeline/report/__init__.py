@@ -1,0 +1,166 @@
+"""`quantize report`: results/** -> reports/verdict.json (CI gate, dvc metrics) + reports/index.html.
+
+The page is one self-contained file: inline CSS, inline SVG, no script needed, no network
+request of any kind. Every model output and calibration text goes through Jinja's autoescape.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import verdict as stats
+from pipeline.errors import UserError
+from pipeline.outputs import human_size, write_atomic, write_json
+from pipeline.params import Params
+
+TEMPLATE_DIR = Path(__file__).parent
+PACKAGES = ["torch", "transformers", "llmcompressor", "compressed-tensors", "lm-eval", "dvc"]
+
+
+def read_lines(path: Path) -> dict[str, dict]:
+    items = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{number}: not a result line ({exc.msg}); rerun `quantize eval`") from None
+        items[str(item["id"])] = item
+    return items
+
+
+def collect(results_dir: Path) -> dict[str, dict[str, dict[str, dict]]]:
+    """{variant: {suite: {item id: result line}}} for every results/<variant>/<suite>.jsonl."""
+    found: dict[str, dict] = {}
+    for path in sorted(results_dir.glob("*/*.jsonl")):
+        found.setdefault(path.parent.name, {})[path.stem] = read_lines(path)
+    if "base" not in found:
+        raise UserError(f"{results_dir}/base: no base results; run `quantize eval models/base --suite S` first")
+    return found
+
+
+def _git_revision() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        return done.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def environment() -> dict:
+    from importlib import metadata
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    import os
+
+    dvc_lock = Path("dvc.lock")
+    return {
+        "packages": versions,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "processor": platform.processor() or platform.machine(),
+        "git_revision": _git_revision(),
+        "dvc_lock_sha256": hashlib.sha256(dvc_lock.read_bytes()).hexdigest()[:16] if dvc_lock.exists() else None,
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+@dataclass
+class ReportResult:
+    html: Path
+    verdict_json: Path
+    verdict: dict
+
+    def summary(self) -> str:
+        overall = ", ".join(f"{v}: {d['decision']}" for v, d in self.verdict["variants"].items())
+        return f"report: wrote {self.html} and {self.verdict_json} ({overall or 'no variants'})"
+
+
+def build_verdict(results: dict, params: Params, models_dir: Path) -> dict:
+    p = params.verdict
+    variants = {}
+    for variant, suites in results.items():
+        if variant == "base":
+            continue
+        suite_verdicts = [
+            stats.compare_suite(results["base"][suite], items, variant=variant, suite=suite,
+                                margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
+                                seed=p.seed, floor_ceiling=p.floor_ceiling)
+            for suite, items in sorted(suites.items()) if suite in results["base"]
+        ]
+        decision, reasons = stats.overall(suite_verdicts)
+        variants[variant] = {
+            "decision": decision,
+            "reasons": reasons,
+            "suites": {v.suite: v.to_dict() for v in suite_verdicts},
+            "quant": _read_json(models_dir / variant / "quant.json"),
+        }
+    return {
+        "variants": variants,
+        "base": {"suites": {s: _suite_score(items) for s, items in results.get("base", {}).items()}},
+        "params_sha256": params.digest(),
+    }
+
+
+def _suite_score(items: dict) -> dict:
+    n = len(items)
+    return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None}
+
+
+def _metrics(verdict: dict) -> dict:
+    """Flat numbers for `dvc metrics show`."""
+    flat = {}
+    for variant, data in verdict["variants"].items():
+        flat[variant] = {"go": data["decision"] == stats.GO}
+        for suite, s in data["suites"].items():
+            flat[variant][suite] = {"score": s["variant_score"], "delta": s["delta"],
+                                    "ci_low": s["ci_low"], "ci_high": s["ci_high"]}
+    return flat
+
+
+def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_dir: Path | str = "models",
+        calib_stats: Path | str | None = None) -> ReportResult:
+    from pipeline.report.render import render_html
+
+    results_dir, out_dir, models_dir = Path(results_dir), Path(out_dir), Path(models_dir)
+    results = collect(results_dir)
+    verdict = build_verdict(results, params, models_dir)
+    verdict["metrics"] = _metrics(verdict)
+    verdict["environment"] = environment()
+    base_quant = {"size_bytes": _dir_size_or_none(models_dir / "base")}
+    calib = _read_json(Path(calib_stats)) if calib_stats else None
+    html = render_html(verdict=verdict, results=results, params=params, calib=calib, base=base_quant,
+                       human_size=human_size)
+    write_json(out_dir / "verdict.json", verdict)
+    write_atomic(out_dir / "index.html", html)
+    return ReportResult(out_dir / "index.html", out_dir / "verdict.json", verdict)
+
+
+def _dir_size_or_none(path: Path) -> int | None:
+    from pipeline.outputs import dir_size
+
+    return dir_size(path) if path.exists() else None
+
+
+def failing(verdict: dict, fail_on: str | None) -> list[str]:
+    """Variants whose decision trips the gate: 'no-go' fails on NO-GO, 'inconclusive' on anything but GO."""
+    if not fail_on:
+        return []
+    bad = {"no-go": {stats.NO_GO}, "inconclusive": {stats.NO_GO, stats.INCONCLUSIVE}}[fail_on]
+    return [v for v, d in verdict["variants"].items() if d["decision"] in bad]

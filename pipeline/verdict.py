@@ -1,0 +1,156 @@
+"""Paired statistics and the decision: GO / NO-GO / INCONCLUSIVE per variant and suite.
+
+Both models answered the same items, so every test is paired: a paired bootstrap of the
+per-item score difference gives the interval, an exact McNemar test the p-value for
+right/wrong suites. GO when the interval's lower end clears minus the margin, NO-GO when
+its upper end falls below it, else INCONCLUSIVE with the items that would likely settle it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+GO, NO_GO, INCONCLUSIVE, UNINFORMATIVE = "GO", "NO-GO", "INCONCLUSIVE", "UNINFORMATIVE"
+
+
+@dataclass
+class SuiteVerdict:
+    variant: str
+    suite: str
+    n: int
+    base_score: float
+    variant_score: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    recovery: float | None
+    right_to_wrong: list[str]
+    wrong_to_right: list[str]
+    p_value: float | None
+    margin: float
+    decision: str
+    counted: bool
+    reasons: list[str] = field(default_factory=list)
+    items_to_settle: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def paired_bootstrap(deltas: np.ndarray, iterations: int, confidence: float, seed: int) -> tuple[float, float]:
+    """Percentile interval of the mean paired difference."""
+    if len(deltas) == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(deltas), size=(iterations, len(deltas)))
+    means = deltas[picks].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+def mcnemar_exact(right_to_wrong: int, wrong_to_right: int) -> float:
+    """Two-sided exact McNemar p-value: a binomial test on the discordant pairs."""
+    n = right_to_wrong + wrong_to_right
+    if n == 0:
+        return 1.0
+    k = min(right_to_wrong, wrong_to_right)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def items_to_settle(deltas: np.ndarray, margin: float, confidence: float) -> int | None:
+    """Items needed for the interval half-width to fit between the observed delta and -margin."""
+    sd = float(np.std(deltas, ddof=1)) if len(deltas) > 1 else 0.0
+    gap = abs(float(np.mean(deltas)) + margin)
+    if sd == 0 or gap == 0:
+        return None
+    z = 1.959963984540054 if abs(confidence - 0.95) < 1e-9 else _z(confidence)
+    return int(math.ceil((z * sd / gap) ** 2))
+
+
+def _z(confidence: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def decide(ci_low: float, ci_high: float, margin: float) -> str:
+    if ci_low > -margin:
+        return GO
+    if ci_high < -margin:
+        return NO_GO
+    return INCONCLUSIVE
+
+
+def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *, variant: str, suite: str,
+                  margin: float, confidence: float = 0.95, iterations: int = 2000, seed: int = 0,
+                  floor_ceiling: float = 0.05) -> SuiteVerdict:
+    """base_items / variant_items: result lines keyed by item id (the DESIGN.md contract)."""
+    ids = sorted(set(base_items) & set(variant_items))
+    base = np.array([base_items[i]["score"] for i in ids], dtype=float)
+    var = np.array([variant_items[i]["score"] for i in ids], dtype=float)
+    deltas = var - base
+    low, high = paired_bootstrap(deltas, iterations, confidence, seed)
+    base_right = [bool(base_items[i]["correct"]) for i in ids]
+    var_right = [bool(variant_items[i]["correct"]) for i in ids]
+    r2w = [i for i, b, v in zip(ids, base_right, var_right) if b and not v]
+    w2r = [i for i, b, v in zip(ids, base_right, var_right) if v and not b]
+    binary = all(s in (0.0, 1.0) for s in np.concatenate([base, var]))
+    base_score = float(base.mean()) if len(ids) else float("nan")
+    var_score = float(var.mean()) if len(ids) else float("nan")
+    reasons, counted = [], True
+    if not ids:
+        decision, counted = INCONCLUSIVE, False
+        reasons.append("no paired items: the variant and the base answered different items")
+    else:
+        decision = decide(low, high, margin)
+        unmatched = len(set(base_items) ^ set(variant_items))
+        if unmatched:
+            reasons.append(f"{unmatched} items answered by only one model were left out")
+        if base_score <= floor_ceiling or base_score >= 1 - floor_ceiling:
+            counted = False
+            where = "floor" if base_score <= floor_ceiling else "ceiling"
+            reasons.append(f"the base model scores {base_score:.1%}, at the {where}: this suite tells little "
+                           "about the variant, so it is shown but not counted")
+        reasons.append(_explain(decision, low, high, margin, confidence))
+    verdict = SuiteVerdict(
+        variant=variant, suite=suite, n=len(ids), base_score=base_score, variant_score=var_score,
+        delta=var_score - base_score if ids else float("nan"), ci_low=low, ci_high=high,
+        confidence=confidence, recovery=(var_score / base_score) if ids and base_score > 0 else None,
+        right_to_wrong=r2w, wrong_to_right=w2r,
+        p_value=mcnemar_exact(len(r2w), len(w2r)) if binary and ids else None,
+        margin=margin, decision=decision if counted else UNINFORMATIVE if ids else INCONCLUSIVE,
+        counted=counted, reasons=reasons,
+    )
+    if decision == INCONCLUSIVE and ids:
+        verdict.items_to_settle = items_to_settle(deltas, margin, confidence)
+        if verdict.items_to_settle:
+            reasons.append(f"about {verdict.items_to_settle} paired items would likely settle it")
+    return verdict
+
+
+def _explain(decision: str, low: float, high: float, margin: float, confidence: float) -> str:
+    ci = f"{confidence:.0%} interval of the change [{low:+.3f}, {high:+.3f}]"
+    if decision == GO:
+        return f"{ci} lies above -{margin:.3f} (the margin): the drop, if any, is within the margin"
+    if decision == NO_GO:
+        return f"{ci} lies below -{margin:.3f} (the margin): the variant is worse by more than allowed"
+    return f"{ci} straddles -{margin:.3f} (the margin): not enough evidence either way"
+
+
+def overall(suite_verdicts: list[SuiteVerdict]) -> tuple[str, list[str]]:
+    """NO-GO if any counted suite is NO-GO, GO if all counted suites are GO, else INCONCLUSIVE."""
+    counted = [v for v in suite_verdicts if v.counted]
+    if not counted:
+        return INCONCLUSIVE, ["no suite counted: every suite was uninformative or empty"]
+    no_go = [v.suite for v in counted if v.decision == NO_GO]
+    if no_go:
+        return NO_GO, [f"NO-GO on {', '.join(no_go)}"]
+    open_ = [v.suite for v in counted if v.decision != GO]
+    if open_:
+        return INCONCLUSIVE, [f"not settled on {', '.join(open_)}"]
+    return GO, [f"GO on every counted suite ({', '.join(v.suite for v in counted)})"]

@@ -1,0 +1,72 @@
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tiny import save_tiny_llama  # noqa: E402
+
+TINY_PARAMS = {
+    "model": {"source": "tiny-hf", "base_dir": "models/base", "dtype": "float16"},
+    "calib": {"source": "calib_data/support_logs.jsonl", "out": "calib_data/build",
+              "seq_len": 64, "num_blocks": 8, "holdout": 4},
+    "variants": {
+        "awq-w4a16": {"method": "awq", "group_size": 32, "batch_size": 8, "n_grid": 4},
+        "fp8-w8a8": {"method": "fp8", "activations": "static", "kv": "per-head"},
+    },
+    "suites": {"math": {"task": "quant_gsm8k", "limit": 3, "max_new_tokens": 8}},
+    "engine": {"batch_size": 8},
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer random Llama (hidden 64) with a real BPE tokenizer and chat template."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_calib(tmp_path_factory, tiny_llama) -> Path:
+    from pipeline import calib
+
+    out = tmp_path_factory.mktemp("calib") / "build"
+    calib.run(REPO / "calib_data" / "support_logs.jsonl", out, tiny_llama, seq_len=64, num_blocks=8, holdout=4)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_variants(tmp_path_factory, tiny_llama, tiny_calib) -> dict[str, Path]:
+    """AWQ and FP8 variants of the tiny Llama, built once for every test that needs them."""
+    from pipeline.quantize import awq, fp8
+
+    root = tmp_path_factory.mktemp("variants")
+    awq.run(tiny_llama, root / "awq-w4a16", tiny_calib / "calib.jsonl", group_size=32, batch_size=8, n_grid=4)
+    fp8.run(tiny_llama, root / "fp8-w8a8", tiny_calib / "calib.jsonl")
+    return {"awq-w4a16": root / "awq-w4a16", "fp8-w8a8": root / "fp8-w8a8"}
+
+
+def write_params(directory: Path, params: dict = TINY_PARAMS) -> Path:
+    import yaml
+
+    path = directory / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def copy_repo(dest: Path) -> Path:
+    """The tracked project files (no .venv, models or results), as a fresh clone would have them."""
+    ignore = shutil.ignore_patterns(".venv", ".git", "models", "results", "build", ".cache", "__pycache__",
+                                    "*.egg-info", ".pytest_cache", "index.html", "verdict.json")
+    shutil.copytree(REPO, dest, ignore=ignore, dirs_exist_ok=True)
+    return dest
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]

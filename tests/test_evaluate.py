@@ -1,0 +1,70 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import REPO, read_jsonl
+from pipeline import evaluate
+
+FIELDS = {"id", "suite", "variant", "prompt", "target", "output", "score", "correct", "n_tokens", "seconds"}
+
+
+def test_math_suite_on_three_items_writes_the_contract(tmp_path, tiny_llama):
+    result = evaluate.run(tiny_llama, suite="math", task="quant_gsm8k", variant="base", out_dir=tmp_path,
+                          limit=3, max_new_tokens=8, engine_options={"batch_size": 2})
+    lines = read_jsonl(tmp_path / "math.jsonl")
+    assert [l["id"] for l in lines] == ["gsm8k-test-0000", "gsm8k-test-0001", "gsm8k-test-0002"]
+    assert all(set(l) == FIELDS for l in lines)
+    assert lines[0]["target"] == "18" and "Janet" in lines[0]["prompt"]
+    assert lines[0]["prompt"].startswith("<|im_start|>user\n")  # the chat template was applied
+    assert all(0 < l["n_tokens"] <= 8 for l in lines)
+    summary = json.loads((tmp_path / "math.json").read_text())
+    assert summary["n"] == 3 and summary["metric"] == "acc" and summary == result.summary
+
+
+def test_same_prompts_for_every_variant(tmp_path, tiny_llama, tiny_variants):
+    prompts = {}
+    for name, model in [("base", tiny_llama), *tiny_variants.items()]:
+        evaluate.run(model, suite="math", task="quant_gsm8k", variant=name, out_dir=tmp_path / name,
+                     limit=2, max_new_tokens=4)
+        prompts[name] = [(l["id"], l["prompt"]) for l in read_jsonl(tmp_path / name / "math.jsonl")]
+    assert prompts["base"] == prompts["awq-w4a16"] == prompts["fp8-w8a8"]
+
+
+def test_scoring_reads_the_final_number():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("math_utils", REPO / "evals" / "math" / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    doc = {"question": "?", "answer": "so 1,234\n#### 1,234"}
+    assert utils.process_results(doc, ["It is 5 then 1234.\nAnswer: 1,234"])["acc"] == 1.0
+    assert utils.process_results(doc, ["Answer: 1235"])["acc"] == 0.0
+    assert utils.process_results(doc, ["no number at all"])["acc"] == 0.0
+
+
+def test_killed_run_resumes_without_recomputing(tmp_path, tiny_llama):
+    """SIGKILL mid-run; the rerun reuses every finished generation and loses or duplicates none."""
+    script = (
+        "import sys; from pipeline import evaluate\n"
+        f"evaluate.run({str(tiny_llama)!r}, suite='math', task='quant_gsm8k', variant='base', "
+        f"out_dir={str(tmp_path)!r}, limit=6, max_new_tokens=24, engine_options={{'batch_size': 1}})\n"
+    )
+    cache = tmp_path / ".cache" / "math.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if cache.exists() and len(cache.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = len([l for l in cache.read_text().splitlines() if l.strip()])
+    assert 2 <= done_before < 6 and not (tmp_path / "math.jsonl").exists()
+    evaluate.run(tiny_llama, suite="math", task="quant_gsm8k", variant="base", out_dir=tmp_path,
+                 limit=6, max_new_tokens=24, engine_options={"batch_size": 1})
+    entries = read_jsonl(cache)
+    assert len(entries) == 6 and len({e["key"] for e in entries}) == 6  # only the missing 6 - k were generated
+    assert len(read_jsonl(tmp_path / "math.jsonl")) == 6

@@ -1,0 +1,75 @@
+import shutil
+
+import pytest
+import yaml
+
+from conftest import REPO, TINY_PARAMS, write_params
+from pipeline import params
+from pipeline.errors import UserError
+
+
+def test_repo_params_load_and_match_dvc_yaml(monkeypatch):
+    monkeypatch.chdir(REPO)
+    p = params.load("params.yaml")
+    assert set(p.variants) == {"awq-w4a16", "fp8-w8a8"}
+    assert p.variants["awq-w4a16"].group_size == 64  # SmolLM2's 576 is not a multiple of 128
+    assert p.verdict.margin_for("math") == p.verdict.margins["math"]
+
+
+def test_unknown_key_names_its_path(tmp_path):
+    bad = {**TINY_PARAMS, "calib": {**TINY_PARAMS["calib"], "seqlen": 64}}
+    with pytest.raises(UserError) as err:
+        params.load(write_params(tmp_path, bad))
+    assert "calib.seqlen: unknown key" in str(err.value)
+
+
+def test_bad_value_lists_allowed_values(tmp_path):
+    bad = {**TINY_PARAMS, "variants": {"fp8-w8a8": {"method": "fp8", "kv": "per-channel"}}}
+    with pytest.raises(UserError) as err:
+        params.load(write_params(tmp_path, bad))
+    message = str(err.value)
+    assert "variants.fp8-w8a8.kv" in message and "'per-head'" in message and "'per-channel'" in message
+
+
+def test_unknown_method_is_refused(tmp_path):
+    bad = {**TINY_PARAMS, "variants": {"gptq": {"method": "gptq"}}}
+    with pytest.raises(UserError) as err:
+        params.load(write_params(tmp_path, bad))
+    assert "variants.gptq" in str(err.value) and "'awq'" in str(err.value)
+
+
+def test_group_size_checked_against_the_base_model(tmp_path, tiny_llama):
+    shutil.copytree(tiny_llama, tmp_path / "models" / "base")
+    bad = {**TINY_PARAMS, "variants": {"awq-w4a16": {"method": "awq", "group_size": 128}}}
+    with pytest.raises(UserError) as err:
+        params.load(write_params(tmp_path, {**bad, "model": {"base_dir": str(tmp_path / "models" / "base")}}))
+    assert "variants.awq-w4a16.group_size: 128 does not divide 64 (hidden size of" in str(err.value)
+    assert "use 64" in str(err.value)
+
+
+def test_group_size_not_a_power_of_two(tmp_path):
+    bad = {**TINY_PARAMS, "variants": {"awq-w4a16": {"method": "awq", "group_size": 100}}}
+    with pytest.raises(UserError) as err:
+        params.load(write_params(tmp_path, bad))
+    assert "variants.awq-w4a16.group_size: 100 is not one of auto, 16, 32, 64, 128, 256" in str(err.value)
+
+
+def test_dvc_matrix_must_list_every_variant(tmp_path):
+    shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
+    extra = {**TINY_PARAMS, "variants": {**TINY_PARAMS["variants"], "awq-g32": {"method": "awq"}}}
+    with pytest.raises(UserError) as err:
+        params.load(write_params(tmp_path, extra))
+    assert "stages.evaluate.matrix.model" in str(err.value) and "awq-g32" in str(err.value)
+
+
+def test_cli_exits_2_with_the_message(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    path = write_params(tmp_path, {**TINY_PARAMS, "engine": {"name": "vllm"}})
+    result = CliRunner().invoke(app, ["resave", "--params", str(path)])
+    assert result.exit_code == 2
+    assert "engine.name" in result.output and "'vllm' is not allowed" in result.output
+    assert "Traceback" not in result.output
+    assert yaml.safe_load(path.read_text())["engine"]["name"] == "vllm"

@@ -1,0 +1,54 @@
+import json
+
+from conftest import TINY_PARAMS
+from pipeline import report
+from pipeline.params import Params
+
+XSS = ['<script>alert(1)</script>', '<img src=x onerror=alert(1)>', '<a href="javascript:alert(1)">x</a>', '<div><b>unclosed']
+
+
+def write_results(root, variant, scores, outputs=None):
+    (root / variant).mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, s in enumerate(scores):
+        lines.append({"id": f"q{i}", "suite": "math", "variant": variant, "prompt": f"question {i} {XSS[i % 4]}",
+                      "target": str(i), "output": (outputs or {}).get(i, f"answer {i}"), "score": float(s),
+                      "correct": bool(s), "n_tokens": 5, "seconds": 0.1})
+    (root / variant / "math.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+
+
+def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
+    results = tmp_path / "results"
+    base = [1] * 60 + [0] * 40
+    write_results(results, "base", base)
+    write_results(results, "copy", base)
+    write_results(results, "broken", [0] * 100, outputs={0: XSS[0], 1: XSS[1], 2: "x" * (1 << 20)})
+    params = Params.model_validate(TINY_PARAMS)
+    out = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
+    verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
+    assert verdict["variants"]["copy"]["decision"] == "GO"
+    assert verdict["variants"]["broken"]["decision"] == "NO-GO"
+    assert len(verdict["variants"]["broken"]["suites"]["math"]["right_to_wrong"]) == 60
+    html = out.html.read_text()
+    for attack in XSS:
+        assert attack not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    assert 'id="banner-copy"' in html and 'id="suite-table"' in html
+    assert len(html) < 2_000_000  # the 1 MB output is clipped on the page (whole in the JSONL)
+    assert report.failing(verdict, "no-go") == ["broken"]
+    assert report.failing(verdict, None) == []
+
+
+def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    write_results(tmp_path / "results", "base", [1] * 50 + [0] * 50)
+    write_results(tmp_path / "results", "bad", [0] * 100)
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    assert runner.invoke(app, ["report"]).exit_code == 0
+    gated = runner.invoke(app, ["report", "--fail-on", "no-go"])
+    assert gated.exit_code == 1 and "bad did not pass --fail-on no-go" in gated.output
