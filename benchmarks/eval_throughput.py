@@ -1,0 +1,75 @@
+"""Generated tokens/s of the hf engine on the demo model's math prompts, by batch size and cache.
+
+    python benchmarks/eval_throughput.py [--model models/base] [--items 50] [--new 128]
+
+Prints a table; nothing is asserted (performance goals live here, not in tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def prompts(tokenizer, n: int) -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("math_utils", REPO / "evals" / "math" / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    rows = [json.loads(l) for l in (REPO / "evals" / "math" / "gsm8k_test.jsonl").read_text().splitlines()[:n]]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": utils.doc_to_text(r)}], tokenize=False,
+                                          add_generation_prompt=True) for r in rows]
+
+
+def measure(model, tokenizer, texts, batch: int, new: int, cache: str | None) -> float:
+    generated, started = 0, time.perf_counter()
+    texts = sorted(texts, key=len, reverse=True)
+    for i in range(0, len(texts), batch):
+        inputs = tokenizer(texts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            out = model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, cache_implementation=cache)
+        generated += (out.shape[1] - inputs["input_ids"].shape[1]) * out.shape[0]
+    return generated / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="models/base")
+    parser.add_argument("--items", type=int, default=50)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--batches", default="1,8,25,50")
+    parser.add_argument("--caches", default="dynamic,static")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    from pipeline.engines.loading import load_for_inference
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    model = load_for_inference(args.model, torch.float32).eval()
+    texts = prompts(tokenizer, args.items)
+    rows = []
+    for cache in args.caches.split(","):
+        for batch in map(int, args.batches.split(",")):
+            sample = texts[: max(batch, min(len(texts), 2 * batch))] if batch == 1 else texts
+            if batch == 1:
+                sample = texts[:4]
+            rate = measure(model, tokenizer, sample, batch, args.new, None if cache == "dynamic" else cache)
+            rows.append((cache, batch, len(sample), rate))
+            print(f"{cache:8s} batch {batch:3d}: {rate:7.1f} tok/s", flush=True)
+    print(f"\n| cache | batch | prompts | generated tok/s |\n|---|---|---|---|")
+    for cache, batch, n, rate in rows:
+        print(f"| {cache} | {batch} | {n} | {rate:.0f} |")
+    print(f"\nmodel {args.model}, {args.new} new tokens per prompt, fp32, {torch.get_num_threads()} threads")
+
+
+if __name__ == "__main__":
+    main()
