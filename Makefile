@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install clean-demo
+.PHONY: demo test install chromium clean-demo
 
 $(BIN)/quantize: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,11 +16,16 @@ install: $(BIN)/quantize
 
 demo: install
 	$(BIN)/quantize fetch-demo
-	$(BIN)/dvc repro
+	@start=$$(date +%s); $(BIN)/dvc repro && echo "dvc repro: $$(( $$(date +%s) - start )) s"
 	$(BIN)/quantize show-verdict
 
-test: install
-	$(BIN)/pytest -q -x --timeout 900
+test: install chromium
+	$(BIN)/pytest -q --timeout 900
+
+# The report's browser test needs Debian's chromium (not playwright's download, which needs a hub).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || { echo "make test needs Debian's chromium: sudo apt-get install chromium"; exit 1; }
 
 clean-demo:
 	rm -rf models results calib_data/build reports/index.html reports/verdict.json

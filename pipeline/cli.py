@@ -208,6 +208,26 @@ def eval_(
 
 @app.command()
 @stage
+def kl(
+    variant_dir: Path = typer.Argument(..., help="Variant checkpoint (models/<variant>)"),
+    base: Optional[Path] = typer.Option(None, help="Base checkpoint [default: params model.base_dir]"),
+    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations [default: params calib.out/holdout.jsonl]"),
+    out: Optional[Path] = typer.Option(None, help="Output JSON [default: results/<variant>/kl.json]"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Per-token KL divergence from the base and top-1 agreement on held-out conversations."""
+    from pipeline import diagnostics
+
+    p = _params(params_file)
+    result = diagnostics.run(
+        base or p.model.base_dir, variant_dir, holdout or p.calib.out / "holdout.jsonl",
+        out or Path("results") / variant_dir.name / "kl.json", dtype=p.engine.dtype,
+    )
+    typer.echo(result.summary_line())
+
+
+@app.command()
+@stage
 def report(
     results: Path = typer.Option(Path("results"), help="Results dir (results/<model>/<suite>.jsonl)"),
     out: Path = typer.Option(Path("reports"), help="Where index.html and verdict.json go"),

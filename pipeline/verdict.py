@@ -126,7 +126,7 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
         margin=margin, decision=decision if counted else UNINFORMATIVE if ids else INCONCLUSIVE,
         counted=counted, reasons=reasons,
     )
-    if decision == INCONCLUSIVE and ids:
+    if decision == INCONCLUSIVE and ids and counted:
         verdict.items_to_settle = items_to_settle(deltas, margin, confidence)
         if verdict.items_to_settle:
             reasons.append(f"about {verdict.items_to_settle} paired items would likely settle it")

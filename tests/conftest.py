@@ -22,7 +22,7 @@ TINY_PARAMS = {
         "fp8-w8a8": {"method": "fp8", "activations": "static", "kv": "per-head"},
     },
     "suites": {"math": {"task": "quant_gsm8k", "limit": 3, "max_new_tokens": 8}},
-    "engine": {"batch_size": 8},
+    "engine": {"batch_size": 8, "dtype": "float32"},
     "verdict": {"margins": {"math": 0.03}},  # DVC needs every section a stage declares in its params
 }
 

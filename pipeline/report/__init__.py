@@ -92,7 +92,7 @@ class ReportResult:
         return f"report: wrote {self.html} and {self.verdict_json} ({overall or 'no variants'})"
 
 
-def build_verdict(results: dict, params: Params, models_dir: Path) -> dict:
+def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: Path) -> dict:
     p = params.verdict
     variants = {}
     for variant, suites in results.items():
@@ -110,6 +110,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path) -> dict:
             "reasons": reasons,
             "suites": {v.suite: v.to_dict() for v in suite_verdicts},
             "quant": _read_json(models_dir / variant / "quant.json"),
+            "kl": _read_json(results_dir / variant / "kl.json"),
         }
     return {
         "variants": variants,
@@ -140,7 +141,7 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
 
     results_dir, out_dir, models_dir = Path(results_dir), Path(out_dir), Path(models_dir)
     results = collect(results_dir)
-    verdict = build_verdict(results, params, models_dir)
+    verdict = build_verdict(results, params, models_dir, results_dir)
     verdict["metrics"] = _metrics(verdict)
     verdict["environment"] = environment()
     base_quant = {"size_bytes": _dir_size_or_none(models_dir / "base")}

@@ -1,0 +1,33 @@
+import json
+import shutil
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline import diagnostics
+
+
+def rtn_copy(src, dest, bits: int):
+    """A crude round-to-nearest per-row copy of every decoder Linear: a deliberately bad variant."""
+    shutil.copytree(src, dest)
+    weights = load_file(dest / "model.safetensors")
+    levels = 2 ** (bits - 1) - 1
+    for name, w in weights.items():
+        if ".layers." in name and name.endswith("proj.weight"):
+            scale = w.float().abs().amax(dim=1, keepdim=True) / levels
+            weights[name] = (torch.round(w.float() / scale).clamp(-levels - 1, levels) * scale).to(w.dtype)
+    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+    return dest
+
+
+def test_kl_is_zero_for_a_copy_and_grows_with_damage(tmp_path, tiny_llama, tiny_calib):
+    holdout = tiny_calib / "holdout.jsonl"
+    copy = diagnostics.run(tiny_llama, shutil.copytree(tiny_llama, tmp_path / "copy"), holdout, tmp_path / "copy.json")
+    assert copy.summary["kl_mean"] < 1e-9 and copy.summary["top1_agreement"] == 1.0
+    assert copy.summary["tokens"] > 100
+    w4 = diagnostics.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w4", 4), holdout, tmp_path / "w4.json")
+    w2 = diagnostics.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w2", 2), holdout, tmp_path / "w2.json")
+    assert 0 < w4.summary["kl_mean"] < w2.summary["kl_mean"]
+    assert w2.summary["top1_agreement"] < w4.summary["top1_agreement"] <= 1.0
+    assert w2.summary["kl_p99"] >= w2.summary["kl_mean"]
+    assert json.loads((tmp_path / "w2.json").read_text()) == w2.summary
