@@ -111,7 +111,7 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
         unmatched = len(set(base_items) ^ set(variant_items))
         if unmatched:
             reasons.append(f"{unmatched} items answered by only one model were left out")
-        if base_score <= floor_ceiling or base_score >= 1 - floor_ceiling:
+        if floor_ceiling > 0 and (base_score <= floor_ceiling or base_score >= 1 - floor_ceiling):
             counted = False
             where = "floor" if base_score <= floor_ceiling else "ceiling"
             reasons.append(f"the base model scores {base_score:.1%}, at the {where}: this suite tells little "
