@@ -68,6 +68,19 @@ def resave(
 
 @app.command()
 @stage
+def export(
+    model: Path = typer.Argument(..., help="Checkpoint dir to export (e.g. the Glm dir `quantize resave` wrote)"),
+    engine: str = typer.Option("lmdeploy", help="Serving engine whose layout to write: lmdeploy"),
+    out: Path = typer.Option(..., help="Output dir, written atomically"),
+):
+    """Write a checkpoint in the layout a serving engine loads (lmdeploy: Glm -> ChatGLM names and config)."""
+    from pipeline.checkpoints import export as export_stage
+
+    typer.echo(export_stage.run(model, out, engine=engine).summary())
+
+
+@app.command()
+@stage
 def calib(
     source: Optional[Path] = typer.Argument(None, help="Conversations: .jsonl, .jsonl.gz or .json [default: params calib.source]"),
     out: Optional[Path] = typer.Option(None, help="Output dir [default: params calib.out]"),

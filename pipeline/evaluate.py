@@ -180,7 +180,7 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
         results = simple_evaluate(
             model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
             apply_chat_template=True, gen_kwargs={"max_gen_toks": max_new_tokens},
-            bootstrap_iters=0, verbosity="WARNING",
+            bootstrap_iters=0, verbosity="ERROR",
         )
     task_config = results["configs"][task]
     metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]

@@ -56,14 +56,6 @@ def test_unsupported_sources_are_refused_with_what_is_supported(tmp_path, make, 
     assert not (tmp_path / "out").exists()
 
 
-def test_chatglm_is_refused_until_converted(tmp_path):
-    (tmp_path / "glm").mkdir()
-    (tmp_path / "glm" / "config.json").write_text(json.dumps({"model_type": "chatglm", "architectures": ["ChatGLMModel"]}))
-    with pytest.raises(UserError, match="ChatGLM remote-code"):
-        resave.run(tmp_path / "glm", tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-
-
 def test_failed_resave_leaves_nothing_behind(tmp_path, tiny_llama):
     import shutil
 

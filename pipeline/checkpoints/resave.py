@@ -1,7 +1,9 @@
 """`quantize resave`: detect the source checkpoint and write a plain HF safetensors directory.
 
 Supported sources: a native Hugging Face directory (any AutoModelForCausalLM or
-image-text-to-text type: Llama, Glm, Glm4, Glm4v, Glm4vMoe, ...) and a ``.gguf`` file.
+image-text-to-text type: Llama, Glm, Glm4, Glm4v, Glm4vMoe, ...), a ChatGLM remote-code
+directory (ChatGLM2/3, GLM-4-9B-chat: converted to GlmForCausalLM, see chatglm.py) and a
+``.gguf`` file of an architecture transformers' GGUF loader reads.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.checkpoints import chatglm
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
 
 SUPPORTED = (
     "a Hugging Face checkpoint directory (config.json + safetensors/bin weights), "
-    "a .gguf file, or 'demo'"
+    "a ChatGLM2/3 or GLM-4-9B remote-code directory, a .gguf file, or 'demo'"
 )
 MAX_SHARD = "5GB"
 
@@ -87,6 +90,32 @@ def _drop_gguf_quantizer(model) -> None:
     model.is_quantized = False
 
 
+def _check_gguf(source: Path) -> None:
+    """Refuses a GGUF that transformers cannot load, before any weights are read."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
+
+    try:
+        load_gguf_checkpoint(source, return_tensors=False)
+    except ValueError as exc:
+        if "not supported" not in str(exc):
+            raise UserError(f"{source}: not a readable GGUF file ({exc}); it is truncated or corrupt, "
+                            "download it again") from None
+        supported = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+        raise UserError(
+            f"{source}: {exc} transformers reads GGUF files of: {supported}. For GLM models use the "
+            "Hugging Face (or ChatGLM remote-code) safetensors checkpoint instead"
+        ) from None
+    except Exception as exc:  # gguf's reader fails with assorted errors on a damaged file
+        raise UserError(f"{source}: not a readable GGUF file ({type(exc).__name__}: {exc}); "
+                        "it is truncated or corrupt, download it again") from None
+
+
+def _write_source_json(tmp: Path, source: Path, kind: str, dtype: str) -> None:
+    (tmp / "source.json").write_text(
+        json.dumps({"source": str(source), "kind": kind, "dtype": dtype}, indent=2) + "\n"
+    )
+
+
 def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveResult:
     import torch
 
@@ -95,13 +124,15 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
     watch = Stopwatch()
     source = demo_gguf() if str(source) == "demo" else Path(source)
     kind = detect(source)
-    if kind == "chatglm":
-        raise UserError(
-            f"{source}: ChatGLM remote-code checkpoints are not converted yet "
-            "(tracked in the checkpoints issue); convert to GlmForCausalLM first."
-        )
-    torch_dtype = getattr(torch, dtype)
     out = Path(out)
+    if kind == "chatglm":
+        with atomic_dir(out) as tmp:
+            architecture = chatglm.convert(source, tmp, dtype)
+            _write_source_json(tmp, source, kind, dtype)
+        return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)
+    if kind == "gguf":
+        _check_gguf(source)
+    torch_dtype = getattr(torch, dtype)
     with atomic_dir(out) as tmp:
         if kind == "gguf":
             import transformers
@@ -116,7 +147,5 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
             _copy_processor(source, tmp)
         model.save_pretrained(tmp, max_shard_size=MAX_SHARD)
         architecture = model.config.architectures[0] if model.config.architectures else type(model).__name__
-        (tmp / "source.json").write_text(
-            json.dumps({"source": str(source), "kind": kind, "dtype": dtype}, indent=2) + "\n"
-        )
+        _write_source_json(tmp, source, kind, dtype)
     return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)

@@ -1,0 +1,520 @@
+"""ChatGLM remote-code checkpoints (ChatGLM2/3, GLM-4-9B-chat) <-> transformers' native ``Glm``.
+
+Both layouts hold the same numbers under different names; nothing is recomputed:
+
+    transformer.embedding.word_embeddings        model.embed_tokens
+    encoder.layers.N.self_attention.query_key_value   rows [q | k | v] -> self_attn.{q,k,v}_proj
+        (q: num_attention_heads x kv_channels rows, k and v: multi_query_group_num x kv_channels)
+    encoder.layers.N.self_attention.dense        self_attn.o_proj
+    encoder.layers.N.mlp.dense_h_to_4h           mlp.gate_up_proj   (rows [gate | up] in both)
+    encoder.layers.N.mlp.dense_4h_to_h           mlp.down_proj
+    encoder.final_layernorm                      model.norm
+    transformer.output_layer                     lm_head
+    transformer.rotary_pos_emb.inv_freq          dropped (a buffer neither model reads)
+
+The rotary embeddings agree as they are: ChatGLM rotates the first kv_channels // 2 dims of each
+head on interleaved pairs with base 10000 * rope_ratio; Glm does the same with
+partial_rotary_factor 0.5 and rope_theta = 10000 * rope_ratio (its apply_rotary_pos_emb
+interleaves). tests/test_chatglm.py checks the logits against a reference forward.
+
+Conversion streams: the output is planned from config.json and the safetensors headers, every
+shape is checked before anything is written, then each output tensor is copied in row chunks
+read with ``safe_open(...).get_slice`` and written straight into its shard. The source file is
+reopened per chunk so its memory-mapped pages do not pile up in the resident set; peak memory is
+a few chunks, not a shard.
+
+Tokenizer: every top-level non-weight file (tokenizer files, chat template, generation config,
+the remote ``*.py`` files, licence) is copied as is. The remote tokenizer
+(tokenization_chatglm.py + tokenizer.model) only loads with trust_remote_code=True; when the
+source also has a tokenizer.json, tokenizer_config.json is rewritten to the native
+PreTrainedTokenizerFast (auto_map dropped, chat template and special tokens kept).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+import torch
+
+from pipeline.errors import UserError
+
+MAX_SHARD_BYTES = 5 * 10**9  # what transformers calls "5GB"
+CHUNK_BYTES = 64 << 20
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+FROM_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
+SUPPORTED_CHATGLM = (
+    "ChatGLM2-6B, ChatGLM3-6B and GLM-4-9B(-chat) text checkpoints in the remote-code layout "
+    "(multi-query attention, RMSNorm, safetensors weights)"
+)
+INV_FREQ = "transformer.rotary_pos_emb.inv_freq"
+ROPE_BASE = 10000
+
+# The remote ChatGLMConfig's defaults, for flags a config.json may leave out.
+CHATGLM_DEFAULTS = {
+    "add_bias_linear": False, "add_qkv_bias": False, "apply_residual_connection_post_layernorm": False,
+    "post_layer_norm": True, "rmsnorm": True, "layernorm_epsilon": 1e-5, "rope_ratio": 1,
+    "seq_length": 2048, "attention_dropout": 0.0, "multi_query_attention": False,
+}
+SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "kv_channels", "num_attention_heads",
+              "padded_vocab_size")
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_config(directory: Path) -> dict:
+    config_file = directory / "config.json"
+    if not config_file.exists():
+        raise UserError(f"{directory}: no config.json; a checkpoint directory needs the config.json it came with")
+    try:
+        return json.loads(config_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{config_file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+
+
+class TensorSource(Protocol):
+    def shape(self, name: str) -> tuple[int, ...]: ...
+    def dtype(self, name: str) -> torch.dtype: ...
+    def names(self) -> list[str]: ...
+    def where(self, name: str) -> str: ...
+    def read(self, name: str, start: int, stop: int) -> torch.Tensor: ...
+
+
+class SafetensorsSource:
+    """The safetensors files of a checkpoint directory, read a row range at a time."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._file: dict[str, Path] = {}
+        self._shape: dict[str, tuple[int, ...]] = {}
+        self._dtype: dict[str, torch.dtype] = {}
+        for path in self._files():
+            self._read_header(path)
+        self._check_index()
+
+    def _files(self) -> list[Path]:
+        index = self._index()
+        if index is not None:
+            files = sorted(set(index["weight_map"].values()))
+            missing = [f for f in files if not (self.directory / f).exists()]
+            if missing:
+                raise UserError(
+                    f"{self.directory / 'model.safetensors.index.json'}: lists {', '.join(missing)}, "
+                    f"missing from {self.directory}; download the complete checkpoint again"
+                )
+            return [self.directory / f for f in files]
+        files = sorted(self.directory.glob("*.safetensors"))
+        if not files:
+            has_bin = any(self.directory.glob("*.bin"))
+            fix = ("it has only PyTorch .bin weights: convert each to .safetensors "
+                   "(safetensors.torch.save_file(torch.load(f, weights_only=True), ...)) or download the "
+                   "safetensors revision" if has_bin else "download the weights next to config.json")
+            raise UserError(f"{self.directory}: no .safetensors weights; {fix}")
+        return files
+
+    def _index(self) -> dict | None:
+        index_file = self.directory / "model.safetensors.index.json"
+        if not index_file.exists():
+            return None
+        try:
+            index = json.loads(index_file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{index_file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(index.get("weight_map"), dict):
+            raise UserError(f"{index_file}: no weight_map; download the checkpoint's index file again")
+        return index
+
+    def _read_header(self, path: Path) -> None:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    piece = f.get_slice(name)
+                    if name in self._file:
+                        raise UserError(f"{path}: tensor {name} is also in {self._file[name].name}; "
+                                        "the directory mixes two checkpoints")
+                    self._file[name] = path
+                    self._shape[name] = tuple(piece.get_shape())
+                    self._dtype[name] = FROM_SAFETENSORS[piece.get_dtype()]
+        except SafetensorError as exc:
+            raise UserError(f"{path}: not a readable safetensors file ({exc}); it is truncated or corrupt, "
+                            "download it again") from None
+
+    def _check_index(self) -> None:
+        index = self._index()
+        if index is None:
+            return
+        for name, file in index["weight_map"].items():
+            if self._file.get(name, Path()).name != file:
+                raise UserError(f"{self.directory / file}: has no tensor {name}, which "
+                                "model.safetensors.index.json places there; the shard does not match its index")
+
+    def names(self) -> list[str]:
+        return list(self._file)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shape[name]
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self._dtype[name]
+
+    def where(self, name: str) -> str:
+        return str(self._file[name])
+
+    def read(self, name: str, start: int, stop: int) -> torch.Tensor:
+        from safetensors import safe_open
+
+        # A fresh mapping per chunk: pages touched through a long-lived one count as resident.
+        with safe_open(self._file[name], framework="pt") as f:
+            return f.get_slice(name)[start:stop]
+
+
+class DictSource:
+    """In-memory (or meta-device) tensors behind the same interface, for planning without files."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], label: str = "state dict") -> None:
+        self.tensors, self.label = tensors, label
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors[name].shape)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.tensors[name].dtype
+
+    def where(self, name: str) -> str:
+        return self.label
+
+    def read(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self.tensors[name][start:stop]
+
+
+# ---------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows [start, stop) of a source tensor (dim 0)."""
+
+    source: str
+    start: int
+    stop: int
+
+
+@dataclass
+class OutTensor:
+    """One output tensor: its pieces stacked along dim 0, cast to dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    pieces: list[Piece]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def check_shapes(source: TensorSource, expected: dict[str, tuple[int, ...]], config_file: Path,
+                 optional: Iterable[str] = ()) -> None:
+    """Every expected tensor present with its shape, and nothing else (bar `optional`)."""
+    optional, present = set(optional), set(source.names())
+    for name, shape in expected.items():
+        if name not in present:
+            raise UserError(f"{_label(source)}: no tensor {name}, "
+                            f"which {config_file} implies; the config does not match the weights "
+                            "(or a shard is missing)")
+        if source.shape(name) != tuple(shape):
+            raise UserError(f"{source.where(name)}: tensor {name} has shape {list(source.shape(name))} but "
+                            f"{config_file} implies {list(shape)}; the config does not match the weights, "
+                            "use the config.json that came with them")
+    extra = [n for n in source.names() if n not in expected and n not in optional]
+    if extra:
+        raise UserError(f"{source.where(extra[0])}: tensor {extra[0]} is not part of the model {config_file} "
+                        f"describes ({len(extra)} unexpected tensors); the config does not match the weights")
+
+
+def _label(source: TensorSource) -> str:
+    return str(getattr(source, "directory", getattr(source, "label", "checkpoint")))
+
+
+def whole(name: str, source: TensorSource, out_name: str, dtype: torch.dtype | None = None) -> OutTensor:
+    shape = source.shape(name)
+    return OutTensor(out_name, shape, dtype or source.dtype(name), [Piece(name, 0, shape[0])])
+
+
+def materialize(plan: list[OutTensor], source: TensorSource) -> dict[str, torch.Tensor]:
+    """The planned tensors in memory (works on meta tensors): for tests and small models."""
+    return {t.name: torch.cat([source.read(p.source, p.start, p.stop) for p in t.pieces]).to(t.dtype)
+            for t in plan}
+
+
+# ---------------------------------------------------------------- writing
+
+
+def plan_shards(plan: list[OutTensor], max_bytes: int) -> list[list[OutTensor]]:
+    shards: list[list[OutTensor]] = [[]]
+    size = 0
+    for tensor in plan:
+        if shards[-1] and size + tensor.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(tensor)
+        size += tensor.nbytes
+    return shards
+
+
+def write_checkpoint(plan: list[OutTensor], source: TensorSource, dest: Path,
+                     max_shard_bytes: int = MAX_SHARD_BYTES, label: str = "convert") -> list[Path]:
+    """Writes the plan as safetensors shards (+ index when more than one) into the dir dest."""
+    shards = plan_shards(plan, max_shard_bytes)
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)])
+    total = sum(t.nbytes for t in plan)
+    with _progress(label, total) as advance:
+        for name, shard in zip(names, shards):
+            _write_safetensors(dest / name, shard, source, advance)
+    if len(shards) > 1:
+        weight_map = {t.name: name for name, shard in zip(names, shards) for t in shard}
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return [dest / n for n in names]
+
+
+def _write_safetensors(path: Path, tensors: list[OutTensor], source: TensorSource,
+                       advance: Callable[[int], None]) -> None:
+    header, offset = {}, 0
+    for t in tensors:
+        header[t.name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                          "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    header["__metadata__"] = {"format": "pt"}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the format aligns the data to 8 bytes
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for t in tensors:
+            written = sum(_write_piece(f, t, piece, source, advance) for piece in t.pieces)
+            if written != t.nbytes:  # a bug in a plan, never bad input: pieces must fill the tensor
+                raise RuntimeError(f"{t.name}: wrote {written} bytes, planned {t.nbytes}")
+
+
+def _write_piece(f, tensor: OutTensor, piece: Piece, source: TensorSource, advance) -> int:
+    row_bytes = math.prod(tensor.shape[1:]) * max(tensor.dtype.itemsize, source.dtype(piece.source).itemsize)
+    step = max(1, CHUNK_BYTES // max(1, row_bytes))
+    written = 0
+    for start in range(piece.start, piece.stop, step):
+        chunk = source.read(piece.source, start, min(start + step, piece.stop)).to(tensor.dtype).contiguous()
+        data = chunk.reshape(-1).view(torch.uint8).numpy()
+        f.write(data)
+        written += data.nbytes
+        advance(data.nbytes)
+    return written
+
+
+class _progress:
+    """A bytes progress bar on stderr (rich); silent when stderr is not a terminal."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total = label, total
+
+    def __enter__(self) -> Callable[[int], None]:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+        console = Console(stderr=True)
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                            TimeRemainingColumn(), console=console, transient=True,
+                            disable=not console.is_terminal)
+        self.bar.__enter__()
+        task = self.bar.add_task(self.label, total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+
+def carry_files(source: Path, dest: Path) -> list[str]:
+    """Copies every top-level file that is not weights or config.json; returns their names."""
+    carried = []
+    for path in sorted(source.iterdir()):
+        if (path.is_file() and not path.name.startswith(".") and path.name != "config.json"
+                and not path.name.endswith(WEIGHT_SUFFIXES) and not path.name.endswith(".index.json")):
+            shutil.copy2(path, dest / path.name)
+            carried.append(path.name)
+    return carried
+
+
+# ---------------------------------------------------------------- ChatGLM -> Glm
+
+
+def check_supported(config: dict, config_file: Path) -> None:
+    """Refuses what Glm cannot represent exactly, with the reason."""
+    if "vision_config" in config:
+        raise UserError(f"{config_file}: a GLM-4V-9B vision checkpoint (vision_config, EVA-CLIP tower "
+                        "transformer.vision.*); transformers has no native class for it and converting only its "
+                        f"language half would drop the vision tower. Supported: {SUPPORTED_CHATGLM}")
+    missing = [k for k in SHAPE_KEYS if k not in config]
+    if missing:
+        first_gen = "position_encoding_2d" in config or "inner_hidden_size" in config
+        what = ("a first-generation ChatGLM-6B (2D positions), which has no native transformers class"
+                if first_gen else f"config.json lacks {', '.join(missing)}")
+        raise UserError(f"{config_file}: {what}. Supported: {SUPPORTED_CHATGLM}")
+    c = {**CHATGLM_DEFAULTS, **config}
+    problems = []
+    if not c["multi_query_attention"]:
+        problems.append("multi_query_attention is false (per-head interleaved qkv)")
+    if not c["rmsnorm"]:
+        problems.append("rmsnorm is false (LayerNorm)")
+    if c["add_bias_linear"]:
+        problems.append("add_bias_linear is true")
+    if c["apply_residual_connection_post_layernorm"]:
+        problems.append("apply_residual_connection_post_layernorm is true")
+    if not c["post_layer_norm"]:
+        problems.append("post_layer_norm is false")
+    if c.get("quantization_bit") or c.get("quantization_config"):
+        problems.append("the weights are quantized (quantization_bit / quantization_config)")
+    if c.get("pre_seq_len"):
+        problems.append("pre_seq_len is set (a P-tuning prefix encoder)")
+    if c.get("rope_scaling"):
+        problems.append("rope_scaling is set")
+    if c["kv_channels"] % 4:
+        problems.append(f"kv_channels {c['kv_channels']} is not a multiple of 4")
+    if c["multi_query_attention"] and c["num_attention_heads"] % c.get("multi_query_group_num", 1):
+        problems.append("num_attention_heads is not a multiple of multi_query_group_num")
+    if problems:
+        raise UserError(f"{config_file}: {'; '.join(problems)}: not converted, since no exact GlmForCausalLM "
+                        f"equivalent is implemented for it. Supported: {SUPPORTED_CHATGLM}")
+
+
+def chatglm_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Every weight of a ChatGLM remote-code checkpoint and its shape, from config.json."""
+    c = {**CHATGLM_DEFAULTS, **config}
+    hidden, d, heads = c["hidden_size"], c["kv_channels"], c["num_attention_heads"]
+    qkv_rows = (heads + 2 * c["multi_query_group_num"]) * d
+    shapes = {"transformer.embedding.word_embeddings.weight": (c["padded_vocab_size"], hidden)}
+    for i in range(c["num_layers"]):
+        p = f"transformer.encoder.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "self_attention.query_key_value.weight"] = (qkv_rows, hidden)
+        if c["add_qkv_bias"]:
+            shapes[p + "self_attention.query_key_value.bias"] = (qkv_rows,)
+        shapes[p + "self_attention.dense.weight"] = (hidden, heads * d)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        shapes[p + "mlp.dense_h_to_4h.weight"] = (2 * c["ffn_hidden_size"], hidden)
+        shapes[p + "mlp.dense_4h_to_h.weight"] = (hidden, c["ffn_hidden_size"])
+    shapes["transformer.encoder.final_layernorm.weight"] = (hidden,)
+    if not c.get("tie_word_embeddings", False):
+        shapes["transformer.output_layer.weight"] = (c["padded_vocab_size"], hidden)
+    return shapes
+
+
+def glm_config_from_chatglm(config: dict, dtype: str):
+    from transformers import GlmConfig
+
+    c = {**CHATGLM_DEFAULTS, **config}
+    return GlmConfig(
+        architectures=["GlmForCausalLM"],
+        vocab_size=c["padded_vocab_size"],
+        hidden_size=c["hidden_size"],
+        intermediate_size=c["ffn_hidden_size"],
+        num_hidden_layers=c["num_layers"],
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["multi_query_group_num"],
+        head_dim=c["kv_channels"],
+        hidden_act="silu",
+        attention_dropout=c["attention_dropout"],
+        max_position_embeddings=c["seq_length"],
+        rms_norm_eps=c["layernorm_epsilon"],
+        use_cache=c.get("use_cache", True),
+        tie_word_embeddings=c.get("tie_word_embeddings", False),
+        rope_parameters={"rope_type": "default", "rope_theta": float(ROPE_BASE * c["rope_ratio"]),
+                         "partial_rotary_factor": 0.5},
+        attention_bias=c["add_qkv_bias"],
+        eos_token_id=c.get("eos_token_id"),
+        pad_token_id=c.get("pad_token_id"),
+        bos_token_id=c.get("bos_token_id"),
+        dtype=dtype,
+    )
+
+
+def plan_to_glm(config: dict, source: TensorSource, dtype: torch.dtype,
+                config_file: Path = Path("config.json")) -> list[OutTensor]:
+    """Checks the source against config.json, then maps every ChatGLM tensor to its Glm name(s)."""
+    c = {**CHATGLM_DEFAULTS, **config}
+    check_shapes(source, chatglm_shapes(config), config_file, optional=[INV_FREQ])
+    q_rows = c["num_attention_heads"] * c["kv_channels"]
+    kv_rows = c["multi_query_group_num"] * c["kv_channels"]
+    plan = [whole("transformer.embedding.word_embeddings.weight", source, "model.embed_tokens.weight", dtype)]
+    for i in range(c["num_layers"]):
+        src, out = f"transformer.encoder.layers.{i}.", f"model.layers.{i}."
+        plan.append(whole(src + "input_layernorm.weight", source, out + "input_layernorm.weight", dtype))
+        for kind in ("weight", "bias") if c["add_qkv_bias"] else ("weight",):
+            qkv = src + f"self_attention.query_key_value.{kind}"
+            rest = source.shape(qkv)[1:]
+            bounds = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows), "v": (q_rows + kv_rows, q_rows + 2 * kv_rows)}
+            for head, (start, stop) in bounds.items():
+                plan.append(OutTensor(out + f"self_attn.{head}_proj.{kind}", (stop - start, *rest), dtype,
+                                      [Piece(qkv, start, stop)]))
+        plan.append(whole(src + "self_attention.dense.weight", source, out + "self_attn.o_proj.weight", dtype))
+        plan.append(whole(src + "post_attention_layernorm.weight", source, out + "post_attention_layernorm.weight", dtype))
+        plan.append(whole(src + "mlp.dense_h_to_4h.weight", source, out + "mlp.gate_up_proj.weight", dtype))
+        plan.append(whole(src + "mlp.dense_4h_to_h.weight", source, out + "mlp.down_proj.weight", dtype))
+    plan.append(whole("transformer.encoder.final_layernorm.weight", source, "model.norm.weight", dtype))
+    if not c.get("tie_word_embeddings", False):
+        plan.append(whole("transformer.output_layer.weight", source, "lm_head.weight", dtype))
+    return plan
+
+
+def carry_tokenizer(source: Path, dest: Path) -> None:
+    """Copies the non-weight files; with a tokenizer.json, points tokenizer_config at the native class."""
+    carry_files(source, dest)
+    config_file = dest / "tokenizer_config.json"
+    if not (dest / "tokenizer.json").exists() or not config_file.exists():
+        return
+    try:
+        tok_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{source / 'tokenizer_config.json'}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if "auto_map" in tok_config or re.match(r"ChatGLM", str(tok_config.get("tokenizer_class", ""))):
+        tok_config.pop("auto_map", None)
+        tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_file.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def convert(source: Path, dest: Path, dtype: str = "bfloat16", max_shard_bytes: int = MAX_SHARD_BYTES) -> str:
+    """ChatGLM remote-code dir -> GlmForCausalLM dir, written into the existing empty dir dest."""
+    if dtype not in DTYPES:
+        raise UserError(f"dtype {dtype}: use one of {', '.join(DTYPES)}")
+    source = Path(source)
+    config = read_config(source)
+    config_file = source / "config.json"
+    check_supported(config, config_file)
+    tensors = SafetensorsSource(source)
+    vision = [n for n in tensors.names() if n.startswith("transformer.vision.")]
+    if vision:
+        raise UserError(f"{tensors.where(vision[0])}: holds the GLM-4V EVA-CLIP vision tower ({vision[0]}, ...); "
+                        f"not converted. Supported: {SUPPORTED_CHATGLM}")
+    plan = plan_to_glm(config, tensors, DTYPES[dtype], config_file)
+    glm_config = glm_config_from_chatglm(config, dtype)
+    write_checkpoint(plan, tensors, dest, max_shard_bytes, label=f"ChatGLM -> Glm ({dtype})")
+    glm_config.save_pretrained(dest)
+    carry_tokenizer(source, dest)
+    return "GlmForCausalLM"
