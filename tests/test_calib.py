@@ -1,13 +1,19 @@
+import collections
 import gzip
 import json
+import os
+import subprocess
+import sys
+import tracemalloc
 
 import pytest
 
-from conftest import REPO, read_jsonl
+from conftest import REPO, read_jsonl, write_params
 from pipeline import calib
 from pipeline.errors import UserError
 
 TURNS = {"turns": [{"role": "User", "content": "Where is my parcel?"}, {"role": "Agent", "content": "Let me check."}]}
+LOGS = [json.loads(line) for line in (REPO / "calib_data" / "support_logs.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
 def write_lines(path, rows):
@@ -21,39 +27,110 @@ def run(path, out, model, **kw):
     return calib.run(path, out, model, **settings)
 
 
-@pytest.mark.parametrize("record, shape", [
-    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}, "messages"),
-    ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}, "conversations"),
-    (TURNS, "turns"),
-    ({"prompt": "hi", "response": "hello"}, "prompt/response"),
-    ({"instruction": "hi", "input": "more", "output": "hello"}, "instruction/output"),
-    ({"text": "plain text"}, "text"),
-])
-def test_each_shape_is_detected(record, shape):
-    conversation = calib.to_conversation(record, "f.jsonl:1")
-    assert conversation.shape == shape
-    assert all(m["role"] in ("user", "assistant", "system", "text") for m in conversation.messages)
+def load(path, strict=False, max_bad_fraction=0.5, do_redact=False, extra_patterns=()):
+    return calib.load_conversations(path, strict=strict, max_bad_fraction=max_bad_fraction, do_redact=do_redact,
+                                    extra_patterns=list(extra_patterns))
 
+
+def strict_error(path) -> str:
+    with pytest.raises(UserError) as err:
+        load(path, strict=True)
+    return str(err.value)
+
+
+def make_file(directory, name, data):
+    path = directory / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+    return path
+
+
+def redactions_in(rows) -> dict:
+    counts = collections.Counter()
+    for row in rows:
+        for turn in row["turns"]:
+            calib.redact(turn["content"], counts, [])
+    return counts
+
+
+def cli(args):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+# ---------------------------------------------------------------- shapes
+
+HI_HELLO = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+@pytest.mark.parametrize("record, shape, messages", [
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}, "messages", HI_HELLO),
+    ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}, "conversations", HI_HELLO),
+    ({"turns": [{"role": "Customer", "content": " hi "}, {"role": "BOT", "content": "hello"}]}, "turns", HI_HELLO),
+    ({"prompt": "hi", "response": "hello"}, "prompt/response", HI_HELLO),
+    ({"instruction": "hi", "output": "hello"}, "instruction/output", HI_HELLO),
+    ({"instruction": "hi", "input": "more", "output": "hello"}, "instruction/output",
+     [{"role": "user", "content": "hi\n\nmore"}, {"role": "assistant", "content": "hello"}]),
+    ({"text": "plain text"}, "text", [{"role": "text", "content": "plain text"}]),
+])
+def test_each_shape_is_detected(record, shape, messages):
+    conversation = calib.to_conversation(record, "f.jsonl:1")
+    assert conversation.shape == shape and conversation.messages == messages
+
+
+def test_role_aliases_map_in_any_case():
+    turns = [{"role": role, "content": f"turn {i}"} for i, role in
+             enumerate(["SYSTEM", "customer", "Agent", "User", "bot", "Assistant", "agent", "HUMAN", "gpt"])]
+    roles = [m["role"] for m in calib.to_conversation({"turns": turns}, "f.jsonl:1").messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "assistant", "assistant", "user", "assistant"]
+
+
+def test_summary_counts_records_per_shape(tmp_path, tiny_llama):
+    rows = [{"messages": [{"role": "user", "content": r["turns"][0]["content"]},
+                          {"role": "assistant", "content": r["turns"][1]["content"]}]} for r in LOGS[:3]]
+    rows += [{"conversations": [{"from": "human", "value": r["turns"][0]["content"]},
+                                {"from": "gpt", "value": r["turns"][1]["content"]}]} for r in LOGS[3:5]]
+    rows += LOGS[5:9] + [{"prompt": LOGS[9]["turns"][0]["content"], "response": LOGS[9]["turns"][1]["content"]},
+                         {"instruction": LOGS[10]["turns"][0]["content"], "output": LOGS[10]["turns"][1]["content"]},
+                         {"text": LOGS[11]["turns"][1]["content"]}]
+    result = run(write_lines(tmp_path / "mixed.jsonl", rows), tmp_path / "out", tiny_llama)
+    assert result.stats["shapes"] == {"conversations": 2, "instruction/output": 1, "messages": 3,
+                                      "prompt/response": 1, "text": 1, "turns": 4}
+
+
+# ---------------------------------------------------------------- malformed input: FILE:LINE, problem, fix
 
 @pytest.mark.parametrize("line, expected", [
-    ('{"turns": [', "f.jsonl:1: invalid JSON"),
-    ('{"dialog": []}', "f.jsonl:1: unknown record shape (keys: dialog)"),
-    ('{"turns": [{"role": "user", "content": ""}]}', "turns[0].content is empty"),
-    ('{"turns": [{"role": "user", "content": 5}]}', "turns[0].content is int, not text"),
-    ('{"turns": [{"role": "narrator", "content": "x"}]}', "role 'narrator' cannot be mapped"),
+    ('{"turns": [', "f.jsonl:1: invalid JSON (Expecting value at column 12); make the line one JSON object or remove it"),
+    ('{"dialog": []}', "f.jsonl:1: unknown record shape (keys: dialog); use one of: messages, conversations, turns"),
+    ('{"turns": [{"role": "user", "content": ""}]}', "f.jsonl:1: turns[0].content is empty; drop the turn or fill it"),
+    ('{"turns": [{"role": "user", "content": "  \\n "}]}', "f.jsonl:1: turns[0].content is empty; drop the turn or fill it"),
+    ('{"turns": [{"role": "user", "content": 5}]}', "f.jsonl:1: turns[0].content is a number, not text; make it a string"),
+    ('{"messages": [{"role": "user", "content": null}]}', "f.jsonl:1: messages[0].content is null, not text; make it a string"),
+    ('{"prompt": ["a"], "response": "b"}', "f.jsonl:1: prompt is an array, not text; make it a string"),
+    ('{"turns": [{"role": "narrator", "content": "x"}]}', "f.jsonl:1: turns[0].role 'narrator' cannot be mapped; use one of"),
+    ('{"conversations": [{"from": 3, "value": "x"}]}', "f.jsonl:1: conversations[0].from 3 cannot be mapped; use one of"),
+    ('{"turns": []}', "f.jsonl:1: 'turns' must be a non-empty list of turns; give it"),
+    ('{"turns": [{"content": "x"}]}', "f.jsonl:1: turns[0] needs 'role' and 'content' keys; add them or drop the turn"),
+    ('[{"text": "a"}]', "f.jsonl:1: a record must be a JSON object, not an array; put one conversation object per line"),
+    ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}", "f.jsonl:1: JSON that cannot be loaded (maximum recursion depth"),
+    ('{"text": ' + "9" * 5000 + "}", "f.jsonl:1: JSON that cannot be loaded (Exceeds the limit (4300 digits)"),
 ])
 def test_bad_records_name_file_line_and_fix(tmp_path, line, expected):
     path = write_lines(tmp_path / "f.jsonl", [line])
-    with pytest.raises(UserError) as err:
-        calib.load_conversations(path, strict=True, max_bad_fraction=0, do_redact=False, extra_patterns=[])
-    assert expected.replace("f.jsonl", str(path)) in str(err.value)
+    assert expected.replace("f.jsonl", str(path)) in strict_error(path)
 
 
-def test_bad_fraction_over_limit_fails_and_lists_records(tmp_path, tiny_llama):
-    path = write_lines(tmp_path / "f.jsonl", [TURNS] * 8 + ["not json"] * 2)
+def test_bad_fraction_over_limit_fails_and_lists_first_ten_and_a_count(tmp_path, tiny_llama):
+    path = write_lines(tmp_path / "f.jsonl", LOGS[:8] + ["not json"] * 12)
     with pytest.raises(UserError) as err:
         run(path, tmp_path / "out", tiny_llama)
-    assert "2 of 10 records are bad" in str(err.value) and f"{path}:9: invalid JSON" in str(err.value)
+    message = str(err.value)
+    assert "12 of 20 records are bad (60% > calib.max_bad_fraction 5%)" in message
+    assert f"{path}:9: invalid JSON" in message and f"{path}:18: invalid JSON" in message
+    assert f"{path}:19:" not in message and message.endswith("... and 2 more")
     assert not (tmp_path / "out").exists()
 
 
@@ -61,73 +138,342 @@ def test_undecodable_bytes_bom_and_crlf(tmp_path):
     path = tmp_path / "f.jsonl"
     good = json.dumps(TURNS).encode()
     path.write_bytes(b"\xef\xbb\xbf" + good + b"\r\n" + b'{"text": "\xff\xfe"}\r\n' + good.replace(b"parcel", b"box") + b"\r\n")
-    conversations, stats = calib.load_conversations(path, strict=False, max_bad_fraction=0.5, do_redact=False, extra_patterns=[])
-    assert len(conversations) == 2
+    conversations, stats = load(path)
+    assert [c.where for c in conversations] == [f"{path}:1", f"{path}:3"]
     assert stats.bad_records == [f"{path}:2: bytes at 10 are not UTF-8; re-export the file as UTF-8"]
 
 
+def test_crlf_inside_content_is_normalised(tmp_path):
+    path = write_lines(tmp_path / "f.jsonl", [{"turns": [{"role": "user", "content": "line one\r\nline two\r\n"},
+                                                         {"role": "agent", "content": "ok"}]}])
+    (conversation,), _ = load(path)
+    assert conversation.messages[0]["content"] == "line one\nline two"
+
+
+def test_a_50_mb_line_is_named_without_being_read_whole(tmp_path):
+    path = tmp_path / "f.jsonl"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(TURNS) + "\n")
+        handle.write('{"text": "' + "x" * (50 << 20) + '"}\n')
+        handle.write(json.dumps({"text": "after the long line"}) + "\n")
+    tracemalloc.start()
+    try:
+        conversations, stats = load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stats.bad_records == [f"{path}:2: line is 50 MB, over the 8 MB limit for one record; "
+                                 "split the conversation or drop the line"]
+    assert [c.where for c in conversations] == [f"{path}:1", f"{path}:3"]
+    assert peak < 3 * calib.MAX_LINE_BYTES  # the 50 MB line was skipped in steps, never held whole
+
+
 @pytest.mark.parametrize("make, expected", [
-    (lambda p: p / "missing.jsonl", "no such file"),
-    (lambda p: p, "is a directory"),
-    (lambda p: (p / "empty.jsonl").write_text("") or p / "empty.jsonl", "holds no records"),
+    (lambda p: p / "missing.jsonl", "{p}/missing.jsonl: no such file; pass a .jsonl, .jsonl.gz or .json file"),
+    (lambda p: p, "{p}: is a directory; pass a .jsonl, .jsonl.gz or .json file of conversations inside it"),
+    (lambda p: make_file(p, "empty.jsonl", ""), "{p}/empty.jsonl:1: the file is empty; put one JSON conversation per line"),
+    (lambda p: make_file(p, "blank.jsonl", "\n  \r\n\n"),
+     "{p}/blank.jsonl:1: no records (the file holds only blank lines or an empty array)"),
+    (lambda p: make_file(p, "empty.json", "[]"), "{p}/empty.json:1: no records"),
+    (lambda p: make_file(p, "u16.jsonl", json.dumps(TURNS).encode("utf-16")),
+     "{p}/u16.jsonl:1: the file is UTF-16 encoded; re-export it as UTF-8"),
+    (lambda p: make_file(p, "cut.jsonl.gz", gzip.compress(b'{"text": "a"}\n' * 500)[:60]),
+     "{p}/cut.jsonl.gz:501: reading failed (Compressed file ended before the end-of-stream marker was reached); "
+     "a gzip file here is corrupt or truncated"),
 ])
-def test_missing_empty_and_directory(tmp_path, make, expected):
-    with pytest.raises(UserError, match=expected):
-        calib.load_conversations(make(tmp_path), strict=False, max_bad_fraction=0.05, do_redact=False, extra_patterns=[])
+def test_missing_empty_directory_encoding_and_gzip(tmp_path, make, expected):
+    with pytest.raises(UserError) as err:
+        load(make(tmp_path))
+    assert expected.format(p=tmp_path) in str(err.value)
 
 
 def test_gz_and_json_array(tmp_path):
     gz = tmp_path / "f.jsonl.gz"
     with gzip.open(gz, "wt", encoding="utf-8") as handle:
         handle.write(json.dumps(TURNS) + "\n")
+    disguised = tmp_path / "g.jsonl"  # gzip data under a plain name: read by content
+    disguised.write_bytes(gz.read_bytes())
     arr = tmp_path / "f.json"
-    arr.write_text(json.dumps([TURNS, {"prompt": "a", "response": "b"}]))
-    assert len(calib.load_conversations(gz, strict=True, max_bad_fraction=0, do_redact=False, extra_patterns=[])[0]) == 1
-    assert len(calib.load_conversations(arr, strict=True, max_bad_fraction=0, do_redact=False, extra_patterns=[])[0]) == 2
+    arr.write_text("\ufeff[\r\n  " + json.dumps(TURNS) + ",\r\n  " + json.dumps({"prompt": "a", "response": "b"}) + "\r\n]\r\n",
+                   encoding="utf-8")
+    assert len(load(gz, strict=True)[0]) == 1 and len(load(disguised, strict=True)[0]) == 1
+    assert [c.where for c in load(arr, strict=True)[0]] == [f"{arr}:2:3", f"{arr}:3:3"]
 
 
-LABELLED = [
-    ("write to jane.doe+shop@example.co.uk today", "email"),
-    ("call +91 98765 43210 after six", "phone"),
-    ("my number is 9876543210.", "phone"),
-    ("card 4111 1111 1111 1111 was charged", "card"),
-    ("paid with 5500005555555559", "card"),
-    ("IBAN DE89 3704 0044 0532 0130 00 please", "iban"),
-    ("login from 192.168.10.24 failed", "ip"),
-]
+@pytest.mark.parametrize("text, expected", [
+    ('[{"text": "a"}, {"dialog": 1}]', "f.json:1:17: unknown record shape (keys: dialog)"),
+    ('[{"text": "a"},\n {"text": }]', "f.json:2: invalid JSON (Expecting value at column 11); a .json file must be one valid array"),
+    ('{"text": "a"}', "f.json:1:1: the top level is not an array; a .json file must hold an array of records"),
+    ('[{"text": "a"} {"text": "b"}]', "f.json:1:16: expected ',' or ']' after a record; fix the array there"),
+    ('[{"text": "a"}]\n[]', "f.json:2:1: text after the closing ']'; a .json file must hold exactly one array"),
+])
+def test_json_array_errors_name_line_and_column(tmp_path, text, expected):
+    path = tmp_path / "f.json"
+    path.write_text(text, encoding="utf-8")
+    assert expected.replace("f.json", str(path)) in strict_error(path)
 
 
-@pytest.mark.parametrize("text, kind", LABELLED)
-def test_redaction_finds_each_kind(text, kind):
-    import collections
+def test_strict_stops_at_the_first_bad_record(tmp_path):
+    path = write_lines(tmp_path / "f.jsonl", [TURNS, '{"turns": 1}', "not json"] + LOGS[:50])
+    message = strict_error(path)
+    assert message.startswith(f"{path}:2: 'turns' must be a non-empty list of turns")
+    assert "--strict stops at the first bad record" in message and f"{path}:3" not in message
 
+
+def test_missing_model_dir_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no such model directory; pass --model"):
+        run(write_lines(tmp_path / "f.jsonl", LOGS[:20]), tmp_path / "out", tmp_path / "no-model")
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- the real CLI
+
+@pytest.fixture()
+def cli_args(tmp_path, tiny_llama):
+    params = write_params(tmp_path)
+    return lambda source, *extra: ["calib", source, "--out", tmp_path / "out", "--model", tiny_llama,
+                                   "--params", params, *extra]
+
+
+@pytest.mark.parametrize("make, strict, expected", [
+    (lambda p: write_lines(p / "f.jsonl", LOGS[:40] + ['{"turns": ['] + LOGS[40:80]), True,
+     "{p}/f.jsonl:41: invalid JSON (Expecting value at column 12); make the line one JSON object or remove it"),
+    (lambda p: write_lines(p / "f.jsonl", LOGS[:40] + ['{"turns": [{"role": "user", "content": 7}]}']), True,
+     "{p}/f.jsonl:41: turns[0].content is a number, not text; make it a string"),
+    (lambda p: write_lines(p / "f.jsonl", LOGS[:3] + ['{"text": "' + "y" * (9 << 20) + '"}']), False,
+     "{p}/f.jsonl:4: line is 9 MB, over the 8 MB limit for one record; split the conversation or drop the line"),
+    (lambda p: make_file(p, "empty.jsonl", ""), False,
+     "{p}/empty.jsonl:1: the file is empty; put one JSON conversation per line"),
+    (lambda p: p / "missing.jsonl", False, "{p}/missing.jsonl: no such file"),
+    (lambda p: (p / "d").mkdir() or p / "d", False, "{p}/d: is a directory"),
+])
+def test_cli_exits_2_with_file_line_message_and_writes_nothing(tmp_path, cli_args, make, strict, expected):
+    result = cli(cli_args(make(tmp_path), *(["--strict"] if strict else [])))
+    assert result.exit_code == 2, result.output
+    assert expected.format(p=tmp_path) in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_default_mode_skips_and_lists_bad_records(tmp_path, cli_args):
+    bad = ['{"turns": [{"role": "narrator", "content": "x"}]}'] * 12
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:150] + bad + LOGS[150:300])  # 12 of 312: under 5 %
+    result = cli(cli_args(source))
+    assert result.exit_code == 0, result.output
+    assert "skipped 12 bad records" in result.output and f"{source}:151: turns[0].role 'narrator'" in result.output
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["bad_records"] == 12 and stats["dropped"]["bad record"] == 12
+    assert stats["bad_records_first_10"] == [f"{source}:{151 + i}: turns[0].role 'narrator' cannot be mapped; use one of "
+                                             "agent, assistant, bot, client, customer, gpt, human, model, system, user "
+                                             "(any case)" for i in range(10)]
+
+
+def test_cli_strict_fails_where_default_mode_succeeds(tmp_path, cli_args):
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:100] + ['{"text": 1}'] + LOGS[100:200])
+    result = cli(cli_args(source, "--strict"))
+    assert result.exit_code == 2 and f"{source}:101: text is a number, not text" in result.output
+    assert not (tmp_path / "out").exists()
+    assert cli(cli_args(source)).exit_code == 0 and (tmp_path / "out" / "calib.jsonl").exists()
+
+
+# ---------------------------------------------------------------- redaction
+
+LABELLED = {
+    "email": ["jane.doe+shop@example.co.uk", "First.Last@Company.IO", "rahul_k-99@mail.example.in", "x@y.de"],
+    "phone": ["+91 98765 43210", "9876543210", "+44 20 7946 0958", "+1 (415) 555-2671", "(415) 555-2671", "415-555-2671",
+              "415.555.2671", "+33 1 23 45 67 89", "0044 20 7946 0958", "+49 (0)30 1234567", "+81 3-1234-5678",
+              "+86 138 0013 8000", "+7 495 123-45-67", "+919876543210", "020 7946 0958", "98765-43210", "+65 6123 4567",
+              "1-800-555-0199", "+91-98765-43210"],
+    "card": ["4111 1111 1111 1111", "4111-1111-1111-1111", "4111111111111111", "5500005555555559", "3782 822463 10005",
+             "378282246310005", "3056 9309 0259 04", "6011 0009 9013 9424", "2223 0031 2200 3222", "5555-5555-5555-4444"],
+    "iban": ["DE89 3704 0044 0532 0130 00", "DE89370400440532013000", "GB82 WEST 1234 5698 7654 32",
+             "FR14 2004 1010 0505 0001 3M02 606", "NL91 ABNA 0417 1643 00", "ES91 2100 0418 4502 0005 1332",
+             "IT60 X054 2811 1010 0000 0123 456", "CH93 0076 2011 6238 5295 7", "BE68 5390 0754 7034", "NO93 8601 1117 947",
+             "SA03 8000 0000 6080 1016 7519", "gb82 west 1234 5698 7654 32"],
+    "ip": ["192.168.10.24", "8.8.8.8", "10.0.0.255", "2001:db8::1", "fe80::1ff:fe23:4567:890a",
+           "2001:0db8:85a3:0000:0000:8a2e:0370:7334", "::ffff:192.0.2.1"],
+}
+CONTEXTS = ["{}", "my details: {}.", "its {}, thanks", "({})", "call/see {} now", "x: {}\nnext line", "{} ABOUT IT"]
+
+
+@pytest.mark.parametrize("kind, value", [(kind, value) for kind, values in LABELLED.items() for value in values])
+def test_redaction_finds_every_labelled_value_in_every_context(kind, value):
+    for context in CONTEXTS:
+        counts = collections.Counter()
+        redacted = calib.redact(context.format(value), counts, [])
+        assert redacted == context.format(f"[{kind.upper()}]"), (context, value)
+        assert counts == {kind: 1}
+
+
+@pytest.mark.parametrize("text", [
+    "order #502-2345678-9012345 placed", "order 502-2345678-9012345 placed", "My order number is 456-789012-345678.",
+    "Order ID 654-321-0987 arrived", "order #9012345678901234 was delivered", "Transaction ID is 000000000000000",
+    "order OD4567891234567890 is late", "tracking no. 9876543210 shows nothing", "ISBN 978-3-16-148410-0",
+    "on 12.05.2024 at 10:30", "2024-05-12", "12/05/2024", "at 10:30:45 sharp", "between 9:00-17:30", "ratio 16:9",
+    "$1,299.99", "Rs. 1,49,999", "₹12,999.00", "EUR 1.299.999,00", "version 2.14.3", "4111 1111 1111 1112 (bad Luhn)",
+])
+def test_redaction_leaves_order_numbers_dates_times_and_prices(text):
     counts = collections.Counter()
-    redacted = calib.redact(text, counts, [])
-    assert counts[kind] == 1 and f"[{kind.upper()}]" in redacted
-
-
-def test_redaction_leaves_order_numbers_and_dates():
-    import collections
-
-    counts = collections.Counter()
-    text = "order #502-2345678-9012345 placed on 12.05.2024 at 10:30, 4111 1111 1111 1112 (bad Luhn)"
     assert calib.redact(text, counts, []) == text and not counts
 
 
+def test_user_patterns_are_redacted_and_counted():
+    counts = collections.Counter()
+    redacted = calib.redact("ticket ORD-123456 and ORD-654321, mail a@b.io", counts, [calib.re.compile(r"ORD-\d{6}")])
+    assert redacted == "ticket [REDACTED] and [REDACTED], mail [EMAIL]" and counts == {"custom": 2, "email": 1}
+
+
+def test_redaction_happens_before_dedup_and_before_anything_is_written(tmp_path, tiny_llama):
+    base = LOGS[0]["turns"]
+    rows = [{"turns": [{"role": "user", "content": base[0]["content"] + f" Mail {name}@example.com"}] + base[1:]}
+            for name in ("anna", "bert", "carl")]  # identical once redacted, near-duplicates if not
+    rows += [{"turns": [{"role": "user", "content": "I am jane.doe@example.com, IBAN DE89 3704 0044 0532 0130 00"}]
+              + r["turns"][1:]} for r in LOGS[1:2]] + LOGS[2:40]
+    rows += ['{"turns": [{"role": "john.smith@example.com", "content": "x"}]}']
+    source = write_lines(tmp_path / "f.jsonl", rows)
+    result = run(source, tmp_path / "out", tiny_llama, holdout=5, max_bad_fraction=0.1)
+    assert result.stats["dropped"]["duplicate"] == 2
+    unchanged = [{"turns": r["turns"][1:]} for r in (LOGS[0],) * 3 + (LOGS[1],)] + [{"turns": base[:1]}] * 3 + LOGS[2:40]
+    expected = redactions_in(unchanged) + collections.Counter(email=4, iban=1)
+    assert result.stats["redactions"] == dict(sorted(expected.items()))
+    written = b"".join(p.read_bytes() for p in (tmp_path / "out").iterdir())
+    for secret in (b"anna@", b"bert@", b"jane.doe@", b"DE89 3704", b"john.smith@"):
+        assert secret not in written
+    assert "[EMAIL]" in result.stats["bad_records_first_10"][0]
+
+    plain = run(source, tmp_path / "plain", tiny_llama, holdout=5, max_bad_fraction=0.1, do_redact=False)
+    assert plain.stats["redactions"] == {} and plain.stats["dropped"] == {"bad record": 1, "near-duplicate": 2}
+    assert b"jane.doe@example.com" in (tmp_path / "plain" / "calib_conversations.jsonl").read_bytes() + \
+        (tmp_path / "plain" / "holdout.jsonl").read_bytes()
+
+
+# ---------------------------------------------------------------- de-duplication
+
+def _changed(text: str, every: int, tag: str) -> str:
+    words = text.split()
+    return " ".join(f"{tag}{i}" if i % every == 0 else w for i, w in enumerate(words))
+
+
+def test_near_duplicates_are_dropped_above_the_threshold_only():
+    word_ids = calib.WordIds()
+    base = [calib.normalised(" ".join(t["content"] for t in r["turns"])) for r in LOGS[:40]]
+    variants, expected = [], []
+    for i, text in enumerate(base):
+        variant = _changed(text, every=[40, 12, 6, 3][i % 4], tag=f"zz{i}x")
+        variants.append(variant)
+        similarity = calib.jaccard(calib.shingles(text.split(), word_ids), calib.shingles(variant.split(), word_ids))
+        expected.append(similarity >= calib.NEAR_DUPLICATE_JACCARD)
+    flags = calib.near_duplicates(base + variants)
+    assert flags[:40] == [False] * 40 and flags[40:] == expected
+    assert 5 < sum(expected) < 35  # both sides of the threshold are exercised
+
+
+def test_duplicates_and_near_duplicates_are_counted_apart(tmp_path):
+    near = [{"turns": [dict(t, content=t["content"].replace("the", "THE_X", 1)) for t in r["turns"]]} for r in LOGS[:5]]
+    exact = [{"turns": [dict(t, content=t["content"].upper() + "!!") for t in r["turns"]]} for r in LOGS[5:8]]
+    far = [{"turns": [dict(t, content=_changed(t["content"], 2, "q")) for t in LOGS[9]["turns"]]}]  # Jaccard < 0.2
+    conversations, stats = load(write_lines(tmp_path / "f.jsonl", LOGS[:10] + near + exact + far))
+    assert stats.dropped == {"near-duplicate": 5, "duplicate": 3}
+    assert stats.records_in == 19 and stats.kept == len(conversations) == 11
+
+
+def test_a_shared_system_prompt_does_not_make_conversations_near_duplicates(tmp_path):
+    system = {"role": "system", "content": " ".join(f"rule{i} applies here" for i in range(500))}
+    rows = [{"messages": [system] + [{"role": t["role"].lower().replace("agent", "assistant"), "content": t["content"]}
+                                     for t in r["turns"]]} for r in LOGS[:20]]
+    conversations, stats = load(write_lines(tmp_path / "f.jsonl", rows))
+    assert len(conversations) == 20 and not stats.dropped["near-duplicate"]
+
+
+def test_dedup_does_not_depend_on_python_hash_seed(tmp_path):
+    rows = LOGS[:30] + [{"turns": [dict(t, content=t["content"] + " ok") for t in r["turns"]]} for r in LOGS[:10]]
+    source = write_lines(tmp_path / "f.jsonl", rows)
+    script = ("import sys; from pipeline import calib; c, s = calib.load_conversations(sys.argv[1], strict=False, "
+              "max_bad_fraction=0, do_redact=True, extra_patterns=[]); print([x.key for x in c], dict(s.dropped))")
+    outputs = {subprocess.run([sys.executable, "-c", script, str(source)], capture_output=True, text=True, check=True,
+                              cwd=REPO, env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(outputs) == 1 and "'near-duplicate': 10" in outputs.pop()
+
+
+# ---------------------------------------------------------------- split, render, pack, stats
+
 def test_split_never_shares_a_conversation_and_output_is_deterministic(tmp_path, tiny_llama):
-    source = tmp_path.parent / "logs.jsonl"
-    rows = [json.loads(line) for line in open(REPO / "calib_data" / "support_logs.jsonl", encoding="utf-8").read().splitlines()[:60]]
-    write_lines(source, rows + rows[:5])  # 5 exact duplicates
+    source = tmp_path / "logs.jsonl"
+    near = [{"turns": [dict(t, content=t["content"] + " thanks") for t in r["turns"]]} for r in LOGS[10:13]]
+    write_lines(source, LOGS[:60] + LOGS[:5] + near + ["broken"])  # 5 exact and 3 near duplicates, 1 bad
     first = run(source, tmp_path / "a", tiny_llama, holdout=6, num_blocks=4)
-    second = run(source, tmp_path / "b", tiny_llama, holdout=6, num_blocks=4)
+    run(source, tmp_path / "b", tiny_llama, holdout=6, num_blocks=4)
     for name in ("calib.jsonl", "holdout.jsonl", "calib_conversations.jsonl", "stats.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    assert first.stats["dropped"]["duplicate"] == 5
+    assert first.stats["dropped"] == {"bad record": 1, "duplicate": 5, "near-duplicate": 3}
+    assert "kept 60 of 69 records (dropped 1 bad record, 5 duplicate, 3 near-duplicate)" in first.summary()
     held = {json.dumps(r["messages"][0]) for r in read_jsonl(tmp_path / "a" / "holdout.jsonl")}
     used = {json.dumps(r["messages"][0]) for r in read_jsonl(tmp_path / "a" / "calib_conversations.jsonl")}
-    assert len(held) == 6 and not held & used
+    assert len(held) == 6 and len(used) == 54 and not held & used
     blocks = read_jsonl(tmp_path / "a" / "calib.jsonl")
     assert len(blocks) == 4 and {len(b["input_ids"]) for b in blocks} == {32}
+    assert calib.is_blocks_file(tmp_path / "a" / "calib.jsonl") and calib.read_blocks(tmp_path / "a" / "calib.jsonl") == \
+        [b["input_ids"] for b in blocks]
+
+
+def test_stats_json_has_every_number(tmp_path, tiny_llama):
+    from transformers import AutoTokenizer
+
+    cyrillic = {"turns": [{"role": "customer", "content": "Привет мир"}, {"role": "bot", "content": "hello"}]}
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:30] + [cyrillic, LOGS[0], "{", {"text": "write to a@b.io"}])
+    result = run(source, tmp_path / "out", tiny_llama, holdout=3, seq_len=16, num_blocks=5)
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats == result.stats
+    assert stats["records_in"] == 34 and stats["records_kept"] == 32
+    assert stats["dropped"] == {"bad record": 1, "duplicate": 1}
+    assert stats["bad_records"] == 1 and stats["bad_records_first_10"] == [
+        f"{source}:33: invalid JSON (Expecting property name enclosed in double quotes at column 2); "
+        "make the line one JSON object or remove it"]
+    expected_redactions = redactions_in(LOGS[:30]) + collections.Counter(email=1)
+    assert stats["shapes"] == {"text": 1, "turns": 32} and stats["redactions"] == dict(sorted(expected_redactions.items()))
+    conversations = read_jsonl(tmp_path / "out" / "calib_conversations.jsonl")
+    holdout = read_jsonl(tmp_path / "out" / "holdout.jsonl")
+    assert stats["calib_conversations"] == len(conversations) == 29 and stats["holdout"] == len(holdout) == 3
+    turns = sum(len(r["turns"]) for r in LOGS[:30]) + 2 + 1
+    assert stats["turns"] == turns and stats["turns_per_conversation"] == round(turns / 32, 2)
+    assert sum(stats["roles"].values()) == turns and stats["roles"]["text"] == 1
+    redacted = [calib.redact(t["content"], collections.Counter(), []) for r in LOGS[:30] for t in r["turns"]]
+    letters = sum(ch.isalpha() for text in redacted for ch in text) + 9 + 5 + len("writetoEMAIL")
+    assert stats["non_latin_share"] == round(9 / letters, 4)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    rendered = [tokenizer.apply_chat_template(r["messages"], tokenize=False) if r["messages"][0]["role"] != "text"
+                else r["messages"][0]["content"] for r in conversations]
+    assert stats["calib_conversation_tokens"] == sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in rendered)
+    assert stats["tokens"] == 80 and stats["blocks"] == 5 and stats["seq_len"] == 16 and stats["chat_template"] is True
+    first_tokens = tokenizer(rendered[0], add_special_tokens=False)["input_ids"]
+    assert read_jsonl(tmp_path / "out" / "calib.jsonl")[0]["input_ids"] == first_tokens[:16]
+
+
+def test_strict_chat_templates_get_alternating_turns_and_rejections_are_counted(tmp_path):
+    from tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if 'REJECT' in m['content'] %}{{ raise_exception('no') }}{% endif %}"
+        "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate') }}{% endif %}"
+        "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    tokenizer.save_pretrained(tmp_path / "strict")
+    greeting = {"turns": [{"role": "system", "content": "Be kind."}, {"role": "agent", "content": "Hello!"},
+                          {"role": "user", "content": "hi"}, {"role": "user", "content": "my parcel?"},
+                          {"role": "agent", "content": "On its way."}]}
+    rejected = {"turns": [{"role": "user", "content": "REJECT me"}, {"role": "agent", "content": "no"}]}
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:20] + [greeting, rejected])
+    result = run(source, tmp_path / "out", tmp_path / "strict", holdout=0, num_blocks=4)
+    assert result.stats["dropped"] == {"rejected by chat template": 1} and result.stats["records_kept"] == 21
+    conversation = calib.Conversation(calib.to_conversation(greeting, "x").messages, "turns", "x")
+    assert calib.render(tokenizer, conversation) == "[user] Be kind.\n\nhi\nmy parcel?\n[assistant] On its way.\n"
+
+
+@pytest.mark.parametrize("text, letters, non_latin", [
+    ("Hello, Wörld! 123", 10, 0), ("Ça coûte 5€, señor", 12, 0), ("Привет, мир", 9, 9), ("नमस्ते", 4, 4),
+    ("日本語 text", 7, 3), ("ΑΒΓ abc", 6, 3),
+])
+def test_letters_and_non_latin_letters_are_counted(text, letters, non_latin):
+    assert calib._letters(text) == (letters, non_latin)
 
 
 def test_too_small_calibration_set_says_so(tmp_path, tiny_llama):
