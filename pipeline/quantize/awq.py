@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.quantize import oneshot, plan
+from pipeline.quantize import compat, oneshot, plan
 from pipeline.quantize.mappings import mappings_for, supported_architectures
 
 
@@ -26,9 +26,10 @@ def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20) -> list
 
 def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "auto", symmetric: bool = False,
         seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32, n_grid: int = 20) -> oneshot.QuantResult:
+    compat.quiet_cpu_warning()
     config = plan.read_config(model_dir)  # every check below runs before any weight is loaded
-    arch = plan.architecture(config)
-    mappings = mappings_for(arch)
+    arch = plan.check_architecture(config, model_dir)
+    mappings = mappings_for(arch, config)
     if mappings is None:
         raise UserError(
             f"{model_dir}: AWQ has no smoothing mappings for {arch}; supported: "

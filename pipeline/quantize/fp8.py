@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.quantize import oneshot, plan
+from pipeline.quantize import compat, oneshot, plan
 
 KV_STRATEGY = {"per-head": "attn_head", "per-tensor": "tensor", "none": None}
 
@@ -32,8 +32,9 @@ def recipe(activations: str, kv: str) -> list:
 
 def run(model_dir: Path, out: Path, calib: Path, *, activations: str = "static", kv: str = "per-head",
         seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32) -> oneshot.QuantResult:
+    compat.quiet_cpu_warning()
     config = plan.read_config(model_dir)
-    arch = plan.architecture(config)
+    arch = plan.check_architecture(config, model_dir)
     scheme = f"FP8 W8A8 ({activations} activations), KV cache {'FP8 ' + kv if kv != 'none' else 'unquantized'}"
     return oneshot.run(
         method="fp8", scheme=scheme, recipe=recipe(activations, kv), model_dir=model_dir, out=out,

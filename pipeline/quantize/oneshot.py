@@ -34,13 +34,15 @@ class QuantResult:
 
 
 def resolve_calibration(calib: Path, model_dir: Path, seq_len: int, num_blocks: int,
-                        holdout: int) -> tuple[list[list[int]], str]:
-    """Token blocks from a prepared calib.jsonl, or prepared now from a raw conversation file."""
+                        holdout: int) -> tuple[list[list[int]], str, list[dict]]:
+    """Token blocks from a prepared calib.jsonl, or prepared now from a raw conversation file,
+    and the held-out conversations written beside them (holdout.jsonl), if any."""
     from pipeline import calib as calib_stage
 
     calib = Path(calib)
     if calib_stage.is_blocks_file(calib):
         blocks = calib_stage.read_blocks(calib)
+        held = _read_holdout(calib.with_name("holdout.jsonl"))
     else:
         import tempfile
 
@@ -49,23 +51,73 @@ def resolve_calibration(calib: Path, model_dir: Path, seq_len: int, num_blocks: 
                                      num_blocks=num_blocks, holdout=holdout)
             print(result.summary())
             blocks = calib_stage.read_blocks(Path(tmp) / "build" / "calib.jsonl")
+            held = _read_holdout(Path(tmp) / "build" / "holdout.jsonl")
     if not blocks:
         raise UserError(f"{calib}: no calibration blocks")
     lengths = {len(b) for b in blocks}
     if len(lengths) != 1:
         raise UserError(f"{calib}: calibration blocks differ in length ({sorted(lengths)}); rebuild with `quantize calib`")
     digest = hashlib.sha256(json.dumps(blocks).encode()).hexdigest()
-    return blocks, digest
+    return blocks, digest, held
+
+
+def _read_holdout(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _render(tokenizer, messages: list[dict]) -> str:
+    from jinja2 import TemplateError
+
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False)
+        except TemplateError:  # a template that rejects this conversation's turns: plain text
+            pass
+    return "\n".join(m["content"] for m in messages)
+
+
+def check_blocks(held: list[dict], tokenizer, blocks: list[list[int]], count: int = 2) -> tuple[list[list[int]], str]:
+    """Up to `count` blocks for the per-layer error check, cut from the held-out conversations
+    (with their reference answers), which calibration never saw; the last calibration blocks
+    when there are none."""
+    seq_len = len(blocks[0])
+    stream: list[int] = []
+    for row in held:
+        reference = [{"role": "assistant", "content": row["reference"]}] if row.get("reference") else []
+        stream.extend(tokenizer(_render(tokenizer, row["messages"] + reference), add_special_tokens=False)["input_ids"])
+        if len(stream) >= count * seq_len:
+            break
+    if len(stream) >= seq_len:
+        return [stream[i * seq_len:(i + 1) * seq_len] for i in range(min(count, len(stream) // seq_len))], "holdout"
+    if stream:
+        return [stream], "holdout"
+    return blocks[-count:], "calibration (no holdout.jsonl beside the blocks)"
 
 
 def load_model(model_dir: Path, dtype, **kwargs):
+    """The checkpoint as transformers builds it; MoE routed experts as one Linear per expert
+    where llm-compressor knows how (see compat.load_linearized)."""
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(model_dir)
     auto = transformers.AutoModelForCausalLM
     if type(config) in transformers.AutoModelForImageTextToText._model_mapping:
         auto = transformers.AutoModelForImageTextToText
+    if plan.routed_experts(config.to_dict()):
+        from pipeline.quantize import compat
+
+        if compat.loads_linearized(config.model_type):
+            model_cls = auto._model_mapping[type(config)]
+            return compat.load_linearized(model_cls, model_dir, config.model_type, dtype=dtype, **kwargs)
     return auto.from_pretrained(model_dir, dtype=dtype, **kwargs)
+
+
+def _tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def _calibration_dataset(blocks: list[list[int]]):
@@ -102,17 +154,43 @@ def _quantized_modules(model) -> dict[str, str]:
     return modules
 
 
+def _set_dtype(model, dtype) -> None:
+    """Casts the model and records the dtype in every sub-config too: a VLM's text_config
+    would otherwise keep the float32 it was calibrated in, and servers read it from there."""
+    model.to(dtype)
+    for config in (model.config, *(getattr(model.config, key, None) for key in model.config.sub_configs)):
+        if config is not None:
+            config.dtype = dtype
+
+
+def _free(on_gpu: bool) -> None:
+    """Drops the calibrated model before the variant is reloaded: llm-compressor's session holds
+    it too, and its save_pretrained wrapper makes a reference cycle."""
+    import gc
+
+    import torch
+    from llmcompressor.core import active_session
+
+    active_session().reset()
+    gc.collect()
+    if on_gpu:
+        torch.cuda.empty_cache()
+
+
 def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, calib: Path,
         seq_len: int, num_blocks: int, holdout: int, batch_size: int, details: dict) -> QuantResult:
     import torch
     from llmcompressor import oneshot
 
-    from pipeline.quantize.compat import patch_cpu_pin_memory
-    from pipeline.quantize.verify import verify
+    from pipeline.quantize import verify
+    from pipeline.quantize.compat import patch_cpu_pin_memory, quiet_cpu_warning
 
+    quiet_cpu_warning()
     watch = Stopwatch()
     model_dir, out = Path(model_dir), Path(out)
-    blocks, calib_digest = resolve_calibration(calib, model_dir, seq_len, num_blocks, holdout)
+    blocks, calib_digest, held = resolve_calibration(calib, model_dir, seq_len, num_blocks, holdout)
+    tokenizer = _tokenizer(model_dir)
+    probe_blocks, probe_source = check_blocks(held, tokenizer, blocks)
     patch_cpu_pin_memory()
     on_gpu = torch.cuda.is_available()
     # fp16 matmuls are slow on CPUs: calibrate in fp32 there, save in the base checkpoint's dtype.
@@ -123,10 +201,15 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
     if on_gpu:
         model.to("cuda")
     load_s = watch.seconds
+    expected = plan.expected_quantized(model)
+    reference = verify.capture_layer_io(model, probe_blocks)
     print(f"{method}: calibrating on {len(blocks)} blocks x {len(blocks[0])} tokens, "
           f"batch {batch_size}, {'GPU' if on_gpu else 'CPU (small budget: set calib.num_blocks for more)'}")
     oneshot(
         model=model,
+        # The blocks are already token ids: the tokenizer is all llm-compressor needs, and it spares
+        # loading a multimodal processor (GLM-4.1V's video processor wants torchvision).
+        processor=tokenizer,
         dataset=_calibration_dataset(blocks),
         recipe=recipe,
         num_calibration_samples=len(blocks),
@@ -136,13 +219,15 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
     )
     calibrate_s = watch.seconds - load_s
     quantized = _quantized_modules(model)
-    model.to(base_dtype)
+    _set_dtype(model, base_dtype)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, save_compressed=True)
         _copy_side_files(model_dir, tmp)
         save_s = watch.seconds - load_s - calibrate_s
         del model
-        verification = verify(tmp, model_dir, quantized)
+        _free(on_gpu)
+        verification = verify.verify(tmp, model_dir, expected, quantized, reference, work_dtype)
+        verification["layer_error"]["blocks_from"] = probe_source
         info = {
             "method": method,
             "scheme": scheme,
@@ -160,7 +245,8 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
             "device": "cuda" if on_gpu else "cpu",
             "threads": torch.get_num_threads(),
             "seconds": {"load": round(load_s, 2), "calibrate": round(calibrate_s, 2),
-                        "save": round(save_s, 2), "total": round(watch.seconds, 2)},
+                        "save": round(save_s, 2), "verify": round(watch.seconds - load_s - calibrate_s - save_s, 2),
+                        "total": round(watch.seconds, 2)},
             "peak_rss_bytes": _peak_rss_bytes(),
             "peak_gpu_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
             "size_bytes": dir_size(tmp),

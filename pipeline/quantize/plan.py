@@ -4,7 +4,7 @@ the architecture's support, the group size, and what is left in full precision a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
 from pathlib import Path
 
 from pipeline.errors import UserError
@@ -82,3 +82,54 @@ def ignore_patterns() -> list[str]:
 
 def ignore_reasons() -> dict[str, str]:
     return dict(IGNORE)
+
+
+def matches(name: str, pattern: str) -> bool:
+    """compressed-tensors' rule: `re:` patterns with re.match, anything else the exact name."""
+    if pattern.startswith("re:"):
+        return re.match(pattern.removeprefix("re:"), name) is not None
+    return name == pattern
+
+
+def is_ignored(name: str) -> bool:
+    return any(matches(name, pattern) for pattern in ignore_patterns())
+
+
+def expected_quantized(model) -> list[str]:
+    """The plan: every nn.Linear outside the ignore list, read off the loaded model before
+    calibration (MoE experts count once linearized, one Linear per expert)."""
+    import torch
+
+    return sorted(name for name, module in model.named_modules()
+                  if isinstance(module, torch.nn.Linear) and not is_ignored(name))
+
+
+_EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+
+
+def routed_experts(config: dict) -> int:
+    text = text_config(config)
+    return max((text.get(key) or 0 for key in _EXPERT_COUNT_KEYS), default=0)
+
+
+def check_architecture(config: dict, model_dir: Path | str) -> str:
+    """Refuses, before any weight loads, what transformers cannot build or what would be half
+    quantized: routed experts stored as fused 3-D tensors are no nn.Linear, so a "Linear"
+    recipe would skip them unless they load as one Linear per expert."""
+    from transformers import CONFIG_MAPPING
+
+    from pipeline.quantize import compat
+
+    arch = architecture(config)
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise UserError(f"{model_dir}: transformers does not know model_type {model_type!r} ({arch}); "
+                        "upgrade transformers, or resave the checkpoint in a supported architecture")
+    if routed_experts(config) and not compat.loads_linearized(model_type):
+        raise UserError(
+            f"{model_dir}: {arch} keeps its {routed_experts(config)} routed experts as fused 3-D tensors, which "
+            f"llm-compressor cannot load as one Linear per expert (model_type {model_type!r} has no "
+            "linearization mapping), so they would stay unquantized; register one in "
+            "pipeline/quantize/compat.py EXTRA_LINEARIZED_MOE"
+        )
+    return arch

@@ -1,10 +1,30 @@
-"""Checks run on every fresh variant before it is renamed into place; results go to quant.json."""
+"""Checks run on every fresh variant before it is renamed into place; results go to quant.json.
+
+- the plan: the modules quantized (in memory and in the checkpoint) are exactly every Linear
+  outside plan.IGNORE, as listed from the loaded model before calibration;
+- every vision-tower tensor is bit-identical to the base checkpoint;
+- the checkpoint reloads with transformers and generates;
+- the relative output error ||y_q - y_ref|| / ||y_ref|| of each decoder layer on a few held-out
+  blocks, each layer fed the base model's own input (a local error, not an accumulated one).
+
+Memory: the base model's per-layer inputs and outputs for those blocks are captured before
+calibration and kept on the CPU: 2 x blocks x tokens x hidden x layers values (GLM-4-9B, 2
+blocks of 256 tokens in float32: 2 x 512 x 4096 x 40 x 4 B = 0.67 GB). The variant is
+reloaded only after the calibrated model is freed, so two models never share the device.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.quantize import plan
+
+# modules named like decoder layers: model.layers.3, model.language_model.layers.3
+_DECODER_LAYER = re.compile(r"(.*\.)?layers\.\d+")
 
 
 def _tensors(model_dir: Path) -> dict[str, "object"]:
@@ -16,6 +36,10 @@ def _tensors(model_dir: Path) -> dict[str, "object"]:
             for key in f.keys():
                 tensors[key] = (shard, key)
     return tensors
+
+
+def _is_vision(name: str) -> bool:
+    return ".visual." in name or name.startswith("visual.") or "vision" in name
 
 
 def vision_tensors_identical(variant_dir: Path, base_dir: Path) -> dict:
@@ -36,25 +60,164 @@ def vision_tensors_identical(variant_dir: Path, base_dir: Path) -> dict:
     return {"vision_tensors": len(vision), "mismatched": mismatched}
 
 
-def reload_and_generate(variant_dir: Path) -> dict:
+# ---------------------------------------------------------------- the plan
+
+def quantized_in_checkpoint(variant_dir: Path) -> set[str]:
+    """Modules the checkpoint stores quantized: every compressed-tensors format gives each one a
+    `weight_scale` (int4 packed and FP8 alike; KV-cache scales are k_scale / v_scale)."""
+    return {key.removesuffix(".weight_scale") for key in _tensors(variant_dir) if key.endswith(".weight_scale")}
+
+
+def _differences(expected: set[str], found: set[str], where: str) -> list[str]:
+    problems = []
+    if missing := sorted(expected - found):
+        problems.append(f"{len(missing)} planned but not quantized {where}: {', '.join(missing[:8])}"
+                        + (" ..." if len(missing) > 8 else ""))
+    if extra := sorted(found - expected):
+        problems.append(f"{len(extra)} quantized {where} but not planned: {', '.join(extra[:8])}"
+                        + (" ..." if len(extra) > 8 else ""))
+    return problems
+
+
+def check_plan(variant_dir: Path, expected: list[str], quantized: dict[str, str]) -> dict:
+    """What was quantized must be the plan: each Linear outside plan.IGNORE, no more, no less."""
+    planned = set(expected)
+    if not planned:
+        raise UserError(f"{variant_dir}: the plan quantizes nothing: no Linear module outside the ignore list "
+                        f"{plan.ignore_patterns()}")
+    problems = (_differences(planned, set(quantized), "in memory")
+                + _differences(planned, quantized_in_checkpoint(variant_dir), "in the checkpoint"))
+    if problems:
+        raise UserError(f"{variant_dir}: quantized modules differ from the plan (every Linear outside "
+                        f"{plan.ignore_patterns()}): " + "; ".join(problems))
+    return {"planned": len(planned), "quantized": len(quantized), "matches": True}
+
+
+# ---------------------------------------------------------------- per-layer error
+
+@dataclass
+class LayerCalls:
+    """A decoder layer's inputs and outputs on the probe blocks, one entry per block, on CPU."""
+    name: str
+    calls: list[tuple[tuple, dict, "object"]] = field(default_factory=list)
+
+
+def decoder_layers(model) -> list[tuple[str, "object"]]:
+    return [(name, module) for name, module in model.named_modules()
+            if _DECODER_LAYER.fullmatch(name) and not _is_vision(name)]
+
+
+def _to(value, device):
+    """Tensors moved to `device`, containers rebuilt, KV caches dropped (each call stands alone)."""
+    import torch
+    from transformers.cache_utils import Cache
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device)
+    if isinstance(value, Cache):
+        return None
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def _hidden(output):
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def capture_layer_io(model, blocks: list[list[int]]) -> list[LayerCalls]:
+    """Runs the (not yet quantized) model on the probe blocks and keeps each decoder layer's
+    arguments and output."""
+    import torch
+
+    layers = decoder_layers(model)
+    records = [LayerCalls(name) for name, _ in layers]
+    device = next(model.parameters()).device
+
+    def recorder(record: LayerCalls):
+        def hook(module, args, kwargs, output):
+            kwargs = _to({**kwargs, "use_cache": False}, "cpu")
+            record.calls.append((_to(args, "cpu"), kwargs, _hidden(output).detach().cpu()))
+        return hook
+
+    handles = [layer.register_forward_hook(recorder(record), with_kwargs=True)
+               for (_, layer), record in zip(layers, records)]
+    try:
+        with torch.no_grad():
+            for block in blocks:
+                model(input_ids=torch.tensor([block], device=device), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return records
+
+
+def layer_errors(model, reference: list[LayerCalls]) -> list[float]:
+    """||y_q - y_ref|| / ||y_ref|| per decoder layer, over all probe blocks."""
+    import torch
+
+    layers = dict(decoder_layers(model))
+    device = next(model.parameters()).device
+    errors = []
+    with torch.no_grad():
+        for record in reference:
+            diff = norm = 0.0
+            for args, kwargs, expected in record.calls:
+                actual = _hidden(layers[record.name](*_to(args, device), **_to(kwargs, device))).float().cpu()
+                diff += (actual - expected.float()).pow(2).sum().item()
+                norm += expected.float().pow(2).sum().item()
+            errors.append(round(math.sqrt(diff / norm), 6) if norm else float("nan"))
+    return errors
+
+
+# ---------------------------------------------------------------- reload
+
+def _generate(model, variant_dir: Path) -> str:
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.engines.loading import load_for_inference
-
-    model = load_for_inference(variant_dir, torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(variant_dir)
-    ids = tokenizer("The capital of France is", return_tensors="pt")
+    ids = tokenizer("The capital of France is", return_tensors="pt").to(next(model.parameters()).device)
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=4, do_sample=False)
-    text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-    return {"reloads": True, "sample": text}
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-def verify(variant_dir: Path, base_dir: Path, quantized: dict[str, str]) -> dict:
+def reload_and_check(variant_dir: Path, reference: list[LayerCalls], dtype) -> dict:
+    """Reloads the variant the way the evaluation engine does, then the layer errors and a sample."""
+    import torch
+
+    from pipeline.engines.loading import load_for_inference
+
+    model = load_for_inference(variant_dir, dtype)
+    if torch.cuda.is_available():
+        model.to("cuda")
+    errors = layer_errors(model, reference)
+    sample = _generate(model, variant_dir)
+    worst = max(range(len(errors)), key=lambda i: errors[i] if math.isfinite(errors[i]) else math.inf, default=None)
+    return {
+        "reloads": True,
+        "sample": sample,
+        "layer_error": {
+            "relative": errors,
+            "max": errors[worst] if worst is not None else None,
+            "worst_layer": reference[worst].name if worst is not None else None,
+            "blocks": len(reference[0].calls) if reference else 0,
+        },
+    }
+
+
+def verify(variant_dir: Path, base_dir: Path, expected: list[str], quantized: dict[str, str],
+           reference: list[LayerCalls], dtype) -> dict:
     vision = vision_tensors_identical(variant_dir, base_dir)
     if vision["mismatched"]:
         raise UserError(f"{variant_dir}: vision-tower tensors changed: {vision['mismatched'][:5]}")
-    if not quantized:
-        raise UserError(f"{variant_dir}: no module was quantized; check the recipe's targets")
-    return {"vision": vision, **reload_and_generate(variant_dir)}
+    planned = check_plan(variant_dir, expected, quantized)
+    reloaded = reload_and_check(variant_dir, reference, dtype)
+    error = reloaded["layer_error"]
+    if error["relative"]:
+        print(f"verify: decoder-layer relative output error max {error['max']:.4f} ({error['worst_layer']}), "
+              f"mean {sum(error['relative']) / len(error['relative']):.4f} over {len(error['relative'])} layers")
+    return {"vision": vision, "plan": planned, **reloaded}
