@@ -51,9 +51,9 @@ def fetch_demo():
 @app.command()
 @stage
 def resave(
-    source: Optional[str] = typer.Argument(None, help="HF checkpoint dir, .gguf file, or 'demo' [default: params model.source]"),
-    out: Optional[Path] = typer.Option(None, help="Output checkpoint dir [default: params model.base_dir]"),
-    dtype: Optional[str] = typer.Option(None, help="float16 or bfloat16 [default: params model.dtype]"),
+    source: Optional[str] = typer.Argument(None, help="HF checkpoint dir, .gguf file, or 'demo' (default: params model.source)"),
+    out: Optional[Path] = typer.Option(None, help="Output checkpoint dir (default: params model.base_dir)"),
+    dtype: Optional[str] = typer.Option(None, help="float16 or bfloat16 (default: params model.dtype)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Normalise a source checkpoint into a plain Hugging Face safetensors directory."""
@@ -82,11 +82,11 @@ def export(
 @app.command()
 @stage
 def calib(
-    source: Optional[Path] = typer.Argument(None, help="Conversations: .jsonl, .jsonl.gz or .json [default: params calib.source]"),
-    out: Optional[Path] = typer.Option(None, help="Output dir [default: params calib.out]"),
-    model: Optional[Path] = typer.Option(None, help="Checkpoint whose tokenizer and chat template render the text [default: params model.base_dir]"),
+    source: Optional[Path] = typer.Argument(None, help="Conversations: .jsonl, .jsonl.gz or .json (default: params calib.source)"),
+    out: Optional[Path] = typer.Option(None, help="Output dir (default: params calib.out)"),
+    model: Optional[Path] = typer.Option(None, help="Checkpoint whose tokenizer and chat template render the text (default: params model.base_dir)"),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record instead of skipping it."),
-    redact: Optional[bool] = typer.Option(None, "--redact/--no-redact", help="Redact e-mails, phones, cards, IBANs, IPs [default: params calib.redact]"),
+    redact: Optional[bool] = typer.Option(None, "--redact/--no-redact", help="Redact e-mails, phones, cards, IBANs, IPs (default: params calib.redact)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Turn support logs into calibration token blocks and held-out judge prompts."""
@@ -123,12 +123,12 @@ def _variant_settings(p: params_mod.Params, variant: Optional[str], method: str)
 @app.command()
 @stage
 def awq(
-    model: Optional[Path] = typer.Option(None, help="Base checkpoint [default: params model.base_dir]"),
-    calib: Optional[Path] = typer.Option(None, help="Calibration: conversations file, or calib.jsonl built by `quantize calib` [default: params calib.out/calib.jsonl, else calib.source]"),
-    out: Optional[Path] = typer.Option(None, help="Output dir [default: models/<variant>]"),
-    group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (must divide every layer's input width) [default: params]"),
-    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (no zero point) [default: params, asymmetric]"),
-    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml whose settings to use [default: the first awq variant]"),
+    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    calib: Optional[Path] = typer.Option(None, help="Calibration: conversations file, or calib.jsonl built by `quantize calib` (default: params calib.out/calib.jsonl, else calib.source)"),
+    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
+    group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (must divide every layer's input width) (default: params)"),
+    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (no zero point) (default: params, asymmetric)"),
+    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml whose settings to use (default: the first awq variant)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."""
@@ -155,12 +155,12 @@ def awq(
 @app.command()
 @stage
 def fp8(
-    model: Optional[Path] = typer.Option(None, help="Base checkpoint [default: params model.base_dir]"),
-    calib: Optional[Path] = typer.Option(None, help="Calibration file (as for awq) [default: params]"),
-    out: Optional[Path] = typer.Option(None, help="Output dir [default: models/<variant>]"),
-    activations: Optional[str] = typer.Option(None, help="static (calibrated scale) or dynamic (per token) [default: params]"),
-    kv: Optional[str] = typer.Option(None, help="FP8 KV cache scales: per-head, per-tensor or none [default: params, per-head]"),
-    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml [default: the first fp8 variant]"),
+    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    calib: Optional[Path] = typer.Option(None, help="Calibration file (as for awq) (default: params)"),
+    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
+    activations: Optional[str] = typer.Option(None, help="static (calibrated scale) or dynamic (per token) (default: params)"),
+    kv: Optional[str] = typer.Option(None, help="FP8 KV cache scales: per-head, per-tensor or none (default: params, per-head)"),
+    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml (default: the first fp8 variant)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."""
@@ -200,9 +200,9 @@ def build_variant(
 def eval_(
     model_dir: Path = typer.Argument(..., help="Checkpoint to evaluate (models/base or models/<variant>)"),
     suite: str = typer.Option(..., help="Suite name from params.yaml (e.g. math)"),
-    engine: Optional[str] = typer.Option(None, help="hf (in-process) [default: params engine.name]"),
-    limit: Optional[int] = typer.Option(None, help="Items to run [default: params suites.<suite>.limit]"),
-    out: Optional[Path] = typer.Option(None, help="Results dir [default: results/<model dir name>]"),
+    engine: Optional[str] = typer.Option(None, help="hf (in-process) (default: params engine.name)"),
+    limit: Optional[int] = typer.Option(None, help="Items to run (default: params suites.<suite>.limit)"),
+    out: Optional[Path] = typer.Option(None, help="Results dir (default: results/<model dir name>)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Run a suite through lm-eval; write one result line per item and a summary. Resumes if killed."""
@@ -223,9 +223,9 @@ def eval_(
 @stage
 def kl(
     variant_dir: Path = typer.Argument(..., help="Variant checkpoint (models/<variant>)"),
-    base: Optional[Path] = typer.Option(None, help="Base checkpoint [default: params model.base_dir]"),
-    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations [default: params calib.out/holdout.jsonl]"),
-    out: Optional[Path] = typer.Option(None, help="Output JSON [default: results/<variant>/kl.json]"),
+    base: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations (default: params calib.out/holdout.jsonl)"),
+    out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<variant>/kl.json)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Per-token KL divergence from the base and top-1 agreement on held-out conversations."""
@@ -237,6 +237,42 @@ def kl(
         out or Path("results") / variant_dir.name / "kl.json", dtype=p.engine.dtype,
     )
     typer.echo(result.summary_line())
+
+
+@app.command()
+@stage
+def judge(
+    variant_dir: Path = typer.Argument(..., help="Variant checkpoint (models/<variant>)"),
+    base: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    prompts: Optional[Path] = typer.Option(None, help="Held-out prompts (default: params calib.out/holdout.jsonl)"),
+    out: Optional[Path] = typer.Option(None, help="Results dir for judge.jsonl and judge.json (default: results/<variant>)"),
+    mode: Optional[str] = typer.Option(None, help="pairwise (against the base, both orders) or reference (grade 1-5) (default: params judge.mode)"),
+    backend: Optional[str] = typer.Option(None, help="hf, openai or lmdeploy (default: params judge.backend)"),
+    limit: Optional[int] = typer.Option(None, help="Prompts to judge (default: params judge.limit, else all)"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """LLM-as-judge on held-out prompts: variant vs base win rate with an interval, and how far to trust the judge."""
+    from pipeline import judge as judge_stage
+
+    p = _params(params_file)
+    if mode not in (None, "pairwise", "reference"):
+        raise UserError(f"--mode {mode}: use pairwise or reference")
+    if backend not in (None, "hf", "openai", "lmdeploy"):
+        raise UserError(f"--backend {backend}: use hf, openai or lmdeploy")
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit {limit}: use 1 or more")
+    overrides = {"mode": mode, "backend": backend, "limit": limit}
+    settings = p.judge.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    e, v = p.engine, p.verdict
+    result = judge_stage.run(
+        variant_dir, base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl",
+        out or Path("results") / variant_dir.name, settings,
+        engine_options={"batch_size": e.batch_size, "dtype": e.dtype, "threads": e.threads},
+        iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
+    )
+    typer.echo(result.summary_line())
+    for reason in result.summary["reasons"]:
+        typer.echo(f"  {reason}")
 
 
 @app.command()

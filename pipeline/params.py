@@ -85,9 +85,30 @@ class SuiteParams(Section):
 
 class JudgeParams(Section):
     backend: Literal["hf", "openai", "lmdeploy"] = "hf"
-    model: str = "base"
+    model: str = "base"  # hf/lmdeploy: "base" or a checkpoint dir; openai: the served model's name
     margin: float = Field(0.05, ge=0, le=0.5)
     min_consistency: float = Field(0.6, ge=0, le=1)
+    mode: Literal["pairwise", "reference"] = "pairwise"
+    limit: int | None = Field(None, ge=1)  # held-out prompts to judge; None: all
+    max_new_tokens: int = Field(256, ge=1)  # base and variant answers
+    judge_max_new_tokens: int = Field(512, ge=1)  # the judge's reasoning and verdict
+    control: bool = True  # also judge the base against itself: the noise floor
+    base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
+    api_key_env: str | None = None  # openai: NAME of the environment variable holding the key, never the key
+    concurrency: int = Field(4, ge=1, le=256)
+    timeout: float = Field(60.0, gt=0)
+    retries: int = Field(3, ge=0, le=20)
+    backoff: float = Field(1.0, ge=0)  # seconds before the first retry; doubles each time, with jitter
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _looks_like_a_name(cls, value: str | None) -> str | None:
+        import re
+
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            # never echo the value: it may be a key pasted by mistake
+            raise ValueError("must be the name of an environment variable (e.g. OPENAI_API_KEY), not the key itself")
+        return value
 
 
 class VerdictParams(Section):

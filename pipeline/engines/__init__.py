@@ -22,6 +22,7 @@ class Completion:
     text: str
     n_tokens: int
     seconds: float
+    error: str | None = None  # set when a remote engine gave up on this request; text is then ""
 
 
 class Engine(Protocol):
@@ -37,6 +38,19 @@ def make_engine(name: str, model_dir, **options) -> Engine:
         from pipeline.engines.hf import HFEngine
 
         return HFEngine(model_dir, **options)
+    if name == "openai":
+        from pipeline.engines.openai import OpenAIEngine
+
+        return OpenAIEngine(**options)
     from pipeline.errors import UserError
+
+    if name == "lmdeploy":
+        try:
+            import lmdeploy  # noqa: F401  (only present with the GPU extra)
+        except ImportError:
+            raise UserError("engine 'lmdeploy' needs the GPU extra (pip install -e '.[gpu]' on a CUDA machine); "
+                            "use hf, or openai against a running `lmdeploy serve api_server`") from None
+        raise UserError("engine 'lmdeploy' in-process is not wired yet; serve the model with "
+                        "`lmdeploy serve api_server` and use the openai engine with its URL")
 
     raise UserError(f"engine {name!r} is not available yet; use engine.name: hf")

@@ -18,12 +18,15 @@ def is_compressed_tensors(model_dir: Path) -> bool:
     return (config.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
 
 
-def load_for_inference(model_dir: Path | str, dtype):
+def load_for_inference(model_dir: Path | str, dtype, device: str | None = None):
+    """`device` loads the weights straight onto it (a 9B model staged through host memory first
+    costs minutes); None keeps them on the CPU."""
     from pipeline.quantize.oneshot import load_model
 
     model_dir = Path(model_dir)
+    placement = {"device_map": device} if device else {}
     if not is_compressed_tensors(model_dir):
-        return load_model(model_dir, dtype)
+        return load_model(model_dir, dtype, **placement)
     import warnings
 
     from compressed_tensors.quantization import QuantizationStatus
@@ -31,7 +34,7 @@ def load_for_inference(model_dir: Path | str, dtype):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the model already has a quantization_config": intended
-        model = load_model(model_dir, dtype, quantization_config=CompressedTensorsConfig(dequantize=True))
+        model = load_model(model_dir, dtype, quantization_config=CompressedTensorsConfig(dequantize=True), **placement)
     for module in model.modules():
         if getattr(module, "quantization_status", None) == QuantizationStatus.DECOMPRESSED:
             # The dense weights already sit on the quantization grid: re-quantizing them in every

@@ -191,9 +191,7 @@ def reload_and_check(variant_dir: Path, reference: list[LayerCalls], dtype) -> d
 
     from pipeline.engines.loading import load_for_inference
 
-    model = load_for_inference(variant_dir, dtype)
-    if torch.cuda.is_available():
-        model.to("cuda")
+    model = load_for_inference(variant_dir, dtype, device="cuda" if torch.cuda.is_available() else None)
     errors = layer_errors(model, reference)
     sample = _generate(model, variant_dir)
     worst = max(range(len(errors)), key=lambda i: errors[i] if math.isfinite(errors[i]) else math.inf, default=None)

@@ -1,0 +1,161 @@
+"""Images for the in-process engine (GLM-4.1V style: Glm4vForConditionalGeneration and kin).
+
+A multimodal lm-eval task writes `<image>` where an image goes and hands the images beside the
+prompt. The engine renders the chat as for text, swaps each `<image>` for the model's image markup
+(<|begin_of_image|><|image|><|end_of_image|>), and at generation expands each image token to
+as many as the vision tower yields for that image (grid t*h*w / merge^2), as the model's own
+processor does. The processor is not used as a whole: GLM's bundles a video processor that needs
+torchvision, which images do not; the image processor is loaded with the PIL backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.engines import Completion, GenRequest
+from pipeline.engines.hf import HFEngine, _truncate_at_stop
+
+IMAGE_PLACEHOLDER = "<image>"  # lm-eval's placeholder in a multimodal task's prompt
+
+
+@dataclass
+class VisionRequest(GenRequest):
+    images: list = field(default_factory=list)  # PIL images, in the order of the prompt's markup
+
+
+def _config(model_dir: Path | str) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def is_multimodal(model_dir: Path | str) -> bool:
+    """True when the checkpoint has a vision tower and an image token to feed it through."""
+    config = _config(model_dir)
+    return bool(config.get("vision_config")) and config.get("image_token_id") is not None
+
+
+def not_applicable(model_dir: Path | str, task_config: dict) -> str | None:
+    """Why a suite cannot be scored on this model (an image task on a text-only model), else None."""
+    if task_config.get("doc_to_image") and not is_multimodal(model_dir):
+        return f"{Path(model_dir).name}: text-only model (no vision_config in config.json); the suite needs images"
+    return None
+
+
+def image_digest(images) -> str:
+    """Content hash of the images: the resume cache must not serve one image's answer for another."""
+    digest = hashlib.sha256()
+    for image in images or []:
+        digest.update(f"{image.mode}{image.size}".encode())
+        digest.update(image.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def request_from_lm_eval(args: tuple, max_new_tokens_default: int = 256) -> GenRequest:
+    """lm-eval's generate_until args, (context, gen_kwargs[, {"visual": images}]), as a request."""
+    context, kwargs, *extra = args
+    max_new, stop = int(kwargs.get("max_gen_toks", max_new_tokens_default)), list(kwargs.get("until") or [])
+    images = (extra[0] or {}).get("visual") if extra else None
+    if not images:
+        return GenRequest(context, max_new, stop)
+    return VisionRequest(context, max_new, stop, images=list(images) if isinstance(images, (list, tuple)) else [images])
+
+
+def load_image_processor(model_dir: Path | str):
+    """The checkpoint's image processor, PIL backend (no torchvision needed)."""
+    import transformers
+
+    path = Path(model_dir) / "preprocessor_config.json"
+    if not path.exists():
+        raise ValueError(f"{model_dir}: no preprocessor_config.json, so images cannot be prepared for this "
+                         "model; copy it from the base checkpoint")
+    kind = json.loads(path.read_text())["image_processor_type"]
+    cls = getattr(transformers, kind.removesuffix("Fast") + "Pil", None)
+    if cls is None:
+        raise ValueError(f"{model_dir}: no PIL image processor for {kind!r} in transformers")
+    return cls.from_pretrained(model_dir)
+
+
+class ImagePrompter:
+    """Image markup in prompts, and prompts + images -> model inputs."""
+
+    def __init__(self, model_dir: Path | str, tokenizer):
+        config = _config(model_dir)
+        self.tokenizer = tokenizer
+        self.image_processor = load_image_processor(model_dir)
+        self.image_token_id = config["image_token_id"]
+        self.image_token = tokenizer.convert_ids_to_tokens(self.image_token_id)
+        start, end = config.get("image_start_token_id"), config.get("image_end_token_id")
+        wrap = [tokenizer.convert_ids_to_tokens(i) if i is not None else "" for i in (start, end)]
+        self.markup = wrap[0] + self.image_token + wrap[1]
+
+    def render(self, prompt: str) -> str:
+        return prompt.replace(IMAGE_PLACEHOLDER, self.markup)
+
+    def encode(self, prompts: list[str], images: list[list]):
+        """Tokenized, left-padded inputs with pixel values, grids and image token types."""
+        for prompt, own in zip(prompts, images):
+            if prompt.count(self.image_token) != len(own):
+                raise ValueError(f"prompt has {prompt.count(self.image_token)} image markers but {len(own)} images")
+        flat = [image for own in images for image in own]
+        pixels = self.image_processor(images=flat, return_tensors="pt")
+        merge = self.image_processor.merge_size ** 2
+        counts = iter((pixels["image_grid_thw"].prod(-1) // merge).tolist())
+        expanded = []
+        for prompt in prompts:
+            head, *rest = prompt.split(self.image_token)
+            expanded.append(head + "".join(self.image_token * next(counts) + part for part in rest))
+        inputs = self.tokenizer(expanded, return_tensors="pt", padding=True, add_special_tokens=False)
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.image_token_id).long()
+        inputs.update(pixels)
+        return inputs
+
+
+class VisionEngine(HFEngine):
+    """HFEngine that also takes images (VisionRequest); text requests go the plain way."""
+
+    name = "hf"
+    accepts_images = True
+
+    def __init__(self, model_dir: Path | str, **options):
+        super().__init__(model_dir, **options)
+        self._prompter: ImagePrompter | None = None
+
+    @property
+    def prompter(self) -> ImagePrompter:
+        """Built on first use: text suites on a vision model need no image processor."""
+        if self._prompter is None:
+            self._prompter = ImagePrompter(self.model_dir, self.tokenizer)
+        return self._prompter
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        prompt = super().apply_chat_template(messages)
+        return self.prompter.render(prompt) if IMAGE_PLACEHOLDER in prompt else prompt
+
+    def _generate_batch(self, requests: list[GenRequest]) -> list[Completion]:
+        import torch
+
+        if not any(getattr(r, "images", None) for r in requests):
+            return super()._generate_batch(requests)
+        started = time.perf_counter()
+        inputs = self.prompter.encode([r.prompt for r in requests], [getattr(r, "images", []) for r in requests])
+        inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+        inputs = inputs.to(self.device)
+        with torch.inference_mode():
+            output = self.model.generate(**inputs, max_new_tokens=max(r.max_new_tokens for r in requests),
+                                         do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
+        seconds = (time.perf_counter() - started) / len(requests)
+        return self._decode(requests, output[:, inputs["input_ids"].shape[1]:].tolist(), seconds)
+
+    def _decode(self, requests, rows, seconds) -> list[Completion]:
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        completions = []
+        for request, row in zip(requests, rows):
+            row = row[: request.max_new_tokens]
+            n = next((i for i, t in enumerate(row) if t in eos_ids), len(row))
+            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
+            completions.append(Completion(_truncate_at_stop(text, request.stop), n, seconds))
+        return completions

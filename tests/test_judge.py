@@ -1,0 +1,330 @@
+import json
+import logging
+import re
+import time
+
+import pytest
+
+from chat_server import ChatServer
+from conftest import read_jsonl
+from pipeline import judge
+from pipeline.engines import GenRequest
+from pipeline.engines.openai import OpenAIEngine
+from pipeline.errors import UserError
+from pipeline.params import JudgeParams
+
+FAKE_KEY = "sk-test-NEVER-LEAK-7f3a9c2e81d4"
+
+
+# ---------------------------------------------------------------- parsing and scoring
+
+@pytest.mark.parametrize("text, verdict", [
+    ("A is more precise. [[A]]", "A"),
+    ("[[B]]", "B"),
+    ("Equally good.\n[[C]]", "C"),
+    ("Final verdict: [[A]] ... again [[A]]", "A"),  # the same verdict repeated is still one verdict
+    ("[[A]] or maybe [[B]]", None),  # two different verdicts
+    ("[A]", None), ("[[a]]", None), ("[[D]]", None), ("A is better", None), ("", None),
+    ("[[ A ]]", None), ("Rating: [[4]]", None),
+])
+def test_verdict_parsing_is_strict(text, verdict):
+    assert judge.parse_verdict(text) == verdict
+
+
+@pytest.mark.parametrize("text, grade", [
+    ("Rating: [[4]]", 4), ("[[1]]", 1), ("[[5]] [[5]]", 5),
+    ("[[0]]", None), ("[[6]]", None), ("Rating: 4", None), ("[[3]] then [[4]]", None), ("[[A]]", None),
+])
+def test_grade_parsing_is_strict(text, grade):
+    assert judge.parse_grade(text) == grade
+
+
+def test_orders_map_to_the_variants_side_and_disagreement_is_a_tie():
+    # base-first: the variant is B; variant-first: the variant is A
+    assert judge.order_outcome("B", variant_is_a=False) == "win"
+    assert judge.order_outcome("A", variant_is_a=False) == "loss"
+    assert judge.order_outcome("A", variant_is_a=True) == "win"
+    assert judge.order_outcome("C", variant_is_a=True) == "tie"
+    assert judge.order_outcome(None, variant_is_a=True) is None
+    assert judge.combine("win", "win") == ("win", True)
+    assert judge.combine("win", "loss") == ("tie", False)  # position bias: always picks the same slot
+    assert judge.combine("tie", "win") == ("tie", False)
+    assert judge.combine("win", None) == ("unjudged", None)
+
+
+def test_win_rate_counts_ties_as_half_and_brackets_it():
+    outcomes = ["win"] * 30 + ["tie"] * 20 + ["loss"] * 10 + ["unjudged"] * 5
+    s = judge.win_rate(outcomes, iterations=2000, seed=0)
+    assert (s["n"], s["wins"], s["ties"], s["losses"], s["unjudged"]) == (60, 30, 20, 10, 5)
+    assert s["win_rate"] == pytest.approx((30 + 10) / 60)
+    assert s["ci_low"] < s["win_rate"] < s["ci_high"]
+    assert 0.55 < s["ci_low"] and s["ci_high"] < 0.78  # SE of the mean is about 0.05 here
+    assert judge.win_rate(["unjudged"])["win_rate"] is None
+
+
+def test_decision_against_half_minus_margin_and_unreliable_judge():
+    base = {"mode": "pairwise", "n": 50, "consistency": 0.9}
+    assert judge.decide_judge({**base, "ci_low": 0.47, "ci_high": 0.6}, 0.05, 0.6) == "GO"
+    assert judge.decide_judge({**base, "ci_low": 0.3, "ci_high": 0.44}, 0.05, 0.6) == "NO-GO"
+    assert judge.decide_judge({**base, "ci_low": 0.40, "ci_high": 0.55}, 0.05, 0.6) == "INCONCLUSIVE"
+    low_consistency = {**base, "consistency": 0.5, "ci_low": 0.47, "ci_high": 0.6}
+    assert judge.decide_judge(low_consistency, 0.05, 0.6) == "UNRELIABLE"
+    reasons = judge.explain_judge(low_consistency, "UNRELIABLE", 0.05, 0.6)
+    assert "unreliable" in reasons[0] and "50%" in reasons[0]
+    assert judge.decide_judge({**base, "n": 0}, 0.05, 0.6) == "INCONCLUSIVE"
+
+
+def test_length_bias_is_the_correlation_with_length_difference():
+    assert judge.correlation([10, 20, 30, 40], [0, 0.5, 0.5, 1]) > 0.9
+    assert judge.correlation([1, 1, 1], [0, 1, 0.5]) is None
+
+
+def test_answers_with_braces_do_not_break_the_prompt():
+    filled = judge.render("Q {question} A {answer_a} B {answer_b}", question="q", answer_a="{answer_b}", answer_b="x")
+    assert filled == "Q q A {answer_b} B x"
+
+
+# ---------------------------------------------------------------- the judge over HTTP, faults injected
+
+def prefers_longer(body: dict) -> str:
+    """A deterministic judge: the longer answer wins, equal lengths tie."""
+    text = body["messages"][0]["content"]
+    a = re.search(r"Assistant A's Answer\]\n(.*?)\n\[The End", text, re.S).group(1)
+    b = re.search(r"Assistant B's Answer\]\n(.*?)\n\[The End", text, re.S).group(1)
+    return "Reasoning. " + ("[[A]]" if len(a) > len(b) else "[[B]]" if len(b) > len(a) else "[[C]]")
+
+
+def make_judge(server, tmp_path, retries=2, timeout=0.5, concurrency=1, mode="pairwise"):
+    engine_options = dict(base_url=server.base_url, model="test-judge", concurrency=concurrency, timeout=timeout,
+                          retries=retries, backoff=0.01, retry_on_length=True)
+    return judge.Judge(lambda: OpenAIEngine(**engine_options), "test", judge.JudgmentCache(tmp_path / "cache.jsonl"),
+                       mode=mode, max_new_tokens=64)
+
+
+def one_pair(j, base="short", variant="a longer answer"):
+    return judge.judge_pairwise(j, [{"id": "p1", "messages": [{"role": "user", "content": "Where is my order?"}],
+                                     "prompt": "Where is my order?"}], [base], [variant], control=False)
+
+
+@pytest.mark.parametrize("fault", [
+    ("sleep", 2.0), ("status", 500), ("status", 503), ("429", 0), ("malformed", None), ("length", "cut off [[A"),
+])
+def test_each_fault_is_retried_then_succeeds(tmp_path, fault):
+    with ChatServer(prefers_longer) as server:
+        server.script = [fault]
+        lines, summary = one_pair(make_judge(server, tmp_path))
+    assert len(server.requests) == 3  # the faulty one, its retry, then the other order
+    assert lines[0]["outcome"] == "win" and summary["unjudged"] == 0 and summary["consistency"] == 1.0
+
+
+def test_429_waits_as_long_as_retry_after_says(tmp_path):
+    with ChatServer(prefers_longer) as server:
+        server.script = [("429", 1)]
+        one_pair(make_judge(server, tmp_path))
+    assert server.requests[1]["time"] - server.requests[0]["time"] >= 0.95
+
+
+@pytest.mark.parametrize("fault", [("sleep", 2.0), ("status", 503), ("malformed", None), ("length", "[[A")])
+def test_persistent_fault_leaves_the_item_unjudged_and_uncached(tmp_path, fault):
+    with ChatServer(prefers_longer) as server:
+        server.script = [fault] * 3  # every attempt of the first order fails (retries=2)
+        lines, summary = one_pair(make_judge(server, tmp_path))
+        assert lines[0]["outcome"] == "unjudged" and lines[0]["unjudged_reason"] == "request failed"
+        assert "gave up after 3 attempts" in lines[0]["judgments"][0]["error"]
+        assert summary["unjudged"] == 1 and summary["n"] == 0 and summary["win_rate"] is None
+        # the next run asks again for the failed order only: the good one came from the cache
+        server.requests.clear()
+        lines, _ = one_pair(make_judge(server, tmp_path))
+        assert len(server.requests) == 1 and lines[0]["outcome"] == "win"
+
+
+def test_client_error_is_not_retried(tmp_path):
+    with ChatServer(prefers_longer) as server:
+        server.script = [("status", 401)]
+        lines, _ = one_pair(make_judge(server, tmp_path))
+    assert len(server.requests) == 2 and "HTTP 401" in lines[0]["judgments"][0]["error"]
+
+
+def test_unparsable_verdict_is_retried_once_with_a_reminder(tmp_path):
+    with ChatServer(prefers_longer) as server:
+        server.script = [("ok", "I think A is better.")]  # then the default: B, the longer answer
+        lines, _ = one_pair(make_judge(server, tmp_path))
+        retry = server.requests[2]["body"]["messages"]  # both orders go first, then the retry
+    first = lines[0]["judgments"][0]
+    assert first["attempts"] == 2 and first["verdict"] == "B" and first["raw_first"] == "I think A is better."
+    assert retry[-2] == {"role": "assistant", "content": "I think A is better."} and "[[A]]" in retry[-1]["content"]
+
+
+def test_unparsable_twice_is_unjudged_and_counted(tmp_path):
+    with ChatServer(prefers_longer) as server:
+        server.script = [("ok", "A, clearly."), ("ok", "[[A]]"), ("ok", "Still A.")]
+        lines, summary = one_pair(make_judge(server, tmp_path))
+    assert len(server.requests) == 3  # one retry, no more
+    assert lines[0]["outcome"] == "unjudged" and lines[0]["unjudged_reason"] == "unparsable verdict"
+    assert summary["unjudged_reasons"] == {"unparsable verdict": 1}
+
+
+def test_swapped_orders_that_disagree_make_a_tie(tmp_path):
+    with ChatServer(lambda body: "[[A]]") as server:  # pure position bias
+        lines, summary = one_pair(make_judge(server, tmp_path))
+    assert lines[0]["outcome"] == "tie" and lines[0]["consistent"] is False
+    assert summary["consistency"] == 0.0 and summary["ties"] == 1
+
+
+def test_rerun_is_served_from_the_cache(tmp_path):
+    with ChatServer(prefers_longer) as server:
+        first, _ = one_pair(make_judge(server, tmp_path))
+        sent = len(server.requests)
+        j = make_judge(server, tmp_path)
+        second, _ = one_pair(j)
+    assert sent == 2 and len(server.requests) == 2 and j.requests == 0
+    assert first == second
+
+
+def test_many_prompts_with_concurrency(tmp_path):
+    records = [{"id": str(i), "messages": [{"role": "user", "content": f"q{i}"}], "prompt": f"q{i}"}
+               for i in range(12)]
+    base = ["mid" * 3] * 12
+    variant = ["x" * (9 + (i % 3) - 1) for i in range(12)]  # shorter, equal, longer in turn
+    with ChatServer(prefers_longer) as server:
+        j = make_judge(server, tmp_path, concurrency=4)
+        lines, summary = judge.judge_pairwise(j, records, base, variant, control=True)
+    assert (summary["wins"], summary["ties"], summary["losses"]) == (4, 4, 4)
+    assert summary["control_win_rate"] == 0.5 and summary["noise_floor"] == 0.0
+    assert summary["length_bias"] > 0.9  # this judge is all verbosity bias
+    assert len(server.requests) == 12 * 4
+
+
+# ---------------------------------------------------------------- the whole stage
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory, tiny_llama):
+    """The tiny base and a second tiny Llama (another seed) standing in for a variant."""
+    from tiny import save_tiny_llama
+
+    return tiny_llama, save_tiny_llama(tmp_path_factory.mktemp("other") / "variant-x", seed=1)
+
+
+@pytest.fixture(scope="module")
+def holdout(tiny_calib, tmp_path_factory):
+    lines = (tiny_calib / "holdout.jsonl").read_text(encoding="utf-8").splitlines()[:3]
+    path = tmp_path_factory.mktemp("prompts") / "holdout.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+SMALL = dict(max_new_tokens=6, judge_max_new_tokens=8)
+
+
+def test_openai_judge_end_to_end_never_leaks_the_key(tmp_path, two_models, holdout, monkeypatch, caplog, capsys):
+    base, variant = two_models
+    monkeypatch.setenv("JUDGE_TEST_KEY", FAKE_KEY)
+    params = JudgeParams(backend="openai", model="test-judge", base_url=None, api_key_env="JUDGE_TEST_KEY",
+                         retries=1, backoff=0.01, timeout=2, concurrency=1, **SMALL)
+    caplog.set_level(logging.DEBUG)
+    with ChatServer(prefers_longer) as server:
+        params.base_url = server.base_url
+        server.script = [("status", 500)] * 2  # the key echoed in an error body, twice: one order unjudged
+        result = judge.run(variant, base, holdout, tmp_path / "out", params, {"batch_size": 4},
+                           iterations=200)
+        print(result.summary_line())
+        assert {r["headers"].get("Authorization") for r in server.requests} == {f"Bearer {FAKE_KEY}"}
+        assert not any(FAKE_KEY in r["raw"] for r in server.requests)  # only in the header
+    s = result.summary
+    assert s["n"] + s["unjudged"] == 3 and s["unjudged"] == 1 and s["control_n"] == 3
+    assert s["weak_judge"] is False and "test-judge" in s["judge"]
+    lines = read_jsonl(tmp_path / "out" / "judge.jsonl")
+    assert "[REDACTED]" in json.dumps(lines)  # the echoed key was scrubbed, not dropped silently
+    outputs = [(tmp_path / "out" / "judge.jsonl").read_text(), (tmp_path / "out" / "judge.json").read_text(),
+               caplog.text, capsys.readouterr().out]
+    outputs += [p.read_text() for p in (tmp_path / "out" / ".cache").iterdir()]
+    assert not any(FAKE_KEY in text for text in outputs)
+
+
+def test_missing_key_variable_is_a_clear_error(tmp_path, two_models, holdout, monkeypatch):
+    monkeypatch.delenv("JUDGE_TEST_KEY", raising=False)
+    params = JudgeParams(backend="openai", model="m", base_url="http://127.0.0.1:9/v1",
+                         api_key_env="JUDGE_TEST_KEY", **SMALL)
+    with pytest.raises(UserError, match="JUDGE_TEST_KEY is not set"):
+        judge.judge_engine(params, two_models[0], {})
+
+
+def test_openai_backend_needs_url_and_model_name(two_models):
+    with pytest.raises(UserError, match="judge.base_url"):
+        judge.judge_engine(JudgeParams(backend="openai", model="m"), two_models[0], {})
+    with pytest.raises(UserError, match="judge.model"):
+        judge.judge_engine(JudgeParams(backend="openai", base_url="http://127.0.0.1:9/v1"), two_models[0], {})
+
+
+def test_a_key_pasted_as_api_key_env_is_refused_without_echoing_it(tmp_path):
+    from pipeline import params as params_mod
+
+    path = tmp_path / "params.yaml"
+    path.write_text(f"judge:\n  backend: openai\n  api_key_env: {FAKE_KEY}\n")
+    with pytest.raises(UserError) as info:
+        params_mod.load(path)
+    assert "judge.api_key_env" in str(info.value) and FAKE_KEY not in str(info.value)
+
+
+def test_openai_engine_repr_and_errors_hide_the_key(monkeypatch):
+    monkeypatch.setenv("JUDGE_TEST_KEY", FAKE_KEY)
+    with ChatServer() as server:
+        server.script = [("status", 503)] * 2
+        engine = OpenAIEngine(base_url=server.base_url, model="m", api_key_env="JUDGE_TEST_KEY", retries=1,
+                              backoff=0.01)
+        [completion] = engine.generate([GenRequest("hi", 4)])
+    assert FAKE_KEY not in repr(engine) and FAKE_KEY not in completion.error and "[REDACTED]" in completion.error
+
+
+def test_control_run_of_a_deterministic_judge_is_half(tmp_path, two_models, holdout):
+    base, _ = two_models
+    params = JudgeParams(backend="openai", model="test-judge", retries=0, **SMALL)
+    with ChatServer(prefers_longer) as server:
+        params.base_url = server.base_url
+        result = judge.run(base, base, holdout, tmp_path, params, iterations=200)
+    s = result.summary
+    assert s["control_win_rate"] == 0.5 and s["noise_floor"] == 0.0 and s["win_rate"] == 0.5
+
+
+def test_reference_mode_grades_one_to_five(tmp_path, two_models, holdout):
+    base, variant = two_models
+    params = JudgeParams(backend="openai", model="test-judge", mode="reference", retries=0, concurrency=1,
+                         **SMALL)
+    grades = iter(["Rating: [[4]]", "no idea", "Rating: [[2]]", "[[5]]"])
+    with ChatServer(lambda body: next(grades)) as server:
+        params.base_url = server.base_url
+        result = judge.run(variant, base, holdout, tmp_path, params, iterations=200)
+        assert "Reference Answer" in server.requests[0]["body"]["messages"][0]["content"]
+    s = result.summary
+    assert len(server.requests) == 4  # three prompts, one unparsable retried once
+    assert s["mode"] == "reference" and s["n"] == 3 and s["unjudged"] == 0
+    assert s["mean_grade"] == pytest.approx(11 / 3) and s["grades"] == {"1": 0, "2": 1, "3": 0, "4": 1, "5": 1}
+    assert s["decision"] == "INCONCLUSIVE" and "reference" in result.summary_line()
+
+
+def test_hf_judge_on_the_tiny_model_completes_and_counts_unjudged(tmp_path, two_models, holdout):
+    base, variant = two_models
+    params = JudgeParams(backend="hf", model="base", **SMALL)
+    started = time.perf_counter()
+    result = judge.run(variant, base, holdout, tmp_path, params, {"batch_size": 8}, iterations=200)
+    s = result.summary
+    assert s["n"] + s["unjudged"] == 3  # a random model's verdicts are garbage: mostly unjudged
+    assert s["weak_judge"] is True and "weak judge" in " ".join(s["reasons"])
+    assert s["judge_requests"] >= 12  # 3 prompts x 2 orders x (variant + control)
+    lines = read_jsonl(tmp_path / "judge.jsonl")
+    assert len(lines) == 3 and all(len(l["judgments"]) == 2 and "control" in l for l in lines)
+    # a rerun loads no judge and asks nothing: every judgment, garbage included, is cached
+    again = judge.run(variant, base, holdout, tmp_path, params, {"batch_size": 8}, iterations=200)
+    assert again.summary["judge_requests"] == 0 and read_jsonl(tmp_path / "judge.jsonl") == lines
+    assert time.perf_counter() - started < 60
+
+
+def test_lmdeploy_backend_says_what_it_needs(tmp_path, two_models, holdout):
+    params = JudgeParams(backend="lmdeploy", model="base", **SMALL)
+    with pytest.raises(UserError, match="GPU extra"):
+        judge.run(two_models[1], two_models[0], holdout, tmp_path, params)
+
+
+def test_missing_prompts_file_is_a_clear_error(tmp_path, two_models):
+    with pytest.raises(UserError, match="run `quantize calib` first"):
+        judge.run(two_models[1], two_models[0], tmp_path / "nope.jsonl", tmp_path, JudgeParams())
