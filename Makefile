@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install chromium clean-demo
+.PHONY: demo test install system-deps clean-demo
 
 $(BIN)/quantize: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,13 +19,15 @@ demo: install
 	@start=$$(date +%s); $(BIN)/dvc repro && echo "dvc repro: $$(( $$(date +%s) - start )) s"
 	$(BIN)/quantize show-verdict
 
-test: install chromium
+test: install system-deps
 	$(BIN)/pytest -q --timeout 900
 
-# The report's browser test needs Debian's chromium (not playwright's download, which needs a hub).
-chromium:
-	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-	  || { echo "make test needs Debian's chromium: sudo apt-get install chromium"; exit 1; }
+# Debian packages the tests use: chromium for the report's browser test (playwright's own
+# download needs a hub), bubblewrap for the code suite's sandbox.
+system-deps:
+	@command -v chromium >/dev/null && command -v bwrap >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium bubblewrap >/dev/null) || \
+	  { echo "make test needs Debian's chromium and bubblewrap: sudo apt-get install chromium bubblewrap"; exit 1; }
 
 clean-demo:
 	rm -rf models results calib_data/build reports/index.html reports/verdict.json
