@@ -142,15 +142,16 @@ def _explain(decision: str, low: float, high: float, margin: float, confidence: 
     return f"{ci} straddles -{margin:.3f} (the margin): not enough evidence either way"
 
 
-def overall(suite_verdicts: list[SuiteVerdict]) -> tuple[str, list[str]]:
-    """NO-GO if any counted suite is NO-GO, GO if all counted suites are GO, else INCONCLUSIVE."""
-    counted = [v for v in suite_verdicts if v.counted]
+def overall(suite_verdicts: list[SuiteVerdict], extra: list[tuple[str, str]] = ()) -> tuple[str, list[str]]:
+    """NO-GO if any counted suite is NO-GO, GO if all counted suites are GO, else INCONCLUSIVE.
+    `extra`: other counted evidence as (name, decision), e.g. a reliable judge."""
+    counted = [(v.suite, v.decision) for v in suite_verdicts if v.counted] + list(extra)
     if not counted:
-        return INCONCLUSIVE, ["no suite counted: every suite was uninformative or empty"]
-    no_go = [v.suite for v in counted if v.decision == NO_GO]
+        return INCONCLUSIVE, ["nothing counted: every suite was uninformative or empty"]
+    no_go = [name for name, d in counted if d == NO_GO]
     if no_go:
         return NO_GO, [f"NO-GO on {', '.join(no_go)}"]
-    open_ = [v.suite for v in counted if v.decision != GO]
+    open_ = [name for name, d in counted if d != GO]
     if open_:
         return INCONCLUSIVE, [f"not settled on {', '.join(open_)}"]
-    return GO, [f"GO on every counted suite ({', '.join(v.suite for v in counted)})"]
+    return GO, [f"GO on everything counted ({', '.join(name for name, _ in counted)})"]

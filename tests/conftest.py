@@ -24,7 +24,9 @@ TINY_PARAMS = {
         "awq-w4a16": {"method": "awq", "group_size": 32, "batch_size": 8, "n_grid": 4},
         "fp8-w8a8": {"method": "fp8", "activations": "static", "kv": "per-head"},
     },
-    "suites": {"math": {"task": "quant_gsm8k", "limit": 3, "max_new_tokens": 8}},
+    "suites": {"math": {"task": "quant_gsm8k", "limit": 3, "max_new_tokens": 8},
+               "code": {"task": "quant_humaneval", "limit": 2, "max_new_tokens": 8}},
+    "judge": {"limit": 2, "max_new_tokens": 8, "judge_max_new_tokens": 8},
     "engine": {"batch_size": 8, "dtype": "float32"},
     "verdict": {"margins": {"math": 0.03}},  # DVC needs every section a stage declares in its params
 }

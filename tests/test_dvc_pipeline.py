@@ -33,6 +33,11 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     assert set(verdict["variants"]) == {"awq-w4a16", "fp8-w8a8"}
     for model in ("base", "awq-w4a16", "fp8-w8a8"):
         assert len(read_jsonl(repo / "results" / model / "math.jsonl")) == 3
+        assert len(read_jsonl(repo / "results" / model / "code.jsonl")) == 2
+    for variant in ("awq-w4a16", "fp8-w8a8"):
+        assert json.loads((repo / "results" / variant / "kl.json").read_text())["tokens"] > 0
+        assert len(read_jsonl(repo / "results" / variant / "judge.jsonl")) == 2
+    assert set(verdict["variants"]["awq-w4a16"]["suites"]) == {"math", "code"}
     html = (repo / "reports" / "index.html").read_text()
     assert html.count('<tr>\n    <td>awq-w4a16</td><td>math</td>') == 1
     assert html.count('<tr>\n    <td>fp8-w8a8</td><td>math</td>') == 1

@@ -52,3 +52,29 @@ def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
     assert runner.invoke(app, ["report"]).exit_code == 0
     gated = runner.invoke(app, ["report", "--fail-on", "no-go"])
     assert gated.exit_code == 1 and "bad did not pass --fail-on no-go" in gated.output
+
+
+def judge_summary(**overrides):
+    summary = {"mode": "pairwise", "judge": "tiny judge", "weak_judge": False, "n": 40, "wins": 5, "ties": 10,
+               "losses": 25, "unjudged": 0, "win_rate": 0.25, "ci_low": 0.17, "ci_high": 0.33,
+               "consistency": 0.9, "control_win_rate": 0.5, "length_bias": 0.1}
+    summary.update(overrides)
+    return summary
+
+
+def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
+    results = tmp_path / "results"
+    base = [1] * 60 + [0] * 40
+    for name in ("base", "loses-judge", "shaky-judge"):
+        write_results(results, name, base)
+    (results / "loses-judge" / "judge.json").write_text(json.dumps(judge_summary()))
+    (results / "shaky-judge" / "judge.json").write_text(json.dumps(judge_summary(consistency=0.3)))
+    params = Params.model_validate(TINY_PARAMS)
+    verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
+    assert verdict["variants"]["loses-judge"]["judge"]["decision"] == "NO-GO"
+    assert verdict["variants"]["loses-judge"]["decision"] == "NO-GO"  # suites GO, but the judge prefers the base
+    shaky = verdict["variants"]["shaky-judge"]
+    assert shaky["judge"]["decision"] == "UNRELIABLE" and not shaky["judge"]["counted"]
+    assert shaky["decision"] == "GO"
+    html = (tmp_path / "reports" / "index.html").read_text()
+    assert 'id="judge-table"' in html and "the judge is unreliable" in html

@@ -36,11 +36,13 @@ def read_lines(path: Path) -> dict[str, dict]:
     return items
 
 
-def collect(results_dir: Path) -> dict[str, dict[str, dict[str, dict]]]:
-    """{variant: {suite: {item id: result line}}} for every results/<variant>/<suite>.jsonl."""
+def collect(results_dir: Path, suites: list[str]) -> dict[str, dict[str, dict[str, dict]]]:
+    """{variant: {suite: {item id: result line}}} for every results/<variant>/<suite>.jsonl of a suite
+    in params.yaml (judge.jsonl and other stages' files sit beside them)."""
     found: dict[str, dict] = {}
     for path in sorted(results_dir.glob("*/*.jsonl")):
-        found.setdefault(path.parent.name, {})[path.stem] = read_lines(path)
+        if path.stem in suites:
+            found.setdefault(path.parent.name, {})[path.stem] = read_lines(path)
     if "base" not in found:
         raise UserError(f"{results_dir}/base: no base results; run `quantize eval models/base --suite S` first")
     return found
@@ -104,11 +106,14 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
                                 seed=p.seed, floor_ceiling=p.floor_ceiling)
             for suite, items in sorted(suites.items()) if suite in results["base"]
         ]
-        decision, reasons = stats.overall(suite_verdicts)
+        judged = _judge_verdict(results_dir / variant / "judge.json", params)
+        extra = [("judge", judged["decision"])] if judged and judged["counted"] else []
+        decision, reasons = stats.overall(suite_verdicts, extra)
         variants[variant] = {
             "decision": decision,
             "reasons": reasons,
             "suites": {v.suite: v.to_dict() for v in suite_verdicts},
+            "judge": judged,
             "quant": _read_json(models_dir / variant / "quant.json"),
             "kl": _read_json(results_dir / variant / "kl.json"),
         }
@@ -117,6 +122,20 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
         "base": {"suites": {s: _suite_score(items) for s, items in results.get("base", {}).items()}},
         "params_sha256": params.digest(),
     }
+
+
+def _judge_verdict(path: Path, params: Params) -> dict | None:
+    """The judge's win rate tested against 0.5 - margin; counted only when the judge is reliable."""
+    from pipeline.judge import UNRELIABLE, decide_judge, explain_judge
+
+    summary = _read_json(path)
+    if summary is None:
+        return None
+    margin, min_consistency = params.judge.margin, params.judge.min_consistency
+    decision = decide_judge(summary, margin, min_consistency)
+    counted = decision != UNRELIABLE and summary.get("mode", "pairwise") == "pairwise" and bool(summary.get("n"))
+    return {"decision": decision, "counted": counted, "margin": margin,
+            "reasons": explain_judge(summary, decision, margin, min_consistency), "summary": summary}
 
 
 def _suite_score(items: dict) -> dict:
@@ -140,7 +159,7 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     from pipeline.report.render import render_html
 
     results_dir, out_dir, models_dir = Path(results_dir), Path(out_dir), Path(models_dir)
-    results = collect(results_dir)
+    results = collect(results_dir, list(params.suites))
     verdict = build_verdict(results, params, models_dir, results_dir)
     verdict["metrics"] = _metrics(verdict)
     verdict["environment"] = environment()

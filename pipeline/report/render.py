@@ -9,7 +9,8 @@ from markupsafe import Markup, escape
 
 from pipeline.report import TEMPLATE_DIR
 
-DECISION_CLASS = {"GO": "go", "NO-GO": "nogo", "INCONCLUSIVE": "inconclusive", "UNINFORMATIVE": "uninformative"}
+DECISION_CLASS = {"GO": "go", "NO-GO": "nogo", "INCONCLUSIVE": "inconclusive", "UNINFORMATIVE": "uninformative",
+                  "UNRELIABLE": "uninformative"}
 MAX_SHOWN_CHARS = 4000  # a 1 MB model output would drown the page; the JSONL has it whole
 
 
