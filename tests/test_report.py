@@ -1,6 +1,6 @@
 import json
 
-from conftest import TINY_PARAMS
+from conftest import TINY_PARAMS, write_params
 from pipeline import report
 from pipeline.params import Params
 
@@ -47,6 +47,7 @@ def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
 
     write_results(tmp_path / "results", "base", [1] * 50 + [0] * 50)
     write_results(tmp_path / "results", "bad", [0] * 100)
+    write_params(tmp_path)
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     assert runner.invoke(app, ["report"]).exit_code == 0
