@@ -215,6 +215,7 @@ def eval_(
         model_dir, suite=suite, task=s.task, variant=model_dir.name, out_dir=out or Path("results") / model_dir.name,
         engine=engine or e.name, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
         engine_options={"batch_size": e.batch_size, "dtype": e.dtype, "threads": e.threads},
+        task_options=s.options,
     )
     typer.echo(result.summary_line())
 

@@ -51,7 +51,12 @@ class GenerationCache:
 
     @staticmethod
     def key(request: GenRequest) -> str:
-        raw = json.dumps([request.prompt, request.max_new_tokens, request.stop])
+        parts = [request.prompt, request.max_new_tokens, request.stop]
+        if getattr(request, "images", None):  # same question, other image: another answer
+            from pipeline.engines.vision import image_digest
+
+            parts.append(image_digest(request.images))
+        raw = json.dumps(parts)
         return hashlib.sha256(raw.encode()).hexdigest()
 
     def get(self, request: GenRequest) -> Completion | None:
@@ -79,6 +84,7 @@ def _lm_class():
             super().__init__()
             self.engine, self.cache, self.chunk, self.on_chunk = engine, cache, chunk, on_chunk
             self.stats: dict[str, Completion] = {}
+            self.MULTIMODAL = bool(getattr(engine, "accepts_images", False))  # lm-eval refuses image tasks otherwise
 
         @property
         def tokenizer_name(self) -> str:
@@ -88,10 +94,9 @@ def _lm_class():
             return self.engine.apply_chat_template(chat_history)
 
         def generate_until(self, requests) -> list[str]:
-            gen = []
-            for request in requests:
-                context, kwargs = request.args
-                gen.append(GenRequest(context, int(kwargs.get("max_gen_toks", 256)), list(kwargs.get("until") or [])))
+            from pipeline.engines.vision import request_from_lm_eval
+
+            gen = [request_from_lm_eval(request.args) for request in requests]
             todo = [r for r in gen if self.cache.get(r) is None]
             for start in range(0, len(todo), self.chunk):
                 part = todo[start:start + self.chunk]
@@ -112,14 +117,14 @@ def _lm_class():
     return PipelineLM
 
 
-def _task_manager(task: str, suite: str):
+def _task_manager(task: str, suite: str, metadata: dict | None = None):
     """Our suites first (indexing lm-eval's thousands of built-in tasks takes many seconds)."""
     from lm_eval.tasks import TaskManager
 
-    ours = TaskManager(include_path=str(EVALS_DIR), include_defaults=False)
+    ours = TaskManager(include_path=str(EVALS_DIR), include_defaults=False, metadata=metadata)
     if task in ours.all_tasks:
         return ours
-    everything = TaskManager(include_path=str(EVALS_DIR))
+    everything = TaskManager(include_path=str(EVALS_DIR), metadata=metadata)
     if task not in everything.all_tasks:
         raise UserError(f"params.yaml: suites.{suite}.task: lm-eval task {task!r} not found in {EVALS_DIR} "
                         "or lm-eval's built-in tasks")
@@ -133,6 +138,8 @@ class EvalResult:
 
     def summary_line(self) -> str:
         s = self.summary
+        if s.get("status") == "not applicable":
+            return f"eval: {s['suite']} not applicable to {s['variant']}: {s['reason']}"
         return (f"eval: wrote {self.lines} ({s['n']} items, {s['metric']} {s['score']:.3f}, "
                 f"{s['generated_tokens']} tokens at {s['tokens_per_second']:.0f} tok/s) in {s['seconds']:.0f} s")
 
@@ -159,7 +166,8 @@ def _result_line(sample: dict, suite: str, variant: str, metric: str, stats: dic
 
 def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: Path | str,
         engine: str = "hf", limit: int | None = None, max_new_tokens: int = 256,
-        engine_options: dict | None = None) -> EvalResult:
+        engine_options: dict | None = None,
+        task_options: dict | None = None) -> EvalResult:
     from lm_eval import simple_evaluate
     from rich.progress import Progress
 
@@ -169,7 +177,19 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if not (model_dir / "config.json").exists():
         raise UserError(f"{model_dir}: no config.json; pass a checkpoint directory (models/base or models/<variant>)")
-    task_manager = _task_manager(task, suite)
+    from pipeline import long_context
+    from pipeline.engines import vision
+
+    metadata = long_context.task_metadata(model_dir, **(task_options or {})) if task == long_context.TASK else None
+    task_manager = _task_manager(task, suite, metadata)
+    raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
+    reason = vision.not_applicable(model_dir, raw_config)
+    if metadata is not None:
+        metadata = (raw_config.get("metadata") or {}) | metadata  # the ladder as the task will see it
+        reason = reason or long_context.not_applicable(metadata)
+    if reason is not None:
+        return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
+                               engine=engine, reason=reason)
     cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
     options = engine_options or {}
     with Progress(transient=True) as progress:
@@ -196,8 +216,22 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
         "tokens_per_second": generated / gen_seconds if gen_seconds else 0.0,
         "seconds": round(watch.seconds, 2),
     }
+    if metadata is not None:
+        summary["long_context"] = long_context.summarize(lines, metadata)
     out_dir.mkdir(parents=True, exist_ok=True)
     lines_path = out_dir / f"{suite}.jsonl"
     write_atomic(lines_path, "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines))
     write_json(out_dir / f"{suite}.json", summary)
+    return EvalResult(lines_path, summary)
+
+
+def _not_applicable(out_dir: Path, *, reason: str, **fields) -> EvalResult:
+    """No items, score None, status "not applicable": the report shows n/a, never 0 %."""
+    summary = {**fields, "model_dir": str(fields["model_dir"]), "metric": None, "n": 0, "score": None,
+               "status": "not applicable", "reason": reason, "metrics": {}, "generated_tokens": 0,
+               "tokens_per_second": 0.0, "seconds": 0.0}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines_path = out_dir / f"{fields['suite']}.jsonl"
+    write_atomic(lines_path, "")
+    write_json(out_dir / f"{fields['suite']}.json", summary)
     return EvalResult(lines_path, summary)

@@ -81,6 +81,7 @@ class SuiteParams(Section):
     task: str
     limit: int | None = Field(None, ge=1)
     max_new_tokens: int = Field(256, ge=1)
+    options: dict = {}  # task settings, e.g. long_context: {lengths: [1024, 2048], repeats: 1}
 
 
 class JudgeParams(Section):

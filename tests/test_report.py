@@ -79,3 +79,18 @@ def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
     assert shaky["decision"] == "GO"
     html = (tmp_path / "reports" / "index.html").read_text()
     assert 'id="judge-table"' in html and "the judge is unreliable" in html
+
+
+def test_not_applicable_suite_is_shown_as_na_never_as_zero(tmp_path):
+    results = tmp_path / "results"
+    write_results(results, "base", [1] * 60 + [0] * 40)
+    write_results(results, "v", [1] * 60 + [0] * 40)
+    for model in ("base", "v"):
+        (results / model / "vqa.jsonl").write_text("")
+        (results / model / "vqa.json").write_text(json.dumps({"status": "not applicable", "n": 0, "score": None,
+                                                               "reason": "text-only model"}))
+    params = Params.model_validate({**TINY_PARAMS, "suites": {**TINY_PARAMS["suites"], "vqa": {"task": "quant_vqa"}}})
+    verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
+    assert verdict["variants"]["v"]["not_applicable"] == {"vqa": "text-only model"}
+    assert "vqa" not in verdict["variants"]["v"]["suites"] and verdict["variants"]["v"]["decision"] == "GO"
+    assert "not applicable: text-only model" in (tmp_path / "reports" / "index.html").read_text()

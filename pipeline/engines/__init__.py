@@ -35,6 +35,10 @@ class Engine(Protocol):
 
 def make_engine(name: str, model_dir, **options) -> Engine:
     if name == "hf":
+        from pipeline.engines.vision import VisionEngine, is_multimodal
+
+        if is_multimodal(model_dir):
+            return VisionEngine(model_dir, **options)
         from pipeline.engines.hf import HFEngine
 
         return HFEngine(model_dir, **options)

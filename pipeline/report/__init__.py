@@ -48,6 +48,18 @@ def collect(results_dir: Path, suites: list[str]) -> dict[str, dict[str, dict[st
     return found
 
 
+def not_applicable(results_dir: Path, suites: list[str]) -> dict[str, dict[str, str]]:
+    """{model: {suite: reason}} for suites the evaluation declared not applicable (e.g. VQA on a
+    text-only model): shown as n/a, never scored as 0 %."""
+    found: dict[str, dict[str, str]] = {}
+    for path in sorted(results_dir.glob("*/*.json")):
+        if path.stem in suites:
+            summary = _read_json(path) or {}
+            if summary.get("status") == "not applicable":
+                found.setdefault(path.parent.name, {})[path.stem] = summary.get("reason", "not applicable")
+    return found
+
+
 def _git_revision() -> str | None:
     try:
         done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
@@ -96,15 +108,17 @@ class ReportResult:
 
 def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: Path) -> dict:
     p = params.verdict
+    n_a = not_applicable(results_dir, list(params.suites))
     variants = {}
     for variant, suites in results.items():
         if variant == "base":
             continue
+        skipped = {**n_a.get("base", {}), **n_a.get(variant, {})}
         suite_verdicts = [
             stats.compare_suite(results["base"][suite], items, variant=variant, suite=suite,
                                 margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
                                 seed=p.seed, floor_ceiling=p.floor_ceiling)
-            for suite, items in sorted(suites.items()) if suite in results["base"]
+            for suite, items in sorted(suites.items()) if suite in results["base"] and suite not in skipped
         ]
         judged = _judge_verdict(results_dir / variant / "judge.json", params)
         extra = [("judge", judged["decision"])] if judged and judged["counted"] else []
@@ -113,6 +127,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "decision": decision,
             "reasons": reasons,
             "suites": {v.suite: v.to_dict() for v in suite_verdicts},
+            "not_applicable": skipped,
             "judge": judged,
             "quant": _read_json(models_dir / variant / "quant.json"),
             "kl": _read_json(results_dir / variant / "kl.json"),

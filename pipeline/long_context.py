@@ -1,0 +1,119 @@
+"""The long_context suite, pipeline side: what only the model knows (its context length, its
+tokenizer's characters per token on the haystack) goes to the task as lm-eval metadata, and the
+result lines are summarized per length and depth, with the lengths skipped as beyond the context.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections import defaultdict
+from functools import lru_cache
+from pathlib import Path
+
+SUITE_DIR = Path(__file__).resolve().parent.parent / "evals" / "long_context"
+TASK = "quant_long_context"
+ID = re.compile(r"^(?P<kind>[a-z]+)-(?P<length>\d+)-d(?P<depth>\d+)-(?P<repeat>\d+)$")
+
+
+@lru_cache(maxsize=1)
+def suite():
+    """evals/long_context/utils.py, the one place the ladder and the generator live."""
+    spec = importlib.util.spec_from_file_location("long_context_suite", SUITE_DIR / "utils.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def context_length(model_dir: Path | str) -> int | None:
+    """Positions the model was built for (config.json); None when the config does not say."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    for section in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "seq_length", "max_sequence_length", "n_positions"):
+            if isinstance(section.get(key), int):
+                return section[key]
+    return None
+
+
+def chars_per_token(model_dir: Path | str, sample_chars: int = 40_000) -> float:
+    """The model tokenizer's characters per token on the haystack, so nominal lengths are its tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    text = suite().haystack_text()[:sample_chars]
+    return round(len(text) / len(tokenizer(text, add_special_tokens=False)["input_ids"]), 3)
+
+
+def task_metadata(model_dir: Path | str, **overrides) -> dict:
+    """What evaluate.py passes as TaskManager(metadata=...) for this suite; overrides (lengths,
+    depths, kinds, repeats) replace the YAML's ladder."""
+    metadata = {"chars_per_token": chars_per_token(model_dir), **overrides}
+    if (positions := context_length(model_dir)) is not None:
+        metadata["max_context"] = positions
+    return metadata
+
+
+def _lengths(metadata: dict) -> list[int]:
+    return [int(n) for n in metadata.get("lengths") or suite().LENGTHS]
+
+
+def not_applicable(metadata: dict) -> str | None:
+    """Why the suite cannot run on this model (no length of the ladder fits its context), else None.
+    metadata: the task's YAML metadata updated with task_metadata(model_dir)."""
+    lengths = _lengths(metadata)
+    if suite().fitting_lengths(lengths, metadata.get("max_context"))[0]:
+        return None
+    return (f"context of {metadata.get('max_context')} tokens is below the shortest length of the ladder "
+            f"{lengths} (plus room for the answer)")
+
+
+def skipped_lengths(lengths, max_context: int | None) -> list[dict]:
+    """One entry per length the suite leaves out for this model, with the reason."""
+    _, skipped = suite().fitting_lengths(lengths, max_context)
+    needed = {n: round(n * suite().SLACK) + suite().ANSWER_ROOM for n in skipped}
+    return [{"length": n, "reason": f"beyond the model's context: needs ~{needed[n]} tokens, has {max_context}"}
+            for n in skipped]
+
+
+def skip_beyond_context(docs: list[dict], max_tokens: int | None) -> tuple[list[dict], list[dict]]:
+    """(kept, skipped) docs by their nominal length, for callers that hold generated items."""
+    kept_lengths, _ = suite().fitting_lengths(sorted({d["nominal_tokens"] for d in docs}), max_tokens)
+    kept = [d for d in docs if d["nominal_tokens"] in kept_lengths]
+    return kept, [d for d in docs if d["nominal_tokens"] not in kept_lengths]
+
+
+def _mean_table(groups: dict) -> dict:
+    return {key: {"n": len(scores), "score": sum(scores) / len(scores)} for key, scores in groups.items()}
+
+
+def by_length_and_depth(result_lines: list[dict]) -> dict[str, dict[str, dict]]:
+    """{"1024": {"d0": {"n": 8, "score": 0.75}, ...}, ...}: mean score per length and needle depth."""
+    table: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for line in result_lines:
+        match = ID.match(line["id"])
+        if match is None:
+            raise ValueError(f"long_context: result id {line['id']!r} is not kind-length-dDEPTH-repeat")
+        table[int(match["length"])][int(match["depth"])].append(float(line["score"]))
+    return {str(length): {f"d{depth}": cell for depth, cell in sorted(_mean_table(depths).items())}
+            for length, depths in sorted(table.items())}
+
+
+def by_kind(result_lines: list[dict]) -> dict[str, dict]:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for line in result_lines:
+        groups[line["id"].split("-", 1)[0]].append(float(line["score"]))
+    return _mean_table(groups)
+
+
+def summarize(result_lines: list[dict], metadata: dict) -> dict:
+    """The suite's extra summary: scores per length x depth and per kind, and the skipped lengths.
+    metadata: as for not_applicable."""
+    lengths, max_context = _lengths(metadata), metadata.get("max_context")
+    return {
+        "max_context": max_context,
+        "lengths_run": suite().fitting_lengths(lengths, max_context)[0],
+        "lengths_skipped": skipped_lengths(lengths, max_context),
+        "by_length_and_depth": by_length_and_depth(result_lines),
+        "by_kind": by_kind(result_lines),
+    }
