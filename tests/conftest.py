@@ -74,5 +74,17 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
+def read_tensors(model_dir: Path) -> dict:
+    """Every tensor of a checkpoint directory, by name, across shards."""
+    from safetensors import safe_open
+
+    found = {}
+    for shard in Path(model_dir).glob("*.safetensors"):
+        with safe_open(shard, "pt") as f:
+            for key in f.keys():
+                found[key] = f.get_tensor(key)
+    return found
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]

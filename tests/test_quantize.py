@@ -2,19 +2,14 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
+
+from conftest import read_tensors
 
 from pipeline.errors import UserError
 from pipeline.quantize import awq, fp8, plan
 
 
-def tensors(model_dir):
-    found = {}
-    for shard in model_dir.glob("*.safetensors"):
-        with safe_open(shard, "pt") as f:
-            for key in f.keys():
-                found[key] = f.get_tensor(key)
-    return found
+tensors = read_tensors
 
 
 def test_awq_quantizes_every_decoder_linear_and_nothing_else(tiny_variants):

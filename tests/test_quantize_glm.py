@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
+
+from conftest import read_tensors
 
 from pipeline.errors import UserError
 from pipeline.quantize import awq, fp8, plan, verify
@@ -123,13 +124,7 @@ def built(request, tmp_path_factory, tiny_calib) -> Built:
     return Built(arch, base, root / "awq", root / "fp8", smoothing)
 
 
-def tensors(model_dir) -> dict[str, torch.Tensor]:
-    found = {}
-    for shard in model_dir.glob("*.safetensors"):
-        with safe_open(shard, "pt") as f:
-            for key in f.keys():
-                found[key] = f.get_tensor(key)
-    return found
+tensors = read_tensors
 
 
 def untouched_keys(arch: Arch, base: dict) -> list[str]:

@@ -94,3 +94,19 @@ def test_not_applicable_suite_is_shown_as_na_never_as_zero(tmp_path):
     assert verdict["variants"]["v"]["not_applicable"] == {"vqa": "text-only model"}
     assert "vqa" not in verdict["variants"]["v"]["suites"] and verdict["variants"]["v"]["decision"] == "GO"
     assert "not applicable: text-only model" in (tmp_path / "reports" / "index.html").read_text()
+
+
+def test_long_context_accuracy_by_length_and_skipped_lengths(tmp_path):
+    results = tmp_path / "results"
+    write_results(results, "base", [1] * 60 + [0] * 40)
+    write_results(results, "v", [1] * 60 + [0] * 40)
+    lc = {"max_context": 2048, "lengths_run": [1024],
+          "lengths_skipped": [{"length": 4096, "reason": "beyond the model's context: needs ~4364 tokens, has 2048"}],
+          "by_length_and_depth": {"1024": {"d0": {"n": 4, "score": 0.75}, "d50": {"n": 4, "score": 0.5}}},
+          "by_kind": {}}
+    (results / "base" / "long_context.json").write_text(json.dumps({"long_context": lc}))
+    report.run(results, tmp_path / "reports", Params.model_validate(TINY_PARAMS), models_dir=tmp_path / "models")
+    html = (tmp_path / "reports" / "index.html").read_text()
+    assert 'id="long-context-table"' in html
+    assert "75.0% (4)" in html and "50.0% (4)" in html and "depth 50 %" in html
+    assert "skipped: beyond the model&#39;s context: needs ~4364 tokens, has 2048" in html

@@ -66,8 +66,7 @@ def test_correct_solution_passes_and_wrong_one_fails():
 
 def test_sandbox_method_is_bubblewrap_here():
     """Recorded in every result; on this machine bubblewrap works, so the strong method is used."""
-    if available_method() != "bwrap":
-        pytest.skip("bubblewrap missing or unusable here: `apt-get install -y bubblewrap`")
+    assert available_method() == "bwrap", "bubblewrap missing or unusable: apt-get install -y bubblewrap (make test does it)"
     assert run_python("print('hi')", timeout_s=10).method == "bwrap"
 
 

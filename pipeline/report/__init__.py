@@ -135,6 +135,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
     return {
         "variants": variants,
         "base": {"suites": {s: _suite_score(items) for s, items in results.get("base", {}).items()}},
+        "long_context": _long_context_tables(results_dir, results),
         "params_sha256": params.digest(),
     }
 
@@ -151,6 +152,16 @@ def _judge_verdict(path: Path, params: Params) -> dict | None:
     counted = decision != UNRELIABLE and summary.get("mode", "pairwise") == "pairwise" and bool(summary.get("n"))
     return {"decision": decision, "counted": counted, "margin": margin,
             "reasons": explain_judge(summary, decision, margin, min_consistency), "summary": summary}
+
+
+def _long_context_tables(results_dir: Path, results: dict) -> dict:
+    """Per model, the long-context suite's accuracy by length and needle depth, and what was skipped."""
+    tables = {}
+    for model in results:
+        summary = _read_json(results_dir / model / "long_context.json") or {}
+        if summary.get("long_context"):
+            tables[model] = summary["long_context"]
+    return tables
 
 
 def _suite_score(items: dict) -> dict:
