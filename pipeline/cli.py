@@ -236,6 +236,7 @@ def kl(
     result = diagnostics.run(
         base or p.model.base_dir, variant_dir, holdout or p.calib.out / "holdout.jsonl",
         out or Path("results") / variant_dir.name / "kl.json", dtype=p.engine.dtype,
+        max_tokens=p.verdict.kl_max_tokens, max_sequences=p.verdict.kl_sequences,
     )
     typer.echo(result.summary_line())
 

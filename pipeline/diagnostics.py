@@ -27,7 +27,7 @@ class KLResult:
                 f"top-1 agreement {s['top1_agreement']:.1%}) in {s['seconds']:.0f} s")
 
 
-def holdout_texts(tokenizer, holdout: Path, max_tokens: int) -> list[list[int]]:
+def holdout_texts(tokenizer, holdout: Path, max_tokens: int, max_sequences: int | None = None) -> list[list[int]]:
     """Each held-out conversation, its reference answer included, as token ids."""
     if not holdout.exists():
         raise UserError(f"{holdout}: no holdout prompts; run `quantize calib` first")
@@ -44,6 +44,8 @@ def holdout_texts(tokenizer, holdout: Path, max_tokens: int) -> list[list[int]]:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
         if len(ids) >= 2:
             sequences.append(ids)
+        if max_sequences and len(sequences) >= max_sequences:
+            break
     if not sequences:
         raise UserError(f"{holdout}: no usable held-out conversation")
     return sequences
@@ -77,7 +79,7 @@ def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
 
 
 def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str, *,
-        max_tokens: int = 512, dtype: str = "float32") -> KLResult:
+        max_tokens: int = 512, max_sequences: int | None = None, dtype: str = "float32") -> KLResult:
     import torch
     from transformers import AutoTokenizer
 
@@ -85,7 +87,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
 
     watch = Stopwatch()
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    sequences = holdout_texts(tokenizer, Path(holdout), max_tokens)
+    sequences = holdout_texts(tokenizer, Path(holdout), max_tokens, max_sequences)
     # Both models are held at once: fine for the CPU demo; on a GPU this needs memory for both.
     base = load_for_inference(base_dir, getattr(torch, dtype)).eval()
     variant = load_for_inference(variant_dir, getattr(torch, dtype)).eval()

@@ -119,6 +119,8 @@ class VerdictParams(Section):
     default_margin: float = Field(0.02, ge=0, le=1)
     margins: dict[str, float] = {}
     floor_ceiling: float = Field(0.05, ge=0, le=0.5)
+    kl_sequences: int = Field(32, ge=1)  # held-out conversations scored for KL / top-1 agreement
+    kl_max_tokens: int = Field(512, ge=16)  # tokens per conversation
 
     def margin_for(self, suite: str) -> float:
         return self.margins.get(suite, self.default_margin)
