@@ -29,19 +29,40 @@ GLM4_9B = dict(
 )
 
 
-def build_model(root: Path, layers: int) -> Path:
+# GLM-4.6V-Flash (Glm4vForConditionalGeneration): a GLM-4-9B-sized Glm4 text tower and a 24-block vision tower.
+GLM46V_TEXT = dict(
+    vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_attention_heads=32, num_key_value_heads=2,
+    max_position_embeddings=65536, rms_norm_eps=1e-05, attention_bias=True, pad_token_id=151329,
+    eos_token_id=[151329, 151336, 151338],
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                     "mrope_section": [8, 12, 12]},
+)
+GLM46V_VISION = dict(depth=24, hidden_size=1536, num_heads=12, intermediate_size=13696, out_hidden_size=4096,
+                     patch_size=14, image_size=336, spatial_merge_size=2, temporal_patch_size=2)
+
+
+def _random_model(arch: str, layers: int):
     import torch
-    from transformers import GlmConfig, GlmForCausalLM
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration, GlmConfig, GlmForCausalLM
+
+    with torch.device("cuda"):
+        if arch == "glm4v":
+            config = Glm4vConfig(text_config={**GLM46V_TEXT, "num_hidden_layers": layers},
+                                 vision_config=GLM46V_VISION, tie_word_embeddings=False)
+            return Glm4vForConditionalGeneration(config).to(torch.bfloat16)
+        return GlmForCausalLM(GlmConfig(num_hidden_layers=layers, dtype="bfloat16", **GLM4_9B)).to(torch.bfloat16)
+
+
+def build_model(root: Path, layers: int, arch: str = "glm") -> Path:
+    import torch
 
     from tiny import tiny_tokenizer
 
-    out = root / "glm4-9b-random"
+    out = root / f"{arch}-random"
     if (out / "config.json").exists():
         return out
     started = time.perf_counter()
-    config = GlmConfig(num_hidden_layers=layers, dtype="bfloat16", **GLM4_9B)
-    with torch.device("cuda"):
-        model = GlmForCausalLM(config).to(torch.bfloat16)
+    model = _random_model(arch, layers)
     model.save_pretrained(out)
     tiny_tokenizer().save_pretrained(out)  # only for verify's generate; ids stay in range
     del model
@@ -70,6 +91,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--methods", default="awq,fp8")
     parser.add_argument("--root", default="/tmp/gpu-bench")
+    parser.add_argument("--arch", choices=["glm", "glm4v"], default="glm",
+                        help="glm: GLM-4-9B shapes (GlmForCausalLM); glm4v: GLM-4.6V-Flash shapes (Glm4v)")
     args = parser.parse_args()
     import torch
 
@@ -77,14 +100,14 @@ def main() -> None:
 
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
-    model = build_model(root, args.layers)
+    model = build_model(root, args.layers, args.arch)
     calib = write_blocks(root, args.blocks, args.seq_len)
     rows = []
     for method in args.methods.split(","):
         batches = [int(b) for b in args.batches.split(",")] if method == "awq" else [16]
         for batch in batches:
             torch.cuda.reset_peak_memory_stats()
-            out = root / f"{method}-b{batch}"
+            out = root / f"{args.arch}-{method}-b{batch}"
             started = time.perf_counter()
             if method == "awq":
                 result = awq.run(model, out, calib, group_size=128, batch_size=batch)
@@ -98,8 +121,9 @@ def main() -> None:
                          "size_gib": round(info["size_bytes"] / 2**30, 2)})
             print(json.dumps(rows[-1]), flush=True)
             if os.environ.get("OUT"):
-                Path(os.environ["OUT"], f"{method}-b{batch}.quant.json").write_text(json.dumps(info, indent=2))
-    print(f"\nGLM-4-9B shapes, {args.layers} layers, random bf16 weights, {args.blocks} x {args.seq_len} "
+                Path(os.environ["OUT"], f"{args.arch}-{method}-b{batch}.quant.json").write_text(json.dumps(info, indent=2))
+    shapes = "GLM-4.6V-Flash (Glm4v)" if args.arch == "glm4v" else "GLM-4-9B (Glm)"
+    print(f"\n{shapes} shapes, {args.layers} layers, random bf16 weights, {args.blocks} x {args.seq_len} "
           f"calibration tokens, {torch.cuda.get_device_name()}")
     print("| method | calib batch | load s | calibrate s | s/layer | save s | total s | peak GPU GiB | size GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
