@@ -116,3 +116,20 @@ def test_cpu_pin_memory_is_a_no_op():
     cache = IntermediatesCache([{"x": None}])
     if not torch.accelerator.is_available():
         assert cache.pin_memory(0) is None
+
+
+def test_cli_awq_takes_raw_support_logs(tmp_path, tiny_llama, monkeypatch):
+    """`quantize awq --calib support_logs.jsonl`: a raw conversation file is prepared on the fly."""
+    from typer.testing import CliRunner
+
+    from conftest import REPO, TINY_PARAMS, write_params
+    from pipeline.cli import app
+
+    write_params(tmp_path, {**TINY_PARAMS, "model": {**TINY_PARAMS["model"], "base_dir": str(tiny_llama)}})
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["awq", "--calib", str(REPO / "calib_data" / "support_logs.jsonl"),
+                                      "--out", "models/awq"])
+    assert result.exit_code == 0, result.output
+    assert "awq: wrote models/awq (W4A16 asymmetric, group 32" in result.output
+    info = json.loads((tmp_path / "models" / "awq" / "quant.json").read_text())
+    assert info["calibration"]["blocks"] == 8 and info["calibration"]["seq_len"] == 64
