@@ -63,11 +63,10 @@ def detect(source: Path) -> str:
 def _load_hf(source: Path, dtype):
     import transformers
 
+    from pipeline.checkpoints import auto_model_class
+
     config = transformers.AutoConfig.from_pretrained(source)
-    auto = transformers.AutoModelForCausalLM
-    if type(config) in transformers.AutoModelForImageTextToText._model_mapping:
-        auto = transformers.AutoModelForImageTextToText
-    return auto.from_pretrained(source, dtype=dtype)
+    return auto_model_class(config).from_pretrained(source, dtype=dtype)
 
 
 def _copy_processor(source: Path, out: Path, gguf_file: str | None = None) -> None:

@@ -101,10 +101,10 @@ def load_model(model_dir: Path, dtype, **kwargs):
     where llm-compressor knows how (see compat.load_linearized)."""
     import transformers
 
+    from pipeline.checkpoints import auto_model_class
+
     config = transformers.AutoConfig.from_pretrained(model_dir)
-    auto = transformers.AutoModelForCausalLM
-    if type(config) in transformers.AutoModelForImageTextToText._model_mapping:
-        auto = transformers.AutoModelForImageTextToText
+    auto = auto_model_class(config)
     if plan.routed_experts(config.to_dict()):
         from pipeline.quantize import compat
 
