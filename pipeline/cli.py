@@ -200,7 +200,7 @@ def build_variant(
 def eval_(
     model_dir: Path = typer.Argument(..., help="Checkpoint to evaluate (models/base or models/<variant>)"),
     suite: str = typer.Option(..., help="Suite name from params.yaml (e.g. math)"),
-    engine: Optional[str] = typer.Option(None, help="hf (in-process) (default: params engine.name)"),
+    engine: Optional[str] = typer.Option(None, help="hf (in-process), lmdeploy (in-process, CUDA) or openai (default: params engine.name)"),
     limit: Optional[int] = typer.Option(None, help="Items to run (default: params suites.<suite>.limit)"),
     out: Optional[Path] = typer.Option(None, help="Results dir (default: results/<model dir name>)"),
     params_file: Path = PARAMS_OPTION,
@@ -216,6 +216,46 @@ def eval_(
         engine=engine or e.name, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
         engine_options={"batch_size": e.batch_size, "dtype": e.dtype, "threads": e.threads},
         task_options=s.options,
+    )
+    typer.echo(result.summary_line())
+
+
+@app.command()
+@stage
+def bench(
+    model_dir: Path = typer.Argument(..., help="Checkpoint to benchmark (models/base or models/<variant>)"),
+    engine: Optional[str] = typer.Option(None, help="hf or lmdeploy (default: params bench.engine, else engine.name)"),
+    concurrency: Optional[str] = typer.Option(None, help="Requests in flight, comma-separated (default: params bench.concurrency)"),
+    input_len: Optional[int] = typer.Option(None, help="Prompt tokens of the fixed workload (default: params bench.input_len)"),
+    output_len: Optional[int] = typer.Option(None, help="Output tokens of the fixed workload (default: params bench.output_len)"),
+    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations for the real-length workload (default: params calib.out/holdout.jsonl if bench.holdout)"),
+    out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<model dir name>/bench.json)"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Serving speed: TTFT, TPOT, tokens/s and memory at each concurrency, batch 1 beside its roofline."""
+    from pipeline import bench as bench_stage
+
+    p = _params(params_file)
+    b = p.bench
+    engine = engine or b.engine or p.engine.name
+    if engine not in ("hf", "lmdeploy"):
+        raise UserError(f"--engine {engine}: use hf or lmdeploy (bench times requests in-process)")
+    levels = b.concurrency
+    if concurrency is not None:
+        try:
+            levels = sorted({int(c) for c in concurrency.split(",")})
+        except ValueError:
+            levels = []
+        if not levels or min(levels) < 1:
+            raise UserError(f"--concurrency {concurrency}: use positive integers separated by commas, e.g. 1,4,16,64")
+    if holdout is None and b.holdout:
+        holdout = p.calib.out / "holdout.jsonl"
+    result = bench_stage.run(
+        model_dir, out or Path("results") / model_dir.name / "bench.json", engine=engine, concurrency=levels,
+        input_len=input_len or b.input_len, output_len=output_len or b.output_len,
+        requests_per_level=b.requests_per_level, holdout=holdout,
+        engine_options={"batch_size": p.engine.batch_size, "dtype": p.engine.dtype, "threads": p.engine.threads},
+        progress=typer.echo,
     )
     typer.echo(result.summary_line())
 
@@ -270,7 +310,7 @@ def judge(
         variant_dir, base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl",
         out or Path("results") / variant_dir.name, settings,
         engine_options={"batch_size": e.batch_size, "dtype": e.dtype, "threads": e.threads},
-        iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
+        answer_engine="lmdeploy" if e.name == "lmdeploy" else "hf", iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
     )
     typer.echo(result.summary_line())
     for reason in result.summary["reasons"]:

@@ -202,6 +202,7 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
             apply_chat_template=True, gen_kwargs={"max_gen_toks": max_new_tokens},
             bootstrap_iters=0, verbosity="ERROR",
         )
+        lm_engine.close()
     task_config = results["configs"][task]
     metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
     samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])

@@ -246,6 +246,11 @@ class Judge:
             self._engine = self._factory()
         return self._engine
 
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
     def key(self, *parts) -> str:
         return JudgmentCache.key(self.judge_id, self.mode, self.template_hash, *parts)
 
@@ -320,8 +325,9 @@ class JudgeResult:
 
 
 def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_dir: Path | str,
-        judge_params, engine_options: dict | None = None, *, iterations: int = 2000,
+        judge_params, engine_options: dict | None = None, *, answer_engine: str = "hf", iterations: int = 2000,
         confidence: float = 0.95, seed: int = 0) -> JudgeResult:
+    """answer_engine: the engine (hf or lmdeploy) that writes base and variant answers, the same for both."""
     watch = Stopwatch()
     variant_dir, base_dir, out_dir = Path(variant_dir), Path(base_dir), Path(out_dir)
     for model_dir in (variant_dir, base_dir):
@@ -331,8 +337,9 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     records = load_prompts(Path(prompts), jp.limit)
     options = dict(engine_options or {})
     factory, judge_id, description, weak = judge_engine(jp, base_dir, options)  # bad judge settings fail first
-    base_answers = generate_answers(base_dir, records, out_dir, "base", jp.max_new_tokens, options)
-    variant_answers = generate_answers(variant_dir, records, out_dir, "variant", jp.max_new_tokens, options)
+    base_answers = generate_answers(base_dir, records, out_dir, "base", jp.max_new_tokens, options, answer_engine)
+    variant_answers = generate_answers(variant_dir, records, out_dir, "variant", jp.max_new_tokens, options,
+                                       answer_engine)
     judge = Judge(factory, judge_id, JudgmentCache(out_dir / ".cache" / "judgments.jsonl"), mode=jp.mode,
                   max_new_tokens=jp.judge_max_new_tokens, chunk=max(jp.concurrency * 4, 16))
     if jp.mode == "pairwise":
@@ -341,6 +348,7 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     else:
         lines, summary = judge_reference(judge, records, base_answers, variant_answers,
                                          iterations=iterations, confidence=confidence, seed=seed)
+    judge.close()
     summary = _finish_summary(summary, jp, variant_dir, base_dir, description, weak, judge, confidence, watch)
     out_dir.mkdir(parents=True, exist_ok=True)
     lines_path = out_dir / "judge.jsonl"
@@ -368,18 +376,24 @@ def _reliable(summary: dict, min_consistency: float) -> bool:
 
 
 def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label: str, max_new_tokens: int,
-                     engine_options: dict) -> list[str]:
-    """Greedy answers to each held-out conversation, through the eval stage's resume cache."""
-    from pipeline.engines import make_engine
+                     engine_options: dict, engine_name: str = "hf") -> list[str]:
+    """Greedy answers to each held-out conversation, through the eval stage's resume cache. The
+    engine is made only when something is missing, and closed after (a GPU engine holds memory)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.engines import chat_prompt, make_engine
 
     cache = GenerationCache(out_dir / ".cache" / f"judge-answers-{label}.jsonl", model_fingerprint(model_dir))
-    engine = make_engine("hf", model_dir, **engine_options)
-    requests = [GenRequest(engine.apply_chat_template(r["messages"]), max_new_tokens) for r in records]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    requests = [GenRequest(chat_prompt(tokenizer, r["messages"]), max_new_tokens) for r in records]
     todo = list({cache.key(r): r for r in requests if cache.get(r) is None}.values())
-    chunk = engine_options.get("batch_size", 32)
-    for start in range(0, len(todo), chunk):
-        part = todo[start:start + chunk]
-        cache.put_many(part, engine.generate(part))
+    if todo:
+        engine = make_engine(engine_name, model_dir, **engine_options)
+        chunk = engine_options.get("batch_size", 32)
+        for start in range(0, len(todo), chunk):
+            part = todo[start:start + chunk]
+            cache.put_many(part, engine.generate(part))
+        engine.close()
     return [cache.get(r).text for r in requests]
 
 
@@ -405,7 +419,9 @@ def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[],
     if not (model_dir / "config.json").exists():
         raise UserError(f"params.yaml: judge.model: {model_dir} has no config.json; use 'base' or a checkpoint dir")
     if jp.backend == "lmdeploy":
-        make_engine("lmdeploy", model_dir)  # raises a UserError naming what is missing
+        from pipeline.engines.lmdeploy import require_lmdeploy
+
+        require_lmdeploy()  # fail now, not after the answers, when the GPU extra is missing
     weak = model_dir.resolve() == base_dir.resolve()
     description = f"{model_dir} ({jp.backend})" + (" - the base model judging itself" if weak else "")
     return (lambda: make_engine(jp.backend, model_dir, **engine_options)), \

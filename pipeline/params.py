@@ -121,6 +121,11 @@ class VerdictParams(Section):
     floor_ceiling: float = Field(0.05, ge=0, le=0.5)
     kl_sequences: int = Field(32, ge=1)  # held-out conversations scored for KL / top-1 agreement
     kl_max_tokens: int = Field(512, ge=16)  # tokens per conversation
+    # Speed (from `quantize bench`, when both base and variant were benched with the same engine):
+    # when true, a variant whose batch-1 decode rate is below the base's by more than speed_tolerance
+    # is NO-GO; when false, the report only shows it.
+    nogo_if_slower_at_batch1: bool = False
+    speed_tolerance: float = Field(0.05, ge=0, le=1)
 
     def margin_for(self, suite: str) -> float:
         return self.margins.get(suite, self.default_margin)
@@ -133,6 +138,22 @@ class EngineParams(Section):
     threads: int = Field(0, ge=0)
 
 
+class BenchParams(Section):
+    engine: Literal["hf", "lmdeploy"] | None = None  # None: engine.name
+    concurrency: list[int] = [1, 4, 16, 64]
+    input_len: int = Field(128, ge=1)
+    output_len: int = Field(256, ge=2)
+    requests_per_level: int = Field(2, ge=1)  # requests per level, as a multiple of the concurrency
+    holdout: bool = True  # also the held-out prompts' real lengths
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, levels: list[int]) -> list[int]:
+        if not levels or any(c < 1 for c in levels):
+            raise ValueError("must be a non-empty list of positive integers, e.g. [1, 4, 16, 64]")
+        return sorted(set(levels))
+
+
 class Params(Section):
     model: ModelParams = ModelParams()
     calib: CalibParams = CalibParams()
@@ -141,6 +162,7 @@ class Params(Section):
     judge: JudgeParams = JudgeParams()
     verdict: VerdictParams = VerdictParams()
     engine: EngineParams = EngineParams()
+    bench: BenchParams = BenchParams()
 
     @field_validator("variants", "suites")
     @classmethod

@@ -1,7 +1,9 @@
 """Engines: one small protocol, `generate(requests) -> completions`, batched.
 
-`hf` runs everywhere (in-process transformers); `lmdeploy` and `openai` join with their issues.
-The suite, not the engine, decides the prompt: switching engines changes no prompt.
+`hf` runs everywhere (in-process transformers), `lmdeploy` on a CUDA machine (in-process PyTorch
+engine), `openai` against any OpenAI-compatible server. The suite, not the engine, decides the
+prompt: switching engines changes no prompt. In-process engines also time single requests
+(`timed_generate`) for `quantize bench`.
 """
 
 from __future__ import annotations
@@ -25,12 +27,43 @@ class Completion:
     error: str | None = None  # set when a remote engine gave up on this request; text is then ""
 
 
+@dataclass
+class Timing:
+    """One request as `quantize bench` sees it."""
+
+    ttft: float  # seconds from submission to the first generated token
+    seconds: float  # submission to the last token
+    n_tokens: int
+    input_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        """Seconds per output token after the first."""
+        return (self.seconds - self.ttft) / (self.n_tokens - 1) if self.n_tokens > 1 else None
+
+
+def truncate_at_stop(text: str, stops: list[str]) -> str:
+    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
+    return text[:cut] if cut >= 0 else text
+
+
+def chat_prompt(tokenizer, messages: list[dict]) -> str:
+    """The conversation rendered with the checkpoint's chat template, ready for the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "\n\n".join(m["content"] for m in messages)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 class Engine(Protocol):
     name: str
 
     def generate(self, requests: list[GenRequest]) -> list[Completion]: ...
 
     def apply_chat_template(self, messages: list[dict]) -> str: ...
+
+    def close(self) -> None: ...  # frees what the engine holds (GPU memory, worker processes)
 
 
 def make_engine(name: str, model_dir, **options) -> Engine:
@@ -46,15 +79,10 @@ def make_engine(name: str, model_dir, **options) -> Engine:
         from pipeline.engines.openai import OpenAIEngine
 
         return OpenAIEngine(**options)
+    if name == "lmdeploy":
+        from pipeline.engines.lmdeploy import LMDeployEngine
+
+        return LMDeployEngine(model_dir, **options)
     from pipeline.errors import UserError
 
-    if name == "lmdeploy":
-        try:
-            import lmdeploy  # noqa: F401  (only present with the GPU extra)
-        except ImportError:
-            raise UserError("engine 'lmdeploy' needs the GPU extra (pip install -e '.[gpu]' on a CUDA machine); "
-                            "use hf, or openai against a running `lmdeploy serve api_server`") from None
-        raise UserError("engine 'lmdeploy' in-process is not wired yet; serve the model with "
-                        "`lmdeploy serve api_server` and use the openai engine with its URL")
-
-    raise UserError(f"engine {name!r} is not available yet; use engine.name: hf")
+    raise UserError(f"engine {name!r}: use hf, lmdeploy or openai")

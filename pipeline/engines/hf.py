@@ -5,12 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest
-
-
-def _truncate_at_stop(text: str, stops: list[str]) -> str:
-    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
-    return text[:cut] if cut >= 0 else text
+from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, truncate_at_stop
 
 
 class HFEngine:
@@ -35,9 +30,7 @@ class HFEngine:
         self.progress = progress  # callable(n_done) or None
 
     def apply_chat_template(self, messages: list[dict]) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            return "\n\n".join(m["content"] for m in messages)
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return chat_prompt(self.tokenizer, messages)
 
     def generate(self, requests: list[GenRequest]) -> list[Completion]:
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i].prompt))
@@ -70,5 +63,60 @@ class HFEngine:
             row = row[: request.max_new_tokens]
             n = next((i for i, t in enumerate(row) if t in eos_ids), len(row))
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            completions.append(Completion(_truncate_at_stop(text, request.stop), n, seconds))
+            completions.append(Completion(truncate_at_stop(text, request.stop), n, seconds))
         return completions
+
+    # ---------------------------------------------------------------- timing, for `quantize bench`
+
+    def encode(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int) -> list[Timing]:
+        """Static batches of `concurrency` requests (what transformers' generate can do), each request
+        decoding exactly output_tokens[i] tokens (EOS ignored); every batch counts from its own start."""
+        timings = []
+        for start in range(0, len(prompts), concurrency):
+            timings += self._timed_batch(prompts[start:start + concurrency], output_tokens[start:start + concurrency])
+        return timings
+
+    def _timed_batch(self, prompts: list[list[int]], output_tokens: list[int]) -> list[Timing]:
+        import torch
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        steps: list[float] = []
+
+        class StepClock(LogitsProcessor):  # called once per decoding step, right after its forward pass
+            def __call__(self, input_ids, scores):
+                steps.append(time.perf_counter())
+                return scores
+
+        batch = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
+        longest = max(output_tokens)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            self.model.generate(**batch, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
+                                pad_token_id=self.tokenizer.pad_token_id,
+                                logits_processor=LogitsProcessorList([StepClock()]))
+        return [Timing(ttft=steps[0] - started, seconds=steps[n - 1] - started, n_tokens=n, input_tokens=len(p))
+                for p, n in zip(prompts, output_tokens)]
+
+    def device_memory_used(self) -> int | None:
+        import torch
+
+        if self.device == "cuda":
+            return torch.cuda.max_memory_allocated()
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak RSS of this process
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights read to decode one token, as held in memory (quantized variants are
+        dequantized by this engine), except the input embedding table unless the output layer shares it."""
+        embedding = self.model.get_input_embeddings().weight
+        tied = self.model.get_output_embeddings() is not None and \
+            self.model.get_output_embeddings().weight.data_ptr() == embedding.data_ptr()
+        total = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return total if tied else total - embedding.numel() * embedding.element_size()
+
+    def close(self) -> None:
+        pass

@@ -64,6 +64,9 @@ class OpenAIEngine:
         """The server applies its own template: the 'rendered' prompt is the messages as JSON."""
         return json.dumps(messages, ensure_ascii=False)
 
+    def close(self) -> None:
+        pass  # one HTTP client per generate() call: nothing held between calls
+
     def generate(self, requests: list[GenRequest]) -> list[Completion]:
         import httpx
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest
-from pipeline.engines.hf import HFEngine, _truncate_at_stop
+from pipeline.engines import Completion, GenRequest, truncate_at_stop
+from pipeline.engines.hf import HFEngine
 
 IMAGE_PLACEHOLDER = "<image>"  # lm-eval's placeholder in a multimodal task's prompt
 
@@ -157,5 +157,5 @@ class VisionEngine(HFEngine):
             row = row[: request.max_new_tokens]
             n = next((i for i, t in enumerate(row) if t in eos_ids), len(row))
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            completions.append(Completion(_truncate_at_stop(text, request.stop), n, seconds))
+            completions.append(Completion(truncate_at_stop(text, request.stop), n, seconds))
         return completions

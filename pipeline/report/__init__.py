@@ -109,6 +109,7 @@ class ReportResult:
 def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: Path) -> dict:
     p = params.verdict
     n_a = not_applicable(results_dir, list(params.suites))
+    speeds = _speed_rows(results_dir, results)
     variants = {}
     for variant, suites in results.items():
         if variant == "base":
@@ -122,7 +123,12 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
         ]
         judged = _judge_verdict(results_dir / variant / "judge.json", params)
         extra = [("judge", judged["decision"])] if judged and judged["counted"] else []
+        speed = _speed_verdict(speeds, variant, p)
+        if speed and speed.get("counted"):
+            extra.append(("speed at batch 1", stats.NO_GO))  # speed can stop a variant, never pass one
         decision, reasons = stats.overall(suite_verdicts, extra)
+        if speed and speed.get("counted"):
+            reasons.append(f"slower than the base at batch 1: {speed['reason']}")
         variants[variant] = {
             "decision": decision,
             "reasons": reasons,
@@ -131,11 +137,13 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "judge": judged,
             "quant": _read_json(models_dir / variant / "quant.json"),
             "kl": _read_json(results_dir / variant / "kl.json"),
+            "speed": speed,
         }
     return {
         "variants": variants,
         "base": {"suites": {s: _suite_score(items) for s, items in results.get("base", {}).items()}},
         "long_context": _long_context_tables(results_dir, results),
+        "speed": speeds,
         "params_sha256": params.digest(),
     }
 
@@ -152,6 +160,30 @@ def _judge_verdict(path: Path, params: Params) -> dict | None:
     counted = decision != UNRELIABLE and summary.get("mode", "pairwise") == "pairwise" and bool(summary.get("n"))
     return {"decision": decision, "counted": counted, "margin": margin,
             "reasons": explain_judge(summary, decision, margin, min_consistency), "summary": summary}
+
+
+def _speed_rows(results_dir: Path, results: dict) -> dict:
+    """{model: speed row} for every model with a results/<model>/bench.json (`quantize bench`)."""
+    from pipeline.bench import speed_row
+
+    rows = {}
+    for model in sorted(results, key=lambda name: name != "base"):  # base first
+        summary = _read_json(results_dir / model / "bench.json")
+        if summary:
+            rows[model] = speed_row(summary)
+    return rows
+
+
+def _speed_verdict(speeds: dict, variant: str, p) -> dict | None:
+    """The variant's batch-1 speed against the base's; counted (as NO-GO) only when
+    verdict.nogo_if_slower_at_batch1 is set and it is slower by more than verdict.speed_tolerance."""
+    from pipeline.bench import compare_speed
+
+    if variant not in speeds:
+        return None
+    comparison = compare_speed(speeds.get("base"), speeds[variant], p.speed_tolerance)
+    comparison["counted"] = bool(p.nogo_if_slower_at_batch1 and comparison["slower"])
+    return comparison
 
 
 def _long_context_tables(results_dir: Path, results: dict) -> dict:

@@ -1,0 +1,165 @@
+"""lmdeploy's PyTorch engine, in-process (GPU only; the `gpu` extra).
+
+lmdeploy serves neither compressed-tensors checkpoints (beyond one symmetric group-32 layout) nor
+the native `Glm` architecture, so a checkpoint that needs it is first exported once, with
+`quantize export --engine lmdeploy`, into `.cache/lmdeploy/` (AWQ -> AutoAWQ GEMM layout, Glm ->
+ChatGLM names); FP8 variants are refused there with the reason and the alternative (vLLM).
+
+Prompts are tokenized here with the checkpoint's own Hugging Face tokenizer and handed to lmdeploy
+as token ids, and outputs are decoded with it too: the hf and lmdeploy engines see and score the
+very same tokens. Scripts that create this engine need an `if __name__ == "__main__":` guard,
+because lmdeploy starts worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, truncate_at_stop
+from pipeline.errors import UserError
+
+EXPORT_CACHE = Path(".cache") / "lmdeploy"
+LMDEPLOY_NATIVE = {"LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration",
+                   "ChatGLMForConditionalGeneration", "ChatGLMModel", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+
+
+def require_lmdeploy() -> None:
+    try:
+        import lmdeploy  # noqa: F401  (only present with the GPU extra)
+    except ImportError:
+        raise UserError("engine 'lmdeploy' needs the GPU extra on a CUDA machine (pip install -e '.[gpu]'); "
+                        "here use engine hf, or openai against a running `lmdeploy serve api_server`") from None
+
+
+def needs_export(config: dict) -> bool:
+    quantized = (config.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
+    return quantized or not LMDEPLOY_NATIVE.intersection(config.get("architectures") or [])
+
+
+def _stat_key(model_dir: Path) -> str:
+    """Cheap identity of a checkpoint (names, sizes, mtimes): hashing 18 GB of weights per start would cost minutes."""
+    digest = hashlib.sha256(str(model_dir.resolve()).encode())
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:12]
+
+
+def servable_dir(model_dir: Path, cache_root: Path = EXPORT_CACHE) -> tuple[Path, bool]:
+    """(directory lmdeploy loads, whether it is our export, whose ChatGLM config is remote code)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    if not needs_export(config):
+        return model_dir, False
+    from pipeline.checkpoints import export
+
+    target = cache_root / f"{model_dir.name}-{_stat_key(model_dir)}"
+    if not (target / "config.json").exists():
+        print(export.run(model_dir, target, engine="lmdeploy").summary(), flush=True)
+    return target, True
+
+
+class LMDeployEngine:
+    name = "lmdeploy"
+
+    def __init__(self, model_dir: Path | str, *, batch_size: int = 64, dtype: str = "auto", progress=None,
+                 session_len: int | None = None, cache_max_entry_count: float = 0.5, **_ignored):
+        require_lmdeploy()
+        from lmdeploy import PytorchEngineConfig, pipeline
+        from transformers import AutoTokenizer
+
+        self.model_dir = Path(model_dir)
+        self.served_dir, exported = servable_dir(self.model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.batch_size = batch_size
+        self.progress = progress
+        engine_config = PytorchEngineConfig(
+            max_batch_size=batch_size, cache_max_entry_count=cache_max_entry_count, session_len=session_len,
+            dtype=dtype if dtype in ("float16", "bfloat16") else "auto")
+        self.pipe = pipeline(str(self.served_dir), backend_config=engine_config, log_level="ERROR",
+                             trust_remote_code=exported)
+        eos = json.loads((self.model_dir / "generation_config.json").read_text()).get("eos_token_id") \
+            if (self.model_dir / "generation_config.json").exists() else None
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        return chat_prompt(self.tokenizer, messages)
+
+    def encode(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    def generate(self, requests: list[GenRequest]) -> list[Completion]:
+        ids = [self.encode(r.prompt) for r in requests]
+        timings = self._run([(i, r.max_new_tokens, False) for i, r in zip(ids, requests)], self.batch_size)
+        completions = []
+        for request, timing in zip(requests, timings):
+            tokens = timing.token_ids[: request.max_new_tokens]
+            n = next((k for k, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
+            text = self.tokenizer.decode(tokens[:n], skip_special_tokens=True)
+            completions.append(Completion(truncate_at_stop(text, request.stop), n, timing.seconds, timing.error))
+        return completions
+
+    def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int) -> list[Timing]:
+        """Exactly output_tokens[i] tokens per request (EOS ignored), `concurrency` requests in flight."""
+        return self._run([(p, n, True) for p, n in zip(prompts, output_tokens)], concurrency)
+
+    def _run(self, jobs: list[tuple[list[int], int, bool]], concurrency: int) -> list[Timing]:
+        # The pipeline's own infer() takes text and re-tokenizes it; its async engine takes token ids
+        # and streams each token, which gives TTFT. Both run on the pipeline's event-loop thread.
+        async def all_jobs():
+            gate = asyncio.Semaphore(concurrency)
+
+            async def guarded(job):
+                async with gate:
+                    timing = await self._one(*job)
+                if self.progress:
+                    self.progress(1)
+                return timing
+
+            return await asyncio.gather(*(guarded(job) for job in jobs))
+
+        return asyncio.run_coroutine_threadsafe(all_jobs(), self.pipe.internal_thread.loop).result()
+
+    async def _one(self, input_ids: list[int], max_new_tokens: int, ignore_eos: bool) -> Timing:
+        from lmdeploy import GenerationConfig
+
+        engine = self.pipe.async_engine
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, ignore_eos=ignore_eos,
+                                  skip_special_tokens=True)
+        started = time.perf_counter()
+        first, tokens, error = None, [], None
+        try:
+            request = await engine.preprocess(None, self.pipe.session_mgr.get(), gen_config=config,
+                                              input_ids=input_ids)
+            async for out in engine.generate(request, stream_response=True):
+                response = out.to_response(0)
+                if response.token_ids:
+                    first = first or time.perf_counter()
+                    tokens += response.token_ids
+                if response.finish_reason == "error":
+                    error = response.error_message or "lmdeploy reported an error"
+        except Exception as exc:  # one bad request (too long, out of memory) must not end the run
+            error = f"{type(exc).__name__}: {exc}"
+        done = time.perf_counter()
+        return Timing(ttft=(first or done) - started, seconds=done - started, n_tokens=len(tokens),
+                      input_tokens=len(input_ids), token_ids=tokens, error=error)
+
+    def device_memory_used(self) -> int | None:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights read to decode one token: every tensor the served checkpoint holds,
+        except the input embedding table (one row is read), unless the output layer shares it."""
+        from pipeline.bench import checkpoint_weight_bytes
+
+        return checkpoint_weight_bytes(self.served_dir)
+
+    def close(self) -> None:
+        self.pipe.close()

@@ -1,0 +1,143 @@
+"""`quantize bench` on the CPU with the hf engine (lmdeploy runs it on the GPU machine), the speed
+table in the report, and the clear error when the lmdeploy extra is missing."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import TINY_PARAMS, write_params
+from pipeline import report
+from pipeline.cli import app
+from pipeline.params import Params
+from test_report import write_results
+from tiny import tiny_tokenizer
+
+REPLIES = ["Yes.", "Your order ships tomorrow from our warehouse.", "Sorry about that, refund issued today."]
+
+
+def write_holdout(path, too_long_words: int = 600):
+    records = [{"id": f"h{i}", "messages": [{"role": "user", "content": f"Where is order {i}?"},
+                                             {"role": "assistant", "content": reply}]}
+               for i, reply in enumerate(REPLIES)]
+    records.append({"id": "long", "messages": [{"role": "user", "content": "word " * too_long_words},
+                                                {"role": "assistant", "content": "ok"}]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_bench_sweeps_concurrency_on_both_workloads(tmp_path, tiny_llama, monkeypatch):
+    write_params(tmp_path)
+    holdout = write_holdout(tmp_path / "holdout.jsonl")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bench", str(tiny_llama), "--concurrency", "1,2", "--input-len", "16",
+                                      "--output-len", "8", "--holdout", str(holdout), "--out", "bench.json"])
+    assert result.exit_code == 0, result.output
+    assert "bench: wrote bench.json (hf, fixed workload" in result.output
+    summary = json.loads((tmp_path / "bench.json").read_text())
+
+    fixed, real = summary["workloads"]["fixed"], summary["workloads"]["holdout"]
+    assert [l["concurrency"] for l in fixed["levels"]] == [1, 2] == [l["concurrency"] for l in real["levels"]]
+    for level in fixed["levels"] + real["levels"]:
+        assert level["failed"] == 0 and level["requests"] == 4
+        assert 0 < level["ttft_p50_ms"] <= level["ttft_p90_ms"] < 1000 * level["wall_s"]
+        assert level["tpot_ms"] > 0 and level["output_tokens_per_s"] > 0
+    assert fixed["levels"][0]["input_tokens_mean"] == 16 and fixed["levels"][0]["output_tokens_mean"] == 8
+
+    # the real-length workload: the 600-word conversation does not fit the 512-token context and is
+    # left out; the others are answered with as many tokens as their real replies had (at most 8)
+    tok = tiny_tokenizer()
+    lengths = [max(2, min(8, len(tok(r, add_special_tokens=False)["input_ids"]))) for r in REPLIES]
+    assert real["prompts"] == 3
+    served = lengths + lengths[:1]  # 4 requests cycle through the 3 prompts
+    assert real["levels"][0]["output_tokens_mean"] == pytest.approx(sum(served) / 4)
+
+    roof = summary["roofline"]
+    assert 0 < roof["weight_bytes"] < roof["bytes_per_token"]
+    assert roof["bandwidth_gb_s"] > 0.1
+    assert 0 < roof["fraction_of_bound"] <= 1  # nothing decodes faster than its memory traffic allows
+    assert roof["achieved_tokens_per_s"] == pytest.approx(1000 / fixed["levels"][0]["tpot_ms"])
+
+
+def test_bench_weight_bytes_leave_out_the_untied_embedding(tiny_llama):
+    from pipeline.bench import checkpoint_weight_bytes
+    from pipeline.engines.hf import HFEngine
+
+    engine = HFEngine(tiny_llama, dtype="float16")
+    embedding = engine.model.get_input_embeddings().weight
+    everything = sum(p.numel() * 2 for p in engine.model.parameters())
+    assert engine.weight_bytes_per_token() == everything - embedding.numel() * 2
+    assert checkpoint_weight_bytes(tiny_llama) == engine.weight_bytes_per_token()  # fp16 on disk, fp16 in memory
+
+
+def test_bench_refuses_lengths_beyond_the_context(tmp_path, tiny_llama, monkeypatch):
+    write_params(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bench", str(tiny_llama), "--input-len", "500", "--output-len", "100"])
+    assert result.exit_code == 2
+    assert "exceed" in result.output and "512-token context" in result.output
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["eval", "{model}", "--suite", "math", "--engine", "lmdeploy"],
+    ["bench", "{model}", "--engine", "lmdeploy"],
+])
+def test_lmdeploy_engine_without_the_gpu_extra_says_what_to_do(tmp_path, tiny_llama, monkeypatch, command):
+    pytest.importorskip("torch")
+    try:
+        import lmdeploy  # noqa: F401
+        pytest.skip("lmdeploy is installed here")
+    except ImportError:
+        pass
+    write_params(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [part.format(model=tiny_llama) for part in command])
+    assert result.exit_code == 2
+    assert "needs the GPU extra" in result.output and "pip install -e '.[gpu]'" in result.output
+
+
+def bench_summary(batch1_tpot_ms: float, engine: str = "lmdeploy") -> dict:
+    levels = [{"concurrency": c, "tpot_ms": batch1_tpot_ms * (1 + (c - 1) / 10), "ttft_p50_ms": 20.0 + c,
+               "output_tokens_per_s": c * 1000 / (batch1_tpot_ms * (1 + (c - 1) / 10)), "memory_bytes": 30 << 30}
+              for c in (1, 4, 16, 64)]
+    return {"engine": engine, "device": "NVIDIA H200", "date": "2026-11-30", "input_len": 128, "output_len": 256,
+            "workloads": {"fixed": {"name": "fixed", "levels": levels}},
+            "roofline": {"fraction_of_bound": 0.5, "bound_tokens_per_s": 300.0}}
+
+
+@pytest.mark.parametrize("nogo_if_slower", [False, True])
+def test_slower_than_base_at_batch_1_is_shown_and_optionally_no_go(tmp_path, nogo_if_slower):
+    results = tmp_path / "results"
+    scores = [1] * 60 + [0] * 40
+    for name, tpot in (("base", 6.7), ("awq", 10.4), ("fp8", 5.0)):
+        write_results(results, name, scores)
+        (results / name / "bench.json").write_text(json.dumps(bench_summary(tpot)))
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["verdict"]["nogo_if_slower_at_batch1"] = nogo_if_slower
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
+                         models_dir=tmp_path / "models").verdict
+
+    awq, fp8 = verdict["variants"]["awq"], verdict["variants"]["fp8"]
+    assert awq["speed"]["slower"] and awq["speed"]["ratio"] == pytest.approx(6.7 / 10.4)
+    assert not fp8["speed"]["slower"] and fp8["decision"] == "GO"  # faster: speed never passes or fails it
+    if nogo_if_slower:
+        assert awq["decision"] == "NO-GO"
+        assert any("slower than the base at batch 1" in r for r in awq["reasons"])
+    else:
+        assert awq["decision"] == "GO" and not awq["speed"]["counted"]
+    html = (tmp_path / "reports" / "index.html").read_text()
+    assert 'id="speed-table"' in html and "0.64×" in html and "149.3" in html  # 1000 / 6.7 ms
+
+
+def test_speed_is_not_compared_across_engines(tmp_path):
+    results = tmp_path / "results"
+    for name, engine in (("base", "hf"), ("awq", "lmdeploy")):
+        write_results(results, name, [1] * 10)
+        (results / name / "bench.json").write_text(json.dumps(bench_summary(5.0 if name == "base" else 50.0, engine)))
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["verdict"]["nogo_if_slower_at_batch1"] = True
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
+                         models_dir=tmp_path / "models").verdict
+    speed = verdict["variants"]["awq"]["speed"]
+    assert not speed["comparable"] and "benched differently" in speed["reason"] and not speed["counted"]
