@@ -69,11 +69,13 @@ def resave(
 @app.command()
 @stage
 def export(
-    model: Path = typer.Argument(..., help="Checkpoint dir to export (e.g. the Glm dir `quantize resave` wrote)"),
+    model: Path = typer.Argument(..., help="Checkpoint dir to export: the Glm dir `quantize resave` wrote, or an AWQ variant `quantize awq` wrote"),
     engine: str = typer.Option("lmdeploy", help="Serving engine whose layout to write: lmdeploy"),
     out: Path = typer.Option(..., help="Output dir, written atomically"),
 ):
-    """Write a checkpoint in the layout a serving engine loads (lmdeploy: Glm -> ChatGLM names and config)."""
+    """Write a checkpoint in the layout a serving engine loads. lmdeploy: Glm -> ChatGLM names and config;
+    AWQ W4A16 variants -> AutoAWQ GEMM (float16; Glm also renamed to ChatGLM). FP8 variants are refused
+    (lmdeploy 0.18 has one FP8 KV scale per tensor): serve them with vLLM."""
     from pipeline.checkpoints import export as export_stage
 
     typer.echo(export_stage.run(model, out, engine=engine).summary())

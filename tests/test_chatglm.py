@@ -301,7 +301,7 @@ def test_export_of_a_transformers_glm_loads_as_chatglm_and_comes_back(tmp_path):
     ("llama", "needs no export"),
     ("chatglm", "already in the ChatGLM remote-code layout"),
     ("engine", "supported engines: lmdeploy"),
-    ("quantized", "a quantized checkpoint"),
+    ("quantized", "converts AWQ W4A16 variants"),
 ])
 def test_export_refusals(tmp_path, tiny_llama, case, expected):
     model_dir, engine = tiny_llama, "lmdeploy"

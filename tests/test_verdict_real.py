@@ -34,21 +34,22 @@ def score(doc, results):
 """
 
 
-def train_copy_model(path):
-    """~300 AdamW steps on 'Repeat this digit: d' -> 'd': enough for a 2-layer model to learn it."""
+def train_copy_model(path, build=save_tiny_llama, steps: int = 300, device: str = "cpu", lr: float = 3e-3, **shape):
+    """~300 AdamW steps on 'Repeat this digit: d' -> 'd': enough for a 2-layer model to learn it.
+    `build` and `shape` pick the architecture and size (the GPU benchmark trains bigger ones)."""
     from transformers import AutoModelForCausalLM
 
-    save_tiny_llama(path, dtype=torch.float32)
+    build(path, dtype=torch.float32, **shape)
     tok = tiny_tokenizer()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    optim = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(0)
     torch.manual_seed(0)
-    for _ in range(300):
+    for _ in range(steps):
         digits = [str(rng.randrange(10)) for _ in range(32)]
         texts = [tok.apply_chat_template([{"role": "user", "content": f"Repeat this digit: {d}"},
                                           {"role": "assistant", "content": d}], tokenize=False) for d in digits]
-        batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
         loss = model(**batch, labels=labels).loss
         loss.backward()

@@ -8,21 +8,36 @@ transformer.*. So a native ``Glm`` directory is written back in that layout, ten
 (see chatglm.py for the name mapping); ChatGLM -> Glm -> ChatGLM gives the same bytes, except
 the unused rotary_pos_emb.inv_freq buffer, which is not written back.
 
-Quantized checkpoints are refused here: their export belongs to the quantized-export issue.
+Quantized variants:
+
+- AWQ W4A16 (compressed-tensors `pack-quantized`, from `quantize awq`) -> the AutoAWQ GEMM layout
+  (lmdeploy_awq.py), the same codes, zero points and scales, float tensors in float16 (lmdeploy
+  runs AWQ in float16 only). A ``Glm`` variant also gets the ChatGLM names and config, q/k/v
+  stacked along the output dim into query_key_value; Llama, Glm4 and Glm4v keep their names.
+  config.json gets an AutoAWQ quantization_config, and export.json records what was done.
+- FP8 W8A8 (compressed-tensors `float-quantized`, from `quantize fp8`) is refused: lmdeploy 0.18
+  keeps one FP8 KV-cache scale per tensor, where the variant has one per KV head, and its
+  ChatGLM loader splits every query_key_value tensor into q/k/v, so a fused QKV's static input
+  scale does not load. vLLM serves the variant as it is.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.checkpoints import chatglm
 from pipeline.checkpoints.chatglm import OutTensor, Piece, whole
+from pipeline.checkpoints.lmdeploy_awq import AwqSource, Scheme, read_scheme
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
 
 ENGINES = ("lmdeploy",)
+CHATGLM_ARCH = "ChatGLMForConditionalGeneration"
+# lmdeploy 0.18 serves these under their Hugging Face names: the AWQ export only changes the layout.
+AWQ_NATIVE = ("LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration")
 AUTO_MAP = {
     "AutoConfig": "configuration_chatglm.ChatGLMConfig",
     "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration",
@@ -72,9 +87,11 @@ class ExportResult:
     architecture: str
     size_bytes: int
     seconds: float
+    layout: str = ""
 
     def summary(self) -> str:
-        return (f"export: wrote {self.out} ({self.architecture} for {self.engine}, "
+        layout = f", {self.layout}" if self.layout else ""
+        return (f"export: wrote {self.out} ({self.architecture}{layout} for {self.engine}, "
                 f"{human_size(self.size_bytes)}) in {self.seconds:.1f} s")
 
 
@@ -89,9 +106,6 @@ def _check_exportable(model_dir: Path, config: dict) -> None:
         raise UserError(f"{config_file}: {arch} needs no export; lmdeploy loads it from the Hugging Face "
                         "directory as it is. `quantize export --engine lmdeploy` converts Glm (GLM-4-9B), "
                         "which lmdeploy's PyTorch engine serves only in the ChatGLM layout")
-    if "quantization_config" in config:
-        raise UserError(f"{config_file}: a quantized checkpoint; exporting quantized Glm models for lmdeploy is "
-                        "not supported yet. Export the unquantized base instead")
 
 
 def _check_glm(glm, config_file: Path) -> None:
@@ -180,27 +194,42 @@ def glm_shapes(glm) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def plan_to_chatglm(glm, source, config_file: Path = Path("config.json")) -> list[OutTensor]:
-    """Checks a Glm checkpoint against its config, then maps every tensor back to its ChatGLM name."""
-    optional = ["lm_head.weight"] if glm.tie_word_embeddings else []
-    chatglm.check_shapes(source, glm_shapes(glm), config_file, optional=optional)
-    plan = [whole("model.embed_tokens.weight", source, "transformer.embedding.word_embeddings.weight")]
+def chatglm_modules(glm) -> list[tuple[list[str], str]]:
+    """(Glm modules, the ChatGLM module they become), in file order. q/k/v_proj stack along the output
+    dim into query_key_value (rows [q | k | v]); gate_up_proj is [gate | up] in both layouts."""
+    modules = [(["model.embed_tokens"], "transformer.embedding.word_embeddings")]
     for i in range(glm.num_hidden_layers):
         src, out = f"model.layers.{i}.", f"transformer.encoder.layers.{i}."
-        plan.append(whole(src + "input_layernorm.weight", source, out + "input_layernorm.weight"))
-        for kind in ("weight", "bias") if glm.attention_bias else ("weight",):
-            names = [src + f"self_attn.{head}_proj.{kind}" for head in "qkv"]
-            rows = sum(source.shape(n)[0] for n in names)
-            plan.append(OutTensor(out + f"self_attention.query_key_value.{kind}",
-                                  (rows, *source.shape(names[0])[1:]), source.dtype(names[0]),
-                                  [Piece(n, 0, source.shape(n)[0]) for n in names]))
-        plan.append(whole(src + "self_attn.o_proj.weight", source, out + "self_attention.dense.weight"))
-        plan.append(whole(src + "post_attention_layernorm.weight", source, out + "post_attention_layernorm.weight"))
-        plan.append(whole(src + "mlp.gate_up_proj.weight", source, out + "mlp.dense_h_to_4h.weight"))
-        plan.append(whole(src + "mlp.down_proj.weight", source, out + "mlp.dense_4h_to_h.weight"))
-    plan.append(whole("model.norm.weight", source, "transformer.encoder.final_layernorm.weight"))
+        modules += [
+            ([src + "input_layernorm"], out + "input_layernorm"),
+            ([src + f"self_attn.{head}_proj" for head in "qkv"], out + "self_attention.query_key_value"),
+            ([src + "self_attn.o_proj"], out + "self_attention.dense"),
+            ([src + "post_attention_layernorm"], out + "post_attention_layernorm"),
+            ([src + "mlp.gate_up_proj"], out + "mlp.dense_h_to_4h"),
+            ([src + "mlp.down_proj"], out + "mlp.dense_4h_to_h"),
+        ]
+    modules.append((["model.norm"], "transformer.encoder.final_layernorm"))
     if not glm.tie_word_embeddings:
-        plan.append(whole("lm_head.weight", source, "transformer.output_layer.weight"))
+        modules.append((["lm_head"], "transformer.output_layer"))
+    return modules
+
+
+def _untied_head(glm) -> list[str]:
+    """lm_head.weight, which a checkpoint with tied embeddings may carry and the export drops."""
+    return ["lm_head.weight"] if glm.tie_word_embeddings else []
+
+
+def plan_to_chatglm(glm, source, config_file: Path = Path("config.json")) -> list[OutTensor]:
+    """Checks a Glm checkpoint against its config, then maps every tensor back to its ChatGLM name."""
+    chatglm.check_shapes(source, glm_shapes(glm), config_file, optional=_untied_head(glm))
+    present, plan = set(source.names()), []
+    for modules, out in chatglm_modules(glm):
+        for kind in ("weight", "bias"):
+            names = [f"{m}.{kind}" for m in modules]
+            if names[0] in present:
+                rows = sum(source.shape(n)[0] for n in names)
+                plan.append(OutTensor(f"{out}.{kind}", (rows, *source.shape(names[0])[1:]), source.dtype(names[0]),
+                                      [Piece(n, 0, source.shape(n)[0]) for n in names]))
     return plan
 
 
@@ -222,6 +251,8 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
     if not model_dir.is_dir():
         raise UserError(f"{model_dir}: no such directory; pass a checkpoint directory written by `quantize resave`")
     config = chatglm.read_config(model_dir)
+    if config.get("quantization_config"):
+        return _export_awq(model_dir, out, engine, config, max_shard_bytes, watch)
     _check_exportable(model_dir, config)
     glm = _load_glm_config(model_dir)
     _check_glm(glm, model_dir / "config.json")
@@ -230,8 +261,91 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
     torch_dtype = str(plan[0].dtype).removeprefix("torch.")
     with atomic_dir(out) as tmp:
         chatglm.write_checkpoint(plan, source, tmp, max_shard_bytes, label=f"Glm -> ChatGLM ({engine})")
-        (tmp / "config.json").write_text(json.dumps(chatglm_config_from_glm(glm, torch_dtype), indent=2) + "\n")
         chatglm.carry_files(model_dir, tmp)
-        if not (tmp / "configuration_chatglm.py").exists():
-            (tmp / "configuration_chatglm.py").write_text(CONFIGURATION_CHATGLM)
-    return ExportResult(out, engine, "ChatGLMForConditionalGeneration", dir_size(out), watch.seconds)
+        _write_config(tmp, chatglm_config_from_glm(glm, torch_dtype))
+    return ExportResult(out, engine, CHATGLM_ARCH, dir_size(out), watch.seconds)
+
+
+def _write_config(dest: Path, config: dict) -> None:
+    """config.json, and for the ChatGLM layout the remote config class, unless the source brought THUDM's."""
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if config.get("model_type") == "chatglm" and not (dest / "configuration_chatglm.py").exists():
+        (dest / "configuration_chatglm.py").write_text(CONFIGURATION_CHATGLM)
+
+
+# ---------------------------------------------------------------- quantized variants
+
+
+def _awq_scheme(model_dir: Path, quant: dict) -> Scheme:
+    config_file = model_dir / "config.json"
+    method, fmt = quant.get("quant_method"), quant.get("format")
+    if method == "awq":
+        raise UserError(f"{config_file}: already in the AutoAWQ layout; lmdeploy loads {model_dir} as it is, "
+                        "no export needed")
+    if method == "compressed-tensors" and fmt == "float-quantized":
+        raise UserError(_fp8_refusal(model_dir, quant))
+    if method != "compressed-tensors" or fmt != "pack-quantized":
+        raise UserError(f"{config_file}: quantization_config {method} / {fmt}: `quantize export --engine lmdeploy` "
+                        "converts AWQ W4A16 variants (compressed-tensors pack-quantized, written by `quantize awq`) "
+                        "and unquantized Glm checkpoints")
+    return read_scheme(quant, config_file)
+
+
+def _fp8_refusal(model_dir: Path, quant: dict) -> str:
+    if (quant.get("kv_cache_scheme") or {}).get("strategy") == "attn_head":
+        why = "with per-head KV scales is not servable by lmdeploy 0.18 (its FP8 KV cache takes one scale per tensor)"
+    else:
+        why = "is not servable by lmdeploy 0.18 (it reads compressed-tensors checkpoints as int4 weights only)"
+    return f"{model_dir}: FP8 W8A8 {why}; serve it with vLLM: vllm serve {model_dir}"
+
+
+def _awq_architecture(config: dict, config_file: Path) -> str:
+    arch = (config.get("architectures") or [config.get("model_type")])[0]
+    if arch != "GlmForCausalLM" and arch not in AWQ_NATIVE:
+        raise UserError(f"{config_file}: {arch}: the AWQ export for lmdeploy supports GlmForCausalLM (written as "
+                        f"{CHATGLM_ARCH}), {', '.join(AWQ_NATIVE)}")
+    return arch
+
+
+def _float16(config: dict) -> dict:
+    """A copy of config with its dtype float16: the top level's, and the text and vision configs' if they name one."""
+    config = copy.deepcopy(config)
+    sections = [config] + [config[sub] for sub in ("text_config", "vision_config") if isinstance(config.get(sub), dict)]
+    for section in sections:
+        section.update({key: "float16" for key in ("torch_dtype", "dtype") if key in section})
+    if "dtype" not in config:
+        config["torch_dtype"] = "float16"
+    return config
+
+
+def _awq_view(model_dir: Path, config: dict, scheme: Scheme, arch: str) -> tuple[AwqSource, dict, str]:
+    """The variant in the AWQ layout under the names lmdeploy loads, the config.json to write (before its
+    quantization_config and dtype) and the class lmdeploy builds."""
+    source = chatglm.SafetensorsSource(model_dir)
+    if arch != "GlmForCausalLM":
+        out_config = {k: v for k, v in config.items() if k != "quantization_config"}
+        return AwqSource(source, scheme), out_config, arch
+    config_file = model_dir / "config.json"
+    glm = _load_glm_config(model_dir)
+    _check_glm(glm, config_file)
+    chatglm.check_shapes(AwqSource(source, scheme).dense_view(), glm_shapes(glm), config_file,
+                         optional=_untied_head(glm))
+    return AwqSource(source, scheme, chatglm_modules(glm)), chatglm_config_from_glm(glm, "float16"), CHATGLM_ARCH
+
+
+def _export_awq(model_dir: Path, out: Path, engine: str, config: dict, max_shard_bytes: int,
+                watch: Stopwatch) -> ExportResult:
+    scheme = _awq_scheme(model_dir, config["quantization_config"])
+    arch = _awq_architecture(config, model_dir / "config.json")
+    awq, out_config, served = _awq_view(model_dir, config, scheme, arch)
+    out_config = _float16(out_config) | {"quantization_config": scheme.awq_config(awq.modules_to_not_convert())}
+    with atomic_dir(out) as tmp:
+        plan = [whole(name, awq, name) for name in awq.names()]
+        chatglm.write_checkpoint(plan, awq, tmp, max_shard_bytes, label=f"{scheme.describe()} ({engine})")
+        chatglm.carry_files(model_dir, tmp)
+        _write_config(tmp, out_config)
+        record = {"source": str(model_dir.resolve()), "engine": engine, "architecture": served,
+                  "layout": "awq-gemm", "group_size": scheme.group_size, "symmetric": scheme.symmetric,
+                  "tensors_converted": len(awq.linears), "seconds": round(watch.seconds, 2)}
+        (tmp / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+    return ExportResult(out, engine, served, dir_size(out), watch.seconds, layout=scheme.describe())

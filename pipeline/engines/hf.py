@@ -22,7 +22,9 @@ class HFEngine:
             torch.set_num_threads(threads)
         self.model_dir = Path(model_dir)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = load_for_inference(self.model_dir, getattr(torch, dtype)).to(self.device).eval()
+        # straight onto the GPU: a 9B checkpoint staged through host memory first costs minutes
+        self.model = load_for_inference(self.model_dir, getattr(torch, dtype),
+                                        device="cuda" if self.device == "cuda" else None).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, padding_side="left")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

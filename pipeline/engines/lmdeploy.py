@@ -162,4 +162,12 @@ class LMDeployEngine:
         return checkpoint_weight_bytes(self.served_dir)
 
     def close(self) -> None:
+        """Stops the engine and returns its GPU memory (weights and KV pool) before the next one starts."""
+        import gc
+
+        import torch
+
         self.pipe.close()
+        del self.pipe
+        gc.collect()
+        torch.cuda.empty_cache()
