@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,9 @@ def _lm_class():
             super().__init__()
             self.engine, self.cache, self.chunk, self.on_chunk = engine, cache, chunk, on_chunk
             self.stats: dict[str, Completion] = {}
+            # wall time inside the engine and what it produced, this run (cached items excluded):
+            # per-item seconds are latencies, which overlap on an engine that runs requests concurrently
+            self.generate_seconds, self.generated_items, self.generated_tokens = 0.0, 0, 0
             self.MULTIMODAL = bool(getattr(engine, "accepts_images", False))  # lm-eval refuses image tasks otherwise
 
         @property
@@ -100,7 +104,12 @@ def _lm_class():
             todo = [r for r in gen if self.cache.get(r) is None]
             for start in range(0, len(todo), self.chunk):
                 part = todo[start:start + self.chunk]
-                self.cache.put_many(part, self.engine.generate(part))
+                started = time.perf_counter()
+                completions = self.engine.generate(part)
+                self.generate_seconds += time.perf_counter() - started
+                self.generated_items += len(part)
+                self.generated_tokens += sum(c.n_tokens for c in completions)
+                self.cache.put_many(part, completions)
                 if self.on_chunk:
                     self.on_chunk(len(part))
             done = [self.cache.get(r) for r in gen]
@@ -214,7 +223,10 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
         "metric": metric, "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
         "metrics": {k: v for k, v in results["results"][task].items() if isinstance(v, (int, float))},
         "generated_tokens": generated,
-        "tokens_per_second": generated / gen_seconds if gen_seconds else 0.0,
+        "tokens_per_second": (lm.generated_tokens / lm.generate_seconds if lm.generate_seconds
+                              else generated / gen_seconds if gen_seconds else 0.0),
+        "generate_seconds": round(lm.generate_seconds, 2),
+        "items_per_second": lm.generated_items / lm.generate_seconds if lm.generate_seconds else None,
         "seconds": round(watch.seconds, 2),
     }
     if metadata is not None:
