@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--batches", default="1,8,25,50")
     parser.add_argument("--caches", default="dynamic,static")
+    parser.add_argument("--dtypes", default="float32")
+    parser.add_argument("--compile", action="store_true", help="also each setting with torch.compile on the forward")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -54,21 +56,24 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    model = load_for_inference(args.model, torch.float32).eval()
     texts = prompts(tokenizer, args.items)
     rows = []
-    for cache in args.caches.split(","):
-        for batch in map(int, args.batches.split(",")):
-            sample = texts[: max(batch, min(len(texts), 2 * batch))] if batch == 1 else texts
-            if batch == 1:
-                sample = texts[:4]
-            rate = measure(model, tokenizer, sample, batch, args.new, None if cache == "dynamic" else cache)
-            rows.append((cache, batch, len(sample), rate))
-            print(f"{cache:8s} batch {batch:3d}: {rate:7.1f} tok/s", flush=True)
-    print(f"\n| cache | batch | prompts | generated tok/s |\n|---|---|---|---|")
-    for cache, batch, n, rate in rows:
-        print(f"| {cache} | {batch} | {n} | {rate:.0f} |")
-    print(f"\nmodel {args.model}, {args.new} new tokens per prompt, fp32, {torch.get_num_threads()} threads")
+    for dtype in args.dtypes.split(","):
+        model = load_for_inference(args.model, getattr(torch, dtype)).eval()
+        for compiled in (False, True) if args.compile else (False,):
+            if compiled:
+                model.forward = torch.compile(model.forward, dynamic=True)
+            for cache in args.caches.split(","):
+                for batch in map(int, args.batches.split(",")):
+                    sample = texts[:4] if batch == 1 else texts
+                    rate = measure(model, tokenizer, sample, batch, args.new, None if cache == "dynamic" else cache)
+                    setting = f"{dtype}{' compiled' if compiled else ''}"
+                    rows.append((setting, cache, batch, len(sample), rate))
+                    print(f"{setting} {cache:8s} batch {batch:3d}: {rate:7.1f} tok/s", flush=True)
+    print(f"\n| weights | cache | batch | prompts | generated tok/s |\n|---|---|---|---|---|")
+    for setting, cache, batch, n, rate in rows:
+        print(f"| {setting} | {cache} | {batch} | {n} | {rate:.0f} |")
+    print(f"\nmodel {args.model}, {args.new} new tokens per prompt, {torch.get_num_threads()} threads")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_lmdeploy.py agreement   # small trained models: hf vs lmdeploy outputs, export exactness
     python benchmarks/gpu_lmdeploy.py serving [--no-bench] [--fp8]   # random GLM-4-9B shapes: bench, eval items/s
+    python benchmarks/gpu_lmdeploy.py judge       # `quantize judge` with lmdeploy answering and judging
 
 `agreement` trains two small models (Llama and Glm, 4 layers, hidden 512) for a few seconds on a
 digit-copy task, quantizes each with AWQ, and runs the same suite items through the hf engine
@@ -166,6 +167,26 @@ def serving() -> dict:
     return results
 
 
+def judge_through_lmdeploy() -> dict:
+    """`quantize judge` with lmdeploy writing the answers and judging (the small trained Llama and its AWQ)."""
+    from pipeline import calib, judge
+    from pipeline.params import JudgeParams
+    from pipeline.quantize import awq
+    from test_verdict_real import train_copy_model
+
+    root = Path("/tmp/judge")
+    results: dict = {}
+    base = train_copy_model(root / "base", steps=300, device="cuda", lr=1e-3, **SMALL)
+    calib.run(REPO / "calib_data" / "support_logs.jsonl", root / "calib", base, seq_len=128, num_blocks=16, holdout=8)
+    variant = root / "awq"
+    awq.run(base, variant, root / "calib" / "calib.jsonl", group_size=128, batch_size=16)
+    settings = JudgeParams(backend="lmdeploy", limit=8, max_new_tokens=32, judge_max_new_tokens=16)
+    step(results, "judge, lmdeploy answers and judge", lambda: judge.run(
+        variant, base, root / "calib" / "holdout.jsonl", root / "out", settings,
+        engine_options={"batch_size": 32}, answer_engine="lmdeploy").summary)
+    return results
+
+
 def print_serving_table(results: dict) -> None:
     print(f"\nlmdeploy PyTorch engine, GLM-4-9B shapes (random bf16), {results.get('device')}, {results.get('date')}")
     print("| model | workload | c | output tok/s | TTFT p50 ms | TPOT ms | memory GiB |")
@@ -189,7 +210,9 @@ def print_serving_table(results: dict) -> None:
 
 if __name__ == "__main__":  # lmdeploy starts worker processes: the guard is required
     part = sys.argv[1] if len(sys.argv) > 1 else "agreement"
-    if part == "agreement":
+    if part == "judge":
+        print(json.dumps(judge_through_lmdeploy(), indent=1)[:3000])
+    elif part == "agreement":
         found = agreement()
         print("\n| check | result |\n|---|---|")
         for key, value in found.items():

@@ -46,16 +46,19 @@ def fixed_workload(encode, input_len: int, output_len: int, n: int = 64) -> Work
 
 
 def holdout_workload(engine, holdout: Path, max_output: int, context: int | None, max_prompts: int = 64) -> Workload:
-    """The held-out conversations up to their last assistant turn, each answered with as many tokens
-    as that real reply had (capped at max_output); conversations longer than the context are left out."""
+    """The held-out prompts (conversations ending with the user's turn, as `quantize calib` writes
+    them), each answered with as many tokens as the real reply (`reference`) had, capped at
+    max_output; prompts longer than the context are left out."""
     if not holdout.exists():
         raise UserError(f"{holdout}: no held-out conversations; run `quantize calib` first")
     prompts, lengths = [], []
-    for line in holdout.read_text(encoding="utf-8").splitlines()[:max_prompts]:
-        messages = json.loads(line)["messages"]
-        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        prompt = engine.encode(engine.apply_chat_template(messages[:last]))
-        length = max(2, min(max_output, len(engine.encode(messages[last]["content"]))))
+    for number, line in enumerate(holdout.read_text(encoding="utf-8").splitlines()[:max_prompts], start=1):
+        record = json.loads(line)
+        if not record.get("messages") or not record.get("reference"):
+            raise UserError(f"{holdout}:{number}: needs 'messages' and 'reference' (the real reply); "
+                            "rebuild it with `quantize calib`")
+        prompt = engine.encode(engine.apply_chat_template(record["messages"]))
+        length = max(2, min(max_output, len(engine.encode(record["reference"]))))
         if context is None or len(prompt) + length <= context:
             prompts.append(prompt)
             lengths.append(length)
@@ -221,9 +224,11 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
         loads = [fixed_workload(lm.encode, input_len, output_len)]
         if holdout is not None:
             loads.append(holdout_workload(lm, Path(holdout), output_len, context))
-        lm.timed_generate(*loads[0].take(1), 1)  # warm-up: kernels, caches, lazy init
         workloads = {}
         for load in loads:
+            # warm-up on this workload's own shapes: kernels autotune on the first new size (seen:
+            # a 4 s first request of AWQ on lmdeploy with 800-token prompts after a 128-token warm-up)
+            lm.timed_generate(*load.take(1), 1)
             levels = []
             for c in concurrency:
                 levels.append(sweep_level(lm, load, c, max(4, requests_per_level * c)))

@@ -360,3 +360,7 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
 
 def main() -> None:  # pragma: no cover
     sys.exit(app())
+
+
+if __name__ == "__main__":  # lmdeploy starts worker processes that re-import the main module
+    main()

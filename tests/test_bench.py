@@ -17,11 +17,11 @@ REPLIES = ["Yes.", "Your order ships tomorrow from our warehouse.", "Sorry about
 
 
 def write_holdout(path, too_long_words: int = 600):
-    records = [{"id": f"h{i}", "messages": [{"role": "user", "content": f"Where is order {i}?"},
-                                             {"role": "assistant", "content": reply}]}
-               for i, reply in enumerate(REPLIES)]
-    records.append({"id": "long", "messages": [{"role": "user", "content": "word " * too_long_words},
-                                                {"role": "assistant", "content": "ok"}]})
+    """Held-out prompts as `quantize calib` writes them: the conversation up to a user turn, the real reply apart."""
+    records = [{"id": f"h{i}", "messages": [{"role": "user", "content": f"Where is order {i}?"}],
+                "prompt": f"Where is order {i}?", "reference": reply} for i, reply in enumerate(REPLIES)]
+    records.append({"id": "long", "messages": [{"role": "user", "content": "word " * too_long_words}],
+                    "prompt": "word " * too_long_words, "reference": "ok"})
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
@@ -141,3 +141,48 @@ def test_speed_is_not_compared_across_engines(tmp_path):
                          models_dir=tmp_path / "models").verdict
     speed = verdict["variants"]["awq"]["speed"]
     assert not speed["comparable"] and "benched differently" in speed["reason"] and not speed["counted"]
+
+
+def test_lmdeploy_judge_backend_without_the_gpu_extra_fails_before_any_answer(tmp_path, tiny_llama, monkeypatch):
+    try:
+        import lmdeploy  # noqa: F401
+        pytest.skip("lmdeploy is installed here")
+    except ImportError:
+        pass
+    write_params(tmp_path)
+    holdout = write_holdout(tmp_path / "holdout.jsonl")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["judge", str(tiny_llama), "--base", str(tiny_llama), "--prompts", str(holdout),
+                                      "--backend", "lmdeploy"])
+    assert result.exit_code == 2 and "needs the GPU extra" in result.output
+    assert not (tmp_path / "results").exists()  # no answers were generated first
+
+
+def test_lmdeploy_engine_serves_native_checkpoints_as_they_are_and_exports_the_others(tmp_path, tiny_llama,
+                                                                                      tiny_variants):
+    from pipeline.engines.lmdeploy import servable_dir
+    from tiny import save_tiny_glm
+
+    cache = tmp_path / "cache"
+    assert servable_dir(tiny_llama, cache) == (tiny_llama, False)  # LlamaForCausalLM: lmdeploy loads it as is
+
+    served, exported = servable_dir(tiny_variants["awq-w4a16"], cache)  # compressed-tensors: AWQ GEMM export
+    config = json.loads((served / "config.json").read_text())
+    assert exported and served.parent == cache and config["quantization_config"]["quant_method"] == "awq"
+    assert servable_dir(tiny_variants["awq-w4a16"], cache) == (served, True)  # exported once, then reused
+
+    glm_served, _ = servable_dir(save_tiny_glm(tmp_path / "glm"), cache)  # Glm: ChatGLM names
+    auto_map = json.loads((glm_served / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForCausalLM"] == "modeling_chatglm.ChatGLMForConditionalGeneration"
+
+
+def test_bench_names_the_line_of_a_bad_holdout_record(tmp_path, tiny_llama, monkeypatch):
+    write_params(tmp_path)
+    holdout = tmp_path / "holdout.jsonl"
+    holdout.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bench", str(tiny_llama), "--concurrency", "1", "--input-len", "8",
+                                      "--output-len", "4", "--holdout", str(holdout), "--out", "bench.json"])
+    assert result.exit_code == 2
+    assert f"{holdout}:1: needs 'messages' and 'reference'" in result.output and "quantize calib" in result.output
+    assert not (tmp_path / "bench.json").exists()
