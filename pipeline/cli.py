@@ -213,11 +213,13 @@ def eval_(
     p = _params(params_file)
     s = p.suite(suite)
     e = p.engine
+    engine = engine or e.name
+    if engine not in ("hf", "lmdeploy", "openai"):
+        raise UserError(f"--engine {engine}: use hf, lmdeploy or openai")
     result = evaluate.run(
         model_dir, suite=suite, task=s.task, variant=model_dir.name, out_dir=out or Path("results") / model_dir.name,
-        engine=engine or e.name, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
-        engine_options={"batch_size": e.batch_size, "dtype": e.dtype, "threads": e.threads},
-        task_options=s.options,
+        engine=engine, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
+        engine_options=e.options(engine), task_options=s.options,
     )
     typer.echo(result.summary_line())
 

@@ -84,6 +84,15 @@ class SuiteParams(Section):
     options: dict = {}  # task settings, e.g. long_context: {lengths: [1024, 2048], repeats: 1}
 
 
+def env_var_name(value: str | None) -> str | None:
+    import re
+
+    if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        # never echo the value: it may be a key pasted by mistake
+        raise ValueError("must be the name of an environment variable (e.g. OPENAI_API_KEY), not the key itself")
+    return value
+
+
 class JudgeParams(Section):
     backend: Literal["hf", "openai", "lmdeploy"] = "hf"
     model: str = "base"  # hf/lmdeploy: "base" or a checkpoint dir; openai: the served model's name
@@ -101,15 +110,7 @@ class JudgeParams(Section):
     retries: int = Field(3, ge=0, le=20)
     backoff: float = Field(1.0, ge=0)  # seconds before the first retry; doubles each time, with jitter
 
-    @field_validator("api_key_env")
-    @classmethod
-    def _looks_like_a_name(cls, value: str | None) -> str | None:
-        import re
-
-        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-            # never echo the value: it may be a key pasted by mistake
-            raise ValueError("must be the name of an environment variable (e.g. OPENAI_API_KEY), not the key itself")
-        return value
+    _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
 
 
 class VerdictParams(Section):
@@ -136,6 +137,25 @@ class EngineParams(Section):
     batch_size: int = Field(32, ge=1)
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     threads: int = Field(0, ge=0)
+    # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
+    base_url: str | None = None
+    model: str | None = None  # the served model's name
+    api_key_env: str | None = None  # NAME of the environment variable holding the key
+    concurrency: int = Field(8, ge=1, le=256)
+    timeout: float = Field(120.0, gt=0)
+    retries: int = Field(3, ge=0, le=20)
+
+    _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
+
+    def options(self, engine: str) -> dict:
+        """What make_engine takes for `engine`, from this section."""
+        if engine != "openai":
+            return {"batch_size": self.batch_size, "dtype": self.dtype, "threads": self.threads}
+        if not self.model:
+            raise UserError("params.yaml: engine.model: with the openai engine, set the served model's name")
+        return {"base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env,
+                "concurrency": self.concurrency, "timeout": self.timeout, "retries": self.retries,
+                "batch_size": self.concurrency * 4, "params_section": "engine"}
 
 
 class BenchParams(Section):

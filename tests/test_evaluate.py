@@ -69,3 +69,55 @@ def test_killed_run_resumes_without_recomputing(tmp_path, tiny_llama):
     entries = read_jsonl(cache)
     assert len(entries) == 20 and len({e["key"] for e in entries}) == 20  # only the missing 20 - k were generated
     assert len(read_jsonl(tmp_path / "math.jsonl")) == 20
+
+
+def test_openai_engine_evaluates_against_a_real_server_with_the_same_items(tmp_path, tiny_llama, monkeypatch):
+    """`quantize eval --engine openai`: the suite's chat turns go to a served model, answers are scored."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from chat_server import ChatServer
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli import app
+
+    gold = {}
+    for line in (REPO / "evals" / "math" / "gsm8k_test.jsonl").read_text().splitlines()[:3]:
+        row = json.loads(line)
+        gold[row["question"]] = row["answer"].split("####")[-1].strip()
+
+    def answer(body):  # a server that gets the first two right and the third wrong
+        question = body["messages"][-1]["content"]
+        right = [q for q in gold if q in question]
+        return f"The answer is {gold[right[0]]}." if right and list(gold).index(right[0]) < 2 else "The answer is 7."
+
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    monkeypatch.setenv("EVAL_TEST_KEY", "sk-eval-secret")
+    with ChatServer(answer) as server:
+        settings["engine"].update(name="openai", base_url=server.base_url, model="served-tiny",
+                                  api_key_env="EVAL_TEST_KEY")
+        write_params(tmp_path, settings)
+        monkeypatch.chdir(tmp_path)
+        result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "r"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "r" / "math.json").read_text())
+    lines = read_jsonl(tmp_path / "r" / "math.jsonl")
+    assert summary["engine"] == "openai" and summary["n"] == 3 and summary["score"] == 2 / 3
+    assert [l["correct"] for l in lines] == [True, True, False]
+    assert len(server.requests) == 3 and {r["body"]["model"] for r in server.requests} == {"served-tiny"}
+    assert all(r["headers"]["Authorization"] == "Bearer sk-eval-secret" for r in server.requests)
+    assert "sk-eval-secret" not in (tmp_path / "r" / "math.jsonl").read_text() + result.output
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["engine"]["api_key_env"] == "EVAL_TEST_KEY"
+
+
+def test_openai_engine_without_a_url_names_the_setting(tmp_path, tiny_llama, monkeypatch):
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli import app
+
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["engine"].update(name="openai", model="m")
+    write_params(tmp_path, settings)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math"])
+    assert result.exit_code == 2 and "params.yaml: engine.base_url" in result.output

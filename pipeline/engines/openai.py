@@ -37,23 +37,23 @@ class OpenAIEngine:
 
     def __init__(self, *, base_url: str, model: str, api_key_env: str | None = None, concurrency: int = 4,
                  timeout: float = 60.0, retries: int = 3, backoff: float = 1.0, retry_on_length: bool = False,
-                 temperature: float = 0.0, **_ignored):
+                 temperature: float = 0.0, params_section: str = "judge", **_ignored):
         if not base_url:
-            raise UserError("params.yaml: judge.base_url: the openai backend needs the endpoint's base URL, "
+            raise UserError(f"params.yaml: {params_section}.base_url: the openai engine needs the endpoint's base URL, "
                             "e.g. http://127.0.0.1:8000/v1")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
-        self._key = self._read_key(api_key_env)
+        self._key = self._read_key(api_key_env, params_section)
         self.concurrency, self.timeout, self.retries = max(1, concurrency), timeout, max(0, retries)
         self.backoff, self.retry_on_length, self.temperature = backoff, retry_on_length, temperature
 
     @staticmethod
-    def _read_key(env_name: str | None) -> str | None:
+    def _read_key(env_name: str | None, params_section: str) -> str | None:
         if not env_name:
             return None
         key = os.environ.get(env_name)
         if not key:
-            raise UserError(f"params.yaml: judge.api_key_env: environment variable {env_name} is not set; "
+            raise UserError(f"params.yaml: {params_section}.api_key_env: environment variable {env_name} is not set; "
                             "export it with the endpoint's API key")
         return key
 
