@@ -1,0 +1,135 @@
+"""Loading: a conversation file read, checked, redacted and freed of duplicates and
+near-duplicates, with the counts that go into stats.json (`CalibStats`). Bad records are skipped
+and listed (the first BAD_RECORDS_LISTED); too many of them, or any with --strict, fail the run.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.calib.dedup import near_duplicates, normalised
+from pipeline.calib.read import BadRecord, Conversation, iter_records, to_conversation
+from pipeline.calib.redact import redact
+from pipeline.errors import UserError
+
+BAD_RECORDS_LISTED = 10
+
+
+@dataclass
+class CalibStats:
+    records_in: int = 0
+    kept: int = 0
+    dropped: dict = field(default_factory=collections.Counter)
+    shapes: dict = field(default_factory=collections.Counter)
+    roles: dict = field(default_factory=collections.Counter)
+    redactions: dict = field(default_factory=collections.Counter)
+    bad_records: list = field(default_factory=list)  # the first BAD_RECORDS_LISTED messages
+    conversations: int = 0  # the ones turns, roles and letters were counted over
+    turns: int = 0
+    letters: int = 0
+    non_latin_letters: int = 0
+
+
+# ---------------------------------------------------------------- loading
+
+ASCII_NON_LETTERS = bytes(b for b in range(128) if not chr(b).isalpha())
+LETTER = re.compile(r"[^\W\d_]")
+NON_LATIN_LETTER = re.compile(r"[^\W\d_a-zA-Z\u00aa-\u024f\u1e00-\u1eff]")
+
+
+def _letters(text: str) -> tuple[int, int]:
+    """(letters, letters outside the Latin script)."""
+    if text.isascii():
+        return len(text.encode("ascii").translate(None, ASCII_NON_LETTERS)), 0
+    return len(LETTER.findall(text)), len(NON_LATIN_LETTER.findall(text))
+
+
+def _note_bad(stats: CalibStats, message: str, strict: bool) -> None:
+    if strict:
+        raise UserError(f"{message}\n(--strict stops at the first bad record; without it bad records are "
+                        "skipped and listed)")
+    stats.dropped["bad record"] += 1
+    if len(stats.bad_records) < BAD_RECORDS_LISTED:
+        stats.bad_records.append(message)
+
+
+def _redacted_message(message: str, do_redact: bool) -> str:
+    """A bad record's message quotes its input (a role, keys): redact that part too."""
+    if not do_redact:
+        return message
+    where, _, rest = message.partition(": ")
+    return f"{where}: {redact(rest, collections.Counter(), [])}"
+
+
+def _read_unique(path: Path, stats: CalibStats, *, strict: bool, do_redact: bool,
+                 extra: list[re.Pattern]) -> tuple[list[Conversation], list[str]]:
+    """Valid, redacted conversations without exact duplicates, and the normalised text of their
+    non-system turns (for near-duplicates: a long shared system prompt would make all texts alike)."""
+    conversations, texts, seen = [], [], set()
+    for where, record in iter_records(path):
+        stats.records_in += 1
+        try:
+            if isinstance(record, BadRecord):
+                raise record
+            conversation = to_conversation(record, where)
+        except BadRecord as exc:
+            _note_bad(stats, _redacted_message(str(exc), do_redact), strict)
+            continue
+        stats.shapes[conversation.shape] += 1
+        if do_redact:
+            for message in conversation.messages:
+                message["content"] = redact(message["content"], stats.redactions, extra)
+        words = [normalised(m["content"]) for m in conversation.messages]
+        conversation.key = hashlib.sha256(" ".join(w for w in words if w).encode("utf-8")).hexdigest()
+        if conversation.key in seen:
+            stats.dropped["duplicate"] += 1
+            continue
+        seen.add(conversation.key)
+        conversations.append(conversation)
+        texts.append(" ".join(w for w, m in zip(words, conversation.messages) if w and m["role"] != "system"))
+    return conversations, texts
+
+
+def _count_kept(stats: CalibStats, conversations: list[Conversation]) -> None:
+    for conversation in conversations:
+        stats.turns += len(conversation.messages)
+        for message in conversation.messages:
+            stats.roles[message["role"]] += 1
+            letters, non_latin = _letters(message["content"])
+            stats.letters += letters
+            stats.non_latin_letters += non_latin
+    stats.kept = stats.conversations = len(conversations)
+
+
+def load_conversations(path: Path, *, strict: bool, max_bad_fraction: float, do_redact: bool,
+                       extra_patterns: list[str]) -> tuple[list[Conversation], CalibStats]:
+    """Read, check, redact, and drop duplicates and near-duplicates; fails on too many bad records."""
+    stats = CalibStats()
+    path = Path(path)
+    extra = [re.compile(p) for p in extra_patterns]
+    conversations, texts = _read_unique(path, stats, strict=strict, do_redact=do_redact, extra=extra)
+    _check_bad_fraction(path, stats, max_bad_fraction)
+    near = near_duplicates(texts)
+    stats.dropped["near-duplicate"] += sum(near)
+    conversations = [c for c, dropped in zip(conversations, near) if not dropped]
+    _count_kept(stats, conversations)
+    return conversations, stats
+
+
+def _check_bad_fraction(path: Path, stats: CalibStats, max_bad_fraction: float) -> None:
+    if stats.records_in == 0:
+        raise UserError(f"{path}:1: no records (the file holds only blank lines or an empty array); "
+                        "put one JSON conversation per line")
+    bad = stats.dropped["bad record"]
+    if bad / stats.records_in > max_bad_fraction:
+        shown = "\n".join(stats.bad_records)
+        more = f"\n... and {bad - len(stats.bad_records)} more" if bad > len(stats.bad_records) else ""
+        raise UserError(
+            f"{path}: {bad} of {stats.records_in} records are bad "
+            f"({bad / stats.records_in:.0%} > calib.max_bad_fraction {max_bad_fraction:.0%}); "
+            f"fix them, or raise calib.max_bad_fraction in params.yaml:\n{shown}{more}"
+        )

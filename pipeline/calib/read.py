@@ -1,0 +1,259 @@
+"""Reading a conversation file: .jsonl, .jsonl.gz or .json (array), each record named FILE:LINE
+(FILE:LINE:COLUMN in a .json array), and each record's shape (OpenAI messages, ShareGPT
+conversations, turns with role aliases, prompt/response, instruction/output, plain text) detected
+on its own and normalised to a `Conversation`. A record that cannot be used comes as a `BadRecord`
+whose message says where it is and how to fix it; a file that cannot be read at all is a UserError.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.errors import UserError
+
+MAX_LINE_BYTES = 8 << 20  # a longer line is a broken export, not a conversation
+ROLE_ALIASES = {
+    "user": "user", "human": "user", "customer": "user", "client": "user",
+    "assistant": "assistant", "agent": "assistant", "bot": "assistant", "gpt": "assistant",
+    "model": "assistant", "system": "system",
+}
+SHAPES = ("messages", "conversations", "turns", "prompt/response", "instruction/output", "text")
+FORMATS = "a .jsonl, .jsonl.gz or .json file of conversations"
+
+
+class BadRecord(Exception):
+    """One record that cannot be used; the message says why and how to fix it."""
+
+
+@dataclass
+class Conversation:
+    messages: list[dict]
+    shape: str
+    where: str  # FILE:LINE
+    key: str = ""  # sha256 of the normalised text: de-duplication, split and holdout id
+
+    def text(self) -> str:
+        return "\n".join(m["content"] for m in self.messages)
+
+
+# ---------------------------------------------------------------- reading
+
+def _check_readable(path: Path) -> None:
+    if not path.exists():
+        raise UserError(f"{path}: no such file; pass {FORMATS}")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; pass {FORMATS} inside it")
+    if path.stat().st_size == 0:
+        raise UserError(f"{path}:1: the file is empty; put one JSON conversation per line")
+
+
+def _open_binary(path: Path):
+    """Plain or gzip by content (not by name); UTF-16 is refused up front with its fix."""
+    try:
+        with open(path, "rb") as probe:
+            head = probe.read(2)
+        if head in (b"\xff\xfe", b"\xfe\xff"):
+            raise UserError(f"{path}:1: the file is UTF-16 encoded; re-export it as UTF-8")
+        return gzip.open(path, "rb") if head == b"\x1f\x8b" else open(path, "rb")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+
+
+def _bounded_lines(handle) -> Iterator[tuple[bytes | None, int]]:
+    """(line, size) per line; a line over MAX_LINE_BYTES comes as (None, size) and is
+    skipped in 1 MB steps, so it is never held whole in memory nor parsed."""
+    while True:
+        line = handle.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield line, len(line)
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = handle.readline(1 << 20)
+            if not line:
+                break
+            size += len(line)
+        yield None, size
+
+
+def _decode(raw: bytes | None, size: int, where: str) -> str:
+    if raw is None:
+        raise BadRecord(f"{where}: line is {size / 2**20:.0f} MB, over the {MAX_LINE_BYTES >> 20} MB limit for "
+                        "one record; split the conversation or drop the line")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRecord(f"{where}: bytes at {exc.start} are not UTF-8; re-export the file as UTF-8") from None
+    return text.lstrip("\ufeff").rstrip("\r\n")
+
+
+def _parse_line(raw: bytes | None, size: int, where: str) -> object:
+    line = _decode(raw, size, where)
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BadRecord(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); "
+                        "make the line one JSON object or remove it") from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
+        raise BadRecord(f"{where}: JSON that cannot be loaded ({str(exc)[:100]}); "
+                        "make the line one plain JSON object or remove it") from None
+
+
+def iter_records(path: Path) -> Iterator[tuple[str, object]]:
+    """Yields (FILE:LINE, parsed JSON or BadRecord) for every record of the file."""
+    path = Path(path)
+    _check_readable(path)
+    if path.name.endswith((".json", ".json.gz")):
+        yield from _iter_json_array(path)
+        return
+    number = 0
+    with _open_binary(path) as handle:
+        try:
+            for number, (raw, size) in enumerate(_bounded_lines(handle), start=1):
+                where = f"{path}:{number}"
+                try:
+                    record = _parse_line(raw, size, where)
+                except BadRecord as exc:
+                    yield where, exc
+                    continue
+                if record is not None:
+                    yield where, record
+        except (OSError, EOFError, zlib.error) as exc:
+            raise UserError(f"{path}:{number + 1}: reading failed ({exc}); a gzip file here is corrupt or "
+                            "truncated: compress it again or pass the plain .jsonl") from None
+
+
+def _read_text(path: Path) -> str:
+    with _open_binary(path) as handle:
+        try:
+            data = handle.read()
+        except (OSError, EOFError, zlib.error) as exc:
+            raise UserError(f"{path}: the gzip data is corrupt or truncated ({exc}); "
+                            "compress the file again") from None
+    try:
+        return data.decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UserError(f"{path}:{line}: bytes are not UTF-8; re-export the file as UTF-8") from None
+
+
+def _iter_json_array(path: Path) -> Iterator[tuple[str, object]]:
+    """Records of a JSON array, each named FILE:LINE:COLUMN where it starts."""
+    text = _read_text(path)
+    decoder, whitespace = json.JSONDecoder(), re.compile(r"[ \t\r\n]*")
+    position = whitespace.match(text, 0).end()
+    if position == len(text):
+        raise UserError(f"{path}:1: the file holds only whitespace; a .json file must hold an array of records")
+    if text[position] != "[":
+        raise UserError(f"{path}:{_line_col(text, position)}: the top level is not an array; "
+                        "a .json file must hold an array of records (or use .jsonl, one record per line)")
+    position = whitespace.match(text, position + 1).end()
+    while not text.startswith("]", position):
+        try:
+            record, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno}); "
+                            "a .json file must be one valid array, so fix it there (or use .jsonl)") from None
+        except (ValueError, RecursionError) as exc:
+            raise UserError(f"{path}:{_line_col(text, position)}: JSON that cannot be loaded ({str(exc)[:100]}); "
+                            "fix the record there (or use .jsonl, where a bad record is skipped)") from None
+        yield f"{path}:{_line_col(text, position)}", record
+        position = whitespace.match(text, end).end()
+        if text.startswith(",", position):
+            position = whitespace.match(text, position + 1).end()
+        elif not text.startswith("]", position):
+            raise UserError(f"{path}:{_line_col(text, position)}: expected ',' or ']' after a record; "
+                            "fix the array there")
+    after = whitespace.match(text, position + 1).end()
+    if after < len(text):
+        raise UserError(f"{path}:{_line_col(text, after)}: text after the closing ']'; "
+                        "a .json file must hold exactly one array")
+
+
+def _line_col(text: str, position: int) -> str:
+    line = text.count("\n", 0, position) + 1
+    return f"{line}:{position - text.rfind(chr(10), 0, position)}"
+
+
+# ---------------------------------------------------------------- shapes
+
+JSON_TYPES = {"dict": "an object", "list": "an array", "NoneType": "null", "int": "a number",
+              "float": "a number", "bool": "a boolean"}
+
+
+def _content(value, where: str, what: str) -> str:
+    if not isinstance(value, str):
+        kind = JSON_TYPES.get(type(value).__name__, type(value).__name__)
+        raise BadRecord(f"{where}: {what} is {kind}, not text; make it a string")
+    value = value.replace("\r\n", "\n").strip()
+    if not value:
+        raise BadRecord(f"{where}: {what} is empty; drop the turn or fill it")
+    return value
+
+
+def _role(value, where: str, what: str) -> str:
+    role = ROLE_ALIASES.get(value.strip().lower()) if isinstance(value, str) else None
+    if role is None:
+        allowed = ", ".join(sorted(ROLE_ALIASES))
+        raise BadRecord(f"{where}: {what} {repr(value)[:40]} cannot be mapped; use one of {allowed} (any case)")
+    return role
+
+
+def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str) -> list[dict]:
+    if not isinstance(turns, list) or not turns:
+        raise BadRecord(f"{where}: '{shape}' must be a non-empty list of turns; "
+                        f"give it [{{\"{role_key}\": ..., \"{text_key}\": ...}}, ...]")
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
+            raise BadRecord(f"{where}: {shape}[{i}] needs '{role_key}' and '{text_key}' keys; add them or drop the turn")
+        messages.append({
+            "role": _role(turn[role_key], where, f"{shape}[{i}].{role_key}"),
+            "content": _content(turn[text_key], where, f"{shape}[{i}].{text_key}"),
+        })
+    return messages
+
+
+def _pair(record: dict, where: str, ask: str, answer: str) -> list[dict]:
+    prompt = _content(record[ask], where, ask)
+    if isinstance(record.get("input"), str) and record["input"].strip():
+        prompt += "\n\n" + record["input"].strip()
+    return [{"role": "user", "content": prompt},
+            {"role": "assistant", "content": _content(record[answer], where, answer)}]
+
+
+def to_conversation(record, where: str) -> Conversation:
+    """Detects the record's shape and normalises it to OpenAI-style messages."""
+    if not isinstance(record, dict):
+        kind = JSON_TYPES.get(type(record).__name__, type(record).__name__)
+        raise BadRecord(f"{where}: a record must be a JSON object, not {kind}; put one conversation object "
+                        "per line (a JSON array belongs in a .json file)")
+    if "messages" in record:
+        shape, messages = "messages", _turn_list(record["messages"], where, "role", "content", "messages")
+    elif "conversations" in record:
+        shape, messages = "conversations", _turn_list(record["conversations"], where, "from", "value", "conversations")
+    elif "turns" in record:
+        shape, messages = "turns", _turn_list(record["turns"], where, "role", "content", "turns")
+    elif "prompt" in record and "response" in record:
+        shape, messages = "prompt/response", _pair(record, where, "prompt", "response")
+    elif "instruction" in record and "output" in record:
+        shape, messages = "instruction/output", _pair(record, where, "instruction", "output")
+    elif "text" in record:
+        shape, messages = "text", [{"role": "text", "content": _content(record["text"], where, "text")}]
+    else:
+        keys = ", ".join(sorted(record)[:6]) or "none"
+        raise BadRecord(
+            f"{where}: unknown record shape (keys: {keys}); use one of: "
+            "messages, conversations, turns, prompt+response, instruction+output, text"
+        )
+    return Conversation(messages, shape, where)
