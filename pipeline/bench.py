@@ -13,6 +13,7 @@ measured here, on this device, with a large copy.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -137,18 +138,17 @@ def checkpoint_weight_bytes(model_dir: Path) -> int:
         with safe_open(path, "pt") as handle:
             for name in handle.keys():
                 meta = handle.get_slice(name)
-                size = meta.get_dtype()
-                numel = 1
-                for dim in meta.get_shape():
-                    numel *= dim
                 is_embedding = "embed_tokens" in name or "word_embeddings" in name
                 if not is_embedding or tied:
-                    total += numel * _DTYPE_BYTES.get(size, 2)
+                    if meta.get_dtype() not in _DTYPE_BYTES:
+                        raise UserError(f"{path}: {name} has dtype {meta.get_dtype()}, which the roofline "
+                                        "does not know the size of")
+                    total += math.prod(meta.get_shape()) * _DTYPE_BYTES[meta.get_dtype()]
     return total
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1,
-                "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "I64": 8}
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                "U16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "BOOL": 1}
 
 
 def roofline(engine, model_dir: Path, batch1: dict, bandwidth: float, kv_dtype_bytes: int) -> dict:

@@ -258,8 +258,7 @@ def bench(
         model_dir, out or Path("results") / model_dir.name / "bench.json", engine=engine, concurrency=levels,
         input_len=input_len or b.input_len, output_len=output_len or b.output_len,
         requests_per_level=b.requests_per_level, holdout=holdout,
-        engine_options={"batch_size": p.engine.batch_size, "dtype": p.engine.dtype, "threads": p.engine.threads},
-        progress=typer.echo,
+        engine_options=p.engine.options(engine), progress=typer.echo,
     )
     typer.echo(result.summary_line())
 
@@ -309,12 +308,12 @@ def judge(
         raise UserError(f"--limit {limit}: use 1 or more")
     overrides = {"mode": mode, "backend": backend, "limit": limit}
     settings = p.judge.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-    e, v = p.engine, p.verdict
+    v = p.verdict
+    answer_engine = "lmdeploy" if p.engine.name == "lmdeploy" else "hf"  # answers are generated in-process
     result = judge_stage.run(
         variant_dir, base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl",
         out or Path("results") / variant_dir.name, settings,
-        engine_options={"batch_size": e.batch_size, "dtype": e.dtype, "threads": e.threads},
-        answer_engine="lmdeploy" if e.name == "lmdeploy" else "hf", iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
+        engine_options=p.engine.options(answer_engine), answer_engine=answer_engine, iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
     )
     typer.echo(result.summary_line())
     for reason in result.summary["reasons"]:
