@@ -1,6 +1,10 @@
-"""Generated tokens/s of the hf engine on the demo model's math prompts, by batch size and cache.
+"""Generated tokens/s of the hf engine on the demo model's math prompts, by batch size and decoding.
 
     python benchmarks/eval_throughput.py [--model models/base] [--items 50] [--new 128]
+
+Decodings: `dynamic` and `static` are transformers' own caches with its SDPA attention; `grouped`
+is the hf engine's grouped-query attention (pipeline/engines/decoding.py) on the dynamic cache;
+`engine` is what the hf engine runs: grouped attention and a preallocated cache.
 
 Prints a table; nothing is asserted (performance goals live here, not in tests).
 """
@@ -28,14 +32,20 @@ def prompts(tokenizer, n: int) -> list[str]:
                                           add_generation_prompt=True) for r in rows]
 
 
-def measure(model, tokenizer, texts, batch: int, new: int, cache: str | None) -> float:
+def measure(model, tokenizer, texts, batch: int, new: int, decoding: str) -> float:
+    from pipeline.engines.decoding import GROUPED_SDPA, preallocated_cache
+
+    model.set_attn_implementation(GROUPED_SDPA if decoding in ("grouped", "engine") else "sdpa")
     generated, started = 0, time.perf_counter()
     texts = sorted(texts, key=len, reverse=True)
     for i in range(0, len(texts), batch):
         inputs = tokenizer(texts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        cache = {"cache_implementation": "static"} if decoding == "static" else {}
+        if decoding == "engine":
+            cache = {"past_key_values": preallocated_cache(model, inputs["input_ids"].shape[1] + new)}
         with torch.inference_mode():
             out = model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, cache_implementation=cache)
+                                 pad_token_id=tokenizer.pad_token_id, **cache)
         generated += (out.shape[1] - inputs["input_ids"].shape[1]) * out.shape[0]
     return generated / (time.perf_counter() - started)
 
@@ -46,7 +56,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=50)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--batches", default="1,8,25,50")
-    parser.add_argument("--caches", default="dynamic,static")
+    parser.add_argument("--decodings", default="dynamic,static,grouped,engine")
     parser.add_argument("--dtypes", default="float32")
     parser.add_argument("--compile", action="store_true", help="also each setting with torch.compile on the forward")
     args = parser.parse_args()
@@ -63,16 +73,16 @@ def main() -> None:
         for compiled in (False, True) if args.compile else (False,):
             if compiled:
                 model.forward = torch.compile(model.forward, dynamic=True)
-            for cache in args.caches.split(","):
+            for decoding in args.decodings.split(","):
                 for batch in map(int, args.batches.split(",")):
                     sample = texts[:4] if batch == 1 else texts
-                    rate = measure(model, tokenizer, sample, batch, args.new, None if cache == "dynamic" else cache)
+                    rate = measure(model, tokenizer, sample, batch, args.new, decoding)
                     setting = f"{dtype}{' compiled' if compiled else ''}"
-                    rows.append((setting, cache, batch, len(sample), rate))
-                    print(f"{setting} {cache:8s} batch {batch:3d}: {rate:7.1f} tok/s", flush=True)
-    print(f"\n| weights | cache | batch | prompts | generated tok/s |\n|---|---|---|---|---|")
-    for setting, cache, batch, n, rate in rows:
-        print(f"| {setting} | {cache} | {batch} | {n} | {rate:.0f} |")
+                    rows.append((setting, decoding, batch, len(sample), rate))
+                    print(f"{setting} {decoding:8s} batch {batch:3d}: {rate:7.1f} tok/s", flush=True)
+    print(f"\n| weights | decoding | batch | prompts | generated tok/s |\n|---|---|---|---|---|")
+    for setting, decoding, batch, n, rate in rows:
+        print(f"| {setting} | {decoding} | {batch} | {n} | {rate:.0f} |")
     print(f"\nmodel {args.model}, {args.new} new tokens per prompt, {torch.get_num_threads()} threads")
 
 

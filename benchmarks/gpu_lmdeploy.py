@@ -1,7 +1,7 @@
 """GPU benchmark: lmdeploy through our stages (export, eval, bench), on the GPU machine.
 
     python benchmarks/gpu_lmdeploy.py agreement   # small trained models: hf vs lmdeploy outputs, export exactness
-    python benchmarks/gpu_lmdeploy.py serving [--no-bench] [--fp8]   # random GLM-4-9B shapes: bench, eval items/s
+    python benchmarks/gpu_lmdeploy.py serving [--no-bench] [--fp8] [--stock-hf]   # random GLM-4-9B shapes: bench, eval items/s
     python benchmarks/gpu_lmdeploy.py judge       # `quantize judge` with lmdeploy answering and judging
 
 `agreement` trains two small models (Llama and Glm, 4 layers, hidden 512) for a few seconds on a
@@ -12,7 +12,8 @@ AWQ tensor with lmdeploy's own reference code and compares it with ours.
 
 `serving` builds GlmForCausalLM with GLM-4-9B's shapes and random bf16 weights (speed does not
 depend on the values), makes the AWQ and FP8 variants with our stages, and runs `quantize bench`
-(lmdeploy) on each that lmdeploy can serve, then the math suite's items/s with hf vs lmdeploy.
+(lmdeploy) on each that lmdeploy can serve, then the math suite's items/s with hf vs lmdeploy
+(`--stock-hf`: also hf with transformers' own attention and cache, pipeline/engines/decoding.py off).
 Prints a table last; details go to $OUT.
 """
 
@@ -136,7 +137,7 @@ def serving() -> dict:
     import torch
 
     from benchmarks.gpu_quantize import build_model, write_blocks
-    from pipeline import bench, calib, evaluate
+    from pipeline import bench, calib
     from pipeline.quantize import awq, fp8
 
     root = Path("/tmp/serving")
@@ -159,12 +160,25 @@ def serving() -> dict:
                 m, OUT / f"bench-{m.name}.json", engine="lmdeploy", concurrency=[1, 4, 16, 64], input_len=128,
                 output_len=256, requests_per_level=1, holdout=holdout / "holdout.jsonl",
                 engine_options={"batch_size": 64}).summary)
+    engines = ("hf-stock", "hf", "lmdeploy") if "--stock-hf" in sys.argv else ("hf", "lmdeploy")
     for name, model in models.items():
-        for engine in ("hf", "lmdeploy"):
-            step(results, f"math suite items/s, {name}, {engine}", lambda m=model, e=engine: evaluate.run(
-                m, suite="math", task="quant_gsm8k", variant=m.name, out_dir=root / f"math-{m.name}-{e}", engine=e,
-                limit=128, max_new_tokens=128, engine_options={"batch_size": 64, "dtype": "bfloat16"}).summary)
+        for engine in engines:
+            step(results, f"math suite items/s, {name}, {engine}", lambda m=model, e=engine: math_items(m, root, e))
     return results
+
+
+def math_items(model: Path, root: Path, engine: str) -> str:
+    from pipeline import evaluate
+    from pipeline.engines.hf import HFEngine
+
+    HFEngine.fast_decoding = engine != "hf-stock"
+    try:
+        return evaluate.run(model, suite="math", task="quant_gsm8k", variant=model.name,
+                            out_dir=root / f"math-{model.name}-{engine}", engine=engine.removesuffix("-stock"),
+                            limit=128, max_new_tokens=128,
+                            engine_options={"batch_size": 64, "dtype": "bfloat16"}).summary
+    finally:
+        HFEngine.fast_decoding = True
 
 
 def judge_through_lmdeploy() -> dict:

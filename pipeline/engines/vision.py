@@ -118,6 +118,7 @@ class VisionEngine(HFEngine):
 
     name = "hf"
     accepts_images = True
+    fast_decoding = False  # its vision tower and M-RoPE positions are left to transformers' own path
 
     def __init__(self, model_dir: Path | str, **options):
         super().__init__(model_dir, **options)
