@@ -2,7 +2,9 @@
 table in the report, and the clear error when the lmdeploy extra is missing."""
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -166,6 +168,27 @@ def test_lmdeploy_engine_serves_native_checkpoints_as_they_are_and_exports_the_o
     glm_served, _ = servable_dir(save_tiny_glm(tmp_path / "glm"), cache)  # Glm: ChatGLM names
     auto_map = json.loads((glm_served / "config.json").read_text())["auto_map"]
     assert auto_map["AutoModelForCausalLM"] == "modeling_chatglm.ChatGLMForConditionalGeneration"
+
+
+def test_a_rebuilt_checkpoint_replaces_its_cached_lmdeploy_export(tmp_path, tiny_variants, capsys):
+    import shutil
+
+    from pipeline.engines.lmdeploy import servable_dir
+    from tiny import save_tiny_glm
+
+    cache = tmp_path / "cache"
+    variant = Path(shutil.copytree(tiny_variants["awq-w4a16"], tmp_path / "awq-w4a16"))
+    other, _ = servable_dir(save_tiny_glm(tmp_path / "glm"), cache)
+    first, _ = servable_dir(variant, cache)
+
+    weights = variant / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # as a rebuild would
+    second, _ = servable_dir(variant, cache)
+
+    assert second != first and (second / "config.json").exists()
+    assert not first.exists()  # the stale 18 GB-class copy is gone ...
+    assert (other / "config.json").exists()  # ... and another checkpoint's export is kept
+    assert f"export: removed {first}" in capsys.readouterr().out
 
 
 def test_bench_names_the_line_of_a_bad_holdout_record(tmp_path, tiny_llama, monkeypatch):

@@ -23,6 +23,7 @@ from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, trunca
 from pipeline.errors import UserError
 
 EXPORT_CACHE = Path(".cache") / "lmdeploy"
+EXPORT_SOURCE = "pipeline_source.txt"  # in each cached export: the checkpoint it came from
 LMDEPLOY_NATIVE = {"LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration",
                    "ChatGLMForConditionalGeneration", "ChatGLMModel", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
@@ -60,7 +61,24 @@ def servable_dir(model_dir: Path, cache_root: Path = EXPORT_CACHE) -> tuple[Path
     target = cache_root / f"{model_dir.name}-{_stat_key(model_dir)}"
     if not (target / "config.json").exists():
         print(export.run(model_dir, target, engine="lmdeploy").summary(), flush=True)
+        (target / EXPORT_SOURCE).write_text(f"{model_dir.resolve()}\n")
+        remove_stale_exports(model_dir, target, cache_root)
     return target, True
+
+
+def remove_stale_exports(model_dir: Path, current: Path, cache_root: Path) -> None:
+    """Earlier exports of the same checkpoint, made before it was rebuilt (18 GB each for a 9B base)."""
+    import shutil
+
+    from pipeline.outputs import dir_size, human_size
+
+    source = str(model_dir.resolve())
+    for marker in sorted(cache_root.glob(f"*/{EXPORT_SOURCE}")):
+        old = marker.parent
+        if old != current and marker.read_text().strip() == source:
+            size = dir_size(old)
+            shutil.rmtree(old)
+            print(f"export: removed {old} ({human_size(size)}), an export of {model_dir} made before it changed")
 
 
 class LMDeployEngine:
