@@ -32,12 +32,13 @@ def prompts(tokenizer, n: int) -> list[str]:
                                           add_generation_prompt=True) for r in rows]
 
 
-def measure(model, tokenizer, texts, batch: int, new: int, decoding: str) -> float:
+def measure(model, tokenizer, texts, batch: int, new: int, decoding: str, order: str = "sorted") -> float:
     from pipeline.engines.decoding import GROUPED_SDPA, preallocated_cache
 
     model.set_attn_implementation(GROUPED_SDPA if decoding in ("grouped", "engine") else "sdpa")
     generated, started = 0, time.perf_counter()
-    texts = sorted(texts, key=len, reverse=True)
+    if order == "sorted":  # as the engine does: similar lengths share a batch, less padding
+        texts = sorted(texts, key=len, reverse=True)
     for i in range(0, len(texts), batch):
         inputs = tokenizer(texts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
         cache = {"cache_implementation": "static"} if decoding == "static" else {}
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,25,50")
     parser.add_argument("--decodings", default="dynamic,static,grouped,engine")
     parser.add_argument("--dtypes", default="float32")
+    parser.add_argument("--orders", default="sorted", help="sorted (by prompt length, as the engine does), unsorted")
     parser.add_argument("--compile", action="store_true", help="also each setting with torch.compile on the forward")
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -74,15 +76,16 @@ def main() -> None:
             if compiled:
                 model.forward = torch.compile(model.forward, dynamic=True)
             for decoding in args.decodings.split(","):
-                for batch in map(int, args.batches.split(",")):
-                    sample = texts[:4] if batch == 1 else texts
-                    rate = measure(model, tokenizer, sample, batch, args.new, decoding)
-                    setting = f"{dtype}{' compiled' if compiled else ''}"
-                    rows.append((setting, decoding, batch, len(sample), rate))
-                    print(f"{setting} {decoding:8s} batch {batch:3d}: {rate:7.1f} tok/s", flush=True)
-    print(f"\n| weights | decoding | batch | prompts | generated tok/s |\n|---|---|---|---|---|")
-    for setting, decoding, batch, n, rate in rows:
-        print(f"| {setting} | {decoding} | {batch} | {n} | {rate:.0f} |")
+                for order in args.orders.split(","):
+                    for batch in map(int, args.batches.split(",")):
+                        sample = texts[:4] if batch == 1 else texts
+                        rate = measure(model, tokenizer, sample, batch, args.new, decoding, order)
+                        setting = f"{dtype}{' compiled' if compiled else ''}"
+                        rows.append((setting, decoding, order, batch, len(sample), rate))
+                        print(f"{setting} {decoding:8s} {order} batch {batch:3d}: {rate:7.1f} tok/s", flush=True)
+    print("\n| weights | decoding | prompt order | batch | prompts | generated tok/s |\n|---|---|---|---|---|---|")
+    for setting, decoding, order, batch, n, rate in rows:
+        print(f"| {setting} | {decoding} | {order} | {batch} | {n} | {rate:.0f} |")
     print(f"\nmodel {args.model}, {args.new} new tokens per prompt, {torch.get_num_threads()} threads")
 
 
