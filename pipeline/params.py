@@ -135,6 +135,7 @@ class VerdictParams(Section):
 class EngineParams(Section):
     name: Literal["hf", "lmdeploy", "openai"] = "hf"
     batch_size: int = Field(32, ge=1)
+    max_batch_tokens: int = Field(65536, ge=1)  # hf: rows x (longest prompt + new tokens) per batch
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     threads: int = Field(0, ge=0)
     # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
@@ -150,7 +151,8 @@ class EngineParams(Section):
     def options(self, engine: str) -> dict:
         """What make_engine takes for `engine`, from this section."""
         if engine != "openai":
-            return {"batch_size": self.batch_size, "dtype": self.dtype, "threads": self.threads}
+            return {"batch_size": self.batch_size, "max_batch_tokens": self.max_batch_tokens, "dtype": self.dtype,
+                    "threads": self.threads}
         if not self.model:
             raise UserError("params.yaml: engine.model: with the openai engine, set the served model's name")
         return {"base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env,

@@ -121,3 +121,21 @@ def test_glm_engine_outputs_are_unchanged(tmp_path):
     fast, engine = _engine_outputs(model_dir, fast=True)
     assert fast == stock
     assert engine.model.config._attn_implementation == GROUPED_SDPA
+
+
+def test_batches_hold_at_most_max_batch_tokens_of_kv_cache(tiny_llama):
+    engine = HFEngine(tiny_llama, batch_size=4, max_batch_tokens=300)
+    words = [40, 5, 38, 6, 39, 7, 120]  # prompt lengths in words (one token each, or more)
+    requests = [GenRequest(prompt=" ".join(["refund"] * n), max_new_tokens=20) for n in words]
+    lengths = [len(engine.encode(r.prompt)) for r in requests]
+
+    batches = engine.batches(requests)
+
+    assert sorted(i for batch in batches for i in batch) == list(range(len(requests)))  # each once
+    assert batches[0] == [words.index(120)]  # alone: past the budget by itself, still run
+    for batch in batches:
+        longest = max(lengths[i] for i in batch)
+        assert lengths[batch[0]] == longest  # longest first: the batch's padded width
+        assert len(batch) <= 4
+        assert len(batch) == 1 or len(batch) * (longest + 20) <= 300
+    assert [len(b) for b in batches] != [1] * len(requests)  # short prompts do share a batch
