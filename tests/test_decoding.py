@@ -139,3 +139,4 @@ def test_batches_hold_at_most_max_batch_tokens_of_kv_cache(tiny_llama):
         assert len(batch) <= 4
         assert len(batch) == 1 or len(batch) * (longest + 20) <= 300
     assert [len(b) for b in batches] != [1] * len(requests)  # short prompts do share a batch
+    assert engine.generate([]) == []  # a resumed run with nothing left to do

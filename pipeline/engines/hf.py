@@ -55,6 +55,8 @@ class HFEngine:
     def batches(self, requests: list[GenRequest]) -> list[list[int]]:
         """Request indices, longest prompt first, cut at batch_size rows or when rows x (longest
         prompt + new tokens), the KV cache the batch fills, would pass max_batch_tokens."""
+        if not requests:
+            return []
         lengths = [len(ids) for ids in self.tokenizer([r.prompt for r in requests], add_special_tokens=False)["input_ids"]]
         batches: list[list[int]] = []
         for index in sorted(range(len(requests)), key=lambda i: -lengths[i]):
