@@ -1,7 +1,8 @@
 """GPU benchmark: lmdeploy through our stages (export, eval, bench), on the GPU machine.
 
     python benchmarks/gpu_lmdeploy.py agreement   # small trained models: hf vs lmdeploy outputs, export exactness
-    python benchmarks/gpu_lmdeploy.py serving [--no-bench] [--fp8] [--stock-hf]   # random GLM-4-9B shapes: bench, eval items/s
+    python benchmarks/gpu_lmdeploy.py serving [--no-bench] [--fp8]   # random GLM-4-9B shapes: bench, eval items/s
+    python benchmarks/gpu_lmdeploy.py hf-decodings [--ab]   # the hf engine's decoding paths on the GPU, base model
     python benchmarks/gpu_lmdeploy.py judge       # `quantize judge` with lmdeploy answering and judging
 
 `agreement` trains two small models (Llama and Glm, 4 layers, hidden 512) for a few seconds on a
@@ -12,8 +13,12 @@ AWQ tensor with lmdeploy's own reference code and compares it with ours.
 
 `serving` builds GlmForCausalLM with GLM-4-9B's shapes and random bf16 weights (speed does not
 depend on the values), makes the AWQ and FP8 variants with our stages, and runs `quantize bench`
-(lmdeploy) on each that lmdeploy can serve, then the math suite's items/s with hf vs lmdeploy
-(`--stock-hf`: also hf with transformers' own attention and cache, pipeline/engines/decoding.py off).
+(lmdeploy) on each that lmdeploy can serve, then the math suite's items/s with hf vs lmdeploy.
+
+`hf-decodings` runs the math suite on the GLM-4-9B-shaped base with the hf engine four ways:
+transformers' attention and cache, then pipeline/engines/decoding.py's grouped attention, its
+preallocated cache, and both, each forced on or off (`--ab`: transformers' path and the
+preallocated cache only, alternating, twice each).
 Prints a table last; details go to $OUT.
 """
 
@@ -160,25 +165,50 @@ def serving() -> dict:
                 m, OUT / f"bench-{m.name}.json", engine="lmdeploy", concurrency=[1, 4, 16, 64], input_len=128,
                 output_len=256, requests_per_level=1, holdout=holdout / "holdout.jsonl",
                 engine_options={"batch_size": 64}).summary)
-    engines = ("hf-stock", "hf", "lmdeploy") if "--stock-hf" in sys.argv else ("hf", "lmdeploy")
     for name, model in models.items():
-        for engine in engines:
+        for engine in ("hf", "lmdeploy"):
             step(results, f"math suite items/s, {name}, {engine}", lambda m=model, e=engine: math_items(m, root, e))
     return results
 
 
-def math_items(model: Path, root: Path, engine: str) -> str:
+def math_items(model: Path, root: Path, engine: str, tag: str = "") -> dict:
     from pipeline import evaluate
+
+    return evaluate.run(model, suite="math", task="quant_gsm8k", variant=model.name,
+                        out_dir=root / f"math-{model.name}-{engine}{tag}", engine=engine, limit=128, max_new_tokens=128,
+                        engine_options={"batch_size": 64, "dtype": "bfloat16"}).summary
+
+
+def hf_decodings() -> dict:
+    import torch
+
+    from benchmarks.gpu_quantize import build_model
+    from pipeline.engines.decoding import use_grouped_attention
     from pipeline.engines.hf import HFEngine
 
-    HFEngine.fast_decoding = engine != "hf-stock"
-    try:
-        return evaluate.run(model, suite="math", task="quant_gsm8k", variant=model.name,
-                            out_dir=root / f"math-{model.name}-{engine}", engine=engine.removesuffix("-stock"),
-                            limit=128, max_new_tokens=128,
-                            engine_options={"batch_size": 64, "dtype": "bfloat16"}).summary
-    finally:
-        HFEngine.fast_decoding = True
+    root = Path("/tmp/serving")
+    root.mkdir(parents=True, exist_ok=True)
+    results: dict = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d")}
+    model = build_model(root, 40)
+    loaded = HFEngine.__init__
+    settings = [(False, False), (True, False), (False, True), (True, True)]
+    if "--ab" in sys.argv:
+        settings = [(False, False), (False, True)] * 2
+    for run, (grouped, preallocated) in enumerate(settings):
+        def forced(self, *args, _grouped=grouped, _preallocated=preallocated, **kwargs):
+            loaded(self, *args, **kwargs)
+            if _grouped:
+                use_grouped_attention(self.model)
+            self.preallocate = _preallocated  # what HFEngine._cache reads
+        HFEngine.__init__ = forced
+        name = {(False, False): "transformers", (True, False): "grouped attention",
+                (False, True): "preallocated cache", (True, True): "both"}[(grouped, preallocated)]
+        try:
+            step(results, f"math suite items/s, base, hf, {name} (run {run + 1})",
+                 lambda: math_items(model, root, "hf", tag=f"-{run}"))
+        finally:
+            HFEngine.__init__ = loaded
+    return results
 
 
 def judge_through_lmdeploy() -> dict:
@@ -226,6 +256,8 @@ if __name__ == "__main__":  # lmdeploy starts worker processes: the guard is req
     part = sys.argv[1] if len(sys.argv) > 1 else "agreement"
     if part == "judge":
         print(json.dumps(judge_through_lmdeploy(), indent=1)[:3000])
+    elif part == "hf-decodings":
+        print_serving_table(hf_decodings())
     elif part == "agreement":
         found = agreement()
         print("\n| check | result |\n|---|---|")

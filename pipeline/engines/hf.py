@@ -10,7 +10,7 @@ from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, trunca
 
 class HFEngine:
     name = "hf"
-    fast_decoding = True  # pipeline/engines/decoding.py, on CPU
+    fast_decoding = True  # pipeline/engines/decoding.py
 
     def __init__(self, model_dir: Path | str, *, batch_size: int = 32, max_batch_tokens: int = 65536,
                  dtype: str = "float32", threads: int = 0, progress=None):
@@ -32,10 +32,10 @@ class HFEngine:
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
         self.progress = progress  # callable(n_done) or None
-        # On an H200 the same changes made GLM-4-9B-shaped decoding slower (5.8 -> 4.3 items/s,
-        # benchmarks/results/gpu_hf_decoding.json): there transformers' own path stays.
-        self.fast = self.fast_decoding and self.device == "cpu"
-        if self.fast:
+        # On an H200 (GLM-4-9B shapes, bf16) the preallocated cache paid and the grouped attention
+        # did not (benchmarks/results/gpu_hf_decodings.json): there only the cache is used.
+        self.preallocate = self.fast_decoding
+        if self.fast_decoding and self.device == "cpu":
             from pipeline.engines.decoding import use_grouped_attention
 
             use_grouped_attention(self.model)
@@ -94,7 +94,7 @@ class HFEngine:
         return completions
 
     def _cache(self, capacity: int):
-        if not self.fast:
+        if not self.preallocate:
             return None
         from pipeline.engines.decoding import preallocated_cache
 
