@@ -79,7 +79,6 @@ def eval_both(model: Path, root: Path, suite: str, task: str, limit: int, max_ne
 
 def export_exactness(variant: Path, exported: Path) -> dict:
     """Every exported AWQ tensor dequantized by lmdeploy's reference code == by ours."""
-    import torch
     from lmdeploy.pytorch.backends.default.awq_modules import dequantize_gemm
     from safetensors.torch import load_file
 

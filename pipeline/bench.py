@@ -284,8 +284,15 @@ def compare_speed(base: dict | None, variant: dict, tolerance: float) -> dict:
     """Batch-1 decode rate of the variant against the base's, when both were measured alike."""
     comparable = base is not None and all(base[k] == variant[k] for k in
                                           ("engine", "device", "input_len", "output_len", "batch1_concurrency"))
-    if not comparable or not base["batch1_tokens_per_s"] or not variant["batch1_tokens_per_s"]:
-        why = "no base bench" if base is None else "base and variant were benched differently (engine, device or lengths)"
+    if base is None:
+        why = "no base bench"
+    elif not comparable:
+        why = "base and variant were benched differently (engine, device or lengths)"
+    elif not base["batch1_tokens_per_s"] or not variant["batch1_tokens_per_s"]:
+        why = "no batch-1 decode rate (a single output token per request leaves no time per output token)"
+    else:
+        why = None
+    if why:
         return {"comparable": False, "reason": why, "ratio": None, "slower": None}
     ratio = variant["batch1_tokens_per_s"] / base["batch1_tokens_per_s"]
     return {"comparable": True, "ratio": ratio, "slower": ratio < 1 - tolerance,

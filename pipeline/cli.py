@@ -313,7 +313,8 @@ def judge(
     result = judge_stage.run(
         variant_dir, base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl",
         out or Path("results") / variant_dir.name, settings,
-        engine_options=p.engine.options(answer_engine), answer_engine=answer_engine, iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
+        engine_options=p.engine.options(answer_engine), answer_engine=answer_engine,
+        iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
     )
     typer.echo(result.summary_line())
     for reason in result.summary["reasons"]:

@@ -206,12 +206,14 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
         lm_engine = make_engine(engine, model_dir, **options)
         lm = _lm_class()(lm_engine, cache, chunk=options.get("batch_size", 32),
                          on_chunk=lambda n: progress.advance(bar, n))
-        results = simple_evaluate(
-            model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
-            apply_chat_template=True, gen_kwargs={"max_gen_toks": max_new_tokens},
-            bootstrap_iters=0, verbosity="ERROR",
-        )
-        lm_engine.close()
+        try:
+            results = simple_evaluate(
+                model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
+                apply_chat_template=True, gen_kwargs={"max_gen_toks": max_new_tokens},
+                bootstrap_iters=0, verbosity="ERROR",
+            )
+        finally:
+            lm_engine.close()
     task_config = results["configs"][task]
     metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
     samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])

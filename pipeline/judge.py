@@ -342,13 +342,15 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
                                        answer_engine)
     judge = Judge(factory, judge_id, JudgmentCache(out_dir / ".cache" / "judgments.jsonl"), mode=jp.mode,
                   max_new_tokens=jp.judge_max_new_tokens, chunk=max(jp.concurrency * 4, 16))
-    if jp.mode == "pairwise":
-        lines, summary = judge_pairwise(judge, records, base_answers, variant_answers, jp.control,
-                                        iterations=iterations, confidence=confidence, seed=seed)
-    else:
-        lines, summary = judge_reference(judge, records, base_answers, variant_answers,
-                                         iterations=iterations, confidence=confidence, seed=seed)
-    judge.close()
+    try:
+        if jp.mode == "pairwise":
+            lines, summary = judge_pairwise(judge, records, base_answers, variant_answers, jp.control,
+                                            iterations=iterations, confidence=confidence, seed=seed)
+        else:
+            lines, summary = judge_reference(judge, records, base_answers, variant_answers,
+                                             iterations=iterations, confidence=confidence, seed=seed)
+    finally:
+        judge.close()
     summary = _finish_summary(summary, jp, variant_dir, base_dir, description, weak, judge, confidence, watch)
     out_dir.mkdir(parents=True, exist_ok=True)
     lines_path = out_dir / "judge.jsonl"
@@ -390,10 +392,12 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
     if todo:
         engine = make_engine(engine_name, model_dir, **engine_options)
         chunk = engine_options.get("batch_size", 32)
-        for start in range(0, len(todo), chunk):
-            part = todo[start:start + chunk]
-            cache.put_many(part, engine.generate(part))
-        engine.close()
+        try:
+            for start in range(0, len(todo), chunk):
+                part = todo[start:start + chunk]
+                cache.put_many(part, engine.generate(part))
+        finally:
+            engine.close()
     return [cache.get(r).text for r in requests]
 
 

@@ -141,6 +141,16 @@ def test_speed_is_not_compared_across_engines(tmp_path):
     assert not speed["comparable"] and "benched differently" in speed["reason"] and not speed["counted"]
 
 
+def test_speed_without_a_batch_1_decode_rate_says_so():
+    from pipeline.bench import compare_speed, speed_row
+
+    base, variant = speed_row(bench_summary(6.7)), speed_row(bench_summary(6.7))
+    variant["batch1_tokens_per_s"] = None  # one output token per request: no time per output token
+    speed = compare_speed(base, variant, tolerance=0.05)
+    assert not speed["comparable"] and "no batch-1 decode rate" in speed["reason"]
+    assert compare_speed(None, variant, 0.05)["reason"] == "no base bench"
+
+
 def test_lmdeploy_judge_backend_without_the_gpu_extra_fails_before_any_answer(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the GPU extra
     write_params(tmp_path)

@@ -263,7 +263,15 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
         chatglm.write_checkpoint(plan, source, tmp, max_shard_bytes, label=f"Glm -> ChatGLM ({engine})")
         chatglm.carry_files(model_dir, tmp)
         _write_config(tmp, chatglm_config_from_glm(glm, torch_dtype))
+        _write_record(tmp, model_dir, engine, CHATGLM_ARCH, watch, layout="chatglm")
     return ExportResult(out, engine, CHATGLM_ARCH, dir_size(out), watch.seconds)
+
+
+def _write_record(dest: Path, model_dir: Path, engine: str, served: str, watch: Stopwatch, **details) -> None:
+    """export.json: what was done, and from which checkpoint (the lmdeploy engine's cache reads `source`)."""
+    record = {"source": str(model_dir.resolve()), "engine": engine, "architecture": served, **details,
+              "seconds": round(watch.seconds, 2)}
+    (dest / "export.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _write_config(dest: Path, config: dict) -> None:
@@ -344,8 +352,6 @@ def _export_awq(model_dir: Path, out: Path, engine: str, config: dict, max_shard
         chatglm.write_checkpoint(plan, awq, tmp, max_shard_bytes, label=f"{scheme.describe()} ({engine})")
         chatglm.carry_files(model_dir, tmp)
         _write_config(tmp, out_config)
-        record = {"source": str(model_dir.resolve()), "engine": engine, "architecture": served,
-                  "layout": "awq-gemm", "group_size": scheme.group_size, "symmetric": scheme.symmetric,
-                  "tensors_converted": len(awq.linears), "seconds": round(watch.seconds, 2)}
-        (tmp / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+        _write_record(tmp, model_dir, engine, served, watch, layout="awq-gemm", group_size=scheme.group_size,
+                      symmetric=scheme.symmetric, tensors_converted=len(awq.linears))
     return ExportResult(out, engine, served, dir_size(out), watch.seconds, layout=scheme.describe())

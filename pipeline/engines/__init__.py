@@ -49,6 +49,20 @@ def truncate_at_stop(text: str, stops: list[str]) -> str:
     return text[:cut] if cut >= 0 else text
 
 
+def eos_token_ids(tokenizer, generation_eos) -> set[int]:
+    """The ids that end an answer: generation_config's eos_token_id (one or a list) and the tokenizer's."""
+    return set(generation_eos if isinstance(generation_eos, list) else [generation_eos]) | {tokenizer.eos_token_id}
+
+
+def to_completion(tokenizer, request: GenRequest, tokens: list[int], eos_ids: set[int], seconds: float,
+                  error: str | None = None) -> Completion:
+    """Generated ids cut at max_new_tokens and at the first EOS, decoded, cut at the first stop string."""
+    tokens = tokens[: request.max_new_tokens]
+    n = next((i for i, t in enumerate(tokens) if t in eos_ids), len(tokens))
+    text = tokenizer.decode(tokens[:n], skip_special_tokens=True)
+    return Completion(truncate_at_stop(text, request.stop), n, seconds, error)
+
+
 def chat_prompt(tokenizer, messages: list[dict]) -> str:
     """The conversation rendered with the checkpoint's chat template, ready for the assistant's turn."""
     if not getattr(tokenizer, "chat_template", None):

@@ -10,7 +10,8 @@ as they already were to the batch size (README, "FP8 note").
    layer at every step, which cost more than the attention itself. Here the query heads sharing a
    KV head are stacked along the query-length axis instead, so one SDPA call reads the cache as is.
 2. A KV cache written in place into buffers sized for prompt + new tokens, not grown by `torch.cat`
-   (a copy of the whole cache per layer per step). It pays from batch ~50 on.
+   (a copy of the whole cache per layer per step). On top of the grouped attention it added 0-17 %
+   at batch 25 and 11-15 % at batch 50 (a prototype run and the benchmark, fp32 and bf16, 2 cores).
 
 Measured by `benchmarks/eval_throughput.py` (README). On an H200 the cache pays (4-12 %) and the
 grouped attention does not (slower together with the cache), so there the hf engine uses the cache only.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, truncate_at_stop
+from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, eos_token_ids, to_completion
 
 
 class HFEngine:
@@ -81,17 +81,12 @@ class HFEngine:
                 **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.pad_token_id,
                 past_key_values=self._cache(inputs["input_ids"].shape[1] + max_new_tokens),
             )
-        new_tokens = output[:, inputs["input_ids"].shape[1]:]
         seconds = (time.perf_counter() - started) / len(requests)
-        completions = []
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
-        for request, row in zip(requests, new_tokens.tolist()):
-            row = row[: request.max_new_tokens]
-            n = next((i for i, t in enumerate(row) if t in eos_ids), len(row))
-            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            completions.append(Completion(truncate_at_stop(text, request.stop), n, seconds))
-        return completions
+        return self._decode(requests, output[:, inputs["input_ids"].shape[1]:].tolist(), seconds)
+
+    def _decode(self, requests: list[GenRequest], rows: list[list[int]], seconds: float) -> list[Completion]:
+        eos_ids = eos_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
+        return [to_completion(self.tokenizer, request, row, eos_ids, seconds) for request, row in zip(requests, rows)]
 
     def _cache(self, capacity: int):
         if not self.preallocate:

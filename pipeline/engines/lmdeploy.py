@@ -19,11 +19,10 @@ import json
 import time
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, truncate_at_stop
+from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, eos_token_ids, to_completion
 from pipeline.errors import UserError
 
 EXPORT_CACHE = Path(".cache") / "lmdeploy"
-EXPORT_SOURCE = "pipeline_source.txt"  # in each cached export: the checkpoint it came from
 LMDEPLOY_NATIVE = {"LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration",
                    "ChatGLMForConditionalGeneration", "ChatGLMModel", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
@@ -61,7 +60,6 @@ def servable_dir(model_dir: Path, cache_root: Path = EXPORT_CACHE) -> tuple[Path
     target = cache_root / f"{model_dir.name}-{_stat_key(model_dir)}"
     if not (target / "config.json").exists():
         print(export.run(model_dir, target, engine="lmdeploy").summary(), flush=True)
-        (target / EXPORT_SOURCE).write_text(f"{model_dir.resolve()}\n")
         remove_stale_exports(model_dir, target, cache_root)
     return target, True
 
@@ -73,9 +71,9 @@ def remove_stale_exports(model_dir: Path, current: Path, cache_root: Path) -> No
     from pipeline.outputs import dir_size, human_size
 
     source = str(model_dir.resolve())
-    for marker in sorted(cache_root.glob(f"*/{EXPORT_SOURCE}")):
-        old = marker.parent
-        if old != current and marker.read_text().strip() == source:
+    for record in sorted(cache_root.glob("*/export.json")):  # export.run names the checkpoint it read
+        old = record.parent
+        if old != current and json.loads(record.read_text()).get("source") == source:
             size = dir_size(old)
             shutil.rmtree(old)
             print(f"export: removed {old} ({human_size(size)}), an export of {model_dir} made before it changed")
@@ -102,7 +100,7 @@ class LMDeployEngine:
                              trust_remote_code=exported)
         eos = json.loads((self.model_dir / "generation_config.json").read_text()).get("eos_token_id") \
             if (self.model_dir / "generation_config.json").exists() else None
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        self.eos_ids = eos_token_ids(self.tokenizer, eos)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return chat_prompt(self.tokenizer, messages)
@@ -113,13 +111,8 @@ class LMDeployEngine:
     def generate(self, requests: list[GenRequest]) -> list[Completion]:
         ids = [self.encode(r.prompt) for r in requests]
         timings = self._run([(i, r.max_new_tokens, False) for i, r in zip(ids, requests)], self.batch_size)
-        completions = []
-        for request, timing in zip(requests, timings):
-            tokens = timing.token_ids[: request.max_new_tokens]
-            n = next((k for k, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
-            text = self.tokenizer.decode(tokens[:n], skip_special_tokens=True)
-            completions.append(Completion(truncate_at_stop(text, request.stop), n, timing.seconds, timing.error))
-        return completions
+        return [to_completion(self.tokenizer, request, timing.token_ids, self.eos_ids, timing.seconds, timing.error)
+                for request, timing in zip(requests, timings)]
 
     def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int) -> list[Timing]:
         """Exactly output_tokens[i] tokens per request (EOS ignored), `concurrency` requests in flight."""

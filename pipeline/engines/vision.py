@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, truncate_at_stop
+from pipeline.engines import Completion, GenRequest
 from pipeline.engines.hf import HFEngine
 
 IMAGE_PLACEHOLDER = "<image>"  # lm-eval's placeholder in a multimodal task's prompt
@@ -149,14 +149,3 @@ class VisionEngine(HFEngine):
                                          do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
         seconds = (time.perf_counter() - started) / len(requests)
         return self._decode(requests, output[:, inputs["input_ids"].shape[1]:].tolist(), seconds)
-
-    def _decode(self, requests, rows, seconds) -> list[Completion]:
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
-        completions = []
-        for request, row in zip(requests, rows):
-            row = row[: request.max_new_tokens]
-            n = next((i for i, t in enumerate(row) if t in eos_ids), len(row))
-            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            completions.append(Completion(truncate_at_stop(text, request.stop), n, seconds))
-        return completions
