@@ -87,12 +87,12 @@ def test_bench_refuses_lengths_beyond_the_context(tmp_path, tiny_llama, monkeypa
     ["bench", "{model}", "--engine", "lmdeploy"],
 ])
 def test_lmdeploy_engine_without_the_gpu_extra_says_what_to_do(tmp_path, tiny_llama, monkeypatch, command):
-    monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the GPU extra, even where it is
+    monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the lmdeploy extra, even where it is
     write_params(tmp_path)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, [part.format(model=tiny_llama) for part in command])
     assert result.exit_code == 2
-    assert "needs the GPU extra" in result.output and "pip install -e '.[gpu]'" in result.output
+    assert "needs the lmdeploy extra" in result.output and "pip install -e '.[lmdeploy]'" in result.output
 
 
 def bench_summary(batch1_tpot_ms: float, engine: str = "lmdeploy") -> dict:
@@ -112,7 +112,7 @@ def test_slower_than_base_at_batch_1_is_shown_and_optionally_no_go(tmp_path, nog
         write_results(results, name, scores)
         (results / name / "bench.json").write_text(json.dumps(bench_summary(tpot)))
     settings = json.loads(json.dumps(TINY_PARAMS))
-    settings["verdict"]["nogo_if_slower_at_batch1"] = nogo_if_slower
+    settings["verdict"].update(nogo_if_slower_at_batch1=nogo_if_slower, speed_engine="lmdeploy")
     verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
                          models_dir=tmp_path / "models").verdict
 
@@ -134,11 +134,31 @@ def test_speed_is_not_compared_across_engines(tmp_path):
         write_results(results, name, [1] * 10)
         (results / name / "bench.json").write_text(json.dumps(bench_summary(5.0 if name == "base" else 50.0, engine)))
     settings = json.loads(json.dumps(TINY_PARAMS))
-    settings["verdict"]["nogo_if_slower_at_batch1"] = True
+    settings["verdict"].update(nogo_if_slower_at_batch1=True, speed_engine="lmdeploy")
     verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
                          models_dir=tmp_path / "models").verdict
     speed = verdict["variants"]["awq"]["speed"]
     assert not speed["comparable"] and "benched differently" in speed["reason"] and not speed["counted"]
+
+
+def test_a_speed_no_go_needs_the_deployment_engine(tmp_path):
+    """AWQ on lmdeploy's PyTorch engine is slower than bf16 (README: 0.79x) while vLLM serves it 1.27x
+    faster: a speed verdict from an engine the variant will not be deployed on is shown, never counted."""
+    results = tmp_path / "results"
+    for name, tpot in (("base", 6.7), ("awq", 8.5)):
+        write_results(results, name, [1] * 60 + [0] * 40)
+        (results / name / "bench.json").write_text(json.dumps(bench_summary(tpot, "lmdeploy")))
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["verdict"].update(nogo_if_slower_at_batch1=True, speed_engine="vllm")
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
+                         models_dir=tmp_path / "models").verdict
+    awq = verdict["variants"]["awq"]
+    assert awq["speed"]["slower"] and not awq["speed"]["counted"] and awq["decision"] == "GO"
+    assert "deployed on vllm (verdict.speed_engine)" in awq["speed"]["reason"]
+
+    settings["verdict"]["speed_engine"] = None  # stopping on speed without naming the engine: refused
+    with pytest.raises(Exception, match="needs verdict.speed_engine"):
+        Params.model_validate(settings)
 
 
 def test_speed_without_a_batch_1_decode_rate_says_so():
@@ -152,13 +172,13 @@ def test_speed_without_a_batch_1_decode_rate_says_so():
 
 
 def test_lmdeploy_judge_backend_without_the_gpu_extra_fails_before_any_answer(tmp_path, tiny_llama, monkeypatch):
-    monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the GPU extra
+    monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the lmdeploy extra
     write_params(tmp_path)
     holdout = write_holdout(tmp_path / "holdout.jsonl")
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["judge", str(tiny_llama), "--base", str(tiny_llama), "--prompts", str(holdout),
                                       "--backend", "lmdeploy"])
-    assert result.exit_code == 2 and "needs the GPU extra" in result.output
+    assert result.exit_code == 2 and "needs the lmdeploy extra" in result.output
     assert not (tmp_path / "results").exists()  # no answers were generated first
 
 

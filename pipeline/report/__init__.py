@@ -176,13 +176,15 @@ def _speed_rows(results_dir: Path, results: dict) -> dict:
 
 def _speed_verdict(speeds: dict, variant: str, p) -> dict | None:
     """The variant's batch-1 speed against the base's; counted (as NO-GO) only when
-    verdict.nogo_if_slower_at_batch1 is set and it is slower by more than verdict.speed_tolerance."""
+    verdict.nogo_if_slower_at_batch1 is set, it is slower by more than verdict.speed_tolerance, and
+    it was measured on verdict.speed_engine, the engine the variant will be deployed on."""
     from pipeline.bench import compare_speed
 
     if variant not in speeds:
         return None
-    comparison = compare_speed(speeds.get("base"), speeds[variant], p.speed_tolerance)
-    comparison["counted"] = bool(p.nogo_if_slower_at_batch1 and comparison["slower"])
+    comparison = compare_speed(speeds.get("base"), speeds[variant], p.speed_tolerance, p.speed_engine)
+    comparison["counted"] = bool(p.nogo_if_slower_at_batch1 and comparison["slower"]
+                                 and comparison.get("deployment_engine"))
     return comparison
 
 
