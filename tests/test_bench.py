@@ -96,10 +96,18 @@ def test_lmdeploy_engine_without_the_gpu_extra_says_what_to_do(tmp_path, tiny_ll
 
 
 def bench_summary(batch1_tpot_ms: float, engine: str = "lmdeploy") -> dict:
-    levels = [{"concurrency": c, "tpot_ms": batch1_tpot_ms * (1 + (c - 1) / 10), "ttft_p50_ms": 20.0 + c,
-               "output_tokens_per_s": c * 1000 / (batch1_tpot_ms * (1 + (c - 1) / 10)), "memory_bytes": 30 << 30}
-              for c in (1, 4, 16, 64)]
-    return {"engine": engine, "device": "NVIDIA H200", "date": "2026-11-30", "input_len": 128, "output_len": 256,
+    def spread(median):
+        return {"mean": median * 1.05, "median": median, "p90": median * 1.3, "p99": median * 2}
+
+    levels = []
+    for c in (1, 4, 16, 64):
+        tpot = batch1_tpot_ms * (1 + (c - 1) / 10)
+        levels.append({"concurrency": c, "tpot_ms": tpot, "ttft_p50_ms": 20.0 + c, "ttft_ms": spread(20.0 + c),
+                       "tpot_ms_stats": spread(tpot), "output_tokens_per_s": c * 1000 / tpot,
+                       "memory_bytes": 30 << 30})
+    return {"engine": engine, "engine_info": {"engine": engine, "version": "0.18.0", "tensor_parallel_size": 1,
+                                              "settings": {"batch_size": 64}},
+            "device": "NVIDIA H200", "date": "2026-11-30", "input_len": 128, "output_len": 256,
             "workloads": {"fixed": {"name": "fixed", "levels": levels}},
             "roofline": {"fraction_of_bound": 0.5, "bound_tokens_per_s": 300.0}}
 
@@ -126,6 +134,10 @@ def test_slower_than_base_at_batch_1_is_shown_and_optionally_no_go(tmp_path, nog
         assert awq["decision"] == "GO" and not awq["speed"]["counted"]
     html = (tmp_path / "reports" / "index.html").read_text()
     assert 'id="speed-table"' in html and "0.64×" in html and "149.3" in html  # 1000 / 6.7 ms
+    for chart in ('id="throughput-chart"', 'id="ttft_ms-chart"', 'id="tpot_ms_stats-chart"'):
+        assert chart in html  # the pictures: throughput against concurrency, TTFT and TPOT percentiles
+    assert html.count('class="line s') >= 3 * 2  # one line (and a legend swatch) per model
+    assert "lmdeploy 0.18.0 on" in html and "tensor parallel 1" in html  # which engine, which version
 
 
 def test_speed_is_not_compared_across_engines(tmp_path):

@@ -68,8 +68,13 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     env.filters.update(pct=pct, pts=signed_pts, clip=clip, size=lambda b: human_size(b) if b else "–")
     rows = [s for v in verdict["variants"].values() for s in v["suites"].values()]
     items_by_suite = _item_rows(results)
+    from pipeline.report.charts import latency_chart, throughput_chart
+
+    speed = verdict.get("speed") or {}
+    charts = {"throughput": throughput_chart(speed), "ttft": latency_chart(speed, "ttft_ms", "time to first token"),
+              "tpot": latency_chart(speed, "tpot_ms_stats", "time per output token")}
     return env.get_template("template.html").render(
-        verdict=verdict, rows=rows, forest=forest_plot(rows), items_by_suite=items_by_suite,
+        verdict=verdict, rows=rows, forest=forest_plot(rows), items_by_suite=items_by_suite, charts=charts,
         calib=calib, base=base, params=params.model_dump(mode="json"), decision_class=DECISION_CLASS,
     )
 
