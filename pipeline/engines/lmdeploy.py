@@ -20,11 +20,10 @@ import time
 from pathlib import Path
 
 from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, eos_token_ids, to_completion
+from pipeline.engines.support import LMDEPLOY_NATIVE
 from pipeline.errors import UserError
 
 EXPORT_CACHE = Path(".cache") / "lmdeploy"
-LMDEPLOY_NATIVE = {"LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration",
-                   "ChatGLMForConditionalGeneration", "ChatGLMModel", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
 
 def require_lmdeploy() -> None:

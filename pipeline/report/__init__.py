@@ -138,6 +138,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "quant": _read_json(models_dir / variant / "quant.json"),
             "kl": _read_json(results_dir / variant / "kl.json"),
             "speed": speed,
+            "serving": _serving(models_dir / variant),
         }
     return {
         "variants": variants,
@@ -160,6 +161,16 @@ def _judge_verdict(path: Path, params: Params) -> dict | None:
     counted = decision != UNRELIABLE and summary.get("mode", "pairwise") == "pairwise" and bool(summary.get("n"))
     return {"decision": decision, "counted": counted, "margin": margin,
             "reasons": explain_judge(summary, decision, margin, min_consistency), "summary": summary}
+
+
+def _serving(model_dir: Path) -> dict | None:
+    """Which engines can serve the variant and why not: its quant.json's record, else read off its config."""
+    from pipeline.engines.support import serving_support
+
+    quant = _read_json(model_dir / "quant.json") or {}
+    if quant.get("serving"):
+        return quant["serving"]
+    return serving_support(model_dir) if (model_dir / "config.json").exists() else None
 
 
 def _speed_rows(results_dir: Path, results: dict) -> dict:
