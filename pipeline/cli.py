@@ -134,6 +134,9 @@ def awq(
     params_file: Path = PARAMS_OPTION,
 ):
     """AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."""
+    from pipeline.quantize import require_llmcompressor
+
+    require_llmcompressor()
     from pipeline.quantize import awq as awq_stage
 
     p = _params(params_file)
@@ -166,6 +169,9 @@ def fp8(
     params_file: Path = PARAMS_OPTION,
 ):
     """FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."""
+    from pipeline.quantize import require_llmcompressor
+
+    require_llmcompressor()
     from pipeline.quantize import fp8 as fp8_stage
 
     p = _params(params_file)
