@@ -4,7 +4,7 @@ Two workloads: `fixed` (every request has the same prompt and output length: rea
 evals/long_context, cut to length) and `holdout` (the held-out conversations' real prompts, each
 answered with as many tokens as its real reply had). Two kinds of load, as `vllm bench serve` offers:
 a closed-loop sweep over max concurrency (default 1, 4, 16, 64 requests in flight) and, for server
-engines, a sweep over request rates with Poisson arrivals. Per level, as vLLM's bench reports them:
+engines, a sweep over request rates with Poisson arrivals (on the fixed workload). Per level, as vLLM's bench reports them:
 TTFT, TPOT, ITL and end-to-end latency (mean, median, p90, p99), output tokens/s, requests/s,
 goodput (requests/s that meet every SLO in `bench.slo`) and device memory.
 
@@ -67,17 +67,19 @@ def holdout_workload(engine, holdout: Path, max_output: int, context: int | None
     prompts, lengths = [], []
     for number, line in enumerate(holdout.read_text(encoding="utf-8").splitlines()[:max_prompts], start=1):
         record = json.loads(line)
-        if not record.get("messages") or not record.get("reference"):
-            raise UserError(f"{holdout}:{number}: needs 'messages' and 'reference' (the real reply); "
+        if not record.get("messages"):
+            raise UserError(f"{holdout}:{number}: needs 'messages' (the conversation up to the user's turn); "
                             "rebuild it with `quantize calib`")
+        if not record.get("reference"):
+            continue  # the log ended on the user's turn: no real reply to take the length from
         prompt = engine.encode(engine.apply_chat_template(record["messages"]))
         length = max(2, min(max_output, len(engine.encode(record["reference"]))))
         if context is None or len(prompt) + length <= context:
             prompts.append(prompt)
             lengths.append(length)
     if not prompts:
-        raise UserError(f"{holdout}: no held-out conversation fits the model's {context}-token context; "
-                        "set bench.holdout: false")
+        raise UserError(f"{holdout}: no held-out conversation with a real reply fits the model's {context}-token "
+                        "context; set bench.holdout: false")
     return Workload("holdout", prompts, lengths)
 
 
@@ -238,7 +240,11 @@ def measure_bandwidth(device: str, gib: float = 1.0, repeats: int = 5) -> float:
     for _ in range(repeats):
         dst.copy_(src)
     sync()
-    return 2 * src.numel() * 4 * repeats / (time.perf_counter() - started)
+    rate = 2 * src.numel() * 4 * repeats / (time.perf_counter() - started)
+    del src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()  # hand the memory back: a server engine starts next and sizes its KV pool by it
+    return rate
 
 
 def roofline(engine, model_dir: Path, batch1: dict, bandwidth: float, kv_dtype_bytes: int) -> dict:
@@ -346,7 +352,7 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
                 levels.append(sweep_level(timer, load, c, max(4, requests_per_level * c), slo))
                 progress(f"  {load.name} c={c}: {levels[-1]['output_tokens_per_s']:.1f} tok/s, "
                          f"TTFT p50 {levels[-1]['ttft_p50_ms']:.0f} ms")
-            for rate in request_rates:
+            for rate in request_rates if load.name == "fixed" else ():  # open loop on the fixed lengths only
                 rates.append(rate_level(timer, load, rate, max(8, round(rate * rate_seconds)), slo))
                 progress(f"  {load.name} {rate:g} req/s: {rates[-1]['output_tokens_per_s']:.1f} tok/s, "
                          f"TTFT p50 {rates[-1]['ttft_p50_ms']:.0f} ms")
