@@ -129,12 +129,22 @@ def bench_all(names: list[str], rates: list[float]) -> dict:
     slo = {"ttft_ms": 200.0, "tpot_ms": 15.0, "e2el_ms": None}
     for name in names:
         step(results, "bench", f"bench {name}", lambda n=name: bench.run(
-            models[n], OUT / f"bench-{n}.json", engine="vllm", concurrency=[1, 16, 64] if not TINY else [1, 2],
+            models[n], ROOT / f"bench-{n}.json", engine="vllm", concurrency=[1, 16, 64] if not TINY else [1, 2],
             input_len=16 if TINY else 128, output_len=8 if TINY else 256, requests_per_level=2,
             holdout=holdout if holdout.exists() and not TINY else None, request_rates=rates, rate_seconds=1 if TINY else 8,
             slo=slo, engine_options={**SERVING, **SERVER, "log_path": ROOT / f"bench-{n}.vllm.log"}).summary)
         free_gpu()
+        keep(ROOT / f"bench-{name}.json", ROOT / f"bench-{name}.vllm.log")
     return results
+
+
+def keep(*paths: Path, max_bytes: int = 200_000) -> None:
+    """Copies files into $OUT (logs: their last max_bytes), where they come back from the device."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        if path.exists():
+            data = path.read_bytes()
+            (OUT / path.name).write_bytes(data if path.suffix == ".json" else data[-max_bytes:])
 
 
 def print_bench(results: dict) -> None:
@@ -302,7 +312,7 @@ def overhead() -> dict:
     offline = step(results, "overhead", "offline LLM.generate, batch 1", lambda: vllm_offline(
         {"model": str(base), "llm": {"max_model_len": 4096, "gpu_memory_utilization": 0.85},
          "tpot": {"ids": ids, "output_len": 256, "repeats": 4}}))
-    bench = json.loads((OUT / "bench-base.json").read_text()) if (OUT / "bench-base.json").exists() else None
+    bench = json.loads((ROOT / "bench-base.json").read_text()) if (ROOT / "bench-base.json").exists() else None
     if bench and "tpot" in offline:
         tpots = [(t["e2e_s"] - t["ttft_s"]) / 255 * 1000 for t in offline["tpot"]]
         ours = bench["workloads"]["fixed"]["levels"][0]
@@ -359,6 +369,7 @@ def agreement() -> dict:
             return {"items": len(hf_out), "identical_outputs": same, "agreement": same / len(hf_out),
                     "score_hf": hf["score"], "score_vllm": vl["score"]}
         step(results, "agreement", f"{label}: math suite hf vs vLLM", both)
+    keep(*(root / f"{m.name}.vllm.log" for m in models.values()), max_bytes=30_000)
     return results
 
 
