@@ -353,7 +353,8 @@ def agreement() -> dict:
         def both(m=model):
             runs = {}
             for engine in ("vllm", "hf"):
-                options = {"batch_size": 64, "dtype": "float16"}
+                # bfloat16 for both: vLLM's FP8 attention writes bfloat16 only (a float16 FP8 server died here)
+                options = {"batch_size": 64, "dtype": "bfloat16"}
                 if engine == "vllm":
                     options = {**options, **SERVER, "max_model_len": 2048, "gpu_memory_utilization": 0.5,
                                "server_args": [] if TINY else ["--enforce-eager"],

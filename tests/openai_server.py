@@ -88,6 +88,7 @@ class CompletionsServer:
         self.served_name = served_name
         self.requests: list[dict] = []
         self.fault: tuple[str, float] | None = None
+        self.die_after: int | None = None  # exit the whole process at this completion request (a crashed engine)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
@@ -134,6 +135,11 @@ class CompletionsServer:
                     server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 if self.path.rstrip("/") != "/v1/completions":
                     return self._json(404, {"error": "not found"})
+                if server.die_after is not None and len(server.requests) >= server.die_after:
+                    print("EngineDeadError: EngineCore encountered an issue (a scripted crash)", flush=True)
+                    import os
+
+                    os._exit(4)
                 if body.get("model") != server.served_name:
                     return self._json(404, {"error": f"model {body.get('model')!r} does not exist"})
                 try:
@@ -223,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--served-model-name", default="model")
     parser.add_argument("--record", default=None, help="write the full command line here as JSON")
     parser.add_argument("--fail-start", action="store_true", help="exit with an error before listening")
+    parser.add_argument("--die-after", type=int, default=None, help="exit at this completion request")
     args, rest = parser.parse_known_args(argv)
     model = args.model or args.serve
     if args.record:
@@ -232,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         print("RuntimeError: no CUDA device (a scripted start failure)", flush=True)
         sys.exit(3)
     server = CompletionsServer(model, args.served_model_name, args.port)
+    server.die_after = args.die_after
     print(f"listening on {server.base_url}", flush=True)
     server.serve_forever()
 

@@ -97,6 +97,35 @@ def test_a_server_that_fails_to_start_is_a_clear_error_with_its_log(tmp_path, ti
     assert time.monotonic() - started < 60 and not (tmp_path / "v" / "math.jsonl").exists()
 
 
+def test_a_server_that_dies_mid_run_stops_the_stage_instead_of_scoring_empty_answers(tmp_path, tiny_llama,
+                                                                                     monkeypatch):
+    """Seen on the H200: vLLM's engine died at its first request and every later one was refused; those
+    requests must not be scored as wrong answers."""
+    settings = vllm_settings(tmp_path)
+    settings["engine"]["server_args"] = ["--die-after", "2"]
+    write_params(tmp_path, settings)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "v"])
+    assert result.exit_code == 2, result.output
+    assert "the vLLM server died (exit code 4)" in result.output and "a scripted crash" in result.output
+    assert not (tmp_path / "v" / "math.jsonl").exists()
+
+
+def test_an_fp8_kv_cache_is_served_in_bfloat16(tmp_path):
+    from pipeline.engines.vllm import server_args
+
+    path = tmp_path / "fp8"
+    path.mkdir()
+    path.joinpath("config.json").write_text(json.dumps({"quantization_config": {"kv_cache_scheme": {
+        "num_bits": 8, "type": "float", "strategy": "attn_head"}}}))
+    args = server_args(path, 8000, {"kv_cache_dtype": "checkpoint"})
+    assert args[args.index("--dtype") + 1] == "bfloat16"  # a float16 checkpoint would crash vLLM's FP8 attention
+    with pytest.raises(UserError, match="float16 with an FP8 KV cache"):
+        server_args(path, 8000, {"kv_cache_dtype": "checkpoint", "dtype": "float16"})
+    plain = server_args(path, 8000, {"kv_cache_dtype": "auto", "dtype": "float16"})
+    assert plain[plain.index("--dtype") + 1] == "float16"
+
+
 def test_a_missing_vllm_command_says_how_to_install_it(tmp_path, tiny_llama):
     from pipeline.engines.vllm import VLLMEngine
 

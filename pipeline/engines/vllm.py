@@ -49,20 +49,34 @@ def resolve_kv_cache_dtype(setting: str, model_dir: Path) -> str:
     return "fp8" if scheme and scheme.get("type") == "float" and scheme.get("num_bits") == 8 else "auto"
 
 
+def serving_dtype(setting: str | None, kv_cache_dtype: str, model_dir: Path) -> str | None:
+    """The model dtype to serve in. vLLM 0.24's FlashAttention-3 FP8 path writes bfloat16 only (on the H200
+    a float16 model with an FP8 KV cache died at its first request: "For FP8 input, output must have dtype
+    BF16"), so an FP8 KV cache is served in bfloat16 unless the user asked for float16, which is refused."""
+    if not kv_cache_dtype.startswith("fp8"):
+        return setting if setting in ("float16", "bfloat16") else None
+    if setting == "float16":
+        raise UserError(f"params.yaml: engine.dtype: float16 with an FP8 KV cache ({model_dir}): vLLM's FP8 attention "
+                        "outputs bfloat16 only; use engine.dtype bfloat16, or engine.kv_cache_dtype auto")
+    return "bfloat16"
+
+
 def server_args(model_dir: Path, port: int, settings: dict) -> list[str]:
     """vLLM's CLI arguments for `settings` (the engine section, vLLM's names)."""
+    kv = resolve_kv_cache_dtype(settings.get("kv_cache_dtype", "checkpoint"), model_dir)
     args = [str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
             "--generation-config", "vllm", "--seed", "0",
             "--tensor-parallel-size", str(settings.get("tensor_parallel_size", 1)),
             "--gpu-memory-utilization", str(settings.get("gpu_memory_utilization", 0.9)),
-            "--kv-cache-dtype", resolve_kv_cache_dtype(settings.get("kv_cache_dtype", "checkpoint"), model_dir)]
+            "--kv-cache-dtype", kv]
     for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
         if settings.get(name):
             args += [f"--{name.replace('_', '-')}", str(settings[name])]
     if settings.get("enable_prefix_caching") is not None:
         args.append("--enable-prefix-caching" if settings["enable_prefix_caching"] else "--no-enable-prefix-caching")
-    if settings.get("dtype") in ("float16", "bfloat16"):
-        args += ["--dtype", settings["dtype"]]
+    dtype = serving_dtype(settings.get("dtype"), kv, model_dir)
+    if dtype:
+        args += ["--dtype", dtype]
     return args + [str(a) for a in settings.get("server_args") or []]
 
 
@@ -125,9 +139,20 @@ class VLLMEngine:
 
     def generate(self, requests: list[GenRequest]) -> list[Completion]:
         completions = self.client.generate(requests)
+        failed = [c for c in completions if c.error]
+        if failed:  # never score a request that got no answer as a wrong answer
+            self._raise_if_dead()
+            raise UserError(f"vLLM server at {self.base_url}: {len(failed)} of {len(requests)} requests failed; the "
+                            f"first: {failed[0].error}; its log: {self.server.log_path}")
         if self.progress:
             self.progress(len(requests))
         return completions
+
+    def _raise_if_dead(self) -> None:
+        proc = self.server.proc
+        if proc is not None and proc.poll() is not None:
+            raise UserError(f"the vLLM server died (exit code {proc.returncode}); the end of {self.server.log_path}:\n"
+                            f"{self.server.log_tail()}")
 
     def token_logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """Sum of log P(continuation | context) and whether every continuation token is the argmax,
@@ -140,6 +165,7 @@ class VLLMEngine:
             try:
                 data = self.client.call(client, body)
             except (RetryableError, FatalError) as exc:
+                self._raise_if_dead()
                 raise UserError(f"vLLM server at {self.base_url}: prompt_logprobs failed: {exc}") from None
             positions = data["choices"][0].get("prompt_logprobs")
             if not isinstance(positions, list) or len(positions) != len(ids):
