@@ -1,12 +1,15 @@
 """Paired statistics and the decision: GO / NO-GO / INCONCLUSIVE per variant and suite.
 
-Both models answered the same items, so every test is paired. For right/wrong items (and
-scores in [0, 1]) the interval of the change in accuracy is Tango's score interval for a
-paired difference of proportions, with a continuity correction (`tango_interval`): it keeps
-its coverage at every n, zero flips included, where a percentile bootstrap gives [0, 0]. An
-exact McNemar test gives the p-value. GO when the interval's lower end clears minus the margin,
-NO-GO when its upper end falls below it, else INCONCLUSIVE with the items that would likely
-settle it; a suite too small to ever show a GO says how many items it needs.
+Both models answered the same items, so every test is paired. For right/wrong items the
+interval of the change in accuracy is Tango's score interval for a paired difference of
+proportions, with a continuity correction (`tango_interval`): it keeps its coverage at every n,
+zero flips included, where the percentile bootstrap it replaces gave [0, 0] and a GO on 10
+unchanged items. An exact McNemar test gives the p-value. Partial-credit scores in [0, 1] get a
+Student-t interval never narrower than Tango's for no change (`partial_credit_interval`); other
+scores keep the paired bootstrap. GO when the interval's lower end clears minus the margin, NO-GO
+when its upper end falls below it, else INCONCLUSIVE with the items that would likely settle it;
+a suite too small to ever show a GO says how many items it needs. Each decision also comes as one
+sentence a reviewer can check (`decision_sentence`).
 """
 
 from __future__ import annotations
