@@ -4,7 +4,10 @@ Both models answer the held-out user prompts (same greedy decoding, cached like 
 eval`). Pairwise mode (the default) shows the judge each pair twice, positions swapped; the
 verdict must be exactly one of [[A]], [[B]], [[C]] (tie), anything else is retried once and
 then left unjudged; when the two orders disagree the pair counts as a tie. The win rate is
-(W + T/2) / N with a bootstrap interval over prompts.
+(W + T/2) / N. Its interval: a win scores +1, a loss -1, a tie 0, so 2 x win rate - 1 is a
+paired difference of proportions (wins minus losses over judged pairs), and Tango's score
+interval with continuity correction (pipeline.verdict.tango_interval) covers it at every n;
+the win rate's interval is that one, halved and shifted by 0.5.
 
 Reliability is measured, not assumed: position-swap consistency, a control run judging the
 base against itself (the win rate should be 0.5; the gap is the judge's noise floor), and the
@@ -34,7 +37,7 @@ from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
 from pipeline.evaluate import EVALS_DIR, GenerationCache, model_fingerprint
 from pipeline.outputs import Stopwatch, write_atomic, write_json
-from pipeline.verdict import GO, INCONCLUSIVE, NO_GO, decide, paired_bootstrap
+from pipeline.verdict import GO, INCONCLUSIVE, NO_GO, TANGO, decide, min_items_for_go, paired_bootstrap, tango_interval
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ UNRELIABLE = "UNRELIABLE"
 VERDICT = re.compile(r"\[\[([ABC])\]\]")
 GRADE = re.compile(r"\[\[([1-5])\]\]")
 SCORE = {"win": 1.0, "tie": 0.5, "loss": 0.0}
+WIN_RATE_INTERVAL = f"{TANGO} on wins against losses, halved and shifted by 0.5"
 REMINDER = {
     "pairwise": "Your reply did not end with a verdict in the required format. Reply with exactly one of "
                 "[[A]], [[B]] or [[C]] and nothing else.",
@@ -84,16 +88,21 @@ def combine(first: str | None, second: str | None) -> tuple[str, bool | None]:
     return "tie", False
 
 
-def win_rate(outcomes: list[str], *, iterations: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
+def win_rate(outcomes: list[str], *, confidence: float = 0.95) -> dict:
+    """Win rate (W + T/2) / N over judged pairs, with Tango's continuity-corrected score interval for
+    (W - L) / N mapped onto the win-rate scale (0.5 + change / 2): exact coverage >= 0.95 for n = 4..200
+    (benchmarks/interval_coverage.py), where a percentile bootstrap covered 0.89 at n = 4."""
     counts = Counter(outcomes)
-    scores = np.array([SCORE[o] for o in outcomes if o in SCORE], dtype=float)
-    low, high = paired_bootstrap(scores, iterations, confidence, seed)
-    judged = len(scores)
+    wins, ties, losses = counts["win"], counts["tie"], counts["loss"]
+    judged = wins + ties + losses
+    low = high = None
+    if judged:
+        change_low, change_high = tango_interval(wins, losses, judged, confidence)
+        low, high = 0.5 + change_low / 2, 0.5 + change_high / 2
     return {
-        "n": judged, "wins": counts["win"], "ties": counts["tie"], "losses": counts["loss"],
-        "unjudged": counts["unjudged"],
-        "win_rate": float(scores.mean()) if judged else None,
-        "ci_low": low if judged else None, "ci_high": high if judged else None,
+        "n": judged, "wins": wins, "ties": ties, "losses": losses, "unjudged": counts["unjudged"],
+        "win_rate": (wins + ties / 2) / judged if judged else None,
+        "ci_low": low, "ci_high": high, "ci_method": WIN_RATE_INTERVAL,
     }
 
 
@@ -136,10 +145,55 @@ def explain_judge(summary: dict, decision: str, margin: float, min_consistency: 
             NO_GO: f"{interval} lies below {floor:.3f} (0.5 - margin): the judge prefers the base",
             INCONCLUSIVE: f"{interval} straddles {floor:.3f} (0.5 - margin): not enough evidence either way"}
     reasons.append(text[decision])
+    fewest = min_judged_pairs_for_go(margin, summary.get("confidence", 0.95))
+    if fewest and summary["n"] < fewest and decision != NO_GO:
+        reasons.append(f"too few judged pairs to ever show a GO: with {summary['n']} even all ties leave the "
+                       f"interval's lower end below {floor:.3f}; a GO needs at least {fewest} judged pairs")
     if summary.get("noise_floor") is not None and summary["noise_floor"] > margin:
         reasons.append(f"the control run (base against itself) is off 0.5 by {summary['noise_floor']:.3f}, "
                        f"more than the margin {margin:.3f}: read the verdict with care")
     return reasons
+
+
+def min_judged_pairs_for_go(margin: float, confidence: float = 0.95) -> int | None:
+    """Fewest judged pairs with which the judge can show a GO at all (every pair a tie): the win
+    rate's lower end is 0.5 + change / 2, so the change must clear -2 x margin."""
+    return min_items_for_go(2 * margin, confidence) if margin > 0 else None
+
+
+def judge_sentence(summary: dict, decision: str, margin: float, min_consistency: float) -> str:
+    """The judge's decision in one sentence a reviewer can check: the counts, the interval (which
+    method, its ends), the threshold 0.5 - margin and what follows."""
+    if summary.get("mode") == "reference":
+        grade = summary.get("mean_grade")
+        shown = "no answer graded" if grade is None else f"mean grade {grade:.2f} of 5 over {summary['n']} answers"
+        return (f"judge (reference mode): {decision}: {shown}; reference mode has no GO threshold, so it informs "
+                "but does not decide.")
+    if not summary.get("n"):
+        return (f"judge: {decision}: no pair was judged ({summary.get('unjudged', 0)} unjudged), so the judge "
+                "says nothing about the variant.")
+    counts = (f"of {summary['n']} judged pairs the judge preferred the variant in {summary['wins']}, the base in "
+              f"{summary['losses']} and tied {summary['ties']} (win rate {summary['win_rate']:.3f})")
+    if decision == UNRELIABLE:
+        consistency = summary.get("consistency")
+        shown = "n/a" if consistency is None else f"{consistency:.0%}"
+        return (f"judge: UNRELIABLE (not counted): {counts}, but it gave the same verdict with the answers swapped "
+                f"in only {shown} of pairs, below judge.min_consistency {min_consistency:.0%}.")
+    floor = 0.5 - margin
+    method = summary.get("ci_method") or "a bootstrap interval"
+    interval = (f"{method} puts the win rate at [{summary['ci_low']:.3f}, {summary['ci_high']:.3f}] with "
+                f"{summary.get('confidence', 0.95):.0%} confidence")
+    threshold = f"{floor:.3f} (0.5 - margin {margin:.2f})"
+    if decision == GO:
+        end = f"entirely above {threshold}, so the judge does not find the variant worse by more than the margin"
+    elif decision == NO_GO:
+        end = f"entirely below {threshold}, so the judge prefers the base by more than the margin"
+    else:
+        end = f"which straddles {threshold}, so the judgments settle nothing"
+        fewest = min_judged_pairs_for_go(margin, summary.get("confidence", 0.95))
+        if fewest and summary["n"] < fewest:
+            end += f" (below {fewest} judged pairs not even all ties could show a GO)"
+    return f"judge: {decision}: {counts}; {interval}, {end}."
 
 
 # ---------------------------------------------------------------- prompts
@@ -368,6 +422,7 @@ def _finish_summary(summary, jp, variant_dir, base_dir, description, weak, judge
     summary["reliable"] = _reliable(summary, jp.min_consistency)
     summary["decision"] = decide_judge(summary, jp.margin, jp.min_consistency)
     summary["reasons"] = explain_judge(summary, summary["decision"], jp.margin, jp.min_consistency)
+    summary["sentence"] = judge_sentence(summary, summary["decision"], jp.margin, jp.min_consistency)
     summary["judge_requests"] = judge.requests
     summary["seconds"] = round(watch.seconds, 2)
     return summary
@@ -474,8 +529,8 @@ def _pair_result(records: list[dict]) -> dict:
     return {"judgments": judgments, "outcome": outcome, "consistent": consistent, "unjudged_reason": reason}
 
 
-def _pairwise_summary(lines: list[dict], control: bool, **stats) -> dict:
-    summary = win_rate([l["outcome"] for l in lines], **stats)
+def _pairwise_summary(lines: list[dict], control: bool, *, confidence: float = 0.95, **_bootstrap) -> dict:
+    summary = win_rate([l["outcome"] for l in lines], confidence=confidence)
     both = [l["consistent"] for l in lines if l["consistent"] is not None]
     summary["consistency"] = sum(both) / len(both) if both else None
     summary["unjudged_reasons"] = dict(Counter(l["unjudged_reason"] for l in lines if l["unjudged_reason"]))
@@ -483,7 +538,7 @@ def _pairwise_summary(lines: list[dict], control: bool, **stats) -> dict:
     summary["length_bias"] = correlation([l["length_diff"] for l in judged], [SCORE[l["outcome"]] for l in judged])
     summary["control_win_rate"] = summary["noise_floor"] = summary["control_consistency"] = None
     if control:
-        ctrl = win_rate([l["control"]["outcome"] for l in lines], **stats)
+        ctrl = win_rate([l["control"]["outcome"] for l in lines], confidence=confidence)
         both = [l["control"]["consistent"] for l in lines if l["control"]["consistent"] is not None]
         summary["control_win_rate"] = ctrl["win_rate"]
         summary["control_n"] = ctrl["n"]

@@ -1,13 +1,20 @@
 """Paired statistics and the decision: GO / NO-GO / INCONCLUSIVE per variant and suite.
 
-Both models answered the same items, so every test is paired: a paired bootstrap of the
-per-item score difference gives the interval, an exact McNemar test the p-value for
-right/wrong suites. GO when the interval's lower end clears minus the margin, NO-GO when
-its upper end falls below it, else INCONCLUSIVE with the items that would likely settle it.
+Both models answered the same items, so every test is paired. For right/wrong items the
+interval of the change in accuracy is Tango's score interval for a paired difference of
+proportions, with a continuity correction (`tango_interval`): it keeps its coverage at every n,
+zero flips included, where the percentile bootstrap it replaces gave [0, 0] and a GO on 10
+unchanged items. An exact McNemar test gives the p-value. Partial-credit scores in [0, 1] get a
+Student-t interval never narrower than Tango's for no change (`partial_credit_interval`); other
+scores keep the paired bootstrap. GO when the interval's lower end clears minus the margin, NO-GO
+when its upper end falls below it, else INCONCLUSIVE with the items that would likely settle it;
+a suite too small to ever show a GO says how many items it needs. Each decision also comes as one
+sentence a reviewer can check (`decision_sentence`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -36,6 +43,9 @@ class SuiteVerdict:
     counted: bool
     reasons: list[str] = field(default_factory=list)
     items_to_settle: int | None = None
+    interval: str = ""  # how ci_low / ci_high were computed
+    min_items_for_go: int | None = None  # fewest paired items with which a GO is possible at all
+    sentence: str = ""  # the decision in one sentence a reviewer can check
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,6 +88,127 @@ def _z(confidence: float) -> float:
     return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
+# ---------------------------------------------------------------- paired right/wrong items: Tango's score interval
+#
+# Tango T. (1998), "Equivalence test and confidence interval for the difference in proportions
+# for the paired-sample design", Statistics in Medicine 17:891-908: the interval holds every
+# change d whose score test |T(d)| <= z does not reject, where T uses the maximum-likelihood rates
+# of the discordant pairs under the constraint "true change = d" (a closed-form quadratic).
+# The continuity correction (Chang P. et al. (2024), "Continuity corrected score confidence
+# interval for the difference in proportions in paired data", J. Appl. Stat. 51:139-152) takes
+# one pair off |improved - worsened - n d|, as the corrected McNemar test does: at d = 0 the
+# statistic is exactly McNemar's corrected one. Without it Tango's interval covers as little as
+# 0.93 at some n and discordance rates; with it the exact coverage stays >= 0.954 at n = 10..1319
+# (benchmarks/interval_coverage.py). The same computation, with skew=FALSE, bcf=FALSE, cc=TRUE,
+# is R's ratesci::pairbinci(c(a, b, c, d), method = "Score"), for a reviewer who wants to check.
+
+TANGO = "Tango's score interval with continuity correction"
+CONTINUITY = 0.5  # McNemar's; subtracts 2 x 0.5 = 1 pair from the score's numerator
+_BISECTIONS = 52  # [-1, 1] halved 52 times: ~4e-16, below float resolution of the change
+
+
+def _restricted_worsened_rate(improved, worsened, n, change):
+    """Tango's maximum-likelihood P(right -> wrong) under the constraint P(w->r) - P(r->w) = change:
+    the positive root of 2n p^2 + B p + C = 0, computed without cancellation."""
+    a = 2.0 * n
+    b = -improved - worsened + (2.0 * n - improved + worsened) * change
+    c = -worsened * change * (1.0 - change)
+    root = np.sqrt(np.maximum(b * b - 4.0 * a * c, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(b > 0, -2.0 * c / (b + root), (root - b) / (2.0 * a))
+    return np.clip(np.nan_to_num(rate), 0.0, 1.0)
+
+
+def tango_score(improved, worsened, n, change, correction: float = CONTINUITY):
+    """Tango's score statistic for H0: true change = `change`, continuity-corrected; arrays broadcast.
+    improved / worsened: pairs that went wrong -> right / right -> wrong (fractions allowed)."""
+    improved, worsened, n, change = (np.asarray(v, dtype=float) for v in (improved, worsened, n, change))
+    p_worse = _restricted_worsened_rate(improved, worsened, n, change)
+    variance = n * (2.0 * p_worse + change * (1.0 - change))
+    gap = improved - worsened - n * change
+    shrunk = np.sign(gap) * np.maximum(np.abs(gap) - 2.0 * correction, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(shrunk == 0, 0.0, shrunk / np.sqrt(variance))
+    return np.where(np.isnan(score), 0.0, score)
+
+
+def tango_interval(improved, worsened, n, confidence: float = 0.95, correction: float = CONTINUITY):
+    """Tango's score interval (continuity-corrected) for the paired change in accuracy,
+    variant minus base, found by bisection of the score test; vectorised over arrays of counts.
+    Returns (low, high) as floats for scalar input, else as arrays."""
+    scalar = all(np.ndim(v) == 0 for v in (improved, worsened, n))
+    counts = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (improved, worsened, n)))
+    z = _z(confidence)
+    low, high = (_tango_end(*counts, z, side, correction) for side in (+1, -1))
+    return (float(low), float(high)) if scalar else (low, high)
+
+
+def _tango_end(improved, worsened, n, z: float, side: int, correction: float):
+    """The interval's lower end (side +1: the largest change the score test still rejects from
+    below, score >= z) or upper end (side -1: the smallest rejected from above, score <= -z)."""
+    lo, hi = np.full(n.shape, -1.0), np.full(n.shape, 1.0)
+    for _ in range(_BISECTIONS):
+        mid = (lo + hi) / 2
+        beyond = side * tango_score(improved, worsened, n, mid, correction) >= z
+        if side > 0:
+            lo, hi = np.where(beyond, mid, lo), np.where(beyond, hi, mid)
+        else:
+            lo, hi = np.where(beyond, lo, mid), np.where(beyond, mid, hi)
+    return (lo + hi) / 2
+
+
+def tango_items_to_settle(improved: float, worsened: float, n: int, margin: float, confidence: float = 0.95,
+                          cap: int = 10 ** 8) -> int | None:
+    """Fewest paired items at which Tango's interval, at the observed flip rates, clears -margin
+    (GO if the observed change is above it, NO-GO if below); None if no number would."""
+    change = (improved - worsened) / n if n else 0.0
+    if n <= 0 or math.isclose(change, -margin, abs_tol=1e-12):
+        return None
+    up, down, z = improved / n, worsened / n, _z(confidence)
+    side = +1 if change > -margin else -1  # GO needs the lower end above -margin, NO-GO the upper below
+
+    def settled(items: int) -> bool:
+        end = float(_tango_end(*(np.asarray(v, dtype=float) for v in (up * items, down * items, items)),
+                               z, side, CONTINUITY))
+        return end > -margin if side > 0 else end < -margin
+
+    high = 1
+    while not settled(high):
+        high *= 2
+        if high > cap:
+            return None
+    low = high // 2
+    while high - low > 1:  # settled(high) holds, settled(low) does not (or low == 0)
+        mid = (low + high) // 2
+        low, high = (low, mid) if settled(mid) else (mid, high)
+    return high
+
+
+@functools.lru_cache(maxsize=64)
+def min_items_for_go(margin: float, confidence: float = 0.95) -> int | None:
+    """Fewest paired items with which a GO is possible at all: even with no flip, Tango's interval
+    is [-w, +w] with w shrinking as n grows; below this n it reaches past -margin."""
+    return tango_items_to_settle(0.0, 0.0, 1, margin, confidence) if margin > 0 else None
+
+
+def partial_credit_interval(deltas: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Scores in [0, 1] that are not all 0/1 (partial credit): a Student-t interval of the mean paired
+    change, widened where needed to Tango's no-flip interval for this n around the observed change, so
+    that agreement on few items is never taken for proof (the t interval alone is [0, 0] when nothing
+    changed, and covers 0.47-0.93 at n = 10-30 with rare changes; this one >= 0.94 at n = 10..300 in
+    benchmarks/interval_coverage.py)."""
+    from scipy.stats import t as student
+
+    n = len(deltas)
+    mean = float(np.mean(deltas))
+    half = float(student.ppf(0.5 + confidence / 2, n - 1) * np.std(deltas, ddof=1) / math.sqrt(n)) if n > 1 else 1.0
+    floor_low, floor_high = tango_interval(0, 0, n, confidence)
+    return max(-1.0, min(mean - half, mean + floor_low)), min(1.0, max(mean + half, mean + floor_high))
+
+
+PARTIAL_CREDIT = f"a Student-t interval of the mean change, widened at least to {TANGO} for no change"
+
+
 def decide(ci_low: float, ci_high: float, margin: float) -> str:
     if ci_low > -margin:
         return GO
@@ -89,20 +220,31 @@ def decide(ci_low: float, ci_high: float, margin: float) -> str:
 def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *, variant: str, suite: str,
                   margin: float, confidence: float = 0.95, iterations: int = 2000, seed: int = 0,
                   floor_ceiling: float = 0.05) -> SuiteVerdict:
-    """base_items / variant_items: result lines keyed by item id (the DESIGN.md contract)."""
+    """base_items / variant_items: result lines keyed by item id (the DESIGN.md contract).
+    Scores in [0, 1] (right/wrong, or partial credit): Tango's interval; other scores: the bootstrap."""
     ids = sorted(set(base_items) & set(variant_items))
     base = np.array([base_items[i]["score"] for i in ids], dtype=float)
     var = np.array([variant_items[i]["score"] for i in ids], dtype=float)
     deltas = var - base
-    low, high = paired_bootstrap(deltas, iterations, confidence, seed)
+    bounded = bool(ids) and bool(((base >= 0) & (base <= 1) & (var >= 0) & (var <= 1)).all())
+    binary = bool(ids) and bool(np.isin(base, (0.0, 1.0)).all() and np.isin(var, (0.0, 1.0)).all())
+    if binary:
+        low, high = tango_interval(int((deltas > 0).sum()), int((deltas < 0).sum()), len(ids), confidence)
+        method = TANGO
+    elif bounded:
+        low, high = partial_credit_interval(deltas, confidence)
+        method = PARTIAL_CREDIT
+    else:
+        low, high = paired_bootstrap(deltas, iterations, confidence, seed)
+        method = f"percentile bootstrap ({iterations} resamples of the items, seed {seed})"
     base_right = [bool(base_items[i]["correct"]) for i in ids]
     var_right = [bool(variant_items[i]["correct"]) for i in ids]
     r2w = [i for i, b, v in zip(ids, base_right, var_right) if b and not v]
     w2r = [i for i, b, v in zip(ids, base_right, var_right) if v and not b]
-    binary = all(s in (0.0, 1.0) for s in np.concatenate([base, var]))
     base_score = float(base.mean()) if len(ids) else float("nan")
     var_score = float(var.mean()) if len(ids) else float("nan")
     reasons, counted = [], True
+    fewest = min_items_for_go(margin, confidence) if bounded else None
     if not ids:
         decision, counted = INCONCLUSIVE, False
         reasons.append("no paired items: the variant and the base answered different items")
@@ -116,7 +258,11 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
             where = "floor" if base_score <= floor_ceiling else "ceiling"
             reasons.append(f"the base model scores {base_score:.1%}, at the {where}: this suite tells little "
                            "about the variant, so it is shown but not counted")
-        reasons.append(_explain(decision, low, high, margin, confidence))
+        if fewest and len(ids) < fewest and decision != NO_GO:
+            no_flip_low, _ = tango_interval(0, 0, len(ids), confidence)
+            reasons.append(f"too few items to ever show a GO: with {len(ids)} paired items even no flip at all "
+                           f"leaves the interval's lower end at {_points(no_flip_low)} points, below "
+                           f"{_points(-margin)}; a GO needs at least {fewest} paired items")
     verdict = SuiteVerdict(
         variant=variant, suite=suite, n=len(ids), base_score=base_score, variant_score=var_score,
         delta=var_score - base_score if ids else float("nan"), ci_low=low, ci_high=high,
@@ -124,22 +270,62 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
         right_to_wrong=r2w, wrong_to_right=w2r,
         p_value=mcnemar_exact(len(r2w), len(w2r)) if binary and ids else None,
         margin=margin, decision=decision if counted else UNINFORMATIVE if ids else INCONCLUSIVE,
-        counted=counted, reasons=reasons,
+        counted=counted, reasons=reasons, interval=method if ids else "", min_items_for_go=fewest,
     )
     if decision == INCONCLUSIVE and ids and counted:
-        verdict.items_to_settle = items_to_settle(deltas, margin, confidence)
-        if verdict.items_to_settle:
-            reasons.append(f"about {verdict.items_to_settle} paired items would likely settle it")
+        if binary:
+            verdict.items_to_settle = tango_items_to_settle(int((deltas > 0).sum()), int((deltas < 0).sum()),
+                                                            len(ids), margin, confidence)
+        else:
+            verdict.items_to_settle = items_to_settle(deltas, margin, confidence)
+            if fewest and verdict.items_to_settle and verdict.delta > -margin:
+                verdict.items_to_settle = max(verdict.items_to_settle, fewest)
+        if verdict.items_to_settle and verdict.items_to_settle != fewest:
+            reasons.append(f"about {verdict.items_to_settle} paired items at these flip rates would likely settle it")
+    verdict.sentence = decision_sentence(verdict, binary)
     return verdict
 
 
-def _explain(decision: str, low: float, high: float, margin: float, confidence: float) -> str:
-    ci = f"{confidence:.0%} interval of the change [{low:+.3f}, {high:+.3f}]"
-    if decision == GO:
-        return f"{ci} lies above -{margin:.3f} (the margin): the drop, if any, is within the margin"
-    if decision == NO_GO:
-        return f"{ci} lies below -{margin:.3f} (the margin): the variant is worse by more than allowed"
-    return f"{ci} straddles -{margin:.3f} (the margin): not enough evidence either way"
+def _points(change: float) -> str:
+    """A change in accuracy as signed percentage points, e.g. -0.0312 -> '-3.12'."""
+    return f"{change * 100:+.2f}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def decision_sentence(v: SuiteVerdict, binary: bool = True) -> str:
+    """The decision in one sentence a reviewer can check: the suite, the paired counts, the
+    interval (which method, its ends), the margin and what follows."""
+    if not v.n:
+        return f"{v.suite}: {v.decision}: the variant and the base share no item, so nothing can be compared."
+    head = f"{v.suite}: {v.decision}" + ("" if v.counted else " (not counted: the base scores "
+                                         f"{v.base_score:.1%}, at the {'floor' if v.base_score < 0.5 else 'ceiling'})")
+    if binary:
+        facts = (f"on {v.n} paired items the variant turned {_count(len(v.right_to_wrong), 'right answer')} wrong "
+                 f"and {_count(len(v.wrong_to_right), 'wrong answer')} right")
+    else:
+        facts = f"on {v.n} paired items ({'partial-credit scores' if v.min_items_for_go else 'scores'})"
+    facts += (f" ({v.base_score:.1%} -> {v.variant_score:.1%}, a change of {_points(v.delta)} points); "
+              f"{v.interval} puts the change at [{_points(v.ci_low)}, {_points(v.ci_high)}] points with "
+              f"{v.confidence:.0%} confidence")
+    bound = f"{_points(-v.margin)} points (the margin for {v.suite})"
+    side = decide(v.ci_low, v.ci_high, v.margin)
+    if side == GO:
+        end = f"entirely above {bound}, so any drop is within the margin"
+    elif side == NO_GO:
+        end = f"entirely below {bound}, so the variant is worse by more than the margin"
+    else:
+        end = f"which straddles {bound}, so the evidence settles nothing"
+        notes = []
+        if v.min_items_for_go and v.n < v.min_items_for_go:
+            notes.append(f"below {v.min_items_for_go} items not even zero flips could show a GO")
+        if v.items_to_settle and v.items_to_settle != v.min_items_for_go:
+            notes.append(f"about {v.items_to_settle} paired items at these flip rates would settle it")
+        if notes:
+            end += f" ({'; '.join(notes)})"
+    return f"{head}: {facts}, {end}."
 
 
 def overall(suite_verdicts: list[SuiteVerdict], extra: list[tuple[str, str]] = ()) -> tuple[str, list[str]]:

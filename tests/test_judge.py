@@ -7,7 +7,7 @@ import pytest
 
 from chat_server import ChatServer
 from conftest import read_jsonl
-from pipeline import judge
+from pipeline import judge, verdict
 from pipeline.engines import GenRequest
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.errors import UserError
@@ -54,12 +54,27 @@ def test_orders_map_to_the_variants_side_and_disagreement_is_a_tie():
 
 def test_win_rate_counts_ties_as_half_and_brackets_it():
     outcomes = ["win"] * 30 + ["tie"] * 20 + ["loss"] * 10 + ["unjudged"] * 5
-    s = judge.win_rate(outcomes, iterations=2000, seed=0)
+    s = judge.win_rate(outcomes)
     assert (s["n"], s["wins"], s["ties"], s["losses"], s["unjudged"]) == (60, 30, 20, 10, 5)
     assert s["win_rate"] == pytest.approx((30 + 10) / 60)
     assert s["ci_low"] < s["win_rate"] < s["ci_high"]
     assert 0.55 < s["ci_low"] and s["ci_high"] < 0.78  # SE of the mean is about 0.05 here
+    # the interval is Tango's on wins against losses, mapped onto the win-rate scale
+    low, high = verdict.tango_interval(30, 10, 60)
+    assert (s["ci_low"], s["ci_high"]) == pytest.approx((0.5 + low / 2, 0.5 + high / 2))
     assert judge.win_rate(["unjudged"])["win_rate"] is None
+
+
+def test_four_ties_are_not_evidence_and_the_sentence_says_how_many_pairs_a_go_needs():
+    s = {**judge.win_rate(["tie"] * 4), "mode": "pairwise", "consistency": 1.0, "confidence": 0.95}
+    assert s["ci_low"] < 0.2 and s["ci_high"] > 0.8  # a bootstrap gave [0.5, 0.5] here
+    decision = judge.decide_judge(s, 0.05, 0.6)
+    assert decision == "INCONCLUSIVE" and judge.min_judged_pairs_for_go(0.05) == 53
+    sentence = judge.judge_sentence(s, decision, 0.05, 0.6)
+    assert sentence.startswith("judge: INCONCLUSIVE: of 4 judged pairs the judge preferred the variant in 0")
+    assert "[0.150, 0.850]" in sentence and "0.450 (0.5 - margin 0.05)" in sentence
+    assert "below 53 judged pairs not even all ties could show a GO" in sentence
+    assert any("a GO needs at least 53 judged pairs" in r for r in judge.explain_judge(s, decision, 0.05, 0.6))
 
 
 def test_decision_against_half_minus_margin_and_unreliable_judge():

@@ -1,4 +1,5 @@
 import json
+from html import unescape
 
 from conftest import TINY_PARAMS, write_params
 from pipeline import report
@@ -19,22 +20,29 @@ def write_results(root, variant, scores, outputs=None):
 
 def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
     results = tmp_path / "results"
-    base = [1] * 60 + [0] * 40
+    base = [1] * 120 + [0] * 80
     write_results(results, "base", base)
     write_results(results, "copy", base)
-    write_results(results, "broken", [0] * 100, outputs={0: XSS[0], 1: XSS[1], 2: "x" * (1 << 20)})
+    write_results(results, "broken", [0] * 200, outputs={0: XSS[0], 1: XSS[1], 2: "x" * (1 << 20)})
     params = Params.model_validate(TINY_PARAMS)
     out = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
     verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
     assert verdict["variants"]["copy"]["decision"] == "GO"
     assert verdict["variants"]["broken"]["decision"] == "NO-GO"
-    assert len(verdict["variants"]["broken"]["suites"]["math"]["right_to_wrong"]) == 60
+    assert len(verdict["variants"]["broken"]["suites"]["math"]["right_to_wrong"]) == 120
+    # every decision comes with one checkable sentence, in verdict.json and on the page
+    copy_math = verdict["variants"]["copy"]["suites"]["math"]
+    assert copy_math["interval"] == "Tango's score interval with continuity correction"
+    assert copy_math["sentence"].startswith("math: GO: on 200 paired items the variant turned 0 right answers wrong")
+    assert "the margin for math" in copy_math["sentence"]
+    assert verdict["variants"]["broken"]["suites"]["math"]["sentence"].startswith("math: NO-GO")
     html = out.html.read_text()
     for attack in XSS:
         assert attack not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert 'id="banner-copy"' in html and 'id="suite-table"' in html
+    assert copy_math["sentence"] in unescape(html) and 'id="interval-method"' in html
     assert len(html) < 2_000_000  # the 1 MB output is clipped on the page (whole in the JSONL)
     assert report.failing(verdict, "no-go") == ["broken"]
     assert report.failing(verdict, None) == []
@@ -53,6 +61,8 @@ def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
     assert runner.invoke(app, ["report"]).exit_code == 0
     gated = runner.invoke(app, ["report", "--fail-on", "no-go"])
     assert gated.exit_code == 1 and "bad did not pass --fail-on no-go" in gated.output
+    shown = runner.invoke(app, ["show-verdict"])  # what `make demo` prints last: the decision sentences
+    assert shown.exit_code == 0 and "bad: NO-GO\n  math: NO-GO: on 100 paired items the variant turned 50" in shown.output
 
 
 def judge_summary(**overrides):
@@ -65,7 +75,7 @@ def judge_summary(**overrides):
 
 def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
     results = tmp_path / "results"
-    base = [1] * 60 + [0] * 40
+    base = [1] * 120 + [0] * 80
     for name in ("base", "loses-judge", "shaky-judge"):
         write_results(results, name, base)
     (results / "loses-judge" / "judge.json").write_text(json.dumps(judge_summary()))
@@ -79,12 +89,16 @@ def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
     assert shaky["decision"] == "GO"
     html = (tmp_path / "reports" / "index.html").read_text()
     assert 'id="judge-table"' in html and "the judge is unreliable" in html
+    sentence = verdict["variants"]["loses-judge"]["judge"]["sentence"]
+    assert sentence.startswith("judge: NO-GO: of 40 judged pairs the judge preferred the variant in 5, the base in 25")
+    assert "entirely below 0.450 (0.5 - margin 0.05)" in sentence and sentence in unescape(html)
+    assert verdict["variants"]["shaky-judge"]["judge"]["sentence"].startswith("judge: UNRELIABLE (not counted)")
 
 
 def test_not_applicable_suite_is_shown_as_na_never_as_zero(tmp_path):
     results = tmp_path / "results"
-    write_results(results, "base", [1] * 60 + [0] * 40)
-    write_results(results, "v", [1] * 60 + [0] * 40)
+    write_results(results, "base", [1] * 120 + [0] * 80)
+    write_results(results, "v", [1] * 120 + [0] * 80)
     for model in ("base", "v"):
         (results / model / "vqa.jsonl").write_text("")
         (results / model / "vqa.json").write_text(json.dumps({"status": "not applicable", "n": 0, "score": None,
@@ -98,8 +112,8 @@ def test_not_applicable_suite_is_shown_as_na_never_as_zero(tmp_path):
 
 def test_long_context_accuracy_by_length_and_skipped_lengths(tmp_path):
     results = tmp_path / "results"
-    write_results(results, "base", [1] * 60 + [0] * 40)
-    write_results(results, "v", [1] * 60 + [0] * 40)
+    write_results(results, "base", [1] * 120 + [0] * 80)
+    write_results(results, "v", [1] * 120 + [0] * 80)
     lc = {"max_context": 2048, "lengths_run": [1024],
           "lengths_skipped": [{"length": 4096, "reason": "beyond the model's context: needs ~4364 tokens, has 2048"}],
           "by_length_and_depth": {"1024": {"d0": {"n": 4, "score": 0.75}, "d50": {"n": 4, "score": 0.5}}},

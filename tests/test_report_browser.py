@@ -17,9 +17,9 @@ def test_report_loads_offline_without_errors_and_shows_the_verdict(tmp_path):
 
     assert shutil.which("chromium"), "Debian chromium is needed: apt-get install chromium (make test does it)"
     results = tmp_path / "results"
-    write_results(results, "base", [1] * 60 + [0] * 40)
-    write_results(results, "same", [1] * 60 + [0] * 40)
-    write_results(results, "worse", [1] * 20 + [0] * 80, outputs={0: XSS[0], 1: XSS[1]})
+    write_results(results, "base", [1] * 120 + [0] * 80)  # 200 items: fewer cannot show a GO at margin 0.03
+    write_results(results, "same", [1] * 120 + [0] * 80)
+    write_results(results, "worse", [1] * 40 + [0] * 160, outputs={0: XSS[0], 1: XSS[1]})
     html = report.run(results, tmp_path / "reports", Params.model_validate(TINY_PARAMS)).html
 
     with sync_playwright() as p:
@@ -37,10 +37,10 @@ def test_report_loads_offline_without_errors_and_shows_the_verdict(tmp_path):
         assert page.locator("#banner-same .decision").inner_text() == "GO"
         assert page.locator("#banner-worse .decision").inner_text() == "NO-GO"
         assert page.locator("#suite-table tr").count() == 3
-        page.locator("summary", has_text="math: 100 items").click()
+        page.locator("summary", has_text="math: 200 items").click()
         page.locator("label", has_text="flipped").first.click()  # the CSS-only filter
         visible = page.locator("tr.item:visible").count()
-        assert visible == 40  # 40 items went right -> wrong for 'worse'
+        assert visible == 80  # 80 items went right -> wrong for 'worse'
         shot = tmp_path / "report.png"
         page.screenshot(path=str(shot), full_page=True)
         browser.close()

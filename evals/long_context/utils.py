@@ -6,6 +6,14 @@ keeps matching. lm-eval has no tokenizer here: a length is nominal, the whole pr
 as characters / `chars_per_token` (the pipeline passes the model tokenizer's ratio on this text
 through the task metadata; 4.0 otherwise). Lengths that do not fit `max_context` (also from the
 metadata) minus room for the answer are skipped, never truncated.
+
+Scoring (`process_results`): `acc` reads the number the model committed to, the first number of at
+least ANSWER_DIGITS digits in its output, thousands separators allowed (`4,829,317`), and compares it
+with the needle's value. lm-eval's RULER scorer (`string_match_all`, the peer in
+tests/test_scorer_corpora.py) instead counts the value anywhere in the output as a substring: an
+output that lists every needle's number, or a longer number holding the value's digits, scores right
+there and wrong here; one that writes the value with separators scores wrong there and right here.
+`exact_match` stays the strict reading: the whole output is the value (a final period allowed).
 """
 
 from __future__ import annotations
@@ -126,7 +134,20 @@ def doc_to_target(doc):
     return doc["value"]
 
 
+ANSWER_DIGITS = 5  # every value is a 7-digit number; shorter numbers in an answer are ordinals, counts or years
+NUMBER = re.compile(r"\d{1,3}(?:[,. \u202f\u00a0]\d{3})+(?!\d)|\d+")
+
+
+def committed_value(output: str) -> str | None:
+    """The digits of the first number of at least ANSWER_DIGITS digits in the output, separators dropped."""
+    for match in NUMBER.finditer(output):
+        digits = re.sub(r"\D", "", match.group())
+        if len(digits) >= ANSWER_DIGITS:
+            return digits
+    return None
+
+
 def process_results(doc, results):
     output = results[0].strip()
-    found = re.search(rf"(?<!\d){doc['value']}(?!\d)", output) is not None
-    return {"acc": float(found), "exact_match": float(output.rstrip(".") == doc["value"])}
+    return {"acc": float(committed_value(output) == doc["value"]),
+            "exact_match": float(output.rstrip(".") == doc["value"])}

@@ -1,16 +1,70 @@
-"""GSM8K, zero-shot chat prompt; scored by math-verify plus a strict numeric match."""
+"""GSM8K, zero-shot chat prompt; scored on the number the model committed to as its final answer.
+
+The committed answer is found after an explicit final-answer marker, in two tiers:
+1. the format the prompt asks for, a line starting `Answer:` (also `Final answer:`, `**Answer:**`),
+   or `#### N` (GSM8K's own), or `\\boxed{N}`;
+2. only if tier 1 has none: "the (final) answer is N", or `answer:` inside a line.
+Within a tier the earliest marker that holds a number wins: a model that runs on after answering
+(a new "Question: ... Answer: 7", a note, the answer repeated) committed to the first one. After the
+marker, the answer is read from the rest of that line (or the next line when the marker ends its
+line), up to the end of its sentence; working in parentheses is skipped; in `6 * 3 = 18` the value
+after the last `=` counts, and `18 = 6 * 3` counts 18; a bare expression (`2 + 2 + 2`) is no answer.
+Numbers may carry `$`, `%`, units, thousands separators (`1,234`, `1 234` with a thin space, LaTeX
+`1{,}234`), decimals (`18.00` = 18), a unicode minus, fractions (`3/4`, `\\frac{3}{4}`, `1 1/2`), and
+are compared exactly (as fractions) with the reference.
+
+An output without any marker scores wrong, whatever numbers it holds: the prompt asks for
+`Answer: <number>`, and text alone cannot tell a finished answer from one cut off at the token
+cap (an output that hits the cap mid-working ends in a number that is no answer: `2 + 2 + 2 + 2`,
+"Step 6: Determine"). So no result line needs to know whether its output was truncated.
+
+Where and why this differs from its peers (tests/test_math_scorer.py measures the agreement):
+- lm-eval's gsm8k `strict-match` takes the first `#### N` only: our prompt asks for `Answer:`, so it
+  finds nothing in most outputs. We read `####` too (tier 1).
+- lm-eval's `flexible-extract` takes the last number anywhere in the output: it scores truncated
+  working and runaway continuations on whatever number comes last ("Answer: 18 ... 2 weeks of 7
+  days" -> 7), and `$18.00` or `1,234.` keep their symbols. We take the committed answer.
+- math-verify on the whole output also extracts from unmarked, cut-off text and from the last
+  expression; we keep it as a reported peer metric (`math_verify`), not counted in `acc`.
+"""
 
 import json
 import re
+from fractions import Fraction
 from pathlib import Path
 
 DATA = Path(__file__).with_name("gsm8k_test.jsonl")
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 PROMPT = (
     "Solve this math problem. Think step by step, then write the final answer "
     "on the last line as 'Answer: <number>'.\n\n{question}"
 )
+
+# ---------------------------------------------------------------- markers
+ANSWER_LINE = re.compile(r"(?im)^[ \t>#*_\-]*(?:the\s+)?(?:final\s+)?answer\s*[*_]*\s*[:：]")
+HASHES = re.compile(r"####")
+BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+ANSWER_IS = re.compile(r"(?i)\b(?:final\s+)?answer\s+(?:is|would\s+be|will\s+be|=)\s*[:：]?")
+ANSWER_COLON = re.compile(r"(?i)\b(?:final\s+)?answer\s*[*_]*\s*[:：]")
+TIERS = ((ANSWER_LINE, HASHES, BOXED), (ANSWER_IS, ANSWER_COLON))
+
+# ---------------------------------------------------------------- numbers
+_SEP = "[,\u202f\u2009\u00a0]"  # thousands separators: comma, narrow / thin / no-break space
+_PLAIN = rf"(?:\d{{1,3}}(?:{_SEP}\d{{3}})+|\d+)(?:\.\d+)?|\.\d+"
+NUMBER = re.compile(rf"(?<![\w.])(-?)(?:(\d+)\s+(\d+)\s*/\s*(\d+)|(\d+)\s*/\s*(\d+)(?!\.\d)|({_PLAIN}))")
+OPERATOR_BETWEEN = re.compile(r"^\s*(?:[+*×x·÷^]|-)\s*$")
+SENTENCE_END = re.compile(r"\.(?!\d)|[!?;]")
+LATEX = [
+    (re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}"), r"\1/\2"),
+    (re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\s*\{([^{}]*)\}"), r" \1"),
+    (re.compile(r"\{,\}"), ","),
+    (re.compile(r"\\[,;:! ]"), ""),
+    (re.compile(r"\\(?:times|cdot)"), "*"),
+    (re.compile(r"\\div"), "/"),
+    (re.compile(r"\\[()\[\]]|\\\$|\\%|\$|%|\*\*|__|`"), " "),
+    (re.compile(r"\\left|\\right"), ""),
+    (re.compile(r"[−–‒]"), "-"),  # unicode minus and dashes
+]
 
 
 def load_gsm8k(**_):
@@ -34,31 +88,103 @@ def doc_to_target(doc):
     return gold(doc)
 
 
-def final_number(text: str) -> str | None:
-    """The number after 'Answer:' if present, else the last number in the output."""
-    tail = text.rsplit("Answer:", 1)[-1] if "Answer:" in text else text
-    numbers = NUMBER.findall(tail)
+def _clean(text: str) -> str:
+    for pattern, replacement in LATEX:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _braced(text: str, start: int) -> str:
+    """The content of the brace group opening just before `start` (nested braces kept)."""
+    depth = 1
+    for index in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[index], 0)
+        if depth == 0:
+            return text[start:index]
+    return ""  # never closed: cut off at the token cap
+
+
+def _segment(text: str, match: re.Match) -> str:
+    """The text that holds the committed answer: a \\boxed{} group, else the rest of the marker's
+    line (the next non-empty line when nothing follows the marker on its own)."""
+    if match.re is BOXED:
+        return _braced(text, match.end())
+    rest = text[match.end():]
+    line, _, after = rest.partition("\n")
+    if not line.strip(" \t*_:"):
+        line = next((candidate for candidate in after.split("\n") if candidate.strip()), "")
+    return line
+
+
+def _value(match: re.Match) -> Fraction:
+    sign = -1 if match.group(1) else 1
+    whole, num, den, num2, den2, plain = match.groups()[1:]
+    if num is not None:
+        return sign * (int(whole) + Fraction(int(num), int(den)))
+    if num2 is not None:
+        return sign * Fraction(int(num2), int(den2))
+    return sign * Fraction(re.sub(_SEP, "", plain))
+
+
+def _number_in(part: str) -> Fraction | None:
+    """The answer in a piece of text: its first number, unless that number starts a bare
+    expression (`2 + 2 + 2`), which is working, not an answer."""
+    numbers = list(NUMBER.finditer(part))
     if not numbers:
         return None
-    value = numbers[-1].replace(",", "").rstrip(".")
-    return value[:-2] if value.endswith(".00") else value
-
-
-def _same_number(a: str | None, b: str) -> bool:
+    if len(numbers) > 1 and OPERATOR_BETWEEN.match(part[numbers[0].end():numbers[1].start()]):
+        return None
     try:
-        return a is not None and float(a) == float(b)
-    except ValueError:
+        return _value(numbers[0])
+    except ZeroDivisionError:
+        return None
+
+
+def committed_number(segment: str) -> Fraction | None:
+    """The number a segment after a final-answer marker commits to."""
+    text = _clean(segment)
+    end = SENTENCE_END.search(text)
+    text = text[:end.start()] if end else text
+    while True:  # working in (...) or [...] after the answer is skipped
+        shorter = re.sub(r"(?<=\S)\s*(?:\([^()]*\)|\[[^\[\]]*\])", " ", text)
+        if shorter == text:
+            break
+        text = shorter
+    if "=" in text:
+        parts = text.split("=")
+        first = _number_in(parts[0])
+        lone = first is not None and len(NUMBER.findall(parts[0])) == 1 and not re.search(r"[A-Za-z]", parts[0])
+        return first if lone else _number_in(parts[-1])
+    return _number_in(text)
+
+
+def final_answer(output: str) -> Fraction | None:
+    """The number the model committed to as its final answer, or None when it committed to none
+    (no marker, an empty or non-numeric answer, an output cut off before it)."""
+    for tier in TIERS:
+        matches = sorted((m for pattern in tier for m in pattern.finditer(output)), key=lambda m: m.start())
+        for match in matches:
+            value = committed_number(_segment(output, match))
+            if value is not None:
+                return value
+    return None
+
+
+def is_correct(output: str, target: str) -> bool:
+    value = final_answer(output)
+    return value is not None and value == Fraction(target.replace(",", ""))
+
+
+def math_verify_correct(output: str, target: str) -> bool:
+    """math-verify's verdict on the whole output: a peer figure, reported beside `acc`, not counted."""
+    try:
+        from math_verify import parse, verify
+
+        return bool(verify(parse(target), parse(output)))
+    except Exception:  # math-verify gives up on odd text
         return False
 
 
 def process_results(doc, results):
-    output = results[0]
-    target = gold(doc)
-    strict = _same_number(final_number(output), target)
-    try:
-        from math_verify import parse, verify
-
-        verified = bool(verify(parse(target), parse(output.rsplit("Answer:", 1)[-1])))
-    except Exception:  # math-verify gives up on odd text; the strict match still stands
-        verified = False
-    return {"acc": float(strict or verified), "strict_match": float(strict), "math_verify": float(verified)}
+    output, target = results[0], gold(doc)
+    return {"acc": float(is_correct(output, target)), "math_verify": float(math_verify_correct(output, target))}

@@ -1,4 +1,5 @@
-"""easy-VQA (test split, 100-item subset): one image, one question, a one-word answer; exact match.
+"""easy-VQA (test split, 100-item subset): one image, one question, a one-word answer; exact match
+of the normalized first word (`normalize`).
 
 The prompt carries lm-eval's `<image>` placeholder where the image goes; the engine replaces it
 with the model's own image markup. A text-only model cannot take this suite: the pipeline reports
@@ -36,10 +37,19 @@ def doc_to_target(doc):
     return doc["answer"]
 
 
+LEAD_IN = re.compile(r"^(?:(?:final\s+)?answer\s*[:：-]|the\s+answer\s+is\s*:?|it\s+is|it's|this\s+is|that\s+is)\s*")
+ARTICLES = {"a", "an", "the"}
+
+
 def normalize(text: str) -> str:
-    """Lower case, no 'Answer:' lead, no surrounding spaces or punctuation."""
-    text = re.sub(r"^\s*answer\s*:", "", text.strip().lower())
-    return text.strip().strip(".!,;:'\"` ").strip()
+    """The one-word answer a model committed to: its first line, lower case, without a lead-in
+    ('Answer:', 'The answer is', 'It is'), punctuation or articles (as VQAv2's normalization drops
+    them), then its first word. 'Yes, it does.' -> 'yes'; 'a triangle' -> 'triangle'; 'The shape is
+    a circle' -> 'shape' (the suite asks for a single word; the first word is the answer given)."""
+    line = text.strip().split("\n", 1)[0].lower().strip()
+    line = LEAD_IN.sub("", re.sub(r"[*_`]", "", line))
+    words = [w for w in re.sub(r"[^\w\s-]", " ", line).split() if w not in ARTICLES]
+    return words[0] if words else ""
 
 
 def process_results(doc, results):

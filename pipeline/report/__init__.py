@@ -151,7 +151,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
 
 def _judge_verdict(path: Path, params: Params) -> dict | None:
     """The judge's win rate tested against 0.5 - margin; counted only when the judge is reliable."""
-    from pipeline.judge import UNRELIABLE, decide_judge, explain_judge
+    from pipeline.judge import UNRELIABLE, decide_judge, explain_judge, judge_sentence
 
     summary = _read_json(path)
     if summary is None:
@@ -160,6 +160,7 @@ def _judge_verdict(path: Path, params: Params) -> dict | None:
     decision = decide_judge(summary, margin, min_consistency)
     counted = decision != UNRELIABLE and summary.get("mode", "pairwise") == "pairwise" and bool(summary.get("n"))
     return {"decision": decision, "counted": counted, "margin": margin,
+            "sentence": judge_sentence(summary, decision, margin, min_consistency),
             "reasons": explain_judge(summary, decision, margin, min_consistency), "summary": summary}
 
 
