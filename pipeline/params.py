@@ -231,8 +231,8 @@ class VerdictParams(Section):
     def _margins_in_range(cls, margins: dict[str, float]) -> dict[str, float]:
         for suite, margin in margins.items():
             if not 0 <= margin <= 1:
-                raise ValueError(f"{suite}: {margin} is not between 0 and 1; a margin is the largest acceptable drop "
-                                 "in accuracy, e.g. 0.03 for 3 points")
+                raise PydanticCustomError("value_at_key", f"{margin} is not between 0 and 1; a margin is the largest "
+                                          "acceptable drop in accuracy, e.g. 0.03 for 3 points", {"key": suite})
         return margins
 
     def margin_for(self, suite: str) -> float:
@@ -424,7 +424,8 @@ def _format_error(path: Path, exc: ValidationError, lines: dict[tuple, int] | No
     by_loc: dict[tuple, list[str]] = {}
     for err in exc.errors():
         message = _message(err)
-        loc = _clean_loc(err["loc"]) + ((str(err["ctx"]["key"]),) if err["type"] == "bool_as_number" else ())
+        at_key = err["type"] in ("bool_as_number", "value_at_key")
+        loc = _clean_loc(err["loc"]) + ((str(err["ctx"]["key"]),) if at_key else ())
         if message not in by_loc.setdefault(loc, []):
             by_loc[loc].append(message)
     out = []

@@ -104,6 +104,9 @@ def _check_keys(path: Path, root: Node) -> dict[tuple, int]:
             for key, value in node.value:
                 if key.tag == "tag:yaml.org,2002:merge":
                     continue
+                if isinstance(key, ScalarNode) and _unpaired_surrogate(key.value):
+                    stack.append((key, where))
+                    continue
                 identity, name = _key_identity(key), _key_text(key)
                 line = key.start_mark.line + 1
                 if identity in first:
@@ -115,7 +118,20 @@ def _check_keys(path: Path, root: Node) -> dict[tuple, int]:
                 stack.append((value, (*where, name)))
         elif isinstance(node, SequenceNode):
             stack.extend((child, (*where, str(i))) for i, child in enumerate(node.value))
+        elif _unpaired_surrogate(node.value):  # "\ud800" in a quoted string: no UTF-8 file can hold it
+            mark = node.start_mark
+            raise UserError(f"{path}:{mark.line + 1}:{mark.column + 1}: {'.'.join(where) or 'value'}: holds an "
+                            "unpaired UTF-16 surrogate (half of a character, e.g. \"\\ud800\"); write the "
+                            "character whole")
     return lines
+
+
+def _unpaired_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _read_text(path: Path, what: str) -> str:
