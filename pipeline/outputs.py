@@ -125,7 +125,8 @@ def write_together(files: dict[Path, str]) -> None:
                 except OSError:  # no hard links on this filesystem
                     shutil.copy2(path, backups[path])
         for path in encoded:
-            os.replace(temps.pop(path), path)
+            os.replace(temps[path], path)
+            del temps[path]
             renamed.append(path)
     except BaseException:
         for path in reversed(renamed):  # put back what was there

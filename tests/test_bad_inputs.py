@@ -4,10 +4,12 @@ params.yaml mistakes through every command that reads params, calibration files 
 `quantize report`. Every case must exit 2 with one message that names the file (and the line or key) and
 the fix, with no traceback, and leave the directory exactly as it was (no output, no temp file)."""
 
+import functools
 import gzip
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,24 +22,36 @@ from conftest import REPO
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every path under root with a digest of its bytes (or 'dir')."""
+    """Every path under root (hidden temp files included) with its size, mtime and, when small, a digest."""
     listing = {}
     for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
         if path.is_symlink() or not path.exists():
-            listing[str(path.relative_to(root))] = "link"
+            listing[name] = "link"
         elif path.is_dir():
-            listing[str(path.relative_to(root))] = "dir"
+            listing[name] = "dir"
         else:
-            listing[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+            stat = path.stat()
+            small = stat.st_size < (1 << 20)
+            listing[name] = f"{stat.st_size}:{stat.st_mtime_ns}:" + (hashlib.sha256(path.read_bytes()).hexdigest()
+                                                                      if small else "")
     return listing
 
 
-def invoke(args: list) -> object:
-    from typer.testing import CliRunner
+@functools.cache
+def _command():
+    """The CLI as a click command, built once (typer rebuilds it on every CliRunner.invoke)."""
+    import typer
 
     from pipeline.cli import app
 
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return typer.main.get_command(app)
+
+
+def invoke(args: list) -> object:
+    from click.testing import CliRunner
+
+    return CliRunner().invoke(_command(), [str(a) for a in args])
 
 
 def assert_refused(result, expected: list[str], label: str) -> str:
@@ -163,8 +177,8 @@ PARAMS_CASES = [
      ["params.yaml:11: variants.awq-w4a16: needs a method: awq or fp8"]),
     ("an unknown method", sub("    method: awq", "    method: gptq"),
      ["params.yaml:11: variants.awq-w4a16: method 'gptq' is not one of 'awq', 'fp8'"]),
-    ("a bad engine name", sub("  batch_size: 8", "  batch_size: 8\n  name: vllm"),
-     ["params.yaml:29: engine.name: 'vllm' is not allowed; input should be 'hf', 'lmdeploy' or 'openai'"]),
+    ("a bad engine name", sub("  batch_size: 8", "  batch_size: 8\n  name: tgi"),
+     ["params.yaml:29: engine.name: 'tgi' is not allowed; input should be 'hf', 'vllm', 'lmdeploy' or 'openai'"]),
     ("a bad KV scheme", sub("    method: fp8", "    method: fp8\n    kv: per-channel"),
      ["params.yaml:16: variants.fp8-w8a8.kv: 'per-channel' is not allowed"]),
     ("text for a number", sub("  seq_len: 64", "  seq_len: lots"),
@@ -192,7 +206,7 @@ PARAMS_CASES = [
     ("kl_max_tokens: 10000000", sub("  bootstrap: 2000", "  bootstrap: 2000\n  kl_max_tokens: 10000000"),
      ["params.yaml:27: verdict.kl_max_tokens: Input should be less than or equal to 16384"]),
     ("bench.concurrency: [0, 100000]", sub("  input_len: 128", "  input_len: 128\n  concurrency: [0, 100000]"),
-     ["params.yaml:31: bench.concurrency: must be a list of 1 to 16 levels between 1 and 1024"]),
+     ["params.yaml:31: bench.concurrency: must be a non-empty list of integers from 1 to 4096"]),
     ("seq_len x num_blocks too large", sub("  seq_len: 64\n  num_blocks: 8", "  seq_len: 32768\n  num_blocks: 16384"),
      ["params.yaml:4: calib: seq_len x num_blocks = 536,870,912 tokens, over the limit of 16,777,216"]),
     ("NaN", sub("  limit: 2", "  limit: 2\n  margin: .nan"), ["params.yaml:23: judge.margin: Input should be a finite number"]),
@@ -449,13 +463,13 @@ def test_quantize_calib_refuses_every_bad_calibration_file(calib_root, tiny_llam
         case_dir = root / f"case{number}"
         case_dir.mkdir()
         source = make(case_dir)
-        before = snapshot(root)
+        before = snapshot(case_dir), sorted(os.listdir(root))
         result = invoke(["calib", source, "--out", case_dir / "out", "--model", tiny_llama, "--params", params,
                          *(["--strict"] if strict else [])])
         output = assert_refused(result, [e.format(p=case_dir) for e in expected], case)
         for secret in ("jane.doe", "98765"):
             assert secret not in output, case
-        assert snapshot(root) == before, f"{case}: files changed"
+        assert (snapshot(case_dir), sorted(os.listdir(root))) == before, f"{case}: files changed"
 
 
 def test_quantize_awq_refuses_every_bad_raw_calibration_file(calib_root, tiny_llama):
@@ -467,11 +481,11 @@ def test_quantize_awq_refuses_every_bad_raw_calibration_file(calib_root, tiny_ll
         case_dir = root / f"case{number}"
         case_dir.mkdir()
         source = make(case_dir)
-        before = snapshot(root)
+        before = snapshot(case_dir), sorted(os.listdir(root))
         result = invoke(["awq", "--calib", source, "--model", tiny_llama, "--out", case_dir / "out",
                          "--params", params])
         assert_refused(result, [e.format(p=case_dir) for e in expected], case)
-        assert snapshot(root) == before, f"{case}: files changed"
+        assert (snapshot(case_dir), sorted(os.listdir(root))) == before, f"{case}: files changed"
 
 
 @pytest.mark.parametrize("blocks, expected", [
@@ -590,7 +604,7 @@ RESULT_CASES = [
      [f"{V_MATH}:3: JSON that cannot be loaded (Exceeds the limit (4300 digits)"]),
     ("a UTF-16 result file", V_MATH, jsonl(good_lines()).decode().encode("utf-16"),
      [f"{V_MATH}:1: the file is UTF-16 encoded, not UTF-8"]),
-    ("binary garbage", V_MATH, bytes(range(256)) * 16, [f"{V_MATH}:1: bytes that are not UTF-8 (0x80)"]),
+    ("binary garbage", V_MATH, bytes(range(256)) * 16, [f"{V_MATH}:2: bytes that are not UTF-8 (0x80)"]),
     ("a result file that is a directory", V_MATH, None,
      [f"{V_MATH}: is a directory where a file belongs; move it away"]),
     ("kl.json not JSON", KL_PATH, b'{"tokens": 100, "kl_mean": ', [f"{KL_PATH}:1: not valid JSON",
@@ -659,16 +673,19 @@ def report_args(root: Path) -> list:
 
 
 def test_quantize_report_refuses_every_bad_result_file_and_keeps_the_last_report(tmp_path, monkeypatch):
+    template = tmp_path / "template"
+    build_results(template)
+    monkeypatch.chdir(template)
+    good = invoke(report_args(template))
+    assert good.exit_code == 0, good.output
     for number, (case, name, data, expected) in enumerate(RESULT_CASES):
         root = tmp_path / f"case{number}"
-        build_results(root)
+        shutil.copytree(template, root)  # inputs and the report they gave
         monkeypatch.chdir(root)
-        good = invoke(report_args(root))
-        assert good.exit_code == 0, f"{case}: {good.output}"
         previous = snapshot(root / "reports")
         target = root / name
         if target.is_dir():
-            __import__("shutil").rmtree(target)
+            shutil.rmtree(target)
         elif target.exists():
             target.unlink()
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -100,14 +100,17 @@ def _decode(raw: bytes | None, size: int, where: str) -> str:
     return text.lstrip("\ufeff").rstrip("\r\n")
 
 
+BLANK = object()  # a blank line; a `null` line is a (bad) record
+
+
 def _parse_line(raw: bytes | None, size: int, where: str) -> object:
     line = _decode(raw, size, where)
     if not line.strip():
-        return None
+        return BLANK
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        raise BadRecord(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); "
+        raise BadRecord(f"{where}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
                         "make the line one JSON object or remove it") from None
     except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
         raise BadRecord(f"{where}: JSON that cannot be loaded ({str(exc)[:100]}); "
@@ -131,7 +134,7 @@ def iter_records(path: Path) -> Iterator[tuple[str, object]]:
                 except BadRecord as exc:
                     yield where, exc
                     continue
-                if record is not None:
+                if record is not BLANK:
                     yield where, record
         except (OSError, EOFError, zlib.error) as exc:
             raise UserError(f"{path}:{number + 1}: reading failed ({exc}); a gzip file here is corrupt or "
@@ -167,7 +170,7 @@ def _iter_json_array(path: Path) -> Iterator[tuple[str, object]]:
         try:
             record, end = decoder.raw_decode(text, position)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno}); "
+            raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
                             "a .json file must be one valid array, so fix it there (or use .jsonl)") from None
         except (ValueError, RecursionError) as exc:
             raise UserError(f"{path}:{_line_col(text, position)}: JSON that cannot be loaded ({str(exc)[:100]}); "

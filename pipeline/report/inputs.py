@@ -135,12 +135,13 @@ SCHEMAS = {  # file name -> (spec, command that writes it again)
                     "control_win_rate?": NUMBER_OR_NULL, "length_bias?": NUMBER_OR_NULL,
                     "noise_floor?": NUMBER_OR_NULL}, "quantize judge models/{model}"),
     "bench.json": ({"engine": "text", "device": "text", "date?": ("text", None), "input_len": "count",
-                    "output_len": "count",
+                    "output_len": "count", "engine_info?": ({"tensor_parallel_size?": COUNT_OR_NULL}, None),
                     "workloads": {"fixed": {"levels": [{"concurrency": "count", "tpot_ms?": ("non-negative number", None),
                                                         "ttft_p50_ms": "non-negative number",
                                                         "output_tokens_per_s": ("non-negative number", None),
-                                                        "memory_bytes": COUNT_OR_NULL}]}},
-                    "roofline": {"fraction_of_bound?": NUMBER_OR_NULL, "bound_tokens_per_s?": NUMBER_OR_NULL}},
+                                                        "memory_bytes?": COUNT_OR_NULL}],
+                                            "rates?": ([{"output_tokens_per_s?": ("non-negative number", None)}], None)}},
+                    "roofline?": ({"fraction_of_bound?": NUMBER_OR_NULL, "bound_tokens_per_s?": NUMBER_OR_NULL}, None)},
                    "quantize bench models/{model}"),
     "quant.json": ({"scheme": "text", "size_bytes": "count", "quantized_modules": "count",
                     "calibration": {"blocks": "count", "seq_len": "count", "sha256": "text"},
@@ -197,7 +198,7 @@ def _parse(path: Path, text: str, where: str, command: str):
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:  # where: the line of a .jsonl; else the line in the file
-        raise _problem(path, where or f":{exc.lineno}", f"not valid JSON ({exc.msg} at column {exc.colno})",
+        raise _problem(path, where or f":{exc.lineno}", f"not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})",
                        command) from None
     except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
         raise _problem(path, where, f"JSON that cannot be loaded ({str(exc).split(':')[0][:80]})", command) from None
