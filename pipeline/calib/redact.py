@@ -92,6 +92,12 @@ def _checked(is_valid: Callable[[str], bool], *, cut_at_spaces: bool = False, af
     return check
 
 
+# Combining marks, which Python's \w leaves out although they are part of a word: Latin, Cyrillic,
+# Hebrew and Arabic diacritics, the Indic scripts' vowel signs (राम is र + ा + म), Thai, Lao, Myanmar,
+# Khmer, and the zero-width joiners.
+MARKS = ("\u0300-\u036f\u0483-\u0489\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0900-\u0dff"
+         "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u200c\u200d")
+
 # Spelled-out e-mails: "john dot smith at example dot com", "jane [at] mail [dot] co [dot] uk",
 # "first.last at example.com". Labels and repeats are bounded, so a search stays linear in the text.
 _LABEL = r"[^\W_][\w-]{0,63}"
@@ -142,7 +148,10 @@ class Redactor:
 
 REDACTORS = [
     # any script in the name and the domain (RFC 6531), an IDN top-level domain or its xn-- form
-    Redactor("email", re.compile(r"[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.(?:[^\W\d_]{2,}|xn--[a-z0-9-]{2,})(?![\w-])"),
+    # (the look-behind starts a try only where a run of name characters starts: linear, not quadratic,
+    # in a long word such as a pasted base64 blob)
+    Redactor("email", re.compile(rf"(?<![\w{MARKS}.%+-])[\w{MARKS}.%+-]+@[\w{MARKS}-]+(?:\.[\w{MARKS}-]+)*\."
+                                 rf"(?:[^\W\d_](?:[^\W\d_]|[{MARKS}])+|xn--[a-z0-9-]{{2,}})(?![\w{MARKS}-])"),
              lambda candidate, text, start: len(candidate), "at sign"),
     Redactor("email", SPELLED_EMAIL, _spelled_email_ok, "spelled at", retry_inside=True),
     Redactor("iban", re.compile(r"\b[A-Za-z]{2}\d{2}(?:[ -]?[A-Za-z0-9]{4}){2,7}(?:[ -]?[A-Za-z0-9]{1,4})?\b"),
