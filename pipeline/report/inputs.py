@@ -27,12 +27,13 @@ CHECKS = {
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
     "non-negative number": lambda v: CHECKS["number"](v) and v >= 0,
     "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "positive count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
     "text": lambda v: isinstance(v, str),
     "flag": lambda v: isinstance(v, bool),
     "any": lambda v: True,
     "result id": lambda v: (isinstance(v, str) and v != "") or (isinstance(v, int) and not isinstance(v, bool)),
 }
-DESCRIBED = {"number": "a finite number", "non-negative number": "a number >= 0", "count": "a whole number >= 0",
+DESCRIBED = {"number": "a finite number", "non-negative number": "a number >= 0", "count": "a whole number >= 0", "positive count": "a whole number >= 1",
              "text": "text", "flag": "true or false", "result id": "a non-empty string or an integer", None: "null"}
 KINDS = {"dict": "an object", "list": "an array", "str": "text", "int": "a number", "float": "a number",
          "bool": "true/false", "NoneType": "null"}
@@ -61,13 +62,15 @@ def _describe(spec) -> str:
 def check(value, spec, key: str = "") -> None:
     """Raises Mismatch(key, expected, found) at the first place value does not fit spec."""
     if isinstance(spec, tuple):
+        deepest = None
         for alternative in spec:
             try:
                 check(value, alternative, key)
                 return
-            except Mismatch:
-                continue
-        raise Mismatch(key, _describe(spec), _kind(value))
+            except Mismatch as exc:
+                if exc.args[0] != key and (deepest is None or len(exc.args[0]) > len(deepest.args[0])):
+                    deepest = exc  # the right kind of container, wrong inside: say where
+        raise deepest or Mismatch(key, _describe(spec), _kind(value))
     if spec is None:
         if value is not None:
             raise Mismatch(key, "null", _kind(value))
@@ -125,6 +128,15 @@ def unpaired_surrogate(value, key: str = "") -> str | None:
 RESULT_LINE = {"id": "result id", "score": "number", "correct": "flag"}
 COUNT_OR_NULL = ("count", None)
 NUMBER_OR_NULL = ("number", None)
+DISTRIBUTION = ({"mean?": "non-negative number", "median": "non-negative number", "p90": "non-negative number",
+                 "p99": "non-negative number"}, None)  # milliseconds (pipeline/bench.py: distribution)
+LEVEL_AT_RATE = {"output_tokens_per_s?": ("non-negative number", None), "ttft_ms?": DISTRIBUTION,
+                 "tpot_ms_stats?": DISTRIBUTION, "requests_per_s?": ("non-negative number", None),
+                 "goodput_requests_per_s?": ("non-negative number", None)}
+LEVEL = {**LEVEL_AT_RATE, "concurrency": "positive count", "tpot_ms?": ("non-negative number", None),
+         "ttft_p50_ms": "non-negative number", "output_tokens_per_s": ("non-negative number", None),
+         "memory_bytes?": COUNT_OR_NULL, "itl_ms?": DISTRIBUTION, "e2el_ms?": DISTRIBUTION}
+SERVING = ({"*": ({"serves?": "flag", "how?": ("text", None)}, None)}, None)  # engine -> can it serve, and how
 SCHEMAS = {  # file name -> (spec, command that writes it again)
     "kl.json": ({"tokens": "count", "kl_mean": "number", "kl_p99": "number", "kl_max": "number",
                  "top1_agreement": "number"}, "quantize kl models/{model}"),
@@ -136,17 +148,13 @@ SCHEMAS = {  # file name -> (spec, command that writes it again)
                     "noise_floor?": NUMBER_OR_NULL}, "quantize judge models/{model}"),
     "bench.json": ({"engine": "text", "device": "text", "date?": ("text", None), "input_len": "count",
                     "output_len": "count", "engine_info?": ({"tensor_parallel_size?": COUNT_OR_NULL}, None),
-                    "workloads": {"fixed": {"levels": [{"concurrency": "count", "tpot_ms?": ("non-negative number", None),
-                                                        "ttft_p50_ms": "non-negative number",
-                                                        "output_tokens_per_s": ("non-negative number", None),
-                                                        "memory_bytes?": COUNT_OR_NULL}],
-                                            "rates?": ([{"output_tokens_per_s?": ("non-negative number", None)}], None)}},
+                    "workloads": {"fixed": {"levels": [LEVEL], "rates?": ([LEVEL_AT_RATE], None)}},
                     "roofline?": ({"fraction_of_bound?": NUMBER_OR_NULL, "bound_tokens_per_s?": NUMBER_OR_NULL}, None)},
                    "quantize bench models/{model}"),
     "quant.json": ({"scheme": "text", "size_bytes": "count", "quantized_modules": "count",
                     "calibration": {"blocks": "count", "seq_len": "count", "sha256": "text"},
                     "seconds": {"total": "non-negative number"}, "device": "text", "peak_rss_bytes?": COUNT_OR_NULL,
-                    "ignored?": {"*": "any"},
+                    "ignored?": {"*": "any"}, "serving?": SERVING,
                     "verify?": {"reloads?": "flag", "sample?": "any",
                                 "vision?": {"vision_tensors": "count", "mismatched": ["any"]}}},
                    "quantize variant {model}"),
