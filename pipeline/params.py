@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 import typing
+from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic_core import PydanticCustomError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline import safe_yaml
@@ -52,6 +51,13 @@ def _no_nul(path: Path) -> Path:
 SafePath = Annotated[Path, AfterValidator(_no_nul)]
 
 
+class BoolGiven:
+    """Stands in for a true/false written where a number belongs, so the error is reported at its key."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -59,12 +65,12 @@ class Section(BaseModel):
     @classmethod
     def _no_bool_as_number(cls, data):
         """pydantic reads true as 1: `batch_size: true` is a mistake, not a batch of one."""
-        if isinstance(data, dict):
+        if isinstance(data, dict) and any(isinstance(v, bool) or isinstance(v, (list, dict)) for v in data.values()):
+            data = dict(data)
             for key, value in data.items():
                 field = cls.model_fields.get(key) if isinstance(key, str) else None
                 if field is not None and not _accepts_bool(field.annotation) and _holds_bool(value):
-                    raise PydanticCustomError("bool_as_number", "true/false is not allowed here; give a number or a "
-                                              "name (see params.yaml)", {"key": key})
+                    data[key] = BoolGiven(value)  # fails its field's validation: reported there
         return data
 
 
@@ -207,7 +213,7 @@ class VerdictParams(Section):
     bootstrap: int = Field(2000, ge=100, le=20_000)
     seed: int = Field(0, ge=0, le=SEED_MAX)
     default_margin: float = Field(0.02, ge=0, le=1)
-    margins: dict[str, float] = {}
+    margins: dict[str, Annotated[float, Field(ge=0, le=1)]] = {}  # largest acceptable drop per suite
     floor_ceiling: float = Field(0.05, ge=0, le=0.5)
     kl_sequences: int = Field(32, ge=1, le=10_000)  # held-out conversations scored for KL / top-1 agreement
     kl_max_tokens: int = Field(512, ge=16, le=16384)  # tokens per conversation (logits: tokens x vocabulary)
@@ -225,15 +231,6 @@ class VerdictParams(Section):
             raise ValueError("nogo_if_slower_at_batch1: true needs verdict.speed_engine: the engine the variants "
                              "will be deployed on (e.g. vllm); speed measured on another engine cannot stop a variant")
         return self
-
-    @field_validator("margins")
-    @classmethod
-    def _margins_in_range(cls, margins: dict[str, float]) -> dict[str, float]:
-        for suite, margin in margins.items():
-            if not 0 <= margin <= 1:
-                raise PydanticCustomError("value_at_key", f"{margin} is not between 0 and 1; a margin is the largest "
-                                          "acceptable drop in accuracy, e.g. 0.03 for 3 points", {"key": suite})
-        return margins
 
     def margin_for(self, suite: str) -> float:
         return self.margins.get(suite, self.default_margin)
@@ -399,6 +396,11 @@ def _clean_loc(loc: tuple) -> tuple[str, ...]:
 def _message(err: dict) -> str:
     kind, given = err["type"], err.get("input")
     message = err["msg"].removeprefix("Value error, ")
+    if isinstance(given, BoolGiven):
+        return "true/false is not allowed here; give a number or a name (see params.yaml)"
+    if kind in ("greater_than_equal", "less_than_equal") and tuple(err["loc"][:2]) == ("verdict", "margins"):
+        return (f"{given} is not between 0 and 1; a margin is the largest acceptable drop in accuracy, "
+                "e.g. 0.03 for 3 points")
     if kind == "extra_forbidden":
         return "unknown key; remove it or check its spelling"
     if kind == "literal_error":
@@ -424,8 +426,7 @@ def _format_error(path: Path, exc: ValidationError, lines: dict[tuple, int] | No
     by_loc: dict[tuple, list[str]] = {}
     for err in exc.errors():
         message = _message(err)
-        at_key = err["type"] in ("bool_as_number", "value_at_key")
-        loc = _clean_loc(err["loc"]) + ((str(err["ctx"]["key"]),) if at_key else ())
+        loc = _clean_loc(err["loc"])
         if message not in by_loc.setdefault(loc, []):
             by_loc[loc].append(message)
     out = []

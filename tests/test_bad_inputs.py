@@ -757,3 +757,22 @@ def test_a_killed_reports_temp_files_are_removed_by_the_next_report(tmp_path, mo
     assert invoke(report_args(tmp_path)).exit_code == 0
     assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == [".index.html.tmp-1", "index.html",
                                                                          "verdict.json"]
+
+
+@pytest.mark.parametrize("where", ["a file", "inside a file", "index.html is a directory"])
+def test_a_report_that_cannot_be_written_there_is_refused_and_nothing_changes(tmp_path, monkeypatch, where):
+    build_results(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = report_args(tmp_path)
+    out = tmp_path / "reports"
+    if where == "a file":
+        out.write_text("notes")
+    elif where == "inside a file":
+        out.write_text("notes")
+        out = out / "sub"
+        args[args.index("--out") + 1] = out
+    else:
+        (out / "index.html").mkdir(parents=True)
+    before = snapshot(tmp_path)
+    assert_refused(invoke(args), [f"{out}: cannot write the report there", "pass --out a writable directory"], where)
+    assert snapshot(tmp_path) == before

@@ -233,8 +233,12 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     html = render_html(verdict=verdict, results=results, params=params, calib=calib, base=base_quant,
                        human_size=human_size)
     # together or not at all: a CI gate reading verdict.json and a reviewer reading index.html see one decision
-    write_together({out_dir / "index.html": html,
-                    out_dir / "verdict.json": json.dumps(verdict, indent=2, sort_keys=False, default=str) + "\n"})
+    try:
+        write_together({out_dir / "index.html": html,
+                        out_dir / "verdict.json": json.dumps(verdict, indent=2, sort_keys=False, default=str) + "\n"})
+    except (NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError) as exc:
+        raise UserError(f"{out_dir}: cannot write the report there ({exc.strerror}: {exc.filename}); "
+                        "pass --out a writable directory") from None
     return ReportResult(out_dir / "index.html", out_dir / "verdict.json", verdict)
 
 
