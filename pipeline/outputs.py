@@ -74,3 +74,69 @@ class Stopwatch:
     def __str__(self) -> str:
         s = self.seconds
         return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {int(s % 60)} s"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temps(directory: Path, names: list[str]) -> None:
+    """Removes `.NAME.tmp-PID` / `.NAME.old-PID` files that a killed run left for these names (its PID is gone)."""
+    for name in names:
+        for leftover in directory.glob(f".{name}.*-*"):
+            kind, _, pid = leftover.name[len(name) + 2:].partition("-")
+            if kind in ("tmp", "old") and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
+
+def write_together(files: dict[Path, str]) -> None:
+    """Writes several files as one: each to a temp file beside it (encoded and flushed first), then all
+    renamed. If anything fails before the renames, no file changes; if a rename fails, the files already
+    renamed get their previous versions back. No temp file survives (a killed run's are removed by the
+    next call). The last file of `files` is renamed last: put the one a reader gates on there."""
+    encoded = {Path(path): text.encode("utf-8") for path, text in files.items()}  # fails before any write
+    pid = os.getpid()
+    temps: dict[Path, Path] = {}
+    backups: dict[Path, Path] = {}
+    renamed: list[Path] = []
+    try:
+        for path, data in encoded.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(path.parent, [path.name])
+            temps[path] = path.with_name(f".{path.name}.tmp-{pid}")
+            with open(temps[path], "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for path in encoded:
+            if path.is_file():
+                backups[path] = path.with_name(f".{path.name}.old-{pid}")
+                with contextlib.suppress(FileNotFoundError):
+                    backups[path].unlink()
+                try:
+                    os.link(path, backups[path])
+                except OSError:  # no hard links on this filesystem
+                    shutil.copy2(path, backups[path])
+        for path in encoded:
+            os.replace(temps[path], path)
+            del temps[path]
+            renamed.append(path)
+    except BaseException:
+        for path in reversed(renamed):  # put back what was there
+            with contextlib.suppress(OSError):
+                if path in backups:
+                    os.replace(backups.pop(path), path)
+                else:
+                    path.unlink()
+        raise
+    finally:
+        for leftover in [*temps.values(), *backups.values()]:
+            with contextlib.suppress(OSError):
+                leftover.unlink()

@@ -1,44 +1,102 @@
 """params.yaml schema: every stage's defaults, validated at load.
 
-A bad file stops with the key's dotted path, what is wrong and what is allowed, e.g.
+A bad file stops with the key's dotted path (and its line), what is wrong and what is allowed, e.g.
 ``params.yaml: variants.awq-w4a16.group_size: 100 does not divide 576 (hidden size of models/base)``.
+The file is read through pipeline/safe_yaml.py (size, aliases, nesting and duplicate keys bounded);
+every number that sizes memory or time has an upper bound here, and no float may be NaN or infinite.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline import safe_yaml
 from pipeline.errors import UserError
 
 DEFAULT_PARAMS = Path("params.yaml")
+SEED_MAX = 2**32 - 1  # numpy and torch take seeds below 2**32
+MAX_NEW_TOKENS = 32768  # per answer: engines preallocate the KV cache for prompt + new tokens
+MAX_TIMEOUT_S = 3600.0
+MAX_CALIB_TOKENS = 1 << 24  # seq_len x num_blocks: every block is held in memory while packing
+
+
+def _accepts_bool(annotation) -> bool:
+    if annotation is bool or annotation in (dict, list, typing.Any):
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True  # a section: its own fields are checked
+    return any(_accepts_bool(arg) for arg in typing.get_args(annotation))
+
+
+def _holds_bool(value) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, dict):
+        return any(isinstance(v, bool) for v in value.values())
+    return isinstance(value, list) and any(isinstance(v, bool) for v in value)
+
+
+def _no_nul(path: Path) -> Path:
+    if "\0" in str(path):
+        raise ValueError("holds a NUL character; give a plain path")
+    return path
+
+
+SafePath = Annotated[Path, AfterValidator(_no_nul)]
+
+
+class BoolGiven:
+    """Stands in for a true/false written where a number belongs, so the error is reported at its key."""
+
+    def __init__(self, value) -> None:
+        self.value = value
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, data):
+        """pydantic reads true as 1: `batch_size: true` is a mistake, not a batch of one."""
+        if isinstance(data, dict) and any(isinstance(v, bool) or isinstance(v, (list, dict)) for v in data.values()):
+            data = dict(data)
+            for key, value in data.items():
+                field = cls.model_fields.get(key) if isinstance(key, str) else None
+                if field is not None and not _accepts_bool(field.annotation) and _holds_bool(value):
+                    data[key] = BoolGiven(value)  # fails its field's validation: reported there
+        return data
 
 
 class ModelParams(Section):
-    source: str = "demo"
-    base_dir: Path = Path("models/base")
+    source: str = Field("demo", min_length=1)
+    base_dir: SafePath = Path("models/base")
     dtype: Literal["float16", "bfloat16"] = "float16"
 
 
 class CalibParams(Section):
-    source: Path = Path("calib_data/support_logs.jsonl")
-    out: Path = Path("calib_data/build")
+    source: SafePath = Path("calib_data/support_logs.jsonl")
+    out: SafePath = Path("calib_data/build")
     seq_len: int = Field(256, ge=16, le=32768)
-    num_blocks: int = Field(32, ge=1)
-    holdout: int = Field(32, ge=0)
+    num_blocks: int = Field(32, ge=1, le=16384)
+    holdout: int = Field(32, ge=0, le=10000)
     max_bad_fraction: float = Field(0.05, ge=0, le=1)
     redact: bool = True
-    redact_patterns: list[str] = []
-    seed: int = 0
+    redact_patterns: list[Annotated[str, Field(min_length=1, max_length=1000)]] = Field([], max_length=100)
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+
+    @model_validator(mode="after")
+    def _tokens_bounded(self):
+        if self.seq_len * self.num_blocks > MAX_CALIB_TOKENS:
+            raise ValueError(f"seq_len x num_blocks = {self.seq_len * self.num_blocks:,} tokens, over the limit of "
+                             f"{MAX_CALIB_TOKENS:,}; use fewer blocks")
+        return self
 
     @field_validator("redact_patterns")
     @classmethod
@@ -57,13 +115,13 @@ class AwqParams(Section):
     method: Literal["awq"]
     group_size: int | Literal["auto"] = "auto"
     symmetric: bool = False
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1, le=4096)
     n_grid: int = Field(20, ge=2, le=100)  # AWQ scale candidates tried per layer group
 
     @field_validator("group_size")
     @classmethod
     def _power_of_two(cls, value):
-        if value != "auto" and (value < 16 or value & (value - 1)):
+        if value != "auto" and (value < 16 or value > 256 or value & (value - 1)):
             raise ValueError(f"{value} is not one of auto, 16, 32, 64, 128, 256")
         return value
 
@@ -78,10 +136,46 @@ VariantParams = Annotated[Union[AwqParams, Fp8Params], Field(discriminator="meth
 
 
 class SuiteParams(Section):
-    task: str
-    limit: int | None = Field(None, ge=1)
-    max_new_tokens: int = Field(256, ge=1)
+    task: str = Field(min_length=1)
+    limit: int | None = Field(None, ge=1, le=10_000_000)
+    max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)
     options: dict = {}  # task settings, e.g. long_context: {lengths: [1024, 2048], repeats: 1}
+
+    @model_validator(mode="after")
+    def _long_context_options(self):
+        if self.task == LONG_CONTEXT_TASK:
+            problem = long_context_options_problem(self.options)
+            if problem:
+                raise ValueError(f"options.{problem}")
+        return self
+
+
+LONG_CONTEXT_TASK = "quant_long_context"
+MAX_LONG_CONTEXT_TOKENS = 20_000_000  # all items together: every one is generated in memory
+
+
+def long_context_options_problem(options: dict) -> str | None:
+    """What is wrong with a long_context suite's options (evals/long_context/utils.py), else None."""
+    allowed = {"lengths", "depths", "kinds", "repeats"}
+    for key in options:
+        if key not in allowed:
+            return f"{key}: unknown option; use {', '.join(sorted(allowed))}"
+    lengths, depths = options.get("lengths", [1024, 2048, 4096, 8192]), options.get("depths", [0, 25, 50, 75, 100])
+    kinds, repeats = options.get("kinds", ["niah", "multikey"]), options.get("repeats", 4)
+    whole = lambda v, lo, hi: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi  # noqa: E731
+    if not isinstance(lengths, list) or not 1 <= len(lengths) <= 32 or not all(whole(n, 64, 1 << 20) for n in lengths):
+        return "lengths: give a list of 1 to 32 token counts between 64 and 1048576, e.g. [1024, 2048]"
+    if not isinstance(depths, list) or not 1 <= len(depths) <= 101 or not all(whole(d, 0, 100) for d in depths):
+        return "depths: give a list of needle depths in % (whole numbers 0-100), e.g. [0, 50, 100]"
+    if not isinstance(kinds, list) or not kinds or not set(kinds) <= {"niah", "multikey"}:
+        return "kinds: give a list of niah and/or multikey"
+    if not whole(repeats, 1, 1000):
+        return "repeats: give a whole number from 1 to 1000"
+    total = sum(lengths) * len(depths) * len(kinds) * repeats
+    if total > MAX_LONG_CONTEXT_TOKENS:
+        return (f"the ladder holds {total:,} prompt tokens in all, over the limit of {MAX_LONG_CONTEXT_TOKENS:,}; "
+                "use fewer lengths, depths or repeats")
+    return None
 
 
 def env_var_name(value: str | None) -> str | None:
@@ -99,29 +193,30 @@ class JudgeParams(Section):
     margin: float = Field(0.05, ge=0, le=0.5)
     min_consistency: float = Field(0.6, ge=0, le=1)
     mode: Literal["pairwise", "reference"] = "pairwise"
-    limit: int | None = Field(None, ge=1)  # held-out prompts to judge; None: all
-    max_new_tokens: int = Field(256, ge=1)  # base and variant answers
-    judge_max_new_tokens: int = Field(512, ge=1)  # the judge's reasoning and verdict
+    limit: int | None = Field(None, ge=1, le=100_000)  # held-out prompts to judge; None: all
+    max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)  # base and variant answers
+    judge_max_new_tokens: int = Field(512, ge=1, le=MAX_NEW_TOKENS)  # the judge's reasoning and verdict
     control: bool = True  # also judge the base against itself: the noise floor
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
     api_key_env: str | None = None  # openai: NAME of the environment variable holding the key, never the key
     concurrency: int = Field(4, ge=1, le=256)
-    timeout: float = Field(60.0, gt=0)
+    timeout: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
     retries: int = Field(3, ge=0, le=20)
-    backoff: float = Field(1.0, ge=0)  # seconds before the first retry; doubles each time, with jitter
+    backoff: float = Field(1.0, ge=0, le=300)  # seconds before the first retry; doubles each time, with jitter
 
     _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
 
 
 class VerdictParams(Section):
     confidence: float = Field(0.95, gt=0.5, lt=1)
-    bootstrap: int = Field(2000, ge=100)
-    seed: int = 0
+    # the paired bootstrap holds iterations x items resampled indices (pipeline/verdict.py)
+    bootstrap: int = Field(2000, ge=100, le=20_000)
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     default_margin: float = Field(0.02, ge=0, le=1)
-    margins: dict[str, float] = {}
+    margins: dict[str, Annotated[float, Field(ge=0, le=1)]] = {}  # largest acceptable drop per suite
     floor_ceiling: float = Field(0.05, ge=0, le=0.5)
-    kl_sequences: int = Field(32, ge=1)  # held-out conversations scored for KL / top-1 agreement
-    kl_max_tokens: int = Field(512, ge=16)  # tokens per conversation
+    kl_sequences: int = Field(32, ge=1, le=10_000)  # held-out conversations scored for KL / top-1 agreement
+    kl_max_tokens: int = Field(512, ge=16, le=16384)  # tokens per conversation (logits: tokens x vocabulary)
     # Speed (from `quantize bench`, when both base and variant were benched with the same engine):
     # when true, a variant whose batch-1 decode rate is below the base's by more than speed_tolerance
     # is NO-GO; when false, the report only shows it.
@@ -212,8 +307,8 @@ class SloParams(Section):
 
 class BenchParams(Section):
     engine: Literal["hf", "vllm", "lmdeploy", "openai"] | None = None  # None: engine.name
-    concurrency: list[int] = [1, 4, 16, 64]
-    request_rates: list[float] = []  # requests/s with Poisson arrivals (server engines: vllm, openai)
+    concurrency: list[int] = Field([1, 4, 16, 64], max_length=32)
+    request_rates: list[float] = Field([], max_length=32)  # requests/s with Poisson arrivals (server engines: vllm, openai)
     rate_seconds: float = Field(30.0, gt=0, le=3600)  # each rate sends about rate x rate_seconds requests
     input_len: int = Field(128, ge=1, le=1 << 20)
     output_len: int = Field(256, ge=2, le=1 << 20)
@@ -275,70 +370,153 @@ class Params(Section):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _format_error(path: Path, exc: ValidationError) -> str:
-    lines = []
+JSON_KINDS = {"dict": "a mapping", "list": "a list", "str": "text", "int": "a number", "float": "a number",
+              "bool": "true/false", "NoneType": "empty (null)"}
+MAX_ERRORS_SHOWN = 10
+
+
+def _kind(value) -> str:
+    return JSON_KINDS.get(type(value).__name__, type(value).__name__)
+
+
+def _clean_loc(loc: tuple) -> tuple[str, ...]:
+    """The key path, without pydantic's union-member tags ("awq", "int", "literal['auto']", "function-...")."""
+    tags = ("function-", "literal[", "list[", "dict[", "json-or-python[")
+    parts = [str(part) for part in loc]
+    kept = []
+    for i, part in enumerate(parts):
+        if part.startswith(tags) or part in ("int", "float", "str", "bool", "none", "is-instance[Path]", "lax-or-strict"):
+            continue
+        if part in ("awq", "fp8") and i == 2 and parts[0] == "variants":  # the discriminated union's member
+            continue
+        kept.append(part)
+    return tuple(kept)
+
+
+def _message(err: dict) -> str:
+    kind, given = err["type"], err.get("input")
+    message = err["msg"].removeprefix("Value error, ")
+    if isinstance(given, BoolGiven):
+        return "true/false is not allowed here; give a number or a name (see params.yaml)"
+    if kind in ("greater_than_equal", "less_than_equal") and tuple(err["loc"][:2]) == ("verdict", "margins"):
+        return (f"{given} is not between 0 and 1; a margin is the largest acceptable drop in accuracy, "
+                "e.g. 0.03 for 3 points")
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or check its spelling"
+    if kind == "literal_error":
+        return f"{str(repr(given))[:80]} is not allowed; {message.lower()}"
+    if kind == "union_tag_invalid":
+        return f"method {given.get('method')!r} is not one of 'awq', 'fp8'" if isinstance(given, dict) else message
+    if kind == "union_tag_not_found":
+        return "needs a method: awq or fp8 (e.g. method: awq)"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        if given is None:
+            return "is empty (null); give it settings, or delete the line to take the defaults"
+        return f"must be a mapping of settings (key: value), not {_kind(given)}"
+    if kind == "missing":
+        return "required key missing; add it"
+    if isinstance(given, (int, float)) and not isinstance(given, bool):  # bounds: say what was given
+        shown = repr(given) if len(repr(given)) <= 40 else f"a {len(str(abs(int(given))))}-digit number"
+        return f"{message} (got {shown})"
+    return message
+
+
+def _format_error(path: Path, exc: ValidationError, lines: dict[tuple, int] | None = None) -> str:
+    """One line per problem: FILE:LINE: dotted.key: what is wrong and what to write."""
+    by_loc: dict[tuple, list[str]] = {}
     for err in exc.errors():
-        loc = ".".join(str(part) for part in err["loc"] if not str(part).startswith("function-"))
-        # Pydantic names the union member it tried ("awq"/"fp8"); drop that noise.
-        loc = loc.replace(".awq.", ".").replace(".fp8.", ".")
-        message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            message = "unknown key; remove it or check its spelling"
-        elif err["type"] == "literal_error":
-            message = f"{err['input']!r} is not allowed; {message.lower()}"
-        elif err["type"] == "union_tag_invalid":
-            message = f"method {err['input'].get('method')!r} is not one of 'awq', 'fp8'" if isinstance(err["input"], dict) else message
-        lines.append(f"{path}: {loc}: {message}")
-    return "\n".join(lines)
+        message = _message(err)
+        loc = _clean_loc(err["loc"])
+        if message not in by_loc.setdefault(loc, []):
+            by_loc[loc].append(message)
+    out = []
+    for loc, messages in by_loc.items():
+        line = None
+        for depth in range(len(loc), 0, -1):  # a missing key: the line of the mapping that lacks it
+            line = (lines or {}).get(loc[:depth])
+            if line:
+                break
+        where = f"{path}:{line}" if line else str(path)
+        out.append(f"{where}: {'.'.join(loc) or '(top level)'}: {' / '.join(messages)}")
+    if len(out) > MAX_ERRORS_SHOWN:
+        out = out[:MAX_ERRORS_SHOWN] + [f"... and {len(out) - MAX_ERRORS_SHOWN} more"]
+    return "\n".join(out)
+
+
+SECTIONS = "model, calib, variants, suites, judge, verdict, engine, bench"
 
 
 def load(path: Path | str = DEFAULT_PARAMS) -> Params:
+    """params.yaml validated; no file at the default path gives the defaults, any other problem a UserError."""
     path = Path(path)
-    if not path.exists():
-        return Params()
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    if not path.exists() and not path.is_symlink():
+        if path == DEFAULT_PARAMS:
+            return Params()
+        raise UserError(f"{path}: no such file; pass --params with an existing params.yaml (or leave it out to "
+                        "use ./params.yaml)")
+    raw, lines = safe_yaml.load(path, "a params.yaml")
+    if raw is None:
+        raise UserError(f"{path}: holds no settings (empty, or only comments); give it the sections {SECTIONS} "
+                        "as in the project's params.yaml, or delete the file to use the defaults")
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: the top level must be a mapping of sections")
+        raise UserError(f"{path}:1: the top level is {_kind(raw)}; it must be a mapping of sections ({SECTIONS})")
     try:
         params = Params.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(_format_error(path, exc)) from None
+        raise UserError(_format_error(path, exc, lines)) from None
+    check_margins_name_suites(params, path, lines)
     check_against_model(params, path)
     check_against_dvc(params, path.parent / "dvc.yaml")
     return params
+
+
+def check_margins_name_suites(params: Params, path: Path, lines: dict[tuple, int]) -> None:
+    """A margin for a suite params.yaml does not define is a typo that would leave the default in force."""
+    for suite in params.verdict.margins:
+        if suite not in params.suites:
+            line = lines.get(("verdict", "margins", suite))
+            raise UserError(f"{path}{f':{line}' if line else ''}: verdict.margins.{suite}: no such suite "
+                            f"(defined: {', '.join(params.suites) or 'none'}); fix the name or remove it")
 
 
 def check_against_dvc(params: Params, dvc_file: Path) -> None:
     """DVC's matrix takes lists only, so dvc.yaml repeats the variant and suite names: keep them in step."""
     if not dvc_file.exists():
         return
-    stages = (yaml.safe_load(dvc_file.read_text(encoding="utf-8")) or {}).get("stages", {})
-    matrix = (stages.get("evaluate") or {}).get("matrix")
+    data, _ = safe_yaml.load(dvc_file, "a dvc.yaml")
+    stages = data.get("stages") if isinstance(data, dict) else None
+    evaluate = stages.get("evaluate") if isinstance(stages, dict) else None
+    matrix = evaluate.get("matrix") if isinstance(evaluate, dict) else None
     if not matrix:
         return
     expected = {"model": ["base", *params.variants], "suite": list(params.suites)}
     for key, names in expected.items():
-        listed = matrix.get(key, [])
-        if sorted(listed) != sorted(names):
+        listed = matrix.get(key, []) if isinstance(matrix, dict) else matrix
+        if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed) \
+                or sorted(listed) != sorted(names):
             raise UserError(
-                f"{dvc_file}: stages.evaluate.matrix.{key} lists {listed}, but params.yaml defines {names}; "
-                f"set it to [{', '.join(names)}]"
+                f"{dvc_file}: stages.evaluate.matrix.{key} lists {str(listed)[:200]}, but params.yaml defines "
+                f"{names}; set it to [{', '.join(names)}]"
             )
 
 
 def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS) -> None:
-    """Checks that need the base checkpoint (group size vs layer widths), when it exists."""
+    """Checks that need the base checkpoint (group size vs layer widths), when it exists and its config.json
+    reads (a broken checkpoint is the stage's to refuse, with its own message)."""
     config_file = params.model.base_dir / "config.json"
-    if not config_file.exists():
+    if not config_file.is_file():
         return
     from pipeline.quantize.plan import group_size_problem
 
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
     for name, variant in params.variants.items():
         if isinstance(variant, AwqParams) and variant.group_size != "auto":
-            problem = group_size_problem(config, variant.group_size, params.model.base_dir)
+            try:
+                problem = group_size_problem(config, variant.group_size, params.model.base_dir)
+            except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError):
+                return
             if problem:
                 raise UserError(f"{path}: variants.{name}.group_size: {problem}")

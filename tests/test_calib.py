@@ -279,7 +279,14 @@ def test_cli_strict_fails_where_default_mode_succeeds(tmp_path, cli_args):
 # ---------------------------------------------------------------- redaction
 
 LABELLED = {
-    "email": ["jane.doe+shop@example.co.uk", "First.Last@Company.IO", "rahul_k-99@mail.example.in", "x@y.de"],
+    "email": ["jane.doe+shop@example.co.uk", "First.Last@Company.IO", "rahul_k-99@mail.example.in", "x@y.de",
+              # internationalised (RFC 6531): any script in the name and the domain, IDN and punycode domains
+              "josé.garcía@correo.es", "Dörte.Müller@beispiel.de", "用户@例子.广告", "пользователь@пример.рф",
+              "राम@उदाहरण.भारत", "info@xn--80ak6aa92e.com",
+              # spelled out to dodge filters
+              "john dot smith at example dot com", "john.smith at example.com", "jane [at] example [dot] com",
+              "priya(at)mail(dot)co(dot)in", "Rahul DOT Kumar AT gmail DOT com", "rahul at gmail dot com",
+              "anna.k {at} web.de", "priya.sharma at gmail dot co dot in"],
     "phone": ["+91 98765 43210", "9876543210", "+44 20 7946 0958", "+1 (415) 555-2671", "(415) 555-2671", "415-555-2671",
               "415.555.2671", "+33 1 23 45 67 89", "0044 20 7946 0958", "+49 (0)30 1234567", "+81 3-1234-5678",
               "+86 138 0013 8000", "+7 495 123-45-67", "+919876543210", "020 7946 0958", "98765-43210", "+65 6123 4567",
@@ -289,7 +296,8 @@ LABELLED = {
     "iban": ["DE89 3704 0044 0532 0130 00", "DE89370400440532013000", "GB82 WEST 1234 5698 7654 32",
              "FR14 2004 1010 0505 0001 3M02 606", "NL91 ABNA 0417 1643 00", "ES91 2100 0418 4502 0005 1332",
              "IT60 X054 2811 1010 0000 0123 456", "CH93 0076 2011 6238 5295 7", "BE68 5390 0754 7034", "NO93 8601 1117 947",
-             "SA03 8000 0000 6080 1016 7519", "gb82 west 1234 5698 7654 32"],
+             "SA03 8000 0000 6080 1016 7519", "gb82 west 1234 5698 7654 32",
+             "DE89-3704-0044-0532-0130-00", "GB82-WEST-1234-5698-7654-32", "FR14-2004-1010-0505-0001-3M02-606"],
     "ip": ["192.168.10.24", "8.8.8.8", "10.0.0.255", "2001:db8::1", "fe80::1ff:fe23:4567:890a",
            "2001:0db8:85a3:0000:0000:8a2e:0370:7334", "::ffff:192.0.2.1"],
 }
@@ -311,6 +319,10 @@ def test_redaction_finds_every_labelled_value_in_every_context(kind, value):
     "order OD4567891234567890 is late", "tracking no. 9876543210 shows nothing", "ISBN 978-3-16-148410-0",
     "on 12.05.2024 at 10:30", "2024-05-12", "12/05/2024", "at 10:30:45 sharp", "between 9:00-17:30", "ratio 16:9",
     "$1,299.99", "Rs. 1,49,999", "₹12,999.00", "EUR 1.299.999,00", "version 2.14.3", "4111 1111 1111 1112 (bad Luhn)",
+    # " at " and " dot " in ordinary sentences are not addresses
+    "look at example.com", "check the status at amazon.in please", "look at it dot by dot", "meet at 5 dot 30",
+    "see you at the office. Bye", "Look at this dot in the middle", "@everyone see you at 5.30", "price@5.99",
+    "DE89-3704-0044-0532-0130-01 (bad checksum)",
 ])
 def test_redaction_leaves_order_numbers_dates_times_and_prices(text):
     counts = collections.Counter()
@@ -345,6 +357,49 @@ def test_redaction_happens_before_dedup_and_before_anything_is_written(tmp_path,
     assert plain.stats["redactions"] == {} and plain.stats["dropped"] == {"bad record": 1, "near-duplicate": 2}
     assert b"jane.doe@example.com" in (tmp_path / "plain" / "calib_conversations.jsonl").read_bytes() + \
         (tmp_path / "plain" / "holdout.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("record, hidden, shown", [
+    ({"turns": [{"role": "jane.doe@example.com", "content": "x"}]}, ["jane.doe"], "turns[0].role '[EMAIL]' cannot be mapped"),
+    # a long value is never cut (a cut address escapes the pattern): it is described instead
+    ({"turns": [{"role": "write to me, jane.doe@example.com, or call +91 98765 43210 any day after five please",
+                 "content": "x"}]}, ["jane.doe", "+91 98765", "write to me"],
+     "turns[0].role (text of 84 characters, not shown) cannot be mapped"),
+    ({"jane.doe@example.com": "x", "phone": 1}, ["jane.doe"], "unknown record shape (keys: [EMAIL], phone)"),
+    ({"turns": [{"role": "ORD-123456", "content": "x"}]}, ["ORD-123456"], "turns[0].role '[REDACTED]' cannot be mapped"),
+    ({"turns": [{"role": "john dot smith at example dot com", "content": "x"}]}, ["john dot smith"],
+     "turns[0].role '[EMAIL]' cannot be mapped"),
+])
+def test_nothing_from_a_bad_record_is_printed_or_written_before_redaction(tmp_path, tiny_llama, record, hidden, shown):
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:60] + [record])
+    result = cli(["calib", source, "--out", tmp_path / "out", "--model", tiny_llama,
+                  "--params", write_params(tmp_path, {"calib": {"redact_patterns": [r"ORD-\d{6}"]}})])
+    assert result.exit_code == 0, result.output
+    stats = (tmp_path / "out" / "stats.json").read_text(encoding="utf-8")
+    assert f"{source}:61: {shown}" in result.output and shown in json.loads(stats)["bad_records_first_10"][0]
+    written = result.output + "".join(p.read_text(encoding="utf-8") for p in (tmp_path / "out").iterdir())
+    for secret in hidden:
+        assert secret not in written
+    strict = cli(["calib", source, "--out", tmp_path / "strict", "--model", tiny_llama, "--strict",
+                  "--params", tmp_path / "params.yaml"])
+    assert strict.exit_code == 2 and shown in strict.output
+    assert not any(secret in strict.output for secret in hidden)
+
+
+def test_a_json_null_line_is_a_bad_record_not_a_blank_line(tmp_path):
+    path = write_lines(tmp_path / "f.jsonl", [TURNS, "null", "", TURNS])
+    _, stats = load(path)
+    assert stats.records_in == 3 and stats.bad_records == [
+        f"{path}:2: a record must be a JSON object, not null; put one conversation object per line "
+        "(a JSON array belongs in a .json file)"]
+
+
+def test_an_unpaired_surrogate_is_a_bad_record(tmp_path):
+    path = write_lines(tmp_path / "f.jsonl", [TURNS, '{"text": "emoji half \\ud83d here"}'])
+    conversations, stats = load(path)
+    assert len(conversations) == 1 and stats.bad_records == [
+        f"{path}:2: text holds an unpaired UTF-16 surrogate at character 12 (half of an emoji or other character, "
+        "e.g. a lone \\ud83d escape), which is not text; re-export the file whole or drop the record"]
 
 
 # ---------------------------------------------------------------- de-duplication

@@ -57,12 +57,13 @@ def _note_bad(stats: CalibStats, message: str, strict: bool) -> None:
         stats.bad_records.append(message)
 
 
-def _redacted_message(message: str, do_redact: bool) -> str:
-    """A bad record's message quotes its input (a role, keys): redact that part too."""
-    if not do_redact:
-        return message
-    where, _, rest = message.partition(": ")
-    return f"{where}: {redact(rest, collections.Counter(), [])}"
+def _redacted_message(message: str, where: str, do_redact: bool, extra: list[re.Pattern]) -> str:
+    """A bad record's message may quote its input (a role, keys; whole, never cut: read.quoted):
+    redact all of it but the FILE:LINE it starts with, with the user's patterns too, before it is
+    printed, raised or written to stats.json."""
+    if not do_redact or not message.startswith(where):
+        return redact(message, collections.Counter(), extra) if do_redact else message
+    return where + redact(message[len(where):], collections.Counter(), extra)
 
 
 def _read_unique(path: Path, stats: CalibStats, *, strict: bool, do_redact: bool,
@@ -77,7 +78,7 @@ def _read_unique(path: Path, stats: CalibStats, *, strict: bool, do_redact: bool
                 raise record
             conversation = to_conversation(record, where)
         except BadRecord as exc:
-            _note_bad(stats, _redacted_message(str(exc), do_redact), strict)
+            _note_bad(stats, _redacted_message(str(exc), where, do_redact, extra), strict)
             continue
         stats.shapes[conversation.shape] += 1
         if do_redact:

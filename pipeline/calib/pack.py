@@ -124,7 +124,11 @@ def read_blocks(path: Path) -> list[list[int]]:
     for where, record in iter_records(path):
         if isinstance(record, BadRecord) or not isinstance(record, dict) or "input_ids" not in record:
             raise UserError(f"{where}: not a calibration block; build blocks with `quantize calib`")
-        blocks.append(record["input_ids"])
+        ids = record["input_ids"]
+        if not isinstance(ids, list) or not ids or not all(type(i) is int and 0 <= i < 1 << 31 for i in ids):
+            raise UserError(f"{where}: input_ids must be a non-empty list of token ids (whole numbers >= 0); "
+                            "build blocks with `quantize calib`")
+        blocks.append(ids)
     return blocks
 
 

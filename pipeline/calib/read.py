@@ -3,6 +3,10 @@
 conversations, turns with role aliases, prompt/response, instruction/output, plain text) detected
 on its own and normalised to a `Conversation`. A record that cannot be used comes as a `BadRecord`
 whose message says where it is and how to fix it; a file that cannot be read at all is a UserError.
+
+A message quotes a value from the record (a role, a key) only whole and short (QUOTE_MAX
+characters), never cut, so that redaction (pipeline/calib/load.py) sees all of it: a long value is
+described by its length instead.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ ROLE_ALIASES = {
 }
 SHAPES = ("messages", "conversations", "turns", "prompt/response", "instruction/output", "text")
 FORMATS = "a .jsonl, .jsonl.gz or .json file of conversations"
+QUOTE_MAX = 60  # characters of a record's value a message may quote (whole, or not at all)
 
 
 class BadRecord(Exception):
@@ -95,14 +100,17 @@ def _decode(raw: bytes | None, size: int, where: str) -> str:
     return text.lstrip("\ufeff").rstrip("\r\n")
 
 
+BLANK = object()  # a blank line; a `null` line is a (bad) record
+
+
 def _parse_line(raw: bytes | None, size: int, where: str) -> object:
     line = _decode(raw, size, where)
     if not line.strip():
-        return None
+        return BLANK
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        raise BadRecord(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); "
+        raise BadRecord(f"{where}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
                         "make the line one JSON object or remove it") from None
     except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
         raise BadRecord(f"{where}: JSON that cannot be loaded ({str(exc)[:100]}); "
@@ -126,7 +134,7 @@ def iter_records(path: Path) -> Iterator[tuple[str, object]]:
                 except BadRecord as exc:
                     yield where, exc
                     continue
-                if record is not None:
+                if record is not BLANK:
                     yield where, record
         except (OSError, EOFError, zlib.error) as exc:
             raise UserError(f"{path}:{number + 1}: reading failed ({exc}); a gzip file here is corrupt or "
@@ -162,7 +170,7 @@ def _iter_json_array(path: Path) -> Iterator[tuple[str, object]]:
         try:
             record, end = decoder.raw_decode(text, position)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno}); "
+            raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
                             "a .json file must be one valid array, so fix it there (or use .jsonl)") from None
         except (ValueError, RecursionError) as exc:
             raise UserError(f"{path}:{_line_col(text, position)}: JSON that cannot be loaded ({str(exc)[:100]}); "
@@ -188,7 +196,32 @@ def _line_col(text: str, position: int) -> str:
 # ---------------------------------------------------------------- shapes
 
 JSON_TYPES = {"dict": "an object", "list": "an array", "NoneType": "null", "int": "a number",
-              "float": "a number", "bool": "a boolean"}
+              "float": "a number", "bool": "a boolean", "str": "text"}
+
+
+def quoted(value) -> str:
+    """A record's value for a message: its repr when short, whole (never cut: a cut e-mail address
+    would escape redaction), else what it is and how long."""
+    text = repr(value)
+    if len(text) <= QUOTE_MAX:
+        return text
+    kind = JSON_TYPES.get(type(value).__name__, type(value).__name__)
+    size = f" of {len(value)} characters" if isinstance(value, str) else f" of {len(value)} items" \
+        if isinstance(value, (list, dict)) else ""
+    return f"({kind}{size}, not shown)"
+
+
+def _shown_key(key: str) -> str:
+    return key if len(key) <= QUOTE_MAX and key.isprintable() and "," not in key else quoted(key)
+
+
+def _unpaired_surrogate(text: str) -> int | None:
+    """Index of the first unpaired UTF-16 surrogate (from a "\\ud83d" escape in the JSON), else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def _content(value, where: str, what: str) -> str:
@@ -198,6 +231,10 @@ def _content(value, where: str, what: str) -> str:
     value = value.replace("\r\n", "\n").strip()
     if not value:
         raise BadRecord(f"{where}: {what} is empty; drop the turn or fill it")
+    if (at := _unpaired_surrogate(value)) is not None:
+        raise BadRecord(f"{where}: {what} holds an unpaired UTF-16 surrogate at character {at + 1} (half of an "
+                        "emoji or other character, e.g. a lone \\ud83d escape), which is not text; re-export the "
+                        "file whole or drop the record")
     return value
 
 
@@ -205,7 +242,7 @@ def _role(value, where: str, what: str) -> str:
     role = ROLE_ALIASES.get(value.strip().lower()) if isinstance(value, str) else None
     if role is None:
         allowed = ", ".join(sorted(ROLE_ALIASES))
-        raise BadRecord(f"{where}: {what} {repr(value)[:40]} cannot be mapped; use one of {allowed} (any case)")
+        raise BadRecord(f"{where}: {what} {quoted(value)} cannot be mapped; use one of {allowed} (any case)")
     return role
 
 
@@ -227,7 +264,7 @@ def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str) -> l
 def _pair(record: dict, where: str, ask: str, answer: str) -> list[dict]:
     prompt = _content(record[ask], where, ask)
     if isinstance(record.get("input"), str) and record["input"].strip():
-        prompt += "\n\n" + record["input"].strip()
+        prompt += "\n\n" + _content(record["input"], where, "input")
     return [{"role": "user", "content": prompt},
             {"role": "assistant", "content": _content(record[answer], where, answer)}]
 
@@ -251,7 +288,9 @@ def to_conversation(record, where: str) -> Conversation:
     elif "text" in record:
         shape, messages = "text", [{"role": "text", "content": _content(record["text"], where, "text")}]
     else:
-        keys = ", ".join(sorted(record)[:6]) or "none"
+        names = sorted(record)
+        keys = ", ".join(_shown_key(k) for k in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        keys = keys or "none"
         raise BadRecord(
             f"{where}: unknown record shape (keys: {keys}); use one of: "
             "messages, conversations, turns, prompt+response, instruction+output, text"

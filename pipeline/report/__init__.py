@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pipeline import verdict as stats
 from pipeline.errors import UserError
-from pipeline.outputs import human_size, write_atomic, write_json
+from pipeline.outputs import human_size, write_together
+from pipeline.report import inputs
 from pipeline.params import Params
 
 TEMPLATE_DIR = Path(__file__).parent
@@ -24,16 +25,8 @@ PACKAGES = ["torch", "transformers", "llmcompressor", "compressed-tensors", "lm-
 
 
 def read_lines(path: Path) -> dict[str, dict]:
-    items = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{number}: not a result line ({exc.msg}); rerun `quantize eval`") from None
-        items[str(item["id"])] = item
-    return items
+    """{item id: result line}, every line checked (pipeline/report/inputs.py)."""
+    return inputs.read_lines(path)
 
 
 def collect(results_dir: Path, suites: list[str]) -> dict[str, dict[str, dict[str, dict]]]:
@@ -86,13 +79,14 @@ def environment() -> dict:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "processor": platform.processor() or platform.machine(),
         "git_revision": _git_revision(),
-        "dvc_lock_sha256": hashlib.sha256(dvc_lock.read_bytes()).hexdigest()[:16] if dvc_lock.exists() else None,
+        "dvc_lock_sha256": hashlib.sha256(dvc_lock.read_bytes()).hexdigest()[:16] if dvc_lock.is_file() else None,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
 def _read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    """A stage's JSON summary checked for what the report uses of it (by its name), or None when absent."""
+    return inputs.read_json(path)
 
 
 @dataclass
@@ -239,8 +233,13 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     calib = _read_json(Path(calib_stats)) if calib_stats else None
     html = render_html(verdict=verdict, results=results, params=params, calib=calib, base=base_quant,
                        human_size=human_size)
-    write_json(out_dir / "verdict.json", verdict)
-    write_atomic(out_dir / "index.html", html)
+    # together or not at all: a CI gate reading verdict.json and a reviewer reading index.html see one decision
+    try:
+        write_together({out_dir / "index.html": html,
+                        out_dir / "verdict.json": json.dumps(verdict, indent=2, sort_keys=False, default=str) + "\n"})
+    except (NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError) as exc:
+        raise UserError(f"{out_dir}: cannot write the report there ({exc.strerror}: {exc.filename}); "
+                        "pass --out a writable directory") from None
     return ReportResult(out_dir / "index.html", out_dir / "verdict.json", verdict)
 
 
