@@ -82,6 +82,9 @@ class SuiteParams(Section):
     limit: int | None = Field(None, ge=1)
     max_new_tokens: int = Field(256, ge=1)
     options: dict = {}  # task settings, e.g. long_context: {lengths: [1024, 2048], repeats: 1}
+    # suites that run model-written code (code): true runs it without bubblewrap where bubblewrap is
+    # unusable (rlimits + an audit hook only; the report marks those results); false refuses instead
+    allow_unsandboxed: bool = False
 
 
 def env_var_name(value: str | None) -> str | None:
