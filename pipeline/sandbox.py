@@ -20,8 +20,8 @@ the checker's process, so even the pass is forgeable there). Every result record
 Checking a function (`run_check`): the sample's code runs in one sandbox and the checker (the test
 and its asserts, trusted) in another, each its own process and pid namespace. The checker calls the
 sample's function through a pipe: arguments go over as tagged JSON of plain values, the return value
-comes back the same way and is rebuilt only as exact builtin types (int, float, str, list, dict ...),
-never as an object of the sample's making. The verdict is the checker's exit status; the sample's
+comes back the same way (a subclass of a builtin type as that type's value) and is rebuilt only as
+exact builtin types (int, float, str, list, dict ...), never as an object of the sample's making. The verdict is the checker's exit status; the sample's
 process never holds it, never sees the test's expected values, and cannot reach the checker's
 process: whatever it prints, however it exits, and whatever it finds in its own memory, it can only
 answer calls, and it passes only if its answers satisfy the asserts.
@@ -55,24 +55,26 @@ INSTALL_HINT = "sudo apt-get install -y bubblewrap (or `make sandbox-deps`)"
 CODEC = r'''
 import json as _json
 def _enc(v):
-    t = type(v)
-    if v is None or t is bool:
+    # builtin types and their subclasses, as the base type's value (a Counter crosses as a dict, a str
+    # subclass with an always-true __eq__ as its characters); anything else is refused
+    if v is None or v is True or v is False:
         return v
-    if t is int:
-        return ["i", hex(v)]
-    if t is float:
-        return ["f", v.hex()]
-    if t is complex:
-        return ["c", v.real.hex(), v.imag.hex()]
-    if t is str:
-        return ["s", v]
-    if t is bytes:
-        return ["y", v.hex()]
-    if t in (list, tuple, set, frozenset):
-        return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [_enc(x) for x in v]]
-    if t is dict:
-        return ["d", [[_enc(k), _enc(x)] for k, x in v.items()]]
-    raise TypeError(f"a {t.__name__} cannot cross the sandbox (plain values only: int, float, str, list, dict, ...)")
+    if isinstance(v, int):
+        return ["i", hex(int.__index__(v))]
+    if isinstance(v, float):
+        return ["f", float.hex(float.__float__(v))]
+    if isinstance(v, complex):
+        return ["c", float.hex(complex.real.__get__(v)), float.hex(complex.imag.__get__(v))]
+    if isinstance(v, str):
+        return ["s", str.__str__(v)]
+    if isinstance(v, bytes):
+        return ["y", bytes.hex(v)]
+    for base, tag in ((list, "l"), (tuple, "t"), (set, "S"), (frozenset, "F")):
+        if isinstance(v, base):
+            return [tag, [_enc(x) for x in base.__iter__(v)]]
+    if isinstance(v, dict):
+        return ["d", [[_enc(k), _enc(x)] for k, x in dict.items(v)]]
+    raise TypeError(f"a {type(v).__name__} cannot cross the sandbox (plain values only: int, float, str, list, dict, ...)")
 def _dec(v):
     if v is None or type(v) is bool:
         return v

@@ -322,6 +322,14 @@ def test_run_check_carries_plain_values_exactly_and_nothing_else():
                     "def f(v=None, **kw):\n    return Yes()\n")
     forged = run_check(always_equal, "f", "assert __sample_function__(1) == 2\n")
     assert not forged.passed and "cannot cross the sandbox" in forged.checker_stderr_tail
+    subclasses = ("import collections\nclass Same(str):\n    def __eq__(self, other):\n        return True\n"
+                  "    __hash__ = str.__hash__\n"
+                  "def f(kind):\n    return collections.Counter('aab') if kind == 'counter' else Same('no')\n")
+    checker = ("v = __sample_function__('counter')\nassert v == {'a': 2, 'b': 1} and type(v) is dict\n"
+               "assert __sample_function__('same') == 'yes'\n")
+    crossed = run_check(subclasses, "f", checker)  # a Counter crosses as a dict, the str as its characters
+    assert not crossed.passed and 'File "<checker>", line 3' in crossed.checker_stderr_tail  # line 2 held
+    assert "AssertionError" in crossed.checker_stderr_tail
     raised = run_check("def f(x):\n    raise ValueError('nope')\n", "f",
                        "try:\n    __sample_function__(1)\nexcept ValueError as e:\n    assert 'nope' in str(e)\n")
     assert raised.passed, raised.checker_stderr_tail  # a builtin exception crosses as itself
