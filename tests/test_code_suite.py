@@ -333,3 +333,14 @@ def test_make_demo_installs_bubblewrap_before_the_pipeline_runs():
     assert dry.returncode == 0, dry.stderr
     install = dry.stdout.find("apt-get install -y -qq bubblewrap")
     assert 0 <= install < dry.stdout.find("quantize fetch-demo") < dry.stdout.find("dvc repro")
+
+
+def test_allow_unsandboxed_is_a_validated_setting_off_by_default(tmp_path):
+    from pipeline import params
+    from pipeline.errors import UserError
+
+    assert params.load(write_params(tmp_path)).suite("code").allow_unsandboxed is False
+    bad = copy.deepcopy(TINY_PARAMS)
+    bad["suites"]["code"]["allow_unsandboxed"] = "maybe"
+    with pytest.raises(UserError, match=r"params.yaml: suites\.code\.allow_unsandboxed: "):
+        params.load(write_params(tmp_path, bad))
