@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install gpu-install system-deps clean-demo
+.PHONY: demo test install gpu-install system-deps sandbox-deps clean-demo
 
 # torch 2.13.0 is the CPU build these machines take from local disk (pyproject.toml pins no torch, so a
 # GPU machine keeps its CUDA build).
@@ -25,13 +25,21 @@ EXTRA ?= vllm
 gpu-install:
 	$(PY) -m pip install -e '.[$(EXTRA)]' "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
 
-demo: install
+demo: install sandbox-deps
 	$(BIN)/quantize fetch-demo
 	@start=$$(date +%s); $(BIN)/dvc repro && echo "dvc repro: $$(( $$(date +%s) - start )) s"
 	$(BIN)/quantize show-verdict
 
 test: install system-deps
 	$(BIN)/pytest -q --timeout 900
+
+# bubblewrap: the code suite runs model-written code only inside it (without it, `quantize eval`
+# refuses unless params.yaml says suites.code.allow_unsandboxed: true).
+sandbox-deps:
+	@command -v bwrap >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) || \
+	  { echo "the code suite runs model-written code in a bubblewrap sandbox: sudo apt-get install bubblewrap"; \
+	    echo "(or, to run it without isolation, set suites.code.allow_unsandboxed: true in params.yaml and run: $(BIN)/quantize fetch-demo && $(BIN)/dvc repro)"; exit 1; }
 
 # Debian packages the tests use: chromium for the report's browser test (playwright's own
 # download needs a hub), bubblewrap for the code suite's sandbox.

@@ -230,7 +230,7 @@ def eval_(
     result = evaluate.run(
         model_dir, suite=suite, task=s.task, variant=model_dir.name, out_dir=out_dir,
         engine=engine, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
-        engine_options=options, task_options=s.options,
+        engine_options=options, task_options=s.options, allow_unsandboxed=s.allow_unsandboxed,
     )
     typer.echo(result.summary_line())
 

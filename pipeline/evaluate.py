@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import sandbox
 from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_atomic, write_json
@@ -170,13 +171,15 @@ def _result_line(sample: dict, suite: str, variant: str, metric: str, stats: dic
         "correct": score >= 1.0,
         "n_tokens": completion.n_tokens if completion else None,
         "seconds": round(completion.seconds, 4) if completion else None,
+        # suites that run model-written code: whether it ran in the bubblewrap sandbox
+        **({"isolated": bool(sample["isolated"])} if "isolated" in sample else {}),
     }
 
 
 def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: Path | str,
         engine: str = "hf", limit: int | None = None, max_new_tokens: int = 256,
         engine_options: dict | None = None,
-        task_options: dict | None = None) -> EvalResult:
+        task_options: dict | None = None, allow_unsandboxed: bool = False) -> EvalResult:
     from lm_eval import simple_evaluate
     from rich.progress import Progress
 
@@ -199,9 +202,14 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
     if reason is not None:
         return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                engine=engine, reason=reason)
+    sandbox_method = None
+    if (raw_config.get("metadata") or {}).get("runs_model_code"):  # refuse before any generation
+        sandbox_method = sandbox.require_isolation(allowed=allow_unsandboxed,
+                                                   setting=f"suites.{suite}.allow_unsandboxed")
     cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
     options = engine_options or {}
-    with Progress(transient=True) as progress:
+    # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
+    with Progress(transient=True) as progress, sandbox.allow_unsandboxed(allow_unsandboxed):
         bar = progress.add_task(f"{variant}/{suite}", total=limit)
         lm_engine = make_engine(engine, model_dir, **options)
         lm = _lm_class()(lm_engine, cache, chunk=options.get("batch_size", 32),
@@ -231,6 +239,8 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
         "items_per_second": lm.generated_items / lm.generate_seconds if lm.generate_seconds else None,
         "seconds": round(watch.seconds, 2),
     }
+    if sandbox_method is not None:
+        summary["sandbox"] = sandbox_method  # "rlimits+audit": ran unsandboxed (allow_unsandboxed)
     if metadata is not None:
         summary["long_context"] = long_context.summarize(lines, metadata)
     out_dir.mkdir(parents=True, exist_ok=True)

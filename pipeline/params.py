@@ -140,6 +140,9 @@ class SuiteParams(Section):
     limit: int | None = Field(None, ge=1, le=10_000_000)
     max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)
     options: dict = {}  # task settings, e.g. long_context: {lengths: [1024, 2048], repeats: 1}
+    # suites that run model-written code (code): true runs it without bubblewrap where bubblewrap is
+    # unusable (rlimits + an audit hook only; the report marks those results); false refuses instead
+    allow_unsandboxed: bool = False
 
     @model_validator(mode="after")
     def _long_context_options(self):

