@@ -388,16 +388,21 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
     """Print the verdict of the last report: per variant, each suite's and the judge's decision sentence."""
     if not path.exists():
         raise UserError(f"{path}: no verdict yet; run `dvc repro` or `quantize report`")
-    verdict = json.loads(path.read_text())
-    for name, v in verdict["variants"].items():
-        typer.echo(f"{name}: {v['decision']}")
-        for suite, s in v["suites"].items():
-            typer.echo("  " + (s.get("sentence") or (
-                f"{suite}: base {s['base_score']:.1%} -> {s['variant_score']:.1%} "
-                f"(change {s['delta'] * 100:+.1f} pts, interval [{s['ci_low'] * 100:+.1f}, {s['ci_high'] * 100:+.1f}], "
-                f"margin -{s['margin'] * 100:.1f}): {s['decision']}")))
-        if (v.get("judge") or {}).get("sentence"):
-            typer.echo(f"  {v['judge']['sentence']}")
+    try:
+        verdict = json.loads(path.read_text(encoding="utf-8"))
+        lines = []
+        for name, v in verdict["variants"].items():
+            lines.append(f"{name}: {v['decision']}")
+            for suite, s in v["suites"].items():
+                lines.append("  " + (s.get("sentence") or (
+                    f"{suite}: base {s['base_score']:.1%} -> {s['variant_score']:.1%} "
+                    f"(change {s['delta'] * 100:+.1f} pts, interval [{s['ci_low'] * 100:+.1f}, "
+                    f"{s['ci_high'] * 100:+.1f}], margin -{s['margin'] * 100:.1f}): {s['decision']}")))
+            if (v.get("judge") or {}).get("sentence"):
+                lines.append(f"  {v['judge']['sentence']}")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{path}: not a verdict written by `quantize report`; rerun `quantize report`") from None
+    typer.echo("\n".join(lines))
     typer.echo(f"report: {path.parent.resolve() / 'index.html'}")
 
 

@@ -178,7 +178,10 @@ def _serving(model_dir: Path) -> dict | None:
     quant = _read_json(model_dir / "quant.json") or {}
     if quant.get("serving"):
         return quant["serving"]
-    return serving_support(model_dir) if (model_dir / "config.json").exists() else None
+    try:
+        return serving_support(model_dir) if (model_dir / "config.json").exists() else None
+    except (ValueError, OSError, AttributeError, TypeError):  # an unreadable config: the table says so, the report stands
+        return None
 
 
 def _speed_rows(results_dir: Path, results: dict) -> dict:
