@@ -209,8 +209,9 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
 
     watch = Stopwatch()
     model_dir, out = Path(model_dir), Path(out)
-    if not (model_dir / "config.json").exists():
-        raise UserError(f"{model_dir}: no config.json; pass a checkpoint directory (models/base or models/<variant>)")
+    from pipeline.checkpoints import inspect
+
+    inspect.check(model_dir)
     from pipeline.long_context import context_length
 
     context = context_length(model_dir)

@@ -83,9 +83,12 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     import torch
     from transformers import AutoTokenizer
 
+    from pipeline.checkpoints import inspect
     from pipeline.engines.loading import load_for_inference
 
     watch = Stopwatch()
+    for model_dir in (variant_dir, base_dir):  # both whole before either loads
+        inspect.check(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     sequences = holdout_texts(tokenizer, Path(holdout), max_tokens, max_sequences)
     # Both models are held at once: fine for the CPU demo; on a GPU this needs memory for both.

@@ -274,9 +274,14 @@ def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS) -> No
     config_file = params.model.base_dir / "config.json"
     if not config_file.exists():
         return
-    from pipeline.quantize.plan import group_size_problem
+    from pipeline.quantize.plan import group_size_problem, text_config
 
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # the stage that reads the checkpoint names the problem and the fix
+        return
+    if not isinstance(config, dict) or not isinstance(text_config(config).get("hidden_size"), int):
+        return
     for name, variant in params.variants.items():
         if isinstance(variant, AwqParams) and variant.group_size != "auto":
             problem = group_size_problem(config, variant.group_size, params.model.base_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.checkpoints import inspect
 from pipeline.errors import UserError
 from pipeline.quantize import compat, oneshot, plan
 from pipeline.quantize.mappings import mappings_for, supported_architectures
@@ -27,6 +28,7 @@ def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20) -> list
 def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "auto", symmetric: bool = False,
         seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32, n_grid: int = 20) -> oneshot.QuantResult:
     compat.quiet_cpu_warning()
+    inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     config = plan.read_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
     mappings = mappings_for(arch, config)

@@ -73,7 +73,13 @@ def read_config(model_dir: Path | str) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.exists():
         raise UserError(f"{model_dir}: no config.json; is this a checkpoint directory? (build one with `quantize resave`)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserError(f"{path}: not valid JSON; restore the config.json that came with the weights") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a JSON object; restore the config.json that came with the weights")
+    return config
 
 
 def ignore_patterns() -> list[str]:
