@@ -345,8 +345,8 @@ def _awq_view(model_dir: Path, config: dict, scheme: Scheme, arch: str) -> tuple
 def _export_awq(model_dir: Path, out: Path, engine: str, config: dict, max_shard_bytes: int,
                 watch: Stopwatch) -> ExportResult:
     scheme = _awq_scheme(model_dir, config["quantization_config"])
-    inspect.check(model_dir)  # a whole checkpoint: the weights cover config.json, compressed layout included
     arch = _awq_architecture(config, model_dir / "config.json")
+    inspect.check(model_dir)  # a whole checkpoint: the weights cover config.json, compressed layout included
     awq, out_config, served = _awq_view(model_dir, config, scheme, arch)
     out_config = _float16(out_config) | {"quantization_config": scheme.awq_config(awq.modules_to_not_convert())}
     with atomic_dir(out) as tmp:

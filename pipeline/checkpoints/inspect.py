@@ -87,9 +87,10 @@ def load_config(model_dir: Path, config: dict):
         raise UserError(f"{config_file}: a ChatGLM remote-code checkpoint, which transformers does not load natively; "
                         f"convert it first: quantize resave {model_dir} --out DIR")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        raise UserError(f"{config_file}: model_type {model_type!r} is not an architecture transformers "
-                        f"{transformers.__version__} knows; use a supported checkpoint, or resave it in one "
-                        "(`quantize resave` converts ChatGLM and GGUF)")
+        arch = (config.get("architectures") or ["no architectures entry"])[0]
+        raise UserError(f"{config_file}: transformers does not know model_type {model_type!r} ({arch}); upgrade "
+                        f"transformers (this is {transformers.__version__}), or resave the checkpoint in a supported "
+                        "architecture (`quantize resave` converts ChatGLM and GGUF)")
     try:
         return AutoConfig.from_pretrained(model_dir)
     except Exception as exc:  # transformers' strict validation: a wrong type or value in a key
@@ -346,6 +347,15 @@ def check_coverage(model_dir: Path, config, tensors: dict, config_dict: dict) ->
         + "; ".join(problems)
         + ". Loading would fill missing tensors with random values. Use the config.json that came with these "
         f"weights, or {REBUILD}")
+
+
+def check_config(model_dir: Path | str) -> dict:
+    """config.json parsed and accepted by transformers (known model_type, values of the right types);
+    returns it as a dict. The weights are not looked at."""
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    load_config(model_dir, config)
+    return config
 
 
 def check(model_dir: Path | str, *, weights: bool = True) -> Checkpoint:

@@ -126,6 +126,12 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
 
     from pipeline.quantize import compat
 
+    if not config.get("model_type"):
+        raise UserError(f"{Path(model_dir) / 'config.json'}: no model_type; restore the config.json that came with "
+                        "the weights")
+    if not config.get("architectures"):
+        raise UserError(f"{Path(model_dir) / 'config.json'}: no 'architectures' entry; restore the config.json that "
+                        "came with the weights, or re-save the checkpoint with transformers")
     arch = architecture(config)
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
