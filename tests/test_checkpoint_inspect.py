@@ -120,6 +120,8 @@ CORRUPT = {
                                     "weight_packed"),
 }
 
+# The fix every message ends with starts with one of these.
+FIXES = ("restore ", "copy ", "rebuild ", "convert ", "upgrade ", "use the config.json", "pass ", "serve it with")
 # What the export says instead, where it refuses the input for what it is before reading its weights.
 EXPORT_SAYS = {"FP8 variant without its KV-cache scale": "vllm serve"}
 
@@ -192,6 +194,8 @@ def test_every_checkpoint_command_refuses_the_corpus_clean(project, kind, monkey
             problems.append("not one error message")
         if says not in result.output or str(bad[kind]) not in result.output:
             problems.append(f"message lacks {says!r} or the path")
+        if not any(fix in result.output.lower() for fix in FIXES):
+            problems.append("message names no fix")
         if _listing(root) != before:
             problems.append("the project changed")
         if problems:

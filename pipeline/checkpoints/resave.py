@@ -41,13 +41,14 @@ class ResaveResult:
 def detect(source: Path) -> str:
     """Returns 'gguf', 'chatglm' or 'hf'; raises UserError for anything else."""
     if not source.exists():
-        raise UserError(f"{source}: no such file or directory; supported sources: {SUPPORTED}")
+        raise UserError(f"{source}: no such file or directory; pass one of the supported sources: {SUPPORTED}")
     if source.is_file():
         if source.suffix == ".gguf":
             return "gguf"
-        raise UserError(f"{source}: not a checkpoint; supported sources: {SUPPORTED}")
+        raise UserError(f"{source}: not a checkpoint; pass one of the supported sources: {SUPPORTED}")
     if not (source / "config.json").exists():
-        raise UserError(f"{source}: no config.json; supported sources: {SUPPORTED}")
+        raise UserError(f"{source}: no config.json; copy the config.json that came with the weights, or pass one of "
+                        f"the supported sources: {SUPPORTED}")
     config = inspect.read_config(source)
     if config.get("model_type") == "chatglm" or any(
         "ChatGLM" in arch for arch in config.get("architectures", [])
