@@ -4,15 +4,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install system-deps clean-demo
+.PHONY: demo test install gpu-install system-deps clean-demo
+
+# torch 2.13.0 is the CPU build these machines take from local disk (pyproject.toml pins no torch, so a
+# GPU machine keeps its CUDA build).
+CPU_TORCH := torch==2.13.0
 
 $(BIN)/quantize: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[quantize,dev]' '$(CPU_TORCH)'
 	touch $@
 
 install: $(BIN)/quantize
+
+# On a GPU machine, in an environment that already has its CUDA torch: `make gpu-install EXTRA=vllm`
+# (or lmdeploy, or quantize). The installed torch is named as a requirement, so pip picks the release of
+# the extra that pins it (vLLM 0.24-0.26 for torch 2.11, 0.27+ for 2.13) instead of replacing it.
+EXTRA ?= vllm
+gpu-install:
+	$(PY) -m pip install -e '.[$(EXTRA)]' "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
 
 demo: install
 	$(BIN)/quantize fetch-demo

@@ -1,28 +1,40 @@
-"""`quantize bench MODEL_DIR [--engine lmdeploy]`: serving speed, beside the accuracy.
+"""`quantize bench MODEL_DIR [--engine vllm|lmdeploy|hf|openai]`: serving speed, beside the accuracy.
 
-A closed-loop concurrency sweep (default 1, 4, 16, 64 requests in flight) over two workloads:
-`fixed` (every request has the same prompt and output length: real text from evals/long_context,
-cut to length) and `holdout` (the held-out conversations' real prompts, each answered with as many
-tokens as its real reply had). Per level: TTFT, TPOT, output tokens/s, requests/s, peak memory.
+Two workloads: `fixed` (every request has the same prompt and output length: real text from
+evals/long_context, cut to length) and `holdout` (the held-out conversations' real prompts, each
+answered with as many tokens as its real reply had). Two kinds of load, as `vllm bench serve` offers:
+a closed-loop sweep over max concurrency (default 1, 4, 16, 64 requests in flight) and, for server
+engines, a sweep over request rates with Poisson arrivals (on the fixed workload). Per level, as vLLM's bench reports them:
+TTFT, TPOT, ITL and end-to-end latency (mean, median, p90, p99), output tokens/s, requests/s,
+goodput (requests/s that meet every SLO in `bench.slo`) and device memory.
+
+Server engines (`vllm`: `vllm serve` started and stopped by the stage, its log kept beside the
+results; `openai`: a server already running) are timed over HTTP with streamed `/v1/completions`,
+token-id prompts and, on vLLM, `ignore_eos` so each request decodes exactly its output length.
+In-process engines (`hf`, `lmdeploy`) time requests with their own clocks (`timed_generate`).
 
 Beside batch 1 stands its roofline: decoding one token reads every weight once plus the KV cache
 so far, so tokens/s can be at most (memory bandwidth) / (bytes per token). The bandwidth is
-measured here, on this device, with a large copy.
+measured on this device with a large copy, before the engine starts.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
+import random
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.checkpoints.sizes import checkpoint_weight_bytes, kv_bytes_per_token  # noqa: F401
+from pipeline.engines import Timing
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
 
 HAYSTACK = Path(__file__).resolve().parent.parent / "evals" / "long_context" / "alice29.txt"
+STATS = ("mean", "median", "p90", "p99")
 
 
 @dataclass
@@ -55,47 +67,163 @@ def holdout_workload(engine, holdout: Path, max_output: int, context: int | None
     prompts, lengths = [], []
     for number, line in enumerate(holdout.read_text(encoding="utf-8").splitlines()[:max_prompts], start=1):
         record = json.loads(line)
-        if not record.get("messages") or not record.get("reference"):
-            raise UserError(f"{holdout}:{number}: needs 'messages' and 'reference' (the real reply); "
+        if not record.get("messages"):
+            raise UserError(f"{holdout}:{number}: needs 'messages' (the conversation up to the user's turn); "
                             "rebuild it with `quantize calib`")
+        if not record.get("reference"):
+            continue  # the log ended on the user's turn: no real reply to take the length from
         prompt = engine.encode(engine.apply_chat_template(record["messages"]))
         length = max(2, min(max_output, len(engine.encode(record["reference"]))))
         if context is None or len(prompt) + length <= context:
             prompts.append(prompt)
             lengths.append(length)
     if not prompts:
-        raise UserError(f"{holdout}: no held-out conversation fits the model's {context}-token context; "
-                        "set bench.holdout: false")
+        raise UserError(f"{holdout}: no held-out conversation with a real reply fits the model's {context}-token "
+                        "context; set bench.holdout: false")
     return Workload("holdout", prompts, lengths)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+def distribution(values: list[float]) -> dict | None:
+    """Mean, median, p90 and p99 (numpy's linear interpolation, as vLLM's bench computes them)."""
+    import numpy as np
+
+    if not values:
+        return None
+    array = np.asarray(values, dtype=float)
+    return {"mean": float(array.mean()), "median": float(np.percentile(array, 50)),
+            "p90": float(np.percentile(array, 90)), "p99": float(np.percentile(array, 99))}
 
 
-def sweep_level(engine, workload: Workload, concurrency: int, requests: int) -> dict:
+def meets_slo(timing: Timing, slo: dict) -> bool:
+    checks = {"ttft_ms": timing.ttft * 1000, "tpot_ms": (timing.tpot or 0.0) * 1000, "e2el_ms": timing.seconds * 1000}
+    return all(checks[name] <= limit for name, limit in slo.items() if limit is not None)
+
+
+def level_metrics(timings: list[Timing], wall: float, slo: dict | None = None, **label) -> dict:
+    """The figures of one level (a concurrency or a request rate) from its requests' timings."""
+    good = [t for t in timings if t.error is None]
+    if not good:
+        raise UserError(f"every request failed at {label}: {timings[0].error}")
+    ms = lambda values: distribution([1000 * v for v in values])  # noqa: E731
+    ttft, tpot = ms([t.ttft for t in good]), ms([t.tpot for t in good if t.tpot is not None])
+    generated = sum(t.n_tokens for t in good)
+    slo = {k: v for k, v in (slo or {}).items() if v is not None}
+    return {
+        **label, "requests": len(timings), "failed": len(timings) - len(good),
+        "input_tokens_mean": sum(t.input_tokens for t in good) / len(good),
+        "output_tokens_mean": generated / len(good),
+        "ttft_ms": ttft, "tpot_ms_stats": tpot, "itl_ms": ms([gap for t in good for gap in t.itl]),
+        "e2el_ms": ms([t.seconds for t in good]),
+        # the figures the speed table and the verdict read
+        "ttft_p50_ms": ttft["median"], "ttft_p90_ms": ttft["p90"], "tpot_ms": tpot["mean"] if tpot else None,
+        "output_tokens_per_s": generated / wall, "requests_per_s": len(good) / wall,
+        "goodput_requests_per_s": sum(meets_slo(t, slo) for t in good) / wall if slo else None,
+        "slo": slo or None, "wall_s": wall,
+    }
+
+
+def sweep_level(engine, workload: Workload, concurrency: int, requests: int, slo: dict | None = None) -> dict:
+    """Closed loop: `requests` requests, at most `concurrency` in flight."""
     prompts, outputs = workload.take(requests)
     started = time.perf_counter()
     timings = engine.timed_generate(prompts, outputs, concurrency)
-    wall = time.perf_counter() - started
-    good = [t for t in timings if t.error is None]
-    if not good:
-        raise UserError(f"every request failed at concurrency {concurrency}: {timings[0].error}")
-    tpots = [t.tpot for t in good if t.tpot is not None]
-    generated = sum(t.n_tokens for t in good)
-    return {
-        "concurrency": concurrency, "requests": len(timings), "failed": len(timings) - len(good),
-        "input_tokens_mean": statistics.fmean(t.input_tokens for t in good),
-        "output_tokens_mean": statistics.fmean(t.n_tokens for t in good),
-        "ttft_p50_ms": 1000 * _percentile([t.ttft for t in good], 0.5),
-        "ttft_p90_ms": 1000 * _percentile([t.ttft for t in good], 0.9),
-        "tpot_ms": 1000 * statistics.fmean(tpots) if tpots else None,
-        "output_tokens_per_s": generated / wall,
-        "requests_per_s": len(good) / wall,
-        "wall_s": wall,
-        "memory_bytes": engine.device_memory_used(),
-    }
+    level = level_metrics(timings, time.perf_counter() - started, slo, concurrency=concurrency)
+    level["memory_bytes"] = engine.device_memory_used()
+    return level
+
+
+def rate_level(engine, workload: Workload, rate: float, requests: int, slo: dict | None = None,
+               seed: int = 0) -> dict:
+    """Open loop: `requests` requests arriving as a Poisson process of `rate` per second."""
+    prompts, outputs = workload.take(requests)
+    started = time.perf_counter()
+    timings = engine.timed_generate(prompts, outputs, None, rate=rate, seed=seed)
+    level = level_metrics(timings, time.perf_counter() - started, slo, request_rate=rate)
+    level["memory_bytes"] = engine.device_memory_used()
+    return level
+
+
+class HttpTiming:
+    """`timed_generate` for a server engine: streamed /v1/completions with token-id prompts, each
+    chunk timed on arrival. Wraps the engine (vllm or openai) and adds nothing between the clock
+    and the socket but JSON parsing of each event."""
+
+    def __init__(self, engine, vllm_extras: bool):
+        self.engine, self.vllm_extras = engine, vllm_extras
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def _body(self, prompt: list[int], output_len: int) -> dict:
+        body = {"model": self.engine.served_model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if self.vllm_extras:  # exactly output_len tokens each, counted by id
+            body |= {"ignore_eos": True, "min_tokens": output_len, "return_token_ids": True}
+        return body
+
+    def _one(self, client, prompt: list[int], output_len: int) -> Timing:
+        from pipeline.engines.http import FatalError, Limits, RetryableError, stream_events
+
+        limits = Limits(deadline=max(600.0, self.engine.limits.deadline if hasattr(self.engine, "limits") else 600.0),
+                        max_bytes=256 << 20)
+        started = time.perf_counter()
+        first = last = None
+        itl, n_tokens, usage = [], 0, None
+        url = self.engine.base_url + "/completions"
+        try:
+            for arrived, event in stream_events(client, url, self._body(prompt, output_len), self.engine.headers,
+                                                limits):
+                if event.get("usage"):
+                    usage = event["usage"].get("completion_tokens")
+                for choice in event.get("choices") or []:
+                    ids = choice.get("token_ids")
+                    count = len(ids) if isinstance(ids, list) else (1 if choice.get("text") else 0)
+                    if not count:
+                        continue
+                    if first is None:
+                        first = arrived
+                    else:
+                        itl.append(arrived - last)
+                    last = arrived
+                    n_tokens += count
+        except (RetryableError, FatalError) as exc:
+            done = time.perf_counter()
+            return Timing(ttft=done - started, seconds=done - started, n_tokens=0, input_tokens=len(prompt),
+                          error=str(exc))
+        done = time.perf_counter()
+        if usage and not self.vllm_extras:
+            n_tokens = int(usage)
+        return Timing(ttft=(first or done) - started, seconds=done - started, n_tokens=n_tokens,
+                      input_tokens=len(prompt), itl=itl)
+
+    def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int | None,
+                       rate: float | None = None, seed: int = 0) -> list[Timing]:
+        import httpx
+
+        jobs = list(zip(prompts, output_tokens))
+        limits = httpx.Limits(max_connections=len(jobs) + 4, max_keepalive_connections=len(jobs) + 4)
+        with httpx.Client(limits=limits) as client:
+            if rate is None:
+                with ThreadPoolExecutor(max(1, concurrency)) as pool:
+                    return list(pool.map(lambda job: self._one(client, *job), jobs))
+            # Poisson arrivals: exponential gaps; every request gets its own thread when it arrives
+            rng = random.Random(seed)
+            results: list[Timing | None] = [None] * len(jobs)
+            threads = []
+            start = time.perf_counter()
+            due = 0.0
+            for index, job in enumerate(jobs):
+                if index:
+                    due += rng.expovariate(rate)
+                delay = start + due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                thread = threading.Thread(target=lambda i=index, j=job: results.__setitem__(i, self._one(client, *j)))
+                thread.start()
+                threads.append(thread)
+            for thread in threads:
+                thread.join()
+            return results
 
 
 def measure_bandwidth(device: str, gib: float = 1.0, repeats: int = 5) -> float:
@@ -112,43 +240,11 @@ def measure_bandwidth(device: str, gib: float = 1.0, repeats: int = 5) -> float:
     for _ in range(repeats):
         dst.copy_(src)
     sync()
-    return 2 * src.numel() * 4 * repeats / (time.perf_counter() - started)
-
-
-def kv_bytes_per_token(model_dir: Path, dtype_bytes: int = 2) -> int:
-    """KV cache bytes one token of context adds: 2 (K and V) x layers x KV heads x head dim."""
-    config = json.loads((model_dir / "config.json").read_text())
-    text = config.get("text_config") or config
-    layers = text.get("num_hidden_layers") or text.get("num_layers")
-    heads = text.get("num_attention_heads")
-    kv_heads = text.get("num_key_value_heads") or text.get("multi_query_group_num") or heads
-    head_dim = text.get("head_dim") or text.get("kv_channels") or text["hidden_size"] // heads
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
-
-
-def checkpoint_weight_bytes(model_dir: Path) -> int:
-    """Tensor bytes of a checkpoint, less its input embedding table (a decode step reads one row)
-    unless the config ties it to the output layer."""
-    from safetensors import safe_open
-
-    config = json.loads((model_dir / "config.json").read_text())
-    tied = (config.get("text_config") or config).get("tie_word_embeddings", False)
-    total = 0
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(path, "pt") as handle:
-            for name in handle.keys():
-                meta = handle.get_slice(name)
-                is_embedding = "embed_tokens" in name or "word_embeddings" in name
-                if not is_embedding or tied:
-                    if meta.get_dtype() not in _DTYPE_BYTES:
-                        raise UserError(f"{path}: {name} has dtype {meta.get_dtype()}, which the roofline "
-                                        "does not know the size of")
-                    total += math.prod(meta.get_shape()) * _DTYPE_BYTES[meta.get_dtype()]
-    return total
-
-
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "BOOL": 1}
+    rate = 2 * src.numel() * 4 * repeats / (time.perf_counter() - started)
+    del src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()  # hand the memory back: a server engine starts next and sizes its KV pool by it
+    return rate
 
 
 def roofline(engine, model_dir: Path, batch1: dict, bandwidth: float, kv_dtype_bytes: int) -> dict:
@@ -171,7 +267,7 @@ class BenchResult:
     def summary_line(self) -> str:
         fixed = self.summary["workloads"].get("fixed") or next(iter(self.summary["workloads"].values()))
         by_c = ", ".join(f"c{l['concurrency']} {l['output_tokens_per_s']:.0f}" for l in fixed["levels"])
-        r = self.summary["roofline"]
+        r = self.summary.get("roofline") or {}
         bound = f"; batch 1 at {r['fraction_of_bound']:.0%} of its roofline" if r.get("fraction_of_bound") else ""
         return (f"bench: wrote {self.path} ({self.summary['engine']}, {fixed['name']} workload, output tok/s "
                 f"{by_c}{bound}) in {self.seconds:.0f} s")
@@ -181,7 +277,7 @@ def versions() -> dict:
     from importlib import metadata
 
     found = {}
-    for name in ("torch", "transformers", "lmdeploy"):
+    for name in ("torch", "transformers", "lmdeploy", "vllm"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -195,23 +291,39 @@ def device_name() -> str:
     import torch
 
     if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
+        count = torch.cuda.device_count()
+        return torch.cuda.get_device_name(0) + (f" x{count}" if count > 1 else "")
     import os
 
     return f"{platform.machine()} CPU, {os.cpu_count()} cores"
 
 
+def describe_engine(lm, name: str, options: dict) -> dict:
+    """Engine, version and the settings it ran with, as the report names them."""
+    if hasattr(lm, "describe"):
+        return lm.describe()
+    version = versions().get({"hf": "transformers"}.get(name, name))
+    keep = ("batch_size", "dtype", "tensor_parallel_size", "prompt_format", "base_url", "model")
+    return {"engine": name, "version": version, "settings": {k: options[k] for k in keep if k in options},
+            "tensor_parallel_size": int(options.get("tensor_parallel_size") or 1)}
+
+
 def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurrency: list[int] = (1, 4, 16, 64),
         input_len: int = 128, output_len: int = 256, requests_per_level: int = 2, holdout: Path | None = None,
+        request_rates: list[float] = (), rate_seconds: float = 30.0, slo: dict | None = None,
         engine_options: dict | None = None, progress=print) -> BenchResult:
     """requests_per_level: requests per level as a multiple of the concurrency (at least 4 in all)."""
-    from pipeline.engines import make_engine
+    from pipeline.engines import engine_spec, make_engine
 
     watch = Stopwatch()
     model_dir, out = Path(model_dir), Path(out)
+    spec = engine_spec(engine)
     from pipeline.checkpoints import inspect
 
-    inspect.check(model_dir)
+    inspect.check(model_dir, weights=engine != "openai")  # openai: a running server holds the weights
+    if request_rates and spec.timing != "http":
+        raise UserError(f"bench.request_rates: request-rate sweeps need a server engine (vllm or openai), "
+                        f"not {engine}; set bench.request_rates: [] or --engine vllm")
     from pipeline.long_context import context_length
 
     context = context_length(model_dir)
@@ -220,31 +332,41 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
                         f"{context}-token context; choose shorter lengths")
     options = dict(engine_options or {})
     options["batch_size"] = max(max(concurrency), options.get("batch_size", 1))
+    if engine == "vllm":
+        options.setdefault("log_path", out.with_name(out.stem + ".vllm.log"))
+    device = "cuda" if _cuda() else "cpu"
+    # measured before the engine starts: a server takes most of the GPU's memory for its KV pool
+    bandwidth = measure_bandwidth(device, 1.0 if device == "cuda" else 0.25) if engine != "openai" else None
     lm = make_engine(engine, model_dir, **options)
     try:
-        loads = [fixed_workload(lm.encode, input_len, output_len)]
+        timer = HttpTiming(lm, vllm_extras=engine == "vllm") if spec.timing == "http" else lm
+        loads = [fixed_workload(timer.encode, input_len, output_len)]
         if holdout is not None:
-            loads.append(holdout_workload(lm, Path(holdout), output_len, context))
+            loads.append(holdout_workload(timer, Path(holdout), output_len, context))
         workloads = {}
         for load in loads:
             # warm-up on this workload's own shapes: kernels autotune on the first new size (seen:
             # a 4 s first request of AWQ on lmdeploy with 800-token prompts after a 128-token warm-up)
-            lm.timed_generate(*load.take(1), 1)
-            levels = []
+            timer.timed_generate(*load.take(1), 1)
+            levels, rates = [], []
             for c in concurrency:
-                levels.append(sweep_level(lm, load, c, max(4, requests_per_level * c)))
+                levels.append(sweep_level(timer, load, c, max(4, requests_per_level * c), slo))
                 progress(f"  {load.name} c={c}: {levels[-1]['output_tokens_per_s']:.1f} tok/s, "
                          f"TTFT p50 {levels[-1]['ttft_p50_ms']:.0f} ms")
-            workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), "levels": levels}
-        device = "cuda" if _cuda() else "cpu"
-        kv_bytes = 2 if engine == "lmdeploy" else _engine_dtype_bytes(lm)
+            for rate in request_rates if load.name == "fixed" else ():  # open loop on the fixed lengths only
+                rates.append(rate_level(timer, load, rate, max(8, round(rate * rate_seconds)), slo))
+                progress(f"  {load.name} {rate:g} req/s: {rates[-1]['output_tokens_per_s']:.1f} tok/s, "
+                         f"TTFT p50 {rates[-1]['ttft_p50_ms']:.0f} ms")
+            workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), "levels": levels, "rates": rates}
         batch1 = next(l for l in workloads["fixed"]["levels"] if l["concurrency"] == min(concurrency))
+        kv_bytes = lm.kv_dtype_bytes() if hasattr(lm, "kv_dtype_bytes") else 2 if engine == "lmdeploy" \
+            else _engine_dtype_bytes(lm)
         summary = {
-            "model_dir": str(model_dir), "engine": engine, "device": device_name(), "versions": versions(),
-            "date": time.strftime("%Y-%m-%d"), "input_len": input_len, "output_len": output_len,
-            "workloads": workloads,
-            "roofline": roofline(lm, model_dir, batch1, measure_bandwidth(device, 1.0 if device == "cuda" else 0.25),
-                                 kv_bytes),
+            "model_dir": str(model_dir), "engine": engine, "engine_info": describe_engine(lm, engine, options),
+            "device": device_name() if engine != "openai" else f"served at {options.get('base_url')}",
+            "versions": versions(), "date": time.strftime("%Y-%m-%d"), "input_len": input_len,
+            "output_len": output_len, "slo": slo or None, "workloads": workloads,
+            "roofline": roofline(lm, model_dir, batch1, bandwidth, kv_bytes) if bandwidth else None,
         }
     finally:
         lm.close()
@@ -265,37 +387,53 @@ def _engine_dtype_bytes(lm) -> int:
 
 
 def speed_row(summary: dict) -> dict:
-    """The figures the report's speed table shows, from one bench.json."""
+    """The figures the report's speed table and charts show, from one bench.json."""
     fixed = summary["workloads"]["fixed"]
     batch1 = fixed["levels"][0]
+    info = summary.get("engine_info") or {"engine": summary["engine"]}
+    roof = summary.get("roofline") or {}
     return {
-        "engine": summary["engine"], "device": summary["device"], "date": summary.get("date"),
+        "engine": summary["engine"], "engine_version": info.get("version"), "engine_settings": info.get("settings"),
+        "tensor_parallel_size": int(info.get("tensor_parallel_size") or 1), "kv_cache_dtype": info.get("kv_cache_dtype"),
+        "device": summary["device"], "date": summary.get("date"),
         "input_len": summary["input_len"], "output_len": summary["output_len"],
         "batch1_concurrency": batch1["concurrency"],
         "batch1_tokens_per_s": 1000 / batch1["tpot_ms"] if batch1.get("tpot_ms") else None,
         "batch1_ttft_ms": batch1["ttft_p50_ms"],
         "tokens_per_s": {str(l["concurrency"]): l["output_tokens_per_s"] for l in fixed["levels"]},
-        "memory_bytes": max((l["memory_bytes"] or 0) for l in fixed["levels"]) or None,
-        "roofline_fraction": summary["roofline"].get("fraction_of_bound"),
-        "roofline_tokens_per_s": summary["roofline"].get("bound_tokens_per_s"),
+        "levels": [{k: l.get(k) for k in ("concurrency", "output_tokens_per_s", "ttft_ms", "tpot_ms_stats", "itl_ms",
+                                          "e2el_ms", "goodput_requests_per_s", "requests_per_s")}
+                   for l in fixed["levels"]],
+        "rates": [{k: l.get(k) for k in ("request_rate", "output_tokens_per_s", "ttft_ms", "tpot_ms_stats",
+                                         "goodput_requests_per_s", "requests_per_s")}
+                  for l in fixed.get("rates") or []],
+        "memory_bytes": max((l.get("memory_bytes") or 0) for l in fixed["levels"]) or None,
+        "roofline_fraction": roof.get("fraction_of_bound"),
+        "roofline_tokens_per_s": roof.get("bound_tokens_per_s"),
     }
 
 
-def compare_speed(base: dict | None, variant: dict, tolerance: float) -> dict:
-    """Batch-1 decode rate of the variant against the base's, when both were measured alike."""
-    comparable = base is not None and all(base[k] == variant[k] for k in
-                                          ("engine", "device", "input_len", "output_len", "batch1_concurrency"))
+def compare_speed(base: dict | None, variant: dict, tolerance: float, deploy_engine: str | None = None) -> dict:
+    """Batch-1 decode rate of the variant against the base's, when both were measured alike, and
+    whether that was on the engine the variant will be deployed on (only then can it count)."""
+    same = ("engine", "device", "input_len", "output_len", "batch1_concurrency", "tensor_parallel_size")
+    comparable = base is not None and all(base.get(k) == variant.get(k) for k in same)
     if base is None:
         why = "no base bench"
     elif not comparable:
-        why = "base and variant were benched differently (engine, device or lengths)"
+        why = "base and variant were benched differently (engine, device, lengths or parallel layout)"
     elif not base["batch1_tokens_per_s"] or not variant["batch1_tokens_per_s"]:
         why = "no batch-1 decode rate (a single output token per request leaves no time per output token)"
     else:
         why = None
     if why:
-        return {"comparable": False, "reason": why, "ratio": None, "slower": None}
+        return {"comparable": False, "reason": why, "ratio": None, "slower": None, "deployment_engine": None}
     ratio = variant["batch1_tokens_per_s"] / base["batch1_tokens_per_s"]
-    return {"comparable": True, "ratio": ratio, "slower": ratio < 1 - tolerance,
-            "reason": f"batch-1 decode {variant['batch1_tokens_per_s']:.1f} vs base {base['batch1_tokens_per_s']:.1f} "
-                      f"tokens/s ({ratio:.2f}x) on {variant['engine']}, {variant['device']}"}
+    on_deploy = deploy_engine is not None and variant["engine"] == deploy_engine
+    reason = (f"batch-1 decode {variant['batch1_tokens_per_s']:.1f} vs base {base['batch1_tokens_per_s']:.1f} "
+              f"tokens/s ({ratio:.2f}x) on {variant['engine']}, {variant['device']}")
+    if deploy_engine is not None and not on_deploy:
+        reason += (f"; measured on {variant['engine']}, but the variants are deployed on {deploy_engine} "
+                   f"(verdict.speed_engine): engines invert which variant is faster, so it is shown, not counted")
+    return {"comparable": True, "ratio": ratio, "slower": ratio < 1 - tolerance, "reason": reason,
+            "deployment_engine": on_deploy}

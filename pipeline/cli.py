@@ -154,6 +154,9 @@ def awq(
     params_file: Path = PARAMS_OPTION,
 ):
     """AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."""
+    from pipeline.quantize import require_llmcompressor
+
+    require_llmcompressor()
     from pipeline.quantize import awq as awq_stage
 
     p = _params(params_file)
@@ -188,6 +191,9 @@ def fp8(
     params_file: Path = PARAMS_OPTION,
 ):
     """FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."""
+    from pipeline.quantize import require_llmcompressor
+
+    require_llmcompressor()
     from pipeline.quantize import fp8 as fp8_stage
 
     p = _params(params_file)
@@ -226,7 +232,7 @@ def build_variant(
 def eval_(
     model_dir: Path = typer.Argument(..., help="Checkpoint to evaluate (models/base or models/<variant>)"),
     suite: str = typer.Option(..., help="Suite name from params.yaml (e.g. math)"),
-    engine: Optional[str] = typer.Option(None, help="hf (in-process), lmdeploy (in-process, CUDA) or openai (default: params engine.name)"),
+    engine: Optional[str] = typer.Option(None, help="hf (in-process), vllm (`vllm serve`, CUDA), lmdeploy (in-process, CUDA) or openai (a running server) (default: params engine.name)"),
     limit: Optional[int] = typer.Option(None, help="Items to run (default: params suites.<suite>.limit)"),
     out: Optional[Path] = typer.Option(None, help="Results dir (default: results/<model dir name>)"),
     params_file: Path = PARAMS_OPTION,
@@ -234,19 +240,23 @@ def eval_(
     """Run a suite through lm-eval; write one result line per item and a summary. Resumes if killed."""
     from pipeline import evaluate
 
+    from pipeline.engines import engine_spec
+
     p = _params(params_file)
     s = p.suite(suite)
     e = p.engine
     engine = engine or e.name
-    if engine not in ("hf", "lmdeploy", "openai"):
-        raise UserError(f"--engine {engine}: use hf, lmdeploy or openai")
-    out = out or Path("results") / model_dir.name
-    _refuse_overlap(out, checkpoint=model_dir)
+    engine_spec(engine, "--engine")
+    out_dir = out or Path("results") / model_dir.name
+    _refuse_overlap(out_dir, checkpoint=model_dir)
     _checked(model_dir, weights=engine != "openai")  # openai: a server holds the weights; the dir gives the tokenizer
+    options = e.options(engine)
+    if engine == "vllm":
+        options["log_path"] = out_dir / f"{suite}.vllm.log"  # the server's log, beside the results
     result = evaluate.run(
-        model_dir, suite=suite, task=s.task, variant=model_dir.name, out_dir=out,
+        model_dir, suite=suite, task=s.task, variant=model_dir.name, out_dir=out_dir,
         engine=engine, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
-        engine_options=e.options(engine), task_options=s.options,
+        engine_options=options, task_options=s.options,
     )
     typer.echo(result.summary_line())
 
@@ -255,22 +265,24 @@ def eval_(
 @stage
 def bench(
     model_dir: Path = typer.Argument(..., help="Checkpoint to benchmark (models/base or models/<variant>)"),
-    engine: Optional[str] = typer.Option(None, help="hf or lmdeploy (default: params bench.engine, else engine.name)"),
+    engine: Optional[str] = typer.Option(None, help="vllm (`vllm serve`, started and stopped here), lmdeploy, hf, or openai (a running server) (default: params bench.engine, else engine.name)"),
     concurrency: Optional[str] = typer.Option(None, help="Requests in flight, comma-separated (default: params bench.concurrency)"),
+    request_rates: Optional[str] = typer.Option(None, "--request-rates", help="Requests/s with Poisson arrivals, comma-separated; server engines only (default: params bench.request_rates)"),
     input_len: Optional[int] = typer.Option(None, help="Prompt tokens of the fixed workload (default: params bench.input_len)"),
     output_len: Optional[int] = typer.Option(None, help="Output tokens of the fixed workload (default: params bench.output_len)"),
     holdout: Optional[Path] = typer.Option(None, help="Held-out conversations for the real-length workload (default: params calib.out/holdout.jsonl if bench.holdout)"),
     out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<model dir name>/bench.json)"),
     params_file: Path = PARAMS_OPTION,
 ):
-    """Serving speed: TTFT, TPOT, tokens/s and memory at each concurrency, batch 1 beside its roofline."""
+    """Serving speed: TTFT, TPOT, ITL, latency percentiles, tokens/s and goodput over a concurrency and a
+    request-rate sweep; batch 1 beside its roofline."""
     from pipeline import bench as bench_stage
+    from pipeline.engines import engine_spec
 
     p = _params(params_file)
     b = p.bench
     engine = engine or b.engine or p.engine.name
-    if engine not in ("hf", "lmdeploy"):
-        raise UserError(f"--engine {engine}: use hf or lmdeploy (bench times requests in-process)")
+    engine_spec(engine, "--engine")
     levels = b.concurrency
     if concurrency is not None:
         try:
@@ -279,6 +291,14 @@ def bench(
             levels = []
         if not levels or min(levels) < 1:
             raise UserError(f"--concurrency {concurrency}: use positive integers separated by commas, e.g. 1,4,16,64")
+    rates = b.request_rates
+    if request_rates is not None:
+        try:
+            rates = sorted({float(r) for r in request_rates.split(",") if r.strip()})
+        except ValueError:
+            rates = [-1.0]
+        if any(not 0 < r <= 10000 for r in rates):
+            raise UserError(f"--request-rates {request_rates}: use rates in requests/s separated by commas, e.g. 1,4,16")
     if holdout is None and b.holdout:
         holdout = p.calib.out / "holdout.jsonl"
     out = out or Path("results") / model_dir.name / "bench.json"
@@ -286,8 +306,8 @@ def bench(
     result = bench_stage.run(
         model_dir, out, engine=engine, concurrency=levels,
         input_len=input_len or b.input_len, output_len=output_len or b.output_len,
-        requests_per_level=b.requests_per_level, holdout=holdout,
-        engine_options=p.engine.options(engine), progress=typer.echo,
+        requests_per_level=b.requests_per_level, holdout=holdout, request_rates=rates, rate_seconds=b.rate_seconds,
+        slo=b.slo.model_dump(), engine_options=p.engine.options(engine), progress=typer.echo,
     )
     typer.echo(result.summary_line())
 
@@ -323,7 +343,7 @@ def judge(
     prompts: Optional[Path] = typer.Option(None, help="Held-out prompts (default: params calib.out/holdout.jsonl)"),
     out: Optional[Path] = typer.Option(None, help="Results dir for judge.jsonl and judge.json (default: results/<variant>)"),
     mode: Optional[str] = typer.Option(None, help="pairwise (against the base, both orders) or reference (grade 1-5) (default: params judge.mode)"),
-    backend: Optional[str] = typer.Option(None, help="hf, openai or lmdeploy (default: params judge.backend)"),
+    backend: Optional[str] = typer.Option(None, help="hf, vllm, lmdeploy or openai (default: params judge.backend)"),
     limit: Optional[int] = typer.Option(None, help="Prompts to judge (default: params judge.limit, else all)"),
     params_file: Path = PARAMS_OPTION,
 ):
@@ -333,27 +353,43 @@ def judge(
     p = _params(params_file)
     if mode not in (None, "pairwise", "reference"):
         raise UserError(f"--mode {mode}: use pairwise or reference")
-    if backend not in (None, "hf", "openai", "lmdeploy"):
-        raise UserError(f"--backend {backend}: use hf, openai or lmdeploy")
+    if backend is not None:
+        from pipeline.engines import engine_spec
+
+        engine_spec(backend, "--backend")
     if limit is not None and limit < 1:
         raise UserError(f"--limit {limit}: use 1 or more")
     overrides = {"mode": mode, "backend": backend, "limit": limit}
     settings = p.judge.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     v = p.verdict
-    answer_engine = "lmdeploy" if p.engine.name == "lmdeploy" else "hf"  # answers are generated in-process
+    # base and variant answer through engine.name; openai serves one checkpoint only, so answers come from hf then
+    answer_engine = "hf" if p.engine.name == "openai" else p.engine.name
     base, prompts = base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl"
-    out = out or Path("results") / variant_dir.name
+    out_dir = out or Path("results") / variant_dir.name
     judge_model = Path(settings.model) if settings.backend != "openai" and settings.model != "base" else None
-    _refuse_overlap(out, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
+    _refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
                     judge_checkpoint=judge_model)
+    answer_options = p.engine.options(answer_engine)
+    if answer_engine == "vllm":
+        answer_options["log_path"] = out_dir / "judge.vllm.log"
     result = judge_stage.run(
-        variant_dir, base, prompts, out, settings,
-        engine_options=p.engine.options(answer_engine), answer_engine=answer_engine,
+        variant_dir, base, prompts, out_dir, settings, engine_options=answer_options, answer_engine=answer_engine,
+        judge_engine_options=_judge_engine_options(p, settings.backend, out_dir),
         iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
     )
     typer.echo(result.summary_line())
     for reason in result.summary["reasons"]:
         typer.echo(f"  {reason}")
+
+
+def _judge_engine_options(p: params_mod.Params, backend: str, out_dir: Path) -> dict:
+    """hf / vllm / lmdeploy judges run with the engine section's settings (openai ones with judge's own)."""
+    if backend == "openai":
+        return {}
+    options = p.engine.options(backend)
+    if backend == "vllm":
+        options["log_path"] = out_dir / "judge-model.vllm.log"
+    return options
 
 
 @app.command()

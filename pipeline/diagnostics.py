@@ -63,7 +63,8 @@ def _log_probs(model, batch, device):
 
 
 def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
-    """Per-token KL(base || variant) and top-1 agreement over every real (unpadded) position."""
+    """Per-token KL(base || variant) and top-1 agreement over every real (unpadded) position,
+    both models resident."""
     import torch
 
     device = next(base.parameters()).device
@@ -72,14 +73,75 @@ def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
         batch = sequences[start:start + batch_size]
         base_lp, mask = _log_probs(base, batch, device)
         var_lp, _ = _log_probs(variant, batch, device)
-        kl = (base_lp.exp() * (base_lp - var_lp)).sum(-1)
-        kls.append(kl[mask].cpu())
-        agree.append((base_lp.argmax(-1) == var_lp.argmax(-1))[mask].cpu())
+        kl, same = _kl(base_lp, var_lp, mask)
+        kls.append(kl)
+        agree.append(same)
     return torch.cat(kls), torch.cat(agree)
 
 
+def _kl(base_lp, var_lp, mask):
+    kl = (base_lp.exp() * (base_lp - var_lp)).sum(-1)
+    return kl[mask].cpu(), (base_lp.argmax(-1) == var_lp.argmax(-1))[mask].cpu()
+
+
+def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], device: str, batch_size: int = 8):
+    """The same figures with one model resident at a time: the base's log-probabilities of the real
+    positions are kept in host memory (float32) while the variant is loaded in its place."""
+    import gc
+
+    import torch
+
+    model = load_base()
+    kept = []
+    for start in range(0, len(sequences), batch_size):
+        lp, mask = _log_probs(model, sequences[start:start + batch_size], device)
+        kept.append((lp.cpu(), mask.cpu()))
+    del model, lp
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    model = load_variant()
+    kls, agree = [], []
+    for index, start in enumerate(range(0, len(sequences), batch_size)):
+        var_lp, _ = _log_probs(model, sequences[start:start + batch_size], device)
+        base_lp, mask = kept[index]
+        kl, same = _kl(base_lp.to(device), var_lp, mask.to(device))
+        kls.append(kl)
+        agree.append(same)
+    return torch.cat(kls), torch.cat(agree)
+
+
+def checkpoint_dtype(model_dir: Path) -> str:
+    """The dtype the checkpoint's weights are meant to run in (config torch_dtype / dtype), float16 if unsaid."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    for section in (config, config.get("text_config") or {}):
+        name = section.get("torch_dtype") or section.get("dtype")
+        if name in ("float16", "bfloat16", "float32"):
+            return name
+    return "float16"
+
+
+def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int) -> bool:
+    """Two dense copies of the weights plus a batch's log-probabilities (both models, float32) within 90 %
+    of the GPU's free memory."""
+    import torch
+
+    from pipeline.checkpoints.sizes import checkpoint_weight_bytes
+
+    config = json.loads((Path(base_dir) / "config.json").read_text())
+    vocab = (config.get("text_config") or config).get("vocab_size") or config.get("padded_vocab_size") or 0
+    weights = checkpoint_weight_bytes(Path(base_dir)) * dtype_bytes // 2  # the base's bytes at 2 per weight
+    longest = max(len(s) for s in sequences)
+    activations = 4 * batch_size * longest * vocab * 4  # logits, log-softmax and the exp, both models, float32
+    free, _ = torch.cuda.mem_get_info()
+    return 2 * weights + activations < 0.9 * free
+
+
 def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str, *,
-        max_tokens: int = 512, max_sequences: int | None = None, dtype: str = "float32") -> KLResult:
+        max_tokens: int = 512, max_sequences: int | None = None, dtype: str = "float32",
+        device: str | None = None, resident: str = "auto", batch_size: int = 8) -> KLResult:
+    """On a GPU the models run in the base checkpoint's dtype; on a CPU in `dtype` (float32 holds
+    float16 weights exactly). resident: "both", "one" (one model at a time) or "auto" (both when they fit)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -89,17 +151,28 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     watch = Stopwatch()
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
         inspect.check(model_dir)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        dtype = checkpoint_dtype(Path(base_dir))
+    torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     sequences = holdout_texts(tokenizer, Path(holdout), max_tokens, max_sequences)
-    # Both models are held at once: fine for the CPU demo; on a GPU this needs memory for both.
-    base = load_for_inference(base_dir, getattr(torch, dtype)).eval()
-    variant = load_for_inference(variant_dir, getattr(torch, dtype)).eval()
-    kl, agree = compare(base, variant, sequences)
+    place = "cuda" if device == "cuda" else None
+    load = lambda path: load_for_inference(path, torch_dtype, device=place).eval()  # noqa: E731
+    if resident == "auto":
+        resident = "both" if device != "cuda" or both_fit_on_gpu(
+            Path(base_dir), sequences, batch_size, torch.tensor([], dtype=torch_dtype).element_size()) else "one"
+    if resident == "both":
+        kl, agree = compare(load(base_dir), load(variant_dir), sequences, batch_size)
+    else:
+        kl, agree = compare_one_at_a_time(lambda: load(base_dir), lambda: load(variant_dir), sequences, device,
+                                          batch_size)
     summary = {
         "base": str(base_dir), "variant": str(variant_dir), "holdout": str(holdout),
         "sequences": len(sequences), "tokens": int(kl.numel()),
-        "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl, 0.99)), "kl_max": float(kl.max()),
-        "top1_agreement": float(agree.float().mean()), "seconds": round(watch.seconds, 2),
+        "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl.float(), 0.99)), "kl_max": float(kl.max()),
+        "top1_agreement": float(agree.float().mean()), "device": device, "dtype": dtype,
+        "models_resident": resident, "seconds": round(watch.seconds, 2),
     }
     write_json(out, summary)
     return KLResult(Path(out), summary)

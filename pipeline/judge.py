@@ -326,8 +326,9 @@ class JudgeResult:
 
 def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_dir: Path | str,
         judge_params, engine_options: dict | None = None, *, answer_engine: str = "hf", iterations: int = 2000,
-        confidence: float = 0.95, seed: int = 0) -> JudgeResult:
-    """answer_engine: the engine (hf or lmdeploy) that writes base and variant answers, the same for both."""
+        confidence: float = 0.95, seed: int = 0, judge_engine_options: dict | None = None) -> JudgeResult:
+    """answer_engine: the engine (hf, vllm or lmdeploy) that writes base and variant answers, the same for
+    both; judge_engine_options: settings of judge.backend's engine (default: engine_options)."""
     watch = Stopwatch()
     variant_dir, base_dir, out_dir = Path(variant_dir), Path(base_dir), Path(out_dir)
     from pipeline.checkpoints import inspect
@@ -337,7 +338,8 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     jp = judge_params
     records = load_prompts(Path(prompts), jp.limit)
     options = dict(engine_options or {})
-    factory, judge_id, description, weak = judge_engine(jp, base_dir, options)  # bad judge settings fail first
+    judge_options = dict(judge_engine_options if judge_engine_options is not None else options)
+    factory, judge_id, description, weak = judge_engine(jp, base_dir, judge_options)  # bad judge settings fail first
     base_answers = generate_answers(base_dir, records, out_dir, "base", jp.max_new_tokens, options, answer_engine)
     variant_answers = generate_answers(variant_dir, records, out_dir, "variant", jp.max_new_tokens, options,
                                        answer_engine)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import UserError
 
@@ -94,7 +94,7 @@ def env_var_name(value: str | None) -> str | None:
 
 
 class JudgeParams(Section):
-    backend: Literal["hf", "openai", "lmdeploy"] = "hf"
+    backend: Literal["hf", "vllm", "openai", "lmdeploy"] = "hf"
     model: str = "base"  # hf/lmdeploy: "base" or a checkpoint dir; openai: the served model's name
     margin: float = Field(0.05, ge=0, le=0.5)
     min_consistency: float = Field(0.6, ge=0, le=1)
@@ -127,53 +127,113 @@ class VerdictParams(Section):
     # is NO-GO; when false, the report only shows it.
     nogo_if_slower_at_batch1: bool = False
     speed_tolerance: float = Field(0.05, ge=0, le=1)
+    # The engine the variants will be deployed on: speed counts only when measured there.
+    speed_engine: Literal["hf", "vllm", "lmdeploy", "openai"] | None = None
+
+    @model_validator(mode="after")
+    def _speed_needs_its_engine(self):
+        if self.nogo_if_slower_at_batch1 and self.speed_engine is None:
+            raise ValueError("nogo_if_slower_at_batch1: true needs verdict.speed_engine: the engine the variants "
+                             "will be deployed on (e.g. vllm); speed measured on another engine cannot stop a variant")
+        return self
 
     def margin_for(self, suite: str) -> float:
         return self.margins.get(suite, self.default_margin)
 
 
 class EngineParams(Section):
-    name: Literal["hf", "lmdeploy", "openai"] = "hf"
-    batch_size: int = Field(32, ge=1)
-    max_batch_tokens: int = Field(65536, ge=1)  # hf: rows x (longest prompt + new tokens) per batch
+    """How models are run for eval, judge answers, KL and bench. vLLM settings keep vLLM's own names."""
+
+    name: Literal["hf", "vllm", "lmdeploy", "openai"] = "hf"
+    batch_size: int = Field(32, ge=1, le=4096)  # hf/lmdeploy: prompts per batch; vllm: requests in flight
+    max_batch_tokens: int = Field(65536, ge=1, le=1 << 24)  # hf: rows x (longest prompt + new tokens) per batch
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    threads: int = Field(0, ge=0)
+    threads: int = Field(0, ge=0, le=1024)
+    # vllm (`vllm serve`, started by the stage) and lmdeploy (tensor_parallel_size only)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    max_model_len: int | None = Field(None, ge=16, le=1 << 21)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # checkpoint: fp8 when the checkpoint carries FP8 KV-cache scales (served with them), else the model's dtype
+    kv_cache_dtype: Literal["checkpoint", "auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "checkpoint"
+    enable_prefix_caching: bool | None = None  # None: vLLM's default
+    max_num_batched_tokens: int | None = Field(None, ge=16, le=1 << 24)
+    max_num_seqs: int | None = Field(None, ge=1, le=4096)
+    server_command: list[str] = ["vllm", "serve"]  # how to start vLLM (another interpreter: [python3, -m, vllm.entrypoints.cli.main, serve])
+    server_env: dict[str, str] = {}  # extra environment for the server only (e.g. PYTHONPATH of its own install)
+    server_args: list[str] = []  # further `vllm serve` flags, passed as given
+    start_timeout: float = Field(900.0, gt=0, le=7200)  # seconds for the server to answer /health
     # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
     base_url: str | None = None
     model: str | None = None  # the served model's name
     api_key_env: str | None = None  # NAME of the environment variable holding the key
+    # tokens: our rendered prompt as token ids to /v1/completions (no token changes); text: the same as text;
+    # chat: messages to /v1/chat/completions, the server's own chat template
+    prompt_format: Literal["tokens", "text", "chat"] = "tokens"
     concurrency: int = Field(8, ge=1, le=256)
-    timeout: float = Field(120.0, gt=0)
+    timeout: float = Field(120.0, gt=0, le=3600)  # seconds for a whole request (a total deadline, not an idle timeout)
     retries: int = Field(3, ge=0, le=20)
+    max_response_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)
 
     _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
 
     def options(self, engine: str) -> dict:
         """What make_engine takes for `engine`, from this section."""
-        if engine != "openai":
-            return {"batch_size": self.batch_size, "max_batch_tokens": self.max_batch_tokens, "dtype": self.dtype,
-                    "threads": self.threads}
-        if not self.model:
-            raise UserError("params.yaml: engine.model: with the openai engine, set the served model's name")
-        return {"base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env,
-                "concurrency": self.concurrency, "timeout": self.timeout, "retries": self.retries,
-                "batch_size": self.concurrency * 4, "params_section": "engine"}
+        if engine == "openai":
+            if not self.model:
+                raise UserError("params.yaml: engine.model: with the openai engine, set the served model's name")
+            return {"base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env,
+                    "concurrency": self.concurrency, "timeout": self.timeout, "retries": self.retries,
+                    "batch_size": self.concurrency * 4, "params_section": "engine",
+                    "prompt_format": self.prompt_format, "max_response_bytes": self.max_response_bytes}
+        if engine == "vllm":
+            return {"batch_size": self.batch_size, "tensor_parallel_size": self.tensor_parallel_size,
+                    "max_model_len": self.max_model_len, "gpu_memory_utilization": self.gpu_memory_utilization,
+                    "kv_cache_dtype": self.kv_cache_dtype, "enable_prefix_caching": self.enable_prefix_caching,
+                    "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs,
+                    "server_command": self.server_command, "server_env": self.server_env,
+                    "server_args": self.server_args, "start_timeout": self.start_timeout,
+                    "timeout": max(self.timeout, 600.0), "retries": min(self.retries, 1),
+                    "max_response_bytes": self.max_response_bytes,
+                    "dtype": self.dtype if self.dtype != "float32" else None}
+        options = {"batch_size": self.batch_size, "max_batch_tokens": self.max_batch_tokens, "dtype": self.dtype,
+                   "threads": self.threads}
+        if engine == "lmdeploy":
+            options["tensor_parallel_size"] = self.tensor_parallel_size
+        return options
+
+
+class SloParams(Section):
+    """Service-level objectives: a request is good when it meets every one that is set (goodput)."""
+
+    ttft_ms: float | None = Field(None, gt=0, le=3.6e6)
+    tpot_ms: float | None = Field(None, gt=0, le=3.6e6)
+    e2el_ms: float | None = Field(None, gt=0, le=3.6e6)
 
 
 class BenchParams(Section):
-    engine: Literal["hf", "lmdeploy"] | None = None  # None: engine.name
+    engine: Literal["hf", "vllm", "lmdeploy", "openai"] | None = None  # None: engine.name
     concurrency: list[int] = [1, 4, 16, 64]
-    input_len: int = Field(128, ge=1)
-    output_len: int = Field(256, ge=2)
-    requests_per_level: int = Field(2, ge=1)  # requests per level, as a multiple of the concurrency
+    request_rates: list[float] = []  # requests/s with Poisson arrivals (server engines: vllm, openai)
+    rate_seconds: float = Field(30.0, gt=0, le=3600)  # each rate sends about rate x rate_seconds requests
+    input_len: int = Field(128, ge=1, le=1 << 20)
+    output_len: int = Field(256, ge=2, le=1 << 20)
+    requests_per_level: int = Field(2, ge=1, le=1000)  # requests per level, as a multiple of the concurrency
     holdout: bool = True  # also the held-out prompts' real lengths
+    slo: SloParams = SloParams()
 
     @field_validator("concurrency")
     @classmethod
     def _positive(cls, levels: list[int]) -> list[int]:
-        if not levels or any(c < 1 for c in levels):
-            raise ValueError("must be a non-empty list of positive integers, e.g. [1, 4, 16, 64]")
+        if not levels or any(c < 1 or c > 4096 for c in levels):
+            raise ValueError("must be a non-empty list of integers from 1 to 4096, e.g. [1, 4, 16, 64]")
         return sorted(set(levels))
+
+    @field_validator("request_rates")
+    @classmethod
+    def _rates(cls, rates: list[float]) -> list[float]:
+        if any(not 0 < r <= 10000 for r in rates):
+            raise ValueError("each rate must be above 0 and at most 10000 requests/s, e.g. [1, 4, 16]")
+        return sorted(set(rates))
 
 
 class Params(Section):

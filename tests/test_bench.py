@@ -87,19 +87,27 @@ def test_bench_refuses_lengths_beyond_the_context(tmp_path, tiny_llama, monkeypa
     ["bench", "{model}", "--engine", "lmdeploy"],
 ])
 def test_lmdeploy_engine_without_the_gpu_extra_says_what_to_do(tmp_path, tiny_llama, monkeypatch, command):
-    monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the GPU extra, even where it is
+    monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the lmdeploy extra, even where it is
     write_params(tmp_path)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, [part.format(model=tiny_llama) for part in command])
     assert result.exit_code == 2
-    assert "needs the GPU extra" in result.output and "pip install -e '.[gpu]'" in result.output
+    assert "needs the lmdeploy extra" in result.output and "pip install -e '.[lmdeploy]'" in result.output
 
 
 def bench_summary(batch1_tpot_ms: float, engine: str = "lmdeploy") -> dict:
-    levels = [{"concurrency": c, "tpot_ms": batch1_tpot_ms * (1 + (c - 1) / 10), "ttft_p50_ms": 20.0 + c,
-               "output_tokens_per_s": c * 1000 / (batch1_tpot_ms * (1 + (c - 1) / 10)), "memory_bytes": 30 << 30}
-              for c in (1, 4, 16, 64)]
-    return {"engine": engine, "device": "NVIDIA H200", "date": "2026-11-30", "input_len": 128, "output_len": 256,
+    def spread(median):
+        return {"mean": median * 1.05, "median": median, "p90": median * 1.3, "p99": median * 2}
+
+    levels = []
+    for c in (1, 4, 16, 64):
+        tpot = batch1_tpot_ms * (1 + (c - 1) / 10)
+        levels.append({"concurrency": c, "tpot_ms": tpot, "ttft_p50_ms": 20.0 + c, "ttft_ms": spread(20.0 + c),
+                       "tpot_ms_stats": spread(tpot), "output_tokens_per_s": c * 1000 / tpot,
+                       "memory_bytes": 30 << 30})
+    return {"engine": engine, "engine_info": {"engine": engine, "version": "0.18.0", "tensor_parallel_size": 1,
+                                              "settings": {"batch_size": 64}},
+            "device": "NVIDIA H200", "date": "2026-11-30", "input_len": 128, "output_len": 256,
             "workloads": {"fixed": {"name": "fixed", "levels": levels}},
             "roofline": {"fraction_of_bound": 0.5, "bound_tokens_per_s": 300.0}}
 
@@ -112,7 +120,7 @@ def test_slower_than_base_at_batch_1_is_shown_and_optionally_no_go(tmp_path, nog
         write_results(results, name, scores)
         (results / name / "bench.json").write_text(json.dumps(bench_summary(tpot)))
     settings = json.loads(json.dumps(TINY_PARAMS))
-    settings["verdict"]["nogo_if_slower_at_batch1"] = nogo_if_slower
+    settings["verdict"].update(nogo_if_slower_at_batch1=nogo_if_slower, speed_engine="lmdeploy")
     verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
                          models_dir=tmp_path / "models").verdict
 
@@ -126,6 +134,10 @@ def test_slower_than_base_at_batch_1_is_shown_and_optionally_no_go(tmp_path, nog
         assert awq["decision"] == "GO" and not awq["speed"]["counted"]
     html = (tmp_path / "reports" / "index.html").read_text()
     assert 'id="speed-table"' in html and "0.64×" in html and "149.3" in html  # 1000 / 6.7 ms
+    for chart in ('id="throughput-chart"', 'id="ttft_ms-chart"', 'id="tpot_ms_stats-chart"'):
+        assert chart in html  # the pictures: throughput against concurrency, TTFT and TPOT percentiles
+    assert html.count('class="line s') >= 3 * 2  # one line (and a legend swatch) per model
+    assert "lmdeploy 0.18.0 on" in html and "tensor parallel 1" in html  # which engine, which version
 
 
 def test_speed_is_not_compared_across_engines(tmp_path):
@@ -134,11 +146,31 @@ def test_speed_is_not_compared_across_engines(tmp_path):
         write_results(results, name, [1] * 10)
         (results / name / "bench.json").write_text(json.dumps(bench_summary(5.0 if name == "base" else 50.0, engine)))
     settings = json.loads(json.dumps(TINY_PARAMS))
-    settings["verdict"]["nogo_if_slower_at_batch1"] = True
+    settings["verdict"].update(nogo_if_slower_at_batch1=True, speed_engine="lmdeploy")
     verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
                          models_dir=tmp_path / "models").verdict
     speed = verdict["variants"]["awq"]["speed"]
     assert not speed["comparable"] and "benched differently" in speed["reason"] and not speed["counted"]
+
+
+def test_a_speed_no_go_needs_the_deployment_engine(tmp_path):
+    """AWQ on lmdeploy's PyTorch engine is slower than bf16 (README: 0.79x) while vLLM serves it 1.27x
+    faster: a speed verdict from an engine the variant will not be deployed on is shown, never counted."""
+    results = tmp_path / "results"
+    for name, tpot in (("base", 6.7), ("awq", 8.5)):
+        write_results(results, name, [1] * 60 + [0] * 40)
+        (results / name / "bench.json").write_text(json.dumps(bench_summary(tpot, "lmdeploy")))
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["verdict"].update(nogo_if_slower_at_batch1=True, speed_engine="vllm")
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
+                         models_dir=tmp_path / "models").verdict
+    awq = verdict["variants"]["awq"]
+    assert awq["speed"]["slower"] and not awq["speed"]["counted"] and awq["decision"] == "GO"
+    assert "deployed on vllm (verdict.speed_engine)" in awq["speed"]["reason"]
+
+    settings["verdict"]["speed_engine"] = None  # stopping on speed without naming the engine: refused
+    with pytest.raises(Exception, match="needs verdict.speed_engine"):
+        Params.model_validate(settings)
 
 
 def test_speed_without_a_batch_1_decode_rate_says_so():
@@ -152,13 +184,13 @@ def test_speed_without_a_batch_1_decode_rate_says_so():
 
 
 def test_lmdeploy_judge_backend_without_the_gpu_extra_fails_before_any_answer(tmp_path, tiny_llama, monkeypatch):
-    monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the GPU extra
+    monkeypatch.setitem(sys.modules, "lmdeploy", None)  # as on a machine without the lmdeploy extra
     write_params(tmp_path)
     holdout = write_holdout(tmp_path / "holdout.jsonl")
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["judge", str(tiny_llama), "--base", str(tiny_llama), "--prompts", str(holdout),
                                       "--backend", "lmdeploy"])
-    assert result.exit_code == 2 and "needs the GPU extra" in result.output
+    assert result.exit_code == 2 and "needs the lmdeploy extra" in result.output
     assert not (tmp_path / "results").exists()  # no answers were generated first
 
 
@@ -204,10 +236,12 @@ def test_a_rebuilt_checkpoint_replaces_its_cached_lmdeploy_export(tmp_path, tiny
 def test_bench_names_the_line_of_a_bad_holdout_record(tmp_path, tiny_llama, monkeypatch):
     write_params(tmp_path)
     holdout = tmp_path / "holdout.jsonl"
-    holdout.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    holdout.write_text(json.dumps({"id": "y", "messages": [{"role": "user", "content": "hi"}], "reference": None})
+                       + "\n" + json.dumps({"id": "x", "reference": "Hello."}) + "\n")
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["bench", str(tiny_llama), "--concurrency", "1", "--input-len", "8",
                                       "--output-len", "4", "--holdout", str(holdout), "--out", "bench.json"])
     assert result.exit_code == 2
-    assert f"{holdout}:1: needs 'messages' and 'reference'" in result.output and "quantize calib" in result.output
+    # a log that ends on the user's turn has no reference and is skipped; a record without messages is an error
+    assert f"{holdout}:2: needs 'messages'" in result.output and "quantize calib" in result.output
     assert not (tmp_path / "bench.json").exists()

@@ -31,3 +31,16 @@ def test_kl_is_zero_for_a_copy_and_grows_with_damage(tmp_path, tiny_llama, tiny_
     assert w2.summary["top1_agreement"] < w4.summary["top1_agreement"] <= 1.0
     assert w2.summary["kl_p99"] >= w2.summary["kl_mean"]
     assert json.loads((tmp_path / "w2.json").read_text()) == w2.summary
+
+
+def test_one_model_at_a_time_gives_the_same_figures(tmp_path, tiny_llama, tiny_calib):
+    """When both models do not fit on the GPU, the base's log-probabilities wait in host memory while the
+    variant takes its place: the figures are those of both models resident."""
+    holdout = tiny_calib / "holdout.jsonl"
+    variant = rtn_copy(tiny_llama, tmp_path / "w4", 4)
+    both = diagnostics.run(tiny_llama, variant, holdout, tmp_path / "both.json", resident="both", batch_size=3)
+    one = diagnostics.run(tiny_llama, variant, holdout, tmp_path / "one.json", resident="one", batch_size=3)
+    assert one.summary["models_resident"] == "one" and both.summary["models_resident"] == "both"
+    for key in ("tokens", "kl_mean", "kl_p99", "kl_max", "top1_agreement"):
+        assert one.summary[key] == both.summary[key], key
+    assert diagnostics.checkpoint_dtype(tiny_llama) == "float16"  # what a GPU run would use

@@ -93,7 +93,7 @@ def test_openai_engine_evaluates_against_a_real_server_with_the_same_items(tmp_p
     settings = json.loads(json.dumps(TINY_PARAMS))
     monkeypatch.setenv("EVAL_TEST_KEY", "sk-eval-secret")
     with ChatServer(answer) as server:
-        settings["engine"].update(name="openai", base_url=server.base_url, model="served-tiny",
+        settings["engine"].update(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
                                   api_key_env="EVAL_TEST_KEY")
         write_params(tmp_path, settings)
         monkeypatch.chdir(tmp_path)

@@ -321,7 +321,7 @@ def test_hf_judge_on_the_tiny_model_completes_and_counts_unjudged(tmp_path, two_
 
 def test_lmdeploy_backend_says_what_it_needs(tmp_path, two_models, holdout):
     params = JudgeParams(backend="lmdeploy", model="base", **SMALL)
-    with pytest.raises(UserError, match="GPU extra"):
+    with pytest.raises(UserError, match="lmdeploy extra"):
         judge.run(two_models[1], two_models[0], holdout, tmp_path, params)
 
 

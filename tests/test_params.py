@@ -67,9 +67,9 @@ def test_cli_exits_2_with_the_message(tmp_path):
 
     from pipeline.cli import app
 
-    path = write_params(tmp_path, {**TINY_PARAMS, "engine": {"name": "vllm"}})
+    path = write_params(tmp_path, {**TINY_PARAMS, "engine": {"name": "tgi"}})
     result = CliRunner().invoke(app, ["resave", "--params", str(path)])
     assert result.exit_code == 2
-    assert "engine.name" in result.output and "'vllm' is not allowed" in result.output
+    assert "engine.name" in result.output and "'tgi' is not allowed" in result.output
     assert "Traceback" not in result.output
-    assert yaml.safe_load(path.read_text())["engine"]["name"] == "vllm"
+    assert yaml.safe_load(path.read_text())["engine"]["name"] == "tgi"

@@ -301,11 +301,10 @@ def _awq_scheme(model_dir: Path, quant: dict) -> Scheme:
 
 
 def _fp8_refusal(model_dir: Path, quant: dict) -> str:
-    if (quant.get("kv_cache_scheme") or {}).get("strategy") == "attn_head":
-        why = "with per-head KV scales is not servable by lmdeploy 0.18 (its FP8 KV cache takes one scale per tensor)"
-    else:
-        why = "is not servable by lmdeploy 0.18 (it reads compressed-tensors checkpoints as int4 weights only)"
-    return f"{model_dir}: FP8 W8A8 {why}; serve it with vLLM: vllm serve {model_dir}"
+    from pipeline.engines.support import support_from_config
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    return f"{model_dir}: {support_from_config(config)['lmdeploy']['how']}: vllm serve {model_dir}"
 
 
 def _awq_architecture(config: dict, config_file: Path) -> str:

@@ -261,7 +261,7 @@ def _meta_model(model_dir: Path, config):
             raise UserError(f"{model_dir / 'config.json'}: quantization_config cannot be read ({_one_line(exc)}); "
                             f"restore the config.json that came with the weights, or {REBUILD}") from None
     layout = contextlib.nullcontext()
-    if plan.routed_experts(config.to_dict()) and compat.loads_linearized(config.model_type):
+    if plan.routed_experts(config.to_dict()) and _linearized(config.model_type):
         layout = compat.linearized_experts(model_cls, config.model_type)  # as oneshot.load_model loads it
     with layout:
         try:
@@ -278,22 +278,43 @@ def _meta_model(model_dir: Path, config):
     return model, conversions
 
 
+def _linearized(model_type: str) -> bool:
+    """Whether the loader splits this MoE's experts into Linears (llm-compressor's mapping, when installed)."""
+    from pipeline.quantize import compat
+
+    try:
+        return compat.loads_linearized(model_type)
+    except ImportError:  # no llm-compressor (the `quantize` extra): transformers' own layout
+        return False
+
+
+def _packed_rows(rows: int, num_bits: int) -> int:
+    """Rows of a zero point packed along dim 0 into int32, by compressed-tensors' own packer when it has
+    one (0.19: dense packing, ceil(rows x bits / 32))."""
+    import torch
+
+    try:
+        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    except ImportError:
+        return math.ceil(rows * num_bits / 32)
+    return pack_to_int32(torch.zeros(rows, 1, dtype=torch.int8), num_bits, packed_dim=0).shape[0]
+
+
 def _packed_zero_points(model) -> None:
     """compressed-tensors builds an asymmetric pack-quantized module's zero point unpacked on the
-    meta device, and writes it packed along dim 0 (compressors/pack_quantized): give the meta
-    module the shape the file holds, computed by compressed-tensors' own packer."""
+    meta device, and writes it packed along dim 0 (group and channel strategies,
+    compressors/pack_quantized): give the meta module the shape the file holds."""
     import torch
-    from compressed_tensors.compressors.pack_quantized.base import PACK_ZP_STRATS
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     for module in model.modules():
         scheme = getattr(module, "quantization_scheme", None)
         zero_point = getattr(module, "weight_zero_point", None)
         weights = getattr(scheme, "weights", None)
-        if (zero_point is None or weights is None or weights.symmetric or weights.strategy not in PACK_ZP_STRATS
+        if (zero_point is None or weights is None or weights.symmetric
+                or str(getattr(weights.strategy, "value", weights.strategy)) not in ("group", "channel")
                 or str(getattr(scheme.format, "value", scheme.format)) != "pack-quantized" or zero_point.ndim != 2):
             continue
-        rows = pack_to_int32(torch.zeros(zero_point.shape[0], 1, dtype=torch.int8), weights.num_bits, packed_dim=0).shape[0]
+        rows = _packed_rows(zero_point.shape[0], weights.num_bits)
         module.weight_zero_point = torch.nn.Parameter(
             torch.empty(rows, zero_point.shape[1], dtype=torch.int32, device="meta"), requires_grad=False)
 

@@ -1,9 +1,11 @@
 """Engines: one small protocol, `generate(requests) -> completions`, batched.
 
 `hf` runs everywhere (in-process transformers), `lmdeploy` on a CUDA machine (in-process PyTorch
-engine), `openai` against any OpenAI-compatible server. The suite, not the engine, decides the
-prompt: switching engines changes no prompt. In-process engines also time single requests
-(`timed_generate`) for `quantize bench`.
+engine), `vllm` on a CUDA machine (`vllm serve` started by the stage, spoken to over HTTP), `openai`
+against any OpenAI-compatible server already running. Every engine that renders prompts itself
+uses the checkpoint's own chat template and tokenizer, so switching engines changes no token.
+In-process engines also time single requests (`timed_generate`) for `quantize bench`; server
+engines are timed over HTTP by the bench itself. `ENGINES` is the one table of engine names.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Timing:
     input_tokens: int
     token_ids: list[int] = field(default_factory=list)
     error: str | None = None
+    itl: list[float] = field(default_factory=list)  # seconds between successive token arrivals (streamed chunks)
 
     @property
     def tpot(self) -> float | None:
@@ -80,23 +83,50 @@ class Engine(Protocol):
     def close(self) -> None: ...  # frees what the engine holds (GPU memory, worker processes)
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine: where its class lives and what it can do."""
+
+    name: str
+    target: str  # "module:Class"
+    summary: str
+    timing: str  # how `quantize bench` times it: "in-process" (timed_generate) or "http" (a server)
+    extra: str | None = None  # the pip extra that installs it
+
+
+ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
+    EngineSpec("hf", "pipeline.engines.hf:HFEngine", "in-process transformers (CPU or GPU)", "in-process"),
+    EngineSpec("vllm", "pipeline.engines.vllm:VLLMEngine", "`vllm serve` started by the stage (CUDA)", "http",
+               "vllm"),
+    EngineSpec("lmdeploy", "pipeline.engines.lmdeploy:LMDeployEngine", "lmdeploy's PyTorch engine in-process (CUDA)",
+               "in-process", "lmdeploy"),
+    EngineSpec("openai", "pipeline.engines.openai:OpenAIEngine", "an OpenAI-compatible server already running",
+               "http"),
+)}
+
+
+def engine_names() -> str:
+    """'hf, vllm, lmdeploy or openai': for messages and help texts."""
+    names = list(ENGINES)
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def engine_spec(name: str, what: str = "engine") -> EngineSpec:
+    if name not in ENGINES:
+        from pipeline.errors import UserError
+
+        raise UserError(f"{what} {name!r}: use {engine_names()}")
+    return ENGINES[name]
+
+
 def make_engine(name: str, model_dir, **options) -> Engine:
+    import importlib
+
+    spec = engine_spec(name)
     if name == "hf":
         from pipeline.engines.vision import VisionEngine, is_multimodal
 
         if is_multimodal(model_dir):
             return VisionEngine(model_dir, **options)
-        from pipeline.engines.hf import HFEngine
-
-        return HFEngine(model_dir, **options)
-    if name == "openai":
-        from pipeline.engines.openai import OpenAIEngine
-
-        return OpenAIEngine(**options)
-    if name == "lmdeploy":
-        from pipeline.engines.lmdeploy import LMDeployEngine
-
-        return LMDeployEngine(model_dir, **options)
-    from pipeline.errors import UserError
-
-    raise UserError(f"engine {name!r}: use hf, lmdeploy or openai")
+    module, cls = spec.target.split(":")
+    return getattr(importlib.import_module(module), cls)(model_dir, **options)

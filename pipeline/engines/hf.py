@@ -100,9 +100,14 @@ class HFEngine:
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
-    def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int) -> list[Timing]:
+    def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int | None,
+                       rate: float | None = None, seed: int = 0) -> list[Timing]:
         """Static batches of `concurrency` requests (what transformers' generate can do), each request
         decoding exactly output_tokens[i] tokens (EOS ignored); every batch counts from its own start."""
+        if rate is not None:
+            from pipeline.errors import UserError
+
+            raise UserError("bench.request_rates: request-rate sweeps need a server engine (vllm or openai)")
         timings = []
         for start in range(0, len(prompts), concurrency):
             timings += self._timed_batch(prompts[start:start + concurrency], output_tokens[start:start + concurrency])
@@ -127,7 +132,9 @@ class HFEngine:
                                 pad_token_id=self.tokenizer.pad_token_id,
                                 past_key_values=self._cache(batch["input_ids"].shape[1] + longest),
                                 logits_processor=LogitsProcessorList([StepClock()]))
-        return [Timing(ttft=steps[0] - started, seconds=steps[n - 1] - started, n_tokens=n, input_tokens=len(p))
+        gaps = [b - a for a, b in zip(steps, steps[1:])]
+        return [Timing(ttft=steps[0] - started, seconds=steps[n - 1] - started, n_tokens=n, input_tokens=len(p),
+                       itl=gaps[:n - 1])
                 for p, n in zip(prompts, output_tokens)]
 
     def device_memory_used(self) -> int | None:

@@ -20,18 +20,17 @@ import time
 from pathlib import Path
 
 from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, eos_token_ids, to_completion
+from pipeline.engines.support import LMDEPLOY_NATIVE
 from pipeline.errors import UserError
 
 EXPORT_CACHE = Path(".cache") / "lmdeploy"
-LMDEPLOY_NATIVE = {"LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration",
-                   "ChatGLMForConditionalGeneration", "ChatGLMModel", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
 
 def require_lmdeploy() -> None:
     try:
         import lmdeploy  # noqa: F401  (only present with the GPU extra)
     except ImportError:
-        raise UserError("engine 'lmdeploy' needs the GPU extra on a CUDA machine (pip install -e '.[gpu]'); "
+        raise UserError("engine 'lmdeploy' needs the lmdeploy extra on a CUDA machine (pip install -e '.[lmdeploy]'); "
                         "here use engine hf, or openai against a running `lmdeploy serve api_server`") from None
 
 
@@ -83,7 +82,8 @@ class LMDeployEngine:
     name = "lmdeploy"
 
     def __init__(self, model_dir: Path | str, *, batch_size: int = 64, dtype: str = "auto", progress=None,
-                 session_len: int | None = None, cache_max_entry_count: float = 0.5, **_ignored):
+                 session_len: int | None = None, cache_max_entry_count: float = 0.5, tensor_parallel_size: int = 1,
+                 **_ignored):
         require_lmdeploy()
         from lmdeploy import PytorchEngineConfig, pipeline
         from transformers import AutoTokenizer
@@ -95,6 +95,7 @@ class LMDeployEngine:
         self.progress = progress
         engine_config = PytorchEngineConfig(
             max_batch_size=batch_size, cache_max_entry_count=cache_max_entry_count, session_len=session_len,
+            tp=tensor_parallel_size,
             dtype=dtype if dtype in ("float16", "bfloat16") else "auto")
         self.pipe = pipeline(str(self.served_dir), backend_config=engine_config, log_level="ERROR",
                              trust_remote_code=exported)
@@ -114,8 +115,12 @@ class LMDeployEngine:
         return [to_completion(self.tokenizer, request, timing.token_ids, self.eos_ids, timing.seconds, timing.error)
                 for request, timing in zip(requests, timings)]
 
-    def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int) -> list[Timing]:
+    def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int | None,
+                       rate: float | None = None, seed: int = 0) -> list[Timing]:
         """Exactly output_tokens[i] tokens per request (EOS ignored), `concurrency` requests in flight."""
+        if rate is not None:
+            raise UserError("bench.request_rates: request-rate sweeps need a server engine (vllm, or openai against "
+                            "`lmdeploy serve api_server`)")
         return self._run([(p, n, True) for p, n in zip(prompts, output_tokens)], concurrency)
 
     def _run(self, jobs: list[tuple[list[int], int, bool]], concurrency: int) -> list[Timing]:
@@ -142,14 +147,19 @@ class LMDeployEngine:
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, ignore_eos=ignore_eos,
                                   skip_special_tokens=True)
         started = time.perf_counter()
-        first, tokens, error = None, [], None
+        first, last, tokens, error, itl = None, None, [], None, []
         try:
             request = await engine.preprocess(None, self.pipe.session_mgr.get(), gen_config=config,
                                               input_ids=input_ids)
             async for out in engine.generate(request, stream_response=True):
                 response = out.to_response(0)
                 if response.token_ids:
-                    first = first or time.perf_counter()
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    else:
+                        itl.append(now - last)
+                    last = now
                     tokens += response.token_ids
                 if response.finish_reason == "error":
                     error = response.error_message or "lmdeploy reported an error"
@@ -157,7 +167,7 @@ class LMDeployEngine:
             error = f"{type(exc).__name__}: {exc}"
         done = time.perf_counter()
         return Timing(ttft=(first or done) - started, seconds=done - started, n_tokens=len(tokens),
-                      input_tokens=len(input_ids), token_ids=tokens, error=error)
+                      input_tokens=len(input_ids), token_ids=tokens, error=error, itl=itl)
 
     def device_memory_used(self) -> int | None:
         import torch
@@ -168,7 +178,7 @@ class LMDeployEngine:
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights read to decode one token: every tensor the served checkpoint holds,
         except the input embedding table (one row is read), unless the output layer shares it."""
-        from pipeline.bench import checkpoint_weight_bytes
+        from pipeline.checkpoints.sizes import checkpoint_weight_bytes
 
         return checkpoint_weight_bytes(self.served_dir)
 

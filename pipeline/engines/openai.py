@@ -1,11 +1,21 @@
-"""An OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, lmdeploy api_server, llama.cpp server).
+"""An OpenAI-compatible server (vLLM, lmdeploy api_server, llama.cpp server, OpenAI itself).
 
-Requests run on a thread pool. Timeouts, connection errors, HTTP 5xx, 429 (honouring
-Retry-After), malformed JSON and, when asked, cut-off answers (finish_reason "length") are
-retried with exponential backoff and jitter. A request that still fails comes back as a
-Completion with `error` set, never as an exception: one bad response must not end a stage.
-The API key is read from an environment variable, sent only in the Authorization header and
-scrubbed from every error message.
+Three ways to send a prompt, `prompt_format`:
+- `tokens` (the default for `quantize eval`): the suite's prompt is rendered by the checkpoint's own
+  chat template and tokenizer here and sent to `/v1/completions` as token ids, so the server sees
+  exactly the tokens the hf engine would. Needs the checkpoint dir (for its tokenizer).
+- `text`: the same rendered prompt, as text, to `/v1/completions` (the server tokenizes it).
+- `chat`: the messages to `/v1/chat/completions`; the server applies its own chat template. For a
+  judge served elsewhere (whose tokenizer we do not have), or when the user asks for the server's
+  template. The eval summary and the report say which format was used.
+
+Requests run on a thread pool. Every attempt has a total deadline and a cap on response bytes
+(`pipeline/engines/http.py`); timeouts, connection errors, HTTP 5xx, 429 (honouring Retry-After),
+malformed JSON and, when asked, cut-off answers (finish_reason "length") are retried with
+exponential backoff and jitter. A request that still fails comes back as a Completion with
+`error` set, never as an exception: one bad response must not end a stage. The API key is read
+from an environment variable, sent only in the Authorization header and scrubbed from every
+error message.
 """
 
 from __future__ import annotations
@@ -15,37 +25,52 @@ import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest
+from pipeline.engines import Completion, GenRequest, chat_prompt, eos_token_ids, to_completion, truncate_at_stop
+from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
 from pipeline.errors import UserError
 
 MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is treated as a plain failure after that wait
-
-
-class RetryableError(Exception):
-    def __init__(self, message: str, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class FatalError(Exception):
-    """A client error (4xx other than 408, 409, 429): not retried."""
+PROMPT_FORMATS = ("tokens", "text", "chat")
 
 
 class OpenAIEngine:
     name = "openai"
 
-    def __init__(self, *, base_url: str, model: str, api_key_env: str | None = None, concurrency: int = 4,
-                 timeout: float = 60.0, retries: int = 3, backoff: float = 1.0, retry_on_length: bool = False,
-                 temperature: float = 0.0, params_section: str = "judge", **_ignored):
+    def __init__(self, model_dir: Path | str | None = None, *, base_url: str, model: str,
+                 api_key_env: str | None = None, concurrency: int = 4, timeout: float = 60.0, retries: int = 3,
+                 backoff: float = 1.0, retry_on_length: bool = False, temperature: float = 0.0,
+                 params_section: str = "judge", prompt_format: str = "chat", max_response_bytes: int = 8 << 20,
+                 extra_body: dict | None = None, **_ignored):
         if not base_url:
             raise UserError(f"params.yaml: {params_section}.base_url: the openai engine needs the endpoint's base URL, "
                             "e.g. http://127.0.0.1:8000/v1")
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        if prompt_format not in PROMPT_FORMATS:
+            raise UserError(f"params.yaml: {params_section}.prompt_format: {prompt_format!r}; use one of "
+                            f"{', '.join(PROMPT_FORMATS)}")
+        self.base_url = base_url.rstrip("/")
         self.model = model
+        self.prompt_format = prompt_format
         self._key = self._read_key(api_key_env, params_section)
-        self.concurrency, self.timeout, self.retries = max(1, concurrency), timeout, max(0, retries)
+        self.concurrency, self.retries = max(1, concurrency), max(0, retries)
+        self.limits = Limits(deadline=timeout, max_bytes=max_response_bytes)
         self.backoff, self.retry_on_length, self.temperature = backoff, retry_on_length, temperature
+        self.extra_body = dict(extra_body or {})  # server-specific request fields (vLLM: return_token_ids ...)
+        self.model_dir = Path(model_dir) if model_dir else None
+        self.tokenizer, self.eos_ids = None, set()
+        if prompt_format != "chat":
+            if self.model_dir is None or not (self.model_dir / "config.json").exists():
+                raise UserError(f"params.yaml: {params_section}.prompt_format: {prompt_format} renders prompts with "
+                                "the checkpoint's own tokenizer; pass the checkpoint dir, or use prompt_format: chat")
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            self.eos_ids = eos_token_ids(self.tokenizer, _generation_eos(self.model_dir))
+
+    @property
+    def url(self) -> str:
+        return self.base_url + ("/chat/completions" if self.prompt_format == "chat" else "/completions")
 
     @staticmethod
     def _read_key(env_name: str | None, params_section: str) -> str | None:
@@ -58,11 +83,20 @@ class OpenAIEngine:
         return key
 
     def __repr__(self) -> str:  # no key here, ever
-        return f"OpenAIEngine(url={self.url!r}, model={self.model!r})"
+        return f"OpenAIEngine(url={self.url!r}, model={self.model!r}, prompt_format={self.prompt_format!r})"
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self._key}"} if self._key else {}
 
     def apply_chat_template(self, messages: list[dict]) -> str:
-        """The server applies its own template: the 'rendered' prompt is the messages as JSON."""
-        return json.dumps(messages, ensure_ascii=False)
+        """tokens/text: rendered here by the checkpoint's template; chat: the messages as JSON, for the server."""
+        if self.prompt_format == "chat":
+            return json.dumps(messages, ensure_ascii=False)
+        return chat_prompt(self.tokenizer, messages)
+
+    def encode(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     def close(self) -> None:
         pass  # one HTTP client per generate() call: nothing held between calls
@@ -70,83 +104,89 @@ class OpenAIEngine:
     def generate(self, requests: list[GenRequest]) -> list[Completion]:
         import httpx
 
-        with httpx.Client(timeout=self.timeout) as client, ThreadPoolExecutor(self.concurrency) as pool:
+        with httpx.Client() as client, ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda r: self._complete(client, r), requests))
 
     def _complete(self, client, request: GenRequest) -> Completion:
         started = time.perf_counter()
+        body = self._body(request)
+        try:
+            data = self.call(client, body)
+        except FatalError as exc:
+            return Completion("", 0, time.perf_counter() - started, error=str(exc))
+        except RetryableError as exc:
+            return Completion("", 0, time.perf_counter() - started, error=str(exc))
+        return self._completion(request, data, time.perf_counter() - started)
+
+    def call(self, client, body: dict) -> dict:
+        """POST to this engine's endpoint with retries; the parsed answer, or Retryable/FatalError
+        (messages scrubbed of the key) once retries are spent."""
         last_error, last_retry_after = "no attempt made", None
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self._delay(attempt, last_retry_after))
             last_retry_after = None
             try:
-                text, n_tokens = self._post(client, request)
-                return Completion(self._redact(text), n_tokens, time.perf_counter() - started)
+                data = post_json(client, self.url, body, self.headers, self.limits)
+                self._check_choice(data)
+                return data
             except RetryableError as exc:
                 last_error, last_retry_after = self._redact(str(exc)), exc.retry_after
             except FatalError as exc:
-                return Completion("", 0, time.perf_counter() - started, error=self._redact(str(exc)))
-        return Completion("", 0, time.perf_counter() - started,
-                          error=f"gave up after {self.retries + 1} attempts: {last_error}")
+                raise FatalError(self._redact(str(exc))) from None
+        raise RetryableError(f"gave up after {self.retries + 1} attempts: {last_error}")
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, MAX_RETRY_AFTER)
         return self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
 
-    def _post(self, client, request: GenRequest) -> tuple[str, int]:
-        import httpx
-
-        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        try:
-            response = client.post(self.url, json=self._body(request), headers=headers)
-        except httpx.TimeoutException:
-            raise RetryableError(f"no answer within {self.timeout} s") from None
-        except httpx.TransportError as exc:
-            raise RetryableError(f"connection failed: {type(exc).__name__}: {exc}") from None
-        if response.status_code == 429:
-            raise RetryableError("HTTP 429 (rate limited)", _retry_after(response.headers.get("retry-after")))
-        if response.status_code >= 500 or response.status_code in (408, 409):
-            raise RetryableError(f"HTTP {response.status_code}: {response.text[:200]}")
-        if response.status_code >= 400:
-            # a bad key or model name will not get better by asking again
-            raise FatalError(f"HTTP {response.status_code}: {response.text[:200]}")
-        return self._parse(response.text)
-
     def _body(self, request: GenRequest) -> dict:
-        try:
-            messages = json.loads(request.prompt)
-            if not isinstance(messages, list):
-                raise ValueError
-        except ValueError:
-            messages = [{"role": "user", "content": request.prompt}]
-        body = {"model": self.model, "messages": messages, "max_tokens": request.max_new_tokens,
-                "temperature": self.temperature}
+        body = {"model": self.model, "max_tokens": request.max_new_tokens, "temperature": self.temperature}
+        if self.prompt_format == "chat":
+            try:
+                messages = json.loads(request.prompt)
+                if not isinstance(messages, list):
+                    raise ValueError
+            except ValueError:
+                messages = [{"role": "user", "content": request.prompt}]
+            body["messages"] = messages
+        else:
+            body["prompt"] = self.encode(request.prompt) if self.prompt_format == "tokens" else request.prompt
         if request.stop:
             body["stop"] = request.stop
-        return body
+        return body | self.extra_body
 
-    def _parse(self, body: str) -> tuple[str, int]:
+    def _check_choice(self, data: dict) -> None:
         try:
-            data = json.loads(body)
             choice = data["choices"][0]
-            text = choice["message"]["content"]
+            text = choice["message"]["content"] if self.prompt_format == "chat" else choice["text"]
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise RetryableError(f"malformed response ({type(exc).__name__}): {body[:200]!r}") from None
+        except (KeyError, IndexError, TypeError) as exc:
+            raise RetryableError(f"malformed response ({type(exc).__name__}): {json.dumps(data)[:200]!r}") from None
         if self.retry_on_length and choice.get("finish_reason") == "length":
             raise RetryableError("answer cut off (finish_reason 'length'); raise judge.judge_max_new_tokens")
+
+    def _completion(self, request: GenRequest, data: dict, seconds: float) -> Completion:
+        choice = data["choices"][0]
+        if self.prompt_format != "chat" and isinstance(choice.get("token_ids"), list):
+            # vLLM's return_token_ids: decoded and cut at EOS / stop strings as the hf engine does
+            done = to_completion(self.tokenizer, request, choice["token_ids"], self.eos_ids, seconds)
+            return Completion(self._redact(done.text), done.n_tokens, seconds)
+        text = choice["message"]["content"] if self.prompt_format == "chat" else choice["text"]
         n_tokens = (data.get("usage") or {}).get("completion_tokens") or 0
-        return text, int(n_tokens)
+        return Completion(self._redact(truncate_at_stop(text, request.stop)), int(n_tokens), seconds)
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "[REDACTED]") if self._key else text
 
 
-def _retry_after(value: str | None) -> float | None:
+def _generation_eos(model_dir: Path):
+    path = model_dir / "generation_config.json"
+    if not path.exists():
+        return None
     try:
-        return max(0.0, float(value)) if value is not None else None
+        return json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
     except ValueError:
-        return None  # an HTTP-date: fall back to our own backoff
+        return None

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.engines.support import serving_support
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
 from pipeline.quantize import plan
@@ -252,6 +253,7 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
             "size_bytes": dir_size(tmp),
             "base_size_bytes": dir_size(model_dir),
             "verify": verification,
+            "serving": serving_support(tmp),  # which engines can serve it, and why not
         }
         (tmp / "quant.json").write_text(json.dumps(info, indent=2) + "\n")
     return QuantResult(out, info)

@@ -138,6 +138,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "quant": _read_json(models_dir / variant / "quant.json"),
             "kl": _read_json(results_dir / variant / "kl.json"),
             "speed": speed,
+            "serving": _serving(models_dir / variant),
         }
     return {
         "variants": variants,
@@ -162,6 +163,16 @@ def _judge_verdict(path: Path, params: Params) -> dict | None:
             "reasons": explain_judge(summary, decision, margin, min_consistency), "summary": summary}
 
 
+def _serving(model_dir: Path) -> dict | None:
+    """Which engines can serve the variant and why not: its quant.json's record, else read off its config."""
+    from pipeline.engines.support import serving_support
+
+    quant = _read_json(model_dir / "quant.json") or {}
+    if quant.get("serving"):
+        return quant["serving"]
+    return serving_support(model_dir) if (model_dir / "config.json").exists() else None
+
+
 def _speed_rows(results_dir: Path, results: dict) -> dict:
     """{model: speed row} for every model with a results/<model>/bench.json (`quantize bench`)."""
     from pipeline.bench import speed_row
@@ -176,13 +187,15 @@ def _speed_rows(results_dir: Path, results: dict) -> dict:
 
 def _speed_verdict(speeds: dict, variant: str, p) -> dict | None:
     """The variant's batch-1 speed against the base's; counted (as NO-GO) only when
-    verdict.nogo_if_slower_at_batch1 is set and it is slower by more than verdict.speed_tolerance."""
+    verdict.nogo_if_slower_at_batch1 is set, it is slower by more than verdict.speed_tolerance, and
+    it was measured on verdict.speed_engine, the engine the variant will be deployed on."""
     from pipeline.bench import compare_speed
 
     if variant not in speeds:
         return None
-    comparison = compare_speed(speeds.get("base"), speeds[variant], p.speed_tolerance)
-    comparison["counted"] = bool(p.nogo_if_slower_at_batch1 and comparison["slower"])
+    comparison = compare_speed(speeds.get("base"), speeds[variant], p.speed_tolerance, p.speed_engine)
+    comparison["counted"] = bool(p.nogo_if_slower_at_batch1 and comparison["slower"]
+                                 and comparison.get("deployment_engine"))
     return comparison
 
 

@@ -67,24 +67,15 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     env = Environment(loader=FileSystemLoader(TEMPLATE_DIR), autoescape=select_autoescape(["html"]))
     env.filters.update(pct=pct, pts=signed_pts, clip=clip, size=lambda b: human_size(b) if b else "–")
     rows = [s for v in verdict["variants"].values() for s in v["suites"].values()]
-    items_by_suite = _item_rows(results)
+    from pipeline.report.tables import item_rows
+
+    items_by_suite = item_rows(results)
+    from pipeline.report.charts import latency_chart, throughput_chart
+
+    speed = verdict.get("speed") or {}
+    charts = {"throughput": throughput_chart(speed), "ttft": latency_chart(speed, "ttft_ms", "time to first token"),
+              "tpot": latency_chart(speed, "tpot_ms_stats", "time per output token")}
     return env.get_template("template.html").render(
-        verdict=verdict, rows=rows, forest=forest_plot(rows), items_by_suite=items_by_suite,
+        verdict=verdict, rows=rows, forest=forest_plot(rows), items_by_suite=items_by_suite, charts=charts,
         calib=calib, base=base, params=params.model_dump(mode="json"), decision_class=DECISION_CLASS,
     )
-
-
-def _item_rows(results: dict) -> dict[str, list[dict]]:
-    """Per suite, one row per item: the target and every model's output side by side."""
-    by_suite: dict[str, list[dict]] = {}
-    variants = [v for v in results if v != "base"]
-    for suite, base_items in results.get("base", {}).items():
-        rows = []
-        for item_id, base_item in base_items.items():
-            outputs = {v: results[v].get(suite, {}).get(item_id) for v in variants}
-            flags = [("flip" if (o and o["correct"] != base_item["correct"]) else "same") for o in outputs.values() if o]
-            rows.append({"id": item_id, "prompt": base_item["prompt"], "target": base_item["target"],
-                         "base": base_item, "variants": outputs,
-                         "flipped": "flip" in flags})
-        by_suite[suite] = rows
-    return by_suite

@@ -1,0 +1,46 @@
+"""Sizes read off a checkpoint without loading it: weight bytes a decode step reads, KV-cache bytes
+per token of context. What the bench's roofline and the engines' memory figures are built from."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from pipeline.errors import UserError
+
+
+def kv_bytes_per_token(model_dir: Path, dtype_bytes: int = 2) -> int:
+    """KV cache bytes one token of context adds: 2 (K and V) x layers x KV heads x head dim."""
+    config = json.loads((model_dir / "config.json").read_text())
+    text = config.get("text_config") or config
+    layers = text.get("num_hidden_layers") or text.get("num_layers")
+    heads = text.get("num_attention_heads")
+    kv_heads = text.get("num_key_value_heads") or text.get("multi_query_group_num") or heads
+    head_dim = text.get("head_dim") or text.get("kv_channels") or text["hidden_size"] // heads
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def checkpoint_weight_bytes(model_dir: Path) -> int:
+    """Tensor bytes of a checkpoint, less its input embedding table (a decode step reads one row)
+    unless the config ties it to the output layer."""
+    from safetensors import safe_open
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tied = (config.get("text_config") or config).get("tie_word_embeddings", False)
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(path, "pt") as handle:
+            for name in handle.keys():
+                meta = handle.get_slice(name)
+                is_embedding = "embed_tokens" in name or "word_embeddings" in name
+                if not is_embedding or tied:
+                    if meta.get_dtype() not in _DTYPE_BYTES:
+                        raise UserError(f"{path}: {name} has dtype {meta.get_dtype()}, which the roofline "
+                                        "does not know the size of")
+                    total += math.prod(meta.get_shape()) * _DTYPE_BYTES[meta.get_dtype()]
+    return total
+
+
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                "U16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "BOOL": 1}

@@ -1,0 +1,216 @@
+"""vLLM, the way a deployment runs it: `vllm serve DIR ...` as a child process, spoken to over its
+OpenAI-compatible API (the `vllm` extra on a CUDA machine).
+
+The stage starts the server with the settings from params.yaml's `engine` section under vLLM's own
+names (tensor_parallel_size, max_model_len, gpu_memory_utilization, kv_cache_dtype,
+enable_prefix_caching, max_num_batched_tokens, max_num_seqs), waits for `/health`, and stops it at
+the end; its log is kept beside the stage's results. A server in its own process also keeps vLLM's
+pinned packages (compressed-tensors 0.17) apart from llm-compressor's (0.19): `engine.server_command`
+and `engine.server_env` say how to start it when it lives in another environment.
+
+Prompts are rendered and tokenized by the checkpoint's own tokenizer here and sent to
+`/v1/completions` as token ids; answers come back as token ids (`return_token_ids`) and are decoded
+and cut at EOS / stop strings by the same code as the hf engine's, so switching engine changes no
+token on either side. `--generation-config vllm` keeps the checkpoint's generation_config.json
+(repetition penalties and the like) out of the sampling: requests are greedy, as with every engine.
+Log-likelihoods come from `prompt_logprobs`: the log-probability and rank of every prompt token.
+
+FP8 KV cache: `kv_cache_dtype: checkpoint` (the default) serves a checkpoint that carries FP8
+KV-cache scales with `--kv-cache-dtype fp8`, so its calibrated (per-head) scales are used, and any
+other checkpoint with the model's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pipeline.engines import Completion, GenRequest
+from pipeline.engines.http import FatalError, RetryableError, get_ok
+from pipeline.engines.openai import OpenAIEngine
+from pipeline.engines.server import ServerProcess, free_port
+from pipeline.errors import UserError
+
+SERVED_NAME = "model"
+
+
+def kv_cache_scheme(model_dir: Path) -> dict | None:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return (config.get("quantization_config") or {}).get("kv_cache_scheme")
+
+
+def resolve_kv_cache_dtype(setting: str, model_dir: Path) -> str:
+    """`checkpoint`: fp8 when the checkpoint carries FP8 KV-cache scales, else auto (the model's dtype)."""
+    if setting != "checkpoint":
+        return setting
+    scheme = kv_cache_scheme(model_dir)
+    return "fp8" if scheme and scheme.get("type") == "float" and scheme.get("num_bits") == 8 else "auto"
+
+
+def server_args(model_dir: Path, port: int, settings: dict) -> list[str]:
+    """vLLM's CLI arguments for `settings` (the engine section, vLLM's names)."""
+    args = [str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
+            "--generation-config", "vllm", "--seed", "0",
+            "--tensor-parallel-size", str(settings.get("tensor_parallel_size", 1)),
+            "--gpu-memory-utilization", str(settings.get("gpu_memory_utilization", 0.9)),
+            "--kv-cache-dtype", resolve_kv_cache_dtype(settings.get("kv_cache_dtype", "checkpoint"), model_dir)]
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+        if settings.get(name):
+            args += [f"--{name.replace('_', '-')}", str(settings[name])]
+    if settings.get("enable_prefix_caching") is not None:
+        args.append("--enable-prefix-caching" if settings["enable_prefix_caching"] else "--no-enable-prefix-caching")
+    if settings.get("dtype") in ("float16", "bfloat16"):
+        args += ["--dtype", settings["dtype"]]
+    return args + [str(a) for a in settings.get("server_args") or []]
+
+
+class VLLMEngine:
+    name = "vllm"
+    SETTINGS = ("tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
+                "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype", "server_args")
+
+    def __init__(self, model_dir: Path | str, *, batch_size: int = 64, server_command: list[str] | None = None,
+                 server_env: dict | None = None, start_timeout: float = 900.0, log_path: Path | str | None = None,
+                 timeout: float = 600.0, retries: int = 1, max_response_bytes: int = 64 << 20, progress=None,
+                 **settings):
+        self.model_dir = Path(model_dir)
+        if not (self.model_dir / "config.json").exists():
+            raise UserError(f"{self.model_dir}: no config.json; pass a checkpoint directory")
+        self.settings = {k: v for k, v in settings.items() if k in self.SETTINGS}
+        self.batch_size = batch_size  # requests in flight
+        self.progress = progress
+        port = free_port()
+        log_path = Path(log_path) if log_path else Path("results") / self.model_dir.name / "vllm-server.log"
+        command = list(server_command or ["vllm", "serve"]) + server_args(self.model_dir, port, self.settings)
+        self.server = ServerProcess(command, port=port, log_path=log_path, env=server_env, name="vLLM server",
+                                    start_timeout=start_timeout).start()
+        try:
+            self.client = OpenAIEngine(self.model_dir, base_url=self.server.base_url + "/v1", model=SERVED_NAME,
+                                       prompt_format="tokens", concurrency=batch_size, timeout=timeout, retries=retries,
+                                       max_response_bytes=max_response_bytes, params_section="engine",
+                                       extra_body={"return_token_ids": True, "skip_special_tokens": False})
+            self.tokenizer = self.client.tokenizer
+            self.version = self._version()
+        except BaseException:
+            self.server.stop()
+            raise
+
+    # ------------------------------------------------------------------ what every engine offers
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
+    @property
+    def headers(self) -> dict:
+        return self.client.headers
+
+    @property
+    def served_model(self) -> str:
+        return SERVED_NAME
+
+    @property
+    def max_length(self) -> int:
+        from pipeline.long_context import context_length
+
+        return int(self.settings.get("max_model_len") or context_length(self.model_dir) or 4096)
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        return self.client.apply_chat_template(messages)
+
+    def encode(self, prompt: str) -> list[int]:
+        return self.client.encode(prompt)
+
+    def generate(self, requests: list[GenRequest]) -> list[Completion]:
+        completions = self.client.generate(requests)
+        if self.progress:
+            self.progress(len(requests))
+        return completions
+
+    def token_logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """Sum of log P(continuation | context) and whether every continuation token is the argmax,
+        from vLLM's prompt_logprobs (log-probability and rank of each prompt token)."""
+        import httpx
+
+        def one(client, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+            ids = list(context) + list(continuation)
+            body = {"model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+            try:
+                data = self.client.call(client, body)
+            except (RetryableError, FatalError) as exc:
+                raise UserError(f"vLLM server at {self.base_url}: prompt_logprobs failed: {exc}") from None
+            positions = data["choices"][0].get("prompt_logprobs")
+            if not isinstance(positions, list) or len(positions) != len(ids):
+                raise UserError(f"vLLM server at {self.base_url}: no prompt_logprobs in its answer; it may be too "
+                                "old (vLLM >= 0.24 returns them)")
+            total, greedy = 0.0, True
+            for position in range(len(context), len(ids)):
+                entry = positions[position][str(ids[position])]
+                total += float(entry["logprob"])
+                greedy = greedy and int(entry.get("rank", 0)) == 1
+            return total, greedy
+
+        with httpx.Client() as client, ThreadPoolExecutor(max(1, self.batch_size)) as pool:
+            return list(pool.map(lambda r: one(client, *r), requests))
+
+    def describe(self) -> dict:
+        """Engine, version and settings, as the report names them."""
+        return {"engine": "vllm", "version": self.version, "settings": self.settings,
+                "kv_cache_dtype": resolve_kv_cache_dtype(self.settings.get("kv_cache_dtype", "checkpoint"), self.model_dir),
+                "tensor_parallel_size": int(self.settings.get("tensor_parallel_size", 1)),
+                "server_start_seconds": round(self.server.start_seconds or 0.0, 1),
+                "log": str(self.server.log_path)}
+
+    def _version(self) -> str | None:
+        import httpx
+
+        try:
+            return httpx.get(self.server.base_url + "/version", timeout=5).json().get("version")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    def healthy(self) -> bool:
+        return get_ok(self.server.base_url + "/health")
+
+    def close(self) -> None:
+        self.server.stop()
+
+    def weight_bytes_per_token(self) -> int:
+        from pipeline.checkpoints.sizes import checkpoint_weight_bytes
+
+        return checkpoint_weight_bytes(self.model_dir)
+
+    def kv_dtype_bytes(self) -> int:
+        return 1 if self.describe()["kv_cache_dtype"].startswith("fp8") else 2
+
+    def device_memory_used(self) -> int | None:
+        """What the GPUs hold, vLLM's preallocated KV pool included (nvidia-smi; None without it)."""
+        import shutil
+        import subprocess
+
+        if not shutil.which("nvidia-smi"):
+            return None
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+            return sum(int(v) for v in out.split()) << 20
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return None
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def wait_gone(url: str, seconds: float = 10.0) -> bool:
+    """True once nothing answers at url (the server is down)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not get_ok(url, timeout=0.5):
+            return True
+        time.sleep(0.2)
+    return False

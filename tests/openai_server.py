@@ -1,0 +1,240 @@
+"""A real OpenAI-compatible HTTP server on 127.0.0.1, backed by a real (tiny) transformers model.
+
+It speaks what the pipeline uses of vLLM's API: `/v1/completions` with token-id or text prompts,
+greedy decoding, `stream` (server-sent events, one token per event), vLLM's `return_token_ids`,
+`ignore_eos` / `min_tokens` and `prompt_logprobs` (log-probability and rank of every prompt token),
+plus `/health`, `/version` and `/v1/models`. The answers are the model's own, computed with
+transformers' forward pass, so a test can compare them with the hf engine's.
+
+Faults on cue (`server.fault`): ("drip", seconds_per_byte) sends the answer one byte at a time,
+("huge", n_bytes) sends an oversized answer.
+
+Run as a script it takes `vllm serve`'s command line (`MODEL --host H --port P --served-model-name N
+...`; other flags are recorded, not used) so the vLLM engine's process handling can be tested on a
+machine without vLLM: the real vLLM server runs on the GPU machine (benchmarks/gpu_vllm.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+VERSION = "0.0-test"
+
+
+class TinyModel:
+    """Greedy decoding and prompt log-probabilities of a checkpoint, one request at a time."""
+
+    def __init__(self, model_dir: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        self.lock = threading.Lock()
+
+    def tokens(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return [int(t) for t in prompt]
+
+    def stream(self, ids: list[int], max_tokens: int, ignore_eos: bool, min_tokens: int):
+        """Yields generated token ids one by one (greedy, KV cache), stopping after EOS unless ignored."""
+        torch = self.torch
+        with self.lock, torch.inference_mode():
+            past, inputs = None, torch.tensor([ids])
+            for step in range(max_tokens):
+                out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits = out.logits[0, -1]
+                if step < min_tokens or ignore_eos:
+                    for eos in self.eos:
+                        if eos is not None:
+                            logits[eos] = float("-inf")
+                token = int(logits.argmax())
+                yield token
+                if token in self.eos and not ignore_eos:
+                    return
+                inputs = torch.tensor([[token]])
+
+    def prompt_logprobs(self, ids: list[int]) -> list[dict | None]:
+        torch = self.torch
+        with self.lock, torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([ids])).logits[0].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        result: list[dict | None] = [None]
+        for position in range(1, len(ids)):
+            row = logprobs[position - 1]
+            token = ids[position]
+            rank = int((row > row[token]).sum()) + 1
+            top = int(row.argmax())
+            entry = {str(token): {"logprob": float(row[token]), "rank": rank, "decoded_token": ""}}
+            entry.setdefault(str(top), {"logprob": float(row[top]), "rank": 1, "decoded_token": ""})
+            result.append(entry)
+        return result
+
+
+class CompletionsServer:
+    def __init__(self, model_dir: str | None = None, served_name: str = "model", port: int = 0):
+        self.model = TinyModel(model_dir) if model_dir else None
+        self.served_name = served_name
+        self.requests: list[dict] = []
+        self.fault: tuple[str, float] | None = None
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def __enter__(self) -> "CompletionsServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path == "/health":
+                    return self._send(200, b"")
+                if self.path == "/version":
+                    return self._json(200, {"version": VERSION})
+                if self.path == "/v1/models":
+                    return self._json(200, {"data": [{"id": server.served_name, "object": "model"}]})
+                self._json(404, {"error": "not found"})
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    return self._json(400, {"error": "body is not JSON"})
+                with server._lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                if self.path.rstrip("/") != "/v1/completions":
+                    return self._json(404, {"error": "not found"})
+                if body.get("model") != server.served_name:
+                    return self._json(404, {"error": f"model {body.get('model')!r} does not exist"})
+                try:
+                    if body.get("stream"):
+                        self._stream(body)
+                    else:
+                        self._complete(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _complete(self, body):
+                model = server.model
+                ids = model.tokens(body["prompt"])
+                tokens = list(model.stream(ids, int(body.get("max_tokens") or 16), bool(body.get("ignore_eos")),
+                                           int(body.get("min_tokens") or 0)))
+                text = model.tokenizer.decode([t for t in tokens if t not in model.eos], skip_special_tokens=True)
+                choice = {"index": 0, "text": text, "finish_reason": "length" if len(tokens) >= int(
+                    body.get("max_tokens") or 16) and tokens[-1] not in model.eos else "stop"}
+                if body.get("return_token_ids"):
+                    choice["token_ids"], choice["prompt_token_ids"] = tokens, ids
+                if body.get("prompt_logprobs") is not None:
+                    choice["prompt_logprobs"] = model.prompt_logprobs(ids)
+                payload = {"id": "cmpl-test", "object": "text_completion", "model": server.served_name,
+                           "choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens)}}
+                data = json.dumps(payload).encode()
+                if server.fault and server.fault[0] == "huge":
+                    pad = " " * int(server.fault[1])
+                    payload["choices"][0]["text"] += pad
+                    data = json.dumps(payload).encode()
+                if server.fault and server.fault[0] == "drip":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    for byte in data:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(float(server.fault[1]))
+                    return
+                self._send(200, data)
+
+            def _stream(self, body):
+                model = server.model
+                ids = model.tokens(body["prompt"])
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                count = 0
+                for token in model.stream(ids, int(body.get("max_tokens") or 16), bool(body.get("ignore_eos")),
+                                          int(body.get("min_tokens") or 0)):
+                    count += 1
+                    choice = {"index": 0, "text": model.tokenizer.decode([token]), "finish_reason": None}
+                    if body.get("return_token_ids"):
+                        choice["token_ids"] = [token]
+                    self._event({"id": "cmpl-test", "object": "text_completion", "model": server.served_name,
+                                 "choices": [choice]})
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    self._event({"id": "cmpl-test", "choices": [], "model": server.served_name,
+                                 "usage": {"prompt_tokens": len(ids), "completion_tokens": count}})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+            def _event(self, event):
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                self.wfile.flush()
+
+            def _json(self, code, payload):
+                self._send(code, json.dumps(payload).encode())
+
+            def _send(self, code: int, payload: bytes):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`vllm serve`'s command line: MODEL --host H --port P --served-model-name N [other flags recorded]."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("serve", nargs="?")  # `... serve MODEL` or `... MODEL`
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default="model")
+    parser.add_argument("--record", default=None, help="write the full command line here as JSON")
+    parser.add_argument("--fail-start", action="store_true", help="exit with an error before listening")
+    args, rest = parser.parse_known_args(argv)
+    model = args.model or args.serve
+    if args.record:
+        Path(args.record).write_text(json.dumps(sys.argv[1:] if argv is None else argv))
+    print(f"test server for {model}, flags {rest}", flush=True)
+    if args.fail_start:
+        print("RuntimeError: no CUDA device (a scripted start failure)", flush=True)
+        sys.exit(3)
+    server = CompletionsServer(model, args.served_model_name, args.port)
+    print(f"listening on {server.base_url}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
