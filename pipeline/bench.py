@@ -318,8 +318,9 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
     watch = Stopwatch()
     model_dir, out = Path(model_dir), Path(out)
     spec = engine_spec(engine)
-    if not (model_dir / "config.json").exists():
-        raise UserError(f"{model_dir}: no config.json; pass a checkpoint directory (models/base or models/<variant>)")
+    from pipeline.checkpoints import inspect
+
+    inspect.check(model_dir, weights=engine != "openai")  # openai: a running server holds the weights
     if request_rates and spec.timing != "http":
         raise UserError(f"bench.request_rates: request-rate sweeps need a server engine (vllm or openai), "
                         f"not {engine}; set bench.request_rates: [] or --engine vllm")

@@ -38,6 +38,21 @@ def _params(path: Path) -> params_mod.Params:
     return params_mod.load(path)
 
 
+def _refuse_overlap(out: Path, *, replaces_dir: bool = False, **inputs) -> None:
+    """Before any work: the output must not be, contain or lie inside an input (keyword: its label)."""
+    from pipeline.outputs import check_out
+
+    check_out(out, {label.replace("_", " "): path for label, path in inputs.items()}, replaces_dir=replaces_dir)
+
+
+def _checked(model_dir: Path, weights: bool = True) -> Path:
+    """The checkpoint refused before any work when no stage could load it as it says it is."""
+    from pipeline.checkpoints import inspect
+
+    inspect.check(model_dir, weights=weights)
+    return model_dir
+
+
 @app.command("fetch-demo")
 @stage
 def fetch_demo():
@@ -62,7 +77,9 @@ def resave(
     p = _params(params_file)
     if dtype not in (None, "float16", "bfloat16"):
         raise UserError(f"--dtype {dtype}: use float16 or bfloat16")
-    result = resave_stage.run(source or p.model.source, out or p.model.base_dir, dtype or p.model.dtype)
+    source, out = source or p.model.source, out or p.model.base_dir
+    _refuse_overlap(out, replaces_dir=True, source=source)
+    result = resave_stage.run(source, out, dtype or p.model.dtype)
     typer.echo(result.summary())
 
 
@@ -78,6 +95,7 @@ def export(
     (lmdeploy 0.18 has one FP8 KV scale per tensor): serve them with vLLM."""
     from pipeline.checkpoints import export as export_stage
 
+    _refuse_overlap(out, replaces_dir=True, checkpoint=model)
     typer.echo(export_stage.run(model, out, engine=engine).summary())
 
 
@@ -96,8 +114,10 @@ def calib(
 
     p = _params(params_file)
     c = p.calib
+    source, out, model = source or c.source, out or c.out, model or p.model.base_dir
+    _refuse_overlap(out, replaces_dir=True, source=source, tokenizer_checkpoint=model)
     result = calib_stage.run(
-        source or c.source, out or c.out, model or p.model.base_dir, seq_len=c.seq_len, num_blocks=c.num_blocks,
+        source, out, model, seq_len=c.seq_len, num_blocks=c.num_blocks,
         holdout=c.holdout, max_bad_fraction=c.max_bad_fraction, strict=strict,
         do_redact=c.redact if redact is None else redact, redact_patterns=c.redact_patterns,
     )
@@ -148,8 +168,10 @@ def awq(
         except ValueError:
             raise UserError(f"--group-size {group_size}: use auto or a power of two such as 64 or 128") from None
     c = p.calib
+    model, out, calib = model or p.model.base_dir, out or Path("models") / (variant or "awq-w4a16"), calib or _calib_default(p)
+    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=calib)
     result = awq_stage.run(
-        model or p.model.base_dir, out or Path("models") / (variant or "awq-w4a16"), calib or _calib_default(p),
+        model, out, calib,
         group_size=size, symmetric=symmetric if symmetric is not None else (s.symmetric if s else False),
         seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout, batch_size=s.batch_size if s else 32,
         n_grid=s.n_grid if s else 20,
@@ -183,8 +205,10 @@ def fp8(
     if kv not in ("per-head", "per-tensor", "none"):
         raise UserError(f"--kv {kv}: use per-head, per-tensor or none")
     c = p.calib
+    model, out, calib = model or p.model.base_dir, out or Path("models") / (variant or "fp8-w8a8"), calib or _calib_default(p)
+    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=calib)
     result = fp8_stage.run(
-        model or p.model.base_dir, out or Path("models") / (variant or "fp8-w8a8"), calib or _calib_default(p),
+        model, out, calib,
         activations=activations, kv=kv, seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout,
     )
     typer.echo(result.summary())
@@ -224,6 +248,8 @@ def eval_(
     engine = engine or e.name
     engine_spec(engine, "--engine")
     out_dir = out or Path("results") / model_dir.name
+    _refuse_overlap(out_dir, checkpoint=model_dir)
+    _checked(model_dir, weights=engine != "openai")  # openai: a server holds the weights; the dir gives the tokenizer
     options = e.options(engine)
     if engine == "vllm":
         options["log_path"] = out_dir / f"{suite}.vllm.log"  # the server's log, beside the results
@@ -275,8 +301,10 @@ def bench(
             raise UserError(f"--request-rates {request_rates}: use rates in requests/s separated by commas, e.g. 1,4,16")
     if holdout is None and b.holdout:
         holdout = p.calib.out / "holdout.jsonl"
+    out = out or Path("results") / model_dir.name / "bench.json"
+    _refuse_overlap(out, checkpoint=model_dir, held_out_prompts=holdout)
     result = bench_stage.run(
-        model_dir, out or Path("results") / model_dir.name / "bench.json", engine=engine, concurrency=levels,
+        model_dir, out, engine=engine, concurrency=levels,
         input_len=input_len or b.input_len, output_len=output_len or b.output_len,
         requests_per_level=b.requests_per_level, holdout=holdout, request_rates=rates, rate_seconds=b.rate_seconds,
         slo=b.slo.model_dump(), engine_options=p.engine.options(engine), progress=typer.echo,
@@ -297,9 +325,11 @@ def kl(
     from pipeline import diagnostics
 
     p = _params(params_file)
+    base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
+    out = out or Path("results") / variant_dir.name / "kl.json"
+    _refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
     result = diagnostics.run(
-        base or p.model.base_dir, variant_dir, holdout or p.calib.out / "holdout.jsonl",
-        out or Path("results") / variant_dir.name / "kl.json", dtype=p.engine.dtype,
+        base, variant_dir, holdout, out, dtype=p.engine.dtype,
         max_tokens=p.verdict.kl_max_tokens, max_sequences=p.verdict.kl_sequences,
     )
     typer.echo(result.summary_line())
@@ -334,13 +364,16 @@ def judge(
     v = p.verdict
     # base and variant answer through engine.name; openai serves one checkpoint only, so answers come from hf then
     answer_engine = "hf" if p.engine.name == "openai" else p.engine.name
+    base, prompts = base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl"
     out_dir = out or Path("results") / variant_dir.name
+    judge_model = Path(settings.model) if settings.backend != "openai" and settings.model != "base" else None
+    _refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
+                    judge_checkpoint=judge_model)
     answer_options = p.engine.options(answer_engine)
     if answer_engine == "vllm":
         answer_options["log_path"] = out_dir / "judge.vllm.log"
     result = judge_stage.run(
-        variant_dir, base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl",
-        out_dir, settings, engine_options=answer_options, answer_engine=answer_engine,
+        variant_dir, base, prompts, out_dir, settings, engine_options=answer_options, answer_engine=answer_engine,
         judge_engine_options=_judge_engine_options(p, settings.backend, out_dir),
         iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
     )
@@ -374,6 +407,8 @@ def report(
     if fail_on not in (None, "no-go", "inconclusive"):
         raise UserError(f"--fail-on {fail_on}: use no-go or inconclusive")
     p = _params(params_file)
+    _refuse_overlap(out, results_dir=results, models_dir=models, calibration_stats=p.calib.out / "stats.json",
+                    params_file=params_file)
     result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
     typer.echo(result.summary())
     failed = report_stage.failing(result.verdict, fail_on)

@@ -385,9 +385,10 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     both; judge_engine_options: settings of judge.backend's engine (default: engine_options)."""
     watch = Stopwatch()
     variant_dir, base_dir, out_dir = Path(variant_dir), Path(base_dir), Path(out_dir)
-    for model_dir in (variant_dir, base_dir):
-        if not (model_dir / "config.json").exists():
-            raise UserError(f"{model_dir}: no config.json; pass a checkpoint directory (models/base or models/<variant>)")
+    from pipeline.checkpoints import inspect
+
+    for model_dir in (variant_dir, base_dir):  # both whole before either loads
+        inspect.check(model_dir)
     jp = judge_params
     records = load_prompts(Path(prompts), jp.limit)
     options = dict(engine_options or {})
@@ -479,6 +480,10 @@ def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[],
     model_dir = base_dir if jp.model == "base" else Path(jp.model)
     if not (model_dir / "config.json").exists():
         raise UserError(f"params.yaml: judge.model: {model_dir} has no config.json; use 'base' or a checkpoint dir")
+    if model_dir != base_dir:
+        from pipeline.checkpoints import inspect
+
+        inspect.check(model_dir)
     if jp.backend == "lmdeploy":
         from pipeline.engines.lmdeploy import require_lmdeploy
 

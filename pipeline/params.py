@@ -116,7 +116,7 @@ class AwqParams(Section):
     group_size: int | Literal["auto"] = "auto"
     symmetric: bool = False
     batch_size: int = Field(32, ge=1, le=4096)
-    n_grid: int = Field(20, ge=2, le=100)  # AWQ scale candidates tried per layer group
+    n_grid: int = Field(20, ge=3, le=100)  # AWQ scale candidates per layer group (llm-compressor divides by n_grid - 2)
 
     @field_validator("group_size")
     @classmethod
@@ -509,11 +509,13 @@ def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS) -> No
     config_file = params.model.base_dir / "config.json"
     if not config_file.is_file():
         return
-    from pipeline.quantize.plan import group_size_problem
+    from pipeline.quantize.plan import group_size_problem, text_config
 
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # the stage that reads the checkpoint names the problem and the fix
+        return
+    if not isinstance(config, dict) or not isinstance(text_config(config).get("hidden_size"), int):
         return
     for name, variant in params.variants.items():
         if isinstance(variant, AwqParams) and variant.group_size != "auto":

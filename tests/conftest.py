@@ -28,7 +28,9 @@ TINY_PARAMS = {
                "code": {"task": "quant_humaneval", "limit": 2, "max_new_tokens": 8}},
     "judge": {"limit": 2, "max_new_tokens": 8, "judge_max_new_tokens": 8},
     "engine": {"batch_size": 8, "dtype": "float32"},
-    "verdict": {"margins": {"math": 0.03}, "kl_sequences": 4, "kl_max_tokens": 64},  # DVC needs every section a stage declares in its params
+    # DVC needs every section and key a stage declares in its params (the values are the defaults)
+    "verdict": {"margins": {"math": 0.03}, "kl_sequences": 4, "kl_max_tokens": 64, "bootstrap": 2000, "confidence": 0.95,
+                "seed": 0},
 }
 
 

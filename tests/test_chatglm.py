@@ -76,8 +76,63 @@ def random_state(config: dict, dtype=torch.float32, seed: int = 0) -> dict[str, 
     return state
 
 
-def write_chatglm(path, config, state, shards: int = 1):
-    """A ChatGLM remote-code directory: config, safetensors (+ index), remote tokenizer files."""
+# The rotary part of each remote modeling_chatglm.py, as THUDM published it (abridged to that class).
+GLM4_ROTARY = """
+class RotaryEmbedding(nn.Module):
+    def __init__(self, dim, rope_ratio=1, original_impl=False, device=None, dtype=None):
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device).to(dtype=dtype) / dim))
+        self.register_buffer("inv_freq", inv_freq)
+        self.dim = dim
+        self.original_impl = original_impl
+        self.rope_ratio = rope_ratio
+
+    def forward_impl(self, seq_len: int, n_elem: int, dtype: torch.dtype, device: torch.device, base: int = 10000):
+        base = base * self.rope_ratio
+        theta = 1.0 / (base ** (torch.arange(0, n_elem, 2, dtype=torch.float, device=device) / n_elem))
+        seq_idx = torch.arange(seq_len, dtype=torch.float, device=device)
+        idx_theta = torch.outer(seq_idx, theta).float()
+        return torch.stack([torch.cos(idx_theta), torch.sin(idx_theta)], dim=-1)
+"""
+CHATGLM2_32K_ROTARY = """
+class RotaryEmbedding(nn.Module):
+    def __init__(self, dim, rope_ratio=1, original_impl=False, device=None, dtype=None):
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device).to(dtype=dtype) / dim))
+        self.register_buffer("inv_freq", inv_freq)
+        self.dim = dim
+        self.original_impl = original_impl
+        self.rope_ratio = rope_ratio
+
+    def forward_impl(self, seq_len: int, n_elem: int, dtype: torch.dtype, device: torch.device, base: int = 10000):
+        theta = 1.0 / (base ** (torch.arange(0, n_elem, 2, dtype=dtype, device=device) / n_elem))
+        # Create position indexes `[0, 1, ..., seq_len - 1]`
+        seq_idx = torch.arange(seq_len, dtype=dtype, device=device) / self.rope_ratio
+        idx_theta = torch.outer(seq_idx, theta).float()
+        return torch.stack([torch.cos(idx_theta), torch.sin(idx_theta)], dim=-1)
+"""
+CHATGLM2_ROTARY = """
+class RotaryEmbedding(nn.Module):
+    def __init__(self, dim, original_impl=False, device=None, dtype=None):
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device).to(dtype=dtype) / dim))
+        self.register_buffer("inv_freq", inv_freq)
+        self.dim = dim
+
+    def forward_impl(self, seq_len: int, n_elem: int, dtype: torch.dtype, device: torch.device, base: int = 10000):
+        theta = 1.0 / (base ** (torch.arange(0, n_elem, 2, dtype=dtype, device=device) / n_elem))
+        seq_idx = torch.arange(seq_len, dtype=dtype, device=device)
+        idx_theta = torch.outer(seq_idx, theta).float()
+        return torch.stack([torch.cos(idx_theta), torch.sin(idx_theta)], dim=-1)
+"""
+# One file doing both (a third-party port switching on a version string): the convention cannot be told.
+BOTH_ROTARY = CHATGLM2_32K_ROTARY.replace("        theta = 1.0", "        if self.version == 'v3':\n"
+                                          "            base = base * self.rope_ratio\n        theta = 1.0")
+
+
+def write_chatglm(path, config, state, shards: int = 1, rotary: str | None = GLM4_ROTARY):
+    """A ChatGLM remote-code directory: config, safetensors (+ index), remote tokenizer files, and the
+    remote modeling_chatglm.py's rotary code (None: no modeling file)."""
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     names = list(state)
@@ -98,6 +153,8 @@ def write_chatglm(path, config, state, shards: int = 1):
     (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
     (path / "tokenization_chatglm.py").write_text("# THUDM's remote tokenizer would be here\n")
     (path / "configuration_chatglm.py").write_text("# THUDM's remote config would be here\n")
+    if rotary is not None:
+        (path / "modeling_chatglm.py").write_text("import torch\nfrom torch import nn\n\n" + rotary)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"],
                                                              "pad_token_id": config["pad_token_id"]}))
     return path
@@ -106,18 +163,22 @@ def write_chatglm(path, config, state, shards: int = 1):
 # ---------------------------------------------------------------- the reference forward
 
 
-def reference_logits(state: dict, config: dict, ids: torch.Tensor) -> torch.Tensor:
-    """ChatGLM2/3 / GLM-4 from the architecture's description, in plain torch (fp32)."""
-    heads, d, groups = config["num_attention_heads"], config["kv_channels"], config["multi_query_group_num"]
-    eps, seq = config["layernorm_epsilon"], ids.shape[1]
+def reference_logits(state: dict, config: dict, ids: torch.Tensor, rope: str = "base") -> torch.Tensor:
+    """ChatGLM2/3 / GLM-4 from the architecture's description, in plain torch (fp32). rope: how the
+    remote code applies rope_ratio: "base" (ChatGLM3, GLM-4: base 10000 x rope_ratio), "positions"
+    (ChatGLM2-6B-32K: position / rope_ratio, base 10000), "unused" (ChatGLM2-6B: base 10000)."""
+    heads, d, groups = config["num_attention_heads"], config["kv_channels"], config.get("multi_query_group_num", 1)
+    eps, seq, ratio = config["layernorm_epsilon"], ids.shape[1], config.get("rope_ratio", 1)
 
     def rms_norm(x, weight):
         return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
     def rotary(x):  # x [batch, seq, heads, d]: rotate adjacent pairs of the first d/2 dims
         rot = d // 2
-        inv_freq = 1.0 / (10000 * config["rope_ratio"]) ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
-        angle = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq
+        base = 10000 * ratio if rope == "base" else 10000
+        positions = torch.arange(seq, dtype=torch.float64) / (ratio if rope == "positions" else 1)
+        inv_freq = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+        angle = positions[:, None] * inv_freq
         cos, sin = angle.cos().float()[:, None, :], angle.sin().float()[:, None, :]
         even, odd = x[..., 0:rot:2], x[..., 1:rot:2]
         rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
@@ -167,6 +228,74 @@ def test_converted_glm_matches_the_chatglm_reference(tmp_path, qkv_bias):
     # The check can fail: rope_theta 10000 (ignoring rope_ratio, as transformers' old script did) is far off.
     wrong = reference_logits(state, {**config, "rope_ratio": 1}, ids)
     assert (wrong - got).abs().max() > 1e-2
+
+
+ROTARY = {"base": GLM4_ROTARY, "positions": CHATGLM2_32K_ROTARY, "unused": CHATGLM2_ROTARY}
+
+
+@pytest.mark.parametrize("rope", ["base", "positions", "unused"])
+def test_each_rotary_convention_converts_to_the_logits_of_its_own_code(tmp_path, rope):
+    """rope_ratio 16 (ChatGLM2-6B-32K's) read three ways by three remote codes; each conversion matches
+    the reference forward of its own convention, and the others are far off at 40 positions."""
+    config = tiny_config(rope_ratio=16, add_qkv_bias=False)
+    state = random_state(config)
+    src = write_chatglm(tmp_path / "chatglm", config, state, rotary=ROTARY[rope])
+    resave.run(src, tmp_path / "glm", "float32")
+    ids = torch.randint(0, config["padded_vocab_size"], (2, 40), generator=torch.Generator().manual_seed(2))
+    got = glm_logits(tmp_path / "glm", ids)
+    assert (reference_logits(state, config, ids, rope) - got).abs().max() < 1e-4
+    for other in set(ROTARY) - {rope}:
+        assert (reference_logits(state, config, ids, other) - got).abs().max() > 1e-2, other
+    rope_parameters = json.loads((tmp_path / "glm" / "config.json").read_text())["rope_parameters"]
+    assert rope_parameters == {"base": {"rope_type": "default", "rope_theta": 160000.0, "partial_rotary_factor": 0.5},
+                               "positions": {"rope_type": "linear", "factor": 16.0, "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.5},
+                               "unused": {"rope_type": "default", "rope_theta": 10000.0,
+                                          "partial_rotary_factor": 0.5}}[rope]
+
+
+def test_rope_ratio_one_needs_no_code_and_a_missing_group_count_defaults_to_one(tmp_path):
+    """The remote ChatGLMConfig defaults multi_query_group_num to 1 (it was a KeyError traceback)."""
+    config = tiny_config(rope_ratio=1, multi_query_group_num=1)
+    state = random_state(config)
+    del config["multi_query_group_num"], config["rope_ratio"]
+    src = write_chatglm(tmp_path / "chatglm", config, state, rotary=None)
+    resave.run(src, tmp_path / "glm", "float32")
+    glm = json.loads((tmp_path / "glm" / "config.json").read_text())
+    assert glm["num_key_value_heads"] == 1 and glm["rope_parameters"]["rope_theta"] == 10000.0
+    ids = torch.randint(0, config["padded_vocab_size"], (1, 17), generator=torch.Generator().manual_seed(3))
+    assert (reference_logits(state, config, ids) - glm_logits(tmp_path / "glm", ids)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("rotary, why", [
+    (None, "no modeling_chatglm.py"),
+    (BOTH_ROTARY, "applies rope_ratio in a way this converter does not recognise"),
+    ("def broken(:\n", "not readable Python"),
+])
+def test_rope_ratio_whose_convention_cannot_be_told_is_refused(tmp_path, rotary, why):
+    config = tiny_config(rope_ratio=16)
+    src = write_chatglm(tmp_path / "chatglm", config, random_state(config), rotary=rotary)
+    with pytest.raises(UserError) as err:
+        resave.run(src, tmp_path / "out", "bfloat16")
+    message = str(err.value)
+    assert "config.json: rope_ratio 16" in message and why in message and "ChatGLM2-6B-32K divides" in message
+    assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_code_from_another_repository_is_not_guessed(tmp_path):
+    config = tiny_config(rope_ratio=16, auto_map={"AutoModelForCausalLM": "THUDM/chatglm2-6b-32k--modeling_chatglm.X"})
+    src = write_chatglm(tmp_path / "chatglm", config, random_state(config))  # a local file, but not the one named
+    with pytest.raises(UserError, match="no modeling_chatglm.py"):
+        resave.run(src, tmp_path / "out", "bfloat16")
+
+
+def test_tied_embeddings_are_refused_with_the_reason(tmp_path):
+    config = tiny_config(tie_word_embeddings=True)
+    src = write_chatglm(tmp_path / "chatglm", config, random_state(config))
+    with pytest.raises(UserError) as err:
+        resave.run(src, tmp_path / "out", "bfloat16")
+    assert "tie_word_embeddings is true, but ChatGLM's remote code never ties" in str(err.value)
+    assert "transformer.output_layer" in str(err.value) and not (tmp_path / "out").exists()
 
 
 def test_config_tokenizer_and_files_are_carried(tmp_path):

@@ -1,4 +1,5 @@
-"""End to end: `dvc repro` in a fresh copy of the repo, with a tiny params profile."""
+"""End to end: `dvc repro` in a fresh copy of the repo, with a tiny params profile; dvc.yaml holds
+every stage to what its command really reads (issue 16.6)."""
 
 import json
 import os
@@ -10,6 +11,47 @@ import pytest
 import yaml
 
 from conftest import TINY_PARAMS, copy_repo, read_jsonl, write_params
+
+
+RECORDER = Path(__file__).resolve().parent / "access_recorder"  # its sitecustomize logs what each command reads
+# Read by every command for its own bookkeeping, or tracked by DVC itself: never a stage dependency.
+NOT_DEPENDENCIES = ("params.yaml", "dvc.yaml", "dvc.lock", ".dvc/", ".git/", ".venv/", "/.cache/")
+
+
+def _under(name: str, declared, sep: str) -> bool:
+    return any(name == d or name.startswith(d.rstrip(sep) + sep) for d in declared)
+
+
+def undeclared_reads(repo: Path, access_log: Path) -> list[str]:
+    """What each stage's command read (params keys, project files and pipeline/ modules) that its dvc.lock
+    entry, i.e. its dvc.yaml deps, outs and params expanded, does not cover. Generic: every stage that ran."""
+    stages = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    top_level = set(yaml.safe_load((repo / "params.yaml").read_text()))
+    by_cmd = {entry["cmd"]: name for name, entry in stages.items()}
+    problems, ran = [], set()
+    for record in read_jsonl(access_log):
+        cmd = " ".join(["quantize", *record["argv"][1:]])
+        name = by_cmd.get(cmd)
+        if name is None:
+            problems.append(f"{cmd!r} ran but is no stage's cmd in dvc.lock")
+            continue
+        ran.add(name)
+        entry = stages[name]
+        declared = set((entry.get("params") or {}).get("params.yaml", {}))
+        for key in record["params"]:
+            whole = key == "*" and top_level <= declared
+            if not whole and not _under(key, declared, "."):
+                problems.append(f"{name}: reads params {key}, not in its params")
+        paths = [d["path"] for d in entry.get("deps", [])] + [o["path"] for o in entry.get("outs", [])]
+        for file in record["files"]:
+            if any(file == n.strip("/") or file.startswith(n.lstrip("/")) or n in f"/{file}" for n in NOT_DEPENDENCIES):
+                continue
+            if file.endswith(".egg-info") or ".egg-info/" in file:
+                continue
+            if not _under(file, paths, "/"):
+                problems.append(f"{name}: reads {file}, not in its deps")
+    problems += [f"{name}: never ran, so what it reads is unchecked" for name in sorted(set(stages) - ran)]
+    return problems
 
 
 def sh(cmd, cwd, env):
@@ -24,11 +66,16 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     write_params(repo, {**TINY_PARAMS, "model": {**TINY_PARAMS["model"], "source": str(tiny_llama)}})
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    access_log = tmp_path / "access.jsonl"
+    recording = {**env, "QUANTIZE_ACCESS_LOG": str(access_log),
+                 "PYTHONPATH": os.pathsep.join(p for p in (str(RECORDER), os.environ.get("PYTHONPATH")) if p)}
     sh(["git", "init", "-q"], repo, env)
     sh(["git", "add", "-A"], repo, env)
     sh(["git", "commit", "-qm", "init"], repo, env)
 
-    sh(["dvc", "repro"], repo, env)
+    sh(["dvc", "repro"], repo, recording)
+    problems = undeclared_reads(repo, access_log)
+    assert not problems, "dvc.yaml misses what its stages read:\n  " + "\n  ".join(problems)
     verdict = json.loads((repo / "reports" / "verdict.json").read_text())
     assert set(verdict["variants"]) == {"awq-w4a16", "fp8-w8a8"}
     for model in ("base", "awq-w4a16", "fp8-w8a8"):
@@ -54,3 +101,27 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     changed = sh(["dvc", "repro"], repo, env)
     ran = [line for line in changed.splitlines() if line.startswith("Running stage")]
     assert ran == ["Running stage 'report':"], changed
+
+
+def test_dry_run_plans_every_stage_on_a_fresh_clone(tmp_path):
+    """`--force`: plain `dvc repro --dry` stops at the first stage whose dependency an earlier stage makes
+    (DVC 3.67 hashes the missing dependency for its run cache: treeverse/dvc#9021), whatever dvc.yaml says."""
+    repo = copy_repo(tmp_path / "repo")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    sh(["git", "init", "-q"], repo, env)
+    sh(["git", "add", "-A"], repo, env)
+    sh(["git", "commit", "-qm", "init"], repo, env)
+    planned = [line.removeprefix("Running stage '").removesuffix("':")
+               for line in sh(["dvc", "repro", "--dry", "--force"], repo, env).splitlines()
+               if line.startswith("Running stage")]
+    stages = sh(["dvc", "stage", "list", "--name-only"], repo, env).split()
+    assert sorted(planned) == sorted(stages) and len(stages) >= 6
+    assert not list(repo.glob("models")) and not (repo / "dvc.lock").exists()  # a plan, nothing run
+    dag = sh(["dvc", "dag", "--dot"], repo, env)
+    for upstream, downstream in (("resave", "calib"), ("calib", "quantize@"), ("quantize@", "evaluate@"),
+                                 ("evaluate@", "report")):
+        assert any(upstream in a and downstream in b for a, b in
+                   (edge.split("->") for edge in dag.replace('"', "").splitlines() if "->" in edge)), (upstream, downstream)
+    order = {name: i for i, name in enumerate(planned)}
+    assert order["resave"] < order["calib"] < min(v for k, v in order.items() if k.startswith("quantize@"))

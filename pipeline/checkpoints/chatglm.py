@@ -12,10 +12,22 @@ Both layouts hold the same numbers under different names; nothing is recomputed:
     transformer.output_layer                     lm_head
     transformer.rotary_pos_emb.inv_freq          dropped (a buffer neither model reads)
 
-The rotary embeddings agree as they are: ChatGLM rotates the first kv_channels // 2 dims of each
-head on interleaved pairs with base 10000 * rope_ratio; Glm does the same with
-partial_rotary_factor 0.5 and rope_theta = 10000 * rope_ratio (its apply_rotary_pos_emb
-interleaves). tests/test_chatglm.py checks the logits against a reference forward.
+The rotary embeddings: ChatGLM rotates the first kv_channels // 2 dims of each head on interleaved
+pairs, as Glm does with partial_rotary_factor 0.5 (its apply_rotary_pos_emb interleaves). What
+`rope_ratio` means depends on the checkpoint's own remote code (modeling_chatglm.py, shipped beside
+the weights), which config.json alone cannot tell:
+
+    ChatGLM3, GLM-4       base = base * self.rope_ratio        -> rope_theta = 10000 x rope_ratio
+    ChatGLM2-6B-32K       seq_idx = arange(n) / self.rope_ratio -> linear scaling, factor rope_ratio
+    code that never reads rope_ratio                             -> rope_theta = 10000
+
+`rope_convention` reads the code (its syntax tree, never running it); a rope_ratio other than 1
+whose convention cannot be told is refused. tests/test_chatglm.py checks the logits of each
+convention against a reference forward.
+
+Keys config.json leaves out take the remote ChatGLMConfig's defaults (multi_query_group_num 1, ...).
+`tie_word_embeddings: true` is refused: the remote model never ties its output layer to the
+embeddings, whatever the config says.
 
 Conversion streams: the output is planned from config.json and the safetensors headers, every
 shape is checked before anything is written, then each output tensor is copied in row chunks
@@ -62,14 +74,17 @@ SUPPORTED_CHATGLM = (
 INV_FREQ = "transformer.rotary_pos_emb.inv_freq"
 ROPE_BASE = 10000
 
-# The remote ChatGLMConfig's defaults, for flags a config.json may leave out.
+# The remote ChatGLMConfig's defaults (configuration_chatglm.py of ChatGLM2/3 and GLM-4), for keys a
+# config.json leaves out: the remote model uses these, so the conversion does too.
 CHATGLM_DEFAULTS = {
-    "add_bias_linear": False, "add_qkv_bias": False, "apply_residual_connection_post_layernorm": False,
-    "post_layer_norm": True, "rmsnorm": True, "layernorm_epsilon": 1e-5, "rope_ratio": 1,
-    "seq_length": 2048, "attention_dropout": 0.0, "multi_query_attention": False,
+    "num_layers": 28, "padded_vocab_size": 65024, "hidden_size": 4096, "ffn_hidden_size": 13696,
+    "kv_channels": 128, "num_attention_heads": 32, "seq_length": 2048, "attention_dropout": 0.0,
+    "layernorm_epsilon": 1e-5, "rmsnorm": True, "apply_residual_connection_post_layernorm": False,
+    "post_layer_norm": True, "add_bias_linear": False, "add_qkv_bias": False, "multi_query_attention": False,
+    "multi_query_group_num": 1, "rope_ratio": 1,
 }
-SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "kv_channels", "num_attention_heads",
-              "padded_vocab_size")
+# rope_ratio conventions of the remote code (see the module docstring)
+ROPE_BASE_SCALED, ROPE_POSITIONS_SCALED, ROPE_RATIO_UNUSED = "base", "positions", "unused"
 
 
 # ---------------------------------------------------------------- reading
@@ -371,13 +386,24 @@ def check_supported(config: dict, config_file: Path) -> None:
         raise UserError(f"{config_file}: a GLM-4V-9B vision checkpoint (vision_config, EVA-CLIP tower "
                         "transformer.vision.*); transformers has no native class for it and converting only its "
                         f"language half would drop the vision tower. Supported: {SUPPORTED_CHATGLM}")
-    missing = [k for k in SHAPE_KEYS if k not in config]
-    if missing:
-        first_gen = "position_encoding_2d" in config or "inner_hidden_size" in config
-        what = ("a first-generation ChatGLM-6B (2D positions), which has no native transformers class"
-                if first_gen else f"config.json lacks {', '.join(missing)}")
-        raise UserError(f"{config_file}: {what}. Supported: {SUPPORTED_CHATGLM}")
+    if "position_encoding_2d" in config or "inner_hidden_size" in config:
+        raise UserError(f"{config_file}: a first-generation ChatGLM-6B (2D positions), which has no native "
+                        f"transformers class. Supported: {SUPPORTED_CHATGLM}")
     c = {**CHATGLM_DEFAULTS, **config}
+    if c.get("tie_word_embeddings"):
+        raise UserError(f"{config_file}: tie_word_embeddings is true, but ChatGLM's remote code never ties: its "
+                        "output layer (transformer.output_layer) is a weight of its own, whatever the config says, so "
+                        "a tied Glm would compute other logits. If the weights hold transformer.output_layer.weight, "
+                        "set tie_word_embeddings to false in config.json and convert again")
+    wrong = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "kv_channels", "num_attention_heads",
+                         "padded_vocab_size", "multi_query_group_num")
+             if not isinstance(c[k], int) or isinstance(c[k], bool) or c[k] < 1]
+    if wrong:
+        raise UserError(f"{config_file}: {', '.join(f'{k} {c[k]!r}' for k in wrong)}: not a positive whole number; "
+                        "restore the config.json that came with the weights")
+    if not isinstance(c["rope_ratio"], (int, float)) or isinstance(c["rope_ratio"], bool) or c["rope_ratio"] <= 0:
+        raise UserError(f"{config_file}: rope_ratio {c['rope_ratio']!r}: not a positive number; restore the "
+                        "config.json that came with the weights")
     problems = []
     if not c["multi_query_attention"]:
         problems.append("multi_query_attention is false (per-head interleaved qkv)")
@@ -397,7 +423,7 @@ def check_supported(config: dict, config_file: Path) -> None:
         problems.append("rope_scaling is set")
     if c["kv_channels"] % 4:
         problems.append(f"kv_channels {c['kv_channels']} is not a multiple of 4")
-    if c["multi_query_attention"] and c["num_attention_heads"] % c.get("multi_query_group_num", 1):
+    if c["multi_query_attention"] and c["num_attention_heads"] % c["multi_query_group_num"]:
         problems.append("num_attention_heads is not a multiple of multi_query_group_num")
     if problems:
         raise UserError(f"{config_file}: {'; '.join(problems)}: not converted, since no exact GlmForCausalLM "
@@ -421,12 +447,24 @@ def chatglm_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.dense_h_to_4h.weight"] = (2 * c["ffn_hidden_size"], hidden)
         shapes[p + "mlp.dense_4h_to_h.weight"] = (hidden, c["ffn_hidden_size"])
     shapes["transformer.encoder.final_layernorm.weight"] = (hidden,)
-    if not c.get("tie_word_embeddings", False):
-        shapes["transformer.output_layer.weight"] = (c["padded_vocab_size"], hidden)
+    shapes["transformer.output_layer.weight"] = (c["padded_vocab_size"], hidden)  # the remote code never ties
     return shapes
 
 
-def glm_config_from_chatglm(config: dict, dtype: str):
+def rope_parameters(config: dict, convention: str | None) -> dict:
+    """Glm's rope_parameters for the remote code's rope_ratio convention (None: ratio 1 needs none)."""
+    ratio = {**CHATGLM_DEFAULTS, **config}["rope_ratio"]
+    if ratio == 1 or convention == ROPE_RATIO_UNUSED:
+        return {"rope_type": "default", "rope_theta": float(ROPE_BASE), "partial_rotary_factor": 0.5}
+    if convention == ROPE_BASE_SCALED:
+        return {"rope_type": "default", "rope_theta": float(ROPE_BASE * ratio), "partial_rotary_factor": 0.5}
+    if convention == ROPE_POSITIONS_SCALED:  # positions / ratio is inv_freq / ratio: linear scaling
+        return {"rope_type": "linear", "factor": float(ratio), "rope_theta": float(ROPE_BASE),
+                "partial_rotary_factor": 0.5}
+    raise ValueError(f"rope_ratio {ratio} needs a known convention, got {convention!r}")
+
+
+def glm_config_from_chatglm(config: dict, dtype: str, rope_convention: str | None = ROPE_BASE_SCALED):
     from transformers import GlmConfig
 
     c = {**CHATGLM_DEFAULTS, **config}
@@ -444,9 +482,8 @@ def glm_config_from_chatglm(config: dict, dtype: str):
         max_position_embeddings=c["seq_length"],
         rms_norm_eps=c["layernorm_epsilon"],
         use_cache=c.get("use_cache", True),
-        tie_word_embeddings=c.get("tie_word_embeddings", False),
-        rope_parameters={"rope_type": "default", "rope_theta": float(ROPE_BASE * c["rope_ratio"]),
-                         "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False,  # the remote code never ties (check_supported refuses a config that says so)
+        rope_parameters=rope_parameters(config, rope_convention),
         attention_bias=c["add_qkv_bias"],
         eos_token_id=c.get("eos_token_id"),
         pad_token_id=c.get("pad_token_id"),
@@ -478,8 +515,7 @@ def plan_to_glm(config: dict, source: TensorSource, dtype: torch.dtype,
         plan.append(whole(src + "mlp.dense_h_to_4h.weight", source, out + "mlp.gate_up_proj.weight", dtype))
         plan.append(whole(src + "mlp.dense_4h_to_h.weight", source, out + "mlp.down_proj.weight", dtype))
     plan.append(whole("transformer.encoder.final_layernorm.weight", source, "model.norm.weight", dtype))
-    if not c.get("tie_word_embeddings", False):
-        plan.append(whole("transformer.output_layer.weight", source, "lm_head.weight", dtype))
+    plan.append(whole("transformer.output_layer.weight", source, "lm_head.weight", dtype))
     return plan
 
 
@@ -499,6 +535,99 @@ def carry_tokenizer(source: Path, dest: Path) -> None:
         config_file.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+# ---------------------------------------------------------------- rope_ratio in the remote code
+
+
+def modeling_file(source: Path, config: dict) -> Path | None:
+    """The remote modeling code config.json points at (auto_map), when it ships in the directory."""
+    auto_map = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
+    reference = auto_map.get("AutoModelForCausalLM") or auto_map.get("AutoModel") or "modeling_chatglm.X"
+    if isinstance(reference, (list, tuple)):
+        reference = reference[0] or ""
+    if not isinstance(reference, str) or "--" in reference or "." not in reference:
+        return None  # code in another repository ("THUDM/chatglm2-6b--modeling_chatglm.X"): not here
+    path = source / (reference.rsplit(".", 1)[0].replace(".", "/") + ".py")
+    return path if path.is_file() else None
+
+
+def _is_ratio(node) -> bool:
+    import ast
+
+    return (isinstance(node, ast.Name) and node.id == "rope_ratio") or (
+        isinstance(node, ast.Attribute) and node.attr == "rope_ratio")
+
+
+def _names_base(node) -> bool:
+    import ast
+
+    return (isinstance(node, ast.Name) and "base" in node.id) or (isinstance(node, ast.Attribute) and "base" in node.attr) \
+        or (isinstance(node, ast.Constant) and isinstance(node.value, (int, float)))
+
+
+def rope_convention_of_code(code: str) -> str | None:
+    """How the remote code applies rope_ratio, read from its syntax tree (never run): ROPE_BASE_SCALED
+    (the rotary base multiplied: `base = base * self.rope_ratio`), ROPE_POSITIONS_SCALED (positions
+    divided: `seq_idx = torch.arange(...) / self.rope_ratio`), ROPE_RATIO_UNUSED (never named), or None
+    when it is used otherwise, both ways, or only passed around: the convention cannot be told."""
+    import ast
+
+    tree = ast.parse(code)
+    if not any(_is_ratio(n) for n in ast.walk(tree)):
+        return ROPE_RATIO_UNUSED
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and (_is_ratio(node.left) or _is_ratio(node.right)):
+            other = node.right if _is_ratio(node.left) else node.left
+            if isinstance(node.op, ast.Mult) and _names_base(other):
+                found.add(ROPE_BASE_SCALED)
+            elif isinstance(node.op, ast.Div) and _is_ratio(node.right) and not _is_ratio(node.left):
+                found.add(ROPE_POSITIONS_SCALED)
+            else:
+                found.add("other")
+        elif isinstance(node, ast.AugAssign) and _is_ratio(node.value):
+            if isinstance(node.op, ast.Mult) and _names_base(node.target):
+                found.add(ROPE_BASE_SCALED)
+            elif isinstance(node.op, ast.Div) and not _names_base(node.target):
+                found.add(ROPE_POSITIONS_SCALED)
+            else:
+                found.add("other")
+    return found.pop() if len(found) == 1 and "other" not in found else None
+
+
+def rope_convention(source: Path, config: dict, config_file: Path) -> str | None:
+    """The remote code's rope_ratio convention, or None when rope_ratio is 1 (all agree); refuses a
+    rope_ratio other than 1 whose convention cannot be told."""
+    ratio = {**CHATGLM_DEFAULTS, **config}["rope_ratio"]
+    if ratio == 1:
+        return None
+    if _written_by_our_export(source):
+        return ROPE_BASE_SCALED  # `quantize export` writes rope_ratio = rope_theta / 10000 for lmdeploy's ChatGLM
+    code = modeling_file(source, config)
+    why = "no modeling_chatglm.py (the remote code auto_map names) beside the weights"
+    if code is not None:
+        try:
+            convention = rope_convention_of_code(code.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            convention, why = None, f"{code.name} is not readable Python"
+        else:
+            why = f"{code.name} applies rope_ratio in a way this converter does not recognise"
+        if convention is not None:
+            return convention
+    raise UserError(
+        f"{config_file}: rope_ratio {ratio} is applied differently by different ChatGLM versions (ChatGLM3 and "
+        "GLM-4 multiply the rotary base by it, ChatGLM2-6B-32K divides the positions by it) and config.json "
+        f"cannot tell which, and {why}; not converted. Copy the checkpoint's own modeling_chatglm.py next to "
+        "config.json and convert again")
+
+
+def _written_by_our_export(source: Path) -> bool:
+    try:
+        record = json.loads((source / "export.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("layout") == "chatglm"
+
+
 def convert(source: Path, dest: Path, dtype: str = "bfloat16", max_shard_bytes: int = MAX_SHARD_BYTES) -> str:
     """ChatGLM remote-code dir -> GlmForCausalLM dir, written into the existing empty dir dest."""
     if dtype not in DTYPES:
@@ -507,13 +636,14 @@ def convert(source: Path, dest: Path, dtype: str = "bfloat16", max_shard_bytes: 
     config = read_config(source)
     config_file = source / "config.json"
     check_supported(config, config_file)
+    convention = rope_convention(source, config, config_file)
     tensors = SafetensorsSource(source)
     vision = [n for n in tensors.names() if n.startswith("transformer.vision.")]
     if vision:
         raise UserError(f"{tensors.where(vision[0])}: holds the GLM-4V EVA-CLIP vision tower ({vision[0]}, ...); "
                         f"not converted. Supported: {SUPPORTED_CHATGLM}")
     plan = plan_to_glm(config, tensors, DTYPES[dtype], config_file)
-    glm_config = glm_config_from_chatglm(config, dtype)
+    glm_config = glm_config_from_chatglm(config, dtype, convention)
     write_checkpoint(plan, tensors, dest, max_shard_bytes, label=f"ChatGLM -> Glm ({dtype})")
     glm_config.save_pretrained(dest)
     carry_tokenizer(source, dest)

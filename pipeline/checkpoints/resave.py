@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import chatglm
+from pipeline.checkpoints import chatglm, inspect
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
 
@@ -41,18 +41,15 @@ class ResaveResult:
 def detect(source: Path) -> str:
     """Returns 'gguf', 'chatglm' or 'hf'; raises UserError for anything else."""
     if not source.exists():
-        raise UserError(f"{source}: no such file or directory; supported sources: {SUPPORTED}")
+        raise UserError(f"{source}: no such file or directory; pass one of the supported sources: {SUPPORTED}")
     if source.is_file():
         if source.suffix == ".gguf":
             return "gguf"
-        raise UserError(f"{source}: not a checkpoint; supported sources: {SUPPORTED}")
-    config_file = source / "config.json"
-    if not config_file.exists():
-        raise UserError(f"{source}: no config.json; supported sources: {SUPPORTED}")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{config_file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        raise UserError(f"{source}: not a checkpoint; pass one of the supported sources: {SUPPORTED}")
+    if not (source / "config.json").exists():
+        raise UserError(f"{source}: no config.json; copy the config.json that came with the weights, or pass one of "
+                        f"the supported sources: {SUPPORTED}")
+    config = inspect.read_config(source)
     if config.get("model_type") == "chatglm" or any(
         "ChatGLM" in arch for arch in config.get("architectures", [])
     ):
@@ -131,6 +128,8 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
         return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)
     if kind == "gguf":
         _check_gguf(source)
+    else:
+        inspect.check(source)  # the weights cover config.json: read from the headers, nothing loaded
     torch_dtype = getattr(torch, dtype)
     with atomic_dir(out) as tmp:
         if kind == "gguf":

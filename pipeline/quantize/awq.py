@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.checkpoints import inspect
 from pipeline.errors import UserError
 from pipeline.quantize import compat, oneshot, plan
 from pipeline.quantize.mappings import mappings_for, supported_architectures
@@ -27,7 +28,7 @@ def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20) -> list
 def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "auto", symmetric: bool = False,
         seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32, n_grid: int = 20) -> oneshot.QuantResult:
     compat.quiet_cpu_warning()
-    config = plan.read_config(model_dir)  # every check below runs before any weight is loaded
+    config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
     mappings = mappings_for(arch, config)
     if mappings is None:
@@ -36,6 +37,7 @@ def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "aut
             + ", ".join(supported_architectures())
         )
     group = plan.choose_group_size(config, group_size, model_dir)
+    inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     scheme = f"W4A16 {'symmetric' if symmetric else 'asymmetric'}, group {group}"
     return oneshot.run(
         method="awq", scheme=scheme, recipe=recipe(group, symmetric, mappings, n_grid), model_dir=model_dir,

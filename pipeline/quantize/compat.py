@@ -72,6 +72,16 @@ def load_linearized(model_cls, model_dir, model_type: str, **kwargs):
     swapped in its own module while the model is built (transformers' `register_patch_mapping`
     walks every loaded transformers module and trips over those that need torchvision), and
     the global conversion mapping is restored afterwards so later loads are unaffected."""
+    with linearized_experts(model_cls, model_type) as save_map:
+        model = model_cls.from_pretrained(model_dir, **kwargs)
+    model._weight_conversions = save_map  # what save_pretrained reverts: per-expert names, as loaded
+    return model
+
+
+@contextlib.contextmanager
+def linearized_experts(model_cls, model_type: str):
+    """While inside, model_cls builds its routed experts as one Linear per expert and transformers
+    maps the checkpoint's per-expert tensors onto them; yields the mapping that saves them back."""
     from llmcompressor.modeling.moe.conversion_mappings import get_linearize_load_mappings
     from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,
                                                  register_checkpoint_conversion_mapping)
@@ -81,11 +91,9 @@ def load_linearized(model_cls, model_dir, model_type: str, **kwargs):
     register_checkpoint_conversion_mapping(model_type, load_map, overwrite=True)
     try:
         with _built_with_linear_experts(model_cls, experts_cls):
-            model = model_cls.from_pretrained(model_dir, **kwargs)
+            yield save_map
     finally:
         _restore_conversion_mapping(model_type, previous)
-    model._weight_conversions = save_map  # what save_pretrained reverts: per-expert names, as loaded
-    return model
 
 
 @contextlib.contextmanager

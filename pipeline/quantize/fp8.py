@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.checkpoints import inspect
 from pipeline.quantize import compat, oneshot, plan
 
 KV_STRATEGY = {"per-head": "attn_head", "per-tensor": "tensor", "none": None}
@@ -33,8 +34,9 @@ def recipe(activations: str, kv: str) -> list:
 def run(model_dir: Path, out: Path, calib: Path, *, activations: str = "static", kv: str = "per-head",
         seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32) -> oneshot.QuantResult:
     compat.quiet_cpu_warning()
-    config = plan.read_config(model_dir)
+    config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
+    inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     scheme = f"FP8 W8A8 ({activations} activations), KV cache {'FP8 ' + kv if kv != 'none' else 'unquantized'}"
     return oneshot.run(
         method="fp8", scheme=scheme, recipe=recipe(activations, kv), model_dir=model_dir, out=out,

@@ -73,7 +73,13 @@ def read_config(model_dir: Path | str) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.exists():
         raise UserError(f"{model_dir}: no config.json; is this a checkpoint directory? (build one with `quantize resave`)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserError(f"{path}: not valid JSON; restore the config.json that came with the weights") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a JSON object; restore the config.json that came with the weights")
+    return config
 
 
 def ignore_patterns() -> list[str]:
@@ -120,6 +126,12 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
 
     from pipeline.quantize import compat
 
+    if not config.get("model_type"):
+        raise UserError(f"{Path(model_dir) / 'config.json'}: no model_type; restore the config.json that came with "
+                        "the weights")
+    if not config.get("architectures"):
+        raise UserError(f"{Path(model_dir) / 'config.json'}: no 'architectures' entry; restore the config.json that "
+                        "came with the weights, or re-save the checkpoint with transformers")
     arch = architecture(config)
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
