@@ -26,7 +26,8 @@ OUTPUT_RECORDS = ("source.json", "quant.json", "export.json", "stats.json")
 
 
 def _overlap(out: Path, source: Path) -> str | None:
-    out, source = out.resolve(), source.resolve()
+    # realpath, not Path.resolve: a symlink loop given as an input must not raise here (the stage names it)
+    out, source = Path(os.path.realpath(out)), Path(os.path.realpath(source))
     if out == source:
         return "is"
     if source.is_relative_to(out):

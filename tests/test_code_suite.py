@@ -342,5 +342,5 @@ def test_allow_unsandboxed_is_a_validated_setting_off_by_default(tmp_path):
     assert params.load(write_params(tmp_path)).suite("code").allow_unsandboxed is False
     bad = copy.deepcopy(TINY_PARAMS)
     bad["suites"]["code"]["allow_unsandboxed"] = "maybe"
-    with pytest.raises(UserError, match=r"params.yaml: suites\.code\.allow_unsandboxed: "):
+    with pytest.raises(UserError, match=r"params.yaml(:\d+)?: suites\.code\.allow_unsandboxed: "):
         params.load(write_params(tmp_path, bad))
