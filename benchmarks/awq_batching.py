@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 
 def per_sequence_kl(base, variant, sequences) -> list[float]:
-    from pipeline.diagnostics import compare
+    from pipeline.kl import compare
 
     return [compare(base, variant, [seq])[0].mean().item() for seq in sequences]
 
@@ -49,7 +49,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.diagnostics import holdout_texts
+    from pipeline.kl import holdout_texts
     from pipeline.engines.loading import load_for_inference
     from pipeline.quantize import awq
 

@@ -395,12 +395,12 @@ def eval_speed(names: list[str]) -> dict:
 
 
 def kl() -> dict:
-    from pipeline import diagnostics
+    from pipeline import kl as kl_stage
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     models = glm9b_models()
     for name in ("fp8-w8a8", "awq-w4a16"):
-        step(results, "kl", f"kl {name}", lambda n=name: diagnostics.run(
+        step(results, "kl", f"kl {name}", lambda n=name: kl_stage.run(
             models["base"], models[n], ROOT / "calib-text" / "holdout.jsonl", OUT / f"kl-{n}.json",
             max_tokens=512, max_sequences=32).summary)
         free_gpu()

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints.sizes import checkpoint_weight_bytes, kv_bytes_per_token  # noqa: F401
+from pipeline.checkpoints.sizes import kv_bytes_per_token
 from pipeline.engines import Timing
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
@@ -59,17 +59,14 @@ def fixed_workload(encode, input_len: int, output_len: int, n: int = 64) -> Work
 
 
 def holdout_workload(engine, holdout: Path, max_output: int, context: int | None, max_prompts: int = 64) -> Workload:
-    """The held-out prompts (conversations ending with the user's turn, as `quantize calib` writes
-    them), each answered with as many tokens as the real reply (`reference`) had, capped at
-    max_output; prompts longer than the context are left out."""
-    if not holdout.exists():
-        raise UserError(f"{holdout}: no held-out conversations; run `quantize calib` first")
+    """The held-out prompts (conversations ending with the user's turn, pipeline/formats/holdout.py),
+    each answered with as many tokens as the real reply (`reference`) had, capped at max_output;
+    conversations without a reply (the log ended on the user's turn) or longer than the context are
+    left out."""
+    from pipeline.formats.holdout import read_holdout
+
     prompts, lengths = [], []
-    for number, line in enumerate(holdout.read_text(encoding="utf-8").splitlines()[:max_prompts], start=1):
-        record = json.loads(line)
-        if not record.get("messages"):
-            raise UserError(f"{holdout}:{number}: needs 'messages' (the conversation up to the user's turn); "
-                            "rebuild it with `quantize calib`")
+    for record in read_holdout(holdout, limit=max_prompts, purpose="held-out conversations"):
         if not record.get("reference"):
             continue  # the log ended on the user's turn: no real reply to take the length from
         prompt = engine.encode(engine.apply_chat_template(record["messages"]))
@@ -384,56 +381,3 @@ def _cuda() -> bool:
 def _engine_dtype_bytes(lm) -> int:
     model = getattr(lm, "model", None)
     return next(model.parameters()).element_size() if model is not None else 2
-
-
-def speed_row(summary: dict) -> dict:
-    """The figures the report's speed table and charts show, from one bench.json."""
-    fixed = summary["workloads"]["fixed"]
-    batch1 = fixed["levels"][0]
-    info = summary.get("engine_info") or {"engine": summary["engine"]}
-    roof = summary.get("roofline") or {}
-    return {
-        "engine": summary["engine"], "engine_version": info.get("version"), "engine_settings": info.get("settings"),
-        "tensor_parallel_size": int(info.get("tensor_parallel_size") or 1), "kv_cache_dtype": info.get("kv_cache_dtype"),
-        "device": summary["device"], "date": summary.get("date"),
-        "input_len": summary["input_len"], "output_len": summary["output_len"],
-        "batch1_concurrency": batch1["concurrency"],
-        "batch1_tokens_per_s": 1000 / batch1["tpot_ms"] if batch1.get("tpot_ms") else None,
-        "batch1_ttft_ms": batch1["ttft_p50_ms"],
-        "tokens_per_s": {str(l["concurrency"]): l["output_tokens_per_s"] for l in fixed["levels"]},
-        "levels": [{k: l.get(k) for k in ("concurrency", "output_tokens_per_s", "ttft_ms", "tpot_ms_stats", "itl_ms",
-                                          "e2el_ms", "goodput_requests_per_s", "requests_per_s")}
-                   for l in fixed["levels"]],
-        "rates": [{k: l.get(k) for k in ("request_rate", "output_tokens_per_s", "ttft_ms", "tpot_ms_stats",
-                                         "goodput_requests_per_s", "requests_per_s")}
-                  for l in fixed.get("rates") or []],
-        "memory_bytes": max((l.get("memory_bytes") or 0) for l in fixed["levels"]) or None,
-        "roofline_fraction": roof.get("fraction_of_bound"),
-        "roofline_tokens_per_s": roof.get("bound_tokens_per_s"),
-    }
-
-
-def compare_speed(base: dict | None, variant: dict, tolerance: float, deploy_engine: str | None = None) -> dict:
-    """Batch-1 decode rate of the variant against the base's, when both were measured alike, and
-    whether that was on the engine the variant will be deployed on (only then can it count)."""
-    same = ("engine", "device", "input_len", "output_len", "batch1_concurrency", "tensor_parallel_size")
-    comparable = base is not None and all(base.get(k) == variant.get(k) for k in same)
-    if base is None:
-        why = "no base bench"
-    elif not comparable:
-        why = "base and variant were benched differently (engine, device, lengths or parallel layout)"
-    elif not base["batch1_tokens_per_s"] or not variant["batch1_tokens_per_s"]:
-        why = "no batch-1 decode rate (a single output token per request leaves no time per output token)"
-    else:
-        why = None
-    if why:
-        return {"comparable": False, "reason": why, "ratio": None, "slower": None, "deployment_engine": None}
-    ratio = variant["batch1_tokens_per_s"] / base["batch1_tokens_per_s"]
-    on_deploy = deploy_engine is not None and variant["engine"] == deploy_engine
-    reason = (f"batch-1 decode {variant['batch1_tokens_per_s']:.1f} vs base {base['batch1_tokens_per_s']:.1f} "
-              f"tokens/s ({ratio:.2f}x) on {variant['engine']}, {variant['device']}")
-    if deploy_engine is not None and not on_deploy:
-        reason += (f"; measured on {variant['engine']}, but the variants are deployed on {deploy_engine} "
-                   f"(verdict.speed_engine): engines invert which variant is faster, so it is shown, not counted")
-    return {"comparable": True, "ratio": ratio, "slower": ratio < 1 - tolerance, "reason": reason,
-            "deployment_engine": on_deploy}

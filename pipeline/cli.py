@@ -322,13 +322,13 @@ def kl(
     params_file: Path = PARAMS_OPTION,
 ):
     """Per-token KL divergence from the base and top-1 agreement on held-out conversations."""
-    from pipeline import diagnostics
+    from pipeline import kl as kl_stage
 
     p = _params(params_file)
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "kl.json"
     _refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    result = diagnostics.run(
+    result = kl_stage.run(
         base, variant_dir, holdout, out, dtype=p.engine.dtype,
         max_tokens=p.verdict.kl_max_tokens, max_sequences=p.verdict.kl_sequences,
     )

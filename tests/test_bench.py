@@ -63,7 +63,7 @@ def test_bench_sweeps_concurrency_on_both_workloads(tmp_path, tiny_llama, monkey
 
 
 def test_bench_weight_bytes_leave_out_the_untied_embedding(tiny_llama):
-    from pipeline.bench import checkpoint_weight_bytes
+    from pipeline.checkpoints.sizes import checkpoint_weight_bytes
     from pipeline.engines.hf import HFEngine
 
     engine = HFEngine(tiny_llama, dtype="float16")
@@ -174,7 +174,8 @@ def test_a_speed_no_go_needs_the_deployment_engine(tmp_path):
 
 
 def test_speed_without_a_batch_1_decode_rate_says_so():
-    from pipeline.bench import compare_speed, speed_row
+    from pipeline.report import speed_row
+    from pipeline.verdict import compare_speed
 
     base, variant = speed_row(bench_summary(6.7)), speed_row(bench_summary(6.7))
     variant["batch1_tokens_per_s"] = None  # one output token per request: no time per output token
@@ -243,5 +244,5 @@ def test_bench_names_the_line_of_a_bad_holdout_record(tmp_path, tiny_llama, monk
                                       "--output-len", "4", "--holdout", str(holdout), "--out", "bench.json"])
     assert result.exit_code == 2
     # a log that ends on the user's turn has no reference and is skipped; a record without messages is an error
-    assert f"{holdout}:2: needs 'messages'" in result.output and "quantize calib" in result.output
+    assert f"{holdout}:2: not a holdout record" in result.output and "quantize calib" in result.output
     assert not (tmp_path / "bench.json").exists()

@@ -165,5 +165,5 @@ def test_judge_win_rate_interval_covers_from_4_to_200_pairs():
             covered = ((0.5 + low / 2 <= truth + 1e-12) & (truth - 1e-12 <= 0.5 + high / 2)).mean()
             worst[(n, win, tie, loss)] = covered
     assert min(worst.values()) >= 0.94, worst
-    one = judge.win_rate(["win", "tie", "loss", "tie"])
-    assert one["ci_method"] == judge.WIN_RATE_INTERVAL and 0 <= one["ci_low"] < 0.5 < one["ci_high"] <= 1
+    one = verdict.win_rate(["win", "tie", "loss", "tie"])
+    assert one["ci_method"] == verdict.WIN_RATE_INTERVAL and 0 <= one["ci_low"] < 0.5 < one["ci_high"] <= 1

@@ -8,6 +8,7 @@ import pytest
 from chat_server import ChatServer
 from conftest import read_jsonl
 from pipeline import judge, verdict
+from pipeline.judge import client, prompts, scoring
 from pipeline.engines import GenRequest
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.errors import UserError
@@ -28,7 +29,7 @@ FAKE_KEY = "sk-test-NEVER-LEAK-7f3a9c2e81d4"
     ("[[ A ]]", None), ("Rating: [[4]]", None),
 ])
 def test_verdict_parsing_is_strict(text, verdict):
-    assert judge.parse_verdict(text) == verdict
+    assert scoring.parse_verdict(text) == verdict
 
 
 @pytest.mark.parametrize("text, grade", [
@@ -36,25 +37,25 @@ def test_verdict_parsing_is_strict(text, verdict):
     ("[[0]]", None), ("[[6]]", None), ("Rating: 4", None), ("[[3]] then [[4]]", None), ("[[A]]", None),
 ])
 def test_grade_parsing_is_strict(text, grade):
-    assert judge.parse_grade(text) == grade
+    assert scoring.parse_grade(text) == grade
 
 
 def test_orders_map_to_the_variants_side_and_disagreement_is_a_tie():
     # base-first: the variant is B; variant-first: the variant is A
-    assert judge.order_outcome("B", variant_is_a=False) == "win"
-    assert judge.order_outcome("A", variant_is_a=False) == "loss"
-    assert judge.order_outcome("A", variant_is_a=True) == "win"
-    assert judge.order_outcome("C", variant_is_a=True) == "tie"
-    assert judge.order_outcome(None, variant_is_a=True) is None
-    assert judge.combine("win", "win") == ("win", True)
-    assert judge.combine("win", "loss") == ("tie", False)  # position bias: always picks the same slot
-    assert judge.combine("tie", "win") == ("tie", False)
-    assert judge.combine("win", None) == ("unjudged", None)
+    assert scoring.order_outcome("B", variant_is_a=False) == "win"
+    assert scoring.order_outcome("A", variant_is_a=False) == "loss"
+    assert scoring.order_outcome("A", variant_is_a=True) == "win"
+    assert scoring.order_outcome("C", variant_is_a=True) == "tie"
+    assert scoring.order_outcome(None, variant_is_a=True) is None
+    assert scoring.combine("win", "win") == ("win", True)
+    assert scoring.combine("win", "loss") == ("tie", False)  # position bias: always picks the same slot
+    assert scoring.combine("tie", "win") == ("tie", False)
+    assert scoring.combine("win", None) == ("unjudged", None)
 
 
 def test_win_rate_counts_ties_as_half_and_brackets_it():
     outcomes = ["win"] * 30 + ["tie"] * 20 + ["loss"] * 10 + ["unjudged"] * 5
-    s = judge.win_rate(outcomes)
+    s = verdict.win_rate(outcomes)
     assert (s["n"], s["wins"], s["ties"], s["losses"], s["unjudged"]) == (60, 30, 20, 10, 5)
     assert s["win_rate"] == pytest.approx((30 + 10) / 60)
     assert s["ci_low"] < s["win_rate"] < s["ci_high"]
@@ -62,40 +63,40 @@ def test_win_rate_counts_ties_as_half_and_brackets_it():
     # the interval is Tango's on wins against losses, mapped onto the win-rate scale
     low, high = verdict.tango_interval(30, 10, 60)
     assert (s["ci_low"], s["ci_high"]) == pytest.approx((0.5 + low / 2, 0.5 + high / 2))
-    assert judge.win_rate(["unjudged"])["win_rate"] is None
+    assert verdict.win_rate(["unjudged"])["win_rate"] is None
 
 
 def test_four_ties_are_not_evidence_and_the_sentence_says_how_many_pairs_a_go_needs():
-    s = {**judge.win_rate(["tie"] * 4), "mode": "pairwise", "consistency": 1.0, "confidence": 0.95}
+    s = {**verdict.win_rate(["tie"] * 4), "mode": "pairwise", "consistency": 1.0, "confidence": 0.95}
     assert s["ci_low"] < 0.2 and s["ci_high"] > 0.8  # a bootstrap gave [0.5, 0.5] here
-    decision = judge.decide_judge(s, 0.05, 0.6)
-    assert decision == "INCONCLUSIVE" and judge.min_judged_pairs_for_go(0.05) == 53
-    sentence = judge.judge_sentence(s, decision, 0.05, 0.6)
+    decision = verdict.decide_judge(s, 0.05, 0.6)
+    assert decision == "INCONCLUSIVE" and verdict.min_judged_pairs_for_go(0.05) == 53
+    sentence = verdict.judge_sentence(s, decision, 0.05, 0.6)
     assert sentence.startswith("judge: INCONCLUSIVE: of 4 judged pairs the judge preferred the variant in 0")
     assert "[0.150, 0.850]" in sentence and "0.450 (0.5 - margin 0.05)" in sentence
     assert "below 53 judged pairs not even all ties could show a GO" in sentence
-    assert any("a GO needs at least 53 judged pairs" in r for r in judge.explain_judge(s, decision, 0.05, 0.6))
+    assert any("a GO needs at least 53 judged pairs" in r for r in verdict.explain_judge(s, decision, 0.05, 0.6))
 
 
 def test_decision_against_half_minus_margin_and_unreliable_judge():
     base = {"mode": "pairwise", "n": 50, "consistency": 0.9}
-    assert judge.decide_judge({**base, "ci_low": 0.47, "ci_high": 0.6}, 0.05, 0.6) == "GO"
-    assert judge.decide_judge({**base, "ci_low": 0.3, "ci_high": 0.44}, 0.05, 0.6) == "NO-GO"
-    assert judge.decide_judge({**base, "ci_low": 0.40, "ci_high": 0.55}, 0.05, 0.6) == "INCONCLUSIVE"
+    assert verdict.decide_judge({**base, "ci_low": 0.47, "ci_high": 0.6}, 0.05, 0.6) == "GO"
+    assert verdict.decide_judge({**base, "ci_low": 0.3, "ci_high": 0.44}, 0.05, 0.6) == "NO-GO"
+    assert verdict.decide_judge({**base, "ci_low": 0.40, "ci_high": 0.55}, 0.05, 0.6) == "INCONCLUSIVE"
     low_consistency = {**base, "consistency": 0.5, "ci_low": 0.47, "ci_high": 0.6}
-    assert judge.decide_judge(low_consistency, 0.05, 0.6) == "UNRELIABLE"
-    reasons = judge.explain_judge(low_consistency, "UNRELIABLE", 0.05, 0.6)
+    assert verdict.decide_judge(low_consistency, 0.05, 0.6) == "UNRELIABLE"
+    reasons = verdict.explain_judge(low_consistency, "UNRELIABLE", 0.05, 0.6)
     assert "unreliable" in reasons[0] and "50%" in reasons[0]
-    assert judge.decide_judge({**base, "n": 0}, 0.05, 0.6) == "INCONCLUSIVE"
+    assert verdict.decide_judge({**base, "n": 0}, 0.05, 0.6) == "INCONCLUSIVE"
 
 
 def test_length_bias_is_the_correlation_with_length_difference():
-    assert judge.correlation([10, 20, 30, 40], [0, 0.5, 0.5, 1]) > 0.9
-    assert judge.correlation([1, 1, 1], [0, 1, 0.5]) is None
+    assert scoring.correlation([10, 20, 30, 40], [0, 0.5, 0.5, 1]) > 0.9
+    assert scoring.correlation([1, 1, 1], [0, 1, 0.5]) is None
 
 
 def test_answers_with_braces_do_not_break_the_prompt():
-    filled = judge.render("Q {question} A {answer_a} B {answer_b}", question="q", answer_a="{answer_b}", answer_b="x")
+    filled = prompts.render("Q {question} A {answer_a} B {answer_b}", question="q", answer_a="{answer_b}", answer_b="x")
     assert filled == "Q q A {answer_b} B x"
 
 
@@ -112,7 +113,7 @@ def prefers_longer(body: dict) -> str:
 def make_judge(server, tmp_path, retries=2, timeout=0.5, concurrency=1, mode="pairwise"):
     engine_options = dict(base_url=server.base_url, model="test-judge", concurrency=concurrency, timeout=timeout,
                           retries=retries, backoff=0.01, retry_on_length=True)
-    return judge.Judge(lambda: OpenAIEngine(**engine_options), "test", judge.JudgmentCache(tmp_path / "cache.jsonl"),
+    return client.Judge(lambda: OpenAIEngine(**engine_options), "test", client.JudgmentCache(tmp_path / "cache.jsonl"),
                        mode=mode, max_new_tokens=64)
 
 

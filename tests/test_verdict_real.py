@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline import evaluate, verdict
-from test_diagnostics import rtn_copy
+from test_kl import rtn_copy
 from tiny import save_tiny_llama, tiny_tokenizer
 
 TASK_YAML = """task: quant_selftest_copy

@@ -30,6 +30,7 @@ from pipeline.calib.pack import (
 from pipeline.calib.read import MAX_LINE_BYTES, Conversation, to_conversation
 from pipeline.calib.redact import redact
 from pipeline.errors import UserError
+from pipeline.formats.holdout import write_holdout
 from pipeline.outputs import Stopwatch, atomic_dir
 
 __all__ = [  # the stage, and the names other code uses as calib.X
@@ -149,7 +150,7 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, *, seq_len: 
         (tmp / "calib.jsonl").write_text(blocks_text, encoding="utf-8")
         (tmp / "calib_conversations.jsonl").write_text(
             _jsonl({"where": c.where, "messages": c.messages} for c in calib_set), encoding="utf-8")
-        (tmp / "holdout.jsonl").write_text(_jsonl(holdout_prompt(c) for c in held), encoding="utf-8")
+        write_holdout(tmp / "holdout.jsonl", [holdout_prompt(c) for c in held])
         (tmp / "stats.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     phase("write")
     return CalibResult(out, summary, watch.seconds, phases)

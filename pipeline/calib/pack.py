@@ -28,51 +28,25 @@ def split(conversations: list[Conversation], holdout: int) -> tuple[list[Convers
 
 
 def holdout_prompt(conversation: Conversation) -> dict:
-    """The last user turn with the conversation before it: what the judge's models answer."""
+    """The last user turn with the conversation before it (what the judge's models answer), and the
+    real reply that followed (pipeline/formats/holdout.py)."""
+    from pipeline.formats.holdout import holdout_record
+
     last_user = max(i for i, m in enumerate(conversation.messages) if m["role"] == "user")
-    messages = conversation.messages[: last_user + 1]
-    return {
-        "id": (conversation.key or content_hash(conversation.text()))[:16],
-        "messages": messages,
-        "prompt": messages[-1]["content"],
-        "reference": next((m["content"] for m in conversation.messages[last_user + 1:]
-                           if m["role"] == "assistant"), None),
-    }
-
-
-def _strict_turns(messages: list[dict]) -> list[dict]:
-    """The same text shaped for templates that demand user/assistant alternation starting with
-    the user: system folded into the first user turn, leading assistant turns dropped, and
-    consecutive turns of one role merged."""
-    system = "\n".join(m["content"] for m in messages if m["role"] == "system")
-    turns: list[dict] = []
-    for message in messages:
-        if message["role"] == "system" or (not turns and message["role"] != "user"):
-            continue
-        if turns and turns[-1]["role"] == message["role"]:
-            turns[-1] = {"role": message["role"], "content": turns[-1]["content"] + "\n" + message["content"]}
-        else:
-            turns.append(dict(message))
-    if turns and system:
-        turns[0] = {"role": "user", "content": system + "\n\n" + turns[0]["content"]}
-    return turns
+    return holdout_record((conversation.key or content_hash(conversation.text()))[:16],
+                          conversation.messages[: last_user + 1],
+                          next((m["content"] for m in conversation.messages[last_user + 1:]
+                                if m["role"] == "assistant"), None))
 
 
 def render(tokenizer, conversation: Conversation) -> str | None:
-    """The conversation as the model sees it; None when the chat template rejects it."""
-    from jinja2 import TemplateError
+    """The conversation as the model sees it (pipeline/formats/chat.py); None when the chat template
+    rejects it."""
+    from pipeline.formats.chat import has_template, render_chat
 
-    if conversation.shape == "text" or not getattr(tokenizer, "chat_template", None):
+    if conversation.shape == "text" or not has_template(tokenizer):
         return conversation.text()
-    for messages in (conversation.messages, _strict_turns(conversation.messages)):
-        if not messages:  # no user turn to start from
-            continue
-        try:
-            # a fixed date: Llama 3 templates otherwise print today's, and outputs must not change by day
-            return tokenizer.apply_chat_template(messages, tokenize=False, date_string="26 Jul 2024")
-        except TemplateError:
-            continue
-    return None
+    return render_chat(tokenizer, conversation.messages)
 
 
 def token_counts_and_stream(tokenizer, texts: list[str], needed: int) -> tuple[int, list[int]]:

@@ -66,13 +66,6 @@ def to_completion(tokenizer, request: GenRequest, tokens: list[int], eos_ids: se
     return Completion(truncate_at_stop(text, request.stop), n, seconds, error)
 
 
-def chat_prompt(tokenizer, messages: list[dict]) -> str:
-    """The conversation rendered with the checkpoint's chat template, ready for the assistant's turn."""
-    if not getattr(tokenizer, "chat_template", None):
-        return "\n\n".join(m["content"] for m in messages)
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
 class Engine(Protocol):
     name: str
 

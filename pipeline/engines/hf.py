@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, eos_token_ids, to_completion
+from pipeline.engines import Completion, GenRequest, Timing, eos_token_ids, to_completion
+from pipeline.formats.chat import render_prompt
 
 
 class HFEngine:
@@ -41,7 +42,7 @@ class HFEngine:
             use_grouped_attention(self.model)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
-        return chat_prompt(self.tokenizer, messages)
+        return render_prompt(self.tokenizer, messages)
 
     def generate(self, requests: list[GenRequest]) -> list[Completion]:
         results: list[Completion | None] = [None] * len(requests)

@@ -19,9 +19,10 @@ import json
 import time
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, eos_token_ids, to_completion
+from pipeline.engines import Completion, GenRequest, Timing, eos_token_ids, to_completion
 from pipeline.engines.support import LMDEPLOY_NATIVE
 from pipeline.errors import UserError
+from pipeline.formats.chat import render_prompt
 
 EXPORT_CACHE = Path(".cache") / "lmdeploy"
 
@@ -104,7 +105,7 @@ class LMDeployEngine:
         self.eos_ids = eos_token_ids(self.tokenizer, eos)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
-        return chat_prompt(self.tokenizer, messages)
+        return render_prompt(self.tokenizer, messages)
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]

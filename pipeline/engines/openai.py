@@ -27,9 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, chat_prompt, eos_token_ids, to_completion, truncate_at_stop
+from pipeline.engines import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
 from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
 from pipeline.errors import UserError
+from pipeline.formats.chat import render_prompt
 
 MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is treated as a plain failure after that wait
 PROMPT_FORMATS = ("tokens", "text", "chat")
@@ -93,7 +94,7 @@ class OpenAIEngine:
         """tokens/text: rendered here by the checkpoint's template; chat: the messages as JSON, for the server."""
         if self.prompt_format == "chat":
             return json.dumps(messages, ensure_ascii=False)
-        return chat_prompt(self.tokenizer, messages)
+        return render_prompt(self.tokenizer, messages)
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -158,17 +158,16 @@ def _unsandboxed(results: dict, suite: str, models: list[str]) -> list[str]:
 
 def _judge_verdict(path: Path, params: Params) -> dict | None:
     """The judge's win rate tested against 0.5 - margin; counted only when the judge is reliable."""
-    from pipeline.judge import UNRELIABLE, decide_judge, explain_judge, judge_sentence
 
     summary = _read_json(path)
     if summary is None:
         return None
     margin, min_consistency = params.judge.margin, params.judge.min_consistency
-    decision = decide_judge(summary, margin, min_consistency)
-    counted = decision != UNRELIABLE and summary.get("mode", "pairwise") == "pairwise" and bool(summary.get("n"))
+    decision = stats.decide_judge(summary, margin, min_consistency)
+    counted = decision != stats.UNRELIABLE and summary.get("mode", "pairwise") == "pairwise" and bool(summary.get("n"))
     return {"decision": decision, "counted": counted, "margin": margin,
-            "sentence": judge_sentence(summary, decision, margin, min_consistency),
-            "reasons": explain_judge(summary, decision, margin, min_consistency), "summary": summary}
+            "sentence": stats.judge_sentence(summary, decision, margin, min_consistency),
+            "reasons": stats.explain_judge(summary, decision, margin, min_consistency), "summary": summary}
 
 
 def _serving(model_dir: Path) -> dict | None:
@@ -186,7 +185,6 @@ def _serving(model_dir: Path) -> dict | None:
 
 def _speed_rows(results_dir: Path, results: dict) -> dict:
     """{model: speed row} for every model with a results/<model>/bench.json (`quantize bench`)."""
-    from pipeline.bench import speed_row
 
     rows = {}
     for model in sorted(results, key=lambda name: name != "base"):  # base first
@@ -200,11 +198,10 @@ def _speed_verdict(speeds: dict, variant: str, p) -> dict | None:
     """The variant's batch-1 speed against the base's; counted (as NO-GO) only when
     verdict.nogo_if_slower_at_batch1 is set, it is slower by more than verdict.speed_tolerance, and
     it was measured on verdict.speed_engine, the engine the variant will be deployed on."""
-    from pipeline.bench import compare_speed
 
     if variant not in speeds:
         return None
-    comparison = compare_speed(speeds.get("base"), speeds[variant], p.speed_tolerance, p.speed_engine)
+    comparison = stats.compare_speed(speeds.get("base"), speeds[variant], p.speed_tolerance, p.speed_engine)
     comparison["counted"] = bool(p.nogo_if_slower_at_batch1 and comparison["slower"]
                                  and comparison.get("deployment_engine"))
     return comparison
@@ -271,3 +268,30 @@ def failing(verdict: dict, fail_on: str | None) -> list[str]:
         return []
     bad = {"no-go": {stats.NO_GO}, "inconclusive": {stats.NO_GO, stats.INCONCLUSIVE}}[fail_on]
     return [v for v, d in verdict["variants"].items() if d["decision"] in bad]
+
+
+def speed_row(summary: dict) -> dict:
+    """The figures the report's speed table and charts show, from one bench.json."""
+    fixed = summary["workloads"]["fixed"]
+    batch1 = fixed["levels"][0]
+    info = summary.get("engine_info") or {"engine": summary["engine"]}
+    roof = summary.get("roofline") or {}
+    return {
+        "engine": summary["engine"], "engine_version": info.get("version"), "engine_settings": info.get("settings"),
+        "tensor_parallel_size": int(info.get("tensor_parallel_size") or 1), "kv_cache_dtype": info.get("kv_cache_dtype"),
+        "device": summary["device"], "date": summary.get("date"),
+        "input_len": summary["input_len"], "output_len": summary["output_len"],
+        "batch1_concurrency": batch1["concurrency"],
+        "batch1_tokens_per_s": 1000 / batch1["tpot_ms"] if batch1.get("tpot_ms") else None,
+        "batch1_ttft_ms": batch1["ttft_p50_ms"],
+        "tokens_per_s": {str(l["concurrency"]): l["output_tokens_per_s"] for l in fixed["levels"]},
+        "levels": [{k: l.get(k) for k in ("concurrency", "output_tokens_per_s", "ttft_ms", "tpot_ms_stats", "itl_ms",
+                                          "e2el_ms", "goodput_requests_per_s", "requests_per_s")}
+                   for l in fixed["levels"]],
+        "rates": [{k: l.get(k) for k in ("request_rate", "output_tokens_per_s", "ttft_ms", "tpot_ms_stats",
+                                         "goodput_requests_per_s", "requests_per_s")}
+                  for l in fixed.get("rates") or []],
+        "memory_bytes": max((l.get("memory_bytes") or 0) for l in fixed["levels"]) or None,
+        "roofline_fraction": roof.get("fraction_of_bound"),
+        "roofline_tokens_per_s": roof.get("bound_tokens_per_s"),
+    }

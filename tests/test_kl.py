@@ -4,7 +4,7 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline import diagnostics
+from pipeline import kl
 
 
 def rtn_copy(src, dest, bits: int):
@@ -22,11 +22,11 @@ def rtn_copy(src, dest, bits: int):
 
 def test_kl_is_zero_for_a_copy_and_grows_with_damage(tmp_path, tiny_llama, tiny_calib):
     holdout = tiny_calib / "holdout.jsonl"
-    copy = diagnostics.run(tiny_llama, shutil.copytree(tiny_llama, tmp_path / "copy"), holdout, tmp_path / "copy.json")
+    copy = kl.run(tiny_llama, shutil.copytree(tiny_llama, tmp_path / "copy"), holdout, tmp_path / "copy.json")
     assert copy.summary["kl_mean"] < 1e-9 and copy.summary["top1_agreement"] == 1.0
     assert copy.summary["tokens"] > 100
-    w4 = diagnostics.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w4", 4), holdout, tmp_path / "w4.json")
-    w2 = diagnostics.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w2", 2), holdout, tmp_path / "w2.json")
+    w4 = kl.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w4", 4), holdout, tmp_path / "w4.json")
+    w2 = kl.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w2", 2), holdout, tmp_path / "w2.json")
     assert 0 < w4.summary["kl_mean"] < w2.summary["kl_mean"]
     assert w2.summary["top1_agreement"] < w4.summary["top1_agreement"] <= 1.0
     assert w2.summary["kl_p99"] >= w2.summary["kl_mean"]
@@ -38,9 +38,9 @@ def test_one_model_at_a_time_gives_the_same_figures(tmp_path, tiny_llama, tiny_c
     variant takes its place: the figures are those of both models resident."""
     holdout = tiny_calib / "holdout.jsonl"
     variant = rtn_copy(tiny_llama, tmp_path / "w4", 4)
-    both = diagnostics.run(tiny_llama, variant, holdout, tmp_path / "both.json", resident="both", batch_size=3)
-    one = diagnostics.run(tiny_llama, variant, holdout, tmp_path / "one.json", resident="one", batch_size=3)
+    both = kl.run(tiny_llama, variant, holdout, tmp_path / "both.json", resident="both", batch_size=3)
+    one = kl.run(tiny_llama, variant, holdout, tmp_path / "one.json", resident="one", batch_size=3)
     assert one.summary["models_resident"] == "one" and both.summary["models_resident"] == "both"
     for key in ("tokens", "kl_mean", "kl_p99", "kl_max", "top1_agreement"):
         assert one.summary[key] == both.summary[key], key
-    assert diagnostics.checkpoint_dtype(tiny_llama) == "float16"  # what a GPU run would use
+    assert kl.checkpoint_dtype(tiny_llama) == "float16"  # what a GPU run would use

@@ -28,19 +28,15 @@ class KLResult:
 
 
 def holdout_texts(tokenizer, holdout: Path, max_tokens: int, max_sequences: int | None = None) -> list[list[int]]:
-    """Each held-out conversation, its reference answer included, as token ids."""
-    if not holdout.exists():
-        raise UserError(f"{holdout}: no holdout prompts; run `quantize calib` first")
+    """Each held-out conversation, its reference answer included, as token ids (pipeline/formats/)."""
+    from pipeline.formats.chat import render_chat
+    from pipeline.formats.holdout import read_holdout, with_reference
+
     sequences = []
-    for line in holdout.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        messages = list(record["messages"])
-        if record.get("reference"):
-            messages.append({"role": "assistant", "content": record["reference"]})
-        if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template(messages, tokenize=False)
-        else:
-            text = "\n".join(m["content"] for m in messages)
+    for record in read_holdout(Path(holdout), purpose="held-out conversations"):
+        text = render_chat(tokenizer, with_reference(record))
+        if text is None:
+            continue  # the template rejects this conversation's turns
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
         if len(ids) >= 2:
             sequences.append(ids)

@@ -1,0 +1,271 @@
+"""`quantize judge`: an LLM judge compares the variant's answers with the base model's.
+
+Both models answer the held-out user prompts (same greedy decoding, cached like `quantize
+eval`). Pairwise mode (the default) shows the judge each pair twice, positions swapped; the
+verdict must be exactly one of [[A]], [[B]], [[C]] (tie), anything else is retried once and
+then left unjudged; when the two orders disagree the pair counts as a tie. The win rate is
+(W + T/2) / N. Its interval: a win scores +1, a loss -1, a tie 0, so 2 x win rate - 1 is a
+paired difference of proportions (wins minus losses over judged pairs), and Tango's score
+interval with continuity correction (pipeline.verdict.tango_interval) covers it at every n;
+the win rate's interval is that one, halved and shifted by 0.5.
+
+Reliability is measured, not assumed: position-swap consistency, a control run judging the
+base against itself (the win rate should be 0.5; the gap is the judge's noise floor), and the
+correlation of preference with answer-length difference (verbosity bias). Below
+`judge.min_consistency` the judge is reported unreliable and its verdict does not count.
+
+Every judgment is appended to a cache keyed by (judge, prompt, answers, order): a rerun asks
+the judge nothing and a crash loses at most one chunk. Failed requests (after the engine's
+retries) are counted as unjudged and asked again on the next run; they never stop the stage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from pipeline.engines import Engine, GenRequest
+from pipeline.errors import UserError
+from pipeline.evaluate import GenerationCache, model_fingerprint
+from pipeline.formats.holdout import read_holdout
+from pipeline.judge.client import Ask, Judge, JudgmentCache
+from pipeline.judge.prompts import conversation_text
+from pipeline.judge.scoring import ORDERS, SCORE, combine, correlation, order_outcome
+from pipeline.outputs import Stopwatch, write_atomic, write_json
+from pipeline.verdict import decide_judge, explain_judge, judge_sentence, paired_bootstrap, win_rate
+
+
+@dataclass
+class JudgeResult:
+    lines: Path
+    out: Path
+    summary: dict
+
+    def summary_line(self) -> str:
+        s = self.summary
+        if s["mode"] == "reference":
+            grade = "n/a" if s["mean_grade"] is None else f"{s['mean_grade']:.2f}"
+            figures = f"{s['n']} graded, {s['unjudged']} unjudged; mean grade {grade} of 5"
+        else:
+            rate = "n/a" if s["win_rate"] is None else (f"{s['win_rate']:.3f} "
+                                                         f"[{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
+            consistency = "n/a" if s["consistency"] is None else f"{s['consistency']:.0%}"
+            figures = (f"{s['wins']} wins, {s['ties']} ties, {s['losses']} losses, {s['unjudged']} unjudged; "
+                       f"win rate {rate}, consistency {consistency}")
+        weak = ", weak judge" if s["weak_judge"] else ""
+        return f"judge: wrote {self.out} ({figures}{weak}): {s['decision']} in {s['seconds']:.0f} s"
+
+
+def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_dir: Path | str,
+        judge_params, engine_options: dict | None = None, *, answer_engine: str = "hf", iterations: int = 2000,
+        confidence: float = 0.95, seed: int = 0, judge_engine_options: dict | None = None) -> JudgeResult:
+    """answer_engine: the engine (hf, vllm or lmdeploy) that writes base and variant answers, the same for
+    both; judge_engine_options: settings of judge.backend's engine (default: engine_options)."""
+    watch = Stopwatch()
+    variant_dir, base_dir, out_dir = Path(variant_dir), Path(base_dir), Path(out_dir)
+    from pipeline.checkpoints import inspect
+
+    for model_dir in (variant_dir, base_dir):  # both whole before either loads
+        inspect.check(model_dir)
+    jp = judge_params
+    records = read_holdout(Path(prompts), limit=jp.limit, purpose="judge prompts")
+    options = dict(engine_options or {})
+    judge_options = dict(judge_engine_options if judge_engine_options is not None else options)
+    factory, judge_id, description, weak = judge_engine(jp, base_dir, judge_options)  # bad judge settings fail first
+    base_answers = generate_answers(base_dir, records, out_dir, "base", jp.max_new_tokens, options, answer_engine)
+    variant_answers = generate_answers(variant_dir, records, out_dir, "variant", jp.max_new_tokens, options,
+                                       answer_engine)
+    judge = Judge(factory, judge_id, JudgmentCache(out_dir / ".cache" / "judgments.jsonl"), mode=jp.mode,
+                  max_new_tokens=jp.judge_max_new_tokens, chunk=max(jp.concurrency * 4, 16))
+    try:
+        if jp.mode == "pairwise":
+            lines, summary = judge_pairwise(judge, records, base_answers, variant_answers, jp.control,
+                                            iterations=iterations, confidence=confidence, seed=seed)
+        else:
+            lines, summary = judge_reference(judge, records, base_answers, variant_answers,
+                                             iterations=iterations, confidence=confidence, seed=seed)
+    finally:
+        judge.close()
+    summary = _finish_summary(summary, jp, variant_dir, base_dir, description, weak, judge, confidence, watch)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines_path = out_dir / "judge.jsonl"
+    write_atomic(lines_path, "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines))
+    write_json(out_dir / "judge.json", summary)
+    return JudgeResult(lines_path, out_dir / "judge.json", summary)
+
+
+def _finish_summary(summary, jp, variant_dir, base_dir, description, weak, judge, confidence, watch) -> dict:
+    summary = {"variant": variant_dir.name, "base": str(base_dir), "mode": jp.mode, "judge": description,
+               "judge_backend": jp.backend, "weak_judge": weak, "confidence": confidence,
+               "margin": jp.margin, "min_consistency": jp.min_consistency, **summary}
+    summary["reliable"] = _reliable(summary, jp.min_consistency)
+    summary["decision"] = decide_judge(summary, jp.margin, jp.min_consistency)
+    summary["reasons"] = explain_judge(summary, summary["decision"], jp.margin, jp.min_consistency)
+    summary["sentence"] = judge_sentence(summary, summary["decision"], jp.margin, jp.min_consistency)
+    summary["judge_requests"] = judge.requests
+    summary["seconds"] = round(watch.seconds, 2)
+    return summary
+
+
+def _reliable(summary: dict, min_consistency: float) -> bool:
+    if summary["mode"] != "pairwise":
+        return bool(summary["n"])
+    return summary["consistency"] is not None and summary["consistency"] >= min_consistency
+
+
+def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label: str, max_new_tokens: int,
+                     engine_options: dict, engine_name: str = "hf") -> list[str]:
+    """Greedy answers to each held-out conversation, through the eval stage's resume cache. The
+    engine is made only when something is missing, and closed after (a GPU engine holds memory)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.engines import make_engine
+    from pipeline.formats.chat import render_prompt
+
+    cache = GenerationCache(out_dir / ".cache" / f"judge-answers-{label}.jsonl", model_fingerprint(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    requests = [GenRequest(render_prompt(tokenizer, r["messages"]), max_new_tokens) for r in records]
+    todo = list({cache.key(r): r for r in requests if cache.get(r) is None}.values())
+    if todo:
+        engine = make_engine(engine_name, model_dir, **engine_options)
+        chunk = engine_options.get("batch_size", 32)
+        try:
+            for start in range(0, len(todo), chunk):
+                part = todo[start:start + chunk]
+                cache.put_many(part, engine.generate(part))
+        finally:
+            engine.close()
+    return [cache.get(r).text for r in requests]
+
+
+def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[], Engine], str, str, bool]:
+    """(factory, cache id, description for the report, weak: the judge is the base model itself)."""
+    from pipeline.engines import make_engine
+
+    if jp.backend == "openai":
+        parts = urlsplit(jp.base_url or "")
+        where = f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}"
+        if not jp.base_url:
+            raise UserError("params.yaml: judge.base_url: the openai backend needs the endpoint's base URL, "
+                            "e.g. http://127.0.0.1:8000/v1")
+        if jp.model == "base":
+            raise UserError("params.yaml: judge.model: with the openai backend, set the served model's name "
+                            "(e.g. gpt-4o-mini, or the name your vLLM/lmdeploy server was started with)")
+        options = dict(base_url=jp.base_url, model=jp.model, api_key_env=jp.api_key_env, concurrency=jp.concurrency,
+                       timeout=jp.timeout, retries=jp.retries, backoff=jp.backoff, retry_on_length=True)
+        make_engine("openai", None, **options)  # fail now, not mid-run, on a missing key or URL
+        return (lambda: make_engine("openai", None, **options)), f"openai:{where}:{jp.model}", \
+            f"{jp.model} at {where} (openai API)", False
+    model_dir = base_dir if jp.model == "base" else Path(jp.model)
+    if not (model_dir / "config.json").exists():
+        raise UserError(f"params.yaml: judge.model: {model_dir} has no config.json; use 'base' or a checkpoint dir")
+    if model_dir != base_dir:
+        from pipeline.checkpoints import inspect
+
+        inspect.check(model_dir)
+    if jp.backend == "lmdeploy":
+        from pipeline.engines.lmdeploy import require_lmdeploy
+
+        require_lmdeploy()  # fail now, not after the answers, when the GPU extra is missing
+    weak = model_dir.resolve() == base_dir.resolve()
+    description = f"{model_dir} ({jp.backend})" + (" - the base model judging itself" if weak else "")
+    return (lambda: make_engine(jp.backend, model_dir, **engine_options)), \
+        f"{jp.backend}:{model_fingerprint(model_dir)}", description, weak
+
+
+def judge_pairwise(judge: Judge, records: list[dict], base_answers: list[str], variant_answers: list[str],
+                   control: bool, **stats) -> tuple[list[dict], dict]:
+    questions = [conversation_text(r["messages"]) for r in records]
+    main = [_pair_asks(judge, q, b, v) for q, b, v in zip(questions, base_answers, variant_answers)]
+    ctrl = [_pair_asks(judge, q, b, b) for q, b in zip(questions, base_answers)] if control else []
+    results = judge.judge([a for pair in main + ctrl for a in pair])
+    lines = []
+    for i, record in enumerate(records):
+        line = {"id": record.get("id", str(i)), "prompt": record.get("prompt", questions[i]),
+                "base_answer": base_answers[i], "variant_answer": variant_answers[i],
+                **_pair_result([results[a.key] for a in main[i]])}
+        if control:
+            line["control"] = _pair_result([results[a.key] for a in ctrl[i]])
+        line["length_diff"] = len(variant_answers[i]) - len(base_answers[i])
+        lines.append(line)
+    return lines, _pairwise_summary(lines, control, **stats)
+
+
+def _pair_asks(judge: Judge, question: str, base: str, variant: str) -> list[Ask]:
+    asks = []
+    for order, variant_is_a in ORDERS:
+        a, b = (variant, base) if variant_is_a else (base, variant)
+        asks.append(judge.ask_pairwise(judge.key(question, a, b, order), question, a, b))
+    return asks
+
+
+def _pair_result(records: list[dict]) -> dict:
+    judgments = []
+    for (order, variant_is_a), r in zip(ORDERS, records):
+        judgments.append({"order": order, "raw": r["raw"], "verdict": r["parsed"],
+                          "outcome": order_outcome(r["parsed"], variant_is_a), "attempts": r["attempts"],
+                          "error": r["error"], **({"raw_first": r["raw_first"]} if "raw_first" in r else {})})
+    outcome, consistent = combine(judgments[0]["outcome"], judgments[1]["outcome"])
+    reason = None
+    if outcome == "unjudged":
+        failed = next(j for j in judgments if j["outcome"] is None)
+        reason = "request failed" if failed["error"] else "unparsable verdict"
+    return {"judgments": judgments, "outcome": outcome, "consistent": consistent, "unjudged_reason": reason}
+
+
+def _pairwise_summary(lines: list[dict], control: bool, *, confidence: float = 0.95, **_bootstrap) -> dict:
+    summary = win_rate([l["outcome"] for l in lines], confidence=confidence)
+    both = [l["consistent"] for l in lines if l["consistent"] is not None]
+    summary["consistency"] = sum(both) / len(both) if both else None
+    summary["unjudged_reasons"] = dict(Counter(l["unjudged_reason"] for l in lines if l["unjudged_reason"]))
+    judged = [l for l in lines if l["outcome"] in SCORE]
+    summary["length_bias"] = correlation([l["length_diff"] for l in judged], [SCORE[l["outcome"]] for l in judged])
+    summary["control_win_rate"] = summary["noise_floor"] = summary["control_consistency"] = None
+    if control:
+        ctrl = win_rate([l["control"]["outcome"] for l in lines], confidence=confidence)
+        both = [l["control"]["consistent"] for l in lines if l["control"]["consistent"] is not None]
+        summary["control_win_rate"] = ctrl["win_rate"]
+        summary["control_n"] = ctrl["n"]
+        summary["noise_floor"] = abs(ctrl["win_rate"] - 0.5) if ctrl["n"] else None
+        summary["control_consistency"] = sum(both) / len(both) if both else None
+    return summary
+
+
+def judge_reference(judge: Judge, records: list[dict], base_answers: list[str], variant_answers: list[str],
+                    **stats) -> tuple[list[dict], dict]:
+    questions = [conversation_text(r["messages"]) for r in records]
+    asks = [judge.ask_reference(judge.key(q, b, v, "reference"), q, b, v)
+            for q, b, v in zip(questions, base_answers, variant_answers)]
+    results = judge.judge(asks)
+    lines = []
+    for i, (record, ask) in enumerate(zip(records, asks)):
+        r = results[ask.key]
+        lines.append({"id": record.get("id", str(i)), "prompt": record.get("prompt", questions[i]),
+                      "base_answer": base_answers[i], "variant_answer": variant_answers[i],
+                      "judgment": {k: r[k] for k in ("raw", "attempts", "error") if k in r},
+                      "grade": r["parsed"], "outcome": "graded" if r["parsed"] else "unjudged",
+                      "unjudged_reason": None if r["parsed"] else
+                      ("request failed" if r["error"] else "unparsable grade"),
+                      "length_diff": len(variant_answers[i]) - len(base_answers[i])})
+    return lines, _reference_summary(lines, **stats)
+
+
+def _reference_summary(lines: list[dict], *, iterations: int, confidence: float, seed: int) -> dict:
+    graded = [l for l in lines if l["grade"]]
+    grades = np.array([l["grade"] for l in graded], dtype=float)
+    low, high = paired_bootstrap(grades, iterations, confidence, seed)
+    return {
+        "n": len(graded), "unjudged": len(lines) - len(graded),
+        "unjudged_reasons": dict(Counter(l["unjudged_reason"] for l in lines if l["unjudged_reason"])),
+        "mean_grade": float(grades.mean()) if len(grades) else None,
+        "ci_low": low if len(grades) else None, "ci_high": high if len(grades) else None,
+        "grades": {str(g): int((grades == g).sum()) for g in range(1, 6)},
+        "consistency": None,
+        "length_bias": correlation([l["length_diff"] for l in graded], list(grades)),
+    }

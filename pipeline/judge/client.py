@@ -1,0 +1,135 @@
+"""The judge itself: prompts sent through any engine, strict parsing, one reminded retry of an unparsable
+reply, and the judgment cache (append-only JSONL keyed by judge, mode, template, prompt, answers and
+order: a rerun asks nothing; a failed request is not cached and is asked again next run)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from pipeline.engines import Completion, Engine, GenRequest
+from pipeline.judge.prompts import REMINDER, load_template, render
+from pipeline.judge.scoring import parse_grade, parse_verdict
+
+log = logging.getLogger(__name__)
+
+
+class JudgmentCache:
+    """Append-only JSONL of finished judgments by key; a torn last line (SIGKILL) is ignored."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries: dict[str, dict] = {}
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                    self.entries[entry["key"]] = entry
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue
+
+    @staticmethod
+    def key(*parts) -> str:
+        return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()
+
+    def get(self, key: str) -> dict | None:
+        return self.entries.get(key)
+
+    def put_many(self, entries: list[dict]) -> None:
+        if not entries:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            for entry in entries:
+                self.entries[entry["key"]] = entry
+                handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            handle.flush()
+
+
+@dataclass
+class Ask:
+    key: str
+    messages: list[dict]
+
+
+class Judge:
+    """Sends judge prompts through any Engine, parses strictly, retries an unparsable reply once.
+
+    The engine is made on the first cache miss, so a fully cached rerun loads no model and
+    sends no request. Judgments that the judge actually gave (parsable or not) are cached;
+    failed requests are not, so the next run asks again.
+    """
+
+    def __init__(self, engine_factory: Callable[[], Engine], judge_id: str, cache: JudgmentCache, *,
+                 mode: str = "pairwise", max_new_tokens: int = 512, chunk: int = 16):
+        self._factory, self._engine = engine_factory, None
+        self.judge_id, self.cache, self.mode = judge_id, cache, mode
+        self.parse = parse_verdict if mode == "pairwise" else parse_grade
+        self.template = load_template(mode)
+        self.template_hash = hashlib.sha256(self.template.encode()).hexdigest()[:16]
+        self.max_new_tokens, self.chunk = max_new_tokens, chunk
+        self.requests = 0  # sent to the engine this run
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = self._factory()
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    def key(self, *parts) -> str:
+        return JudgmentCache.key(self.judge_id, self.mode, self.template_hash, *parts)
+
+    def ask_pairwise(self, key: str, question: str, answer_a: str, answer_b: str) -> Ask:
+        content = render(self.template, question=question, answer_a=answer_a, answer_b=answer_b)
+        return Ask(key, [{"role": "user", "content": content}])
+
+    def ask_reference(self, key: str, question: str, reference: str, answer: str) -> Ask:
+        content = render(self.template, question=question, reference=reference, answer=answer)
+        return Ask(key, [{"role": "user", "content": content}])
+
+    def judge(self, asks: list[Ask]) -> dict[str, dict]:
+        """key -> {"raw", "parsed", "attempts", "error"} for every ask."""
+        results = {a.key: self.cache.get(a.key) for a in asks if self.cache.get(a.key)}
+        todo = list({a.key: a for a in asks if a.key not in results}.values())
+        for start in range(0, len(todo), self.chunk):
+            part = todo[start:start + self.chunk]
+            done = self._judge_chunk(part)
+            self.cache.put_many([done[a.key] for a in part if done[a.key]["error"] is None])
+            results.update(done)
+        return results
+
+    def _judge_chunk(self, asks: list[Ask]) -> dict[str, dict]:
+        first = self._generate([a.messages for a in asks])
+        results = {a.key: self._record(a.key, c, attempts=1) for a, c in zip(asks, first)}
+        retry = [(a, c) for a, c in zip(asks, first) if results[a.key]["error"] is None
+                 and results[a.key]["parsed"] is None]
+        if retry:
+            again = self._generate([a.messages + [{"role": "assistant", "content": c.text},
+                                                  {"role": "user", "content": REMINDER[self.mode]}]
+                                    for a, c in retry])
+            for (ask, old), new in zip(retry, again):
+                record = self._record(ask.key, new, attempts=2)
+                record["raw_first"] = old.text
+                results[ask.key] = record
+        return results
+
+    def _generate(self, conversations: list[list[dict]]) -> list[Completion]:
+        requests = [GenRequest(self.engine.apply_chat_template(m), self.max_new_tokens) for m in conversations]
+        self.requests += len(requests)
+        return self.engine.generate(requests)
+
+    def _record(self, key: str, completion: Completion, attempts: int) -> dict:
+        if completion.error:
+            log.warning("judge request failed: %s", completion.error)
+        parsed = None if completion.error else self.parse(completion.text)
+        return {"key": key, "raw": completion.text, "parsed": parsed, "attempts": attempts,
+                "error": completion.error}

@@ -1,0 +1,50 @@
+"""Reading a judge's replies: the strict [[A]]/[[B]]/[[C]] verdict and [[1]]-[[5]] grade parsers, one order's
+outcome from the variant's side, a pair's outcome from its two orders, and the length-bias correlation."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+VERDICT = re.compile(r"\[\[([ABC])\]\]")
+GRADE = re.compile(r"\[\[([1-5])\]\]")
+SCORE = {"win": 1.0, "tie": 0.5, "loss": 0.0}
+# The two orders of a pair: which side the variant's answer sits on.
+ORDERS = (("base-first", False), ("variant-first", True))
+
+
+def parse_verdict(text: str) -> str | None:
+    """'A', 'B' or 'C' when the text holds exactly one distinct [[X]] verdict; else None."""
+    found = set(VERDICT.findall(text or ""))
+    return found.pop() if len(found) == 1 else None
+
+
+def parse_grade(text: str) -> int | None:
+    found = set(GRADE.findall(text or ""))
+    return int(found.pop()) if len(found) == 1 else None
+
+
+def order_outcome(verdict: str | None, variant_is_a: bool) -> str | None:
+    """The verdict of one order from the variant's side: win, tie, loss (None: unjudged)."""
+    if verdict is None:
+        return None
+    if verdict == "C":
+        return "tie"
+    return "win" if (verdict == "A") == variant_is_a else "loss"
+
+
+def combine(first: str | None, second: str | None) -> tuple[str, bool | None]:
+    """Outcome of a pair from its two orders, and whether they agreed (None: not both judged)."""
+    if first is None or second is None:
+        return "unjudged", None
+    if first == second:
+        return first, True
+    return "tie", False
+
+
+def correlation(x: list[float], y: list[float]) -> float | None:
+    """Pearson correlation, None when undefined (fewer than 3 points or a constant series)."""
+    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
