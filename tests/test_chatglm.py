@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from pipeline.checkpoints import chatglm, export, resave
+from pipeline.checkpoints import chatglm, export, resave, streaming
 from pipeline.errors import UserError
 from tiny import tiny_tokenizer
 
@@ -361,9 +361,9 @@ def test_glm4_9b_chat_real_shapes_convert_on_meta():
                      p + "self_attention.query_key_value.bias": (4608,),
                      p + "self_attention.dense.weight": (4096, 4096),
                      p + "mlp.dense_h_to_4h.weight": (27392, 4096), p + "mlp.dense_4h_to_h.weight": (4096, 13696)})
-    source = chatglm.DictSource({n: torch.empty(s, dtype=torch.bfloat16, device="meta") for n, s in meta.items()})
+    source = streaming.DictSource({n: torch.empty(s, dtype=torch.bfloat16, device="meta") for n, s in meta.items()})
     plan = chatglm.plan_to_glm(config, source, torch.bfloat16)
-    converted = chatglm.materialize(plan, source)
+    converted = streaming.materialize(plan, source)
     assert converted["model.layers.0.self_attn.q_proj.weight"].shape == (4096, 4096)
     assert converted["model.layers.0.self_attn.k_proj.weight"].shape == (256, 4096)
     assert converted["model.layers.39.self_attn.v_proj.bias"].shape == (256,)

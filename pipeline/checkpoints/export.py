@@ -28,8 +28,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import chatglm, inspect
-from pipeline.checkpoints.chatglm import OutTensor, Piece, whole
+from pipeline.checkpoints import chatglm, inspect, streaming
+from pipeline.checkpoints.streaming import OutTensor, Piece, whole
 from pipeline.checkpoints.lmdeploy_awq import AwqSource, Scheme, read_scheme
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
@@ -221,7 +221,7 @@ def _untied_head(glm) -> list[str]:
 
 def plan_to_chatglm(glm, source, config_file: Path = Path("config.json")) -> list[OutTensor]:
     """Checks a Glm checkpoint against its config, then maps every tensor back to its ChatGLM name."""
-    chatglm.check_shapes(source, glm_shapes(glm), config_file, optional=_untied_head(glm))
+    streaming.check_shapes(source, glm_shapes(glm), config_file, optional=_untied_head(glm))
     present, plan = set(source.names()), []
     for modules, out in chatglm_modules(glm):
         for kind in ("weight", "bias"):
@@ -243,7 +243,7 @@ def _load_glm_config(model_dir: Path):
 
 
 def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
-        max_shard_bytes: int = chatglm.MAX_SHARD_BYTES) -> ExportResult:
+        max_shard_bytes: int = streaming.MAX_SHARD_BYTES) -> ExportResult:
     watch = Stopwatch()
     if engine not in ENGINES:
         raise UserError(f"--engine {engine}: supported engines: {', '.join(ENGINES)}")
@@ -257,12 +257,12 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
     _check_exportable(model_dir, config)
     glm = _load_glm_config(model_dir)
     _check_glm(glm, model_dir / "config.json")
-    source = chatglm.SafetensorsSource(model_dir)
+    source = streaming.SafetensorsSource(model_dir)
     plan = plan_to_chatglm(glm, source, model_dir / "config.json")
     torch_dtype = str(plan[0].dtype).removeprefix("torch.")
     with atomic_dir(out) as tmp:
-        chatglm.write_checkpoint(plan, source, tmp, max_shard_bytes, label=f"Glm -> ChatGLM ({engine})")
-        chatglm.carry_files(model_dir, tmp)
+        streaming.write_checkpoint(plan, source, tmp, max_shard_bytes, label=f"Glm -> ChatGLM ({engine})")
+        streaming.carry_files(model_dir, tmp)
         _write_config(tmp, chatglm_config_from_glm(glm, torch_dtype))
         _write_record(tmp, model_dir, engine, CHATGLM_ARCH, watch, layout="chatglm")
     return ExportResult(out, engine, CHATGLM_ARCH, dir_size(out), watch.seconds)
@@ -329,14 +329,14 @@ def _float16(config: dict) -> dict:
 def _awq_view(model_dir: Path, config: dict, scheme: Scheme, arch: str) -> tuple[AwqSource, dict, str]:
     """The variant in the AWQ layout under the names lmdeploy loads, the config.json to write (before its
     quantization_config and dtype) and the class lmdeploy builds."""
-    source = chatglm.SafetensorsSource(model_dir)
+    source = streaming.SafetensorsSource(model_dir)
     if arch != "GlmForCausalLM":
         out_config = {k: v for k, v in config.items() if k != "quantization_config"}
         return AwqSource(source, scheme), out_config, arch
     config_file = model_dir / "config.json"
     glm = _load_glm_config(model_dir)
     _check_glm(glm, config_file)
-    chatglm.check_shapes(AwqSource(source, scheme).dense_view(), glm_shapes(glm), config_file,
+    streaming.check_shapes(AwqSource(source, scheme).dense_view(), glm_shapes(glm), config_file,
                          optional=_untied_head(glm))
     return AwqSource(source, scheme, chatglm_modules(glm)), chatglm_config_from_glm(glm, "float16"), CHATGLM_ARCH
 
@@ -350,8 +350,8 @@ def _export_awq(model_dir: Path, out: Path, engine: str, config: dict, max_shard
     out_config = _float16(out_config) | {"quantization_config": scheme.awq_config(awq.modules_to_not_convert())}
     with atomic_dir(out) as tmp:
         plan = [whole(name, awq, name) for name in awq.names()]
-        chatglm.write_checkpoint(plan, awq, tmp, max_shard_bytes, label=f"{scheme.describe()} ({engine})")
-        chatglm.carry_files(model_dir, tmp)
+        streaming.write_checkpoint(plan, awq, tmp, max_shard_bytes, label=f"{scheme.describe()} ({engine})")
+        streaming.carry_files(model_dir, tmp)
         _write_config(tmp, out_config)
         _write_record(tmp, model_dir, engine, served, watch, layout="awq-gemm", group_size=scheme.group_size,
                       symmetric=scheme.symmetric, tensors_converted=len(awq.linears))

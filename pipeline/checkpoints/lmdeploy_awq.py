@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.checkpoints.chatglm import CHUNK_BYTES, DictSource, SafetensorsSource
+from pipeline.checkpoints.streaming import CHUNK_BYTES, DictSource, SafetensorsSource
 from pipeline.errors import UserError
 
 BITS = 4
