@@ -21,6 +21,7 @@ measured on this device with a large copy, before the engine starts.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 import time
@@ -33,6 +34,7 @@ from pipeline.engines import Timing
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
 
+log = logging.getLogger(__name__)
 HAYSTACK = Path(__file__).resolve().parent.parent / "evals" / "long_context" / "alice29.txt"
 STATS = ("mean", "median", "p90", "p99")
 
@@ -121,10 +123,16 @@ def level_metrics(timings: list[Timing], wall: float, slo: dict | None = None, *
 
 def sweep_level(engine, workload: Workload, concurrency: int, requests: int, slo: dict | None = None) -> dict:
     """Closed loop: `requests` requests, at most `concurrency` in flight."""
+    from pipeline.console import progress
+
     prompts, outputs = workload.take(requests)
-    started = time.perf_counter()
-    timings = engine.timed_generate(prompts, outputs, concurrency)
-    level = level_metrics(timings, time.perf_counter() - started, slo, concurrency=concurrency)
+    with progress(f"bench {workload.name} c={concurrency}", requests, "requests") as advance:
+        engine.progress = advance  # each engine reports finished requests (hf: finished batches)
+        started = time.perf_counter()
+        timings = engine.timed_generate(prompts, outputs, concurrency)
+        wall = time.perf_counter() - started
+        engine.progress = None
+    level = level_metrics(timings, wall, slo, concurrency=concurrency)
     level["memory_bytes"] = engine.device_memory_used()
     return level
 
@@ -132,10 +140,16 @@ def sweep_level(engine, workload: Workload, concurrency: int, requests: int, slo
 def rate_level(engine, workload: Workload, rate: float, requests: int, slo: dict | None = None,
                seed: int = 0) -> dict:
     """Open loop: `requests` requests arriving as a Poisson process of `rate` per second."""
+    from pipeline.console import progress
+
     prompts, outputs = workload.take(requests)
-    started = time.perf_counter()
-    timings = engine.timed_generate(prompts, outputs, None, rate=rate, seed=seed)
-    level = level_metrics(timings, time.perf_counter() - started, slo, request_rate=rate)
+    with progress(f"bench {workload.name} {rate:g} req/s", requests, "requests") as advance:
+        engine.progress = advance
+        started = time.perf_counter()
+        timings = engine.timed_generate(prompts, outputs, None, rate=rate, seed=seed)
+        wall = time.perf_counter() - started
+        engine.progress = None
+    level = level_metrics(timings, wall, slo, request_rate=rate)
     level["memory_bytes"] = engine.device_memory_used()
     return level
 
@@ -147,6 +161,7 @@ class HttpTiming:
 
     def __init__(self, engine, vllm_extras: bool):
         self.engine, self.vllm_extras = engine, vllm_extras
+        self.progress = None  # callable(n) told of each finished request
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -188,6 +203,8 @@ class HttpTiming:
             return Timing(ttft=done - started, seconds=done - started, n_tokens=0, input_tokens=len(prompt),
                           error=str(exc))
         done = time.perf_counter()
+        if self.progress:
+            self.progress(1)
         if usage and not self.vllm_extras:
             n_tokens = int(usage)
         return Timing(ttft=(first or done) - started, seconds=done - started, n_tokens=n_tokens,
@@ -308,7 +325,7 @@ def describe_engine(lm, name: str, options: dict) -> dict:
 def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurrency: list[int] = (1, 4, 16, 64),
         input_len: int = 128, output_len: int = 256, requests_per_level: int = 2, holdout: Path | None = None,
         request_rates: list[float] = (), rate_seconds: float = 30.0, slo: dict | None = None,
-        engine_options: dict | None = None, progress=print) -> BenchResult:
+        engine_options: dict | None = None) -> BenchResult:
     """requests_per_level: requests per level as a multiple of the concurrency (at least 4 in all)."""
     from pipeline.engines import engine_spec, make_engine
 
@@ -348,11 +365,11 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
             levels, rates = [], []
             for c in concurrency:
                 levels.append(sweep_level(timer, load, c, max(4, requests_per_level * c), slo))
-                progress(f"  {load.name} c={c}: {levels[-1]['output_tokens_per_s']:.1f} tok/s, "
+                log.info(f"  {load.name} c={c}: {levels[-1]['output_tokens_per_s']:.1f} tok/s, "
                          f"TTFT p50 {levels[-1]['ttft_p50_ms']:.0f} ms")
             for rate in request_rates if load.name == "fixed" else ():  # open loop on the fixed lengths only
                 rates.append(rate_level(timer, load, rate, max(8, round(rate * rate_seconds)), slo))
-                progress(f"  {load.name} {rate:g} req/s: {rates[-1]['output_tokens_per_s']:.1f} tok/s, "
+                log.info(f"  {load.name} {rate:g} req/s: {rates[-1]['output_tokens_per_s']:.1f} tok/s, "
                          f"TTFT p50 {rates[-1]['ttft_p50_ms']:.0f} ms")
             workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), "levels": levels, "rates": rates}
         batch1 = next(l for l in workloads["fixed"]["levels"] if l["concurrency"] == min(concurrency))

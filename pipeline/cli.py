@@ -22,6 +22,30 @@ app = typer.Typer(
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", help="Parameter file every default comes from.")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("glm-quant-pipeline")
+        except metadata.PackageNotFoundError:
+            version = "unknown (not installed; run `make install`)"
+        typer.echo(f"quantize {version}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main_options(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More detail (-v: debug, -vv: the libraries' too)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Warnings and errors only; no progress bars."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+):
+    """Every stage logs to stderr and prints its one-line summary to stdout."""
+    from pipeline import console
+
+    console.setup(verbose, quiet)
+
+
 def stage(func):
     """Turns UserError into a clean message and exit code 2."""
     @functools.wraps(func)
@@ -307,7 +331,7 @@ def bench(
         model_dir, out, engine=engine, concurrency=levels,
         input_len=input_len or b.input_len, output_len=output_len or b.output_len,
         requests_per_level=b.requests_per_level, holdout=holdout, request_rates=rates, rate_seconds=b.rate_seconds,
-        slo=b.slo.model_dump(), engine_options=p.engine.options(engine), progress=typer.echo,
+        slo=b.slo.model_dump(), engine_options=p.engine.options(engine),
     )
     typer.echo(result.summary_line())
 

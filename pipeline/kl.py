@@ -63,15 +63,19 @@ def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
     both models resident."""
     import torch
 
+    from pipeline.console import progress
+
     device = next(base.parameters()).device
     kls, agree = [], []
-    for start in range(0, len(sequences), batch_size):
-        batch = sequences[start:start + batch_size]
-        base_lp, mask = _log_probs(base, batch, device)
-        var_lp, _ = _log_probs(variant, batch, device)
-        kl, same = _kl(base_lp, var_lp, mask)
-        kls.append(kl)
-        agree.append(same)
+    with progress("kl: base and variant", len(sequences), "sequences") as advance:
+        for start in range(0, len(sequences), batch_size):
+            batch = sequences[start:start + batch_size]
+            base_lp, mask = _log_probs(base, batch, device)
+            var_lp, _ = _log_probs(variant, batch, device)
+            kl, same = _kl(base_lp, var_lp, mask)
+            kls.append(kl)
+            agree.append(same)
+            advance(len(batch))
     return torch.cat(kls), torch.cat(agree)
 
 
@@ -87,23 +91,29 @@ def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], d
 
     import torch
 
+    from pipeline.console import progress
+
     model = load_base()
     kept = []
-    for start in range(0, len(sequences), batch_size):
-        lp, mask = _log_probs(model, sequences[start:start + batch_size], device)
-        kept.append((lp.cpu(), mask.cpu()))
+    with progress("kl: base", len(sequences), "sequences") as advance:
+        for start in range(0, len(sequences), batch_size):
+            lp, mask = _log_probs(model, sequences[start:start + batch_size], device)
+            kept.append((lp.cpu(), mask.cpu()))
+            advance(len(sequences[start:start + batch_size]))
     del model, lp
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     model = load_variant()
     kls, agree = [], []
-    for index, start in enumerate(range(0, len(sequences), batch_size)):
-        var_lp, _ = _log_probs(model, sequences[start:start + batch_size], device)
-        base_lp, mask = kept[index]
-        kl, same = _kl(base_lp.to(device), var_lp, mask.to(device))
-        kls.append(kl)
-        agree.append(same)
+    with progress("kl: variant", len(sequences), "sequences") as advance:
+        for index, start in enumerate(range(0, len(sequences), batch_size)):
+            var_lp, _ = _log_probs(model, sequences[start:start + batch_size], device)
+            base_lp, mask = kept[index]
+            kl, same = _kl(base_lp.to(device), var_lp, mask.to(device))
+            kls.append(kl)
+            agree.append(same)
+            advance(len(sequences[start:start + batch_size]))
     return torch.cat(kls), torch.cat(agree)
 
 

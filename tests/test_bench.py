@@ -213,7 +213,10 @@ def test_lmdeploy_engine_serves_native_checkpoints_as_they_are_and_exports_the_o
     assert auto_map["AutoModelForCausalLM"] == "modeling_chatglm.ChatGLMForConditionalGeneration"
 
 
-def test_a_rebuilt_checkpoint_replaces_its_cached_lmdeploy_export(tmp_path, tiny_variants, capsys):
+def test_a_rebuilt_checkpoint_replaces_its_cached_lmdeploy_export(tmp_path, tiny_variants, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="pipeline.engines.lmdeploy")
     import shutil
 
     from pipeline.engines.lmdeploy import servable_dir
@@ -231,7 +234,7 @@ def test_a_rebuilt_checkpoint_replaces_its_cached_lmdeploy_export(tmp_path, tiny
     assert second != first and (second / "config.json").exists()
     assert not first.exists()  # the stale 18 GB-class copy is gone ...
     assert (other / "config.json").exists()  # ... and another checkpoint's export is kept
-    assert f"export: removed {first}" in capsys.readouterr().out
+    assert f"export: removed {first}" in caplog.text
 
 
 def test_bench_names_the_line_of_a_bad_holdout_record(tmp_path, tiny_llama, monkeypatch):

@@ -112,6 +112,8 @@ class HFEngine:
         timings = []
         for start in range(0, len(prompts), concurrency):
             timings += self._timed_batch(prompts[start:start + concurrency], output_tokens[start:start + concurrency])
+            if self.progress:
+                self.progress(len(prompts[start:start + concurrency]))
         return timings
 
     def _timed_batch(self, prompts: list[list[int]], output_tokens: list[int]) -> list[Timing]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from pipeline.engines.support import LMDEPLOY_NATIVE
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
+log = logging.getLogger(__name__)
 EXPORT_CACHE = Path(".cache") / "lmdeploy"
 
 
@@ -59,7 +61,7 @@ def servable_dir(model_dir: Path, cache_root: Path = EXPORT_CACHE) -> tuple[Path
 
     target = cache_root / f"{model_dir.name}-{_stat_key(model_dir)}"
     if not (target / "config.json").exists():
-        print(export.run(model_dir, target, engine="lmdeploy").summary(), flush=True)
+        log.info(export.run(model_dir, target, engine="lmdeploy").summary())
         remove_stale_exports(model_dir, target, cache_root)
     return target, True
 
@@ -76,7 +78,7 @@ def remove_stale_exports(model_dir: Path, current: Path, cache_root: Path) -> No
         if old != current and json.loads(record.read_text()).get("source") == source:
             size = dir_size(old)
             shutil.rmtree(old)
-            print(f"export: removed {old} ({human_size(size)}), an export of {model_dir} made before it changed")
+            log.info(f"export: removed {old} ({human_size(size)}), an export of {model_dir} made before it changed")
 
 
 class LMDeployEngine:

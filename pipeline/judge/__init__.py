@@ -133,12 +133,16 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
     requests = [GenRequest(render_prompt(tokenizer, r["messages"]), max_new_tokens) for r in records]
     todo = list({cache.key(r): r for r in requests if cache.get(r) is None}.values())
     if todo:
+        from pipeline.console import progress
+
         engine = make_engine(engine_name, model_dir, **engine_options)
         chunk = engine_options.get("batch_size", 32)
         try:
-            for start in range(0, len(todo), chunk):
-                part = todo[start:start + chunk]
-                cache.put_many(part, engine.generate(part))
+            with progress(f"judge: {label} answers", len(todo), "answers") as advance:
+                for start in range(0, len(todo), chunk):
+                    part = todo[start:start + chunk]
+                    cache.put_many(part, engine.generate(part))
+                    advance(len(part))
         finally:
             engine.close()
     return [cache.get(r).text for r in requests]

@@ -98,13 +98,17 @@ class Judge:
 
     def judge(self, asks: list[Ask]) -> dict[str, dict]:
         """key -> {"raw", "parsed", "attempts", "error"} for every ask."""
+        from pipeline.console import progress
+
         results = {a.key: self.cache.get(a.key) for a in asks if self.cache.get(a.key)}
         todo = list({a.key: a for a in asks if a.key not in results}.values())
-        for start in range(0, len(todo), self.chunk):
-            part = todo[start:start + self.chunk]
-            done = self._judge_chunk(part)
-            self.cache.put_many([done[a.key] for a in part if done[a.key]["error"] is None])
-            results.update(done)
+        with progress(f"judge ({self.mode})", len(todo), "judgments") as advance:
+            for start in range(0, len(todo), self.chunk):
+                part = todo[start:start + self.chunk]
+                done = self._judge_chunk(part)
+                self.cache.put_many([done[a.key] for a in part if done[a.key]["error"] is None])
+                results.update(done)
+                advance(len(part))
         return results
 
     def _judge_chunk(self, asks: list[Ask]) -> dict[str, dict]:
