@@ -71,7 +71,13 @@ def _sorted(counts: dict) -> dict:
 def _render_all(tokenizer, conversations: list[Conversation], stats: CalibStats,
                 model_dir: Path) -> tuple[list[Conversation], list[str]]:
     """The conversations the chat template accepts, and their rendered texts."""
-    rendered = [(c, render(tokenizer, c)) for c in conversations]
+    from pipeline.console import progress
+
+    rendered = []
+    with progress("calib: chat template", len(conversations), "conversations") as advance:
+        for conversation in conversations:
+            rendered.append((conversation, render(tokenizer, conversation)))
+            advance(1)
     kept = [(c, text) for c, text in rendered if text is not None]
     rejected = len(rendered) - len(kept)
     if rejected and not kept:
