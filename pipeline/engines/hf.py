@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, Timing, eos_token_ids, to_completion
+from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
 from pipeline.formats.chat import render_prompt
 
 

@@ -20,7 +20,7 @@ import logging
 import time
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, Timing, eos_token_ids, to_completion
+from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
 from pipeline.engines.support import LMDEPLOY_NATIVE
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt

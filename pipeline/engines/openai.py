@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
+from pipeline.engines.base import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
 from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest
+from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.hf import HFEngine
 
 IMAGE_PLACEHOLDER = "<image>"  # lm-eval's placeholder in a multimodal task's prompt

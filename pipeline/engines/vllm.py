@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.engines import Completion, GenRequest
+from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.http import FatalError, RetryableError, get_ok
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.engines.server import ServerProcess, free_port

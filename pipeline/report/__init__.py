@@ -20,7 +20,6 @@ from pipeline.outputs import human_size, write_together
 from pipeline.report import inputs
 from pipeline.params import Params
 
-TEMPLATE_DIR = Path(__file__).parent
 PACKAGES = ["torch", "transformers", "llmcompressor", "compressed-tensors", "lm-eval", "dvc"]
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
-from pipeline.report import TEMPLATE_DIR
 
+TEMPLATE_DIR = Path(__file__).parent
 DECISION_CLASS = {"GO": "go", "NO-GO": "nogo", "INCONCLUSIVE": "inconclusive", "UNINFORMATIVE": "uninformative",
                   "UNRELIABLE": "uninformative"}
 MAX_SHOWN_CHARS = 4000  # a 1 MB model output would drown the page; the JSONL has it whole

@@ -1,0 +1,147 @@
+"""The package's layers hold: no import cycles, no stage importing another stage, no layer importing one above.
+
+Every import counts, also those inside functions (a lazy import is still a dependency). The layers,
+bottom to top (README, "Architecture"):
+
+    foundation  errors, outputs, safe_yaml, console
+    formats     pipeline.formats.*            (one reader/writer per file format, the chat renderer)
+    libraries   params, verdict, sandbox, long_context, likelihood, eval_cache, checkpoints.* (but resave),
+                engines.*, quantize.* (but the awq / fp8 / rtn stages)
+    stages      calib, checkpoints.resave, quantize.awq / fp8 / rtn, evaluate, kl, judge, bench, report
+    cli         pipeline.cli
+
+A module may import modules of its own layer or below; a stage imports no other stage.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
+
+FOUNDATION = {"pipeline", "pipeline.errors", "pipeline.outputs", "pipeline.safe_yaml", "pipeline.console"}
+STAGES = {"pipeline.calib": "calib", "pipeline.checkpoints.resave": "resave", "pipeline.quantize.awq": "awq",
+          "pipeline.quantize.fp8": "fp8", "pipeline.quantize.rtn": "rtn", "pipeline.evaluate": "eval",
+          "pipeline.kl": "kl", "pipeline.judge": "judge", "pipeline.bench": "bench", "pipeline.report": "report"}
+LAYER_NAMES = ["foundation", "formats", "libraries", "stages", "cli"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The pipeline modules `path` imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rsplit(".", 1)[0] if "." in target else ""
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(path, name, set(found)) for name, path in found.items()}
+
+
+def stage_of(name: str) -> str | None:
+    for prefix, stage in STAGES.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return stage
+    return None
+
+
+def layer_of(name: str) -> int:
+    if name == "pipeline.cli":
+        return 4
+    if stage_of(name):
+        return 3
+    if name in FOUNDATION:
+        return 0
+    if name.startswith("pipeline.formats"):
+        return 1
+    return 2
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), package-to-own-submodule
+    edges included: `pipeline.x` importing `pipeline.x.y` that imports `pipeline.x` is a cycle too."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node):
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_is_read():
+    edges = graph()
+    assert "pipeline.cli" in edges and "pipeline.params" in edges["pipeline.cli"]
+    assert len(edges) > 40
+
+
+def test_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_no_stage_imports_another_stage():
+    wrong = [f"{name} ({stage_of(name)}) imports {target} ({stage_of(target)})"
+             for name, targets in graph().items() for target in sorted(targets)
+             if stage_of(name) and stage_of(target) and stage_of(name) != stage_of(target)]
+    assert wrong == []
+
+
+def test_no_layer_imports_one_above_it():
+    wrong = [f"{name} ({LAYER_NAMES[layer_of(name)]}) imports {target} ({LAYER_NAMES[layer_of(target)]})"
+             for name, targets in graph().items() for target in sorted(targets)
+             if layer_of(target) > layer_of(name) and not stage_of(name)]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+])
+def test_cycle_finder_finds_cycles(bad, expected):
+    assert cycles(bad) == expected
