@@ -53,6 +53,12 @@ class CalibParams(Section):
         return patterns
 
 
+def group_size_allowed(value):
+    if value != "auto" and (value < 16 or value & (value - 1)):
+        raise ValueError(f"{value} is not one of auto, 16, 32, 64, 128, 256")
+    return value
+
+
 class AwqParams(Section):
     method: Literal["awq"]
     group_size: int | Literal["auto"] = "auto"
@@ -60,12 +66,7 @@ class AwqParams(Section):
     batch_size: int = Field(32, ge=1)
     n_grid: int = Field(20, ge=2, le=100)  # AWQ scale candidates tried per layer group
 
-    @field_validator("group_size")
-    @classmethod
-    def _power_of_two(cls, value):
-        if value != "auto" and (value < 16 or value & (value - 1)):
-            raise ValueError(f"{value} is not one of auto, 16, 32, 64, 128, 256")
-        return value
+    _power_of_two = field_validator("group_size")(lambda value: group_size_allowed(value))
 
 
 class Fp8Params(Section):
@@ -74,7 +75,17 @@ class Fp8Params(Section):
     kv: Literal["per-head", "per-tensor", "none"] = "per-head"
 
 
-VariantParams = Annotated[Union[AwqParams, Fp8Params], Field(discriminator="method")]
+class RtnParams(Section):
+    """Round-to-nearest W4A16: AWQ's quantizer without its smoothing (the AWQ paper's baseline)."""
+
+    method: Literal["rtn"]
+    group_size: int | Literal["auto"] = "auto"
+    symmetric: bool = False
+
+    _power_of_two = field_validator("group_size")(lambda value: group_size_allowed(value))
+
+
+VariantParams = Annotated[Union[AwqParams, Fp8Params, RtnParams], Field(discriminator="method")]
 
 
 class SuiteParams(Section):
@@ -82,6 +93,8 @@ class SuiteParams(Section):
     limit: int | None = Field(None, ge=1)
     max_new_tokens: int = Field(256, ge=1)
     options: dict = {}  # task settings, e.g. long_context: {lengths: [1024, 2048], repeats: 1}
+    tasks_dir: Path | None = None  # a folder of the user's own lm-eval task YAMLs, searched before lm-eval's
+    models: list[str] | None = None  # which of base and the variants run it (None: all); see check_against_dvc
 
 
 def env_var_name(value: str | None) -> str | None:
@@ -127,9 +140,15 @@ class VerdictParams(Section):
     # is NO-GO; when false, the report only shows it.
     nogo_if_slower_at_batch1: bool = False
     speed_tolerance: float = Field(0.05, ge=0, le=1)
+    # Perplexity suites: largest acceptable rise in perplexity, relative (0.05: +5 %), default and per suite
+    perplexity_margin: float = Field(0.05, gt=0, le=1)
+    perplexity_margins: dict[str, Annotated[float, Field(gt=0, le=1)]] = {}
 
     def margin_for(self, suite: str) -> float:
         return self.margins.get(suite, self.default_margin)
+
+    def perplexity_margin_for(self, suite: str) -> float:
+        return self.perplexity_margins.get(suite, self.perplexity_margin)
 
 
 class EngineParams(Section):
@@ -220,14 +239,14 @@ def _format_error(path: Path, exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(part) for part in err["loc"] if not str(part).startswith("function-"))
         # Pydantic names the union member it tried ("awq"/"fp8"); drop that noise.
-        loc = loc.replace(".awq.", ".").replace(".fp8.", ".")
+        loc = loc.replace(".awq.", ".").replace(".fp8.", ".").replace(".rtn.", ".")
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown key; remove it or check its spelling"
         elif err["type"] == "literal_error":
             message = f"{err['input']!r} is not allowed; {message.lower()}"
         elif err["type"] == "union_tag_invalid":
-            message = f"method {err['input'].get('method')!r} is not one of 'awq', 'fp8'" if isinstance(err["input"], dict) else message
+            message = f"method {err['input'].get('method')!r} is not one of 'awq', 'fp8', 'rtn'" if isinstance(err["input"], dict) else message
         lines.append(f"{path}: {loc}: {message}")
     return "\n".join(lines)
 
@@ -278,7 +297,7 @@ def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS) -> No
 
     config = json.loads(config_file.read_text())
     for name, variant in params.variants.items():
-        if isinstance(variant, AwqParams) and variant.group_size != "auto":
+        if isinstance(variant, (AwqParams, RtnParams)) and variant.group_size != "auto":
             problem = group_size_problem(config, variant.group_size, params.model.base_dir)
             if problem:
                 raise UserError(f"{path}: variants.{name}.group_size: {problem}")

@@ -155,3 +155,106 @@ def overall(suite_verdicts: list[SuiteVerdict], extra: list[tuple[str, str]] = (
     if open_:
         return INCONCLUSIVE, [f"not settled on {', '.join(open_)}"]
     return GO, [f"GO on everything counted ({', '.join(name for name, _ in counted)})"]
+
+
+# ---------------------------------------------------------------- perplexity suites
+
+@dataclass
+class PerplexityVerdict:
+    """A perplexity suite (every token of each document scored): the variant's perplexity relative to
+    the base's, paired by document, against a margin on the rise (0.05: at most +5 %)."""
+
+    variant: str
+    suite: str
+    n: int  # documents
+    tokens: int
+    base_ppl: float
+    variant_ppl: float
+    change: float  # variant_ppl / base_ppl - 1
+    ci_low: float
+    ci_high: float
+    confidence: float
+    margin: float
+    decision: str
+    counted: bool
+    worse_documents: int  # documents whose perplexity rose
+    reasons: list[str] = field(default_factory=list)
+    documents_to_settle: int | None = None
+    kind: str = "perplexity"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def ratio_interval(deltas: np.ndarray, tokens: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    """Mean per-token change D = sum(deltas) / sum(tokens) over paired documents, with a t interval.
+
+    The standard error is the ratio estimator's linearization (Cochran 1977, Sampling Techniques,
+    sec. 6.4; equal to the HC1 sandwich error of a weighted least-squares fit of deltas on tokens
+    with weights 1/tokens): se^2 = m / (m - 1) * sum((d_i - D n_i)^2) / (sum n_i)^2, with Student's
+    t at m - 1 degrees of freedom for m documents, which widens the interval at small m."""
+    from scipy.stats import t as student_t
+
+    m = len(deltas)
+    total = float(tokens.sum())
+    estimate = float(deltas.sum()) / total
+    if m < 2:
+        return estimate, float("nan"), float("nan")
+    residuals = deltas - estimate * tokens
+    se = math.sqrt(m / (m - 1) * float((residuals ** 2).sum())) / total
+    half = float(student_t.ppf(0.5 + confidence / 2, m - 1)) * se
+    return estimate, estimate - half, estimate + half
+
+
+def decide_perplexity(ci_low: float, ci_high: float, margin: float) -> str:
+    """GO when even the interval's upper end stays below the margin, NO-GO when its lower end is above it."""
+    if ci_high < margin:
+        return GO
+    if ci_low > margin:
+        return NO_GO
+    return INCONCLUSIVE
+
+
+def compare_perplexity(base_items: dict[str, dict], variant_items: dict[str, dict], *, variant: str, suite: str,
+                       margin: float, confidence: float = 0.95) -> PerplexityVerdict:
+    """base_items / variant_items: a perplexity suite's result lines keyed by document id, each with
+    `loglikelihood` (natural log, summed over the document) and `n_tokens`."""
+    shared = sorted(set(base_items) & set(variant_items))
+    ids = [i for i in shared if base_items[i]["n_tokens"] == variant_items[i]["n_tokens"] and base_items[i]["n_tokens"]]
+    reasons: list[str] = []
+    if len(ids) < len(shared):
+        reasons.append(f"{len(shared) - len(ids)} documents tokenized to different lengths for the two models "
+                       "were left out (another tokenizer?)")
+    unmatched = len(set(base_items) ^ set(variant_items))
+    if unmatched:
+        reasons.append(f"{unmatched} documents scored for only one model were left out")
+    tokens = np.array([base_items[i]["n_tokens"] for i in ids], dtype=float)
+    base_ll = np.array([base_items[i]["loglikelihood"] for i in ids], dtype=float)
+    var_ll = np.array([variant_items[i]["loglikelihood"] for i in ids], dtype=float)
+    nan = float("nan")
+    if len(ids) < 2:
+        reasons.append(f"{len(ids)} paired documents: an interval needs at least 2")
+        return PerplexityVerdict(variant, suite, len(ids), int(tokens.sum()), nan, nan, nan, nan, nan, confidence,
+                                 margin, INCONCLUSIVE, counted=False, worse_documents=0, reasons=reasons)
+    total = tokens.sum()
+    estimate, low, high = ratio_interval(base_ll - var_ll, tokens, confidence)  # per-token rise in NLL
+    change, ci_low, ci_high = math.expm1(estimate), math.expm1(low), math.expm1(high)
+    decision = decide_perplexity(ci_low, ci_high, margin)
+    verdict = PerplexityVerdict(
+        variant=variant, suite=suite, n=len(ids), tokens=int(total),
+        base_ppl=math.exp(-base_ll.sum() / total), variant_ppl=math.exp(-var_ll.sum() / total),
+        change=change, ci_low=ci_low, ci_high=ci_high, confidence=confidence, margin=margin,
+        decision=decision, counted=True, worse_documents=int((var_ll < base_ll).sum()), reasons=reasons,
+    )
+    ci = f"{confidence:.0%} interval of the change in perplexity [{ci_low:+.1%}, {ci_high:+.1%}] over {len(ids)} documents"
+    if decision == GO:
+        reasons.append(f"{ci} lies below +{margin:.1%} (the margin): any rise is within the margin")
+    elif decision == NO_GO:
+        reasons.append(f"{ci} lies above +{margin:.1%} (the margin): perplexity rises by more than allowed")
+    else:
+        reasons.append(f"{ci} straddles +{margin:.1%} (the margin): not enough evidence either way")
+        gap = abs(math.log1p(margin) - estimate)
+        if gap > 0:
+            verdict.documents_to_settle = int(math.ceil(len(ids) * ((high - estimate) / gap) ** 2))
+            reasons.append(f"about {verdict.documents_to_settle} paired documents would likely settle it")
+    return verdict

@@ -66,12 +66,32 @@ def _ticks(lo: float, hi: float) -> list[float]:
 def render_html(*, verdict: dict, results: dict, params, calib: dict | None, base: dict, human_size) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATE_DIR), autoescape=select_autoescape(["html"]))
     env.filters.update(pct=pct, pts=signed_pts, clip=clip, size=lambda b: human_size(b) if b else "–")
+    env.filters.update(ppl=lambda v: "–" if v is None or math.isnan(v) else f"{v:.3f}",
+                       rel=lambda v: "–" if v is None or math.isnan(v) else f"{v * 100:+.1f}%")
     rows = [s for v in verdict["variants"].values() for s in v["suites"].values()]
-    items_by_suite = _item_rows(results)
+    perplexity_rows = [s for v in verdict["variants"].values() for s in v.get("perplexity", {}).values()]
+    perplexity_suites = {s["suite"] for s in perplexity_rows}
+    items_by_suite = _item_rows({m: {s: i for s, i in suites.items() if s not in perplexity_suites}
+                                 for m, suites in results.items()})
     return env.get_template("template.html").render(
         verdict=verdict, rows=rows, forest=forest_plot(rows), items_by_suite=items_by_suite,
+        perplexity_rows=perplexity_rows, documents_by_suite=_document_rows(results, perplexity_suites),
         calib=calib, base=base, params=params.model_dump(mode="json"), decision_class=DECISION_CLASS,
     )
+
+
+def _document_rows(results: dict, suites: set[str]) -> dict[str, list[dict]]:
+    """Per perplexity suite, one row per document: its tokens and each model's perplexity on it."""
+    by_suite: dict[str, list[dict]] = {}
+    for suite in sorted(suites):
+        rows = []
+        for doc_id, base_doc in results.get("base", {}).get(suite, {}).items():
+            models = {m: results[m].get(suite, {}).get(doc_id) for m in results}
+            rows.append({"id": doc_id, "tokens": base_doc["n_tokens"], "text": base_doc.get("prompt", ""),
+                         "ppl": {m: (math.exp(-d["loglikelihood"] / d["n_tokens"]) if d and d["n_tokens"] else None)
+                                 for m, d in models.items()}})
+        by_suite[suite] = rows
+    return by_suite
 
 
 def _item_rows(results: dict) -> dict[str, list[dict]]:
