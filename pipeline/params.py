@@ -266,25 +266,62 @@ def load(path: Path | str = DEFAULT_PARAMS) -> Params:
     except ValidationError as exc:
         raise UserError(_format_error(path, exc)) from None
     check_against_model(params, path)
+    check_suite_models(params, path)
     check_against_dvc(params, path.parent / "dvc.yaml")
     return params
 
 
+def check_suite_models(params: Params, path: Path | str = DEFAULT_PARAMS) -> None:
+    """`suites.<name>.models` names base and variants that exist, base among them (the pairing needs it)."""
+    known = ["base", *params.variants]
+    for name, suite in params.suites.items():
+        if suite.models is None:
+            continue
+        unknown = [m for m in suite.models if m not in known]
+        if unknown:
+            raise UserError(f"{path}: suites.{name}.models: {unknown} not among base and the variants "
+                            f"({', '.join(known)}); fix the names or drop them")
+        if "base" not in suite.models:
+            raise UserError(f"{path}: suites.{name}.models: must include base (every variant is compared with it)")
+
+
 def check_against_dvc(params: Params, dvc_file: Path) -> None:
-    """DVC's matrix takes lists only, so dvc.yaml repeats the variant and suite names: keep them in step."""
+    """DVC's matrix takes lists only, so dvc.yaml repeats the variant and suite names: keep them in step.
+    Every stage with a `matrix` of `model` x `suite` runs `quantize eval`; together they must run each
+    suite on exactly the models params.yaml names for it (`suites.<name>.models`, else base and every
+    variant)."""
     if not dvc_file.exists():
         return
     stages = (yaml.safe_load(dvc_file.read_text(encoding="utf-8")) or {}).get("stages", {})
-    matrix = (stages.get("evaluate") or {}).get("matrix")
-    if not matrix:
+    for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
+        listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
+        if isinstance(listed_variants, list):
+            unknown = [v for v in listed_variants if v not in params.variants]
+            if unknown:
+                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
+                                f"define as variants ({', '.join(params.variants) or 'none'}); remove them")
+    matrices = {name: stage["matrix"] for name, stage in stages.items()
+                if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
+                and {"model", "suite"} <= set(stage["matrix"])}
+    if not matrices:
         return
-    expected = {"model": ["base", *params.variants], "suite": list(params.suites)}
-    for key, names in expected.items():
-        listed = matrix.get(key, [])
-        if sorted(listed) != sorted(names):
+    listed: dict[str, set[str]] = {}
+    where: dict[str, list[str]] = {}
+    for name, matrix in matrices.items():
+        for suite in matrix["suite"]:
+            listed.setdefault(suite, set()).update(matrix["model"])
+            where.setdefault(suite, []).append(f"stages.{name}.matrix")
+    for suite in sorted(set(listed) - set(params.suites)):
+        raise UserError(f"{dvc_file}: {', '.join(where[suite])} lists suite {suite!r}, which params.yaml does not "
+                        f"define (suites: {', '.join(params.suites) or 'none'}); remove it or add it under suites")
+    for suite, settings in params.suites.items():
+        expected = settings.models or ["base", *params.variants]
+        if listed.get(suite, set()) != set(expected):
+            stage = where.get(suite, ["stages.evaluate.matrix"])[0]
             raise UserError(
-                f"{dvc_file}: stages.evaluate.matrix.{key} lists {listed}, but params.yaml defines {names}; "
-                f"set it to [{', '.join(names)}]"
+                f"{dvc_file}: suite {suite!r} runs on {sorted(listed.get(suite, set()))} in the eval matrices, but "
+                f"params.yaml asks for {expected}; set {stage}.model to [{', '.join(expected)}] "
+                "(a matrix runs every model on every suite it lists: suites run on different models go in separate stages)"
             )
 
 
