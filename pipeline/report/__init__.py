@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -238,6 +239,9 @@ def _long_context_tables(results_dir: Path, results: dict) -> dict:
 
 def _suite_score(items: dict) -> dict:
     n = len(items)
+    if is_perplexity(items):  # perplexity over all the suite's tokens
+        tokens = sum(i["n_tokens"] for i in items.values())
+        return {"n": n, "perplexity": math.exp(-sum(i["loglikelihood"] for i in items.values()) / tokens) if tokens else None}
     return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None}
 
 
