@@ -9,8 +9,8 @@ from pathlib import Path
 from pipeline.engines import Completion, GenRequest, Timing, chat_prompt, eos_token_ids, to_completion
 
 # Scoring a batch keeps the logits of the scored positions only, in float32: at most this many bytes
-# of them per forward pass (a 150k-token vocabulary: ~1,700 positions; SmolLM2's 49k: ~5,400).
-LOGITS_BYTES = 1 << 30
+# of them per forward pass (a 150k-token vocabulary: ~870 positions; SmolLM2's 49k: ~2,700).
+LOGITS_BYTES = 1 << 29
 
 
 class HFEngine:
@@ -214,16 +214,19 @@ class HFEngine:
         try:
             with torch.inference_mode():
                 logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                    use_cache=False).logits[0].float()
+                                    use_cache=False).logits[0]
         finally:
             hook.remove()
         target = torch.tensor(targets, device=logits.device)
-        logprobs = logits.gather(1, target[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-        greedy = logits.argmax(dim=-1) == target
+        logprobs, greedy = torch.empty(len(targets), dtype=torch.float64), torch.empty(len(targets), dtype=torch.bool)
+        for start in range(0, len(targets), 512):  # in slices: log-softmax's temporaries stay small
+            part, wanted = logits[start:start + 512].float(), target[start:start + 512]
+            logprobs[start:start + 512] = (part.gather(1, wanted[:, None])[:, 0] - torch.logsumexp(part, dim=-1)).double().cpu()
+            greedy[start:start + 512] = (part.argmax(dim=-1) == wanted).cpu()
         scores, offset = [], 0
         for _, continuation in requests:
             n = len(continuation)
-            scores.append((float(logprobs[offset:offset + n].double().sum()), bool(greedy[offset:offset + n].all())))
+            scores.append((float(logprobs[offset:offset + n].sum()), bool(greedy[offset:offset + n].all())))
             offset += n
         return scores
 
