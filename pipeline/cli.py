@@ -238,17 +238,48 @@ def fp8(
     typer.echo(result.summary())
 
 
+@app.command()
+@stage
+def rtn(
+    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    calib: Optional[Path] = typer.Option(None, help="Calibration file (as for awq; RTN's weights do not depend on it) (default: params)"),
+    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
+    group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (default: params)"),
+    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (default: params, asymmetric)"),
+    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml (default: the first rtn variant)"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Round-to-nearest W4A16 (AWQ's quantizer without its smoothing): the baseline AWQ is measured against."""
+    from pipeline.quantize import rtn as rtn_stage
+
+    p = _params(params_file)
+    variant, s = _variant_settings(p, variant, "rtn")
+    size = group_size if group_size is not None else (s.group_size if s else "auto")
+    if size != "auto":
+        try:
+            size = int(size)
+        except ValueError:
+            raise UserError(f"--group-size {group_size}: use auto or a power of two such as 64 or 128") from None
+    c = p.calib
+    result = rtn_stage.run(
+        model or p.model.base_dir, out or Path("models") / (variant or "rtn-w4a16"), calib or _calib_default(p),
+        group_size=size, symmetric=symmetric if symmetric is not None else (s.symmetric if s else False),
+        seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout,
+    )
+    typer.echo(result.summary())
+
+
 @app.command("variant")
 @stage
 def build_variant(
-    name: str = typer.Argument(..., help="Variant name from params.yaml (its method picks awq or fp8)"),
+    name: str = typer.Argument(..., help="Variant name from params.yaml (its method picks awq, fp8 or rtn)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Build one variant exactly as params.yaml describes it (what `dvc repro` runs)."""
     p = _params(params_file)
-    command = {"awq": awq, "fp8": fp8}[p.variant(name).method]
+    command = {"awq": awq, "fp8": fp8, "rtn": rtn}[p.variant(name).method]
     command(model=None, calib=None, out=None, variant=name, params_file=params_file,
-            **({"group_size": None, "symmetric": None} if command is awq else {"activations": None, "kv": None}))
+            **({"activations": None, "kv": None} if command is fp8 else {"group_size": None, "symmetric": None}))
 
 
 @app.command("eval")
@@ -281,6 +312,7 @@ def eval_(
         model_dir, suite=suite, task=s.task, variant=model_dir.name, out_dir=out_dir,
         engine=engine, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
         engine_options=options, task_options=s.options, allow_unsandboxed=s.allow_unsandboxed,
+        tasks_dir=s.tasks_dir,
     )
     typer.echo(result.summary_line())
 
@@ -457,6 +489,11 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
                     f"{suite}: base {s['base_score']:.1%} -> {s['variant_score']:.1%} "
                     f"(change {s['delta'] * 100:+.1f} pts, interval [{s['ci_low'] * 100:+.1f}, "
                     f"{s['ci_high'] * 100:+.1f}], margin -{s['margin'] * 100:.1f}): {s['decision']}")))
+            for suite, s in (v.get("perplexity") or {}).items():
+                lines.append("  " + (s.get("sentence") or (
+                    f"{suite}: perplexity {s['base_ppl']:.3f} -> {s['variant_ppl']:.3f} "
+                    f"(change {s['change']:+.1%}, interval [{s['ci_low']:+.1%}, {s['ci_high']:+.1%}], "
+                    f"margin +{s['margin']:.1%}): {s['decision']}")))
             if (v.get("judge") or {}).get("sentence"):
                 lines.append(f"  {v['judge']['sentence']}")
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -1,94 +1,51 @@
 """`quantize eval`: run one suite through lm-eval with our engine; one result line per item.
 
-lm-eval builds the prompts, extracts answers and scores (the suite is data under evals/);
-our engine only generates. Every completed generation is appended to a cache beside the
-output, keyed by the model's fingerprint and the prompt, so a killed run resumes where it
-stopped and a rerun of an unchanged model costs nothing.
+lm-eval builds the prompts, extracts answers and scores (the suite is data under evals/); our
+engine generates (`generate_until`) or scores tokens (`loglikelihood` for multiple choice,
+`loglikelihood_rolling` for perplexity: pipeline/likelihood.py turns lm-eval's requests into
+token requests, the same for every engine). Every finished generation and token score is
+appended to a cache beside the output (pipeline/eval_cache.py), keyed by the model's fingerprint
+and the request, so a killed run resumes where it stopped and a rerun of an unchanged model
+costs nothing. A perplexity suite's lines carry each document's log-likelihood and token count,
+so the verdict pairs the models per document.
 """
 
 from __future__ import annotations
 
-import hashlib
+import inspect
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import sandbox
+from pipeline import likelihood, sandbox
 from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
+from pipeline.eval_cache import GenerationCache, model_fingerprint, score_key  # noqa: F401 (the judge's too)
 from pipeline.outputs import Stopwatch, write_atomic, write_json
 
 EVALS_DIR = Path(__file__).resolve().parent.parent / "evals"
 log = logging.getLogger(__name__)
 
 
-def model_fingerprint(model_dir: Path) -> str:
-    """Hash of config and weights: a changed variant never reuses another's cached outputs."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(model_dir).iterdir()):
-        if path.suffix in {".json", ".safetensors", ".jinja"} and path.name != "source.json":
-            digest.update(path.name.encode())
-            with open(path, "rb") as handle:
-                while chunk := handle.read(1 << 22):
-                    digest.update(chunk)
-    return digest.hexdigest()[:16]
-
-
-class GenerationCache:
-    """Append-only JSONL of finished generations; a torn last line (SIGKILL) is ignored."""
-
-    def __init__(self, path: Path, fingerprint: str):
-        self.path, self.fingerprint = path, fingerprint
-        self.entries: dict[str, dict] = {}
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if entry.get("model") == fingerprint:
-                    self.entries[entry["key"]] = entry
-
-    @staticmethod
-    def key(request: GenRequest) -> str:
-        parts = [request.prompt, request.max_new_tokens, request.stop]
-        if getattr(request, "images", None):  # same question, other image: another answer
-            from pipeline.engines.vision import image_digest
-
-            parts.append(image_digest(request.images))
-        raw = json.dumps(parts)
-        return hashlib.sha256(raw.encode()).hexdigest()
-
-    def get(self, request: GenRequest) -> Completion | None:
-        entry = self.entries.get(self.key(request))
-        return Completion(entry["text"], entry["n_tokens"], entry["seconds"]) if entry else None
-
-    def put_many(self, requests: list[GenRequest], completions: list[Completion]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            for request, completion in zip(requests, completions):
-                entry = {"model": self.fingerprint, "key": self.key(request), "text": completion.text,
-                         "n_tokens": completion.n_tokens, "seconds": completion.seconds}
-                self.entries[entry["key"]] = entry
-                handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
-            handle.flush()
-
-
 def _lm_class():
     from lm_eval.api.model import LM
 
     class PipelineLM(LM):
-        """Presents any Engine to lm-eval; generations go through the resume cache in chunks."""
+        """Presents any Engine to lm-eval. Generations and token scores go through the resume cache
+        one finished item at a time (or per engine call, for an engine that cannot report each)."""
 
-        def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_chunk=None):
+        def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_chunk=None, task: str = ""):
             super().__init__()
-            self.engine, self.cache, self.chunk, self.on_chunk = engine, cache, chunk, on_chunk
+            self.engine, self.cache, self.chunk, self.on_chunk, self.task = engine, cache, chunk, on_chunk, task
             self.stats: dict[str, Completion] = {}
+            self.documents: dict[str, tuple[float, int]] = {}  # rolling requests: text -> (log-likelihood, tokens)
             # wall time inside the engine and what it produced, this run (cached items excluded):
             # per-item seconds are latencies, which overlap on an engine that runs requests concurrently
             self.generate_seconds, self.generated_items, self.generated_tokens = 0.0, 0, 0
+            self.scored_requests, self.scored_tokens = 0, 0
             self.MULTIMODAL = bool(getattr(engine, "accepts_images", False))  # lm-eval refuses image tasks otherwise
 
         @property
@@ -96,6 +53,11 @@ def _lm_class():
             return str(getattr(self.engine, "model_dir", self.engine.name))
 
         def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
+            tokenizer = getattr(self.engine, "tokenizer", None)
+            if not add_generation_prompt and getattr(tokenizer, "chat_template", None):
+                # lm-eval continues a final assistant turn (a task's gen_prefix), as HFLM does
+                return tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=False,
+                                                     continue_final_message=True)
             return self.engine.apply_chat_template(chat_history)
 
         def generate_until(self, requests) -> list[str]:
@@ -103,40 +65,92 @@ def _lm_class():
 
             gen = [request_from_lm_eval(request.args) for request in requests]
             todo = [r for r in gen if self.cache.get(r) is None]
+            reports_each = "on_done" in inspect.signature(self.engine.generate).parameters
             for start in range(0, len(todo), self.chunk):
                 part = todo[start:start + self.chunk]
                 started = time.perf_counter()
-                completions = self.engine.generate(part)
+                if reports_each:  # each row cached as it finishes: a kill loses only unfinished rows
+                    completions = self.engine.generate(part, on_done=lambda i, c, part=part: self._finished(part[i], c))
+                else:
+                    completions = self.engine.generate(part)
+                    self.cache.put_many(part, completions)
+                    if self.on_chunk:
+                        self.on_chunk(len(part))
                 self.generate_seconds += time.perf_counter() - started
                 self.generated_items += len(part)
                 self.generated_tokens += sum(c.n_tokens for c in completions)
-                self.cache.put_many(part, completions)
-                if self.on_chunk:
-                    self.on_chunk(len(part))
             done = [self.cache.get(r) for r in gen]
             for request, completion in zip(gen, done):
                 self.stats[request.prompt] = completion
             return [c.text for c in done]
 
-        def loglikelihood(self, requests):
-            raise UserError("this suite needs log-likelihoods, which the pipeline's engines do not give yet")
+        def _finished(self, request: GenRequest, completion: Completion) -> None:
+            self.cache.put(request, completion)
+            if self.on_chunk:
+                self.on_chunk(1)
 
-        def loglikelihood_rolling(self, requests):
-            raise UserError("this suite needs rolling log-likelihoods, which the pipeline's engines do not give yet")
+        # ------------------------------------------------------------ likelihoods (pipeline/likelihood.py)
+
+        def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+            likelihood.require_scoring(self.engine)
+            token_requests = likelihood.loglikelihood_requests(
+                self.engine.tokenizer, [r.args[:2] for r in requests], self.engine.max_length, f"task {self.task}")
+            return self._scores(token_requests)
+
+        def loglikelihood_rolling(self, requests) -> list[float]:
+            likelihood.require_scoring(self.engine)
+            documents = [likelihood.rolling_windows(self.engine.tokenizer, r.args[0], self.engine.max_length)
+                         for r in requests]
+            scores = iter(self._scores([w for d in documents for w in d.windows]))
+            totals = []
+            for request, document in zip(requests, documents):
+                total = sum(next(scores)[0] for _ in document.windows)
+                self.documents[request.args[0]] = (total, document.n_tokens)
+                totals.append(total)
+            return totals
+
+        def _scores(self, token_requests: list[likelihood.TokenRequest]) -> list[tuple[float, bool]]:
+            """Scores from the cache, the rest from the engine longest first, cached per engine call."""
+            keys = [score_key(*r) for r in token_requests]
+            todo: dict[str, likelihood.TokenRequest] = {}
+            for key, request in zip(keys, token_requests):
+                if self.cache.get_score(key) is None:
+                    todo.setdefault(key, request)
+            pending = list(todo.items())
+            order = likelihood.longest_first([r for _, r in pending])
+            for start in range(0, len(order), self.chunk):
+                part = [pending[i] for i in order[start:start + self.chunk]]
+                started = time.perf_counter()
+                scores = self.engine.token_logprobs([r for _, r in part])
+                self.generate_seconds += time.perf_counter() - started
+                self.scored_requests += len(part)
+                self.scored_tokens += sum(len(r[1]) for _, r in part)
+                self.cache.put_scores([k for k, _ in part], scores, [len(r[1]) for _, r in part])
+                if self.on_chunk:
+                    self.on_chunk(len(part))
+            return [self.cache.get_score(key) for key in keys]
 
     return PipelineLM
 
 
-def _task_manager(task: str, suite: str, metadata: dict | None = None):
-    """Our suites first (indexing lm-eval's thousands of built-in tasks takes many seconds)."""
+def _task_manager(task: str, suite: str, metadata: dict | None = None, tasks_dir: Path | None = None):
+    """Our suites (and the suite's own task folder, if any) first: indexing lm-eval's thousands of
+    built-in tasks takes many seconds."""
     from lm_eval.tasks import TaskManager
 
-    ours = TaskManager(include_path=str(EVALS_DIR), include_defaults=False, metadata=metadata)
+    include = [str(EVALS_DIR)]
+    if tasks_dir is not None:
+        if not Path(tasks_dir).is_dir():
+            raise UserError(f"params.yaml: suites.{suite}.tasks_dir: {tasks_dir} is not a directory; "
+                            "point it at the folder holding the task's YAML")
+        include.append(str(tasks_dir))
+    ours = TaskManager(include_path=include, include_defaults=False, metadata=metadata)
     if task in ours.all_tasks:
         return ours
-    everything = TaskManager(include_path=str(EVALS_DIR), metadata=metadata)
+    everything = TaskManager(include_path=include, metadata=metadata)
     if task not in everything.all_tasks:
-        raise UserError(f"params.yaml: suites.{suite}.task: lm-eval task {task!r} not found in {EVALS_DIR} "
+        where = " or ".join(include)
+        raise UserError(f"params.yaml: suites.{suite}.task: lm-eval task {task!r} not found in {where} "
                         "or lm-eval's built-in tasks")
     return everything
 
@@ -150,22 +164,40 @@ class EvalResult:
         s = self.summary
         if s.get("status") == "not applicable":
             return f"eval: {s['suite']} not applicable to {s['variant']}: {s['reason']}"
+        work = (f"{s['scored_tokens']} tokens scored" if s.get("scored_tokens")
+                else f"{s['generated_tokens']} tokens")
         return (f"eval: wrote {self.lines} ({s['n']} items, {s['metric']} {s['score']:.3f}, "
-                f"{s['generated_tokens']} tokens at {s['tokens_per_second']:.0f} tok/s) in {s['seconds']:.0f} s")
+                f"{work} at {s['tokens_per_second']:.0f} tok/s) in {s['seconds']:.0f} s")
 
 
-def _result_line(sample: dict, suite: str, variant: str, metric: str, stats: dict[str, Completion]) -> dict:
-    prompt = sample["arguments"][0][0] if isinstance(sample["arguments"], list) else sample["arguments"]["gen_args_0"]["arg_0"]
-    output = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else ""
-    completion = stats.get(prompt)
+def _arguments(sample: dict) -> list[tuple]:
+    """The sample's request arguments, one tuple per request (lm-eval logs a list or a dict of them)."""
+    args = sample["arguments"]
+    if isinstance(args, dict):
+        return [tuple(a[k] for k in sorted(a, key=lambda k: int(k.split("_")[-1]))) for a in args.values()]
+    return [tuple(a) if isinstance(a, (list, tuple)) else (a,) for a in args]
+
+
+def _result_line(sample: dict, suite: str, variant: str, metric: str, lm) -> dict:
+    arguments = _arguments(sample)
+    prompt = arguments[0][0]
     doc = sample.get("doc", {})
+    line = {"id": str(doc.get("id", f"{suite}-{sample['doc_id']}")), "suite": suite, "variant": variant,
+            "prompt": prompt, "target": str(sample.get("target", ""))}
+    if prompt in lm.documents and len(arguments) == 1 and len(arguments[0]) == 1:  # loglikelihood_rolling
+        loglikelihood, n_tokens = lm.documents[prompt]
+        return {**line, "target": "", "output": "", "score": math.exp(-loglikelihood / max(n_tokens, 1)),
+                "correct": None, "loglikelihood": loglikelihood, "n_tokens": n_tokens, "seconds": None}
     score = float(sample.get(metric, 0.0))
+    if len(arguments[0]) == 2 and isinstance(arguments[0][1], str):  # loglikelihood: the likeliest choice
+        lls = [resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0] for resp in sample["resps"]]
+        best = max(range(len(lls)), key=lambda i: lls[i]) if lls else None
+        return {**line, "output": arguments[best][1] if best is not None else "", "score": score,
+                "correct": score >= 1.0, "loglikelihoods": lls, "n_tokens": None, "seconds": None}
+    output = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else ""
+    completion = lm.stats.get(prompt)
     return {
-        "id": str(doc.get("id", f"{suite}-{sample['doc_id']}")),
-        "suite": suite,
-        "variant": variant,
-        "prompt": prompt,
-        "target": str(sample.get("target", "")),
+        **line,
         "output": output,
         "score": score,
         "correct": score >= 1.0,
@@ -179,7 +211,8 @@ def _result_line(sample: dict, suite: str, variant: str, metric: str, stats: dic
 def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: Path | str,
         engine: str = "hf", limit: int | None = None, max_new_tokens: int = 256,
         engine_options: dict | None = None,
-        task_options: dict | None = None, allow_unsandboxed: bool = False) -> EvalResult:
+        task_options: dict | None = None, allow_unsandboxed: bool = False,
+        tasks_dir: Path | str | None = None) -> EvalResult:
     from lm_eval import simple_evaluate
     from rich.progress import Progress
 
@@ -192,11 +225,12 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
     from pipeline import long_context
     from pipeline.engines import vision
 
-    metadata = long_context.task_metadata(model_dir, **(task_options or {})) if task == long_context.TASK else None
-    task_manager = _task_manager(task, suite, metadata)
+    is_long_context = task == long_context.TASK
+    metadata = _task_metadata(model_dir, suite, task_options or {}, is_long_context)
+    task_manager = _task_manager(task, suite, metadata, Path(tasks_dir) if tasks_dir else None)
     raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
     reason = vision.not_applicable(model_dir, raw_config)
-    if metadata is not None:
+    if is_long_context:
         metadata = (raw_config.get("metadata") or {}) | metadata  # the ladder as the task will see it
         reason = reason or long_context.not_applicable(metadata)
     if reason is not None:
@@ -213,7 +247,7 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
         bar = progress.add_task(f"{variant}/{suite}", total=limit)
         lm_engine = make_engine(engine, model_dir, **options)
         lm = _lm_class()(lm_engine, cache, chunk=options.get("batch_size", 32),
-                         on_chunk=lambda n: progress.advance(bar, n))
+                         on_chunk=lambda n: progress.advance(bar, n), task=task)
         try:
             results = simple_evaluate(
                 model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
@@ -225,29 +259,61 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
     task_config = results["configs"][task]
     metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
     samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
-    lines = [_result_line(s, suite, variant, metric, lm.stats) for s in samples]
-    generated = sum(line["n_tokens"] or 0 for line in lines)
-    gen_seconds = sum(line["seconds"] or 0 for line in lines)
+    lines = [_result_line(s, suite, variant, metric, lm) for s in samples]
     summary = {
         "suite": suite, "task": task, "variant": variant, "model_dir": str(model_dir), "engine": engine,
         "metric": metric, "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
         "metrics": {k: v for k, v in results["results"][task].items() if isinstance(v, (int, float))},
-        "generated_tokens": generated,
-        "tokens_per_second": (lm.generated_tokens / lm.generate_seconds if lm.generate_seconds
-                              else generated / gen_seconds if gen_seconds else 0.0),
-        "generate_seconds": round(lm.generate_seconds, 2),
-        "items_per_second": lm.generated_items / lm.generate_seconds if lm.generate_seconds else None,
+        **_speed(lines, lm),
+        "cache": {"path": str(cache.path), "lines_dropped": cache.dropped},
         "seconds": round(watch.seconds, 2),
     }
     if sandbox_method is not None:
         summary["sandbox"] = sandbox_method  # "rlimits+audit": ran unsandboxed (allow_unsandboxed)
-    if metadata is not None:
+    if lines and all("loglikelihood" in line for line in lines):  # a perplexity suite: per token, over all documents
+        tokens = sum(line["n_tokens"] for line in lines)
+        summary.update(metric="perplexity", tokens=tokens,
+                       score=math.exp(-sum(line["loglikelihood"] for line in lines) / max(tokens, 1)))
+    if is_long_context:
         summary["long_context"] = long_context.summarize(lines, metadata)
     out_dir.mkdir(parents=True, exist_ok=True)
     lines_path = out_dir / f"{suite}.jsonl"
     write_atomic(lines_path, "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines))
     write_json(out_dir / f"{suite}.json", summary)
     return EvalResult(lines_path, summary)
+
+
+def _speed(lines: list[dict], lm) -> dict:
+    """Generation (or scoring) throughput of this run; cached items cost nothing and count nothing."""
+    if lm.scored_requests:
+        return {"generated_tokens": 0, "scored_tokens": lm.scored_tokens,
+                "tokens_per_second": lm.scored_tokens / lm.generate_seconds if lm.generate_seconds else 0.0,
+                "generate_seconds": round(lm.generate_seconds, 2),
+                "items_per_second": lm.scored_requests / lm.generate_seconds if lm.generate_seconds else None}
+    generated = sum(line["n_tokens"] or 0 for line in lines if "loglikelihood" not in line)
+    gen_seconds = sum(line["seconds"] or 0 for line in lines)
+    return {
+        "generated_tokens": generated,
+        "tokens_per_second": (lm.generated_tokens / lm.generate_seconds if lm.generate_seconds
+                              else generated / gen_seconds if gen_seconds else 0.0),
+        "generate_seconds": round(lm.generate_seconds, 2),
+        "items_per_second": lm.generated_items / lm.generate_seconds if lm.generate_seconds else None,
+    }
+
+
+def _task_metadata(model_dir: Path, suite: str, options: dict, is_long_context: bool) -> dict | None:
+    """What the task's loader gets (lm-eval metadata): the suite's options, the checkpoint (whose
+    tokenizer and chat template a task may need, e.g. to render conversations), and for the
+    long-context suite what only the model knows."""
+    from pipeline import long_context
+
+    if is_long_context:
+        return long_context.task_metadata(model_dir, **options)
+    data = options.get("data")
+    if data is not None and not Path(data).exists():
+        raise UserError(f"params.yaml: suites.{suite}.options.data: {data} does not exist; build it first "
+                        "(the held-out conversations: `quantize calib`) or point it at a file that does")
+    return {**options, "model_dir": str(model_dir)} if options else None
 
 
 def _not_applicable(out_dir: Path, *, reason: str, **fields) -> EvalResult:

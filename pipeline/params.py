@@ -111,6 +111,12 @@ class CalibParams(Section):
         return patterns
 
 
+def group_size_allowed(value):
+    if value != "auto" and (value < 16 or value > 256 or value & (value - 1)):
+        raise ValueError(f"{value} is not one of auto, 16, 32, 64, 128, 256")
+    return value
+
+
 class AwqParams(Section):
     method: Literal["awq"]
     group_size: int | Literal["auto"] = "auto"
@@ -118,12 +124,7 @@ class AwqParams(Section):
     batch_size: int = Field(32, ge=1, le=4096)
     n_grid: int = Field(20, ge=3, le=100)  # AWQ scale candidates per layer group (llm-compressor divides by n_grid - 2)
 
-    @field_validator("group_size")
-    @classmethod
-    def _power_of_two(cls, value):
-        if value != "auto" and (value < 16 or value > 256 or value & (value - 1)):
-            raise ValueError(f"{value} is not one of auto, 16, 32, 64, 128, 256")
-        return value
+    _power_of_two = field_validator("group_size")(lambda value: group_size_allowed(value))
 
 
 class Fp8Params(Section):
@@ -132,7 +133,17 @@ class Fp8Params(Section):
     kv: Literal["per-head", "per-tensor", "none"] = "per-head"
 
 
-VariantParams = Annotated[Union[AwqParams, Fp8Params], Field(discriminator="method")]
+class RtnParams(Section):
+    """Round-to-nearest W4A16: AWQ's quantizer without its smoothing (the AWQ paper's baseline)."""
+
+    method: Literal["rtn"]
+    group_size: int | Literal["auto"] = "auto"
+    symmetric: bool = False
+
+    _power_of_two = field_validator("group_size")(lambda value: group_size_allowed(value))
+
+
+VariantParams = Annotated[Union[AwqParams, Fp8Params, RtnParams], Field(discriminator="method")]
 
 
 class SuiteParams(Section):
@@ -143,6 +154,8 @@ class SuiteParams(Section):
     # suites that run model-written code (code): true runs it without bubblewrap where bubblewrap is
     # unusable (rlimits + an audit hook only; the report marks those results); false refuses instead
     allow_unsandboxed: bool = False
+    tasks_dir: Path | None = None  # a folder of the user's own lm-eval task YAMLs, searched before lm-eval's
+    models: list[str] | None = None  # which of base and the variants run it (None: all); see check_against_dvc
 
     @model_validator(mode="after")
     def _long_context_options(self):
@@ -227,6 +240,9 @@ class VerdictParams(Section):
     speed_tolerance: float = Field(0.05, ge=0, le=1)
     # The engine the variants will be deployed on: speed counts only when measured there.
     speed_engine: Literal["hf", "vllm", "lmdeploy", "openai"] | None = None
+    # Perplexity suites: largest acceptable rise in perplexity, relative (0.05: +5 %), default and per suite
+    perplexity_margin: float = Field(0.05, gt=0, le=1)
+    perplexity_margins: dict[str, Annotated[float, Field(gt=0, le=1)]] = {}
 
     @model_validator(mode="after")
     def _speed_needs_its_engine(self):
@@ -237,6 +253,9 @@ class VerdictParams(Section):
 
     def margin_for(self, suite: str) -> float:
         return self.margins.get(suite, self.default_margin)
+
+    def perplexity_margin_for(self, suite: str) -> float:
+        return self.perplexity_margins.get(suite, self.perplexity_margin)
 
 
 class EngineParams(Section):
@@ -390,7 +409,7 @@ def _clean_loc(loc: tuple) -> tuple[str, ...]:
     for i, part in enumerate(parts):
         if part.startswith(tags) or part in ("int", "float", "str", "bool", "none", "is-instance[Path]", "lax-or-strict"):
             continue
-        if part in ("awq", "fp8") and i == 2 and parts[0] == "variants":  # the discriminated union's member
+        if part in ("awq", "fp8", "rtn") and i == 2 and parts[0] == "variants":  # the discriminated union's member
             continue
         kept.append(part)
     return tuple(kept)
@@ -409,9 +428,9 @@ def _message(err: dict) -> str:
     if kind == "literal_error":
         return f"{str(repr(given))[:80]} is not allowed; {message.lower()}"
     if kind == "union_tag_invalid":
-        return f"method {given.get('method')!r} is not one of 'awq', 'fp8'" if isinstance(given, dict) else message
+        return f"method {given.get('method')!r} is not one of 'awq', 'fp8', 'rtn'" if isinstance(given, dict) else message
     if kind == "union_tag_not_found":
-        return "needs a method: awq or fp8 (e.g. method: awq)"
+        return "needs a method: awq, fp8 or rtn (e.g. method: awq)"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         if given is None:
             return "is empty (null); give it settings, or delete the line to take the defaults"
@@ -469,6 +488,7 @@ def load(path: Path | str = DEFAULT_PARAMS) -> Params:
         raise UserError(_format_error(path, exc, lines)) from None
     check_margins_name_suites(params, path, lines)
     check_against_model(params, path)
+    check_suite_models(params, path)
     check_against_dvc(params, path.parent / "dvc.yaml")
     return params
 
@@ -482,24 +502,65 @@ def check_margins_name_suites(params: Params, path: Path, lines: dict[tuple, int
                             f"(defined: {', '.join(params.suites) or 'none'}); fix the name or remove it")
 
 
+def check_suite_models(params: Params, path: Path | str = DEFAULT_PARAMS) -> None:
+    """`suites.<name>.models` names base and variants that exist, base among them (the pairing needs it)."""
+    known = ["base", *params.variants]
+    for name, suite in params.suites.items():
+        if suite.models is None:
+            continue
+        unknown = [m for m in suite.models if m not in known]
+        if unknown:
+            raise UserError(f"{path}: suites.{name}.models: {unknown} not among base and the variants "
+                            f"({', '.join(known)}); fix the names or drop them")
+        if "base" not in suite.models:
+            raise UserError(f"{path}: suites.{name}.models: must include base (every variant is compared with it)")
+
+
 def check_against_dvc(params: Params, dvc_file: Path) -> None:
-    """DVC's matrix takes lists only, so dvc.yaml repeats the variant and suite names: keep them in step."""
+    """DVC's matrix takes lists only, so dvc.yaml repeats the variant and suite names: keep them in step.
+    Every stage with a `matrix` of `model` x `suite` runs `quantize eval`; together they must run each
+    suite on exactly the models params.yaml names for it (`suites.<name>.models`, else base and every
+    variant)."""
     if not dvc_file.exists():
         return
     data, _ = safe_yaml.load(dvc_file, "a dvc.yaml")
     stages = data.get("stages") if isinstance(data, dict) else None
-    evaluate = stages.get("evaluate") if isinstance(stages, dict) else None
-    matrix = evaluate.get("matrix") if isinstance(evaluate, dict) else None
-    if not matrix:
+    if not isinstance(stages, dict):
         return
-    expected = {"model": ["base", *params.variants], "suite": list(params.suites)}
-    for key, names in expected.items():
-        listed = matrix.get(key, []) if isinstance(matrix, dict) else matrix
-        if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed) \
-                or sorted(listed) != sorted(names):
+    for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
+        listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
+        if isinstance(listed_variants, list):
+            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in params.variants]
+            if unknown:
+                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
+                                f"define as variants ({', '.join(params.variants) or 'none'}); remove them")
+    matrices = {name: stage["matrix"] for name, stage in stages.items()
+                if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
+                and {"model", "suite"} <= set(stage["matrix"])}
+    if not matrices:
+        return
+    listed: dict[str, set[str]] = {}
+    where: dict[str, list[str]] = {}
+    for name, matrix in matrices.items():
+        for key in ("model", "suite"):
+            names = matrix[key]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise UserError(f"{dvc_file}: stages.{name}.matrix.{key} lists {str(names)[:200]}; give a list of "
+                                f"{'model dir names (base and variants)' if key == 'model' else 'suite names'}")
+        for suite in matrix["suite"]:
+            listed.setdefault(suite, set()).update(matrix["model"])
+            where.setdefault(suite, []).append(f"stages.{name}.matrix")
+    for suite in sorted(set(listed) - set(params.suites)):
+        raise UserError(f"{dvc_file}: {', '.join(where[suite])} lists suite {suite!r}, which params.yaml does not "
+                        f"define (suites: {', '.join(params.suites) or 'none'}); remove it or add it under suites")
+    for suite, settings in params.suites.items():
+        expected = settings.models or ["base", *params.variants]
+        if listed.get(suite, set()) != set(expected):
+            stage = where.get(suite, ["stages.evaluate.matrix"])[0]
             raise UserError(
-                f"{dvc_file}: stages.evaluate.matrix.{key} lists {str(listed)[:200]}, but params.yaml defines "
-                f"{names}; set it to [{', '.join(names)}]"
+                f"{dvc_file}: suite {suite!r} runs on {sorted(listed.get(suite, set()))} in the eval matrices, but "
+                f"params.yaml asks for {expected}; set {stage}.model to [{', '.join(expected)}] "
+                "(a matrix runs every model on every suite it lists: suites run on different models go in separate stages)"
             )
 
 
@@ -518,7 +579,7 @@ def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS) -> No
     if not isinstance(config, dict) or not isinstance(text_config(config).get("hidden_size"), int):
         return
     for name, variant in params.variants.items():
-        if isinstance(variant, AwqParams) and variant.group_size != "auto":
+        if isinstance(variant, (AwqParams, RtnParams)) and variant.group_size != "auto":
             try:
                 problem = group_size_problem(config, variant.group_size, params.model.base_dir)
             except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError):

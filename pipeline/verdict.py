@@ -8,8 +8,11 @@ unchanged items. An exact McNemar test gives the p-value. Partial-credit scores 
 Student-t interval never narrower than Tango's for no change (`partial_credit_interval`); other
 scores keep the paired bootstrap. GO when the interval's lower end clears minus the margin, NO-GO
 when its upper end falls below it, else INCONCLUSIVE with the items that would likely settle it;
-a suite too small to ever show a GO says how many items it needs. Each decision also comes as one
-sentence a reviewer can check (`decision_sentence`).
+a suite too small to ever show a GO says how many items it needs. Perplexity suites compare the
+per-token log-likelihood paired by document (`compare_perplexity`, a ratio-estimator t interval) against
+a margin on the relative rise. The judge's win rate and the serving-speed comparison are decided here
+too. Each decision also comes as one sentence a reviewer can check (`decision_sentence`,
+`perplexity_sentence`, `judge_sentence`).
 """
 
 from __future__ import annotations
@@ -477,3 +480,129 @@ def compare_speed(base: dict | None, variant: dict, tolerance: float, deploy_eng
                    f"(verdict.speed_engine): engines invert which variant is faster, so it is shown, not counted")
     return {"comparable": True, "ratio": ratio, "slower": ratio < 1 - tolerance, "reason": reason,
             "deployment_engine": on_deploy}
+
+
+# ---------------------------------------------------------------- perplexity suites
+
+@dataclass
+class PerplexityVerdict:
+    """A perplexity suite (every token of each document scored): the variant's perplexity relative to
+    the base's, paired by document, against a margin on the rise (0.05: at most +5 %)."""
+
+    variant: str
+    suite: str
+    n: int  # documents
+    tokens: int
+    base_ppl: float
+    variant_ppl: float
+    change: float  # variant_ppl / base_ppl - 1
+    ci_low: float
+    ci_high: float
+    confidence: float
+    margin: float
+    decision: str
+    counted: bool
+    worse_documents: int  # documents whose perplexity rose
+    reasons: list[str] = field(default_factory=list)
+    documents_to_settle: int | None = None
+    kind: str = "perplexity"
+    interval: str = "Student-t interval of the per-token change in log-likelihood (ratio estimator, Cochran 1977)"
+    sentence: str = ""  # the decision in one sentence a reviewer can check
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def ratio_interval(deltas: np.ndarray, tokens: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    """Mean per-token change D = sum(deltas) / sum(tokens) over paired documents, with a t interval.
+
+    The standard error is the ratio estimator's linearization (Cochran 1977, Sampling Techniques,
+    sec. 6.4; equal to the HC1 sandwich error of a weighted least-squares fit of deltas on tokens
+    with weights 1/tokens): se^2 = m / (m - 1) * sum((d_i - D n_i)^2) / (sum n_i)^2, with Student's
+    t at m - 1 degrees of freedom for m documents, which widens the interval at small m."""
+    from scipy.stats import t as student_t
+
+    m = len(deltas)
+    total = float(tokens.sum())
+    estimate = float(deltas.sum()) / total
+    if m < 2:
+        return estimate, float("nan"), float("nan")
+    residuals = deltas - estimate * tokens
+    se = math.sqrt(m / (m - 1) * float((residuals ** 2).sum())) / total
+    half = float(student_t.ppf(0.5 + confidence / 2, m - 1)) * se
+    return estimate, estimate - half, estimate + half
+
+
+def decide_perplexity(ci_low: float, ci_high: float, margin: float) -> str:
+    """GO when even the interval's upper end stays below the margin, NO-GO when its lower end is above it."""
+    if ci_high < margin:
+        return GO
+    if ci_low > margin:
+        return NO_GO
+    return INCONCLUSIVE
+
+
+def compare_perplexity(base_items: dict[str, dict], variant_items: dict[str, dict], *, variant: str, suite: str,
+                       margin: float, confidence: float = 0.95) -> PerplexityVerdict:
+    """base_items / variant_items: a perplexity suite's result lines keyed by document id, each with
+    `loglikelihood` (natural log, summed over the document) and `n_tokens`."""
+    shared = sorted(set(base_items) & set(variant_items))
+    ids = [i for i in shared if base_items[i]["n_tokens"] == variant_items[i]["n_tokens"] and base_items[i]["n_tokens"]]
+    reasons: list[str] = []
+    if len(ids) < len(shared):
+        reasons.append(f"{len(shared) - len(ids)} documents tokenized to different lengths for the two models "
+                       "were left out (another tokenizer?)")
+    unmatched = len(set(base_items) ^ set(variant_items))
+    if unmatched:
+        reasons.append(f"{unmatched} documents scored for only one model were left out")
+    tokens = np.array([base_items[i]["n_tokens"] for i in ids], dtype=float)
+    base_ll = np.array([base_items[i]["loglikelihood"] for i in ids], dtype=float)
+    var_ll = np.array([variant_items[i]["loglikelihood"] for i in ids], dtype=float)
+    nan = float("nan")
+    if len(ids) < 2:
+        reasons.append(f"{len(ids)} paired documents: an interval needs at least 2")
+        return PerplexityVerdict(variant, suite, len(ids), int(tokens.sum()), nan, nan, nan, nan, nan, confidence,
+                                 margin, INCONCLUSIVE, counted=False, worse_documents=0, reasons=reasons)
+    total = tokens.sum()
+    estimate, low, high = ratio_interval(base_ll - var_ll, tokens, confidence)  # per-token rise in NLL
+    change, ci_low, ci_high = math.expm1(estimate), math.expm1(low), math.expm1(high)
+    decision = decide_perplexity(ci_low, ci_high, margin)
+    verdict = PerplexityVerdict(
+        variant=variant, suite=suite, n=len(ids), tokens=int(total),
+        base_ppl=math.exp(-base_ll.sum() / total), variant_ppl=math.exp(-var_ll.sum() / total),
+        change=change, ci_low=ci_low, ci_high=ci_high, confidence=confidence, margin=margin,
+        decision=decision, counted=True, worse_documents=int((var_ll < base_ll).sum()), reasons=reasons,
+    )
+    ci = f"{confidence:.0%} interval of the change in perplexity [{ci_low:+.1%}, {ci_high:+.1%}] over {len(ids)} documents"
+    if decision == GO:
+        reasons.append(f"{ci} lies below +{margin:.1%} (the margin): any rise is within the margin")
+    elif decision == NO_GO:
+        reasons.append(f"{ci} lies above +{margin:.1%} (the margin): perplexity rises by more than allowed")
+    else:
+        reasons.append(f"{ci} straddles +{margin:.1%} (the margin): not enough evidence either way")
+        gap = abs(math.log1p(margin) - estimate)
+        if gap > 0:
+            verdict.documents_to_settle = int(math.ceil(len(ids) * ((high - estimate) / gap) ** 2))
+            reasons.append(f"about {verdict.documents_to_settle} paired documents would likely settle it")
+    verdict.sentence = perplexity_sentence(verdict)
+    return verdict
+
+
+def perplexity_sentence(v: PerplexityVerdict) -> str:
+    """A perplexity suite's decision in one sentence a reviewer can check: documents and tokens, both
+    perplexities, the interval (which method, its ends), the margin and what follows."""
+    if not v.counted:
+        return f"{v.suite}: {v.decision} (not counted): {v.n} paired documents, too few for an interval."
+    facts = (f"on {v.n} paired documents ({v.tokens:,} tokens) perplexity went {v.base_ppl:.3f} -> {v.variant_ppl:.3f} "
+             f"({v.change:+.1%}, higher in {v.worse_documents} of {v.n} documents); a {v.interval} puts the change at "
+             f"[{v.ci_low:+.1%}, {v.ci_high:+.1%}] with {v.confidence:.0%} confidence")
+    bound = f"+{v.margin:.1%} (the margin for {v.suite})"
+    if v.decision == GO:
+        end = f"entirely below {bound}, so any rise is within the margin"
+    elif v.decision == NO_GO:
+        end = f"entirely above {bound}, so perplexity rises by more than the margin"
+    else:
+        end = f"which straddles {bound}, so the evidence settles nothing"
+        if v.documents_to_settle:
+            end += f" (about {v.documents_to_settle} paired documents would likely settle it)"
+    return f"{v.suite}: {v.decision}: {facts}, {end}."

@@ -23,9 +23,16 @@ TINY_PARAMS = {
     "variants": {
         "awq-w4a16": {"method": "awq", "group_size": 32, "batch_size": 8, "n_grid": 4},
         "fp8-w8a8": {"method": "fp8", "activations": "static", "kv": "per-head"},
+        "rtn-w4a16": {"method": "rtn", "group_size": 32},
     },
-    "suites": {"math": {"task": "quant_gsm8k", "limit": 3, "max_new_tokens": 8},
-               "code": {"task": "quant_humaneval", "limit": 2, "max_new_tokens": 8}},
+    "suites": {"math": {"task": "quant_gsm8k", "limit": 3, "max_new_tokens": 8,
+                        "models": ["base", "awq-w4a16"]},
+               "code": {"task": "quant_humaneval", "limit": 2, "max_new_tokens": 8,
+                        "models": ["base", "awq-w4a16"]},
+               "ppl-chat": {"task": "quant_ppl_chat", "limit": 2, "options": {"data": "calib_data/build/holdout.jsonl"}},
+               "ppl-book": {"task": "quant_ppl_book", "limit": 2},
+               "ppl-math": {"task": "quant_ppl_gsm8k", "limit": 2},
+               "ppl-code": {"task": "quant_ppl_humaneval", "limit": 2}},
     "judge": {"limit": 2, "max_new_tokens": 8, "judge_max_new_tokens": 8},
     "engine": {"batch_size": 8, "dtype": "float32"},
     # DVC needs every section and key a stage declares in its params (the values are the defaults)

@@ -77,17 +77,24 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     problems = undeclared_reads(repo, access_log)
     assert not problems, "dvc.yaml misses what its stages read:\n  " + "\n  ".join(problems)
     verdict = json.loads((repo / "reports" / "verdict.json").read_text())
-    assert set(verdict["variants"]) == {"awq-w4a16", "fp8-w8a8"}
-    for model in ("base", "awq-w4a16", "fp8-w8a8"):
+    assert set(verdict["variants"]) == {"awq-w4a16", "fp8-w8a8", "rtn-w4a16"}
+    for model in ("base", "awq-w4a16"):  # math and code run on these two (params: suites.<name>.models)
         assert len(read_jsonl(repo / "results" / model / "math.jsonl")) == 3
         assert len(read_jsonl(repo / "results" / model / "code.jsonl")) == 2
-    for variant in ("awq-w4a16", "fp8-w8a8"):
+    for model in ("base", "awq-w4a16", "fp8-w8a8", "rtn-w4a16"):
+        for suite in ("ppl-chat", "ppl-book", "ppl-math", "ppl-code"):
+            assert [line["n_tokens"] > 0 for line in read_jsonl(repo / "results" / model / f"{suite}.jsonl")] == [True, True]
+    for variant in ("awq-w4a16", "fp8-w8a8", "rtn-w4a16"):
         assert json.loads((repo / "results" / variant / "kl.json").read_text())["tokens"] > 0
+    for variant in ("awq-w4a16", "fp8-w8a8"):  # the judge runs on these two only (dvc.yaml)
         assert len(read_jsonl(repo / "results" / variant / "judge.jsonl")) == 2
     assert set(verdict["variants"]["awq-w4a16"]["suites"]) == {"math", "code"}
+    assert set(verdict["variants"]["rtn-w4a16"]["perplexity"]) == {"ppl-chat", "ppl-book", "ppl-math", "ppl-code"}
+    assert verdict["variants"]["rtn-w4a16"]["suites"] == {}
+    assert json.loads((repo / "models" / "rtn-w4a16" / "quant.json").read_text())["method"] == "rtn"
     html = (repo / "reports" / "index.html").read_text()
     assert html.count('<tr>\n    <td>awq-w4a16</td><td>math</td>') == 1
-    assert html.count('<tr>\n    <td>fp8-w8a8</td><td>math</td>') == 1
+    assert html.count('<tr>\n    <td>fp8-w8a8</td><td>ppl-book</td>') == 1
     assert json.loads((repo / "models" / "awq-w4a16" / "quant.json").read_text())["group_size"] == 32
 
     status = sh(["dvc", "status"], repo, env)

@@ -11,7 +11,7 @@ from pipeline.errors import UserError
 def test_repo_params_load_and_match_dvc_yaml(monkeypatch):
     monkeypatch.chdir(REPO)
     p = params.load("params.yaml")
-    assert set(p.variants) == {"awq-w4a16", "fp8-w8a8"}
+    assert set(p.variants) == {"awq-w4a16", "fp8-w8a8", "rtn-w4a16"}
     assert p.variants["awq-w4a16"].group_size == 64  # SmolLM2's 576 is not a multiple of 128
     assert p.verdict.margin_for("math") == p.verdict.margins["math"]
 
@@ -59,7 +59,7 @@ def test_dvc_matrix_must_list_every_variant(tmp_path):
     extra = {**TINY_PARAMS, "variants": {**TINY_PARAMS["variants"], "awq-g32": {"method": "awq"}}}
     with pytest.raises(UserError) as err:
         params.load(write_params(tmp_path, extra))
-    assert "stages.evaluate.matrix.model" in str(err.value) and "awq-g32" in str(err.value)
+    assert ".matrix.model" in str(err.value) and "awq-g32" in str(err.value)
 
 
 def test_cli_exits_2_with_the_message(tmp_path):
@@ -73,3 +73,38 @@ def test_cli_exits_2_with_the_message(tmp_path):
     assert "engine.name" in result.output and "'tgi' is not allowed" in result.output
     assert "Traceback" not in result.output
     assert yaml.safe_load(path.read_text())["engine"]["name"] == "tgi"
+
+
+def test_suite_models_must_exist_and_include_base(tmp_path):
+    settings = {**TINY_PARAMS, "suites": {"math": {"task": "quant_gsm8k", "models": ["base", "awq-w4a17"]}}}
+    with pytest.raises(UserError, match=r"suites.math.models: \['awq-w4a17'\] not among base and the variants"):
+        params.load(write_params(tmp_path, settings))
+    settings = {**TINY_PARAMS, "suites": {"math": {"task": "quant_gsm8k", "models": ["awq-w4a16"]}}}
+    with pytest.raises(UserError, match="suites.math.models: must include base"):
+        params.load(write_params(tmp_path, settings))
+
+
+def test_dvc_matrices_must_run_each_suite_on_its_models(tmp_path):
+    shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
+    params.load(write_params(tmp_path))  # the tiny profile matches the repo's dvc.yaml
+    fewer = {**TINY_PARAMS, "suites": {**TINY_PARAMS["suites"], "ppl-book": {"task": "quant_ppl_book",
+                                                                             "models": ["base", "awq-w4a16"]}}}
+    with pytest.raises(UserError) as err:
+        params.load(write_params(tmp_path, fewer))
+    assert "suite 'ppl-book' runs on ['awq-w4a16', 'base', 'fp8-w8a8', 'rtn-w4a16']" in str(err.value)
+    assert "set stages.perplexity.matrix.model to [base, awq-w4a16]" in str(err.value)
+    dropped = {**TINY_PARAMS, "suites": {k: v for k, v in TINY_PARAMS["suites"].items() if k != "ppl-code"}}
+    with pytest.raises(UserError, match="stages.perplexity.matrix lists suite 'ppl-code', which params.yaml does not define"):
+        params.load(write_params(tmp_path, dropped))
+    gone = {**TINY_PARAMS, "variants": {k: v for k, v in TINY_PARAMS["variants"].items() if k != "fp8-w8a8"},
+            "suites": {k: {**v, "models": None} for k, v in TINY_PARAMS["suites"].items()}}
+    with pytest.raises(UserError, match=r"stages.judge.foreach lists \['fp8-w8a8'\]"):
+        params.load(write_params(tmp_path, gone))
+
+
+@pytest.mark.parametrize("margin", [0, -0.05, 1.5])
+def test_perplexity_margin_is_bounded(tmp_path, margin):
+    with pytest.raises(UserError, match="verdict.perplexity_margin"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "verdict": {"perplexity_margin": margin}}))
+    with pytest.raises(UserError, match="verdict.perplexity_margins.ppl-book"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "verdict": {"perplexity_margins": {"ppl-book": margin}}}))

@@ -1,4 +1,5 @@
-"""In-process transformers engine: greedy, left-padded batches sorted by prompt length."""
+"""In-process transformers engine: greedy, left-padded batches sorted by prompt length; and
+token log-probabilities for likelihood suites (right-padded batches, longest first)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ from pathlib import Path
 
 from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
 from pipeline.formats.chat import render_prompt
+
+# Scoring a batch keeps the logits of the scored positions only, in float32: at most this many bytes
+# of them per forward pass (a 150k-token vocabulary: ~870 positions; SmolLM2's 49k: ~2,700).
+LOGITS_BYTES = 1 << 29
 
 
 class HFEngine:
@@ -44,10 +49,13 @@ class HFEngine:
     def apply_chat_template(self, messages: list[dict]) -> str:
         return render_prompt(self.tokenizer, messages)
 
-    def generate(self, requests: list[GenRequest]) -> list[Completion]:
+    def generate(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
+        """on_done(index, completion), if given, is called for each request as soon as its row
+        finishes (its first EOS or its own max_new_tokens), while the batch goes on decoding."""
         results: list[Completion | None] = [None] * len(requests)
         for batch in self.batches(requests):
-            for index, completion in zip(batch, self._generate_batch([requests[i] for i in batch])):
+            report = (lambda j, completion, batch=batch: on_done(batch[j], completion)) if on_done else None
+            for index, completion in zip(batch, self._generate_batch([requests[i] for i in batch], report)):
                 results[index] = completion
             if self.progress:
                 self.progress(len(batch))
@@ -70,20 +78,67 @@ class HFEngine:
                 batches.append([index])
         return batches
 
-    def _generate_batch(self, requests: list[GenRequest]) -> list[Completion]:
+    def _generate_batch(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
         import torch
 
         started = time.perf_counter()
         inputs = self.tokenizer([r.prompt for r in requests], return_tensors="pt", padding=True,
                                 add_special_tokens=False).to(self.device)
         max_new_tokens = max(r.max_new_tokens for r in requests)
+        prompt_len = inputs["input_ids"].shape[1]
+        watcher = self._finish_watcher(requests, prompt_len, started, on_done)
         with torch.inference_mode():
             output = self.model.generate(
                 **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.pad_token_id,
-                past_key_values=self._cache(inputs["input_ids"].shape[1] + max_new_tokens),
+                past_key_values=self._cache(prompt_len + max_new_tokens),
+                **({"stopping_criteria": [watcher]} if watcher else {}),
             )
         seconds = (time.perf_counter() - started) / len(requests)
-        return self._decode(requests, output[:, inputs["input_ids"].shape[1]:].tolist(), seconds)
+        completions = self._decode(requests, output[:, prompt_len:].tolist(), seconds)
+        if watcher:
+            completions = watcher.finish(completions)
+        return completions
+
+    def _finish_watcher(self, requests: list[GenRequest], prompt_len: int, started: float, on_done):
+        """A stopping criterion that never stops anything: after each decoding step it hands each row
+        that has just finished to on_done, decoded exactly as the batch's end would decode it."""
+        if on_done is None:
+            return None
+        from transformers import StoppingCriteria
+
+        engine, eos_ids = self, eos_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
+
+        class FinishWatcher(StoppingCriteria):
+            def __init__(self):
+                self.reported: dict[int, Completion] = {}
+
+            def __call__(self, input_ids, scores, **kwargs):
+                import torch
+
+                steps = input_ids.shape[1] - prompt_len
+                last = input_ids[:, -1].tolist()
+                for row, request in enumerate(requests):
+                    if row in self.reported:
+                        continue
+                    if last[row] in eos_ids or steps >= request.max_new_tokens:
+                        tokens = input_ids[row, prompt_len:].tolist()
+                        seconds = (time.perf_counter() - started) / len(requests)
+                        self.report(row, to_completion(engine.tokenizer, request, tokens, eos_ids, seconds))
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+            def report(self, row: int, completion: Completion) -> None:
+                self.reported[row] = completion
+                on_done(row, completion)
+
+            def finish(self, completions: list[Completion]) -> list[Completion]:
+                """Rows not reported yet (generation ended first) are reported now; reported rows keep
+                the completion handed out (same text and tokens; the seconds when it finished)."""
+                for row, completion in enumerate(completions):
+                    if row not in self.reported:
+                        self.report(row, completion)
+                return [self.reported[row] for row in range(len(completions))]
+
+        return FinishWatcher()
 
     def _decode(self, requests: list[GenRequest], rows: list[list[int]], seconds: float) -> list[Completion]:
         eos_ids = eos_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
@@ -95,6 +150,86 @@ class HFEngine:
         from pipeline.engines.decoding import preallocated_cache
 
         return preallocated_cache(self.model, capacity)
+
+    # ---------------------------------------------------------------- likelihoods (pipeline/likelihood.py)
+
+    @property
+    def max_length(self) -> int:
+        """Context window in tokens: the config's, as lm-eval's HFLM resolves it."""
+        from lm_eval.models.utils import resolve_max_length
+
+        return resolve_max_length(self.model.config, self.tokenizer)
+
+    def token_logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """For each (context, continuation): the summed log-probability of the continuation and whether
+        each of its tokens is the argmax. Right-padded batches, longest first, up to batch_size rows,
+        max_batch_tokens of input and LOGITS_BYTES of scored logits per forward pass."""
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        for batch in self.scoring_batches(requests):
+            for index, score in zip(batch, self._score_batch([requests[i] for i in batch])):
+                results[index] = score
+        return results
+
+    def scoring_batches(self, requests: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+        for context, continuation in requests:
+            if not context or not continuation:
+                raise ValueError("token_logprobs: every request needs a context token (BOS or a prefix) and a continuation")
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        max_positions = max(1, LOGITS_BYTES // (4 * vocab))
+        width = [len(c) + len(x) - 1 for c, x in requests]  # tokens fed: the last one is only predicted
+        batches: list[list[int]] = []
+        for index in sorted(range(len(requests)), key=lambda i: -width[i]):
+            batch = batches[-1] if batches else []
+            rows = batch + [index]
+            if (batch and len(rows) <= self.batch_size and len(rows) * width[rows[0]] <= self.max_batch_tokens
+                    and sum(len(requests[i][1]) for i in rows) <= max_positions):
+                batch.append(index)
+            else:
+                batches.append([index])
+        return batches
+
+    def _score_batch(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """One forward pass; the output layer sees only the positions that predict a continuation token
+        (a pre-hook gathers them), so whatever the model does after it (soft-capping, scaling) still applies."""
+        import torch
+
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        fed = [list(c) + list(x[:-1]) for c, x in requests]
+        width = max(len(f) for f in fed)
+        ids = torch.full((len(fed), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(fed), width), dtype=torch.long)
+        positions, targets = [], []
+        for row, ((context, continuation), tokens) in enumerate(zip(requests, fed)):
+            ids[row, :len(tokens)] = torch.tensor(tokens)
+            mask[row, :len(tokens)] = 1
+            start = len(context) - 1  # the position whose output predicts the first continuation token
+            positions += [row * width + start + k for k in range(len(continuation))]
+            targets += list(continuation)
+        index = torch.tensor(positions, device=self.device)
+
+        def gather(module, args):
+            hidden = args[0]
+            return (hidden.reshape(-1, hidden.shape[-1])[index].unsqueeze(0), *args[1:])
+
+        hook = self.model.get_output_embeddings().register_forward_pre_hook(gather)
+        try:
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                    use_cache=False).logits[0]
+        finally:
+            hook.remove()
+        target = torch.tensor(targets, device=logits.device)
+        logprobs, greedy = torch.empty(len(targets), dtype=torch.float64), torch.empty(len(targets), dtype=torch.bool)
+        for start in range(0, len(targets), 512):  # in slices: log-softmax's temporaries stay small
+            part, wanted = logits[start:start + 512].float(), target[start:start + 512]
+            logprobs[start:start + 512] = (part.gather(1, wanted[:, None])[:, 0] - torch.logsumexp(part, dim=-1)).double().cpu()
+            greedy[start:start + 512] = (part.argmax(dim=-1) == wanted).cpu()
+        scores, offset = [], 0
+        for _, continuation in requests:
+            n = len(continuation)
+            scores.append((float(logprobs[offset:offset + n].sum()), bool(greedy[offset:offset + n].all())))
+            offset += n
+        return scores
 
     # ---------------------------------------------------------------- timing, for `quantize bench`
 

@@ -135,11 +135,11 @@ class VisionEngine(HFEngine):
         prompt = super().apply_chat_template(messages)
         return self.prompter.render(prompt) if IMAGE_PLACEHOLDER in prompt else prompt
 
-    def _generate_batch(self, requests: list[GenRequest]) -> list[Completion]:
+    def _generate_batch(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
         import torch
 
         if not any(getattr(r, "images", None) for r in requests):
-            return super()._generate_batch(requests)
+            return super()._generate_batch(requests, on_done)
         started = time.perf_counter()
         inputs = self.prompter.encode([r.prompt for r in requests], [getattr(r, "images", []) for r in requests])
         inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
@@ -148,4 +148,7 @@ class VisionEngine(HFEngine):
             output = self.model.generate(**inputs, max_new_tokens=max(r.max_new_tokens for r in requests),
                                          do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
         seconds = (time.perf_counter() - started) / len(requests)
-        return self._decode(requests, output[:, inputs["input_ids"].shape[1]:].tolist(), seconds)
+        completions = self._decode(requests, output[:, inputs["input_ids"].shape[1]:].tolist(), seconds)
+        for row, completion in enumerate(completions if on_done else []):  # image batches: all at their end
+            on_done(row, completion)
+        return completions

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -112,7 +113,8 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             stats.compare_suite(results["base"][suite], items, variant=variant, suite=suite,
                                 margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
                                 seed=p.seed, floor_ceiling=p.floor_ceiling)
-            for suite, items in sorted(suites.items()) if suite in results["base"] and suite not in skipped
+            for suite, items in sorted(suites.items())
+            if suite in results["base"] and suite not in skipped and not is_perplexity(results["base"][suite])
         ]
         unsandboxed = {v.suite: _unsandboxed(results, v.suite, ["base", variant]) for v in suite_verdicts}
         for v in suite_verdicts:
@@ -120,8 +122,16 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
                 v.reasons.insert(0, f"UNSANDBOXED: the model-written code of {' and '.join(unsandboxed[v.suite])} ran "
                                     f"without bubblewrap (suites.{v.suite}.allow_unsandboxed: true): it could read "
                                     "this machine's files and fake its own pass; install bubblewrap and rerun the eval")
+        perplexity = {
+            suite: stats.compare_perplexity(results["base"][suite], items, variant=variant, suite=suite,
+                                            margin=p.perplexity_margin_for(suite), confidence=p.confidence)
+            for suite, items in sorted(suites.items())
+            if suite in results["base"] and suite not in skipped and is_perplexity(results["base"][suite])
+        }
         judged = _judge_verdict(results_dir / variant / "judge.json", params)
-        extra = [("judge", judged["decision"])] if judged and judged["counted"] else []
+        extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
+        if judged and judged["counted"]:
+            extra.append(("judge", judged["decision"]))
         speed = _speed_verdict(speeds, variant, p)
         if speed and speed.get("counted"):
             extra.append(("speed at batch 1", stats.NO_GO))  # speed can stop a variant, never pass one
@@ -132,6 +142,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "decision": decision,
             "reasons": reasons,
             "suites": {v.suite: {**v.to_dict(), "unsandboxed": unsandboxed[v.suite]} for v in suite_verdicts},
+            "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()},
             "not_applicable": skipped,
             "judge": judged,
             "quant": _read_json(models_dir / variant / "quant.json"),
@@ -143,6 +154,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
         "variants": variants,
         "base": {"suites": {s: _suite_score(items) for s, items in results.get("base", {}).items()}},
         "long_context": _long_context_tables(results_dir, results),
+        "method_comparisons": _method_comparisons(results, models_dir, p.confidence),
         "speed": speeds,
         "params_sha256": params.digest(),
     }
@@ -153,6 +165,35 @@ def _unsandboxed(results: dict, suite: str, models: list[str]) -> list[str]:
     sandbox (`isolated: false`, written under suites.<suite>.allow_unsandboxed)."""
     return [model for model in models
             if any(line.get("isolated") is False for line in results.get(model, {}).get(suite, {}).values())]
+
+
+def is_perplexity(items: dict[str, dict]) -> bool:
+    """A perplexity suite's lines carry each document's log-likelihood and token count."""
+    return bool(items) and all("loglikelihood" in item and "n_tokens" in item for item in items.values())
+
+
+def _method_comparisons(results: dict, models_dir: Path, confidence: float) -> list[dict]:
+    """AWQ against round-to-nearest at the same group size (the contrast of the AWQ paper, Lin et al.
+    2023), on every perplexity suite both ran: AWQ's perplexity relative to RTN's, paired per document.
+    Shown, not counted: the verdict compares each variant with the base."""
+    quant = {name: _read_json(models_dir / name / "quant.json") or {} for name in results if name != "base"}
+    rows = []
+    for awq, q in quant.items():
+        for rtn, r in quant.items():
+            if q.get("method") != "awq" or r.get("method") != "rtn" or q.get("group_size") != r.get("group_size"):
+                continue
+            for suite in sorted(set(results[awq]) & set(results[rtn])):
+                if not (is_perplexity(results[awq][suite]) and is_perplexity(results[rtn][suite])):
+                    continue
+                c = stats.compare_perplexity(results[rtn][suite], results[awq][suite], variant=awq, suite=suite,
+                                             margin=1.0, confidence=confidence)
+                if not c.counted:
+                    continue
+                winner = awq if c.ci_high < 0 else rtn if c.ci_low > 0 else None
+                rows.append({"awq": awq, "rtn": rtn, "suite": suite, "n": c.n, "awq_ppl": c.variant_ppl,
+                             "rtn_ppl": c.base_ppl, "change": c.change, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                             "better": winner, "group_size": q.get("group_size")})
+    return rows
 
 
 def _judge_verdict(path: Path, params: Params) -> dict | None:
@@ -218,6 +259,9 @@ def _long_context_tables(results_dir: Path, results: dict) -> dict:
 
 def _suite_score(items: dict) -> dict:
     n = len(items)
+    if is_perplexity(items):  # perplexity over all the suite's tokens
+        tokens = sum(i["n_tokens"] for i in items.values())
+        return {"n": n, "perplexity": math.exp(-sum(i["loglikelihood"] for i in items.values()) / tokens) if tokens else None}
     return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None}
 
 
@@ -228,6 +272,9 @@ def _metrics(verdict: dict) -> dict:
         flat[variant] = {"go": data["decision"] == stats.GO}
         for suite, s in data["suites"].items():
             flat[variant][suite] = {"score": s["variant_score"], "delta": s["delta"],
+                                    "ci_low": s["ci_low"], "ci_high": s["ci_high"]}
+        for suite, s in data.get("perplexity", {}).items():
+            flat[variant][suite] = {"perplexity": s["variant_ppl"], "change": s["change"],
                                     "ci_low": s["ci_low"], "ci_high": s["ci_high"]}
     return flat
 

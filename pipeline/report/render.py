@@ -67,16 +67,21 @@ def _ticks(lo: float, hi: float) -> list[float]:
 def render_html(*, verdict: dict, results: dict, params, calib: dict | None, base: dict, human_size) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATE_DIR), autoescape=select_autoescape(["html"]))
     env.filters.update(pct=pct, pts=signed_pts, clip=clip, size=lambda b: human_size(b) if b else "–")
+    env.filters.update(ppl=lambda v: "–" if v is None or math.isnan(v) else f"{v:.3f}",
+                       rel=lambda v: "–" if v is None or math.isnan(v) else f"{v * 100:+.1f}%")
     rows = [s for v in verdict["variants"].values() for s in v["suites"].values()]
-    from pipeline.report.tables import item_rows
-
-    items_by_suite = item_rows(results)
+    perplexity_rows = [s for v in verdict["variants"].values() for s in (v.get("perplexity") or {}).values()]
+    perplexity_suites = {s["suite"] for s in perplexity_rows}
     from pipeline.report.charts import latency_chart, throughput_chart
+    from pipeline.report.tables import document_rows, item_rows
 
+    items_by_suite = item_rows({m: {s: i for s, i in suites.items() if s not in perplexity_suites}
+                                for m, suites in results.items()})
     speed = verdict.get("speed") or {}
     charts = {"throughput": throughput_chart(speed), "ttft": latency_chart(speed, "ttft_ms", "time to first token"),
               "tpot": latency_chart(speed, "tpot_ms_stats", "time per output token")}
     return env.get_template("template.html").render(
         verdict=verdict, rows=rows, forest=forest_plot(rows), items_by_suite=items_by_suite, charts=charts,
+        perplexity_rows=perplexity_rows, documents_by_suite=document_rows(results, perplexity_suites),
         calib=calib, base=base, params=params.model_dump(mode="json"), decision_class=DECISION_CLASS,
     )

@@ -3,6 +3,8 @@ the base's, and which items flipped between right and wrong. What the report's i
 
 from __future__ import annotations
 
+import math
+
 COLUMNS = ["model", "suite", "id", "prompt", "target", "output", "correct", "score"]
 
 
@@ -37,4 +39,30 @@ def item_rows(results: dict[str, dict[str, dict[str, dict]]]) -> dict[str, list[
             rows.append({"id": item_id, "prompt": base_item["prompt"], "target": base_item["target"],
                          "base": base_item["line"], "variants": lines, "flipped": bool(flipped.loc[item_id].any())})
         by_suite[suite] = rows
+    return by_suite
+
+
+def document_rows(results: dict[str, dict[str, dict[str, dict]]], suites: set[str]) -> dict[str, list[dict]]:
+    """Per perplexity suite, in the base's document order: {id, tokens, text, ppl {model: perplexity on
+    that document, or None where the model lacks it}}: each document's log-likelihood joined across models."""
+    import pandas as pd
+
+    by_suite: dict[str, list[dict]] = {}
+    for suite in sorted(suites):
+        frame = pd.DataFrame([{"model": model, "id": doc_id, "loglikelihood": line.get("loglikelihood"),
+                               "n_tokens": line.get("n_tokens"), "text": line.get("prompt", "")}
+                              for model, by_suite_items in results.items()
+                              for doc_id, line in by_suite_items.get(suite, {}).items()],
+                             columns=["model", "id", "loglikelihood", "n_tokens", "text"])
+        base = frame[frame["model"] == "base"].set_index("id")
+        if base.empty:
+            by_suite[suite] = []
+            continue
+        frame["ppl"] = (-frame["loglikelihood"] / frame["n_tokens"].where(frame["n_tokens"] > 0)).map(
+            lambda x: None if pd.isna(x) else math.exp(x))
+        wide = frame.pivot(index="id", columns="model", values="ppl").reindex(index=base.index, columns=list(results))
+        by_suite[suite] = [
+            {"id": doc_id, "tokens": int(row["n_tokens"]), "text": row["text"],
+             "ppl": {m: (None if pd.isna(wide.at[doc_id, m]) else float(wide.at[doc_id, m])) for m in results}}
+            for doc_id, row in base.iterrows()]
     return by_suite

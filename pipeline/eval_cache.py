@@ -1,0 +1,110 @@
+"""The resume cache of `quantize eval` (and the judge's answers): an append-only JSONL beside the
+results, one line per finished generation or scored token request, keyed by the model's
+fingerprint and the request, so a killed run resumes where it stopped and a rerun of an
+unchanged model costs nothing.
+
+A kill can land at any byte of an append. On the next open, an unterminated last line (the one the
+kill cut, possibly inside a multi-byte character) is dropped and cut off the file, any other line
+that is not a whole JSON entry is skipped, and both are counted (`dropped`): the requests they held
+are simply computed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pipeline.engines import Completion, GenRequest
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """Hash of config and weights: a changed variant never reuses another's cached outputs."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).iterdir()):
+        if path.suffix in {".json", ".safetensors", ".jinja"} and path.name != "source.json":
+            digest.update(path.name.encode())
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 22):
+                    digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def score_key(context: list[int], continuation: list[int]) -> str:
+    """Key of a token-level scoring request: the same tokens score the same on any engine."""
+    return "ll:" + hashlib.sha256(json.dumps([list(context), list(continuation)]).encode()).hexdigest()
+
+
+class GenerationCache:
+    """Finished generations and token scores of one model, read at open and appended one line per item."""
+
+    def __init__(self, path: Path, fingerprint: str):
+        self.path, self.fingerprint = Path(path), fingerprint
+        self.entries: dict[str, dict] = {}
+        self.dropped = 0  # lines dropped at open: a torn last line, or any line that is not an entry
+        if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        raw = self.path.read_bytes()
+        *lines, tail = raw.split(b"\n")
+        if tail:  # no newline at the end: an append cut by a kill
+            self.dropped += 1
+            os.truncate(self.path, len(raw) - len(tail))
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line.decode("utf-8"))
+                key = entry["key"] if isinstance(entry, dict) else None
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
+                key = None
+            if not isinstance(key, str):
+                self.dropped += 1
+                continue
+            if entry.get("model") == self.fingerprint:
+                self.entries[key] = entry
+
+    @staticmethod
+    def key(request: GenRequest) -> str:
+        parts = [request.prompt, request.max_new_tokens, request.stop]
+        if getattr(request, "images", None):  # same question, other image: another answer
+            from pipeline.engines.vision import image_digest
+
+            parts.append(image_digest(request.images))
+        raw = json.dumps(parts)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def get(self, request: GenRequest) -> Completion | None:
+        entry = self.entries.get(self.key(request))
+        return Completion(entry["text"], entry["n_tokens"], entry["seconds"]) if entry else None
+
+    def put(self, request: GenRequest, completion: Completion) -> None:
+        self.put_many([request], [completion])
+
+    def put_many(self, requests: list[GenRequest], completions: list[Completion]) -> None:
+        self._append([{"model": self.fingerprint, "key": self.key(request), "text": completion.text,
+                       "n_tokens": completion.n_tokens, "seconds": completion.seconds}
+                      for request, completion in zip(requests, completions)])
+
+    # ---------------------------------------------------------------- token scores (likelihood suites)
+
+    def get_score(self, key: str) -> tuple[float, bool] | None:
+        entry = self.entries.get(key)
+        return (entry["logprob"], entry["greedy"]) if entry and "logprob" in entry else None
+
+    def put_scores(self, keys: list[str], scores: list[tuple[float, bool]], n_tokens: list[int]) -> None:
+        self._append([{"model": self.fingerprint, "key": key, "logprob": float(logprob), "greedy": bool(greedy),
+                       "n_tokens": n} for key, (logprob, greedy), n in zip(keys, scores, n_tokens)])
+
+    def _append(self, entries: list[dict]) -> None:
+        if not entries:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+        for entry in entries:
+            self.entries[entry["key"]] = entry

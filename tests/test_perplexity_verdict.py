@@ -1,0 +1,148 @@
+"""Perplexity suites in the verdict: the paired interval against an independent computation and by
+simulation, the decision against the margin, and the report's table and AWQ-vs-RTN comparison."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import TINY_PARAMS
+from pipeline import report, verdict
+from pipeline.params import Params
+
+
+def documents(loglikelihoods, tokens, prefix="doc"):
+    return {f"{prefix}{i}": {"id": f"{prefix}{i}", "suite": "ppl-book", "prompt": f"text {i} <b>x</b>", "target": "",
+                             "output": "", "score": math.exp(-ll / n), "correct": None, "loglikelihood": float(ll),
+                             "n_tokens": int(n), "seconds": None}
+            for i, (ll, n) in enumerate(zip(loglikelihoods, tokens))}
+
+
+def simulated(rng, m, rise, spread=0.02, noise=0.5):
+    """m documents of 100-400 tokens; the variant's per-token NLL is higher by log(1 + rise) on
+    average, each document by its own amount (spread) plus token-level noise."""
+    tokens = rng.integers(100, 400, size=m)
+    base_nll = tokens * rng.uniform(2.5, 3.5, size=m)
+    shift = tokens * (math.log1p(rise) + rng.normal(0, spread, size=m)) + np.sqrt(tokens) * rng.normal(0, noise, size=m)
+    return -base_nll, -(base_nll + shift), tokens
+
+
+def test_interval_equals_a_weighted_least_squares_fit_with_hc1_errors():
+    """The ratio estimator and its linearized error are the WLS fit of per-document NLL change on token
+    count (weights 1/tokens) with HC1 sandwich errors and a t quantile on m - 1 degrees of freedom,
+    computed here with numpy's least squares and scipy, written out independently."""
+    from scipy import stats as scipy_stats
+
+    rng = np.random.default_rng(3)
+    base, var, tokens = simulated(rng, 17, rise=0.04)
+    deltas = base - var
+    estimate, low, high = verdict.ratio_interval(deltas, tokens.astype(float), 0.95)
+    w = 1 / np.sqrt(tokens)  # whitening for weights 1/n
+    X, y = (tokens * w)[:, None], deltas * w
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X[:, 0] * beta[0]
+    bread = np.linalg.inv(X.T @ X)
+    meat = (X * resid[:, None]).T @ (X * resid[:, None])
+    se = math.sqrt((bread @ meat @ bread)[0, 0] * len(y) / (len(y) - 1))
+    t = scipy_stats.t.ppf(0.975, len(y) - 1)
+    assert estimate == pytest.approx(beta[0], rel=1e-12)
+    assert (low, high) == (pytest.approx(beta[0] - t * se, rel=1e-9), pytest.approx(beta[0] + t * se, rel=1e-9))
+
+
+@pytest.mark.parametrize("m", [5, 12, 40])
+def test_interval_covers_the_true_change_in_simulation(m):
+    rng = np.random.default_rng(m)
+    truth = math.log1p(0.05)
+    covered = 0
+    runs = 1000
+    for _ in range(runs):
+        base, var, tokens = simulated(rng, m, rise=0.05)
+        _, low, high = verdict.ratio_interval(base - var, tokens.astype(float), 0.95)
+        covered += low <= truth <= high
+    print(f"coverage at {m} documents: {covered / runs:.3f}")
+    assert covered / runs >= 0.93
+
+
+def test_decisions_against_the_margin():
+    rng = np.random.default_rng(0)
+    base, same, tokens = simulated(rng, 30, rise=0.0, spread=0.005, noise=0.1)
+    go = verdict.compare_perplexity(documents(base, tokens), documents(same, tokens), variant="v", suite="ppl-book",
+                                    margin=0.05)
+    assert go.decision == verdict.GO and go.ci_high < 0.05 and go.counted
+    base, worse, tokens = simulated(rng, 30, rise=0.20, spread=0.005, noise=0.1)
+    nogo = verdict.compare_perplexity(documents(base, tokens), documents(worse, tokens), variant="v",
+                                      suite="ppl-book", margin=0.05)
+    assert nogo.decision == verdict.NO_GO and nogo.ci_low > 0.05
+    assert nogo.change == pytest.approx(nogo.variant_ppl / nogo.base_ppl - 1)
+    assert nogo.worse_documents == 30 and "lies above +5.0%" in " ".join(nogo.reasons)
+    base, near, tokens = simulated(rng, 4, rise=0.05, spread=0.05)
+    open_ = verdict.compare_perplexity(documents(base, tokens), documents(near, tokens), variant="v",
+                                       suite="ppl-book", margin=0.05)
+    assert open_.decision == verdict.INCONCLUSIVE and open_.documents_to_settle > 4
+    one = verdict.compare_perplexity(documents(base[:1], tokens[:1]), documents(near[:1], tokens[:1]), variant="v",
+                                     suite="ppl-book", margin=0.05)
+    assert one.decision == verdict.INCONCLUSIVE and not one.counted
+
+
+def test_documents_of_other_lengths_or_one_model_only_are_left_out():
+    base = documents([-300.0, -310.0, -290.0, -305.0], [100, 100, 100, 100])
+    var = documents([-303.0, -313.0, -293.0, -308.0], [100, 101, 100, 100])
+    del var["doc3"]
+    v = verdict.compare_perplexity(base, var, variant="v", suite="ppl-book", margin=0.05)
+    assert v.n == 2 and v.tokens == 200
+    assert any("different lengths" in r for r in v.reasons) and any("only one model" in r for r in v.reasons)
+
+
+def _write(root, model, suite, docs):
+    (root / model).mkdir(parents=True, exist_ok=True)
+    (root / model / f"{suite}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs.values()))
+
+
+def test_report_counts_perplexity_suites_and_compares_awq_with_rtn(tmp_path):
+    rng = np.random.default_rng(7)
+    results, models = tmp_path / "results", tmp_path / "models"
+    base, fp8, tokens = simulated(rng, 20, rise=0.01, spread=0.005, noise=0.1)
+    shift = np.log1p(0.12) * tokens
+    awq = base - shift
+    rtn = base - 1.6 * shift
+    for model, lls in [("base", base), ("fp8-w8a8", fp8), ("awq-w4a16", awq), ("rtn-w4a16", rtn)]:
+        _write(results, model, "ppl-book", documents(lls, tokens))
+    for name, quant in [("awq-w4a16", {"method": "awq", "group_size": 64}), ("rtn-w4a16", {"method": "rtn", "group_size": 64}),
+                        ("fp8-w8a8", {"method": "fp8"})]:
+        (models / name).mkdir(parents=True)
+        (models / name / "quant.json").write_text(json.dumps({**quant, "scheme": name, "size_bytes": 1, "quantized_modules": 1,
+                                                             "calibration": {"blocks": 1, "seq_len": 1, "sha256": "0" * 64},
+                                                             "seconds": {"total": 1}, "device": "cpu", "peak_rss_bytes": 1,
+                                                             "ignored": {}, "verify": {"reloads": True, "sample": "",
+                                                                                       "vision": {"vision_tensors": 0, "mismatched": []}}}))
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["suites"] = {"ppl-book": {"task": "quant_ppl_book"}}
+    settings["variants"]["rtn-w4a16"] = {"method": "rtn", "group_size": 32}
+    settings["verdict"]["perplexity_margins"] = {"ppl-book": 0.05}
+    out = report.run(results, tmp_path / "reports", Params.model_validate(settings), models_dir=models)
+    variants = out.verdict["variants"]
+    assert variants["fp8-w8a8"]["decision"] == "GO" and variants["awq-w4a16"]["decision"] == "NO-GO"
+    assert variants["fp8-w8a8"]["perplexity"]["ppl-book"]["counted"] and variants["fp8-w8a8"]["suites"] == {}
+    [comparison] = out.verdict["method_comparisons"]
+    assert comparison["better"] == "awq-w4a16" and comparison["ci_high"] < 0 and comparison["suite"] == "ppl-book"
+    assert comparison["change"] == pytest.approx(comparison["awq_ppl"] / comparison["rtn_ppl"] - 1)
+    assert out.verdict["metrics"]["awq-w4a16"]["ppl-book"]["change"] > 0.05
+    html = out.html.read_text()
+    assert 'id="perplexity-table"' in html and 'id="awq-rtn-table"' in html
+    assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # document text escaped
+    assert html.count("<td>fp8-w8a8</td><td>ppl-book</td>") == 1
+
+
+def test_show_verdict_prints_perplexity_suites(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    path = tmp_path / "verdict.json"
+    path.write_text(json.dumps({"variants": {"awq": {"decision": "NO-GO", "suites": {}, "perplexity": {"ppl-book": {
+        "base_ppl": 10.0, "variant_ppl": 11.5, "change": 0.15, "ci_low": 0.12, "ci_high": 0.18, "margin": 0.05,
+        "decision": "NO-GO"}}}}}))
+    result = CliRunner().invoke(app, ["show-verdict", str(path)])
+    assert result.exit_code == 0
+    assert "ppl-book: perplexity 10.000 -> 11.500 (change +15.0%, interval [+12.0%, +18.0%], margin +5.0%): NO-GO" in result.output
