@@ -240,10 +240,13 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
         batch1 = next(l for l in workloads["fixed"]["levels"] if l["concurrency"] == min(concurrency))
         summary = {
             "model_dir": str(model_dir), "engine": engine, "device": device_name(), "versions": versions(),
+            # how the model is split over devices (engines without tensor parallelism: one device)
+            "parallel": getattr(lm, "parallel", None) or {"tensor_parallel_size": 1},
             "date": time.strftime("%Y-%m-%d"), "input_len": input_len, "output_len": output_len,
             "workloads": workloads,
-            "roofline": roofline(lm, model_dir, batch1, measure_bandwidth(device, 1.0 if device == "cuda" else 0.25),
-                                 kv_bytes),
+            # tensor parallel: each of the GPUs reads its share of the weights, so the bandwidth adds up
+            "roofline": roofline(lm, model_dir, batch1, measure_bandwidth(device, 1.0 if device == "cuda" else 0.25)
+                                 * (getattr(lm, "parallel", None) or {}).get("tensor_parallel_size", 1), kv_bytes),
         }
     finally:
         lm.close()

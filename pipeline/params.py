@@ -141,6 +141,8 @@ class EngineParams(Section):
     max_batch_tokens: int = Field(65536, ge=1)  # hf: rows x (longest prompt + new tokens) per batch
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     threads: int = Field(0, ge=0)
+    # GPUs one model is split over (tensor parallelism) by the engines that serve it: lmdeploy (tp)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
     # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
     base_url: str | None = None
     model: str | None = None  # the served model's name
@@ -153,6 +155,9 @@ class EngineParams(Section):
 
     def options(self, engine: str) -> dict:
         """What make_engine takes for `engine`, from this section."""
+        if engine == "lmdeploy":
+            return {"batch_size": self.batch_size, "max_batch_tokens": self.max_batch_tokens, "dtype": self.dtype,
+                    "threads": self.threads, "tensor_parallel_size": self.tensor_parallel_size}
         if engine != "openai":
             return {"batch_size": self.batch_size, "max_batch_tokens": self.max_batch_tokens, "dtype": self.dtype,
                     "threads": self.threads}

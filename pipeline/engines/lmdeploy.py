@@ -83,10 +83,18 @@ class LMDeployEngine:
     name = "lmdeploy"
 
     def __init__(self, model_dir: Path | str, *, batch_size: int = 64, dtype: str = "auto", progress=None,
-                 session_len: int | None = None, cache_max_entry_count: float = 0.5, **_ignored):
+                 session_len: int | None = None, cache_max_entry_count: float = 0.5, tensor_parallel_size: int = 1,
+                 **_ignored):
         require_lmdeploy()
+        import torch
         from lmdeploy import PytorchEngineConfig, pipeline
         from transformers import AutoTokenizer
+
+        if tensor_parallel_size > torch.cuda.device_count():
+            raise UserError(f"params.yaml: engine.tensor_parallel_size: {tensor_parallel_size} GPUs asked, "
+                            f"{torch.cuda.device_count()} visible; use at most that many (or set CUDA_VISIBLE_DEVICES)")
+        self.parallel = {"tensor_parallel_size": tensor_parallel_size, "devices": [
+            torch.cuda.get_device_name(i) for i in range(tensor_parallel_size)]}
 
         self.model_dir = Path(model_dir)
         self.served_dir, exported = servable_dir(self.model_dir)
@@ -95,7 +103,7 @@ class LMDeployEngine:
         self.progress = progress
         engine_config = PytorchEngineConfig(
             max_batch_size=batch_size, cache_max_entry_count=cache_max_entry_count, session_len=session_len,
-            dtype=dtype if dtype in ("float16", "bfloat16") else "auto")
+            dtype=dtype if dtype in ("float16", "bfloat16") else "auto", tp=tensor_parallel_size)
         self.pipe = pipeline(str(self.served_dir), backend_config=engine_config, log_level="ERROR",
                              trust_remote_code=exported)
         eos = json.loads((self.model_dir / "generation_config.json").read_text()).get("eos_token_id") \
@@ -162,8 +170,11 @@ class LMDeployEngine:
     def device_memory_used(self) -> int | None:
         import torch
 
-        free, total = torch.cuda.mem_get_info()
-        return total - free
+        used = 0
+        for index in range(self.parallel["tensor_parallel_size"]):  # every GPU the model is split over
+            free, total = torch.cuda.mem_get_info(index)
+            used += total - free
+        return used
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights read to decode one token: every tensor the served checkpoint holds,
