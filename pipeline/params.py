@@ -58,7 +58,7 @@ class AwqParams(Section):
     group_size: int | Literal["auto"] = "auto"
     symmetric: bool = False
     batch_size: int = Field(32, ge=1)
-    n_grid: int = Field(20, ge=2, le=100)  # AWQ scale candidates tried per layer group
+    n_grid: int = Field(20, ge=3, le=100)  # AWQ scale candidates per layer group (llm-compressor divides by n_grid - 2)
     # how each candidate is scored: "gram" computes llm-compressor's loss from X^T X where a mapping's
     # output is one Linear's (pipeline/quantize/awq_gram.py); "forward" is llm-compressor's own search
     search: Literal["gram", "forward"] = "gram"

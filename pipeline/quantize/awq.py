@@ -20,6 +20,8 @@ def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20, search:
 
     from pipeline.quantize.awq_gram import GramAWQModifier
 
+    if n_grid < 3:  # with duo scaling llm-compressor spaces its candidates by 1 / (n_grid - 2)
+        raise UserError(f"n_grid {n_grid}: AWQ needs at least 3 scale candidates")
     if search not in SEARCHES:
         raise UserError(f"AWQ search {search!r}: use one of {', '.join(SEARCHES)}")
     modifier = GramAWQModifier if search == "gram" else AWQModifier
