@@ -41,19 +41,64 @@ TINY = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_ke
             partial_rotary_factor=0.5, max_position_embeddings=2048, rms_norm_eps=1e-5, attention_bias=True,
             tie_word_embeddings=False)
 
-# name -> (who, batch: "1" or "ours", search)
+# GLM-4.5V / GLM-4.6V (106B, Glm4vMoeForConditionalGeneration) widths, for --plan-only --arch glm4v-moe
+GLM45V_TEXT = dict(
+    vocab_size=151552, hidden_size=4096, intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=128,
+    num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=1, num_attention_heads=96,
+    num_key_value_heads=8, head_dim=128, attention_bias=True, n_group=1, topk_group=1, norm_topk_prob=True,
+    routed_scaling_factor=1.0, max_position_embeddings=65536, rms_norm_eps=1e-05, pad_token_id=151329,
+    eos_token_id=[151329, 151336, 151338],
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                     "mrope_section": [8, 12, 12]},
+)
+GLM45V_VISION = dict(depth=24, hidden_size=1536, num_heads=12, intermediate_size=10944, out_hidden_size=4096,
+                     patch_size=14, image_size=336, spatial_merge_size=2, temporal_patch_size=2)
+
+# name -> (who, batch: "1" or "ours", search, placement); the last one is not run unless asked
 CONFIGS = {
-    "default": ("llm-compressor oneshot", "1", "forward"),
-    "llmc-batch": ("llm-compressor oneshot", "ours", "forward"),
-    "ours": ("quantize awq (awq.run)", "ours", "gram"),
-    "ours-forward": ("quantize awq, llm-compressor's search", "ours", "forward"),
+    "default": ("llm-compressor oneshot", "1", "forward", "device"),
+    "llmc-batch": ("llm-compressor oneshot", "ours", "forward", "device"),
+    "ours": ("quantize awq (awq.run)", "ours", "gram", "auto"),
+    "ours-forward": ("quantize awq, llm-compressor's search", "ours", "forward", "auto"),
+    "ours-offload": ("quantize awq, offloaded (a layer at a time)", "ours", "gram", "offload"),
 }
+DEFAULT_CONFIGS = "default,llmc-batch,ours,ours-forward"
 
 
 def device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def write_config_only(root: Path, layers: int, arch: str, tiny: bool) -> Path:
+    """config.json and a tokenizer, no weights: all `--plan` reads (its probe builds its own layers)."""
+    from transformers import Glm4vMoeConfig, GlmConfig
+
+    from tiny import _GLM4V_ROPE, tiny_tokenizer
+
+    out = root / f"{arch}-{layers}-config"
+    tokenizer = tiny_tokenizer()
+    if arch == "glm4v-moe":
+        text = {**GLM45V_TEXT, "num_hidden_layers": layers}
+        if tiny:
+            text.update(hidden_size=64, intermediate_size=160, moe_intermediate_size=32, n_routed_experts=8,
+                        num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, rope_parameters=_GLM4V_ROPE)
+        vision = {**GLM45V_VISION, **({"hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "depth": 2,
+                                       "out_hidden_size": 64} if tiny else {})}
+        config = Glm4vMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+        config.architectures = ["Glm4vMoeForConditionalGeneration"]
+    else:
+        shapes = GLM4_9B if not tiny else {**TINY, "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                                            "eos_token_id": tokenizer.eos_token_id}
+        config = GlmConfig(num_hidden_layers=layers, dtype="float16" if tiny else "bfloat16", **shapes)
+        config.architectures = ["GlmForCausalLM"]
+    config.dtype = "float16" if tiny else "bfloat16"
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def build_model(root: Path, layers: int, tiny: bool) -> Path:
@@ -153,10 +198,12 @@ def llmc_direct(model_dir: Path, blocks: list[list[int]], batch: int, n_grid: in
     return {"calibrate_s": seconds, "peak_gpu_bytes": peak}
 
 
-def ours(model_dir: Path, calib: Path, out: Path, batch: int, n_grid: int, group: int, search: str) -> dict:
+def ours(model_dir: Path, calib: Path, out: Path, batch: int, n_grid: int, group: int, search: str,
+         placement: str = "auto") -> dict:
     from pipeline.quantize import awq
 
-    info = awq.run(model_dir, out, calib, group_size=group, batch_size=batch, n_grid=n_grid, search=search).info
+    info = awq.run(model_dir, out, calib, group_size=group, batch_size=batch, n_grid=n_grid, search=search,
+                   placement=placement).info
     errors = info["verify"]["layer_error"]["relative"]
     return {"calibrate_s": info["seconds"]["calibrate"], "peak_gpu_bytes": info.get("peak_gpu_bytes_calibrate"),
             "layer_error_mean": sum(errors) / len(errors), "layer_error_max": max(errors),
@@ -186,7 +233,7 @@ def reference_io(model_dir: Path, probe_blocks: list[list[int]]):
 def plan_only(args, root: Path) -> None:
     from pipeline.quantize import awq
 
-    model_dir = build_model(root, args.layers, args.tiny)
+    model_dir = write_config_only(root, args.layers, args.arch, args.tiny)
     calib = write_blocks(root, args.blocks, args.seq_len, _vocab(model_dir))
     started = time.perf_counter()
     layout = awq.run(model_dir, root / "plan-out", calib, group_size=args.group, batch_size=args.batch,
@@ -196,7 +243,8 @@ def plan_only(args, root: Path) -> None:
 
 
 def _vocab(model_dir: Path) -> int:
-    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    config = json.loads((model_dir / "config.json").read_text())
+    return (config.get("text_config") or config)["vocab_size"]
 
 
 def main() -> None:
@@ -207,10 +255,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="our batch size (and llm-compressor's in llmc-batch)")
     parser.add_argument("--n-grid", type=int, default=20)
     parser.add_argument("--group", type=int, default=128)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"any of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"any of {', '.join(CONFIGS)}")
     parser.add_argument("--tiny", action="store_true", help="tiny GLM shapes and 16 x 64 tokens: a CPU check")
     parser.add_argument("--layers", type=int, default=40, help="with --plan-only: depth of the model planned")
     parser.add_argument("--plan-only", action="store_true", help="print our stage's --plan (one-layer probe) and stop")
+    parser.add_argument("--arch", choices=["glm", "glm4v-moe"], default="glm",
+                        help="with --plan-only: GLM-4-9B shapes, or GLM-4.5V/4.6V (106B MoE) widths")
     parser.add_argument("--root", type=Path, default=Path("/tmp/awq-speed"))
     args = parser.parse_args()
     if args.tiny:
@@ -241,7 +291,7 @@ def main() -> None:
             shutil.rmtree(warm, ignore_errors=True)
         order = configs if number % 2 == 0 else configs[::-1]  # alternate, so drift does not favour one
         for name in order:
-            who, batch, search = CONFIGS[name]
+            who, batch, search, placement = CONFIGS[name]
             batch = 1 if batch == "1" else args.batch
             out = args.root / f"out-{name}-{depth}"
             if who.startswith("llm-compressor"):
@@ -249,7 +299,7 @@ def main() -> None:
                 if deepest:
                     row["layer_error_mean"], row["layer_error_max"] = layer_error(out, reference, work_dtype())
             else:
-                row = ours(model_dir, calib, out, batch, args.n_grid, args.group, search)
+                row = ours(model_dir, calib, out, batch, args.n_grid, args.group, search, placement)
             shutil.rmtree(out, ignore_errors=True)
             times[name][depth] = row
             print(json.dumps({"config": name, "depth": depth, "batch": batch, **row}), flush=True)
@@ -266,7 +316,7 @@ def main() -> None:
     slopes = {name: (t[deep]["calibrate_s"] - t[shallow]["calibrate_s"]) / max(deep - shallow, 1)
               for name, t in times.items() if shallow in t and deep in t}
     for name, t in times.items():
-        who, batch, search = CONFIGS[name]
+        who, batch, search, _ = CONFIGS[name]
         batch = 1 if batch == "1" else args.batch
         slope = slopes.get(name)
         speedup = f"{slopes['default'] / slope:.2f}x" if "default" in slopes and slope else "–"

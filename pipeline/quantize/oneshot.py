@@ -210,10 +210,11 @@ class Plan:
         if probe:
             kinds = ", ".join(f"{kind} {k['seconds']:.2f} s" + (f" (peak {_gib(k['peak_gpu_bytes'])})" if k["peak_gpu_bytes"] else "")
                               for kind, k in probe["kinds"].items())
+            e = i["expected"]
             lines.append(f"probe on {probe['device']} ({probe['placement']}, random weights, these blocks and batch): {kinds}; "
                          f"{probe['seconds']:.1f} s in all")
-            e = i["expected"]
-            parts = " + ".join(f"{i['kinds'][kind]['count']} x {probe['kinds'][kind]['seconds']:.2f} s" for kind in probe["kinds"])
+            parts = " + ".join(f"{k['count']} x {k['seconds']:.2f} s" + ("" if k["from"] == "probe" else f" ({k['from']})")
+                               for k in e["per_kind"].values())
             lines.append(f"expected calibration: {parts} + {e['fixed_s']:.1f} s fixed + {e['other_s']:.1f} s other passes "
                          f"= {e['calibrate_s']:.0f} s ({e['calibrate_s'] / 60:.1f} min); loading, saving and verifying not included")
         return "\n".join(lines)
@@ -281,12 +282,20 @@ def add_probe(layout: Plan, recipe: list, model_dir: Path, tokenizer, blocks: li
     i = layout.info
     measured = probe.run(recipe, model_dir, tokenizer, blocks, batch_size, work_dtype, i["placement"])
     i["probe"] = measured
-    in_layers = sum(i["kinds"][kind]["count"] * k["seconds"] for kind, k in measured["kinds"].items())
+    per_kind = {}
+    for kind, k in i["kinds"].items():
+        if kind in measured["kinds"]:
+            per_kind[kind] = {"count": k["count"], "seconds": measured["kinds"][kind]["seconds"], "from": "probe"}
+        else:  # a kind the cut-down model does not have: the probed layers' time per parameter
+            probed = sum(v["seconds"] for v in measured["kinds"].values()) / max(measured["layer_params"], 1)
+            per_kind[kind] = {"count": k["count"], "seconds": probed * k["params"], "from": "scaled by parameters"}
+    in_layers = sum(k["count"] * k["seconds"] for k in per_kind.values())
     full_layer_params = sum(k["count"] * k["params"] for k in i["kinds"].values())
     scale = full_layer_params / max(measured["layer_params"], 1)
     other = measured["after_layers_s"] * scale
     i["expected"] = {"calibrate_s": round(measured["before_layers_s"] + in_layers + other, 1),
-                     "fixed_s": measured["before_layers_s"], "other_s": round(other, 1), "layers_s": round(in_layers, 1)}
+                     "fixed_s": measured["before_layers_s"], "other_s": round(other, 1), "layers_s": round(in_layers, 1),
+                     "per_kind": per_kind}
     peaks = {kind: k["peak_gpu_bytes"] for kind, k in measured["kinds"].items() if k["peak_gpu_bytes"]}
     if peaks:
         worst = max(peaks.values())
