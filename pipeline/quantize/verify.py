@@ -5,7 +5,11 @@
 - every vision-tower tensor is bit-identical to the base checkpoint;
 - the checkpoint reloads with transformers and generates;
 - the relative output error ||y_q - y_ref|| / ||y_ref|| of each decoder layer on a few held-out
-  blocks, each layer fed the base model's own input (a local error, not an accumulated one).
+  blocks, each layer fed the base model's own input (a local error, not an accumulated one);
+- MoE: every routed expert saw calibration tokens (checked right after calibration, before saving).
+
+A model calibrated offloaded (larger than the device) is reloaded the same way: on the host, each
+module brought to the device to run.
 
 Memory: the base model's per-layer inputs and outputs for those blocks are captured before
 calibration and kept on the CPU: 2 x blocks x tokens x hidden x layers values (GLM-4-9B, 2
