@@ -138,6 +138,15 @@ def write_blocks(root: Path, blocks: int, seq_len: int, vocab: int) -> Path:
     return path
 
 
+def read_tensors(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    return tensors
+
+
 def _free() -> None:
     import torch
 
@@ -300,7 +309,8 @@ def main() -> None:
                     row["layer_error_mean"], row["layer_error_max"] = layer_error(out, reference, work_dtype())
             else:
                 row = ours(model_dir, calib, out, batch, args.n_grid, args.group, search, placement)
-            shutil.rmtree(out, ignore_errors=True)
+            if not (deepest and name in ("ours", "ours-offload")):
+                shutil.rmtree(out, ignore_errors=True)
             times[name][depth] = row
             print(json.dumps({"config": name, "depth": depth, "batch": batch, **row}), flush=True)
         shutil.rmtree(model_dir, ignore_errors=True)
@@ -333,6 +343,18 @@ def main() -> None:
     if "ours" in slopes and "llmc-batch" in slopes:
         print(f"our stage (X^T X search) vs llm-compressor at batch {args.batch}: "
               f"{slopes['ours'] / slopes['llmc-batch'] - 1:+.1%} per layer")
+    whole, offloaded = args.root / f"out-ours-{deep}", args.root / f"out-ours-offload-{deep}"
+    if whole.exists() and offloaded.exists():
+        a, b = read_tensors(whole), read_tensors(offloaded)
+        differ = [k for k in a if k not in b or not torch.equal(a[k], b[k])]
+        line = f"offloaded vs whole-model checkpoint ({deep} layers): " + (
+            "bit-identical" if not differ and len(a) == len(b) else f"{len(differ)} of {len(a)} tensors differ, e.g. {differ[:3]}")
+        if torch.cuda.is_available():
+            line += (f"; peak GPU in calibration {times['ours-offload'][deep]['peak_gpu_bytes'] / 2**30:.1f} GiB "
+                     f"offloaded vs {times['ours'][deep]['peak_gpu_bytes'] / 2**30:.1f} GiB whole")
+        print(line)
+    for leftover in (whole, offloaded):
+        shutil.rmtree(leftover, ignore_errors=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "awq_speed.json").write_text(json.dumps({"args": vars(args) | {"root": str(args.root)},
                                                                          "times": times, "slopes": slopes}, indent=1))
