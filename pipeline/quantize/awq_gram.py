@@ -66,9 +66,13 @@ def _tf32():
 class GramAWQModifier(AWQModifier):
     """AWQModifier whose single-Linear mappings are searched from X^T X (see the module docstring)."""
 
-    # smooth name -> [gram (in x in, float32), tokens, |x| sum (float32, on CPU), |x| count]
+    # smooth name -> [X^T X (in x in, float32, on the execution device), tokens], for the current layer
     _grams: dict = PrivateAttr(default_factory=dict)
+    # smooth name -> mapping scored from X^T X
     _gram_mappings: dict = PrivateAttr(default_factory=dict)
+    # every resolved mapping in llm-compressor's order; _resolved_mappings keeps only those it searches itself
+    _all_mappings: list = PrivateAttr(default_factory=list)
+    _use_gram: bool = PrivateAttr(default=True)
 
     @staticmethod
     def _gram_eligible(mapping) -> bool:
@@ -76,10 +80,6 @@ class GramAWQModifier(AWQModifier):
         return (isinstance(parent, torch.nn.Linear) and len(mapping.balance_layers) == 1
                 and mapping.balance_layers[0] is parent and mapping.activation_hook_target is None
                 and getattr(getattr(parent, "quantization_scheme", None), "weights", None) is not None)
-
-    # the full ordered list of resolved mappings; _resolved_mappings keeps only those llm-compressor handles
-    _all_mappings: list = PrivateAttr(default_factory=list)
-    _use_gram: bool = PrivateAttr(default=True)
 
     def on_calibration_start(self, state, event, **kwargs):
         from compressed_tensors.offload.dist_utils import is_distributed
