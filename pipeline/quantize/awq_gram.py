@@ -73,6 +73,8 @@ class GramAWQModifier(AWQModifier):
     # every resolved mapping in llm-compressor's order; _resolved_mappings keeps only those it searches itself
     _all_mappings: list = PrivateAttr(default_factory=list)
     _use_gram: bool = PrivateAttr(default=True)
+    # mappings smoothed and seconds spent, by how they were searched (kept after finalize: the run reports it)
+    _searched: dict = PrivateAttr(default_factory=lambda: {"gram": [0, 0.0], "forward": [0, 0.0]})
 
     @staticmethod
     def _gram_eligible(mapping) -> bool:
@@ -122,13 +124,25 @@ class GramAWQModifier(AWQModifier):
 
     @torch.no_grad()
     def _apply_smoothing(self, model) -> None:
+        import time
+
         due = [m for m in self._all_mappings if m.smooth_name in self._smooth_activation_stats]
         for mapping in due:
-            if mapping.smooth_name in self._gram_mappings:
+            started = time.perf_counter()
+            how = "gram" if mapping.smooth_name in self._gram_mappings else "forward"
+            if how == "gram":
                 self._smooth_from_gram(model, mapping)
             else:
                 self._smooth_with_llm_compressor(model, mapping)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self._searched[how][0] += 1
+            self._searched[how][1] += time.perf_counter() - started
         self._assert_all_activations_consumed()
+
+    def search_report(self) -> dict:
+        """For quant.json: how many mappings each search smoothed, and the seconds it took."""
+        return {how: {"mappings": n, "seconds": round(seconds, 2)} for how, (n, seconds) in self._searched.items()}
 
     def _smooth_with_llm_compressor(self, model, mapping) -> None:
         """llm-compressor's own step for this one mapping (forward passes over cached inputs)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 @dataclass
 class Calibrated:
     seconds: float
+    cpu_seconds: float  # this process's CPU time: on a shared CPU machine, steadier than wall time
     layers: dict  # monitor.LayerTimer.close()
     experts: dict | None  # monitor.ExpertCounter.close(); None without routed experts
     before_layers_s: float  # tracing, data, embeddings: from the call to the first layer's first input
@@ -44,7 +45,7 @@ def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_siz
     from pipeline.quantize.monitor import ExpertCounter, LayerTimer
 
     timer, counter = LayerTimer(model), ExpertCounter(model)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     first_input: list[float] = []
     first_hook = timer.layers[0][1].register_forward_pre_hook(
         lambda module, args: first_input.append(time.perf_counter()) if not first_input else None) \
@@ -63,12 +64,12 @@ def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_siz
             shuffle_calibration_samples=False,
             moe_calibrate_all_experts=calibrate_all_experts,
         )
-        ended = time.perf_counter()
+        ended, cpu_ended = time.perf_counter(), time.process_time()
     finally:
         if first_hook is not None:
             first_hook.remove()
         layers, experts = timer.close(), counter.close()
     in_layers = sum(layers["seconds"].values())
     before = (first_input[0] - started) if first_input else 0.0
-    return Calibrated(seconds=ended - started, layers=layers, experts=experts, before_layers_s=before,
+    return Calibrated(seconds=ended - started, cpu_seconds=cpu_ended - cpu_started, layers=layers, experts=experts, before_layers_s=before,
                       after_layers_s=max(0.0, ended - started - before - in_layers))

@@ -400,7 +400,9 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
             "threads": torch.get_num_threads(),
             "seconds": {"load": round(load_s, 2), "calibrate": round(calibrate_s, 2),
                         "save": round(save_s, 2), "verify": round(watch.seconds - load_s - calibrate_s - save_s, 2),
-                        "total": round(watch.seconds, 2)},
+                        "total": round(watch.seconds, 2),
+                        # llm-compressor's oneshot alone: wall and this process's CPU time
+                        "oneshot": round(calibrated.seconds, 2), "oneshot_cpu": round(calibrated.cpu_seconds, 2)},
             "layers": {
                 "seconds": list(seconds.values()),
                 "mean_s": round(sum(seconds.values()) / max(len(seconds), 1), 3),
@@ -418,6 +420,9 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
             "base_size_bytes": dir_size(model_dir),
             "verify": verification,
         }
+        for modifier in recipe:  # e.g. the AWQ search: mappings and seconds by how each was scored
+            if hasattr(modifier, "search_report"):
+                info["search_report"] = modifier.search_report()
         if calibrated.experts is not None:
             info["experts"] = {"layers": calibrated.experts["layers"], "routed": calibrated.experts["routed"]}
         (tmp / "quant.json").write_text(json.dumps(info, indent=2) + "\n")
