@@ -378,9 +378,13 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
         summary = {
             "model_dir": str(model_dir), "engine": engine, "engine_info": describe_engine(lm, engine, options),
             "device": device_name() if engine != "openai" else f"served at {options.get('base_url')}",
+            # how the model is split over devices (engines without tensor parallelism: one device)
+            "parallel": getattr(lm, "parallel", None) or {"tensor_parallel_size": 1},
             "versions": versions(), "date": time.strftime("%Y-%m-%d"), "input_len": input_len,
             "output_len": output_len, "slo": slo or None, "workloads": workloads,
-            "roofline": roofline(lm, model_dir, batch1, bandwidth, kv_bytes) if bandwidth else None,
+            # tensor parallel: each of the GPUs reads its share of the weights, so the bandwidth adds up
+            "roofline": roofline(lm, model_dir, batch1, bandwidth * (getattr(lm, "parallel", None) or {}).get(
+                "tensor_parallel_size", 1), kv_bytes) if bandwidth else None,
         }
     finally:
         lm.close()

@@ -175,6 +175,8 @@ def awq(
     group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (must divide every layer's input width) (default: params)"),
     symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (no zero point) (default: params, asymmetric)"),
     variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml whose settings to use (default: the first awq variant)"),
+    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
+    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."""
@@ -198,7 +200,7 @@ def awq(
         model, out, calib,
         group_size=size, symmetric=symmetric if symmetric is not None else (s.symmetric if s else False),
         seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout, batch_size=s.batch_size if s else 32,
-        n_grid=s.n_grid if s else 20,
+        n_grid=s.n_grid if s else 20, search=s.search if s else "gram", placement=placement, plan_only=plan,
     )
     typer.echo(result.summary())
 
@@ -212,6 +214,8 @@ def fp8(
     activations: Optional[str] = typer.Option(None, help="static (calibrated scale) or dynamic (per token) (default: params)"),
     kv: Optional[str] = typer.Option(None, help="FP8 KV cache scales: per-head, per-tensor or none (default: params, per-head)"),
     variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml (default: the first fp8 variant)"),
+    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
+    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."""
@@ -234,6 +238,7 @@ def fp8(
     result = fp8_stage.run(
         model, out, calib,
         activations=activations, kv=kv, seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout,
+        placement=placement, plan_only=plan,
     )
     typer.echo(result.summary())
 
@@ -247,9 +252,14 @@ def rtn(
     group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (default: params)"),
     symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (default: params, asymmetric)"),
     variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml (default: the first rtn variant)"),
+    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
+    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Round-to-nearest W4A16 (AWQ's quantizer without its smoothing): the baseline AWQ is measured against."""
+    from pipeline.quantize import require_llmcompressor
+
+    require_llmcompressor()
     from pipeline.quantize import rtn as rtn_stage
 
     p = _params(params_file)
@@ -261,10 +271,12 @@ def rtn(
         except ValueError:
             raise UserError(f"--group-size {group_size}: use auto or a power of two such as 64 or 128") from None
     c = p.calib
+    model, out, calib = model or p.model.base_dir, out or Path("models") / (variant or "rtn-w4a16"), calib or _calib_default(p)
+    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=calib)
     result = rtn_stage.run(
-        model or p.model.base_dir, out or Path("models") / (variant or "rtn-w4a16"), calib or _calib_default(p),
+        model, out, calib,
         group_size=size, symmetric=symmetric if symmetric is not None else (s.symmetric if s else False),
-        seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout,
+        seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout, placement=placement, plan_only=plan,
     )
     typer.echo(result.summary())
 
@@ -278,7 +290,7 @@ def build_variant(
     """Build one variant exactly as params.yaml describes it (what `dvc repro` runs)."""
     p = _params(params_file)
     command = {"awq": awq, "fp8": fp8, "rtn": rtn}[p.variant(name).method]
-    command(model=None, calib=None, out=None, variant=name, params_file=params_file,
+    command(model=None, calib=None, out=None, variant=name, params_file=params_file, plan=False, placement="auto",
             **({"activations": None, "kv": None} if command is fp8 else {"group_size": None, "symmetric": None}))
 
 

@@ -123,6 +123,9 @@ class AwqParams(Section):
     symmetric: bool = False
     batch_size: int = Field(32, ge=1, le=4096)
     n_grid: int = Field(20, ge=3, le=100)  # AWQ scale candidates per layer group (llm-compressor divides by n_grid - 2)
+    # how each candidate is scored: "gram" computes llm-compressor's loss from X^T X where a mapping's
+    # output is one Linear's (pipeline/quantize/awq_gram.py); "forward" is llm-compressor's own search
+    search: Literal["gram", "forward"] = "gram"
 
     _power_of_two = field_validator("group_size")(lambda value: group_size_allowed(value))
 

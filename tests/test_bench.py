@@ -38,6 +38,7 @@ def test_bench_sweeps_concurrency_on_both_workloads(tmp_path, tiny_llama, monkey
     assert result.exit_code == 0, result.output
     assert "bench: wrote bench.json (hf, fixed workload" in result.output
     summary = json.loads((tmp_path / "bench.json").read_text())
+    assert summary["parallel"] == {"tensor_parallel_size": 1}  # the hf engine runs on one device
 
     fixed, real = summary["workloads"]["fixed"], summary["workloads"]["holdout"]
     assert [l["concurrency"] for l in fixed["levels"]] == [1, 2] == [l["concurrency"] for l in real["levels"]]

@@ -83,14 +83,15 @@ class Smoothed:
 
 @contextlib.contextmanager
 def recording_smoothing(records: dict[str, Smoothed]):
-    """Spies on llm-compressor's real AWQ smoothing step: for every mapping it smooths, keeps the
-    resolved balance layers and the smooth layer's weight before and after the step."""
-    from llmcompressor.modifiers.transform.awq.base import AWQModifier
+    """Spies on the real AWQ smoothing step (our GramAWQModifier's, which hands the mappings it does
+    not score from X^T X to llm-compressor's own): for every mapping smoothed, keeps the resolved
+    balance layers and the smooth layer's weight before and after the step."""
+    from pipeline.quantize.awq_gram import GramAWQModifier
 
-    original = AWQModifier._apply_smoothing
+    original = GramAWQModifier._apply_smoothing
 
     def spy(self, model):
-        due = [m for m in self._resolved_mappings if m.smooth_name in self._smooth_activation_stats]
+        due = [m for m in self._all_mappings if m.smooth_name in self._smooth_activation_stats]
         before = {m.smooth_name: m.smooth_layer.weight.detach().clone() for m in due}
         original(self, model)
         for m in due:
@@ -98,7 +99,7 @@ def recording_smoothing(records: dict[str, Smoothed]):
             records[m.smooth_name] = Smoothed(m.balance_names, before[m.smooth_name], after)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(AWQModifier, "_apply_smoothing", spy)
+        patch.setattr(GramAWQModifier, "_apply_smoothing", spy)
         yield
 
 

@@ -88,8 +88,15 @@ class LMDeployEngine:
                  session_len: int | None = None, cache_max_entry_count: float = 0.5, tensor_parallel_size: int = 1,
                  **_ignored):
         require_lmdeploy()
+        import torch
         from lmdeploy import PytorchEngineConfig, pipeline
         from transformers import AutoTokenizer
+
+        if tensor_parallel_size > torch.cuda.device_count():
+            raise UserError(f"params.yaml: engine.tensor_parallel_size: {tensor_parallel_size} GPUs asked, "
+                            f"{torch.cuda.device_count()} visible; use at most that many (or set CUDA_VISIBLE_DEVICES)")
+        self.parallel = {"tensor_parallel_size": tensor_parallel_size, "devices": [
+            torch.cuda.get_device_name(i) for i in range(tensor_parallel_size)]}
 
         self.model_dir = Path(model_dir)
         self.served_dir, exported = servable_dir(self.model_dir)
@@ -175,8 +182,11 @@ class LMDeployEngine:
     def device_memory_used(self) -> int | None:
         import torch
 
-        free, total = torch.cuda.mem_get_info()
-        return total - free
+        used = 0
+        for index in range(self.parallel["tensor_parallel_size"]):  # every GPU the model is split over
+            free, total = torch.cuda.mem_get_info(index)
+            used += total - free
+        return used
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights read to decode one token: every tensor the served checkpoint holds,

@@ -10,14 +10,27 @@ from pipeline.quantize import compat, oneshot, plan
 from pipeline.quantize.mappings import mappings_for, supported_architectures
 
 
-def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20) -> list:
+SEARCHES = ("gram", "forward")
+
+
+def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20, search: str = "gram") -> list:
+    """search: "gram" scores single-Linear mappings from X^T X (awq_gram.py: llm-compressor's
+    objective, computed cheaper); "forward" is llm-compressor's AWQModifier unchanged."""
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform.awq import AWQModifier
+
+    from pipeline.quantize.awq_gram import GramAWQModifier
+
+    if n_grid < 3:  # with duo scaling llm-compressor spaces its candidates by 1 / (n_grid - 2)
+        raise UserError(f"n_grid {n_grid}: AWQ needs at least 3 scale candidates")
+    if search not in SEARCHES:
+        raise UserError(f"AWQ search {search!r}: use one of {', '.join(SEARCHES)}")
+    modifier = GramAWQModifier if search == "gram" else AWQModifier
 
     weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": group_size,
                "symmetric": symmetric, "dynamic": False}
     return [
-        AWQModifier(mappings=mappings, duo_scaling=True, n_grid=n_grid),
+        modifier(mappings=mappings, duo_scaling=True, n_grid=n_grid),
         QuantizationModifier(
             config_groups={"group_0": {"targets": ["Linear"], "weights": weights}},
             ignore=plan.ignore_patterns(),
@@ -26,7 +39,10 @@ def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20) -> list
 
 
 def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "auto", symmetric: bool = False,
-        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32, n_grid: int = 20) -> oneshot.QuantResult:
+        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32, n_grid: int = 20,
+        search: str = "gram", placement: str = "auto", plan_only: bool = False,
+        calibrate_all_experts: bool = True) -> oneshot.QuantResult | oneshot.Plan:
+    """plan_only: print what the run needs and how long it should take, write nothing (oneshot.run)."""
     compat.quiet_cpu_warning()
     config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
@@ -40,7 +56,8 @@ def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "aut
     inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     scheme = f"W4A16 {'symmetric' if symmetric else 'asymmetric'}, group {group}"
     return oneshot.run(
-        method="awq", scheme=scheme, recipe=recipe(group, symmetric, mappings, n_grid), model_dir=model_dir,
+        method="awq", scheme=scheme, recipe=recipe(group, symmetric, mappings, n_grid, search), model_dir=model_dir,
         out=out, calib=calib, seq_len=seq_len, num_blocks=num_blocks, holdout=holdout, batch_size=batch_size,
-        details={"architecture": arch, "group_size": group, "symmetric": symmetric, "n_grid": n_grid},
+        details={"architecture": arch, "group_size": group, "symmetric": symmetric, "n_grid": n_grid, "search": search},
+        placement=placement, plan_only=plan_only, calibrate_all_experts=calibrate_all_experts,
     )

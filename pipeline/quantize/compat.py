@@ -123,3 +123,13 @@ def _restore_conversion_mapping(model_type: str, previous) -> None:
         conversion.register_checkpoint_conversion_mapping(model_type, previous, overwrite=True)
     else:
         conversion._checkpoint_conversion_mapping_cache.pop(model_type, None)
+
+
+def build_linearized(model_cls, config):
+    """A model built from its config (random weights) with its routed experts then split into one
+    Linear per expert, as load_linearized would load it: what the one-layer probe of `--plan` times."""
+    from llmcompressor.modeling.moe.linearize import linearize_moe
+
+    model = model_cls(config)
+    linearize_moe(model)
+    return model

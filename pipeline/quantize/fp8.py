@@ -32,7 +32,10 @@ def recipe(activations: str, kv: str) -> list:
 
 
 def run(model_dir: Path, out: Path, calib: Path, *, activations: str = "static", kv: str = "per-head",
-        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32) -> oneshot.QuantResult:
+        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32,
+        placement: str = "auto", plan_only: bool = False,
+        calibrate_all_experts: bool = True) -> oneshot.QuantResult | oneshot.Plan:
+    """plan_only: print what the run needs and how long it should take, write nothing (oneshot.run)."""
     compat.quiet_cpu_warning()
     config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
@@ -42,4 +45,5 @@ def run(model_dir: Path, out: Path, calib: Path, *, activations: str = "static",
         method="fp8", scheme=scheme, recipe=recipe(activations, kv), model_dir=model_dir, out=out,
         calib=calib, seq_len=seq_len, num_blocks=num_blocks, holdout=holdout, batch_size=batch_size,
         details={"architecture": arch, "activations": activations, "kv_cache": kv},
+        placement=placement, plan_only=plan_only, calibrate_all_experts=calibrate_all_experts,
     )

@@ -145,3 +145,111 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
             "pipeline/quantize/compat.py EXTRA_LINEARIZED_MOE"
         )
     return arch
+
+
+# ---------------------------------------------------------------- resources
+
+# modules named like decoder layers: model.layers.3, model.language_model.layers.3
+_DECODER_LAYER = re.compile(r"(.*\.)?layers\.\d+")
+
+
+def _is_vision(name: str) -> bool:
+    return ".visual." in name or name.startswith("visual.") or "vision" in name
+
+
+def decoder_layers(model) -> list[tuple[str, "object"]]:
+    """The text decoder layers, in order (the units the sequential pipeline calibrates one by one)."""
+    return [(name, module) for name, module in model.named_modules()
+            if _DECODER_LAYER.fullmatch(name) and not _is_vision(name)]
+
+
+def _experts_in(layer) -> int:
+    """Routed experts inside a decoder layer (fused or one Linear per expert), 0 for a dense layer."""
+    for name, module in layer.named_modules():
+        if name.endswith("experts") and not name.endswith("shared_experts") and hasattr(module, "num_experts"):
+            return int(module.num_experts)
+    return 0
+
+
+def layer_kind(layer) -> str:
+    experts = _experts_in(layer)
+    return f"{type(layer).__name__}, {experts} experts" if experts else f"{type(layer).__name__}, dense"
+
+
+def meta_model(model_dir: Path | str):
+    """The checkpoint's model built on the meta device: shapes and names, no memory, no weights read."""
+    import torch
+    import transformers
+
+    from pipeline.checkpoints import auto_model_class
+
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        return auto_model_class(config).from_config(config)
+
+
+def _params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def footprint(model) -> dict:
+    """Parameters of the whole model and of each kind of decoder layer."""
+    layers = decoder_layers(model)
+    kinds: dict[str, dict] = {}
+    for name, layer in layers:
+        kind = kinds.setdefault(layer_kind(layer), {"count": 0, "params": _params(layer), "first": name})
+        kind["count"] += 1
+    total = _params(model)
+    in_layers = sum(k["count"] * k["params"] for k in kinds.values())
+    return {"layers": len(layers), "kinds": kinds, "params": total, "other_params": total - in_layers,
+            "largest_layer_params": max((k["params"] for k in kinds.values()), default=0)}
+
+
+def working_set_bytes(config: dict, kind: str, tokens: int, batch_tokens: int, dtype_bytes: int,
+                      awq: bool) -> int:
+    """A rough upper estimate of the device memory one decoder layer's calibration needs beyond its
+    weights: the batch's activations through the widest projection, and for AWQ the cached inputs
+    of the attention (replayed per scale candidate), its outputs, and the float32 Gram matrices of
+    the single-Linear mappings. `plan --probe` measures the real figure."""
+    text = text_config(config)
+    hidden = text["hidden_size"]
+    experts = int(kind.split(", ")[1].split()[0]) if "experts" in kind else 0
+    inner = (text.get("moe_intermediate_size") or text.get("intermediate_size") or 4 * hidden) if experts \
+        else (text.get("intermediate_size") or 4 * hidden)
+    activations = batch_tokens * (4 * hidden + 3 * 2 * inner) * dtype_bytes
+    if not awq:
+        return activations
+    cached = 3 * tokens * hidden * dtype_bytes
+    grams = 4 * (hidden ** 2 + (max(experts, 1) + 1) * inner ** 2)
+    return activations + cached + grams
+
+
+def host_bytes(params: int, dtype_bytes: int, tokens: int, hidden: int, layers: int, probe_tokens: int,
+               offload: bool) -> int:
+    """Host memory: the weights (all of them with offloading; with the model on the device they pass
+    through the host once while loading), the calibration activations between layers (the sequential
+    pipeline keeps them on the host), the verify stage's per-layer reference inputs and outputs, and
+    ~2 GB of libraries."""
+    weights = params * dtype_bytes
+    between_layers = 3 * tokens * hidden * dtype_bytes
+    reference = 2 * probe_tokens * hidden * 4 * layers * 2
+    return weights + between_layers + reference + (2 << 30)
+
+
+PLACEMENTS = ("auto", "device", "offload")
+
+
+def choose_placement(requested: str, weights_bytes: int, working_bytes: int, free_device_bytes: int | None) -> tuple[str, str]:
+    """(placement, why). "device": the whole model on the accelerator (fastest when it fits);
+    "offload": on the host, each decoder layer brought to the accelerator in turn."""
+    if requested not in PLACEMENTS:
+        raise UserError(f"placement {requested!r}: use one of {', '.join(PLACEMENTS)}")
+    if requested != "auto":
+        return requested, "as asked"
+    if free_device_bytes is None:
+        return "device", "no accelerator: everything runs on the CPU"
+    need = weights_bytes + working_bytes + (2 << 30)
+    if need <= 0.9 * free_device_bytes:
+        return "device", f"weights + calibration ({need / 2**30:.1f} GiB) fit in 90 % of the free {free_device_bytes / 2**30:.1f} GiB"
+    return "offload", (f"weights + calibration ({need / 2**30:.1f} GiB) exceed 90 % of the free "
+                       f"{free_device_bytes / 2**30:.1f} GiB: one layer at a time on the device")

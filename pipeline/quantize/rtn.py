@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.checkpoints import inspect
 from pipeline.quantize import compat, oneshot, plan
 
 
@@ -23,14 +24,18 @@ def recipe(group_size: int, symmetric: bool) -> list:
 
 
 def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "auto", symmetric: bool = False,
-        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32) -> oneshot.QuantResult:
+        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32,
+        placement: str = "auto", plan_only: bool = False) -> oneshot.QuantResult | oneshot.Plan:
+    """plan_only: print what the run needs and how long it should take, write nothing (oneshot.run)."""
     compat.quiet_cpu_warning()
-    config = plan.read_config(model_dir)  # every check below runs before any weight is loaded
+    config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
+    inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     group = plan.choose_group_size(config, group_size, model_dir)
     scheme = f"W4A16 {'symmetric' if symmetric else 'asymmetric'}, group {group}, round-to-nearest"
     return oneshot.run(
         method="rtn", scheme=scheme, recipe=recipe(group, symmetric), model_dir=model_dir, out=out, calib=calib,
         seq_len=seq_len, num_blocks=num_blocks, holdout=holdout, batch_size=batch_size,
         details={"architecture": arch, "group_size": group, "symmetric": symmetric},
+        placement=placement, plan_only=plan_only,
     )

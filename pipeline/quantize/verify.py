@@ -5,7 +5,11 @@
 - every vision-tower tensor is bit-identical to the base checkpoint;
 - the checkpoint reloads with transformers and generates;
 - the relative output error ||y_q - y_ref|| / ||y_ref|| of each decoder layer on a few held-out
-  blocks, each layer fed the base model's own input (a local error, not an accumulated one).
+  blocks, each layer fed the base model's own input (a local error, not an accumulated one);
+- MoE: every routed expert saw calibration tokens (checked right after calibration, before saving).
+
+A model calibrated offloaded (larger than the device) is reloaded the same way: on the host, each
+module brought to the device to run.
 
 Memory: the base model's per-layer inputs and outputs for those blocks are captured before
 calibration and kept on the CPU: 2 x blocks x tokens x hidden x layers values (GLM-4-9B, 2
@@ -16,16 +20,11 @@ reloaded only after the calibrated model is freed, so two models never share the
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.quantize import plan
-
-# modules named like decoder layers: model.layers.3, model.language_model.layers.3
-_DECODER_LAYER = re.compile(r"(.*\.)?layers\.\d+")
-
 
 def _tensors(model_dir: Path) -> dict[str, "object"]:
     from safetensors import safe_open
@@ -36,10 +35,6 @@ def _tensors(model_dir: Path) -> dict[str, "object"]:
             for key in f.keys():
                 tensors[key] = (shard, key)
     return tensors
-
-
-def _is_vision(name: str) -> bool:
-    return ".visual." in name or name.startswith("visual.") or "vision" in name
 
 
 def vision_tensors_identical(variant_dir: Path, base_dir: Path) -> dict:
@@ -102,9 +97,7 @@ class LayerCalls:
     calls: list[tuple[tuple, dict, "object"]] = field(default_factory=list)
 
 
-def decoder_layers(model) -> list[tuple[str, "object"]]:
-    return [(name, module) for name, module in model.named_modules()
-            if _DECODER_LAYER.fullmatch(name) and not _is_vision(name)]
+decoder_layers = plan.decoder_layers
 
 
 def _to(value, device):
@@ -127,14 +120,21 @@ def _hidden(output):
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def capture_layer_io(model, blocks: list[list[int]]) -> list[LayerCalls]:
+def execution_device(model):
+    """Where the model's inputs go: its onload device when offloaded, else where its weights are."""
+    from compressed_tensors.offload import get_execution_device
+
+    return get_execution_device(model)
+
+
+def capture_layer_io(model, blocks: list[list[int]], device=None) -> list[LayerCalls]:
     """Runs the (not yet quantized) model on the probe blocks and keeps each decoder layer's
     arguments and output."""
     import torch
 
     layers = decoder_layers(model)
     records = [LayerCalls(name) for name, _ in layers]
-    device = next(model.parameters()).device
+    device = device or execution_device(model)
 
     def recorder(record: LayerCalls):
         def hook(module, args, kwargs, output):
@@ -159,7 +159,7 @@ def layer_errors(model, reference: list[LayerCalls]) -> list[float]:
     import torch
 
     layers = dict(decoder_layers(model))
-    device = next(model.parameters()).device
+    device = execution_device(model)
     errors = []
     with torch.no_grad():
         for record in reference:
@@ -179,19 +179,26 @@ def _generate(model, variant_dir: Path) -> str:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(variant_dir)
-    ids = tokenizer("The capital of France is", return_tensors="pt").to(next(model.parameters()).device)
+    ids = tokenizer("The capital of France is", return_tensors="pt").to(execution_device(model))
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=4, do_sample=False)
     return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-def reload_and_check(variant_dir: Path, reference: list[LayerCalls], dtype) -> dict:
-    """Reloads the variant the way the evaluation engine does, then the layer errors and a sample."""
+def reload_and_check(variant_dir: Path, reference: list[LayerCalls], dtype, offload: bool = False) -> dict:
+    """Reloads the variant the way the evaluation engine does, then the layer errors and a sample.
+    offload: a model larger than the device stays on the host and each module visits the device
+    to run (as during calibration)."""
     import torch
 
     from pipeline.engines.loading import load_for_inference
 
-    model = load_for_inference(variant_dir, dtype, device="cuda" if torch.cuda.is_available() else None)
+    device = "cuda" if torch.cuda.is_available() else None
+    model = load_for_inference(variant_dir, dtype, device=None if offload else device)
+    if offload:
+        from compressed_tensors.offload import set_onload_device
+
+        set_onload_device(model, device or "cpu")
     errors = layer_errors(model, reference)
     sample = _generate(model, variant_dir)
     worst = max(range(len(errors)), key=lambda i: errors[i] if math.isfinite(errors[i]) else math.inf, default=None)
@@ -208,14 +215,35 @@ def reload_and_check(variant_dir: Path, reference: list[LayerCalls], dtype) -> d
 
 
 def verify(variant_dir: Path, base_dir: Path, expected: list[str], quantized: dict[str, str],
-           reference: list[LayerCalls], dtype) -> dict:
+           reference: list[LayerCalls], dtype, offload: bool = False) -> dict:
     vision = vision_tensors_identical(variant_dir, base_dir)
     if vision["mismatched"]:
         raise UserError(f"{variant_dir}: vision-tower tensors changed: {vision['mismatched'][:5]}")
     planned = check_plan(variant_dir, expected, quantized)
-    reloaded = reload_and_check(variant_dir, reference, dtype)
+    reloaded = reload_and_check(variant_dir, reference, dtype, offload=offload)
     error = reloaded["layer_error"]
     if error["relative"]:
         print(f"verify: decoder-layer relative output error max {error['max']:.4f} ({error['worst_layer']}), "
               f"mean {sum(error['relative']) / len(error['relative']):.4f} over {len(error['relative'])} layers")
     return {"vision": vision, "plan": planned, **reloaded}
+
+
+# ---------------------------------------------------------------- MoE experts
+
+def check_experts(counts: dict | None, needs_data: bool) -> dict | None:
+    """Every routed expert must have seen calibration tokens (its AWQ scales and activation
+    scales come from them); an expert that saw none fails the run, listed by name. A data-free
+    recipe needs no tokens and is not checked."""
+    if counts is None:
+        return None
+    summary = {"experts": sum(layer["experts"] for layer in counts["layers"].values()),
+               "min_tokens_seen": min((layer["tokens_seen"]["min"] for layer in counts["layers"].values()), default=0),
+               "never_routed": sum(layer["experts_never_routed"] for layer in counts["layers"].values()),
+               "checked": needs_data}
+    starved = counts["starved"]
+    if needs_data and starved:
+        shown = ", ".join(starved[:16]) + (f" ... ({len(starved)} in all)" if len(starved) > 16 else "")
+        raise UserError(f"{len(starved)} MoE experts saw no calibration tokens, so their scales would be "
+                        f"guesses: {shown}; calibrate with every expert on every token (the default) or "
+                        "with more, and more varied, calibration blocks")
+    return summary

@@ -1,0 +1,75 @@
+"""The one call into llm-compressor every run makes (the real run and the `--plan` probe alike):
+token blocks in, the recipe applied to the model in place, per-layer times and MoE expert
+counts out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Calibrated:
+    seconds: float
+    cpu_seconds: float  # this process's CPU time: on a shared CPU machine, steadier than wall time
+    layers: dict  # monitor.LayerTimer.close()
+    experts: dict | None  # monitor.ExpertCounter.close(); None without routed experts
+    before_layers_s: float  # tracing, data, embeddings: from the call to the first layer's first input
+    after_layers_s: float  # the rest: between layers, lm_head, data-free passes (RTN, AWQ's weight step), finalize
+
+
+def calibration_dataset(blocks: list[list[int]]):
+    from datasets import Dataset
+
+    return Dataset.from_dict({
+        "input_ids": blocks,
+        "attention_mask": [[1] * len(b) for b in blocks],
+    })
+
+
+def needs_data(recipe: list) -> bool:
+    """Whether any modifier calibrates on data (AWQ, static activation scales, a KV cache scheme);
+    a data-free recipe (RTN, dynamic activations) runs no tokens through the model."""
+    return any(getattr(modifier, "requires_calibration_data", False) for modifier in recipe)
+
+
+def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_size: int,
+              calibrate_all_experts: bool = True) -> Calibrated:
+    """llm-compressor's oneshot with its default (independent -> sequential) pipeline: each decoder
+    layer is calibrated in turn, brought onto the accelerator first if the model sits on the host.
+    `calibrate_all_experts` runs every MoE expert on every token (only the routed ones contribute
+    to the layer's output), so no expert is left without statistics."""
+    import time
+
+    from llmcompressor import oneshot
+
+    from pipeline.quantize.monitor import ExpertCounter, LayerTimer
+
+    timer, counter = LayerTimer(model), ExpertCounter(model)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    first_input: list[float] = []
+    first_hook = timer.layers[0][1].register_forward_pre_hook(
+        lambda module, args: first_input.append(time.perf_counter()) if not first_input else None) \
+        if timer.layers else None
+    try:
+        oneshot(
+            model=model,
+            # The blocks are already token ids: the tokenizer is all llm-compressor needs, and it spares
+            # loading a multimodal processor (GLM-4.1V's video processor wants torchvision).
+            processor=tokenizer,
+            dataset=calibration_dataset(blocks),
+            recipe=recipe,
+            num_calibration_samples=len(blocks),
+            max_seq_length=len(blocks[0]),
+            batch_size=min(batch_size, len(blocks)),
+            shuffle_calibration_samples=False,
+            moe_calibrate_all_experts=calibrate_all_experts,
+        )
+        ended, cpu_ended = time.perf_counter(), time.process_time()
+    finally:
+        if first_hook is not None:
+            first_hook.remove()
+        layers, experts = timer.close(), counter.close()
+    in_layers = sum(layers["seconds"].values())
+    before = (first_input[0] - started) if first_input else 0.0
+    return Calibrated(seconds=ended - started, cpu_seconds=cpu_ended - cpu_started, layers=layers, experts=experts, before_layers_s=before,
+                      after_layers_s=max(0.0, ended - started - before - in_layers))

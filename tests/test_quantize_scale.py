@@ -1,0 +1,162 @@
+"""Quantizing models larger than the device: the offloaded path (one decoder layer at a time on the
+accelerator) writes the same checkpoint as the whole-model path, AWQ's X^T X search picks what
+llm-compressor's own search picks, every MoE expert is calibrated (and a run where one is not fails
+with the list), and `--plan` reports figures that add up. On this CPU machine the "device" is the
+CPU: the offloaded path runs through the same compressed-tensors offloading, onloading to the CPU."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import read_tensors
+
+from pipeline.errors import UserError
+from pipeline.quantize import awq, oneshot, plan
+from tiny import save_tiny_glm, save_tiny_glm4v_moe
+
+
+def assert_same_checkpoint(a: Path, b: Path) -> None:
+    first, second = read_tensors(a), read_tensors(b)
+    assert sorted(first) == sorted(second)
+    differ = [k for k in first if not torch.equal(first[k], second[k])]
+    assert not differ, f"{len(differ)} of {len(first)} tensors differ: {differ[:5]}"
+
+
+@pytest.fixture(scope="module")
+def tiny_glm(tmp_path_factory) -> Path:
+    return save_tiny_glm(tmp_path_factory.mktemp("glm") / "base")
+
+
+@pytest.fixture(scope="module")
+def starved_moe(tmp_path_factory) -> Path:
+    """A tiny Glm4vMoe whose router never picks experts 2 and 3 (GLM's score-correction bias, set
+    very low): calibrated on routed tokens only, they would see none."""
+    from safetensors.torch import load_file, save_file
+
+    base = save_tiny_glm4v_moe(tmp_path_factory.mktemp("moe") / "base")
+    tensors = load_file(base / "model.safetensors")
+    biases = [k for k in tensors if k.endswith("mlp.gate.e_score_correction_bias")]
+    assert biases
+    for key in biases:
+        tensors[key] = torch.tensor([0.0, 0.0, -10.0, -10.0])
+    save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
+    return base
+
+
+@pytest.mark.parametrize("arch", ["Llama", "Glm"])
+def test_offloaded_run_with_llm_compressors_search_writes_the_same_checkpoint(arch, tmp_path, tiny_llama, tiny_glm,
+                                                                              tiny_variants, tiny_calib):
+    """Offloaded placement and llm-compressor's forward search, against the whole-model placement and
+    the X^T X search (the defaults): bit-identical (float32 on the CPU, where both searches score
+    the same candidates alike; on a GPU in bfloat16, X^T X is the more exact of the two)."""
+    calib = tiny_calib / "calib.jsonl"
+    if arch == "Llama":
+        base, default = tiny_llama, tiny_variants["awq-w4a16"]
+        settings = dict(group_size=32, batch_size=8, n_grid=4)
+    else:
+        base, default = tiny_glm, tmp_path / "default"
+        settings = dict(batch_size=8, n_grid=4)
+        awq.run(base, default, calib, **settings)
+    result = awq.run(base, tmp_path / "offload", calib, placement="offload", search="forward", **settings)
+    assert_same_checkpoint(default, tmp_path / "offload")
+    info = result.info
+    assert info["placement"] == "offload" and info["search"] == "forward"
+    assert json.loads((default / "quant.json").read_text())["placement"] == "device"
+    layers = info["layers"]["seconds"]
+    assert len(layers) == 2 and all(s > 0 for s in layers)
+
+
+def test_moe_experts_all_calibrated_and_a_starved_expert_fails_the_run(tmp_path, starved_moe, tiny_calib):
+    calib = tiny_calib / "calib.jsonl"
+    experts = "model.language_model.layers.1.mlp.experts"
+    with pytest.raises(UserError, match=rf"2 MoE experts saw no calibration tokens.*{experts}\.2, {experts}\.3;"):
+        awq.run(starved_moe, tmp_path / "routed-only", calib, batch_size=8, n_grid=3, calibrate_all_experts=False)
+    assert not (tmp_path / "routed-only").exists()
+
+    info = awq.run(starved_moe, tmp_path / "all", calib, batch_size=8, n_grid=3).info
+    tokens = info["calibration"]["tokens"]
+    layer = info["experts"]["layers"][experts]
+    assert layer["experts"] == 4 and layer["tokens_seen"] == {"min": tokens, "max": tokens}
+    assert layer["experts_without_tokens"] == 0
+    # what routing alone would have given: experts 2 and 3 never chosen, top-2 of 4 for every token
+    assert info["experts"]["routed"][experts][2:] == [0, 0] and layer["experts_never_routed"] == 2
+    assert sum(info["experts"]["routed"][experts]) == 2 * tokens
+    assert info["verify"]["experts"] == {"experts": 4, "min_tokens_seen": tokens, "never_routed": 2, "checked": True}
+
+
+def test_plan_reports_layers_memory_and_probe_time_and_writes_nothing(tmp_path, starved_moe, tiny_calib):
+    layout = awq.run(starved_moe, tmp_path / "out", tiny_calib / "calib.jsonl", batch_size=8, n_grid=3,
+                     plan_only=True)
+    assert isinstance(layout, oneshot.Plan) and not (tmp_path / "out").exists()
+    i = layout.info
+    params = sum(t.numel() for k, t in read_tensors(starved_moe).items()
+                 if not k.endswith("e_score_correction_bias"))  # a buffer, not a parameter
+    assert i["params"] == params and i["weights_bytes"] == 4 * params  # float32 on the CPU
+    assert i["layers"] == 2 and {k: v["count"] for k, v in i["kinds"].items()} == {
+        "Glm4vMoeTextDecoderLayer, dense": 1, "Glm4vMoeTextDecoderLayer, 4 experts": 1}
+    # every Linear of the text tower but the routers and lm_head: 4 attention + 3 dense MLP + 4 x 3 experts + 3 shared
+    assert i["quantized_linears"] == 8 + 3 + 12 + 3
+    assert i["placement"] == "device" and i["device_bytes"] is None and i["host_bytes"] > i["weights_bytes"]
+    probe, expected = i["probe"], i["expected"]
+    assert set(probe["kinds"]) == set(i["kinds"]) and all(k["seconds"] > 0 for k in probe["kinds"].values())
+    in_layers = sum(i["kinds"][kind]["count"] * k["seconds"] for kind, k in probe["kinds"].items())
+    assert expected["calibrate_s"] == pytest.approx(expected["fixed_s"] + in_layers + expected["other_s"], abs=0.1)
+    text = layout.summary()
+    assert "1 x Glm4vMoeTextDecoderLayer, 4 experts" in text and "expected calibration: 1 x" in text
+
+
+def test_cli_plan_prints_the_plan_and_writes_nothing(tmp_path, tiny_llama, tiny_calib, monkeypatch):
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli import app
+
+    write_params(tmp_path, {**TINY_PARAMS, "model": {**TINY_PARAMS["model"], "base_dir": str(tiny_llama)}})
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["fp8", "--calib", str(tiny_calib / "calib.jsonl"), "--out", "models/fp8",
+                                      "--plan"])
+    assert result.exit_code == 0, result.output
+    assert "plan: fp8 of" in result.output and "2 x LlamaDecoderLayer, dense" in result.output
+    assert "expected calibration: 2 x" in result.output and not (tmp_path / "models").exists()
+    result = CliRunner().invoke(app, ["fp8", "--calib", str(tiny_calib / "calib.jsonl"), "--placement", "gpu"])
+    assert result.exit_code == 2 and "placement 'gpu': use one of auto, device, offload" in result.output
+
+
+@pytest.mark.parametrize("free, expected", [(None, "device"), (40 << 30, "device"), (20 << 30, "offload")])
+def test_auto_placement_keeps_the_model_on_the_device_only_when_it_fits(free, expected):
+    placement, why = plan.choose_placement("auto", 16 << 30, 4 << 30, free)
+    assert placement == expected, why
+    assert plan.choose_placement("offload", 1, 1, 40 << 30)[0] == "offload"
+
+
+def test_gram_loss_is_the_output_error_of_the_linear():
+    """The identity the X^T X search rests on: sum over tokens of ||x (W_q - W)^T||^2 = sum(E G * E)."""
+    from pipeline.quantize.awq_gram import _gram_update
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 50, 24, generator=generator)
+    weight, quantized = torch.randn(40, 24, generator=generator), torch.randn(40, 24, generator=generator)
+    gram = None
+    for chunk in x:  # accumulated batch by batch, as the hook does
+        gram = _gram_update(gram, chunk)
+    error = quantized - weight
+    from_gram = ((error @ gram) * error).sum() / (150 * 40)
+    direct = torch.nn.functional.mse_loss(x.reshape(-1, 24) @ quantized.T, x.reshape(-1, 24) @ weight.T)
+    assert from_gram.item() == pytest.approx(direct.item(), rel=1e-5)
+
+
+def test_engine_tensor_parallel_size_is_validated_and_reaches_lmdeploy_only(tmp_path):
+    from conftest import TINY_PARAMS, write_params
+    from pipeline import params
+
+    engine = {**TINY_PARAMS["engine"], "tensor_parallel_size": 2}
+    p = params.load(write_params(tmp_path, {**TINY_PARAMS, "engine": engine}))
+    assert p.engine.options("lmdeploy")["tensor_parallel_size"] == 2
+    assert "tensor_parallel_size" not in p.engine.options("hf")
+    with pytest.raises(UserError, match="engine.tensor_parallel_size: Input should be greater than or equal to 1"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "engine": {**engine, "tensor_parallel_size": 0}}))
+    variants = {"awq-w4a16": {**TINY_PARAMS["variants"]["awq-w4a16"], "search": "fast"}}
+    with pytest.raises(UserError, match=r"variants.awq-w4a16.search: 'fast' is not allowed"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "variants": {**TINY_PARAMS["variants"], **variants}}))
