@@ -3,9 +3,12 @@ call the stage's `run`, print its one-line summary. Bad input exits 2 with a mes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +16,9 @@ import typer
 
 from pipeline import params as params_mod
 from pipeline.errors import UserError
+from pipeline.params import with_overrides
+
+log = logging.getLogger("pipeline.cli")
 
 app = typer.Typer(
     help="Quantize an LLM (AWQ W4A16, FP8 W8A8) and prove it against the FP16 base. "
@@ -151,9 +157,40 @@ def calib(
     typer.echo(result.summary())
 
 
-def _calib_default(p: params_mod.Params) -> Path:
-    built = p.calib.out / "calib.jsonl"
-    return built if built.exists() else p.calib.source
+def _whole(value: str, flag: str, expected: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{flag} {value}: use {expected}") from None
+
+
+def _calibration_file(p: params_mod.Params, calib: Optional[Path]) -> Path:
+    """--calib, else the calib stage's calib.jsonl when built, else params calib.source."""
+    if calib is None:
+        built = p.calib.out / "calib.jsonl"
+        calib = built if built.exists() else p.calib.source
+    return Path(calib)
+
+
+@contextlib.contextmanager
+def _calibration_blocks(p: params_mod.Params, calib: Optional[Path], model: Path):
+    """The calib.jsonl a quantize stage calibrates on: --calib or the calib stage's output (else
+    params calib.source); a raw conversation file is prepared by the calib stage into a temporary
+    dir first, with params calib's settings (what `quantize awq --calib support_logs.jsonl` does)."""
+    from pipeline.formats.calib_blocks import is_blocks_file
+
+    calib = _calibration_file(p, calib)
+    if calib.is_file() and is_blocks_file(calib):
+        yield calib
+        return
+    from pipeline import calib as calib_stage
+
+    c = p.calib
+    with tempfile.TemporaryDirectory() as tmp:
+        result = calib_stage.run(calib, Path(tmp) / "build", model, seq_len=c.seq_len, num_blocks=c.num_blocks,
+                                 holdout=c.holdout)
+        log.info(result.summary())
+        yield Path(tmp) / "build" / "calib.jsonl"
 
 
 def _variant_settings(p: params_mod.Params, variant: Optional[str], method: str):
@@ -186,22 +223,13 @@ def awq(
     from pipeline.quantize import awq as awq_stage
 
     p = _params(params_file)
-    variant, s = _variant_settings(p, variant, "awq")
-    size = group_size if group_size is not None else (s.group_size if s else "auto")
-    if size != "auto":
-        try:
-            size = int(size)
-        except ValueError:
-            raise UserError(f"--group-size {group_size}: use auto or a power of two such as 64 or 128") from None
-    c = p.calib
-    model, out, calib = model or p.model.base_dir, out or Path("models") / (variant or "awq-w4a16"), calib or _calib_default(p)
-    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=calib)
-    result = awq_stage.run(
-        model, out, calib,
-        group_size=size, symmetric=symmetric if symmetric is not None else (s.symmetric if s else False),
-        seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout, batch_size=s.batch_size if s else 32,
-        n_grid=s.n_grid if s else 20, search=s.search if s else "gram", placement=placement, plan_only=plan,
-    )
+    variant, settings = _variant_settings(p, variant, "awq")
+    size = group_size if group_size in (None, "auto") else _whole(group_size, "--group-size", "auto or a power of two such as 64 or 128")
+    settings = with_overrides(settings or params_mod.AwqParams(method="awq"), group_size=size, symmetric=symmetric)
+    model, out = model or p.model.base_dir, out or Path("models") / (variant or "awq-w4a16")
+    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, calib))
+    with _calibration_blocks(p, calib, model) as blocks:
+        result = awq_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)
     typer.echo(result.summary())
 
 
@@ -225,21 +253,12 @@ def fp8(
     from pipeline.quantize import fp8 as fp8_stage
 
     p = _params(params_file)
-    variant, s = _variant_settings(p, variant, "fp8")
-    activations = activations or (s.activations if s else "static")
-    kv = kv or (s.kv if s else "per-head")
-    if activations not in ("static", "dynamic"):
-        raise UserError(f"--activations {activations}: use static or dynamic")
-    if kv not in ("per-head", "per-tensor", "none"):
-        raise UserError(f"--kv {kv}: use per-head, per-tensor or none")
-    c = p.calib
-    model, out, calib = model or p.model.base_dir, out or Path("models") / (variant or "fp8-w8a8"), calib or _calib_default(p)
-    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=calib)
-    result = fp8_stage.run(
-        model, out, calib,
-        activations=activations, kv=kv, seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout,
-        placement=placement, plan_only=plan,
-    )
+    variant, settings = _variant_settings(p, variant, "fp8")
+    settings = with_overrides(settings or params_mod.Fp8Params(method="fp8"), activations=activations, kv=kv)
+    model, out = model or p.model.base_dir, out or Path("models") / (variant or "fp8-w8a8")
+    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, calib))
+    with _calibration_blocks(p, calib, model) as blocks:
+        result = fp8_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)
     typer.echo(result.summary())
 
 
@@ -263,21 +282,13 @@ def rtn(
     from pipeline.quantize import rtn as rtn_stage
 
     p = _params(params_file)
-    variant, s = _variant_settings(p, variant, "rtn")
-    size = group_size if group_size is not None else (s.group_size if s else "auto")
-    if size != "auto":
-        try:
-            size = int(size)
-        except ValueError:
-            raise UserError(f"--group-size {group_size}: use auto or a power of two such as 64 or 128") from None
-    c = p.calib
-    model, out, calib = model or p.model.base_dir, out or Path("models") / (variant or "rtn-w4a16"), calib or _calib_default(p)
-    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=calib)
-    result = rtn_stage.run(
-        model, out, calib,
-        group_size=size, symmetric=symmetric if symmetric is not None else (s.symmetric if s else False),
-        seq_len=c.seq_len, num_blocks=c.num_blocks, holdout=c.holdout, placement=placement, plan_only=plan,
-    )
+    variant, settings = _variant_settings(p, variant, "rtn")
+    size = group_size if group_size in (None, "auto") else _whole(group_size, "--group-size", "auto or a power of two such as 64 or 128")
+    settings = with_overrides(settings or params_mod.RtnParams(method="rtn"), group_size=size, symmetric=symmetric)
+    model, out = model or p.model.base_dir, out or Path("models") / (variant or "rtn-w4a16")
+    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, calib))
+    with _calibration_blocks(p, calib, model) as blocks:
+        result = rtn_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)
     typer.echo(result.summary())
 
 
@@ -288,10 +299,19 @@ def build_variant(
     params_file: Path = PARAMS_OPTION,
 ):
     """Build one variant exactly as params.yaml describes it (what `dvc repro` runs)."""
+    from pipeline.quantize import require_llmcompressor
+
     p = _params(params_file)
-    command = {"awq": awq, "fp8": fp8, "rtn": rtn}[p.variant(name).method]
-    command(model=None, calib=None, out=None, variant=name, params_file=params_file, plan=False, placement="auto",
-            **({"activations": None, "kv": None} if command is fp8 else {"group_size": None, "symmetric": None}))
+    settings = p.variant(name)  # params.yaml variants.<name>, validated: the stage takes it as it is
+    require_llmcompressor()
+    from pipeline.quantize import awq as awq_stage, fp8 as fp8_stage, rtn as rtn_stage
+
+    stage_module = {"awq": awq_stage, "fp8": fp8_stage, "rtn": rtn_stage}[settings.method]
+    model, out = p.model.base_dir, Path("models") / name
+    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, None))
+    with _calibration_blocks(p, None, model) as blocks:
+        result = stage_module.run(model, out, blocks, settings)
+    typer.echo(result.summary())
 
 
 @app.command("eval")

@@ -23,7 +23,7 @@ from pathlib import Path
 from pipeline import likelihood, sandbox
 from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
-from pipeline.eval_cache import GenerationCache, model_fingerprint, score_key  # noqa: F401 (the judge's too)
+from pipeline.eval_cache import GenerationCache, model_fingerprint, score_key
 from pipeline.outputs import Stopwatch, write_atomic, write_json
 
 EVALS_DIR = Path(__file__).resolve().parent.parent / "evals"
@@ -73,18 +73,26 @@ def _lm_class():
                     completions = self.engine.generate(part, on_done=lambda i, c, part=part: self._finished(part[i], c))
                 else:
                     completions = self.engine.generate(part)
-                    self.cache.put_many(part, completions)
+                    answered = [(r, c) for r, c in zip(part, completions) if not c.error]
+                    self.cache.put_many([r for r, _ in answered], [c for _, c in answered])
                     if self.on_chunk:
                         self.on_chunk(len(part))
                 self.generate_seconds += time.perf_counter() - started
                 self.generated_items += len(part)
                 self.generated_tokens += sum(c.n_tokens for c in completions)
+                failed = [c.error for c in completions if c.error]
+                if failed:  # a request the engine gave up on is not a wrong answer: stop, keep what finished
+                    raise UserError(f"engine {self.engine.name}: {len(failed)} of {len(part)} requests failed (the "
+                                    f"first: {failed[0]}); the finished ones are cached, rerun the same command to "
+                                    "resume once the engine answers")
             done = [self.cache.get(r) for r in gen]
             for request, completion in zip(gen, done):
                 self.stats[request.prompt] = completion
             return [c.text for c in done]
 
         def _finished(self, request: GenRequest, completion: Completion) -> None:
+            if completion.error:  # never cached: a rerun asks again
+                return
             self.cache.put(request, completion)
             if self.on_chunk:
                 self.on_chunk(1)

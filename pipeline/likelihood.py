@@ -27,7 +27,7 @@ from pipeline.errors import UserError
 
 TokenRequest = tuple[list[int], list[int]]  # (context ids, continuation ids)
 
-SCORING_ENGINES = "hf"  # engines that implement token_logprobs, named in the refusal below
+SCORING_ENGINES = "hf, vllm"  # engines that implement token_logprobs, named in the refusal below
 
 
 def require_scoring(engine) -> None:

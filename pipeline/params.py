@@ -134,6 +134,7 @@ class Fp8Params(Section):
     method: Literal["fp8"]
     activations: Literal["static", "dynamic"] = "static"
     kv: Literal["per-head", "per-tensor", "none"] = "per-head"
+    batch_size: int = Field(32, ge=1, le=4096)  # calibration blocks per forward pass (scales only)
 
 
 class RtnParams(Section):
@@ -142,6 +143,7 @@ class RtnParams(Section):
     method: Literal["rtn"]
     group_size: int | Literal["auto"] = "auto"
     symmetric: bool = False
+    batch_size: int = Field(32, ge=1, le=4096)  # blocks per forward pass (the per-layer check)
 
     _power_of_two = field_validator("group_size")(lambda value: group_size_allowed(value))
 
@@ -471,6 +473,24 @@ def _format_error(path: Path, exc: ValidationError, lines: dict[tuple, int] | No
 SECTIONS = "model, calib, variants, suites, judge, verdict, engine, bench"
 
 
+def with_overrides(section: Section, **changes) -> Section:
+    """A copy of a params section with `changes` applied (a CLI flag or a caller's argument; None means
+    not given) and validated again, like the file: the fields' defaults and bounds live only here."""
+    changes = {key: value for key, value in changes.items() if value is not None}
+    if not changes:
+        return section
+    unknown = sorted(set(changes) - set(type(section).model_fields))
+    if unknown:
+        raise TypeError(f"{type(section).__name__} has no setting {', '.join(unknown)}")
+    try:
+        return type(section).model_validate({**section.model_dump(), **changes})
+    except ValidationError as exc:
+        problems = [f"--{'-'.join(str(p) for p in _clean_loc(err['loc'])).replace('_', '-')} "
+                    f"{changes.get(_clean_loc(err['loc'])[0]) if _clean_loc(err['loc']) else ''}: {_message(err)}"
+                    for err in exc.errors()]
+        raise UserError("; ".join(problems)) from None
+
+
 def load(path: Path | str = DEFAULT_PARAMS) -> Params:
     """params.yaml validated; no file at the default path gives the defaults, any other problem a UserError."""
     path = Path(path)
@@ -539,14 +559,14 @@ def check_against_dvc(params: Params, dvc_file: Path) -> None:
                                 f"define as variants ({', '.join(params.variants) or 'none'}); remove them")
     matrices = {name: stage["matrix"] for name, stage in stages.items()
                 if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
-                and {"model", "suite"} <= set(stage["matrix"])}
+                and {"model", "suite"} & set(stage["matrix"])}
     if not matrices:
         return
     listed: dict[str, set[str]] = {}
     where: dict[str, list[str]] = {}
     for name, matrix in matrices.items():
         for key in ("model", "suite"):
-            names = matrix[key]
+            names = matrix.get(key)
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise UserError(f"{dvc_file}: stages.{name}.matrix.{key} lists {str(names)[:200]}; give a list of "
                                 f"{'model dir names (base and variants)' if key == 'model' else 'suite names'}")

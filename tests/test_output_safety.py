@@ -149,7 +149,7 @@ def hang(*args, **kwargs):
     time.sleep(600)
 
 verify.verify = hang  # stands still where `quantize awq` was killed in the report: save done, verify running
-awq.run(sys.argv[1], sys.argv[2], sys.argv[3], group_size=32, batch_size=8, n_grid=4, num_blocks=4)
+awq.run(sys.argv[1], sys.argv[2], sys.argv[3], group_size=32, batch_size=8, n_grid=4)
 """
 
 
@@ -174,6 +174,6 @@ def test_awq_killed_during_verify_leaves_a_temp_dir_the_next_run_removes(tiny_ll
     leftovers = [p for p in out.parent.iterdir() if p.name.startswith(f".awq.tmp-{proc.pid}-")]
     assert len(leftovers) == 1 and (leftovers[0] / "model.safetensors").exists() and not out.exists()
 
-    awq.run(tiny_llama, out, tiny_calib / "calib.jsonl", group_size=32, batch_size=8, n_grid=4, num_blocks=4)
+    awq.run(tiny_llama, out, tiny_calib / "calib.jsonl", group_size=32, batch_size=8, n_grid=4)
     assert sorted(p.name for p in out.parent.iterdir()) == ["awq"]
     assert (out / "quant.json").exists()

@@ -204,7 +204,7 @@ def test_mappings_match_text_modules_only(built):
     """Text-only calibration never runs the vision tower, so AWQ would not smooth it anyway: the
     patterns themselves must exclude it, for calibration sets that carry images."""
     from pipeline.quantize.mappings import mappings_for
-    from pipeline.quantize.oneshot import load_model
+    from pipeline.engines.loading import load_model
 
     names = [name for name, _ in load_model(built.base, torch.float32).named_modules()]
     assert any("visual" in name and name.endswith("mlp.up_proj") for name in names)
@@ -284,7 +284,7 @@ def test_without_gqa_v_proj_is_smoothed_into_o_proj(tmp_path, tiny_calib):
 
 def test_layer_error_of_an_unchanged_model_is_zero(tmp_path, tiny_calib):
     from pipeline.calib import read_blocks
-    from pipeline.quantize.oneshot import load_model
+    from pipeline.engines.loading import load_model
 
     model = load_model(save_tiny_glm4v(tmp_path / "m"), torch.float32)
     reference = verify.capture_layer_io(model, read_blocks(tiny_calib / "calib.jsonl")[:1])

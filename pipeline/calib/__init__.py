@@ -9,9 +9,10 @@ found with MinHash + LSH) are dropped; the rest is split by content hash into ca
 holdout (never sharing a conversation), rendered with the model's chat template and packed into
 fixed-length token blocks.
 
-The stage is `run` (and `CalibResult`); the pieces live in read (files and record shapes),
-redact, dedup, load (read + redact + de-duplicate, with the stats) and pack (split, render,
-pack, read blocks back). Their names used elsewhere as `calib.X` are imported here.
+The stage is `run` (and `CalibResult`); the pieces live in redact, dedup, load (read + redact +
+de-duplicate, with the stats) and pack (split, render, pack); the files it reads and writes have
+their readers in pipeline/formats (conversations: files and record shapes; calib_blocks: calib.jsonl;
+holdout: holdout.jsonl). Their names used elsewhere as `calib.X` are imported here.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from pathlib import Path
 from pipeline.calib.dedup import NEAR_DUPLICATE_JACCARD, WordIds, jaccard, near_duplicates, normalised, shingles
 from pipeline.calib.load import CalibStats, _letters, load_conversations
 from pipeline.calib.pack import (
-    _load_tokenizer, holdout_prompt, is_blocks_file, pack, read_blocks, render, split, token_counts_and_stream,
+    _load_tokenizer, holdout_prompt, pack, render, split, token_counts_and_stream,
 )
-from pipeline.calib.read import MAX_LINE_BYTES, Conversation, to_conversation
 from pipeline.calib.redact import redact
 from pipeline.errors import UserError
+from pipeline.formats.calib_blocks import blocks_text, is_blocks_file, read_blocks
+from pipeline.formats.conversations import MAX_LINE_BYTES, Conversation, to_conversation
 from pipeline.formats.holdout import write_holdout
 from pipeline.outputs import Stopwatch, atomic_dir
 
@@ -150,10 +152,10 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, *, seq_len: 
     summary = _summary(source, stats, do_redact=do_redact, calib_set=len(calib_set), held=len(held), seq_len=seq_len,
                        blocks=blocks, conversation_tokens=conversation_tokens,
                        chat_template=bool(getattr(tokenizer, "chat_template", None)))
-    blocks_text = _jsonl({"block": i, "input_ids": ids} for i, ids in enumerate(blocks))
-    summary["blocks_sha256"] = hashlib.sha256(blocks_text.encode()).hexdigest()
+    blocks_file = blocks_text(blocks)
+    summary["blocks_sha256"] = hashlib.sha256(blocks_file.encode()).hexdigest()
     with atomic_dir(out) as tmp:
-        (tmp / "calib.jsonl").write_text(blocks_text, encoding="utf-8")
+        (tmp / "calib.jsonl").write_text(blocks_file, encoding="utf-8")
         (tmp / "calib_conversations.jsonl").write_text(
             _jsonl({"where": c.where, "messages": c.messages} for c in calib_set), encoding="utf-8")
         write_holdout(tmp / "holdout.jsonl", [holdout_prompt(c) for c in held])

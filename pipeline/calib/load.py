@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.calib.dedup import near_duplicates, normalised
-from pipeline.calib.read import BadRecord, Conversation, iter_records, to_conversation
+from pipeline.formats.conversations import BadRecord, Conversation, iter_records, to_conversation
 from pipeline.calib.redact import redact
 from pipeline.errors import UserError
 

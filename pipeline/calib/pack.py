@@ -1,6 +1,6 @@
 """Split and pack: the deterministic calibration / holdout split by content hash, the judge's
 holdout prompts, rendering with the model's chat template, tokenizing and packing into
-fixed-length token blocks, and reading those blocks back (`read_blocks`, `is_blocks_file`).
+fixed-length token blocks (read back through pipeline/formats/calib_blocks.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.calib.dedup import content_hash
-from pipeline.calib.read import BadRecord, Conversation, iter_records
+from pipeline.formats.conversations import Conversation
 from pipeline.errors import UserError
 
 # ---------------------------------------------------------------- split and pack
@@ -90,23 +90,3 @@ def _load_tokenizer(model_dir: Path):
     except (OSError, ValueError) as exc:
         raise UserError(f"{model_dir}: no usable tokenizer ({exc}); "
                         "pass --model with a checkpoint that has one") from None
-
-
-def read_blocks(path: Path) -> list[list[int]]:
-    """Token blocks written by `run` (calib.jsonl)."""
-    blocks = []
-    for where, record in iter_records(path):
-        if isinstance(record, BadRecord) or not isinstance(record, dict) or "input_ids" not in record:
-            raise UserError(f"{where}: not a calibration block; build blocks with `quantize calib`")
-        ids = record["input_ids"]
-        if not isinstance(ids, list) or not ids or not all(type(i) is int and 0 <= i < 1 << 31 for i in ids):
-            raise UserError(f"{where}: input_ids must be a non-empty list of token ids (whole numbers >= 0); "
-                            "build blocks with `quantize calib`")
-        blocks.append(ids)
-    return blocks
-
-
-def is_blocks_file(path: Path) -> bool:
-    for _, record in iter_records(path):
-        return isinstance(record, dict) and "input_ids" in record
-    return False

@@ -12,17 +12,35 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.quantize import plan
+
 
 def is_compressed_tensors(model_dir: Path) -> bool:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     return (config.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
 
 
+def load_model(model_dir: Path, dtype, **kwargs):
+    """The checkpoint as transformers builds it; MoE routed experts as one Linear per expert
+    where llm-compressor knows how (see compat.load_linearized)."""
+    import transformers
+
+    from pipeline.checkpoints import auto_model_class
+
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    auto = auto_model_class(config)
+    if plan.routed_experts(config.to_dict()):
+        from pipeline.quantize import compat
+
+        if compat.loads_linearized(config.model_type):
+            model_cls = auto._model_mapping[type(config)]
+            return compat.load_linearized(model_cls, model_dir, config.model_type, dtype=dtype, **kwargs)
+    return auto.from_pretrained(model_dir, dtype=dtype, **kwargs)
+
+
 def load_for_inference(model_dir: Path | str, dtype, device: str | None = None):
     """`device` loads the weights straight onto it (a 9B model staged through host memory first
     costs minutes); None keeps them on the CPU."""
-    from pipeline.quantize.oneshot import load_model
-
     model_dir = Path(model_dir)
     placement = {"device_map": device} if device else {}
     if not is_compressed_tensors(model_dir):

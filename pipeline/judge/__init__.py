@@ -32,7 +32,7 @@ import numpy as np
 
 from pipeline.engines import Engine, GenRequest
 from pipeline.errors import UserError
-from pipeline.evaluate import GenerationCache, model_fingerprint
+from pipeline.eval_cache import GenerationCache, model_fingerprint
 from pipeline.formats.holdout import read_holdout
 from pipeline.judge.client import Ask, Judge, JudgmentCache
 from pipeline.judge.prompts import conversation_text

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pipeline.checkpoints import inspect
 from pipeline.errors import UserError
+from pipeline.params import AwqParams, with_overrides
 from pipeline.quantize import compat, oneshot, plan
 from pipeline.quantize.mappings import mappings_for, supported_architectures
 
@@ -38,11 +39,12 @@ def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20, search:
     ]
 
 
-def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "auto", symmetric: bool = False,
-        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32, n_grid: int = 20,
-        search: str = "gram", placement: str = "auto", plan_only: bool = False,
-        calibrate_all_experts: bool = True) -> oneshot.QuantResult | oneshot.Plan:
-    """plan_only: print what the run needs and how long it should take, write nothing (oneshot.run)."""
+def run(model_dir: Path, out: Path, calib: Path, settings: AwqParams | None = None, *, placement: str = "auto",
+        plan_only: bool = False, calibrate_all_experts: bool = True, **overrides) -> oneshot.QuantResult | oneshot.Plan:
+    """settings: the variant's params section (params.yaml `variants.<name>`, defaults in params.py);
+    `overrides` (e.g. group_size=64) replace fields and are validated again. calib: a calib.jsonl of
+    token blocks. plan_only: print what the run needs and how long it should take, write nothing."""
+    s = with_overrides(settings or AwqParams(method="awq"), **overrides)
     compat.quiet_cpu_warning()
     config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
@@ -52,12 +54,13 @@ def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "aut
             f"{model_dir}: AWQ has no smoothing mappings for {arch}; supported: "
             + ", ".join(supported_architectures())
         )
-    group = plan.choose_group_size(config, group_size, model_dir)
+    group = plan.choose_group_size(config, s.group_size, model_dir)
     inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
-    scheme = f"W4A16 {'symmetric' if symmetric else 'asymmetric'}, group {group}"
+    scheme = f"W4A16 {'symmetric' if s.symmetric else 'asymmetric'}, group {group}"
     return oneshot.run(
-        method="awq", scheme=scheme, recipe=recipe(group, symmetric, mappings, n_grid, search), model_dir=model_dir,
-        out=out, calib=calib, seq_len=seq_len, num_blocks=num_blocks, holdout=holdout, batch_size=batch_size,
-        details={"architecture": arch, "group_size": group, "symmetric": symmetric, "n_grid": n_grid, "search": search},
+        method="awq", scheme=scheme, recipe=recipe(group, s.symmetric, mappings, s.n_grid, s.search),
+        model_dir=model_dir, out=out, calib=calib, batch_size=s.batch_size,
+        details={"architecture": arch, "group_size": group, "symmetric": s.symmetric, "n_grid": s.n_grid,
+                 "search": s.search},
         placement=placement, plan_only=plan_only, calibrate_all_experts=calibrate_all_experts,
     )

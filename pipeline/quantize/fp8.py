@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.checkpoints import inspect
+from pipeline.params import Fp8Params, with_overrides
 from pipeline.quantize import compat, oneshot, plan
 
 KV_STRATEGY = {"per-head": "attn_head", "per-tensor": "tensor", "none": None}
@@ -31,19 +32,20 @@ def recipe(activations: str, kv: str) -> list:
     ]
 
 
-def run(model_dir: Path, out: Path, calib: Path, *, activations: str = "static", kv: str = "per-head",
-        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32,
-        placement: str = "auto", plan_only: bool = False,
-        calibrate_all_experts: bool = True) -> oneshot.QuantResult | oneshot.Plan:
-    """plan_only: print what the run needs and how long it should take, write nothing (oneshot.run)."""
+def run(model_dir: Path, out: Path, calib: Path, settings: Fp8Params | None = None, *, placement: str = "auto",
+        plan_only: bool = False, calibrate_all_experts: bool = True, **overrides) -> oneshot.QuantResult | oneshot.Plan:
+    """settings: the variant's params section (defaults in params.py); `overrides` replace fields and are
+    validated again. plan_only: print what the run needs and how long it should take, write nothing."""
+    s = with_overrides(settings or Fp8Params(method="fp8"), **overrides)
     compat.quiet_cpu_warning()
     config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
     inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
-    scheme = f"FP8 W8A8 ({activations} activations), KV cache {'FP8 ' + kv if kv != 'none' else 'unquantized'}"
+    scheme = (f"FP8 W8A8 ({s.activations} activations), "
+              f"KV cache {'FP8 ' + s.kv if s.kv != 'none' else 'unquantized'}")
     return oneshot.run(
-        method="fp8", scheme=scheme, recipe=recipe(activations, kv), model_dir=model_dir, out=out,
-        calib=calib, seq_len=seq_len, num_blocks=num_blocks, holdout=holdout, batch_size=batch_size,
-        details={"architecture": arch, "activations": activations, "kv_cache": kv},
+        method="fp8", scheme=scheme, recipe=recipe(s.activations, s.kv), model_dir=model_dir, out=out,
+        calib=calib, batch_size=s.batch_size,
+        details={"architecture": arch, "activations": s.activations, "kv_cache": s.kv},
         placement=placement, plan_only=plan_only, calibrate_all_experts=calibrate_all_experts,
     )

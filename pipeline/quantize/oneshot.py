@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.engines.loading import load_model
 from pipeline.engines.support import serving_support
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
@@ -41,25 +42,19 @@ class QuantResult:
         )
 
 
-def resolve_calibration(calib: Path, model_dir: Path, seq_len: int, num_blocks: int,
-                        holdout: int) -> tuple[list[list[int]], str, list[dict]]:
-    """Token blocks from a prepared calib.jsonl, or prepared now from a raw conversation file,
-    and the held-out conversations written beside them (holdout.jsonl), if any."""
-    from pipeline import calib as calib_stage
+def read_calibration(calib: Path) -> tuple[list[list[int]], str, list[dict]]:
+    """The token blocks of a calib.jsonl written by `quantize calib`, their digest, and the held-out
+    conversations written beside them (holdout.jsonl), if any. A raw conversation file is prepared
+    into blocks by the CLI (`quantize awq --calib logs.jsonl`) before a stage runs."""
+    from pipeline.formats.calib_blocks import is_blocks_file, read_blocks
+    from pipeline.formats.holdout import read_holdout
 
     calib = Path(calib)
-    if calib_stage.is_blocks_file(calib):
-        blocks = calib_stage.read_blocks(calib)
-        held = _read_holdout(calib.with_name("holdout.jsonl"))
-    else:
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            result = calib_stage.run(calib, Path(tmp) / "build", model_dir, seq_len=seq_len,
-                                     num_blocks=num_blocks, holdout=holdout)
-            print(result.summary())
-            blocks = calib_stage.read_blocks(Path(tmp) / "build" / "calib.jsonl")
-            held = _read_holdout(Path(tmp) / "build" / "holdout.jsonl")
+    if not is_blocks_file(calib):
+        raise UserError(f"{calib}: not calibration blocks; build them with `quantize calib` (or pass the "
+                        "conversation file to `quantize awq --calib`, which prepares it)")
+    blocks = read_blocks(calib)
+    held = read_holdout(calib.with_name("holdout.jsonl"), missing_ok=True)
     if not blocks:
         raise UserError(f"{calib}: no calibration blocks")
     lengths = {len(b) for b in blocks}
@@ -69,32 +64,20 @@ def resolve_calibration(calib: Path, model_dir: Path, seq_len: int, num_blocks: 
     return blocks, digest, held
 
 
-def _read_holdout(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _render(tokenizer, messages: list[dict]) -> str:
-    from jinja2 import TemplateError
-
-    if getattr(tokenizer, "chat_template", None):
-        try:
-            return tokenizer.apply_chat_template(messages, tokenize=False)
-        except TemplateError:  # a template that rejects this conversation's turns: plain text
-            pass
-    return "\n".join(m["content"] for m in messages)
-
-
 def check_blocks(held: list[dict], tokenizer, blocks: list[list[int]], count: int = 2) -> tuple[list[list[int]], str]:
     """Up to `count` blocks for the per-layer error check, cut from the held-out conversations
     (with their reference answers), which calibration never saw; the last calibration blocks
     when there are none."""
     seq_len = len(blocks[0])
     stream: list[int] = []
+    from pipeline.formats.chat import render_chat
+    from pipeline.formats.holdout import with_reference
+
     for row in held:
-        reference = [{"role": "assistant", "content": row["reference"]}] if row.get("reference") else []
-        stream.extend(tokenizer(_render(tokenizer, row["messages"] + reference), add_special_tokens=False)["input_ids"])
+        text = render_chat(tokenizer, with_reference(row))
+        if text is None:
+            continue
+        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
         if len(stream) >= count * seq_len:
             break
     if len(stream) >= seq_len:
@@ -102,24 +85,6 @@ def check_blocks(held: list[dict], tokenizer, blocks: list[list[int]], count: in
     if stream:
         return [stream], "holdout"
     return blocks[-count:], "calibration (no holdout.jsonl beside the blocks)"
-
-
-def load_model(model_dir: Path, dtype, **kwargs):
-    """The checkpoint as transformers builds it; MoE routed experts as one Linear per expert
-    where llm-compressor knows how (see compat.load_linearized)."""
-    import transformers
-
-    from pipeline.checkpoints import auto_model_class
-
-    config = transformers.AutoConfig.from_pretrained(model_dir)
-    auto = auto_model_class(config)
-    if plan.routed_experts(config.to_dict()):
-        from pipeline.quantize import compat
-
-        if compat.loads_linearized(config.model_type):
-            model_cls = auto._model_mapping[type(config)]
-            return compat.load_linearized(model_cls, model_dir, config.model_type, dtype=dtype, **kwargs)
-    return auto.from_pretrained(model_dir, dtype=dtype, **kwargs)
 
 
 def _tokenizer(model_dir: Path):
@@ -311,7 +276,7 @@ def _execution_device(on_gpu: bool) -> str:
 
 
 def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, calib: Path,
-        seq_len: int, num_blocks: int, holdout: int, batch_size: int, details: dict,
+        batch_size: int, details: dict,
         placement: str = "auto", plan_only: bool = False, calibrate_all_experts: bool = True) -> QuantResult | Plan:
     """placement: auto | device | offload (see the module docstring). plan_only: print the plan with
     a one-layer probe's expected time and return it; nothing is loaded or written.
@@ -327,7 +292,7 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
         raise UserError(f"placement {placement!r}: use one of {', '.join(plan.PLACEMENTS)}")
     watch = Stopwatch()
     model_dir, out = Path(model_dir), Path(out)
-    blocks, calib_digest, held = resolve_calibration(calib, model_dir, seq_len, num_blocks, holdout)
+    blocks, calib_digest, held = read_calibration(calib)
     tokenizer = _tokenizer(model_dir)
     probe_blocks, probe_source = check_blocks(held, tokenizer, blocks)
     patch_cpu_pin_memory()

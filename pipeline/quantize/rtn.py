@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.checkpoints import inspect
+from pipeline.params import RtnParams, with_overrides
 from pipeline.quantize import compat, oneshot, plan
 
 
@@ -23,19 +24,19 @@ def recipe(group_size: int, symmetric: bool) -> list:
                                  ignore=plan.ignore_patterns())]
 
 
-def run(model_dir: Path, out: Path, calib: Path, *, group_size: int | str = "auto", symmetric: bool = False,
-        seq_len: int = 256, num_blocks: int = 32, holdout: int = 32, batch_size: int = 32,
-        placement: str = "auto", plan_only: bool = False) -> oneshot.QuantResult | oneshot.Plan:
-    """plan_only: print what the run needs and how long it should take, write nothing (oneshot.run)."""
+def run(model_dir: Path, out: Path, calib: Path, settings: RtnParams | None = None, *, placement: str = "auto",
+        plan_only: bool = False, **overrides) -> oneshot.QuantResult | oneshot.Plan:
+    """settings: the variant's params section (defaults in params.py); `overrides` replace fields and are
+    validated again. plan_only: print what the run needs and how long it should take, write nothing."""
+    s = with_overrides(settings or RtnParams(method="rtn"), **overrides)
     compat.quiet_cpu_warning()
     config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
     inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
-    group = plan.choose_group_size(config, group_size, model_dir)
-    scheme = f"W4A16 {'symmetric' if symmetric else 'asymmetric'}, group {group}, round-to-nearest"
+    group = plan.choose_group_size(config, s.group_size, model_dir)
+    scheme = f"W4A16 {'symmetric' if s.symmetric else 'asymmetric'}, group {group}, round-to-nearest"
     return oneshot.run(
-        method="rtn", scheme=scheme, recipe=recipe(group, symmetric), model_dir=model_dir, out=out, calib=calib,
-        seq_len=seq_len, num_blocks=num_blocks, holdout=holdout, batch_size=batch_size,
-        details={"architecture": arch, "group_size": group, "symmetric": symmetric},
+        method="rtn", scheme=scheme, recipe=recipe(group, s.symmetric), model_dir=model_dir, out=out, calib=calib,
+        batch_size=s.batch_size, details={"architecture": arch, "group_size": group, "symmetric": s.symmetric},
         placement=placement, plan_only=plan_only,
     )

@@ -126,6 +126,9 @@ def unpaired_surrogate(value, key: str = "") -> str | None:
 # ---------------------------------------------------------------- what the report uses of each file
 
 RESULT_LINE = {"id": "result id", "score": "number", "correct": "flag"}
+# a perplexity suite's line: one document, its summed log-likelihood and its token count (no right/wrong)
+DOCUMENT_LINE = {"id": "result id", "score": "number", "correct": ("flag", None), "loglikelihood": "number",
+                 "n_tokens": "count"}
 COUNT_OR_NULL = ("count", None)
 NUMBER_OR_NULL = ("number", None)
 DISTRIBUTION = ({"mean?": "non-negative number", "median": "non-negative number", "p90": "non-negative number",
@@ -258,7 +261,7 @@ def read_lines(path: Path) -> dict[str, dict]:
         if not isinstance(item, dict):
             raise _problem(path, where, f"a result line must be a JSON object, not {_kind(item)}", command)
         try:
-            check(item, RESULT_LINE)
+            check(item, DOCUMENT_LINE if "loglikelihood" in item else RESULT_LINE)
         except Mismatch as exc:
             key, expected, found = exc.args
             raise _problem(path, where, f"{key}: expected {expected}, found {found}", command) from None
