@@ -115,7 +115,7 @@ def test_a_kill_inside_one_large_batch_keeps_the_rows_already_finished(tmp_path,
     script = (
         "from pipeline import evaluate\n"
         f"evaluate.run({str(tiny_llama)!r}, suite='math', task='quant_gsm8k', variant='base', "
-        f"out_dir={str(tmp_path / 'killed')!r}, limit=12, max_new_tokens=200, engine_options={{'batch_size': 50}})\n"
+        f"out_dir={str(tmp_path / 'killed')!r}, limit=12, max_new_tokens=200, batch_size=50)\n"
     )
     cache = tmp_path / "killed" / ".cache" / "math.jsonl"
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -130,7 +130,7 @@ def test_a_kill_inside_one_large_batch_keeps_the_rows_already_finished(tmp_path,
     print(f"rows cached before the kill, inside one batch of 12: {len(before)}")
     assert 1 <= len(before) < 12 and not (tmp_path / "killed" / "math.jsonl").exists()
     evaluate.run(tiny_llama, suite="math", task="quant_gsm8k", variant="base", out_dir=tmp_path / "killed",
-                 limit=12, max_new_tokens=200, engine_options={"batch_size": 50})
+                 limit=12, max_new_tokens=200, batch_size=50)
     after = read_jsonl(cache)
     assert after[:len(before)] == before and len(after) == 12  # kept, and only the other rows generated
     outputs = {line["prompt"]: line["output"] for line in read_jsonl(tmp_path / "killed" / "math.jsonl")}

@@ -13,7 +13,7 @@ FIELDS = {"id", "suite", "variant", "prompt", "target", "output", "score", "corr
 
 def test_math_suite_on_three_items_writes_the_contract(tmp_path, tiny_llama):
     result = evaluate.run(tiny_llama, suite="math", task="quant_gsm8k", variant="base", out_dir=tmp_path,
-                          limit=3, max_new_tokens=8, engine_options={"batch_size": 2})
+                          limit=3, max_new_tokens=8, batch_size=2)
     lines = read_jsonl(tmp_path / "math.jsonl")
     assert [l["id"] for l in lines] == ["gsm8k-test-0000", "gsm8k-test-0001", "gsm8k-test-0002"]
     assert all(set(l) == FIELDS for l in lines)
@@ -50,7 +50,7 @@ def test_killed_run_resumes_without_recomputing(tmp_path, tiny_llama):
     script = (
         "import sys; from pipeline import evaluate\n"
         f"evaluate.run({str(tiny_llama)!r}, suite='math', task='quant_gsm8k', variant='base', "
-        f"out_dir={str(tmp_path)!r}, limit=20, max_new_tokens=96, engine_options={{'batch_size': 1}})\n"
+        f"out_dir={str(tmp_path)!r}, limit=20, max_new_tokens=96, batch_size=1)\n"
     )
     cache = tmp_path / ".cache" / "math.jsonl"
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -65,7 +65,7 @@ def test_killed_run_resumes_without_recomputing(tmp_path, tiny_llama):
     print(f"generations finished before the kill: {done_before} of 20")
     assert 2 <= done_before < 20 and not (tmp_path / "math.jsonl").exists()
     evaluate.run(tiny_llama, suite="math", task="quant_gsm8k", variant="base", out_dir=tmp_path,
-                 limit=20, max_new_tokens=96, engine_options={"batch_size": 1})
+                 limit=20, max_new_tokens=96, batch_size=1)
     entries = read_jsonl(cache)
     assert len(entries) == 20 and len({e["key"] for e in entries}) == 20  # only the missing 20 - k were generated
     assert len(read_jsonl(tmp_path / "math.jsonl")) == 20
