@@ -13,7 +13,6 @@ so the verdict pairs the models per document.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import time
@@ -24,7 +23,8 @@ from pipeline import likelihood, sandbox
 from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
 from pipeline.eval_cache import GenerationCache, model_fingerprint, score_key
-from pipeline.outputs import Stopwatch, write_atomic, write_json
+from pipeline.formats.results import write_results
+from pipeline.outputs import Stopwatch
 from pipeline.params import EngineParams, SuiteParams, sections_with_overrides
 
 EVALS_DIR = Path(__file__).resolve().parent.parent / "evals"
@@ -296,11 +296,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
                        score=math.exp(-sum(line["loglikelihood"] for line in lines) / max(tokens, 1)))
     if is_long_context:
         summary["long_context"] = long_context.summarize(lines, metadata)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines_path = out_dir / f"{suite}.jsonl"
-    write_atomic(lines_path, "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines))
-    write_json(out_dir / f"{suite}.json", summary)
-    return EvalResult(lines_path, summary)
+    return EvalResult(write_results(out_dir, suite, lines, summary), summary)
 
 
 def _speed(lines: list[dict], lm) -> dict:
@@ -341,8 +337,4 @@ def _not_applicable(out_dir: Path, *, reason: str, **fields) -> EvalResult:
     summary = {**fields, "model_dir": str(fields["model_dir"]), "metric": None, "n": 0, "score": None,
                "status": "not applicable", "reason": reason, "metrics": {}, "generated_tokens": 0,
                "tokens_per_second": 0.0, "seconds": 0.0}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines_path = out_dir / f"{fields['suite']}.jsonl"
-    write_atomic(lines_path, "")
-    write_json(out_dir / f"{fields['suite']}.json", summary)
-    return EvalResult(lines_path, summary)
+    return EvalResult(write_results(out_dir, fields["suite"], [], summary), summary)
