@@ -135,3 +135,21 @@ def test_a_kill_inside_one_large_batch_keeps_the_rows_already_finished(tmp_path,
     assert after[:len(before)] == before and len(after) == 12  # kept, and only the other rows generated
     outputs = {line["prompt"]: line["output"] for line in read_jsonl(tmp_path / "killed" / "math.jsonl")}
     assert len(outputs) == 12 and sorted(e["text"] for e in after) == sorted(outputs.values())
+
+
+def test_the_eval_bar_moves_once_per_finished_request(tmp_path, tiny_llama):
+    """PipelineLM announces every request lm-eval hands it (on_items) and reports each as it finishes
+    (on_done): one by one from an engine that reports rows (hf), all at once when read from the cache."""
+    from pipeline.engines.hf import HFEngine
+
+    engine = HFEngine(tiny_llama, batch_size=4)
+    requests = [type("Instance", (), {"args": (engine.apply_chat_template([{"role": "user", "content": p}]),
+                                               {"max_gen_toks": 6, "until": []})})
+                for p in _math_prompts(3)]
+    cache = GenerationCache(tmp_path / "cache.jsonl", model_fingerprint(tiny_llama))
+    items, done = [], []
+    evaluate._lm_class()(engine, cache, chunk=4, on_done=done.append, on_items=items.append).generate_until(requests)
+    assert items == [3] and done == [0, 1, 1, 1]  # none cached, then each row as it finished
+    items, done = [], []
+    evaluate._lm_class()(engine, cache, chunk=4, on_done=done.append, on_items=items.append).generate_until(requests)
+    assert items == [3] and done == [3]  # all read back

@@ -121,3 +121,19 @@ def test_openai_engine_without_a_url_names_the_setting(tmp_path, tiny_llama, mon
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math"])
     assert result.exit_code == 2 and "params.yaml: engine.base_url" in result.output
+
+
+def test_openai_engine_hands_back_each_answer_as_it_arrives():
+    """What moves the eval bar (and caches each row) for the openai and vllm engines."""
+    from chat_server import ChatServer
+    from pipeline.engines import GenRequest
+    from pipeline.engines.openai import OpenAIEngine
+
+    with ChatServer(lambda body: f"echo {body['messages'][-1]['content']}") as server:
+        engine = OpenAIEngine(base_url=server.base_url, model="m", concurrency=3, retries=0)
+        requests = [GenRequest(json.dumps([{"role": "user", "content": f"q{i}"}]), 4) for i in range(5)]
+        seen = []
+        completions = engine.generate(requests, on_done=lambda i, c: seen.append((i, c)))
+    assert sorted(i for i, _ in seen) == list(range(5))
+    assert all(completions[i] is c for i, c in seen)
+    assert [c.text for c in completions] == [f"echo q{i}" for i in range(5)]

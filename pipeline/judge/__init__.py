@@ -131,7 +131,7 @@ def _reliable(summary: dict, min_consistency: float) -> bool:
 
 
 def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label: str, max_new_tokens: int,
-                     engine_options: dict, engine_name: str = "hf") -> list[str]:
+                     engine_options: dict, engine_name: str) -> list[str]:
     """Greedy answers to each held-out conversation, through the eval stage's resume cache. The
     engine is made only when something is missing, and closed after (a GPU engine holds memory)."""
     from transformers import AutoTokenizer
@@ -147,7 +147,7 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
         from pipeline.console import progress
 
         engine = make_engine(engine_name, model_dir, **engine_options)
-        chunk = engine_options.get("batch_size", 32)
+        chunk = engine_options["batch_size"]
         try:
             with progress(f"judge: {label} answers", len(todo), "answers") as advance:
                 for start in range(0, len(todo), chunk):
