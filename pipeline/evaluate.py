@@ -278,8 +278,8 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
             lm_engine.close()
     task_config = results["configs"][task]
     metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
-    samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
-    lines = [_result_line(s, suite, variant, metric, lm) for s in samples]
+    samples = sorted(results["samples"][task], key=lambda sample: sample["doc_id"])
+    lines = [_result_line(sample, suite, variant, metric, lm) for sample in samples]
     summary = {
         "suite": suite, "task": task, "variant": variant, "model_dir": str(model_dir), "engine": engine,
         "metric": metric, "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
