@@ -78,8 +78,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from awq_batching import bootstrap, per_sequence_kl
-    from pipeline.calib import read_blocks
-    from pipeline.diagnostics import holdout_texts
+    from pipeline.formats.calib_blocks import read_blocks
+    from pipeline.kl import holdout_texts
     from pipeline.engines.loading import load_for_inference
     from pipeline.quantize import awq
 

@@ -187,6 +187,30 @@ def _calibration_blocks(p: params_mod.Params, calib: Optional[Path], model: Path
         yield Path(tmp) / "build" / "calib.jsonl"
 
 
+def _quantize(method: str, params_file: Path, variant: Optional[str], flags: dict, model: Optional[Path],
+              out: Optional[Path], calib: Optional[Path], placement: str, plan: bool) -> None:
+    """What awq, fp8, rtn and variant share: the variant's params section with the flags over it
+    (validated again), the paths' defaults, the overlap check, calibration blocks, the stage's run."""
+    from pipeline.quantize import require_llmcompressor
+
+    p = _params(params_file)
+    variant, settings = _variant_settings(p, variant, method)
+    section = {"awq": params_mod.AwqParams, "fp8": params_mod.Fp8Params, "rtn": params_mod.RtnParams}[method]
+    settings = with_overrides(settings or section(method=method), **flags)
+    require_llmcompressor()
+    from pipeline.quantize import awq as awq_stage, fp8 as fp8_stage, rtn as rtn_stage
+
+    stage_module = {"awq": awq_stage, "fp8": fp8_stage, "rtn": rtn_stage}[method]
+    model, out = model or p.model.base_dir, out or Path("models") / (variant or f"{method}-{DEFAULT_SCHEME[method]}")
+    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, calib))
+    with _calibration_blocks(p, calib, model) as blocks:
+        result = stage_module.run(model, out, blocks, settings, placement=placement, plan_only=plan)
+    typer.echo(result.summary())
+
+
+DEFAULT_SCHEME = {"awq": "w4a16", "fp8": "w8a8", "rtn": "w4a16"}  # out dir without a named variant: models/awq-w4a16
+
+
 def _variant_settings(p: params_mod.Params, variant: Optional[str], method: str):
     if variant is None:
         matching = [n for n, v in p.variants.items() if v.method == method]
@@ -211,20 +235,8 @@ def awq(
     params_file: Path = PARAMS_OPTION,
 ):
     """AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."""
-    from pipeline.quantize import require_llmcompressor
-
-    require_llmcompressor()
-    from pipeline.quantize import awq as awq_stage
-
-    p = _params(params_file)
-    variant, settings = _variant_settings(p, variant, "awq")
     size = group_size if group_size in (None, "auto") else _whole(group_size, "--group-size", "auto or a power of two such as 64 or 128")
-    settings = with_overrides(settings or params_mod.AwqParams(method="awq"), group_size=size, symmetric=symmetric)
-    model, out = model or p.model.base_dir, out or Path("models") / (variant or "awq-w4a16")
-    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, calib))
-    with _calibration_blocks(p, calib, model) as blocks:
-        result = awq_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)
-    typer.echo(result.summary())
+    _quantize("awq", params_file, variant, dict(group_size=size, symmetric=symmetric), model, out, calib, placement, plan)
 
 
 @app.command()
@@ -241,19 +253,7 @@ def fp8(
     params_file: Path = PARAMS_OPTION,
 ):
     """FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."""
-    from pipeline.quantize import require_llmcompressor
-
-    require_llmcompressor()
-    from pipeline.quantize import fp8 as fp8_stage
-
-    p = _params(params_file)
-    variant, settings = _variant_settings(p, variant, "fp8")
-    settings = with_overrides(settings or params_mod.Fp8Params(method="fp8"), activations=activations, kv=kv)
-    model, out = model or p.model.base_dir, out or Path("models") / (variant or "fp8-w8a8")
-    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, calib))
-    with _calibration_blocks(p, calib, model) as blocks:
-        result = fp8_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)
-    typer.echo(result.summary())
+    _quantize("fp8", params_file, variant, dict(activations=activations, kv=kv), model, out, calib, placement, plan)
 
 
 @app.command()
@@ -270,20 +270,8 @@ def rtn(
     params_file: Path = PARAMS_OPTION,
 ):
     """Round-to-nearest W4A16 (AWQ's quantizer without its smoothing): the baseline AWQ is measured against."""
-    from pipeline.quantize import require_llmcompressor
-
-    require_llmcompressor()
-    from pipeline.quantize import rtn as rtn_stage
-
-    p = _params(params_file)
-    variant, settings = _variant_settings(p, variant, "rtn")
     size = group_size if group_size in (None, "auto") else _whole(group_size, "--group-size", "auto or a power of two such as 64 or 128")
-    settings = with_overrides(settings or params_mod.RtnParams(method="rtn"), group_size=size, symmetric=symmetric)
-    model, out = model or p.model.base_dir, out or Path("models") / (variant or "rtn-w4a16")
-    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, calib))
-    with _calibration_blocks(p, calib, model) as blocks:
-        result = rtn_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)
-    typer.echo(result.summary())
+    _quantize("rtn", params_file, variant, dict(group_size=size, symmetric=symmetric), model, out, calib, placement, plan)
 
 
 @app.command("variant")
@@ -293,19 +281,8 @@ def build_variant(
     params_file: Path = PARAMS_OPTION,
 ):
     """Build one variant exactly as params.yaml describes it (what `dvc repro` runs)."""
-    from pipeline.quantize import require_llmcompressor
-
     p = _params(params_file)
-    settings = p.variant(name)  # params.yaml variants.<name>, validated: the stage takes it as it is
-    require_llmcompressor()
-    from pipeline.quantize import awq as awq_stage, fp8 as fp8_stage, rtn as rtn_stage
-
-    stage_module = {"awq": awq_stage, "fp8": fp8_stage, "rtn": rtn_stage}[settings.method]
-    model, out = p.model.base_dir, Path("models") / name
-    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, None))
-    with _calibration_blocks(p, None, model) as blocks:
-        result = stage_module.run(model, out, blocks, settings)
-    typer.echo(result.summary())
+    _quantize(p.variant(name).method, params_file, name, {}, None, None, None, "auto", False)
 
 
 @app.command("eval")

@@ -61,16 +61,17 @@ def _silence_loguru(level: int) -> None:
 
 @contextlib.contextmanager
 def progress(description: str, total: int | None, unit: str = "items") -> Iterator[Callable[[int], None]]:
-    """A per-item progress bar on stderr; yields advance(n). total None: unknown until advance.expect(n)
-    adds n items to it (a stage that learns its work in parts, e.g. eval from lm-eval's requests)."""
+    """A per-item progress bar on stderr; yields advance(n). unit "bytes": counts shown as sizes. total None:
+    unknown until advance.expect(n) adds n items to it (a stage that learns its work in parts, e.g. eval from
+    lm-eval's requests)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn, TimeRemainingColumn
 
     console = Console(stderr=True)
     disable = _state["quiet"] or not console.is_terminal
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-               TimeElapsedColumn(), TimeRemainingColumn()]
+    counts = [DownloadColumn()] if unit == "bytes" else [MofNCompleteColumn(), TextColumn(unit)]
+    columns = [TextColumn("{task.description}"), BarColumn(), *counts, TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=console, transient=True, disable=disable) as bar:
         task = bar.add_task(description, total=total)
         yield _Advance(bar, task)

@@ -3,7 +3,7 @@ planned checkpoint shard by shard, so converting a 9B model needs a few chunks o
 
 A `TensorSource` names, shapes and reads tensors (a safetensors directory, or a dict in tests); an
 `OutTensor` is one output tensor assembled from `Piece`s (row ranges of source tensors). `write_checkpoint`
-checks nothing and computes nothing: it copies planned bytes, with a progress bar, into shards named
+checks nothing and computes nothing: it copies planned bytes, with a progress bar (console.progress), into shards named
 as transformers names them, plus the index. Used by the ChatGLM <-> Glm conversion (chatglm.py) and
 the lmdeploy exports (export.py, lmdeploy_awq.py).
 """
@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Protocol
 import torch
 
 from pipeline.errors import UserError
+from pipeline.console import progress
 
 MAX_SHARD_BYTES = 5 * 10**9  # what transformers calls "5GB"
 CHUNK_BYTES = 64 << 20
@@ -235,7 +236,7 @@ def write_checkpoint(plan: list[OutTensor], source: TensorSource, dest: Path,
     names = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)])
     total = sum(t.nbytes for t in plan)
-    with _progress(label, total) as advance:
+    with progress(label, total, unit="bytes") as advance:
         for name, shard in zip(names, shards):
             _write_safetensors(dest / name, shard, source, advance)
     if len(shards) > 1:
@@ -275,28 +276,6 @@ def _write_piece(f, tensor: OutTensor, piece: Piece, source: TensorSource, advan
         written += data.nbytes
         advance(data.nbytes)
     return written
-
-
-class _progress:
-    """A bytes progress bar on stderr (rich); silent when stderr is not a terminal."""
-
-    def __init__(self, label: str, total: int) -> None:
-        self.label, self.total = label, total
-
-    def __enter__(self) -> Callable[[int], None]:
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-        console = Console(stderr=True)
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                            TimeRemainingColumn(), console=console, transient=True,
-                            disable=not console.is_terminal)
-        self.bar.__enter__()
-        task = self.bar.add_task(self.label, total=self.total)
-        return lambda n: self.bar.advance(task, n)
-
-    def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
 
 
 def carry_files(source: Path, dest: Path) -> list[str]:
