@@ -37,7 +37,10 @@ def _lm_class():
     class PipelineLM(LM):
         """Presents any Engine to lm-eval. Generations and token scores go through the resume cache
         one finished item at a time (or per engine call, for an engine that cannot report each).
-        on_items(n): n more requests to answer (cached ones included); on_done(n): n of them answered."""
+        on_items(n): n more requests to answer (cached ones included); on_done(n): n of them answered.
+        Generations are reported one by one by every engine (hf rows as they stop, the openai and vLLM
+        answers as they arrive, lmdeploy's requests as they finish); token scores per engine call of
+        batch_size requests, since the rows of one forward pass all finish together."""
 
         def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_done=None, task: str = "",
                      on_items=None):
