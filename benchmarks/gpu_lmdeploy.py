@@ -68,7 +68,7 @@ def eval_both(model: Path, root: Path, suite: str, task: str, limit: int, max_ne
         out = root / f"{model.name}-{engine}"
         summary = evaluate.run(model, suite=suite, task=task, variant=model.name, out_dir=out, engine=engine,
                                limit=limit, max_new_tokens=max_new_tokens,
-                               engine_options={"batch_size": 64, "dtype": "float16"}).summary
+                               batch_size=64, dtype="float16").summary
         runs[engine] = (summary, outputs(out / f"{suite}.jsonl"))
     (hf, hf_out), (lm, lm_out) = runs["hf"], runs["lmdeploy"]
     same = sum(hf_out[i] == lm_out.get(i) for i in hf_out)
@@ -163,7 +163,7 @@ def serving() -> dict:
             step(results, f"bench {name} (lmdeploy)", lambda m=model: bench.run(
                 m, OUT / f"bench-{m.name}.json", engine="lmdeploy", concurrency=[1, 4, 16, 64], input_len=128,
                 output_len=256, requests_per_level=1, holdout=holdout / "holdout.jsonl",
-                engine_options={"batch_size": 64}).summary)
+                batch_size=64).summary)
     for name, model in models.items():
         for engine in ("hf", "lmdeploy"):
             step(results, f"math suite items/s, {name}, {engine}", lambda m=model, e=engine: math_items(m, root, e))
@@ -175,7 +175,7 @@ def math_items(model: Path, root: Path, engine: str, tag: str = "") -> dict:
 
     return evaluate.run(model, suite="math", task="quant_gsm8k", variant=model.name,
                         out_dir=root / f"math-{model.name}-{engine}{tag}", engine=engine, limit=128, max_new_tokens=128,
-                        engine_options={"batch_size": 64, "dtype": "bfloat16"}).summary
+                        batch_size=64, dtype="bfloat16").summary
 
 
 def hf_decodings() -> dict:
@@ -225,8 +225,8 @@ def judge_through_lmdeploy() -> dict:
     awq.run(base, variant, root / "calib" / "calib.jsonl", group_size=128, batch_size=16)
     settings = JudgeParams(backend="lmdeploy", limit=8, max_new_tokens=32, judge_max_new_tokens=16)
     step(results, "judge, lmdeploy answers and judge", lambda: judge.run(
-        variant, base, root / "calib" / "holdout.jsonl", root / "out", settings,
-        engine_options={"batch_size": 32}, answer_engine="lmdeploy").summary)
+        variant, base, root / "calib" / "holdout.jsonl", root / "out", settings, name="lmdeploy",
+        batch_size=32).summary)
     return results
 
 

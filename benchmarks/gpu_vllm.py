@@ -132,7 +132,7 @@ def bench_all(names: list[str], rates: list[float]) -> dict:
             models[n], ROOT / f"bench-{n}.json", engine="vllm", concurrency=[1, 16, 64] if not TINY else [1, 2],
             input_len=16 if TINY else 128, output_len=8 if TINY else 256, requests_per_level=2,
             holdout=holdout if holdout.exists() and not TINY else None, request_rates=rates, rate_seconds=1 if TINY else 8,
-            slo=slo, engine_options={**SERVING, **SERVER, "log_path": ROOT / f"bench-{n}.vllm.log"}).summary)
+            slo=slo, **SERVING, **SERVER).summary)  # the server's log: bench-<name>.vllm.log beside the JSON
         free_gpu()
         keep(ROOT / f"bench-{name}.json", ROOT / f"bench-{name}.vllm.log")
     return results
@@ -357,11 +357,11 @@ def agreement() -> dict:
                 options = {"batch_size": 64, "dtype": "bfloat16"}
                 if engine == "vllm":
                     options = {**options, **SERVER, "max_model_len": 2048, "gpu_memory_utilization": 0.5,
-                               "server_args": [] if TINY else ["--enforce-eager"],
-                               "log_path": root / f"{m.name}.vllm.log"}
+                               "server_args": [] if TINY else ["--enforce-eager"]}
                 out = root / f"math-{m.name}-{engine}"
                 summary = evaluate.run(m, suite="math", task="quant_gsm8k", variant=m.name, out_dir=out,
-                                       engine=engine, limit=40, max_new_tokens=32, engine_options=options).summary
+                                       engine=engine, limit=40, max_new_tokens=32,
+                                       log_path=root / f"{m.name}.vllm.log", **options).summary
                 runs[engine] = (summary, {l["id"]: l["output"] for l in map(json.loads, (out / "math.jsonl")
                                                                              .read_text().splitlines())})
                 free_gpu()
@@ -385,11 +385,11 @@ def eval_speed(names: list[str]) -> dict:
         for engine in ("vllm", "hf"):
             options = {"batch_size": 64, "dtype": "bfloat16"}
             if engine == "vllm":
-                options = {**options, **SERVING, **SERVER, "log_path": ROOT / f"eval-{name}.vllm.log"}
+                options = {**options, **SERVING, **SERVER}
             step(results, "eval-speed", f"math items/s, {name}, {engine}", lambda m=models[name], e=engine, o=options:
                  evaluate.run(m, suite="math", task="quant_gsm8k", variant=m.name, out_dir=ROOT / f"eval-{m.name}-{e}",
                               engine=e, limit=8 if TINY else 128, max_new_tokens=8 if TINY else 128,
-                              engine_options=o).summary)
+                              log_path=ROOT / f"eval-{name}.vllm.log", **o).summary)
             free_gpu()
     return results
 
@@ -402,7 +402,7 @@ def kl() -> dict:
     for name in ("fp8-w8a8", "awq-w4a16"):
         step(results, "kl", f"kl {name}", lambda n=name: kl_stage.run(
             models["base"], models[n], ROOT / "calib-text" / "holdout.jsonl", OUT / f"kl-{n}.json",
-            max_tokens=512, max_sequences=32).summary)
+            kl_max_tokens=512, kl_sequences=32).summary)
         free_gpu()
     return results
 

@@ -33,6 +33,7 @@ from pipeline.checkpoints.sizes import kv_bytes_per_token
 from pipeline.engines import Timing
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
+from pipeline.params import BenchParams, EngineParams, sections_with_overrides
 
 log = logging.getLogger(__name__)
 HAYSTACK = Path(__file__).resolve().parent.parent / "evals" / "long_context" / "alice29.txt"
@@ -322,16 +323,25 @@ def describe_engine(lm, name: str, options: dict) -> dict:
             "tensor_parallel_size": int(options.get("tensor_parallel_size") or 1)}
 
 
-def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurrency: list[int] = (1, 4, 16, 64),
-        input_len: int = 128, output_len: int = 256, requests_per_level: int = 2, holdout: Path | None = None,
-        request_rates: list[float] = (), rate_seconds: float = 30.0, slo: dict | None = None,
-        engine_options: dict | None = None) -> BenchResult:
-    """requests_per_level: requests per level as a multiple of the concurrency (at least 4 in all)."""
+def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = None,
+        engine_settings: EngineParams | None = None, *, engine: str | None = None, holdout: Path | None = None,
+        **overrides) -> BenchResult:
+    """settings: params.yaml `bench`; engine_settings: params.yaml `engine` (defaults in params.py);
+    `overrides` (e.g. concurrency=[1, 2], input_len=16, batch_size=64) replace the field of that name in
+    the bench section, else in the engine section, and are validated again. engine: the engine's name
+    (default: bench.engine, else engine.name). holdout: held-out conversations for the real-length
+    workload (None: the fixed workload only). requests_per_level: requests per level as a multiple of
+    the concurrency (at least 4 in all)."""
     from pipeline.engines import engine_spec, make_engine
 
+    b, e = sections_with_overrides(settings or BenchParams, engine_settings or EngineParams, **overrides)
+    engine = engine or b.engine or e.name
+    concurrency, input_len, output_len, request_rates = b.concurrency, b.input_len, b.output_len, b.request_rates
+    slo = b.slo.model_dump()
     watch = Stopwatch()
     model_dir, out = Path(model_dir), Path(out)
     spec = engine_spec(engine)
+    options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
     from pipeline.checkpoints import inspect
 
     inspect.check(model_dir, weights=engine != "openai")  # openai: a running server holds the weights
@@ -344,7 +354,6 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
     if context is not None and input_len + output_len > context:
         raise UserError(f"--input-len {input_len} + --output-len {output_len} exceed {model_dir}'s "
                         f"{context}-token context; choose shorter lengths")
-    options = dict(engine_options or {})
     options["batch_size"] = max(max(concurrency), options.get("batch_size", 1))
     if engine == "vllm":
         options.setdefault("log_path", out.with_name(out.stem + ".vllm.log"))
@@ -364,11 +373,11 @@ def run(model_dir: Path | str, out: Path | str, *, engine: str = "hf", concurren
             timer.timed_generate(*load.take(1), 1)
             levels, rates = [], []
             for c in concurrency:
-                levels.append(sweep_level(timer, load, c, max(4, requests_per_level * c), slo))
+                levels.append(sweep_level(timer, load, c, max(4, b.requests_per_level * c), slo))
                 log.info(f"  {load.name} c={c}: {levels[-1]['output_tokens_per_s']:.1f} tok/s, "
                          f"TTFT p50 {levels[-1]['ttft_p50_ms']:.0f} ms")
             for rate in request_rates if load.name == "fixed" else ():  # open loop on the fixed lengths only
-                rates.append(rate_level(timer, load, rate, max(8, round(rate * rate_seconds)), slo))
+                rates.append(rate_level(timer, load, rate, max(8, round(rate * b.rate_seconds)), slo))
                 log.info(f"  {load.name} {rate:g} req/s: {rates[-1]['output_tokens_per_s']:.1f} tok/s, "
                          f"TTFT p50 {rates[-1]['ttft_p50_ms']:.0f} ms")
             workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), "levels": levels, "rates": rates}

@@ -143,14 +143,10 @@ def calib(
     from pipeline import calib as calib_stage
 
     p = _params(params_file)
-    c = p.calib
-    source, out, model = source or c.source, out or c.out, model or p.model.base_dir
+    settings = with_overrides(p.calib, redact=redact)
+    source, out, model = source or settings.source, out or settings.out, model or p.model.base_dir
     _refuse_overlap(out, replaces_dir=True, source=source, tokenizer_checkpoint=model)
-    result = calib_stage.run(
-        source, out, model, seq_len=c.seq_len, num_blocks=c.num_blocks,
-        holdout=c.holdout, max_bad_fraction=c.max_bad_fraction, strict=strict,
-        do_redact=c.redact if redact is None else redact, redact_patterns=c.redact_patterns,
-    )
+    result = calib_stage.run(source, out, model, settings, strict=strict)
     bad = result.stats["dropped"].get("bad record", 0)
     if bad:
         typer.secho(f"skipped {bad} bad records:\n  " + "\n  ".join(result.stats["bad_records_first_10"]), fg="yellow", err=True)
@@ -185,10 +181,8 @@ def _calibration_blocks(p: params_mod.Params, calib: Optional[Path], model: Path
         return
     from pipeline import calib as calib_stage
 
-    c = p.calib
     with tempfile.TemporaryDirectory() as tmp:
-        result = calib_stage.run(calib, Path(tmp) / "build", model, seq_len=c.seq_len, num_blocks=c.num_blocks,
-                                 holdout=c.holdout)
+        result = calib_stage.run(calib, Path(tmp) / "build", model, p.calib)
         log.info(result.summary())
         yield Path(tmp) / "build" / "calib.jsonl"
 
@@ -307,22 +301,14 @@ def eval_(
     from pipeline.engines import engine_spec
 
     p = _params(params_file)
-    s = p.suite(suite)
-    e = p.engine
-    engine = engine or e.name
+    settings = with_overrides(p.suite(suite), limit=limit)
+    engine = engine or p.engine.name
     engine_spec(engine, "--engine")
     out_dir = out or Path("results") / model_dir.name
     _refuse_overlap(out_dir, checkpoint=model_dir)
     _checked(model_dir, weights=engine != "openai")  # openai: a server holds the weights; the dir gives the tokenizer
-    options = e.options(engine)
-    if engine == "vllm":
-        options["log_path"] = out_dir / f"{suite}.vllm.log"  # the server's log, beside the results
-    result = evaluate.run(
-        model_dir, suite=suite, task=s.task, variant=model_dir.name, out_dir=out_dir,
-        engine=engine, limit=limit or s.limit, max_new_tokens=s.max_new_tokens,
-        engine_options=options, task_options=s.options, allow_unsandboxed=s.allow_unsandboxed,
-        tasks_dir=s.tasks_dir,
-    )
+    result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
+                          engine=engine)
     typer.echo(result.summary_line())
 
 
@@ -345,10 +331,9 @@ def bench(
     from pipeline.engines import engine_spec
 
     p = _params(params_file)
-    b = p.bench
-    engine = engine or b.engine or p.engine.name
+    engine = engine or p.bench.engine or p.engine.name
     engine_spec(engine, "--engine")
-    levels = b.concurrency
+    levels = rates = None
     if concurrency is not None:
         try:
             levels = sorted({int(c) for c in concurrency.split(",")})
@@ -356,7 +341,6 @@ def bench(
             levels = []
         if not levels or min(levels) < 1:
             raise UserError(f"--concurrency {concurrency}: use positive integers separated by commas, e.g. 1,4,16,64")
-    rates = b.request_rates
     if request_rates is not None:
         try:
             rates = sorted({float(r) for r in request_rates.split(",") if r.strip()})
@@ -364,16 +348,13 @@ def bench(
             rates = [-1.0]
         if any(not 0 < r <= 10000 for r in rates):
             raise UserError(f"--request-rates {request_rates}: use rates in requests/s separated by commas, e.g. 1,4,16")
-    if holdout is None and b.holdout:
+    settings = with_overrides(p.bench, concurrency=levels, request_rates=rates, input_len=input_len,
+                              output_len=output_len)
+    if holdout is None and settings.holdout:
         holdout = p.calib.out / "holdout.jsonl"
     out = out or Path("results") / model_dir.name / "bench.json"
     _refuse_overlap(out, checkpoint=model_dir, held_out_prompts=holdout)
-    result = bench_stage.run(
-        model_dir, out, engine=engine, concurrency=levels,
-        input_len=input_len or b.input_len, output_len=output_len or b.output_len,
-        requests_per_level=b.requests_per_level, holdout=holdout, request_rates=rates, rate_seconds=b.rate_seconds,
-        slo=b.slo.model_dump(), engine_options=p.engine.options(engine),
-    )
+    result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
     typer.echo(result.summary_line())
 
 
@@ -393,10 +374,7 @@ def kl(
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "kl.json"
     _refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    result = kl_stage.run(
-        base, variant_dir, holdout, out, dtype=p.engine.dtype,
-        max_tokens=p.verdict.kl_max_tokens, max_sequences=p.verdict.kl_sequences,
-    )
+    result = kl_stage.run(base, variant_dir, holdout, out, p.verdict, p.engine)
     typer.echo(result.summary_line())
 
 
@@ -416,45 +394,20 @@ def judge(
     from pipeline import judge as judge_stage
 
     p = _params(params_file)
-    if mode not in (None, "pairwise", "reference"):
-        raise UserError(f"--mode {mode}: use pairwise or reference")
     if backend is not None:
         from pipeline.engines import engine_spec
 
         engine_spec(backend, "--backend")
-    if limit is not None and limit < 1:
-        raise UserError(f"--limit {limit}: use 1 or more")
-    overrides = {"mode": mode, "backend": backend, "limit": limit}
-    settings = p.judge.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-    v = p.verdict
-    # base and variant answer through engine.name; openai serves one checkpoint only, so answers come from hf then
-    answer_engine = "hf" if p.engine.name == "openai" else p.engine.name
+    settings = with_overrides(p.judge, mode=mode, backend=backend, limit=limit)
     base, prompts = base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl"
     out_dir = out or Path("results") / variant_dir.name
     judge_model = Path(settings.model) if settings.backend != "openai" and settings.model != "base" else None
     _refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
                     judge_checkpoint=judge_model)
-    answer_options = p.engine.options(answer_engine)
-    if answer_engine == "vllm":
-        answer_options["log_path"] = out_dir / "judge.vllm.log"
-    result = judge_stage.run(
-        variant_dir, base, prompts, out_dir, settings, engine_options=answer_options, answer_engine=answer_engine,
-        judge_engine_options=_judge_engine_options(p, settings.backend, out_dir),
-        iterations=v.bootstrap, confidence=v.confidence, seed=v.seed,
-    )
+    result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
     typer.echo(result.summary_line())
     for reason in result.summary["reasons"]:
         typer.echo(f"  {reason}")
-
-
-def _judge_engine_options(p: params_mod.Params, backend: str, out_dir: Path) -> dict:
-    """hf / vllm / lmdeploy judges run with the engine section's settings (openai ones with judge's own)."""
-    if backend == "openai":
-        return {}
-    options = p.engine.options(backend)
-    if backend == "vllm":
-        options["log_path"] = out_dir / "judge-model.vllm.log"
-    return options
 
 
 @app.command()

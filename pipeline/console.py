@@ -61,7 +61,9 @@ def _silence_loguru(level: int) -> None:
 
 @contextlib.contextmanager
 def progress(description: str, total: int | None, unit: str = "items") -> Iterator[Callable[[int], None]]:
-    """A per-item progress bar on stderr; yields advance(n). unit "bytes": counts shown as sizes."""
+    """A per-item progress bar on stderr; yields advance(n). unit "bytes": counts shown as sizes. total None:
+    unknown until advance.expect(n) adds n items to it (a stage that learns its work in parts, e.g. eval from
+    lm-eval's requests)."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn, TimeRemainingColumn
@@ -72,4 +74,18 @@ def progress(description: str, total: int | None, unit: str = "items") -> Iterat
     columns = [TextColumn("{task.description}"), BarColumn(), *counts, TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=console, transient=True, disable=disable) as bar:
         task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)
+        yield _Advance(bar, task)
+
+
+class _Advance:
+    """advance(n): n more items done; advance.expect(n): n more items to do."""
+
+    def __init__(self, bar, task) -> None:
+        self.bar, self.task = bar, task
+
+    def __call__(self, n: int = 1) -> None:
+        self.bar.advance(self.task, n)
+
+    def expect(self, n: int) -> None:
+        total = next(t.total for t in self.bar.tasks if t.id == self.task)
+        self.bar.update(self.task, total=(total or 0) + n)

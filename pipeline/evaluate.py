@@ -13,7 +13,6 @@ so the verdict pairs the models per document.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import time
@@ -24,7 +23,9 @@ from pipeline import likelihood, sandbox
 from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
 from pipeline.eval_cache import GenerationCache, model_fingerprint, score_key
-from pipeline.outputs import Stopwatch, write_atomic, write_json
+from pipeline.formats.results import write_results
+from pipeline.outputs import Stopwatch
+from pipeline.params import EngineParams, SuiteParams, sections_with_overrides
 
 EVALS_DIR = Path(__file__).resolve().parent.parent / "evals"
 log = logging.getLogger(__name__)
@@ -35,11 +36,17 @@ def _lm_class():
 
     class PipelineLM(LM):
         """Presents any Engine to lm-eval. Generations and token scores go through the resume cache
-        one finished item at a time (or per engine call, for an engine that cannot report each)."""
+        one finished item at a time (or per engine call, for an engine that cannot report each).
+        on_items(n): n more requests to answer (cached ones included); on_done(n): n of them answered.
+        Generations are reported one by one by every engine (hf rows as they stop, the openai and vLLM
+        answers as they arrive, lmdeploy's requests as they finish); token scores per engine call of
+        batch_size requests, since the rows of one forward pass all finish together."""
 
-        def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_chunk=None, task: str = ""):
+        def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_done=None, task: str = "",
+                     on_items=None):
             super().__init__()
-            self.engine, self.cache, self.chunk, self.on_chunk, self.task = engine, cache, chunk, on_chunk, task
+            self.engine, self.cache, self.chunk, self.task = engine, cache, chunk, task
+            self.on_done, self.on_items = on_done or (lambda n: None), on_items or (lambda n: None)
             self.stats: dict[str, Completion] = {}
             self.documents: dict[str, tuple[float, int]] = {}  # rolling requests: text -> (log-likelihood, tokens)
             # wall time inside the engine and what it produced, this run (cached items excluded):
@@ -65,6 +72,8 @@ def _lm_class():
 
             gen = [request_from_lm_eval(request.args) for request in requests]
             todo = [r for r in gen if self.cache.get(r) is None]
+            self.on_items(len(gen))
+            self.on_done(len(gen) - len(todo))  # read back from the cache
             reports_each = "on_done" in inspect.signature(self.engine.generate).parameters
             for start in range(0, len(todo), self.chunk):
                 part = todo[start:start + self.chunk]
@@ -75,8 +84,7 @@ def _lm_class():
                     completions = self.engine.generate(part)
                     answered = [(r, c) for r, c in zip(part, completions) if not c.error]
                     self.cache.put_many([r for r, _ in answered], [c for _, c in answered])
-                    if self.on_chunk:
-                        self.on_chunk(len(part))
+                    self.on_done(len(answered))
                 self.generate_seconds += time.perf_counter() - started
                 self.generated_items += len(part)
                 self.generated_tokens += sum(c.n_tokens for c in completions)
@@ -94,8 +102,7 @@ def _lm_class():
             if completion.error:  # never cached: a rerun asks again
                 return
             self.cache.put(request, completion)
-            if self.on_chunk:
-                self.on_chunk(1)
+            self.on_done(1)
 
         # ------------------------------------------------------------ likelihoods (pipeline/likelihood.py)
 
@@ -125,6 +132,8 @@ def _lm_class():
                 if self.cache.get_score(key) is None:
                     todo.setdefault(key, request)
             pending = list(todo.items())
+            self.on_items(len(token_requests))
+            self.on_done(len(token_requests) - len(pending))  # cached, or the same request twice
             order = likelihood.longest_first([r for _, r in pending])
             for start in range(0, len(order), self.chunk):
                 part = [pending[i] for i in order[start:start + self.chunk]]
@@ -134,8 +143,7 @@ def _lm_class():
                 self.scored_requests += len(part)
                 self.scored_tokens += sum(len(r[1]) for _, r in part)
                 self.cache.put_scores([k for k, _ in part], scores, [len(r[1]) for _, r in part])
-                if self.on_chunk:
-                    self.on_chunk(len(part))
+                self.on_done(len(part))
             return [self.cache.get_score(key) for key in keys]
 
     return PipelineLM
@@ -216,26 +224,34 @@ def _result_line(sample: dict, suite: str, variant: str, metric: str, lm) -> dic
     }
 
 
-def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: Path | str,
-        engine: str = "hf", limit: int | None = None, max_new_tokens: int = 256,
-        engine_options: dict | None = None,
-        task_options: dict | None = None, allow_unsandboxed: bool = False,
-        tasks_dir: Path | str | None = None) -> EvalResult:
+def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_settings: EngineParams | None = None, *,
+        suite: str, variant: str, out_dir: Path | str, engine: str | None = None, log_path: Path | str | None = None,
+        **overrides) -> EvalResult:
+    """settings: params.yaml `suites.<suite>`; engine_settings: params.yaml `engine` (defaults in params.py);
+    `overrides` (e.g. limit=3, max_new_tokens=8, batch_size=2) replace the field of that name in the suite
+    section, else in the engine section, and are validated again; without `settings` a `task=` override
+    names the lm-eval task. engine: the engine's name (default: engine_settings.name). log_path: where a
+    vLLM server's log goes (default: <out_dir>/<suite>.vllm.log)."""
     from lm_eval import simple_evaluate
-    from rich.progress import Progress
 
+    from pipeline.console import progress
     from pipeline.engines import make_engine
 
     watch = Stopwatch()
+    s, e = sections_with_overrides(settings or SuiteParams, engine_settings or EngineParams, **overrides)
+    task, limit, engine = s.task, s.limit, engine or e.name
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
+    if engine == "vllm":
+        options["log_path"] = Path(log_path) if log_path else out_dir / f"{suite}.vllm.log"  # beside the results
     if not (model_dir / "config.json").exists():
         raise UserError(f"{model_dir}: no config.json; pass a checkpoint directory (models/base or models/<variant>)")
     from pipeline import long_context
     from pipeline.engines import vision
 
     is_long_context = task == long_context.TASK
-    metadata = _task_metadata(model_dir, suite, task_options or {}, is_long_context)
-    task_manager = _task_manager(task, suite, metadata, Path(tasks_dir) if tasks_dir else None)
+    metadata = _task_metadata(model_dir, suite, s.options, is_long_context)
+    task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)
     raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
     reason = vision.not_applicable(model_dir, raw_config)
     if is_long_context:
@@ -246,28 +262,27 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
                                engine=engine, reason=reason)
     sandbox_method = None
     if (raw_config.get("metadata") or {}).get("runs_model_code"):  # refuse before any generation
-        sandbox_method = sandbox.require_isolation(allowed=allow_unsandboxed,
+        sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
                                                    setting=f"suites.{suite}.allow_unsandboxed")
     cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
-    options = engine_options or {}
     # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
-    with Progress(transient=True) as progress, sandbox.allow_unsandboxed(allow_unsandboxed):
-        bar = progress.add_task(f"{variant}/{suite}", total=limit)
+    with progress(f"eval {variant}/{suite}", None, "requests") as advance, \
+            sandbox.allow_unsandboxed(s.allow_unsandboxed):
         lm_engine = make_engine(engine, model_dir, **options)
-        lm = _lm_class()(lm_engine, cache, chunk=options.get("batch_size", 32),
-                         on_chunk=lambda n: progress.advance(bar, n), task=task)
+        lm = _lm_class()(lm_engine, cache, chunk=options["batch_size"], on_done=advance, task=task,
+                         on_items=advance.expect)
         try:
             results = simple_evaluate(
                 model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
-                apply_chat_template=True, gen_kwargs={"max_gen_toks": max_new_tokens},
+                apply_chat_template=True, gen_kwargs={"max_gen_toks": s.max_new_tokens},
                 bootstrap_iters=0, verbosity="ERROR",
             )
         finally:
             lm_engine.close()
     task_config = results["configs"][task]
     metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
-    samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
-    lines = [_result_line(s, suite, variant, metric, lm) for s in samples]
+    samples = sorted(results["samples"][task], key=lambda sample: sample["doc_id"])
+    lines = [_result_line(sample, suite, variant, metric, lm) for sample in samples]
     summary = {
         "suite": suite, "task": task, "variant": variant, "model_dir": str(model_dir), "engine": engine,
         "metric": metric, "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
@@ -284,11 +299,7 @@ def run(model_dir: Path | str, *, suite: str, task: str, variant: str, out_dir: 
                        score=math.exp(-sum(line["loglikelihood"] for line in lines) / max(tokens, 1)))
     if is_long_context:
         summary["long_context"] = long_context.summarize(lines, metadata)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines_path = out_dir / f"{suite}.jsonl"
-    write_atomic(lines_path, "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines))
-    write_json(out_dir / f"{suite}.json", summary)
-    return EvalResult(lines_path, summary)
+    return EvalResult(write_results(out_dir, suite, lines, summary), summary)
 
 
 def _speed(lines: list[dict], lm) -> dict:
@@ -329,8 +340,4 @@ def _not_applicable(out_dir: Path, *, reason: str, **fields) -> EvalResult:
     summary = {**fields, "model_dir": str(fields["model_dir"]), "metric": None, "n": 0, "score": None,
                "status": "not applicable", "reason": reason, "metrics": {}, "generated_tokens": 0,
                "tokens_per_second": 0.0, "seconds": 0.0}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines_path = out_dir / f"{fields['suite']}.jsonl"
-    write_atomic(lines_path, "")
-    write_json(out_dir / f"{fields['suite']}.json", summary)
-    return EvalResult(lines_path, summary)
+    return EvalResult(write_results(out_dir, fields["suite"], [], summary), summary)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
+from pipeline.params import EngineParams, VerdictParams, sections_with_overrides
 
 
 @dataclass
@@ -143,11 +144,17 @@ def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int,
     return 2 * weights + activations < 0.9 * free
 
 
-def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str, *,
-        max_tokens: int = 512, max_sequences: int | None = None, dtype: str = "float32",
-        device: str | None = None, resident: str = "auto", batch_size: int = 8) -> KLResult:
-    """On a GPU the models run in the base checkpoint's dtype; on a CPU in `dtype` (float32 holds
-    float16 weights exactly). resident: "both", "one" (one model at a time) or "auto" (both when they fit)."""
+def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str,
+        verdict: VerdictParams | None = None, engine: EngineParams | None = None, *, device: str | None = None,
+        resident: str = "auto", batch_size: int = 8, **overrides) -> KLResult:
+    """verdict: params.yaml `verdict` (its kl_sequences and kl_max_tokens: conversations scored and tokens
+    per conversation); engine: params.yaml `engine` (its dtype); defaults in params.py. `overrides` (e.g.
+    kl_sequences=8, dtype="bfloat16") replace the field of that name, validated again. On a GPU the models
+    run in the base checkpoint's dtype; on a CPU in engine.dtype (float32 holds float16 weights exactly).
+    resident: "both", "one" (one model at a time) or "auto" (both when they fit); batch_size: sequences
+    per forward pass (the stage's own, not engine.batch_size)."""
+    v, e = sections_with_overrides(verdict or VerdictParams, engine or EngineParams, **overrides)
+    dtype = e.dtype
     import torch
     from transformers import AutoTokenizer
 
@@ -162,7 +169,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
         dtype = checkpoint_dtype(Path(base_dir))
     torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    sequences = holdout_texts(tokenizer, Path(holdout), max_tokens, max_sequences)
+    sequences = holdout_texts(tokenizer, Path(holdout), v.kl_max_tokens, v.kl_sequences)
     place = "cuda" if device == "cuda" else None
     load = lambda path: load_for_inference(path, torch_dtype, device=place).eval()  # noqa: E731
     if resident == "auto":

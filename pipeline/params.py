@@ -473,22 +473,42 @@ def _format_error(path: Path, exc: ValidationError, lines: dict[tuple, int] | No
 SECTIONS = "model, calib, variants, suites, judge, verdict, engine, bench"
 
 
-def with_overrides(section: Section, **changes) -> Section:
+def with_overrides(section: Section | type[Section], **changes) -> Section:
     """A copy of a params section with `changes` applied (a CLI flag or a caller's argument; None means
-    not given) and validated again, like the file: the fields' defaults and bounds live only here."""
+    not given) and validated again, like the file: the fields' defaults and bounds live only here.
+    A section's class stands for its defaults (a field without one, such as a suite's task, must be
+    among the changes)."""
     changes = {key: value for key, value in changes.items() if value is not None}
-    if not changes:
+    kind = section if isinstance(section, type) else type(section)
+    if not changes and not isinstance(section, type):
         return section
-    unknown = sorted(set(changes) - set(type(section).model_fields))
+    unknown = sorted(set(changes) - set(kind.model_fields))
     if unknown:
-        raise TypeError(f"{type(section).__name__} has no setting {', '.join(unknown)}")
+        raise TypeError(f"{kind.__name__} has no setting {', '.join(unknown)}")
+    given = {} if isinstance(section, type) else section.model_dump()
     try:
-        return type(section).model_validate({**section.model_dump(), **changes})
+        return kind.model_validate({**given, **changes})
     except ValidationError as exc:
-        problems = [f"--{'-'.join(str(p) for p in _clean_loc(err['loc'])).replace('_', '-')} "
-                    f"{changes.get(_clean_loc(err['loc'])[0]) if _clean_loc(err['loc']) else ''}: {_message(err)}"
-                    for err in exc.errors()]
+        problems = []
+        for err in exc.errors():
+            loc = _clean_loc(err["loc"])
+            flag = "--" + "-".join(str(p) for p in loc).replace("_", "-")
+            given = f" {changes[loc[0]]}" if loc and loc[0] in changes else ""
+            problems.append(f"{flag}{given}: {_message(err)}")
         raise UserError("; ".join(problems)) from None
+
+
+def sections_with_overrides(*sections: Section | type[Section], **changes) -> tuple[Section, ...]:
+    """Several sections a stage takes, each change applied to the first of them with a field of its
+    name (so list the stage's own section first) and validated again (with_overrides)."""
+    routed: list[dict] = [{} for _ in sections]
+    kinds = [s if isinstance(s, type) else type(s) for s in sections]
+    for key, value in changes.items():
+        owner = next((i for i, kind in enumerate(kinds) if key in kind.model_fields), None)
+        if owner is None:
+            raise TypeError(f"no setting {key} in {', '.join(kind.__name__ for kind in kinds)}")
+        routed[owner][key] = value
+    return tuple(with_overrides(section, **own) for section, own in zip(sections, routed))
 
 
 def load(path: Path | str = DEFAULT_PARAMS) -> Params:

@@ -353,7 +353,7 @@ def test_redaction_happens_before_dedup_and_before_anything_is_written(tmp_path,
         assert secret not in written
     assert "[EMAIL]" in result.stats["bad_records_first_10"][0]
 
-    plain = run(source, tmp_path / "plain", tiny_llama, holdout=5, max_bad_fraction=0.1, do_redact=False)
+    plain = run(source, tmp_path / "plain", tiny_llama, holdout=5, max_bad_fraction=0.1, redact=False)
     assert plain.stats["redactions"] == {} and plain.stats["dropped"] == {"bad record": 1, "near-duplicate": 2}
     assert b"jane.doe@example.com" in (tmp_path / "plain" / "calib_conversations.jsonl").read_bytes() + \
         (tmp_path / "plain" / "holdout.jsonl").read_bytes()

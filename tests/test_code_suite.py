@@ -262,7 +262,7 @@ def test_the_sample_cannot_find_the_test_on_disk(utils, docs):
 
 def test_tiny_model_run_writes_two_failing_lines(tmp_path, tiny_llama):
     result = evaluate.run(tiny_llama, suite="code", task="quant_humaneval", variant="base", out_dir=tmp_path,
-                          limit=2, max_new_tokens=16, engine_options={"batch_size": 2})
+                          limit=2, max_new_tokens=16, batch_size=2)
     lines = read_jsonl(tmp_path / "code.jsonl")
     assert [l["id"] for l in lines] == ["humaneval-000", "humaneval-001"]
     assert all(l["score"] == 0.0 and not l["correct"] for l in lines)  # random weights write no passing code

@@ -115,7 +115,7 @@ def test_a_kill_inside_one_large_batch_keeps_the_rows_already_finished(tmp_path,
     script = (
         "from pipeline import evaluate\n"
         f"evaluate.run({str(tiny_llama)!r}, suite='math', task='quant_gsm8k', variant='base', "
-        f"out_dir={str(tmp_path / 'killed')!r}, limit=12, max_new_tokens=200, engine_options={{'batch_size': 50}})\n"
+        f"out_dir={str(tmp_path / 'killed')!r}, limit=12, max_new_tokens=200, batch_size=50)\n"
     )
     cache = tmp_path / "killed" / ".cache" / "math.jsonl"
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -130,8 +130,26 @@ def test_a_kill_inside_one_large_batch_keeps_the_rows_already_finished(tmp_path,
     print(f"rows cached before the kill, inside one batch of 12: {len(before)}")
     assert 1 <= len(before) < 12 and not (tmp_path / "killed" / "math.jsonl").exists()
     evaluate.run(tiny_llama, suite="math", task="quant_gsm8k", variant="base", out_dir=tmp_path / "killed",
-                 limit=12, max_new_tokens=200, engine_options={"batch_size": 50})
+                 limit=12, max_new_tokens=200, batch_size=50)
     after = read_jsonl(cache)
     assert after[:len(before)] == before and len(after) == 12  # kept, and only the other rows generated
     outputs = {line["prompt"]: line["output"] for line in read_jsonl(tmp_path / "killed" / "math.jsonl")}
     assert len(outputs) == 12 and sorted(e["text"] for e in after) == sorted(outputs.values())
+
+
+def test_the_eval_bar_moves_once_per_finished_request(tmp_path, tiny_llama):
+    """PipelineLM announces every request lm-eval hands it (on_items) and reports each as it finishes
+    (on_done): one by one from an engine that reports rows (hf), all at once when read from the cache."""
+    from pipeline.engines.hf import HFEngine
+
+    engine = HFEngine(tiny_llama, batch_size=4)
+    requests = [type("Instance", (), {"args": (engine.apply_chat_template([{"role": "user", "content": p}]),
+                                               {"max_gen_toks": 6, "until": []})})
+                for p in _math_prompts(3)]
+    cache = GenerationCache(tmp_path / "cache.jsonl", model_fingerprint(tiny_llama))
+    items, done = [], []
+    evaluate._lm_class()(engine, cache, chunk=4, on_done=done.append, on_items=items.append).generate_until(requests)
+    assert items == [3] and done == [0, 1, 1, 1]  # none cached, then each row as it finished
+    items, done = [], []
+    evaluate._lm_class()(engine, cache, chunk=4, on_done=done.append, on_items=items.append).generate_until(requests)
+    assert items == [3] and done == [3]  # all read back

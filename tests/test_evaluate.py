@@ -13,7 +13,7 @@ FIELDS = {"id", "suite", "variant", "prompt", "target", "output", "score", "corr
 
 def test_math_suite_on_three_items_writes_the_contract(tmp_path, tiny_llama):
     result = evaluate.run(tiny_llama, suite="math", task="quant_gsm8k", variant="base", out_dir=tmp_path,
-                          limit=3, max_new_tokens=8, engine_options={"batch_size": 2})
+                          limit=3, max_new_tokens=8, batch_size=2)
     lines = read_jsonl(tmp_path / "math.jsonl")
     assert [l["id"] for l in lines] == ["gsm8k-test-0000", "gsm8k-test-0001", "gsm8k-test-0002"]
     assert all(set(l) == FIELDS for l in lines)
@@ -50,7 +50,7 @@ def test_killed_run_resumes_without_recomputing(tmp_path, tiny_llama):
     script = (
         "import sys; from pipeline import evaluate\n"
         f"evaluate.run({str(tiny_llama)!r}, suite='math', task='quant_gsm8k', variant='base', "
-        f"out_dir={str(tmp_path)!r}, limit=20, max_new_tokens=96, engine_options={{'batch_size': 1}})\n"
+        f"out_dir={str(tmp_path)!r}, limit=20, max_new_tokens=96, batch_size=1)\n"
     )
     cache = tmp_path / ".cache" / "math.jsonl"
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -65,7 +65,7 @@ def test_killed_run_resumes_without_recomputing(tmp_path, tiny_llama):
     print(f"generations finished before the kill: {done_before} of 20")
     assert 2 <= done_before < 20 and not (tmp_path / "math.jsonl").exists()
     evaluate.run(tiny_llama, suite="math", task="quant_gsm8k", variant="base", out_dir=tmp_path,
-                 limit=20, max_new_tokens=96, engine_options={"batch_size": 1})
+                 limit=20, max_new_tokens=96, batch_size=1)
     entries = read_jsonl(cache)
     assert len(entries) == 20 and len({e["key"] for e in entries}) == 20  # only the missing 20 - k were generated
     assert len(read_jsonl(tmp_path / "math.jsonl")) == 20
@@ -121,3 +121,19 @@ def test_openai_engine_without_a_url_names_the_setting(tmp_path, tiny_llama, mon
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math"])
     assert result.exit_code == 2 and "params.yaml: engine.base_url" in result.output
+
+
+def test_openai_engine_hands_back_each_answer_as_it_arrives():
+    """What moves the eval bar (and caches each row) for the openai and vllm engines."""
+    from chat_server import ChatServer
+    from pipeline.engines import GenRequest
+    from pipeline.engines.openai import OpenAIEngine
+
+    with ChatServer(lambda body: f"echo {body['messages'][-1]['content']}") as server:
+        engine = OpenAIEngine(base_url=server.base_url, model="m", concurrency=3, retries=0)
+        requests = [GenRequest(json.dumps([{"role": "user", "content": f"q{i}"}]), 4) for i in range(5)]
+        seen = []
+        completions = engine.generate(requests, on_done=lambda i, c: seen.append((i, c)))
+    assert sorted(i for i, _ in seen) == list(range(5))
+    assert all(completions[i] is c for i, c in seen)
+    assert [c.text for c in completions] == [f"echo q{i}" for i in range(5)]

@@ -241,8 +241,8 @@ def test_openai_judge_end_to_end_never_leaks_the_key(tmp_path, two_models, holdo
     with ChatServer(prefers_longer) as server:
         params.base_url = server.base_url
         server.script = [("status", 500)] * 2  # the key echoed in an error body, twice: one order unjudged
-        result = judge.run(variant, base, holdout, tmp_path / "out", params, {"batch_size": 4},
-                           iterations=200)
+        result = judge.run(variant, base, holdout, tmp_path / "out", params, batch_size=4,
+                           bootstrap=200)
         print(result.summary_line())
         assert {r["headers"].get("Authorization") for r in server.requests} == {f"Bearer {FAKE_KEY}"}
         assert not any(FAKE_KEY in r["raw"] for r in server.requests)  # only in the header
@@ -297,7 +297,7 @@ def test_control_run_of_a_deterministic_judge_is_half(tmp_path, two_models, hold
     params = JudgeParams(backend="openai", model="test-judge", retries=0, **SMALL)
     with ChatServer(prefers_longer) as server:
         params.base_url = server.base_url
-        result = judge.run(base, base, holdout, tmp_path, params, iterations=200)
+        result = judge.run(base, base, holdout, tmp_path, params, bootstrap=200)
     s = result.summary
     assert s["control_win_rate"] == 0.5 and s["noise_floor"] == 0.0 and s["win_rate"] == 0.5
 
@@ -309,7 +309,7 @@ def test_reference_mode_grades_one_to_five(tmp_path, two_models, holdout):
     grades = iter(["Rating: [[4]]", "no idea", "Rating: [[2]]", "[[5]]"])
     with ChatServer(lambda body: next(grades)) as server:
         params.base_url = server.base_url
-        result = judge.run(variant, base, holdout, tmp_path, params, iterations=200)
+        result = judge.run(variant, base, holdout, tmp_path, params, bootstrap=200)
         assert "Reference Answer" in server.requests[0]["body"]["messages"][0]["content"]
     s = result.summary
     assert len(server.requests) == 4  # three prompts, one unparsable retried once
@@ -322,7 +322,7 @@ def test_hf_judge_on_the_tiny_model_completes_and_counts_unjudged(tmp_path, two_
     base, variant = two_models
     params = JudgeParams(backend="hf", model="base", **SMALL)
     started = time.perf_counter()
-    result = judge.run(variant, base, holdout, tmp_path, params, {"batch_size": 8}, iterations=200)
+    result = judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200)
     s = result.summary
     assert s["n"] + s["unjudged"] == 3  # a random model's verdicts are garbage: mostly unjudged
     assert s["weak_judge"] is True and "weak judge" in " ".join(s["reasons"])
@@ -330,7 +330,7 @@ def test_hf_judge_on_the_tiny_model_completes_and_counts_unjudged(tmp_path, two_
     lines = read_jsonl(tmp_path / "judge.jsonl")
     assert len(lines) == 3 and all(len(l["judgments"]) == 2 and "control" in l for l in lines)
     # a rerun loads no judge and asks nothing: every judgment, garbage included, is cached
-    again = judge.run(variant, base, holdout, tmp_path, params, {"batch_size": 8}, iterations=200)
+    again = judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200)
     assert again.summary["judge_requests"] == 0 and read_jsonl(tmp_path / "judge.jsonl") == lines
     assert time.perf_counter() - started < 60
 

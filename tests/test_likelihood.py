@@ -30,7 +30,7 @@ def test_multiple_choice_task_from_the_users_folder_matches_lm_evals_hflm(tmp_pa
     """A local multiple-choice task (tests/data/tiny_mc) runs by name; every choice's log-likelihood
     equals HFLM's on the same model, and so does the accuracy."""
     result = evaluate.run(tiny_llama, suite="mc", task="tiny_mc", variant="base", out_dir=tmp_path,
-                          tasks_dir=TINY_MC, engine_options={"batch_size": 3})
+                          tasks_dir=TINY_MC, batch_size=3)
     ours = read_jsonl(tmp_path / "mc.jsonl")
     assert [line["id"] for line in ours] == ["mc-0", "mc-1", "mc-2", "mc-3"]
     theirs = _hflm_samples(tiny_llama, "tiny_mc", [TINY_MC], batch_size=2)
@@ -51,7 +51,7 @@ def test_perplexity_suite_matches_hflm_rolling_loglikelihood_over_several_window
     """quant_ppl_book: each document's rolling log-likelihood equals HFLM's. The tiny model's context is
     512 and our windows predict at most 511 tokens, so HFLM runs with max_length 511: the same windows."""
     evaluate.run(tiny_llama, suite="ppl-book", task="quant_ppl_book", variant="base", out_dir=tmp_path, limit=3,
-                 engine_options={"batch_size": 4})
+                 batch_size=4)
     ours = read_jsonl(tmp_path / "ppl-book.jsonl")
     assert any(line["n_tokens"] > 511 for line in ours)  # at least one document spans two windows
     theirs = _hflm_samples(tiny_llama, "quant_ppl_book", [REPO / "evals"], batch_size=2, max_length=511)
@@ -134,12 +134,12 @@ def test_an_engine_that_cannot_score_is_refused_by_name():
 def test_chat_perplexity_needs_the_holdout_file(tmp_path, tiny_llama):
     with pytest.raises(UserError, match=r"suites.ppl-chat.options.data: .*missing.jsonl does not exist.*quantize calib"):
         evaluate.run(tiny_llama, suite="ppl-chat", task="quant_ppl_chat", variant="base", out_dir=tmp_path,
-                     task_options={"data": str(tmp_path / "missing.jsonl")})
+                     options={"data": str(tmp_path / "missing.jsonl")})
 
 
 def test_chat_perplexity_renders_the_holdout_with_the_chat_template(tmp_path, tiny_llama, tiny_calib):
     evaluate.run(tiny_llama, suite="ppl-chat", task="quant_ppl_chat", variant="base", out_dir=tmp_path, limit=2,
-                 task_options={"data": str(tiny_calib / "holdout.jsonl")})
+                 options={"data": str(tiny_calib / "holdout.jsonl")})
     lines = read_jsonl(tmp_path / "ppl-chat.jsonl")
     held = read_jsonl(tiny_calib / "holdout.jsonl")[:2]
     assert [line["id"] for line in lines] == [row["id"] for row in held]

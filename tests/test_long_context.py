@@ -117,7 +117,7 @@ def tiny_llama_4k(tmp_path_factory):
 
 def test_shortest_length_runs_through_the_pipeline(tmp_path, tiny_llama_4k):
     result = evaluate.run(tiny_llama_4k, suite="long_context", task="quant_long_context", variant="base",
-                          out_dir=tmp_path, limit=4, max_new_tokens=8, engine_options={"batch_size": 4})
+                          out_dir=tmp_path, limit=4, max_new_tokens=8, batch_size=4)
     lines = read_jsonl(tmp_path / "long_context.jsonl")
     assert [l["id"] for l in lines] == [f"niah-1024-d0-0{r}" for r in range(4)]
     assert all(l["prompt"].startswith("<|im_start|>user\nBelow is a long text.") for l in lines)

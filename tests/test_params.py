@@ -108,3 +108,33 @@ def test_perplexity_margin_is_bounded(tmp_path, margin):
         params.load(write_params(tmp_path, {**TINY_PARAMS, "verdict": {"perplexity_margin": margin}}))
     with pytest.raises(UserError, match="verdict.perplexity_margins.ppl-book"):
         params.load(write_params(tmp_path, {**TINY_PARAMS, "verdict": {"perplexity_margins": {"ppl-book": margin}}}))
+
+
+def test_a_stage_takes_overrides_routed_to_the_first_section_with_that_field_and_validated_again():
+    from pipeline.params import EngineParams, JudgeParams, VerdictParams, sections_with_overrides
+
+    judge, engine, verdict = sections_with_overrides(JudgeParams(), EngineParams(), VerdictParams(),
+                                                     concurrency=2, batch_size=3, bootstrap=200)
+    assert judge.concurrency == 2 and engine.concurrency == EngineParams().concurrency  # the judge's own first
+    assert engine.batch_size == 3 and verdict.bootstrap == 200
+    with pytest.raises(UserError, match=r"--bootstrap 5: .*greater than or equal to 100"):
+        sections_with_overrides(JudgeParams(), VerdictParams(), bootstrap=5)
+    with pytest.raises(TypeError, match="no setting batchsize"):
+        sections_with_overrides(JudgeParams(), EngineParams(), batchsize=3)
+    with pytest.raises(UserError, match="--task: required key missing"):  # a suite has no default task
+        params.with_overrides(params.SuiteParams, limit=3)
+
+
+def test_a_bad_flag_value_exits_2_naming_the_flag(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    path = write_params(tmp_path)
+    model = str(tmp_path / "no-model")  # never reached: the flag is refused first
+    for args, flag in ((["eval", model, "--suite", "math", "--limit", "0"], "--limit 0: "),
+                       (["judge", model, "--mode", "both"], "--mode both: "),
+                       (["bench", model, "--engine", "hf", "--input-len", "0"], "--input-len 0: "),
+                       (["awq", "--group-size", "100"], "--group-size 100: ")):
+        result = CliRunner().invoke(app, [*args, "--params", str(path)])
+        assert result.exit_code == 2 and flag in result.output and "Traceback" not in result.output, result.output

@@ -71,7 +71,7 @@ def copy_suite(tmp_path_factory):
 def run_suite(model, name, out, evals_dir, monkeypatch):
     monkeypatch.setattr(evaluate, "EVALS_DIR", evals_dir)
     evaluate.run(model, suite="copy", task="quant_selftest_copy", variant=name, out_dir=out,
-                 max_new_tokens=2, engine_options={"batch_size": 60})
+                 max_new_tokens=2, batch_size=60)
     return {l["id"]: l for l in map(json.loads, (out / "copy.jsonl").read_text().splitlines())}
 
 

@@ -34,6 +34,7 @@ from pipeline.formats.calib_blocks import blocks_text, is_blocks_file, read_bloc
 from pipeline.formats.conversations import MAX_LINE_BYTES, Conversation, to_conversation
 from pipeline.formats.holdout import write_holdout
 from pipeline.outputs import Stopwatch, atomic_dir
+from pipeline.params import CalibParams, with_overrides
 
 __all__ = [  # the stage, and the names other code uses as calib.X
     "CalibResult", "run", "read_blocks", "is_blocks_file", "load_conversations", "to_conversation", "Conversation",
@@ -125,9 +126,12 @@ def _summary(source: Path, stats: CalibStats, *, do_redact: bool, calib_set: int
     }
 
 
-def run(source: Path | str, out: Path | str, model_dir: Path | str, *, seq_len: int, num_blocks: int,
-        holdout: int, max_bad_fraction: float = 0.05, strict: bool = False, do_redact: bool = True,
-        redact_patterns: list[str] | None = None) -> CalibResult:
+def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: CalibParams | None = None, *,
+        strict: bool = False, **overrides) -> CalibResult:
+    """settings: params.yaml `calib` (defaults in params.py; its source and out are the CLI's defaults,
+    the paths given here are what runs); `overrides` (e.g. seq_len=64, redact=False) replace fields and
+    are validated again. strict: stop at the first bad record instead of skipping it."""
+    s = with_overrides(settings or CalibParams(), **overrides)
     watch, phases, lap = Stopwatch(), {}, time.perf_counter()
 
     def phase(name: str) -> None:
@@ -137,19 +141,19 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, *, seq_len: 
 
     source, out, model_dir = Path(source), Path(out), Path(model_dir)
     conversations, stats = load_conversations(
-        source, strict=strict, max_bad_fraction=max_bad_fraction,
-        do_redact=do_redact, extra_patterns=redact_patterns or [],
+        source, strict=strict, max_bad_fraction=s.max_bad_fraction,
+        do_redact=s.redact, extra_patterns=s.redact_patterns,
     )
     phase("read+redact+dedup")
-    calib_set, held = split(conversations, holdout)
+    calib_set, held = split(conversations, s.holdout)
     phase("split")
     tokenizer = _load_tokenizer(model_dir)
     phase("load tokenizer")
     calib_set, texts = _render_all(tokenizer, calib_set, stats, model_dir)
-    conversation_tokens, stream = token_counts_and_stream(tokenizer, texts, seq_len * num_blocks)
-    blocks = pack(stream, seq_len, num_blocks, source)
+    conversation_tokens, stream = token_counts_and_stream(tokenizer, texts, s.seq_len * s.num_blocks)
+    blocks = pack(stream, s.seq_len, s.num_blocks, source)
     phase("render+pack")
-    summary = _summary(source, stats, do_redact=do_redact, calib_set=len(calib_set), held=len(held), seq_len=seq_len,
+    summary = _summary(source, stats, do_redact=s.redact, calib_set=len(calib_set), held=len(held), seq_len=s.seq_len,
                        blocks=blocks, conversation_tokens=conversation_tokens,
                        chat_template=bool(getattr(tokenizer, "chat_template", None)))
     blocks_file = blocks_text(blocks)

@@ -119,11 +119,15 @@ class LMDeployEngine:
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
-    def generate(self, requests: list[GenRequest]) -> list[Completion]:
+    def generate(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
+        """on_done(index, completion), if given, is called for each request as it finishes (on the
+        pipeline's event-loop thread, while this one waits), the others still decoding."""
         ids = [self.encode(r.prompt) for r in requests]
-        timings = self._run([(i, r.max_new_tokens, False) for i, r in zip(ids, requests)], self.batch_size)
-        return [to_completion(self.tokenizer, request, timing.token_ids, self.eos_ids, timing.seconds, timing.error)
-                for request, timing in zip(requests, timings)]
+        completion = lambda i, timing: to_completion(  # noqa: E731
+            self.tokenizer, requests[i], timing.token_ids, self.eos_ids, timing.seconds, timing.error)
+        finished = (lambda i, timing: on_done(i, completion(i, timing))) if on_done else None
+        timings = self._run([(i, r.max_new_tokens, False) for i, r in zip(ids, requests)], self.batch_size, finished)
+        return [completion(i, timing) for i, timing in enumerate(timings)]
 
     def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int | None,
                        rate: float | None = None, seed: int = 0) -> list[Timing]:
@@ -133,20 +137,22 @@ class LMDeployEngine:
                             "`lmdeploy serve api_server`)")
         return self._run([(p, n, True) for p, n in zip(prompts, output_tokens)], concurrency)
 
-    def _run(self, jobs: list[tuple[list[int], int, bool]], concurrency: int) -> list[Timing]:
+    def _run(self, jobs: list[tuple[list[int], int, bool]], concurrency: int, on_done=None) -> list[Timing]:
         # The pipeline's own infer() takes text and re-tokenizes it; its async engine takes token ids
         # and streams each token, which gives TTFT. Both run on the pipeline's event-loop thread.
         async def all_jobs():
             gate = asyncio.Semaphore(concurrency)
 
-            async def guarded(job):
+            async def guarded(index, job):
                 async with gate:
                     timing = await self._one(*job)
+                if on_done:
+                    on_done(index, timing)
                 if self.progress:
                     self.progress(1)
                 return timing
 
-            return await asyncio.gather(*(guarded(job) for job in jobs))
+            return await asyncio.gather(*(guarded(i, job) for i, job in enumerate(jobs)))
 
         return asyncio.run_coroutine_threadsafe(all_jobs(), self.pipe.internal_thread.loop).result()
 

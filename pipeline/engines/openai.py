@@ -24,7 +24,7 @@ import json
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from pipeline.engines.base import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
@@ -102,11 +102,20 @@ class OpenAIEngine:
     def close(self) -> None:
         pass  # one HTTP client per generate() call: nothing held between calls
 
-    def generate(self, requests: list[GenRequest]) -> list[Completion]:
+    def generate(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
+        """on_done(index, completion), if given, is called (in this thread) for each request as its
+        answer arrives, while the others are still in flight."""
         import httpx
 
         with httpx.Client() as client, ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda r: self._complete(client, r), requests))
+            if on_done is None:
+                return list(pool.map(lambda r: self._complete(client, r), requests))
+            futures = {pool.submit(self._complete, client, r): i for i, r in enumerate(requests)}
+            results: list[Completion | None] = [None] * len(requests)
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                on_done(futures[future], results[futures[future]])
+            return results
 
     def _complete(self, client, request: GenRequest) -> Completion:
         started = time.perf_counter()

@@ -137,8 +137,9 @@ class VLLMEngine:
     def encode(self, prompt: str) -> list[int]:
         return self.client.encode(prompt)
 
-    def generate(self, requests: list[GenRequest]) -> list[Completion]:
-        completions = self.client.generate(requests)
+    def generate(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
+        """on_done(index, completion): as in OpenAIEngine.generate, each answer as it arrives."""
+        completions = self.client.generate(requests, on_done=on_done)
         failed = [c for c in completions if c.error]
         if failed:  # never score a request that got no answer as a wrong answer
             self._raise_if_dead()

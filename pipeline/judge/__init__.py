@@ -38,6 +38,7 @@ from pipeline.judge.client import Ask, Judge, JudgmentCache
 from pipeline.judge.prompts import conversation_text
 from pipeline.judge.scoring import ORDERS, SCORE, combine, correlation, order_outcome
 from pipeline.outputs import Stopwatch, write_atomic, write_json
+from pipeline.params import EngineParams, JudgeParams, VerdictParams, sections_with_overrides
 from pipeline.verdict import decide_judge, explain_judge, judge_sentence, paired_bootstrap, win_rate
 
 
@@ -63,20 +64,30 @@ class JudgeResult:
 
 
 def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_dir: Path | str,
-        judge_params, engine_options: dict | None = None, *, answer_engine: str = "hf", iterations: int = 2000,
-        confidence: float = 0.95, seed: int = 0, judge_engine_options: dict | None = None) -> JudgeResult:
-    """answer_engine: the engine (hf, vllm or lmdeploy) that writes base and variant answers, the same for
-    both; judge_engine_options: settings of judge.backend's engine (default: engine_options)."""
+        settings: JudgeParams | None = None, engine: EngineParams | None = None,
+        verdict: VerdictParams | None = None, **overrides) -> JudgeResult:
+    """settings: params.yaml `judge`; engine: params.yaml `engine`, whose engine (hf when it is openai: a
+    server serves one checkpoint only) writes base and variant answers, the same for both, and whose
+    settings an hf / vllm / lmdeploy judge runs with; verdict: params.yaml `verdict` (bootstrap,
+    confidence, seed). Defaults in params.py. `overrides` (e.g. limit=3, batch_size=8, bootstrap=200)
+    replace the field of that name in the first of judge, engine, verdict that has it, validated again."""
+    jp, e, v = sections_with_overrides(settings or JudgeParams, engine or EngineParams, verdict or VerdictParams,
+                                       **overrides)
+    iterations, confidence, seed = v.bootstrap, v.confidence, v.seed
     watch = Stopwatch()
     variant_dir, base_dir, out_dir = Path(variant_dir), Path(base_dir), Path(out_dir)
+    answer_engine = "hf" if e.name == "openai" else e.name
+    options = e.options(answer_engine)
+    if answer_engine == "vllm":
+        options["log_path"] = out_dir / "judge.vllm.log"
+    judge_options = {} if jp.backend == "openai" else e.options(jp.backend)  # an openai judge: judge's own settings
+    if jp.backend == "vllm":
+        judge_options["log_path"] = out_dir / "judge-model.vllm.log"
     from pipeline.checkpoints import inspect
 
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
         inspect.check(model_dir)
-    jp = judge_params
     records = read_holdout(Path(prompts), limit=jp.limit, purpose="judge prompts")
-    options = dict(engine_options or {})
-    judge_options = dict(judge_engine_options if judge_engine_options is not None else options)
     factory, judge_id, description, weak = judge_engine(jp, base_dir, judge_options)  # bad judge settings fail first
     base_answers = generate_answers(base_dir, records, out_dir, "base", jp.max_new_tokens, options, answer_engine)
     variant_answers = generate_answers(variant_dir, records, out_dir, "variant", jp.max_new_tokens, options,
@@ -120,7 +131,7 @@ def _reliable(summary: dict, min_consistency: float) -> bool:
 
 
 def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label: str, max_new_tokens: int,
-                     engine_options: dict, engine_name: str = "hf") -> list[str]:
+                     engine_options: dict, engine_name: str) -> list[str]:
     """Greedy answers to each held-out conversation, through the eval stage's resume cache. The
     engine is made only when something is missing, and closed after (a GPU engine holds memory)."""
     from transformers import AutoTokenizer
@@ -136,7 +147,7 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
         from pipeline.console import progress
 
         engine = make_engine(engine_name, model_dir, **engine_options)
-        chunk = engine_options.get("batch_size", 32)
+        chunk = engine_options["batch_size"]
         try:
             with progress(f"judge: {label} answers", len(todo), "answers") as advance:
                 for start in range(0, len(todo), chunk):

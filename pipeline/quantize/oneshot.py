@@ -22,6 +22,7 @@ from pathlib import Path
 from pipeline.engines.loading import load_model
 from pipeline.engines.support import serving_support
 from pipeline.errors import UserError
+from pipeline.formats.quant_json import write_quant_json
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
 from pipeline.quantize import plan
 
@@ -392,5 +393,5 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
                 info["search_report"] = modifier.search_report()
         if calibrated.experts is not None:
             info["experts"] = {"layers": calibrated.experts["layers"], "routed": calibrated.experts["routed"]}
-        (tmp / "quant.json").write_text(json.dumps(info, indent=2) + "\n")
+        write_quant_json(tmp, info)
     return QuantResult(out, info)

@@ -18,6 +18,7 @@ from pathlib import Path
 from pipeline import verdict as stats
 from pipeline.errors import UserError
 from pipeline.outputs import human_size, write_together
+from pipeline.formats import quant_json, results as result_files
 from pipeline.report import inputs
 from pipeline.params import Params
 
@@ -25,8 +26,8 @@ PACKAGES = ["torch", "transformers", "llmcompressor", "compressed-tensors", "lm-
 
 
 def read_lines(path: Path) -> dict[str, dict]:
-    """{item id: result line}, every line checked (pipeline/report/inputs.py)."""
-    return inputs.read_lines(path)
+    """{item id: result line}, every line checked (pipeline/formats/results.py)."""
+    return result_files.read_lines(path)
 
 
 def collect(results_dir: Path, suites: list[str]) -> dict[str, dict[str, dict[str, dict]]]:
@@ -47,7 +48,7 @@ def not_applicable(results_dir: Path, suites: list[str]) -> dict[str, dict[str, 
     found: dict[str, dict[str, str]] = {}
     for path in sorted(results_dir.glob("*/*.json")):
         if path.stem in suites:
-            summary = _read_json(path) or {}
+            summary = result_files.read_summary(path) or {}
             if summary.get("status") == "not applicable":
                 found.setdefault(path.parent.name, {})[path.stem] = summary.get("reason", "not applicable")
     return found
@@ -145,7 +146,7 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()},
             "not_applicable": skipped,
             "judge": judged,
-            "quant": _read_json(models_dir / variant / "quant.json"),
+            "quant": quant_json.read_quant_json(models_dir / variant / "quant.json"),
             "kl": _read_json(results_dir / variant / "kl.json"),
             "speed": speed,
             "serving": _serving(models_dir / variant),
@@ -176,7 +177,8 @@ def _method_comparisons(results: dict, models_dir: Path, confidence: float) -> l
     """AWQ against round-to-nearest at the same group size (the contrast of the AWQ paper, Lin et al.
     2023), on every perplexity suite both ran: AWQ's perplexity relative to RTN's, paired per document.
     Shown, not counted: the verdict compares each variant with the base."""
-    quant = {name: _read_json(models_dir / name / "quant.json") or {} for name in results if name != "base"}
+    quant = {name: quant_json.read_quant_json(models_dir / name / "quant.json") or {}
+             for name in results if name != "base"}
     rows = []
     for awq, q in quant.items():
         for rtn, r in quant.items():
@@ -214,7 +216,7 @@ def _serving(model_dir: Path) -> dict | None:
     """Which engines can serve the variant and why not: its quant.json's record, else read off its config."""
     from pipeline.engines.support import serving_support
 
-    quant = _read_json(model_dir / "quant.json") or {}
+    quant = quant_json.read_quant_json(model_dir / "quant.json") or {}
     if quant.get("serving"):
         return quant["serving"]
     try:
@@ -251,7 +253,7 @@ def _long_context_tables(results_dir: Path, results: dict) -> dict:
     """Per model, the long-context suite's accuracy by length and needle depth, and what was skipped."""
     tables = {}
     for model in results:
-        summary = _read_json(results_dir / model / "long_context.json") or {}
+        summary = result_files.read_summary(results_dir / model / "long_context.json") or {}
         if summary.get("long_context"):
             tables[model] = summary["long_context"]
     return tables
