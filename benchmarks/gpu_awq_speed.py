@@ -30,13 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-GLM4_9B = dict(
-    vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_attention_heads=32,
-    num_key_value_heads=2, head_dim=128, partial_rotary_factor=0.5, max_position_embeddings=131072,
-    rms_norm_eps=1.5625e-07, attention_bias=True, rope_theta=5000000.0, pad_token_id=151329,
-    eos_token_id=[151329, 151336, 151338], tie_word_embeddings=False,
-)
+from gpu_quantize import GLM4_9B  # noqa: E402 (GLM-4-9B's shapes, one copy for the GPU benchmarks)
 TINY = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             partial_rotary_factor=0.5, max_position_embeddings=2048, rms_norm_eps=1e-5, attention_bias=True,
             tie_word_embeddings=False)
