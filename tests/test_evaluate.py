@@ -137,3 +137,30 @@ def test_openai_engine_hands_back_each_answer_as_it_arrives():
     assert sorted(i for i, _ in seen) == list(range(5))
     assert all(completions[i] is c for i, c in seen)
     assert [c.text for c in completions] == [f"echo q{i}" for i in range(5)]
+
+
+def test_a_request_the_engine_gave_up_on_stops_the_stage_and_is_asked_again(tmp_path, tiny_llama, monkeypatch):
+    """An answer the server refused is not a wrong answer: eval stops with exit 2 and writes no results;
+    the finished answers are cached, and the rerun asks only for the refused one."""
+    from typer.testing import CliRunner
+
+    from chat_server import ChatServer
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli import app
+
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    with ChatServer(lambda body: "The answer is 7.") as server:
+        server.script = [("ok", "The answer is 7."), ("status", 400)]
+        settings["engine"].update(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
+                                  concurrency=1, retries=0)
+        write_params(tmp_path, settings)
+        monkeypatch.chdir(tmp_path)
+        failed = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "r"])
+        assert failed.exit_code == 2, failed.output
+        assert "1 of 3 requests failed" in failed.output and "rerun the same command" in failed.output
+        assert not (tmp_path / "r" / "math.jsonl").exists() and not (tmp_path / "r" / "math.json").exists()
+        asked = len(server.requests)
+        again = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "r"])
+    assert again.exit_code == 0, again.output
+    assert len(server.requests) - asked == 1  # the two finished answers came from the cache
+    assert len(read_jsonl(tmp_path / "r" / "math.jsonl")) == 3
