@@ -152,8 +152,17 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
             with progress(f"judge: {label} answers", len(todo), "answers") as advance:
                 for start in range(0, len(todo), chunk):
                     part = todo[start:start + chunk]
-                    cache.put_many(part, engine.generate(part))
-                    advance(len(part))
+
+                    def done(i: int, completion, part=part) -> None:  # cached as each answer finishes
+                        if not completion.error:  # a refused request is asked again on the rerun
+                            cache.put(part[i], completion)
+                        advance(1)
+
+                    failed = [c.error for c in engine.generate(part, on_done=done) if c.error]
+                    if failed:
+                        raise UserError(f"engine {engine_name}: {len(failed)} of {len(part)} {label} answers failed "
+                                        f"(the first: {failed[0]}); the finished ones are cached, rerun the same "
+                                        "command to resume once the engine answers")
         finally:
             engine.close()
     return [cache.get(r).text for r in requests]
