@@ -8,13 +8,14 @@ lm-eval, llm-compressor) is held back to warnings unless `-v`. Stage modules log
 
 `progress(description, total)` is a context manager giving an `advance(n)` callable: a rich bar on
 stderr that moves per item (per request, per judgment, per sequence, per byte), transient on a
-terminal, silent when stderr is not one or with `--quiet`.
+terminal, silent when stderr is not one or with `--quiet` (and so are the libraries' tqdm bars).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import warnings
 from typing import Callable, Iterator
 
@@ -44,6 +45,10 @@ def setup(verbosity: int = 0, quiet: bool = False) -> None:
     logging.captureWarnings(True)  # warnings.warn(...) -> logger "py.warnings" -> the handler above
     warnings.simplefilter("default")
     _silence_loguru(level)
+    if quiet or (verbosity == 0 and not Console(stderr=True).is_terminal):  # -v keeps them
+        # the libraries' tqdm bars (llm-compressor's grid search, transformers' loading) would write a line
+        # per update into a log; ours are silent there too. tqdm reads TQDM_* when a bar is made.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     _state.update(quiet=quiet, configured=True)
 
 
