@@ -28,12 +28,13 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_steps import step as record_step  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-lmdeploy-out"))
@@ -42,18 +43,8 @@ SMALL = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_a
 
 
 def step(results: dict, name: str, fn):
-    """Runs one measurement; a failure is recorded, not fatal, so the others still report."""
-    started = time.perf_counter()
-    try:
-        results[name] = fn()
-        status = "ok"
-    except Exception as exc:  # noqa: BLE001 - report every failure and go on
-        traceback.print_exc()
-        results[name] = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
-        status = "FAILED"
-    print(f"[{status}] {name} in {time.perf_counter() - started:.0f} s: {json.dumps(results[name])[:400]}", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{sys.argv[1]}.json").write_text(json.dumps(results, indent=1))
+    """Runs one measurement into OUT/<part>.json (benchmarks/gpu_steps.py)."""
+    record_step(results, OUT / f"{sys.argv[1]}.json", name, fn)
 
 
 def outputs(path: Path) -> dict[str, str]:

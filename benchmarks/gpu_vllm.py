@@ -12,7 +12,8 @@ One part per device call (each must end within 10 minutes); the machine keeps /t
 
 The quantization stack runs in this process (PYTHONPATH=/tmp/site, llm-compressor's compressed-tensors
 0.19); vLLM runs as `python3 -m vllm.entrypoints.cli.main serve` with its own PYTHONPATH (/tmp/vsite,
-compressed-tensors 0.17), as ../shared/device/README.md describes. `--tiny` runs every part that needs
+compressed-tensors 0.17): two site directories of wheels unpacked on the GPU machine (VLLM_SITE names the
+second), because the two stacks pin different compressed-tensors releases. `--tiny` runs every part that needs
 no real vLLM on the CPU against tests/openai_server.py, to check this script before it travels.
 Each part prints a table last and writes $OUT/<part>.json.
 """
@@ -25,12 +26,13 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_steps import step as record_step  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-vllm-out"))
@@ -47,19 +49,8 @@ SMALL_GLM = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, 
 
 
 def step(results: dict, part: str, name: str, fn):
-    """Runs one measurement; a failure is recorded, not fatal, so the others still report."""
-    started = time.perf_counter()
-    try:
-        results[name] = fn()
-        status = "ok"
-    except Exception as exc:  # noqa: BLE001 - report every failure and go on
-        traceback.print_exc()
-        results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-        status = "FAILED"
-    print(f"[{status}] {name} in {time.perf_counter() - started:.0f} s: {json.dumps(results[name])[:300]}", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{part}.json").write_text(json.dumps(results, indent=1, default=str))
-    return results[name]
+    """Runs one measurement into OUT/<part>.json (benchmarks/gpu_steps.py)."""
+    record_step(results, OUT / f"{part}.json", name, fn)
 
 
 def free_gpu() -> None:
@@ -247,7 +238,7 @@ def kv_scales() -> dict:
     base = ROOT / "kv-base"
     save_tiny_glm(base, dtype=torch.bfloat16, **SMALL_GLM)
     weights = load_file(base / "model.safetensors")
-    head_dim, kv_heads = SMALL_GLM["head_dim"], SMALL_GLM["num_key_value_heads"]
+    head_dim = SMALL_GLM["head_dim"]
     for layer in range(SMALL_GLM["num_hidden_layers"]):
         for proj in ("k_proj", "v_proj"):
             for kind in ("weight", "bias"):

@@ -20,7 +20,6 @@ measured on this device with a large copy, before the engine starts.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading

@@ -173,26 +173,6 @@ class Stopwatch:
         return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {int(s % 60)} s"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def remove_stale_temps(directory: Path, names: list[str]) -> None:
-    """Removes `.NAME.tmp-PID` / `.NAME.old-PID` files that a killed run left for these names (its PID is gone)."""
-    for name in names:
-        for leftover in directory.glob(f".{name}.*-*"):
-            kind, _, pid = leftover.name[len(name) + 2:].partition("-")
-            if kind in ("tmp", "old") and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
-
-
 def write_together(files: dict[Path, str]) -> None:
     """Writes several files as one: each to a temp file beside it (encoded and flushed first), then all
     renamed. If anything fails before the renames, no file changes; if a rename fails, the files already
@@ -206,7 +186,7 @@ def write_together(files: dict[Path, str]) -> None:
     try:
         for path, data in encoded.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale_temps(path.parent, [path.name])
+            remove_stale(path)
             temps[path] = path.with_name(f".{path.name}.tmp-{pid}")
             with open(temps[path], "wb") as handle:
                 handle.write(data)

@@ -97,3 +97,15 @@ def read_tensors(model_dir: Path) -> dict:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture
+def bwrap_missing(monkeypatch, tmp_path):
+    """bubblewrap not on PATH, as on a fresh machine (the probe is cached: cleared before and after)."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    from pipeline import sandbox
+
+    sandbox.bwrap_problem.cache_clear()
+    yield
+    monkeypatch.undo()
+    sandbox.bwrap_problem.cache_clear()

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from conftest import REPO, TINY_PARAMS, read_jsonl, write_params
-from pipeline import evaluate, sandbox
+from pipeline import evaluate
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -271,16 +271,6 @@ def test_tiny_model_run_writes_two_failing_lines(tmp_path, tiny_llama):
     assert summary["metric"] == "pass@1" and summary["n"] == 2 and summary == result.summary
     assert summary["metrics"]["isolated,none"] == 1.0 and summary["sandbox"] == "bwrap"
     assert all(line["isolated"] is True for line in lines)
-
-
-@pytest.fixture
-def bwrap_missing(monkeypatch, tmp_path):
-    """bubblewrap not on PATH, as on a fresh machine (the probe is cached: cleared before and after)."""
-    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    sandbox.bwrap_problem.cache_clear()
-    yield
-    monkeypatch.undo()
-    sandbox.bwrap_problem.cache_clear()
 
 
 def test_without_bubblewrap_eval_refuses_before_generating(tmp_path, tiny_llama, bwrap_missing, monkeypatch):

@@ -10,7 +10,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from pipeline import judge, verdict
+from pipeline import verdict
 
 Z95 = NormalDist().inv_cdf(0.975)
 

@@ -6,7 +6,7 @@ import torch
 from conftest import read_tensors
 
 from pipeline.errors import UserError
-from pipeline.quantize import awq, fp8, plan
+from pipeline.quantize import awq, plan
 
 
 tensors = read_tensors

@@ -48,16 +48,6 @@ def temp_home(tmp_path, monkeypatch):
     return home
 
 
-@pytest.fixture
-def bwrap_missing(monkeypatch, tmp_path):
-    """bubblewrap not on PATH, as on a fresh machine (the probe is cached: cleared before and after)."""
-    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    sandbox.bwrap_problem.cache_clear()
-    yield
-    monkeypatch.undo()
-    sandbox.bwrap_problem.cache_clear()
-
-
 def _uid_processes(uid: int) -> int:
     count = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -25,18 +25,13 @@ from pipeline.params import Params
 PACKAGES = ["torch", "transformers", "llmcompressor", "compressed-tensors", "lm-eval", "dvc"]
 
 
-def read_lines(path: Path) -> dict[str, dict]:
-    """{item id: result line}, every line checked (pipeline/formats/results.py)."""
-    return result_files.read_lines(path)
-
-
 def collect(results_dir: Path, suites: list[str]) -> dict[str, dict[str, dict[str, dict]]]:
     """{variant: {suite: {item id: result line}}} for every results/<variant>/<suite>.jsonl of a suite
     in params.yaml (judge.jsonl and other stages' files sit beside them)."""
     found: dict[str, dict] = {}
     for path in sorted(results_dir.glob("*/*.jsonl")):
         if path.stem in suites:
-            found.setdefault(path.parent.name, {})[path.stem] = read_lines(path)
+            found.setdefault(path.parent.name, {})[path.stem] = result_files.read_lines(path)
     if "base" not in found:
         raise UserError(f"{results_dir}/base: no base results; run `quantize eval models/base --suite S` first")
     return found

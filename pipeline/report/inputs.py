@@ -13,7 +13,6 @@ from pathlib import Path
 
 from pipeline.formats import quant_json, results
 from pipeline.formats.checked_json import CHECKS, kind_of, problem, read_checked_json
-from pipeline.formats.results import read_lines  # noqa: F401  (the report's reader of result lines)
 
 # ---------------------------------------------------------------- what the report uses of each file
 
