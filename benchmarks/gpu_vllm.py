@@ -184,6 +184,14 @@ if spec.get("scales"):
                                "kv_cache_dtype": str(getattr(module, "kv_cache_dtype", None))}
         return found
     out["scales"] = llm.apply_model(scales)[0]
+if spec.get("visual"):
+    def visual(model):
+        found = {}
+        for name, module in model.named_modules():
+            if "visual." in name and hasattr(module, "quant_method") and hasattr(module, "weight"):
+                found[name] = {"quant_method": type(module.quant_method).__name__, "dtype": str(module.weight.dtype)}
+        return found
+    out["visual"] = llm.apply_model(visual)[0]
 if spec.get("logprobs"):
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["logprobs"]], params, use_tqdm=False)

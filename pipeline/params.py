@@ -273,6 +273,7 @@ class EngineParams(Section):
     threads: int = Field(0, ge=0, le=1024)
     # vllm (`vllm serve`, started by the stage) and lmdeploy (tensor_parallel_size only)
     tensor_parallel_size: int = Field(1, ge=1, le=64)
+    enable_expert_parallel: bool = False  # vllm: MoE experts spread over the GPUs instead of sliced (--enable-expert-parallel)
     max_model_len: int | None = Field(None, ge=16, le=1 << 21)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     # checkpoint: fp8 when the checkpoint carries FP8 KV-cache scales (served with them), else the model's dtype
@@ -315,7 +316,7 @@ class EngineParams(Section):
                     "server_command": self.server_command, "server_env": self.server_env,
                     "server_args": self.server_args, "start_timeout": self.start_timeout,
                     "timeout": max(self.timeout, 600.0), "retries": min(self.retries, 1),
-                    "max_response_bytes": self.max_response_bytes,
+                    "max_response_bytes": self.max_response_bytes, "enable_expert_parallel": self.enable_expert_parallel,
                     "dtype": self.dtype if self.dtype != "float32" else None}
         options = {"batch_size": self.batch_size, "max_batch_tokens": self.max_batch_tokens, "dtype": self.dtype,
                    "threads": self.threads}

@@ -1,6 +1,9 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1, backed by a real (tiny) transformers model.
 
 It speaks what the pipeline uses of vLLM's API: `/v1/completions` with token-id or text prompts,
+`/v1/chat/completions` with image parts for a vision checkpoint (as vLLM does with `--chat-template-content-
+format string`: text parts joined, one image placeholder added per image the text does not already mark,
+then the server's `--chat-template` applied),
 greedy decoding, `stream` (server-sent events, one token per event), vLLM's `return_token_ids`,
 `ignore_eos` / `min_tokens` and `prompt_logprobs` (log-probability and rank of every prompt token),
 plus `/health`, `/version` and `/v1/models`. The answers are the model's own, computed with
@@ -35,8 +38,15 @@ class TinyModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
+        self.model_dir = model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        if config.get("vision_config"):  # loaded as the hf engine loads it (quantized MoE experts included)
+            from pipeline.engines.loading import load_model
+
+            self.model = load_model(Path(model_dir), torch.float32).eval()
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.lock = threading.Lock()
@@ -65,6 +75,19 @@ class TinyModel:
                     return
                 inputs = torch.tensor([[token]])
 
+    def chat_with_images(self, text: str, images: list, max_tokens: int) -> list[int]:
+        """Greedy tokens for a rendered prompt with images (the image token expanded per image grid)."""
+        from pipeline.engines.vision import ImagePrompter
+
+        prompter = ImagePrompter(self.model_dir, self.tokenizer)
+        inputs = prompter.encode([text], [images])
+        with self.lock, self.torch.inference_mode():
+            out = self.model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False,
+                                      pad_token_id=self.tokenizer.pad_token_id)
+        tokens = out[0, inputs["input_ids"].shape[1]:].tolist()
+        cut = next((i + 1 for i, t in enumerate(tokens) if t in self.eos), len(tokens))
+        return tokens[:cut]
+
     def prompt_logprobs(self, ids: list[int]) -> list[dict | None]:
         torch = self.torch
         with self.lock, torch.inference_mode():
@@ -83,8 +106,10 @@ class TinyModel:
 
 
 class CompletionsServer:
-    def __init__(self, model_dir: str | None = None, served_name: str = "model", port: int = 0):
+    def __init__(self, model_dir: str | None = None, served_name: str = "model", port: int = 0,
+                 chat_template: str | None = None):
         self.model = TinyModel(model_dir) if model_dir else None
+        self.chat_template = chat_template  # --chat-template (content format string)
         self.served_name = served_name
         self.requests: list[dict] = []
         self.fault: tuple[str, float] | None = None
@@ -133,6 +158,8 @@ class CompletionsServer:
                     return self._json(400, {"error": "body is not JSON"})
                 with server._lock:
                     server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                if self.path.rstrip("/") == "/v1/chat/completions":
+                    return self._chat(body)
                 if self.path.rstrip("/") != "/v1/completions":
                     return self._json(404, {"error": "not found"})
                 if server.die_after is not None and len(server.requests) >= server.die_after:
@@ -180,6 +207,44 @@ class CompletionsServer:
                         time.sleep(float(server.fault[1]))
                     return
                 self._send(200, data)
+
+            def _chat(self, body):
+                """vLLM's chat path with content format `string` and the server's chat template."""
+                import base64
+                import io
+
+                import jinja2
+                from PIL import Image
+
+                model = server.model
+                placeholder = "<|begin_of_image|><|image|><|end_of_image|>"
+                messages, images = [], []
+                for message in body["messages"]:
+                    content = message["content"]
+                    if isinstance(content, list):
+                        texts = [part["text"] for part in content if part["type"] == "text"]
+                        found = [part for part in content if part["type"] == "image_url"]
+                        for part in found:
+                            data = part["image_url"]["url"].split(",", 1)[1]
+                            images.append(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"))
+                        text = "\n".join(texts)
+                        missing = len(found) - text.count(placeholder)
+                        if missing < 0:
+                            return self._json(400, {"error": f"Found more '{placeholder}' placeholders in input "
+                                                             "prompt than actual multimodal data items."})
+                        content = "\n".join([placeholder] * missing + [text])
+                    messages.append({**message, "content": content})
+                template = server.chat_template or model.tokenizer.chat_template
+                text = jinja2.Template(template).render(messages=messages, add_generation_prompt=True)
+                tokens = model.chat_with_images(text, images, int(body.get("max_tokens") or 16))
+                content = model.tokenizer.decode([t for t in tokens if t not in model.eos], skip_special_tokens=True)
+                choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = tokens
+                with server._lock:
+                    server.requests[-1]["rendered"] = text
+                self._json(200, {"id": "chat-test", "object": "chat.completion", "model": server.served_name,
+                                 "choices": [choice], "usage": {"completion_tokens": len(tokens)}})
 
             def _stream(self, body):
                 model = server.model
@@ -230,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record", default=None, help="write the full command line here as JSON")
     parser.add_argument("--fail-start", action="store_true", help="exit with an error before listening")
     parser.add_argument("--die-after", type=int, default=None, help="exit at this completion request")
+    parser.add_argument("--chat-template", default=None)
+    parser.add_argument("--chat-template-content-format", default="auto")
     args, rest = parser.parse_known_args(argv)
     model = args.model or args.serve
     if args.record:
@@ -238,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.fail_start:
         print("RuntimeError: no CUDA device (a scripted start failure)", flush=True)
         sys.exit(3)
-    server = CompletionsServer(model, args.served_model_name, args.port)
+    server = CompletionsServer(model, args.served_model_name, args.port, chat_template=args.chat_template)
     server.die_after = args.die_after
     print(f"listening on {server.base_url}", flush=True)
     server.serve_forever()

@@ -153,6 +153,59 @@ def _tiny_vision_settings(out_hidden_size: int) -> dict:
                 patch_size=2, image_size=8, spatial_merge_size=2, temporal_patch_size=2)
 
 
+# GLM-4.1V / 4.5V's special tokens and chat template (the release's, shortened to what a prompt with text and
+# images needs): the tokens vLLM's GLM-4V processor looks up, and the markup both engines put where an image goes
+GLM_CHAT_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
+GLM_IMAGE_TOKENS = ["<|begin_of_image|>", "<|image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|video|>",
+                    "<|end_of_video|>"]
+GLM4V_CHAT_TEMPLATE = (
+    "[gMASK]<sop>{%- for msg in messages %}{%- if msg.role == 'system' %}<|system|>\n{{ msg.content }}"
+    "{%- elif msg.role == 'user' %}<|user|>\n{%- if msg.content is string %}{{ msg.content }}{%- else %}"
+    "{%- for item in msg.content %}{%- if item.type == 'video' or 'video' in item %}"
+    "<|begin_of_video|><|video|><|end_of_video|>{%- elif item.type == 'image' or 'image' in item %}"
+    "<|begin_of_image|><|image|><|end_of_image|>{%- elif item.type == 'text' %}{{ item.text }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{%- elif msg.role == 'assistant' %}<|assistant|>\n{{ msg.content }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|assistant|>\n{%- endif %}")
+
+
+def glm_vision_tokenizer():
+    """The tiny BPE plus GLM's chat and image/video special tokens and GLM-4.1V's chat template."""
+    tok = tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": GLM_CHAT_TOKENS + GLM_IMAGE_TOKENS})
+    tok.chat_template = GLM4V_CHAT_TEMPLATE
+    return tok
+
+
+def _glm_vision_token_ids(tok) -> dict:
+    ids = dict(zip(["image_start_token_id", "image_token_id", "image_end_token_id", "video_start_token_id",
+                    "video_token_id", "video_end_token_id"], tok.convert_tokens_to_ids(GLM_IMAGE_TOKENS)))
+    return ids
+
+
+def _save_glm_vision_side_files(path: Path, vision: dict) -> None:
+    """GLM-4.1V's processor files, matched to the vision tower: the image processor (PIL, written through
+    transformers, typed as the release's Glm4vImageProcessor), the video processor and processor_config.json
+    (written as JSON: the video processor class needs torchvision, which the CPU tests do without)."""
+    from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+    patch, merge, temporal = vision["patch_size"], vision["spatial_merge_size"], vision["temporal_patch_size"]
+    side = patch * merge
+    Glm4vImageProcessorPil(patch_size=patch, temporal_patch_size=temporal, merge_size=merge,
+                           size={"shortest_edge": (8 * side) ** 2, "longest_edge": (16 * side) ** 2}).save_pretrained(path)
+    config_path = Path(path) / "preprocessor_config.json"
+    image = json.loads(config_path.read_text())
+    image.update(image_processor_type="Glm4vImageProcessor", processor_class="Glm4vProcessor")
+    config_path.write_text(json.dumps(image, indent=2))
+    video = {**{k: image[k] for k in ("image_mean", "image_std", "patch_size", "temporal_patch_size", "merge_size",
+                                      "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb",
+                                      "do_resize") if k in image},
+             "size": image["size"], "video_processor_type": "Glm4vVideoProcessor", "processor_class": "Glm4vProcessor",
+             "fps": 2.0, "max_image_size": {"longest_edge": (16 * side) ** 2}, "do_sample_frames": True,
+             "num_frames": 16, "max_duration": 300}
+    (Path(path) / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": "Glm4vProcessor"}, indent=2))
+
+
 def _randomize_norms(model) -> None:
     """Random-init RMSNorm weights are all ones; real ones are not, and AWQ's smoothing is only
     visible when the channels it rescales differ."""
@@ -196,48 +249,61 @@ def save_tiny_glm4(path: Path, seed: int = 0, dtype=torch.float16, **overrides) 
 _GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}
 
 
-def _save_image_processor(path: Path) -> None:
-    """GLM-4.1V's preprocessor_config.json, matched to the tiny vision tower (2-pixel patches).
-    Written with the PIL image processor: the default one, like the video processor, needs
-    torchvision, which the tests do without (the pipeline calibrates on text with the tokenizer)."""
-    from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict) -> Path:
+    from pipeline.checkpoints.serving_names import finish_config
 
-    Glm4vImageProcessorPil(patch_size=2, temporal_patch_size=2, merge_size=2).save_pretrained(path)
+    model = model.to(dtype)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    _save_glm_vision_side_files(path, vision)
+    finish_config(path)  # the keys GLM's releases carry (use_qk_norm), as `quantize resave` writes them
+    return Path(path)
 
 
-def save_tiny_glm4v(path: Path, seed: int = 0, dtype=torch.float16) -> Path:
-    """Glm4vForConditionalGeneration (GLM-4.1V layout): a Glm4 text tower plus a one-block vision tower."""
+def save_tiny_glm4v(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
+                    vision: dict | None = None, device: str = "cpu") -> Path:
+    """Glm4vForConditionalGeneration (GLM-4.1V layout): a Glm4 text tower plus a one-block vision tower, with
+    GLM's image/video tokens, its processors and chat template (what vLLM's GLM-4V processor needs).
+    text / vision: settings over the tiny ones (e.g. real widths at reduced depth)."""
     from transformers import Glm4vConfig, Glm4vForConditionalGeneration
 
-    tok = tiny_tokenizer()
-    text = _glm_text_settings(tok)
-    del text["head_dim"], text["tie_word_embeddings"]  # Glm4v derives head_dim from hidden / heads
-    config = Glm4vConfig(text_config={**text, "rope_parameters": _GLM4V_ROPE},
-                         vision_config=_tiny_vision_settings(text["hidden_size"]), tie_word_embeddings=False)
+    tok = glm_vision_tokenizer()
+    settings = _glm_text_settings(tok, **(text or {}))
+    settings.pop("head_dim", None) if not (text or {}).get("head_dim") else None  # Glm4v: hidden / heads unless set
+    settings.pop("tie_word_embeddings")
+    visual = {**_tiny_vision_settings(settings["hidden_size"]), **(vision or {})}
+    config = Glm4vConfig(text_config={"rope_parameters": _GLM4V_ROPE, **settings}, vision_config=visual,
+                         tie_word_embeddings=False, **_glm_vision_token_ids(tok))
     torch.manual_seed(seed)
-    model = Glm4vForConditionalGeneration(config)
+    with torch.device(device):  # real widths are built on the GPU
+        model = Glm4vForConditionalGeneration(config).to(dtype)
     _randomize_norms(model)
-    _save_image_processor(path)
-    return _save_tiny(model, path, dtype)
+    return _save_tiny_vision(model, path, dtype, tok, visual)
 
 
-def save_tiny_glm4v_moe(path: Path, seed: int = 0, dtype=torch.float16) -> Path:
+def save_tiny_glm4v_moe(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
+                        vision: dict | None = None, device: str = "cpu") -> Path:
     """Glm4vMoeForConditionalGeneration (GLM-4.5V layout): layer 0 dense, layer 1 routed experts
-    (4 experts, top 2) plus a shared expert, a sigmoid router, and a vision tower."""
+    (4 experts, top 2) plus a shared expert, a sigmoid router, and a vision tower; GLM's tokens,
+    processors and chat template as in save_tiny_glm4v."""
     from transformers import Glm4vMoeConfig, Glm4vMoeForConditionalGeneration
 
-    tok = tiny_tokenizer()
-    text = _glm_text_settings(tok, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
-                              n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1)
-    del text["tie_word_embeddings"]
-    config = Glm4vMoeConfig(text_config={**text, "rope_parameters": _GLM4V_ROPE},
-                            vision_config=_tiny_vision_settings(text["hidden_size"]), tie_word_embeddings=False)
+    tok = glm_vision_tokenizer()
+    moe = dict(moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+               first_k_dense_replace=1, n_group=1, topk_group=1)
+    settings = _glm_text_settings(tok, **{**moe, **(text or {})})
+    settings.pop("tie_word_embeddings")
+    visual = {**_tiny_vision_settings(settings["hidden_size"]), **(vision or {})}
+    config = Glm4vMoeConfig(text_config={"rope_parameters": _GLM4V_ROPE, **settings}, vision_config=visual,
+                            tie_word_embeddings=False, **_glm_vision_token_ids(tok))
     torch.manual_seed(seed)
-    model = Glm4vMoeForConditionalGeneration(config)
+    with torch.device(device):  # real widths are built on the GPU
+        model = Glm4vMoeForConditionalGeneration(config).to(dtype)
     _randomize_norms(model)
     with torch.no_grad():  # the router starts at zeros: give it something to route with
         for name, param in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 param.normal_(0, 0.5)
-    _save_image_processor(path)
-    return _save_tiny(model, path, dtype)
+    return _save_tiny_vision(model, path, dtype, tok, visual)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.checkpoints import chatglm, inspect
+from pipeline.checkpoints.serving_names import finish_config
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
 
@@ -144,6 +145,7 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
             model = _load_hf(source, torch_dtype)
             _copy_processor(source, tmp)
         model.save_pretrained(tmp, max_shard_size=MAX_SHARD)
+        finish_config(tmp)  # config keys GLM's releases carry that transformers does not write (vLLM reads them)
         architecture = model.config.architectures[0] if model.config.architectures else type(model).__name__
         _write_source_json(tmp, source, kind, dtype)
     return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)

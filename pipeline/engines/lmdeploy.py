@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
-from pipeline.engines.support import LMDEPLOY_NATIVE
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
@@ -35,6 +34,11 @@ def require_lmdeploy() -> None:
     except ImportError:
         raise UserError("engine 'lmdeploy' needs the lmdeploy extra on a CUDA machine (pip install -e '.[lmdeploy]'); "
                         "here use engine hf, or openai against a running `lmdeploy serve api_server`") from None
+
+
+# lmdeploy 0.18 loads these under their Hugging Face names; anything else goes through `quantize export`
+LMDEPLOY_NATIVE = {"LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration",
+                   "ChatGLMForConditionalGeneration", "ChatGLMModel", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
 
 def needs_export(config: dict) -> bool:

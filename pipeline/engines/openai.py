@@ -9,6 +9,13 @@ Three ways to send a prompt, `prompt_format`:
   judge served elsewhere (whose tokenizer we do not have), or when the user asks for the server's
   template. The eval summary and the report say which format was used.
 
+Images (a VisionRequest, e.g. the VQA suite): `/v1/completions` takes no images, so with `tokens` or
+`text` the rendered prompt (image markup in place, rendered here as the hf engine renders it) goes to
+`/v1/chat/completions` as one user message, its text part followed by the images as PNG data URLs.
+The server must pass that text through unchanged: the vLLM engine starts vLLM with a pass-through
+chat template and string content format (`pipeline/engines/vllm.py`), and vLLM, finding one image
+placeholder in the text per image, adds none of its own.
+
 Requests run on a thread pool. Every attempt has a total deadline and a cap on response bytes
 (`pipeline/engines/http.py`); timeouts, connection errors, HTTP 5xx, 429 (honouring Retry-After),
 malformed JSON and, when asked, cut-off answers (finish_reason "length") are retried with
@@ -117,28 +124,33 @@ class OpenAIEngine:
                 on_done(futures[future], results[futures[future]])
             return results
 
+    def _is_chat(self, request: GenRequest) -> bool:
+        return self.prompt_format == "chat" or bool(getattr(request, "images", None))
+
     def _complete(self, client, request: GenRequest) -> Completion:
         started = time.perf_counter()
         body = self._body(request)
         try:
-            data = self.call(client, body)
+            data = self.call(client, body, chat=self._is_chat(request))
         except FatalError as exc:
             return Completion("", 0, time.perf_counter() - started, error=str(exc))
         except RetryableError as exc:
             return Completion("", 0, time.perf_counter() - started, error=str(exc))
         return self._completion(request, data, time.perf_counter() - started)
 
-    def call(self, client, body: dict) -> dict:
+    def call(self, client, body: dict, chat: bool | None = None) -> dict:
         """POST to this engine's endpoint with retries; the parsed answer, or Retryable/FatalError
         (messages scrubbed of the key) once retries are spent."""
         last_error, last_retry_after = "no attempt made", None
+        chat = self.prompt_format == "chat" if chat is None else chat
+        url = self.base_url + ("/chat/completions" if chat else "/completions")
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self._delay(attempt, last_retry_after))
             last_retry_after = None
             try:
-                data = post_json(client, self.url, body, self.headers, self.limits)
-                self._check_choice(data)
+                data = post_json(client, url, body, self.headers, self.limits)
+                self._check_choice(data, chat)
                 return data
             except RetryableError as exc:
                 last_error, last_retry_after = self._redact(str(exc)), exc.retry_after
@@ -153,7 +165,13 @@ class OpenAIEngine:
 
     def _body(self, request: GenRequest) -> dict:
         body = {"model": self.model, "max_tokens": request.max_new_tokens, "temperature": self.temperature}
-        if self.prompt_format == "chat":
+        images = getattr(request, "images", None)
+        if images and self.prompt_format != "chat":
+            from pipeline.engines.vision import image_data_url
+
+            body["messages"] = [{"role": "user", "content": [{"type": "text", "text": request.prompt}] + [
+                {"type": "image_url", "image_url": {"url": image_data_url(image)}} for image in images]}]
+        elif self.prompt_format == "chat":
             try:
                 messages = json.loads(request.prompt)
                 if not isinstance(messages, list):
@@ -167,10 +185,10 @@ class OpenAIEngine:
             body["stop"] = request.stop
         return body | self.extra_body
 
-    def _check_choice(self, data: dict) -> None:
+    def _check_choice(self, data: dict, chat: bool) -> None:
         try:
             choice = data["choices"][0]
-            text = choice["message"]["content"] if self.prompt_format == "chat" else choice["text"]
+            text = choice["message"]["content"] if chat else choice["text"]
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
         except (KeyError, IndexError, TypeError) as exc:
@@ -179,12 +197,12 @@ class OpenAIEngine:
             raise RetryableError("answer cut off (finish_reason 'length'); raise judge.judge_max_new_tokens")
 
     def _completion(self, request: GenRequest, data: dict, seconds: float) -> Completion:
-        choice = data["choices"][0]
+        choice, chat = data["choices"][0], self._is_chat(request)
         if self.prompt_format != "chat" and isinstance(choice.get("token_ids"), list):
             # vLLM's return_token_ids: decoded and cut at EOS / stop strings as the hf engine does
             done = to_completion(self.tokenizer, request, choice["token_ids"], self.eos_ids, seconds)
             return Completion(self._redact(done.text), done.n_tokens, seconds)
-        text = choice["message"]["content"] if self.prompt_format == "chat" else choice["text"]
+        text = choice["message"]["content"] if chat else choice["text"]
         n_tokens = (data.get("usage") or {}).get("completion_tokens") or 0
         return Completion(self._redact(truncate_at_stop(text, request.stop)), int(n_tokens), seconds)
 

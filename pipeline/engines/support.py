@@ -1,36 +1,72 @@
-"""Which serving engines can serve a checkpoint, and why not: read off its config.json alone.
+"""Which serving engines serve a checkpoint: keyed by what was run on the GPU machine, never by what an
+engine's documentation promises.
 
-Recorded in every variant's quant.json (`serving`), shown in the report and used by `quantize
-export` for its refusals, so the three always say the same thing. What "can serve" means here is
-what was shown on the GPU machine (README: vLLM and lmdeploy sections), not what an engine's
-documentation promises:
+A checkpoint is described by its key, read off config.json alone: architecture x scheme x KV-cache
+strategy (`checkpoint_key`). `SHOWN` lists every run recorded on the GPU machine (engine, its version,
+the key, date, and where the evidence is); an engine "serves" a checkpoint only when a run with its
+key was recorded and loaded and answered. A recorded refusal says so with the engine's error; any
+other key says "not shown" with the command to try. quant.json (`serving`), the report and `quantize
+export` all read `support_from_config`, so the three always say the same thing; the report recomputes
+it from config.json, so a run recorded later shows there without rebuilding the variant.
 
-- vLLM serves the base, AWQ W4A16 and RTN W4A16 (compressed-tensors pack-quantized: Machete/Marlin
-  kernels) and FP8 W8A8 with per-head FP8 KV scales (`--kv-cache-dtype fp8`; the scales reach the
-  attention kernel per head: benchmarks/gpu_vllm.py `kv-scales`).
-- lmdeploy 0.18's PyTorch engine serves the base and W4A16 variants after `quantize export --engine
-  lmdeploy` (AutoAWQ GEMM layout; `Glm` renamed to ChatGLM). It cannot serve FP8 variants: its FP8
-  KV cache takes one scale per tensor, and its ChatGLM loader splits every query_key_value tensor,
-  so a fused QKV's static input scale does not load.
-- hf (transformers, in-process) loads everything, dequantizing W4A16 and fake-quantizing FP8: right
-  for accuracy, meaningless for speed.
+Schemes: `none` (bf16/fp16), `w4a16` (compressed-tensors pack-quantized: AWQ and RTN write the same
+format), `w4a16-autoawq` (`quantize export --engine lmdeploy`), `fp8-static` (per-channel weights,
+static per-tensor activations), `fp8-dynamic` (dynamic per-token activations everywhere),
+`fp8-static+dynamic-experts` (the MoE default: experts dynamic, the rest static). KV: `per-head`,
+`per-tensor` or `none`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-VLLM_ARCHITECTURES = {"LlamaForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration",
-                      "Glm4vMoeForConditionalGeneration", "Glm4MoeForCausalLM", "Qwen2ForCausalLM",
-                      "Qwen3ForCausalLM", "MistralForCausalLM", "ChatGLMModel", "ChatGLMForConditionalGeneration"}
-LMDEPLOY_NATIVE = {"LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGeneration",
-                   "ChatGLMForConditionalGeneration", "ChatGLMModel", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
-LMDEPLOY_EXPORTABLE = {"GlmForCausalLM"}  # renamed to ChatGLM by `quantize export --engine lmdeploy`
 
+@dataclass(frozen=True)
+class Run:
+    engine: str
+    version: str
+    architecture: str
+    scheme: str
+    kv: str
+    served: bool  # False: the engine refused it (a recorded failure)
+    date: str
+    evidence: str  # where the run's output is (benchmarks/results/..., or the README section)
+    note: str = ""
+
+
+_GLM = "GlmForCausalLM"
+_GLM4V_MOE = "Glm4vMoeForConditionalGeneration"
+_README_MOE = "README: vLLM on the H200, GLM-4.5V layout (2 text layers, 8 experts top-2, --enforce-eager)"
+SHOWN: tuple[Run, ...] = (
+    # GLM-4-9B shapes, random weights, one H200 (and TP 2 on two), vLLM 0.24.0
+    Run("vllm", "0.24.0", _GLM, "none", "none", True, "2026-11-30", "benchmarks/results/gpu_vllm_bench_base.json"),
+    Run("vllm", "0.24.0", _GLM, "w4a16", "none", True, "2026-11-30",
+        "benchmarks/results/gpu_vllm_bench_awq-w4a16.json", "Machete kernels"),
+    Run("vllm", "0.24.0", _GLM, "fp8-static", "per-head", True, "2026-11-30",
+        "benchmarks/results/gpu_vllm_bench_fp8-w8a8.json, gpu_vllm_kv_scales.json",
+        "CutlassFP8ScaledMM; the per-head KV scales reach the attention kernel"),
+    # the GLM-4.5V / 4.6V layout (Glm4vMoe), 2026-12-01
+    Run("vllm", "0.24.0", _GLM4V_MOE, "none", "none", True, "2026-12-01", _README_MOE),
+    Run("vllm", "0.24.0", _GLM4V_MOE, "w4a16", "none", True, "2026-12-01", _README_MOE),
+    Run("vllm", "0.24.0", _GLM4V_MOE, "fp8-dynamic", "per-head", True, "2026-12-01", _README_MOE,
+        "VLLM_CUTLASS FP8 MoE backend"),
+    Run("vllm", "0.24.0", _GLM4V_MOE, "fp8-static", "per-head", False, "2026-12-01", _README_MOE,
+        "refused at load: AssertionError in CompressedTensorsW8A8Fp8MoEMethod (fused MoE FP8 takes per-tensor "
+        "weights + per-tensor activations, per-channel weights + dynamic per-token activations, or block FP8)"),
+    # lmdeploy 0.18.0's PyTorch engine (TurboMind cannot run on that CUDA 13 image)
+    Run("lmdeploy", "0.18.0", _GLM, "none", "none", True, "2026-11-30", "benchmarks/results/gpu_bench_glm4_9b_base.json",
+        "after `quantize export --engine lmdeploy` (ChatGLM names)"),
+    Run("lmdeploy", "0.18.0", _GLM, "w4a16", "none", True, "2026-11-30", "benchmarks/results/gpu_bench_glm4_9b_awq.json",
+        "after `quantize export --engine lmdeploy` (AutoAWQ GEMM layout, ChatGLM names)"),
+)
+
+
+# ---------------------------------------------------------------- a checkpoint's key
 
 def scheme(config: dict) -> str:
-    """'none', 'w4a16', 'fp8' or 'other: ...' for a config.json's quantization_config."""
+    """The checkpoint's quantization scheme, named as in the module docstring ('other: ...' if unknown)."""
     quant = config.get("quantization_config") or {}
     if not quant:
         return "none"
@@ -39,60 +75,95 @@ def scheme(config: dict) -> str:
     if quant.get("quant_method") != "compressed-tensors":
         return f"other: {quant.get('quant_method')}"
     fmt = quant.get("format")
+    groups = [g for g in (quant.get("config_groups") or {}).values() if isinstance(g, dict)]
     if fmt == "pack-quantized":
         return "w4a16"
-    if fmt in ("float-quantized", "naive-quantized") and _weights_bits(quant) == 8:
-        return "fp8"
+    if fmt in ("float-quantized", "naive-quantized") and _weights_bits(groups) == 8:
+        if any((g.get("weights") or {}).get("strategy") == "block" for g in groups):
+            return "fp8-block"
+        dynamic = {bool((g.get("input_activations") or {}).get("dynamic")) for g in groups}
+        if dynamic == {True}:
+            return "fp8-dynamic"
+        if dynamic == {False}:
+            return "fp8-static"
+        return "fp8-static+dynamic-experts" if _experts_dynamic(groups) else "other: mixed FP8 groups"
     return f"other: compressed-tensors {fmt}"
 
 
-def _weights_bits(quant: dict) -> int | None:
-    for group in (quant.get("config_groups") or {}).values():
-        weights = group.get("weights") or {}
-        if weights.get("num_bits"):
-            return int(weights["num_bits"])
-    return None
+def _weights_bits(groups: list[dict]) -> int | None:
+    return next((int(g["weights"]["num_bits"]) for g in groups if (g.get("weights") or {}).get("num_bits")), None)
 
 
-def kv_strategy(config: dict) -> str | None:
+def _experts_dynamic(groups: list[dict]) -> bool:
+    """Static "Linear" group + a dynamic group that targets only expert modules."""
+    for group in groups:
+        dynamic = bool((group.get("input_activations") or {}).get("dynamic"))
+        targets = group.get("targets") or []
+        if dynamic and not all("experts" in t for t in targets):
+            return False
+        if not dynamic and targets != ["Linear"]:
+            return False
+    return True
+
+
+def kv_strategy(config: dict) -> str:
     kv = (config.get("quantization_config") or {}).get("kv_cache_scheme") or {}
-    return kv.get("strategy")
+    return {"attn_head": "per-head", "tensor": "per-tensor"}.get(kv.get("strategy"), "none" if not kv else
+                                                                  f"other: {kv.get('strategy')}")
+
+
+def architecture(config: dict) -> str:
+    return (config.get("architectures") or [config.get("model_type") or "unknown"])[0]
+
+
+def checkpoint_key(config: dict) -> tuple[str, str, str]:
+    return architecture(config), scheme(config), kv_strategy(config)
+
+
+def runs_for(engine: str, config: dict) -> list[Run]:
+    key = checkpoint_key(config)
+    return [run for run in SHOWN if run.engine == engine and (run.architecture, run.scheme, run.kv) == key]
+
+
+# ---------------------------------------------------------------- what each engine does with it
+
+def _try_command(engine: str, config: dict) -> str:
+    if engine == "vllm":
+        kv = " --kv-cache-dtype fp8" if kv_strategy(config) != "none" else ""
+        return f"vllm serve DIR{kv} (or benchmarks/gpu_glm46v_vllm.py for the GLM-4.6V layout)"
+    return "quantize export DIR --engine lmdeploy, then lmdeploy serve api_server EXPORT --backend pytorch"
+
+
+def _engine_entry(engine: str, config: dict) -> dict:
+    arch, kind, kv = checkpoint_key(config)
+    runs = runs_for(engine, config)
+    served = [r for r in runs if r.served]
+    if served:
+        run = served[-1]
+        return {"serves": True, "status": "shown", "version": run.version, "date": run.date,
+                "evidence": run.evidence,
+                "how": f"shown on the GPU machine ({engine} {run.version}, {run.date})" + (f": {run.note}" if run.note
+                                                                                            else "")}
+    if runs:
+        run = runs[-1]
+        return {"serves": False, "status": "refused", "version": run.version, "date": run.date,
+                "evidence": run.evidence, "how": f"{engine} {run.version} {run.note or 'refused it'}"}
+    return {"serves": False, "status": "not shown",
+            "how": f"not shown: no {engine} run of {arch} with {kind}, KV {kv} was recorded; try: "
+                   f"{_try_command(engine, config)}"}
 
 
 def support_from_config(config: dict) -> dict[str, dict]:
-    """{engine: {"serves": bool, "how": str}} for hf, vllm and lmdeploy."""
-    arch = (config.get("architectures") or [config.get("model_type") or "unknown"])[0]
-    kind, kv = scheme(config), kv_strategy(config)
-    result = {"hf": {"serves": True, "how": "in-process transformers; W4A16 dequantized and FP8 fake-quantized at "
-                                            "load: right for accuracy, not a serving speed"}}
-    if arch not in VLLM_ARCHITECTURES:
-        result["vllm"] = {"serves": False, "how": f"{arch} was not served by vLLM here; try `vllm serve DIR`"}
-    elif kind == "fp8":
-        per = "per-head" if kv == "attn_head" else "per-tensor" if kv == "tensor" else None
-        how = "vllm serve DIR" + (f" --kv-cache-dtype fp8 (its {per} FP8 KV scales; engine.kv_cache_dtype: "
-                                  "checkpoint does this)" if per else "")
-        result["vllm"] = {"serves": True, "how": how}
-    elif kind in ("none", "w4a16", "w4a16-autoawq"):
-        result["vllm"] = {"serves": True, "how": "vllm serve DIR" + (" (W4A16: Machete / Marlin kernels)"
-                                                                      if kind.startswith("w4a16") else "")}
-    else:
-        result["vllm"] = {"serves": False, "how": f"quantization {kind} was not served by vLLM here"}
-    if kind == "fp8":
-        why = ("its FP8 KV cache takes one scale per tensor, where this variant has one per KV head"
-               if kv == "attn_head" else "it reads compressed-tensors checkpoints as int4 weights only")
-        result["lmdeploy"] = {"serves": False,
-                              "how": f"lmdeploy 0.18 cannot serve FP8 W8A8: {why}, and its ChatGLM loader splits "
-                                     "every query_key_value tensor, so a fused QKV's static input scale does not "
-                                     "load; serve it with vLLM"}
-    elif kind == "w4a16" and (arch in LMDEPLOY_NATIVE or arch in LMDEPLOY_EXPORTABLE):
-        result["lmdeploy"] = {"serves": True, "how": "after `quantize export --engine lmdeploy` (AutoAWQ GEMM layout"
-                                                     + (", ChatGLM names" if arch in LMDEPLOY_EXPORTABLE else "") + ")"}
-    elif kind in ("none", "w4a16-autoawq") and arch in LMDEPLOY_NATIVE:
-        result["lmdeploy"] = {"serves": True, "how": "as it is"}
-    elif kind == "none" and arch in LMDEPLOY_EXPORTABLE:
-        result["lmdeploy"] = {"serves": True, "how": "after `quantize export --engine lmdeploy` (ChatGLM names)"}
-    else:
-        result["lmdeploy"] = {"serves": False, "how": f"{arch} with quantization {kind} has no lmdeploy path here"}
+    """{engine: {"serves": bool, "status": shown | refused | not shown, "how": str, ...}} for hf, vllm, lmdeploy."""
+    result = {"hf": {"serves": True, "status": "in-process",
+                     "how": "in-process transformers; W4A16 dequantized and FP8 fake-quantized at load: right for "
+                            "accuracy, not a serving speed"}}
+    for engine in ("vllm", "lmdeploy"):
+        result[engine] = _engine_entry(engine, config)
+    kind = scheme(config)
+    if kind.startswith("fp8") and not result["lmdeploy"]["serves"]:
+        result["lmdeploy"]["how"] += ("; lmdeploy 0.18's FP8 KV cache takes one scale per tensor and its ChatGLM "
+                                      "loader splits every query_key_value tensor, so serve FP8 with vLLM")
     return result
 
 

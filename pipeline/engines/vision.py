@@ -78,6 +78,29 @@ def load_image_processor(model_dir: Path | str):
     return cls.from_pretrained(model_dir)
 
 
+def image_markup(model_dir: Path | str, tokenizer) -> str:
+    """What stands for one image in a rendered prompt: <|begin_of_image|><|image|><|end_of_image|> for GLM-4.1V
+    and kin, from the config's token ids (the string vLLM's GLM-4V processor looks for, too)."""
+    config = _config(model_dir)
+    ids = (config.get("image_start_token_id"), config["image_token_id"], config.get("image_end_token_id"))
+    return "".join(tokenizer.convert_ids_to_tokens(i) if i is not None else "" for i in ids)
+
+
+def render_images(prompt: str, markup: str) -> str:
+    """lm-eval's `<image>` placeholders as the model's image markup: one rendering for every engine."""
+    return prompt.replace(IMAGE_PLACEHOLDER, markup)
+
+
+def image_data_url(image) -> str:
+    """A PIL image as a PNG data URL (lossless: the server decodes the very pixels)."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 class ImagePrompter:
     """Image markup in prompts, and prompts + images -> model inputs."""
 
@@ -87,12 +110,10 @@ class ImagePrompter:
         self.image_processor = load_image_processor(model_dir)
         self.image_token_id = config["image_token_id"]
         self.image_token = tokenizer.convert_ids_to_tokens(self.image_token_id)
-        start, end = config.get("image_start_token_id"), config.get("image_end_token_id")
-        wrap = [tokenizer.convert_ids_to_tokens(i) if i is not None else "" for i in (start, end)]
-        self.markup = wrap[0] + self.image_token + wrap[1]
+        self.markup = image_markup(model_dir, tokenizer)
 
     def render(self, prompt: str) -> str:
-        return prompt.replace(IMAGE_PLACEHOLDER, self.markup)
+        return render_images(prompt, self.markup)
 
     def encode(self, prompts: list[str], images: list[list]):
         """Tokenized, left-padded inputs with pixel values, grids and image token types."""

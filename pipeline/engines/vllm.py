@@ -15,6 +15,16 @@ token on either side. `--generation-config vllm` keeps the checkpoint's generati
 (repetition penalties and the like) out of the sampling: requests are greedy, as with every engine.
 Log-likelihoods come from `prompt_logprobs`: the log-probability and rank of every prompt token.
 
+Images (vision models: Glm4v, Glm4vMoe): the prompt is rendered here with the image markup in place, as
+the hf engine renders it, and sent with its images to `/v1/chat/completions`; the server is started
+with a chat template that passes the text through (`PASSTHROUGH_TEMPLATE`, content format `string`),
+so vLLM tokenizes exactly that text, finds one image placeholder per image and adds none (see
+pipeline/engines/openai.py). A quantized vision checkpoint whose ignore list vLLM would not match
+under its own module names is refused before the server starts (pipeline/checkpoints/serving_names.py).
+
+Parallelism: `tensor_parallel_size` and, for MoE, `enable_expert_parallel` (experts placed whole on
+the GPUs instead of sliced across them) are engine settings passed to `vllm serve` as they are.
+
 FP8 KV cache: `kv_cache_dtype: checkpoint` (the default) serves a checkpoint that carries FP8
 KV-cache scales with `--kv-cache-dtype fp8`, so its calibrated (per-head) scales are used, and any
 other checkpoint with the model's dtype.
@@ -31,9 +41,12 @@ from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.http import FatalError, RetryableError, get_ok
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.engines.server import ServerProcess, free_port
+from pipeline.engines.vision import IMAGE_PLACEHOLDER, image_markup, is_multimodal, render_images
 from pipeline.errors import UserError
 
 SERVED_NAME = "model"
+# vLLM applies a chat template to /v1/chat/completions; ours renders the prompt already: pass it through
+PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def kv_cache_scheme(model_dir: Path) -> dict | None:
@@ -61,6 +74,15 @@ def serving_dtype(setting: str | None, kv_cache_dtype: str, model_dir: Path) -> 
     return "bfloat16"
 
 
+def refuse_unmatched_ignore(model_dir: Path) -> None:
+    """A quantized checkpoint whose full-precision Linears vLLM would build quantized is not served."""
+    if (kv_cache_scheme(model_dir) is not None or
+            (json.loads((Path(model_dir) / "config.json").read_text()).get("quantization_config"))):
+        from pipeline.checkpoints import serving_names
+
+        serving_names.check(Path(model_dir))
+
+
 def server_args(model_dir: Path, port: int, settings: dict) -> list[str]:
     """vLLM's CLI arguments for `settings` (the engine section, vLLM's names)."""
     kv = resolve_kv_cache_dtype(settings.get("kv_cache_dtype", "checkpoint"), model_dir)
@@ -77,12 +99,16 @@ def server_args(model_dir: Path, port: int, settings: dict) -> list[str]:
     dtype = serving_dtype(settings.get("dtype"), kv, model_dir)
     if dtype:
         args += ["--dtype", dtype]
+    if settings.get("enable_expert_parallel"):
+        args.append("--enable-expert-parallel")
+    if is_multimodal(model_dir):
+        args += ["--chat-template", PASSTHROUGH_TEMPLATE, "--chat-template-content-format", "string"]
     return args + [str(a) for a in settings.get("server_args") or []]
 
 
 class VLLMEngine:
     name = "vllm"
-    SETTINGS = ("tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
+    SETTINGS = ("tensor_parallel_size", "enable_expert_parallel", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype", "server_args")
 
     def __init__(self, model_dir: Path | str, *, batch_size: int = 64, server_command: list[str] | None = None,
@@ -93,6 +119,8 @@ class VLLMEngine:
         if not (self.model_dir / "config.json").exists():
             raise UserError(f"{self.model_dir}: no config.json; pass a checkpoint directory")
         self.settings = {k: v for k, v in settings.items() if k in self.SETTINGS}
+        refuse_unmatched_ignore(self.model_dir)
+        self.accepts_images = is_multimodal(self.model_dir)
         self.batch_size = batch_size  # requests in flight
         self.progress = progress
         port = free_port()
@@ -132,7 +160,10 @@ class VLLMEngine:
         return int(self.settings.get("max_model_len") or context_length(self.model_dir) or 4096)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
-        return self.client.apply_chat_template(messages)
+        prompt = self.client.apply_chat_template(messages)
+        if self.accepts_images and IMAGE_PLACEHOLDER in prompt:
+            return render_images(prompt, image_markup(self.model_dir, self.tokenizer))
+        return prompt
 
     def encode(self, prompt: str) -> list[int]:
         return self.client.encode(prompt)
@@ -187,6 +218,8 @@ class VLLMEngine:
         return {"engine": "vllm", "version": self.version, "settings": self.settings,
                 "kv_cache_dtype": resolve_kv_cache_dtype(self.settings.get("kv_cache_dtype", "checkpoint"), self.model_dir),
                 "tensor_parallel_size": int(self.settings.get("tensor_parallel_size", 1)),
+                "enable_expert_parallel": bool(self.settings.get("enable_expert_parallel")),
+                "accepts_images": self.accepts_images,
                 "server_start_seconds": round(self.server.start_seconds or 0.0, 1),
                 "log": str(self.server.log_path)}
 

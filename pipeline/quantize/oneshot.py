@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.engines.loading import load_model
+from pipeline.checkpoints.serving_names import finish_config
 from pipeline.engines.support import serving_support
 from pipeline.errors import UserError
 from pipeline.formats.quant_json import write_quant_json
@@ -278,10 +279,13 @@ def _execution_device(on_gpu: bool) -> str:
 
 def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, calib: Path,
         batch_size: int, details: dict,
-        placement: str = "auto", plan_only: bool = False, calibrate_all_experts: bool = True) -> QuantResult | Plan:
+        placement: str = "auto", plan_only: bool = False, calibrate_all_experts: bool = True,
+        experts_need_data: bool = True) -> QuantResult | Plan:
     """placement: auto | device | offload (see the module docstring). plan_only: print the plan with
     a one-layer probe's expected time and return it; nothing is loaded or written.
-    calibrate_all_experts: False only to show what it prevents (experts left without tokens)."""
+    calibrate_all_experts: False only to show what it prevents (experts left without tokens).
+    experts_need_data: False where the recipe gives the experts scales that need no calibration tokens
+    (FP8 with dynamic expert activations), so an expert the router never chose fails nothing."""
     import torch
 
     from pipeline.quantize import verify
@@ -329,13 +333,14 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
         torch.cuda.reset_peak_memory_stats()
     calibrated = calibrate(model, tokenizer, blocks, recipe, batch_size, calibrate_all_experts=calibrate_all_experts)
     peak_calibrate = max(calibrated.layers["overall_peak_gpu_bytes"], torch.cuda.max_memory_allocated()) if on_gpu else None
-    experts = verify.check_experts(calibrated.experts, needs_data(recipe))
+    experts = verify.check_experts(calibrated.experts, needs_data(recipe) and experts_need_data)
     calibrate_s = watch.seconds - load_s
     quantized = _quantized_modules(model)
     _set_dtype(model, base_dtype, work_dtype)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, save_compressed=True)
         _copy_side_files(model_dir, tmp)
+        config_added = finish_config(tmp)  # keys vLLM reads, and an ignore entry in vLLM's names
         save_s = watch.seconds - load_s - calibrate_s
         del model
         _free(on_gpu)
@@ -386,6 +391,7 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
             "size_bytes": dir_size(tmp),
             "base_size_bytes": dir_size(model_dir),
             "verify": verification,
+            "config_added": config_added,
             "serving": serving_support(tmp),  # which engines can serve it, and why not
         }
         for modifier in recipe:  # e.g. the AWQ search: mappings and seconds by how each was scored

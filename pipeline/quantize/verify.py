@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.checkpoints import serving_names
 from pipeline.quantize import plan
 
 def _tensors(model_dir: Path) -> dict[str, "object"]:
@@ -220,12 +221,13 @@ def verify(variant_dir: Path, base_dir: Path, expected: list[str], quantized: di
     if vision["mismatched"]:
         raise UserError(f"{variant_dir}: vision-tower tensors changed: {vision['mismatched'][:5]}")
     planned = check_plan(variant_dir, expected, quantized)
+    names = serving_names.check(variant_dir)
     reloaded = reload_and_check(variant_dir, reference, dtype, offload=offload)
     error = reloaded["layer_error"]
     if error["relative"]:
         print(f"verify: decoder-layer relative output error max {error['max']:.4f} ({error['worst_layer']}), "
               f"mean {sum(error['relative']) / len(error['relative']):.4f} over {len(error['relative'])} layers")
-    return {"vision": vision, "plan": planned, **reloaded}
+    return {"vision": vision, "plan": planned, "serving_names": names, **reloaded}
 
 
 # ---------------------------------------------------------------- MoE experts

@@ -1,0 +1,156 @@
+"""What a serving engine reads of a checkpoint beyond what transformers writes: the config keys GLM's
+own releases carry, and the names vLLM gives the modules an ignore list must match.
+
+Config keys: a `Glm4vMoeConfig` written by transformers 5.17 has no `use_qk_norm`, which vLLM's
+Glm4Moe text model reads (GLM-4.5V's release carries `"use_qk_norm": false`); such a checkpoint is
+refused by vLLM at load. `add_release_keys` writes the keys GLM's releases carry where they are
+missing, with the value that matches what transformers computes (no QK norm).
+
+Names: vLLM loads GLM-4V checkpoints through a prefix mapper (`model.visual.` -> `visual.`,
+`model.language_model.` -> `language_model.model.`, `lm_head.` -> `language_model.lm_head.`) and
+fuses some vision Linears (`attn.qkv` is built as `attn.qkv_proj` and checked as its q/k/v shards;
+`mlp.gate_proj` + `mlp.up_proj` as `mlp.gate_up_proj`). Its compressed-tensors loader maps the
+ignore list through the same prefix mapper and asks, per layer it builds, whether the layer's name
+(or every shard's) equals an entry or `re.match`es a `re:` entry. A vision Linear that the
+checkpoint leaves in bf16 but whose vLLM name matches no entry is built quantized: no error, and
+only image answers suffer. llm-compressor writes the ignore list as HF module names
+(`model.visual.blocks.0.attn.qkv`), which vLLM's fused names never match; `VISION_IGNORE` (one
+regex that matches both namings) is added to every variant's ignore list, and `vllm_unignored`
+lists what vLLM would quantize, for `verify` to refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+# config keys GLM's releases carry that transformers does not write, on the text config: {model_type: {key: value}}
+RELEASE_KEYS = {"glm4v_moe_text": {"use_qk_norm": False}, "glm4_moe": {"use_qk_norm": False}}
+
+VISION_IGNORE = "re:^(model\\.)?visual\\..*"
+
+# vLLM's names for GLM-4V checkpoints (vllm/model_executor/models/glm4_1v.py: hf_to_vllm_mapper,
+# packed_modules_mapping, and the vision attention's qkv built as qkv_proj when quantization is on)
+VLLM_PREFIXES = {"model.visual.": "visual.", "model.language_model.": "language_model.model.",
+                 "lm_head.": "language_model.lm_head."}
+VLLM_PREFIX_ARCHS = {"Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"}
+VLLM_FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_up_proj"]}
+VLLM_VISION_RENAMES = [(re.compile(r"\.attn\.qkv$"), ".attn.qkv_proj"),
+                       (re.compile(r"\.(gate|up)_proj$"), ".gate_up_proj")]
+
+
+def text_config(config: dict) -> dict:
+    return config.get("text_config") or config
+
+
+def add_release_keys(config: dict) -> list[str]:
+    """Adds missing release keys to the text config in place; returns what was added, e.g.
+    ['text_config.use_qk_norm']."""
+    text, where = (config["text_config"], "text_config.") if isinstance(config.get("text_config"), dict) else (config, "")
+    added = []
+    for key, value in RELEASE_KEYS.get(text.get("model_type"), {}).items():
+        if key not in text:
+            text[key] = value
+            added.append(where + key)
+    return added
+
+
+def add_vision_ignore(config: dict) -> bool:
+    """Adds VISION_IGNORE to a quantized multimodal config's ignore list; True when it changed."""
+    quant = config.get("quantization_config")
+    if not quant or not config.get("vision_config"):
+        return False
+    ignore = quant.setdefault("ignore", [])
+    if VISION_IGNORE in ignore:
+        return False
+    ignore.append(VISION_IGNORE)
+    return True
+
+
+def finish_config(model_dir: Path | str) -> dict:
+    """Writes the release keys and the vision ignore entry into model_dir/config.json; returns what changed."""
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    added, vision = add_release_keys(config), add_vision_ignore(config)
+    if added or vision:
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return {"release_keys": added, "vision_ignore": VISION_IGNORE if vision else None}
+
+
+# ---------------------------------------------------------------- vLLM's names
+
+def _map_prefix(name: str) -> str:
+    for old, new in VLLM_PREFIXES.items():
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+def vllm_layer(hf_linear: str, architecture: str) -> str:
+    """The name of the layer vLLM builds for a checkpoint Linear (a fused layer for q/k/v or gate/up)."""
+    name = _map_prefix(hf_linear) if architecture in VLLM_PREFIX_ARCHS else hf_linear
+    if name.startswith("visual."):
+        for pattern, replacement in VLLM_VISION_RENAMES:
+            name = pattern.sub(replacement, name)
+    return name
+
+
+def _matches(name: str, entry: str) -> bool:
+    if entry.startswith("re:"):
+        return re.match(entry[3:], name) is not None
+    return name == entry
+
+
+def vllm_ignores(layer: str, ignore: list[str]) -> bool:
+    """vLLM's should_ignore_layer: a fused layer is ignored when each shard is (all or none)."""
+    proj = layer.rsplit(".", 1)[-1]
+    if proj in VLLM_FUSED and layer not in ignore:
+        shards = [layer[: -len(proj)] + shard for shard in VLLM_FUSED[proj]]
+        return all(any(_matches(shard, entry) for entry in ignore) for shard in shards)
+    return any(_matches(layer, entry) for entry in ignore)
+
+
+def vllm_unignored(config: dict, unquantized_linears: list[str]) -> list[str]:
+    """The checkpoint's unquantized Linears (HF names) that vLLM would build quantized."""
+    quant = config.get("quantization_config") or {}
+    if not quant:
+        return []
+    architecture = (config.get("architectures") or [""])[0]
+    mapped = [_map_prefix(e) if architecture in VLLM_PREFIX_ARCHS and not e.startswith("re:") else e
+              for e in quant.get("ignore") or []]
+    return [name for name in unquantized_linears if not vllm_ignores(vllm_layer(name, architecture), mapped)]
+
+
+# ---------------------------------------------------------------- a checkpoint checked against vLLM's names
+
+def unquantized_linears(variant_dir: Path) -> list[str]:
+    """Modules the checkpoint keeps in full precision that are Linears (2-D `.weight`, no scale beside it,
+    not an embedding), from the safetensors headers."""
+    from safetensors import safe_open
+
+    shapes, names = {}, set()
+    for shard in sorted(Path(variant_dir).glob("*.safetensors")):
+        with safe_open(shard, "pt") as f:
+            for key in f.keys():
+                names.add(key)
+                if key.endswith(".weight"):
+                    shapes[key] = len(f.get_slice(key).get_shape())
+    return sorted(key[: -len(".weight")] for key, dims in shapes.items()
+                  if dims == 2 and "embed" not in key and f"{key[: -len('.weight')]}.weight_scale" not in names)
+
+
+def check(variant_dir: Path) -> dict:
+    """Refuses a variant whose ignore list vLLM would not match: a full-precision Linear (the vision tower,
+    lm_head, a router) that vLLM would build quantized under its own names (this module)."""
+    config = json.loads((Path(variant_dir) / "config.json").read_text(encoding="utf-8"))
+    keep = unquantized_linears(variant_dir)
+    missed = vllm_unignored(config, keep)
+    if missed:
+        shown = ", ".join(missed[:6]) + (f" ... ({len(missed)} in all)" if len(missed) > 6 else "")
+        from pipeline.errors import UserError
+
+        raise UserError(f"{variant_dir}: vLLM would quantize full-precision modules at load, because its names for "
+                        f"them match no entry of config.json's quantization_config.ignore: {shown}; add "
+                        f"{VISION_IGNORE!r} (vision tower) or vLLM's names of these modules to that list")
+    return {"full_precision_linears": len(keep), "vllm_would_quantize": []}

@@ -1,0 +1,163 @@
+"""GLM-4.1V / 4.5V (Glm4v, Glm4vMoe) on the engine it ships on, checked on the CPU.
+
+- serving claims come only from runs recorded on the GPU machine (engines/support.py);
+- a MoE gets FP8 experts vLLM's fused MoE accepts (dynamic per-token activations), the rest static;
+- a quantized vision checkpoint whose ignore list vLLM would not match under its own names is refused;
+- VQA through the vLLM engine: the rendered text (image markup in place) and the images reach the server's
+  chat endpoint, and the answers equal the hf engine's. The server here is tests/openai_server.py (vLLM's
+  chat path with content format `string` and our pass-through template, backed by the real tiny model);
+  the real vLLM runs the same requests on the H200 (benchmarks/gpu_glm46v_vllm.py).
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_PARAMS, read_jsonl
+from pipeline.engines import support
+from pipeline.errors import UserError
+from tiny import save_tiny_glm4v, save_tiny_glm4v_moe
+
+SERVER = [sys.executable, str(Path(__file__).with_name("openai_server.py"))]
+ARCHS = {"Glm": "GlmForCausalLM", "Glm4": "Glm4ForCausalLM", "Glm4v": "Glm4vForConditionalGeneration",
+         "Glm4vMoe": "Glm4vMoeForConditionalGeneration"}
+
+
+def _config(arch: str, kind: str, kv: str, moe: bool) -> dict:
+    """config.json's quantization_config as the pipeline writes it for each variant kind."""
+    from pipeline.quantize import fp8
+
+    config = {"architectures": [arch]}
+    if kind == "base":
+        return config
+    if kind in ("awq", "rtn"):
+        weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": False}
+        quant = {"format": "pack-quantized", "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
+    else:
+        quant = {"format": "float-quantized", "config_groups": fp8.config_groups(kind.split("-")[1], moe),
+                 "kv_cache_scheme": fp8.kv_cache_scheme(kv)}
+    config["quantization_config"] = {"quant_method": "compressed-tensors", **quant}
+    return config
+
+
+def test_every_serves_claim_has_a_recorded_run_behind_it():
+    """Glm, Glm4, Glm4v, Glm4vMoe x base, AWQ, RTN, FP8 static, FP8 dynamic x per-head / per-tensor KV."""
+    repo = Path(__file__).resolve().parent.parent
+    shown = 0
+    for name, arch in ARCHS.items():
+        for kind in ("base", "awq", "rtn", "fp8-static", "fp8-dynamic"):
+            for kv in (("per-head", "per-tensor") if kind.startswith("fp8") else ("none",)):
+                config = _config(arch, kind, kv, moe=name == "Glm4vMoe")
+                for engine, entry in support.support_from_config(config).items():
+                    if engine == "hf":
+                        continue
+                    runs = [r for r in support.SHOWN if r.engine == engine and r.served and
+                            (r.architecture, r.scheme, r.kv) == support.checkpoint_key(config)]
+                    assert entry["serves"] == bool(runs), (name, kind, kv, engine, entry)
+                    if entry["serves"]:
+                        shown += 1
+                        assert entry["version"] == runs[-1].version
+                        for evidence in runs[-1].evidence.split(", "):
+                            if evidence.startswith("benchmarks/"):
+                                assert (repo / evidence).exists(), evidence
+                            elif evidence.endswith(".json"):
+                                assert (repo / "benchmarks" / "results" / evidence).exists(), evidence
+                    else:
+                        assert entry["status"] in ("not shown", "refused")
+                        assert "try:" in entry["how"] or entry["status"] == "refused"
+    assert shown >= 3  # Glm base, AWQ, RTN (same format) and FP8 static per-head were served on the H200
+
+
+def test_moe_fp8_default_is_a_scheme_vllms_fused_moe_takes():
+    from pipeline.quantize import fp8
+
+    groups = fp8.config_groups("static", moe=True)
+    dense, experts = groups["group_0"], groups["experts"]
+    assert dense["targets"] == ["Linear"] and dense["input_activations"]["dynamic"] is False
+    assert experts["input_activations"] == {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                                            "dynamic": True}
+    assert experts["weights"]["strategy"] == "channel"
+    config = _config(ARCHS["Glm4vMoe"], "fp8-static", "per-head", moe=True)
+    assert support.scheme(config) == "fp8-static+dynamic-experts"
+    assert support.scheme(_config(ARCHS["Glm"], "fp8-static", "per-head", moe=False)) == "fp8-static"
+    # the scheme that vLLM refused is recorded as refused, with its error
+    refused = _config(ARCHS["Glm4vMoe"], "fp8-static", "per-head", moe=False)
+    entry = support.support_from_config(refused)["vllm"]
+    assert entry["status"] == "refused" and "AssertionError" in entry["how"]
+
+
+@pytest.fixture(scope="module")
+def moe_variants(tmp_path_factory, tiny_calib):
+    from pipeline.quantize import awq, fp8
+
+    root = tmp_path_factory.mktemp("glm4v-moe")
+    base = save_tiny_glm4v_moe(root / "base")
+    fp8.run(base, root / "fp8", tiny_calib / "calib.jsonl")
+    awq.run(base, root / "awq", tiny_calib / "calib.jsonl", batch_size=8, n_grid=4)
+    return {"base": base, "fp8": root / "fp8", "awq": root / "awq"}
+
+
+def test_moe_fp8_variant_has_static_dense_and_dynamic_experts_and_says_why(moe_variants):
+    from conftest import read_tensors
+
+    tensors = read_tensors(moe_variants["fp8"])
+    quant = json.loads((moe_variants["fp8"] / "quant.json").read_text())
+    assert any(k.endswith("self_attn.q_proj.input_scale") for k in tensors)  # attention: static scale
+    assert any(k.endswith("layers.0.mlp.gate_up_proj.input_scale") or k.endswith("layers.0.mlp.down_proj.input_scale")
+               for k in tensors)  # the dense MLP: static
+    experts = [k for k in tensors if ".mlp.experts." in k or ".mlp.shared_experts." in k]
+    assert experts and not any(k.endswith("input_scale") for k in experts)  # experts: dynamic, no scale
+    assert any(k.endswith("mlp.experts.0.gate_proj.weight_scale") for k in tensors)
+    assert any(k.endswith("k_scale") for k in tensors)  # per-head FP8 KV scales stay
+    assert quant["expert_scheme"]["activations"] == "dynamic" and "fused MoE" in quant["expert_scheme"]["why"]
+    assert "MoE experts dynamic" in quant["scheme"]
+    config = json.loads((moe_variants["fp8"] / "config.json").read_text())
+    assert config["text_config"]["use_qk_norm"] is False  # the key GLM's release carries and vLLM reads
+
+
+def test_vision_ignore_list_must_match_vllms_names(moe_variants, tmp_path):
+    from pipeline.checkpoints import serving_names
+    from pipeline.engines.vllm import VLLMEngine
+
+    for name in ("fp8", "awq"):
+        assert serving_names.check(moe_variants[name])["vllm_would_quantize"] == []
+    # llm-compressor's own list (HF names only): vLLM builds attn.qkv as qkv_proj and fuses gate/up
+    stale = tmp_path / "stale"
+    shutil.copytree(moe_variants["fp8"], stale)
+    config = json.loads((stale / "config.json").read_text())
+    config["quantization_config"]["ignore"].remove(serving_names.VISION_IGNORE)
+    (stale / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"vLLM would quantize full-precision modules.*visual\.blocks\.0\.attn\.qkv"):
+        serving_names.check(stale)
+    with pytest.raises(UserError, match="vLLM would quantize"):  # before any server starts
+        VLLMEngine(stale, server_command=["false"])
+
+
+def _vqa(model_dir: Path, out: Path, engine: str, tmp_path: Path, **engine_settings) -> list[dict]:
+    from pipeline import evaluate
+
+    options = {"batch_size": 4, "dtype": "float32"}
+    if engine == "vllm":
+        options.update(server_command=SERVER, start_timeout=120, log_path=tmp_path / f"{out.name}.log",
+                       server_args=["--record", str(tmp_path / "argv.json")], **engine_settings)
+    evaluate.run(model_dir, suite="vqa", task="quant_vqa", variant=model_dir.name, out_dir=out, engine=engine,
+                 limit=4, max_new_tokens=6, **options)
+    return read_jsonl(out / "vqa.jsonl")
+
+
+@pytest.mark.parametrize("build", [save_tiny_glm4v, save_tiny_glm4v_moe], ids=["Glm4v", "Glm4vMoe"])
+def test_vqa_through_the_vllm_engine_equals_hf(build, tmp_path):
+    model = build(tmp_path / "model")
+    hf = _vqa(model, tmp_path / "hf", "hf", tmp_path)
+    vllm = _vqa(model, tmp_path / "vllm", "vllm", tmp_path, enable_expert_parallel=True)
+    strip = lambda rows: [{k: r[k] for k in ("id", "prompt", "output")} for r in rows]  # noqa: E731
+    assert strip(vllm) == strip(hf) and len(hf) == 4
+    assert "<|begin_of_image|><|image|><|end_of_image|>" in hf[0]["prompt"]
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[argv.index("--chat-template-content-format") + 1] == "string"
+    assert "--enable-expert-parallel" in argv
+    summary = json.loads((tmp_path / "vllm" / "vqa.json").read_text())
+    assert summary["engine"] == "vllm"
