@@ -12,6 +12,8 @@ One part per device call (each must end within 10 minutes); the machine keeps /t
                                                  # --suite vqa`, both through the vLLM engine
     python benchmarks/gpu_glm46v_vllm.py check   # vLLM's own view (offline LLM): quant method and dtype of every
                                                  # visual.* linear, and the KV scales per head
+    python benchmarks/gpu_glm46v_vllm.py agreement  # a small Glm4v trained on easy-VQA, AWQ and FP8 of it: greedy
+                                                    # VQA answers through hf and through vLLM, item by item
 
 The quantization stack runs in this process (PYTHONPATH=/tmp/site); vLLM with its own PYTHONPATH (VLLM_SITE,
 /tmp/vsite). Each part prints a table last and writes $OUT/<part>.json; `serve` also writes
@@ -91,8 +93,8 @@ def build() -> dict:
             paths["base"], paths["fp8"], blocks, batch_size=16).info)
     free_gpu()
     if "awq" not in built:
-        step(results, "build", "AWQ W4A16 g128", lambda: awq.run(
-            paths["base"], paths["awq"], blocks, group_size=32 if TINY else 128, batch_size=16,
+        step(results, "build", "AWQ W4A16 (group size auto: 64, 10944 = 64 x 171)", lambda: awq.run(
+            paths["base"], paths["awq"], blocks, group_size=32 if TINY else "auto", batch_size=16,
             n_grid=4 if TINY else 20).info)
     free_gpu()
     return results
@@ -186,6 +188,109 @@ def check(names: list[str]) -> dict:
     return results
 
 
+# ---------------------------------------------------------------- agreement: hf vs vLLM on a trained vision model
+
+SMALL_TEXT = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                      "partial_rotary_factor": 0.5,
+                                                                      "mrope_section": [4, 6, 6]})
+SMALL_VISION = dict(depth=2, hidden_size=128, num_heads=2, intermediate_size=512, out_hidden_size=256, patch_size=14,
+                    image_size=336, spatial_merge_size=2, temporal_patch_size=2)
+
+
+def train_vqa(path: Path, steps: int, device: str) -> dict:
+    """A small Glm4v trained on the shipped easy-VQA items (prompt as `quantize eval` renders it, then the answer):
+    a vision model whose greedy answers are not near-ties, so engine agreement means something."""
+    import random
+
+    import torch
+
+    from pipeline import evaluate
+    from pipeline.engines.loading import load_model
+    from pipeline.engines.vision import ImagePrompter
+    from tiny import save_tiny_glm4v
+
+    save_tiny_glm4v(path, dtype=torch.float32, text=SMALL_TEXT, vision=SMALL_VISION)
+    probe = ROOT / "vqa-prompts"
+    evaluate.run(path, suite="vqa", task="quant_vqa", variant="probe", out_dir=probe, engine="hf", max_new_tokens=1,
+                 batch_size=50, limit=8 if TINY else None)
+    sys.path.insert(0, str(REPO / "evals" / "vqa"))
+    import utils as vqa_utils  # evals/vqa/utils.py: the suite's own data and images
+
+    docs = {str(d["id"]): d for d in vqa_utils.load_easy_vqa()["test"]}
+    items = []
+    for line in (probe / "vqa.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        doc = docs.get(str(row["id"])) or docs[str(row["id"]).rsplit("-", 1)[-1]]
+        items.append((row["prompt"], vqa_utils.doc_to_image(doc), doc["answer"]))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    prompter = ImagePrompter(path, tok)
+    model = load_model(path, torch.float32).to(device).train()
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    rng, losses = random.Random(0), []
+    for _ in range(steps):
+        batch = rng.sample(items, min(16, len(items)))
+        inputs = prompter.encode([p + a + tok.eos_token for p, _, a in batch], [i for _, i, _ in batch])
+        labels = inputs["input_ids"].clone()
+        for row, (p, images, _) in enumerate(batch):  # loss on the answer and EOS only
+            prompt_len = len(prompter.encode([p], [images])["input_ids"][0])
+            pad = int((inputs["attention_mask"][row] == 0).sum())  # left padding
+            labels[row, : pad + prompt_len] = -100
+        inputs = inputs.to(device)
+        inputs["pixel_values"] = inputs["pixel_values"].float()
+        loss = model(**inputs, labels=labels.to(device)).loss
+        loss.backward()
+        optim.step()
+        optim.zero_grad()
+        losses.append(loss.item())
+    model.eval().to(torch.bfloat16).save_pretrained(path)
+    return {"steps": steps, "loss_first": round(losses[0], 3), "loss_last10": round(sum(losses[-10:]) / 10, 4)}
+
+
+def agreement() -> dict:
+    from pipeline import evaluate
+    from pipeline.quantize import awq, fp8
+
+    results: dict = {"date": time.strftime("%Y-%m-%d")}
+    root = ROOT / "trained"
+    base = root / "base"
+    device = "cpu" if TINY else "cuda"
+    step(results, "agreement", "train Glm4v on easy-VQA", lambda: train_vqa(base, 20 if TINY else 400, device))
+    blocks = calib_blocks(16, 64 if TINY else 256, 380)
+    step(results, "agreement", "FP8", lambda: fp8.run(base, root / "fp8", blocks, batch_size=16).summary())
+    step(results, "agreement", "AWQ", lambda: awq.run(base, root / "awq", blocks, group_size="auto", batch_size=16,
+                                                      n_grid=4 if TINY else 20).summary())
+    free_gpu()
+    for name in ("base", "awq", "fp8"):
+        model = root / name
+        if not (model / "config.json").exists():
+            continue
+
+        def both(m=model, n=name):
+            outputs, scores = {}, {}
+            for engine in ("hf", "vllm"):
+                options = {"batch_size": 64, "dtype": "bfloat16"}
+                if engine == "vllm":
+                    options.update(**SERVER, max_model_len=2048, gpu_memory_utilization=0.3,
+                                   log_path=ROOT / f"trained-{n}.vllm.log",
+                                   server_args=[] if TINY else ["--enforce-eager"])
+                out = root / f"vqa-{n}-{engine}"
+                summary = evaluate.run(m, suite="vqa", task="quant_vqa", variant=n, out_dir=out, engine=engine,
+                                       limit=8 if TINY else None, **options).summary
+                outputs[engine] = {json.loads(l)["id"]: json.loads(l)["output"] for l in
+                                   (out / "vqa.jsonl").read_text().splitlines()}
+                scores[engine] = summary["score"]
+                free_gpu()
+            same = sum(outputs["hf"][i] == outputs["vllm"].get(i) for i in outputs["hf"])
+            return {"items": len(outputs["hf"]), "identical": same, "agreement": same / len(outputs["hf"]),
+                    "score_hf": scores["hf"], "score_vllm": scores["vllm"]}
+        step(results, "agreement", f"{name}: VQA hf vs vLLM", both)
+    keep(*(ROOT / f"trained-{n}.vllm.log" for n in ("base", "awq", "fp8")))
+    return results
+
+
 def print_table(results: dict) -> None:
     table = results.get("table")
     if table:
@@ -219,6 +324,8 @@ if __name__ == "__main__":  # vLLM starts worker processes: the guard is require
         print_table(build())
     elif part == "serve":
         print_table(serve(_list("--models", ",".join(VARIANTS))))
+    elif part == "agreement":
+        print_table(agreement())
     elif part == "check":
         print_table(check(_list("--models", "fp8,awq")))
     else:

@@ -8,13 +8,14 @@ missing, with the value that matches what transformers computes (no QK norm).
 
 Names: vLLM loads GLM-4V checkpoints through a prefix mapper (`model.visual.` -> `visual.`,
 `model.language_model.` -> `language_model.model.`, `lm_head.` -> `language_model.lm_head.`) and
-fuses some vision Linears (`attn.qkv` is built as `attn.qkv_proj` and checked as its q/k/v shards;
-`mlp.gate_proj` + `mlp.up_proj` as `mlp.gate_up_proj`). Its compressed-tensors loader maps the
+fuses some vision Linears (`attn.qkv` is looked up as `attn.qkv_proj` and checked as its q/k/v shards;
+`mlp.gate_proj` + `mlp.up_proj` as `mlp.gate_up_proj`, checked as those two). Its compressed-tensors loader maps the
 ignore list through the same prefix mapper and asks, per layer it builds, whether the layer's name
 (or every shard's) equals an entry or `re.match`es a `re:` entry. A vision Linear that the
 checkpoint leaves in bf16 but whose vLLM name matches no entry is built quantized: no error, and
 only image answers suffer. llm-compressor writes the ignore list as HF module names
-(`model.visual.blocks.0.attn.qkv`), which vLLM's fused names never match; `VISION_IGNORE` (one
+(`model.visual.blocks.0.attn.qkv`), whose q/k/v shards vLLM's check never matches: on the H200, vLLM 0.24
+built every vision `attn.qkv` quantized from such a list, without a word; `VISION_IGNORE` (one
 regex that matches both namings) is added to every variant's ignore list, and `vllm_unignored`
 lists what vLLM would quantize, for `verify` to refuse.
 """
@@ -30,12 +31,15 @@ RELEASE_KEYS = {"glm4v_moe_text": {"use_qk_norm": False}, "glm4_moe": {"use_qk_n
 
 VISION_IGNORE = "re:^(model\\.)?visual\\..*"
 
-# vLLM's names for GLM-4V checkpoints (vllm/model_executor/models/glm4_1v.py: hf_to_vllm_mapper,
-# packed_modules_mapping, and the vision attention's qkv built as qkv_proj when quantization is on)
+# vLLM's names for GLM-4V checkpoints, as vLLM 0.24.0 decided them on the H200 (benchmarks/results/
+# gpu_glm46v_vllm.json): the prefix mapper below; the vision attention's `attn.qkv` looked up under the
+# quantization prefix `attn.qkv_proj`, a fused layer checked as its q/k/v shards (so its HF name never matches:
+# with llm-compressor's own list vLLM built it CompressedTensorsLinearMethod, the rest of the tower
+# unquantized); the vision MLP's gate_proj + up_proj fused as gate_up_proj and checked as those two shards.
 VLLM_PREFIXES = {"model.visual.": "visual.", "model.language_model.": "language_model.model.",
                  "lm_head.": "language_model.lm_head."}
 VLLM_PREFIX_ARCHS = {"Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"}
-VLLM_FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_up_proj"]}
+VLLM_FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 VLLM_VISION_RENAMES = [(re.compile(r"\.attn\.qkv$"), ".attn.qkv_proj"),
                        (re.compile(r"\.(gate|up)_proj$"), ".gate_up_proj")]
 

@@ -38,6 +38,7 @@ class Run:
 
 _GLM = "GlmForCausalLM"
 _GLM4V_MOE = "Glm4vMoeForConditionalGeneration"
+_GLM46V = "benchmarks/results/gpu_glm46v_vllm.json"
 _README_MOE = "README: vLLM on the H200, GLM-4.5V layout (2 text layers, 8 experts top-2, --enforce-eager)"
 SHOWN: tuple[Run, ...] = (
     # GLM-4-9B shapes, random weights, one H200 (and TP 2 on two), vLLM 0.24.0
@@ -55,6 +56,14 @@ SHOWN: tuple[Run, ...] = (
     Run("vllm", "0.24.0", _GLM4V_MOE, "fp8-static", "per-head", False, "2026-12-01", _README_MOE,
         "refused at load: AssertionError in CompressedTensorsW8A8Fp8MoEMethod (fused MoE FP8 takes per-tensor "
         "weights + per-tensor activations, per-channel weights + dynamic per-token activations, or block FP8)"),
+    # the GLM-4.6V layout at real widths (2 text layers: 1 dense + 1 MoE of 128 experts top-8, 24-block vision),
+    # built by our stages, served with CUDA graphs, bench + VQA through the vLLM engine, 2026-12-01
+    Run("vllm", "0.24.0", _GLM4V_MOE, "none", "none", True, "2026-12-01", _GLM46V),
+    Run("vllm", "0.24.0", _GLM4V_MOE, "w4a16", "none", True, "2026-12-01", _GLM46V,
+        "Machete (dense) and Marlin (MoE) kernels; vision tower unquantized in vLLM"),
+    Run("vllm", "0.24.0", _GLM4V_MOE, "fp8-static+dynamic-experts", "per-head", True, "2026-12-01", _GLM46V,
+        "CutlassFP8ScaledMM (dense, static), VLLM_CUTLASS FP8 MoE (experts, dynamic); 8 KV scales per layer "
+        "reach the attention; vision tower unquantized in vLLM"),
     # lmdeploy 0.18.0's PyTorch engine (TurboMind cannot run on that CUDA 13 image)
     Run("lmdeploy", "0.18.0", _GLM, "none", "none", True, "2026-11-30", "benchmarks/results/gpu_bench_glm4_9b_base.json",
         "after `quantize export --engine lmdeploy` (ChatGLM names)"),

@@ -208,14 +208,14 @@ def _judge_verdict(path: Path, params: Params) -> dict | None:
 
 
 def _serving(model_dir: Path) -> dict | None:
-    """Which engines can serve the variant and why not: its quant.json's record, else read off its config."""
+    """Where the variant is served: read off its config.json against the runs recorded now (a run recorded after
+    the variant was built counts), else its quant.json's record."""
     from pipeline.engines.support import serving_support
 
-    quant = quant_json.read_quant_json(model_dir / "quant.json") or {}
-    if quant.get("serving"):
-        return quant["serving"]
     try:
-        return serving_support(model_dir) if (model_dir / "config.json").exists() else None
+        if (model_dir / "config.json").exists():
+            return serving_support(model_dir)
+        return (quant_json.read_quant_json(model_dir / "quant.json") or {}).get("serving")
     except (ValueError, OSError, AttributeError, TypeError):  # an unreadable config: the table says so, the report stands
         return None
 
