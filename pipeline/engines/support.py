@@ -169,10 +169,14 @@ def support_from_config(config: dict) -> dict[str, dict]:
                             "accuracy, not a serving speed"}}
     for engine in ("vllm", "lmdeploy"):
         result[engine] = _engine_entry(engine, config)
-    kind = scheme(config)
-    if kind.startswith("fp8") and not result["lmdeploy"]["serves"]:
-        result["lmdeploy"]["how"] += ("; lmdeploy 0.18's FP8 KV cache takes one scale per tensor and its ChatGLM "
-                                      "loader splits every query_key_value tensor, so serve FP8 with vLLM")
+    kind, kv = scheme(config), kv_strategy(config)
+    if kind.startswith("fp8") and not result["lmdeploy"]["serves"]:  # known from lmdeploy's loader: no run to try
+        why = ("its FP8 KV cache takes one scale per tensor, where this variant has one per KV head"
+               if kv == "per-head" else "it reads compressed-tensors checkpoints as int4 weights only")
+        result["lmdeploy"] = {"serves": False, "status": "cannot",
+                              "how": f"lmdeploy 0.18 cannot serve FP8 W8A8: {why}, and its ChatGLM loader splits every "
+                                     "query_key_value tensor, so a fused QKV's static input scale does not load; serve "
+                                     "it with vLLM"}
     return result
 
 
