@@ -257,11 +257,12 @@ def agreement() -> dict:
     root = ROOT / "trained"
     base = root / "base"
     device = "cpu" if TINY else "cuda"
-    step(results, "agreement", "train Glm4v on easy-VQA", lambda: train_vqa(base, 20 if TINY else 400, device))
-    blocks = calib_blocks(16, 64 if TINY else 256, 380)
-    step(results, "agreement", "FP8", lambda: fp8.run(base, root / "fp8", blocks, batch_size=16).summary())
-    step(results, "agreement", "AWQ", lambda: awq.run(base, root / "awq", blocks, group_size="auto", batch_size=16,
-                                                      n_grid=4 if TINY else 20).summary())
+    if not (root / "awq" / "config.json").exists():  # a rerun goes straight to the comparison
+        step(results, "agreement", "train Glm4v on easy-VQA", lambda: train_vqa(base, 20 if TINY else 400, device))
+        blocks = calib_blocks(16, 64 if TINY else 256, 380)
+        step(results, "agreement", "FP8", lambda: fp8.run(base, root / "fp8", blocks, batch_size=16).summary())
+        step(results, "agreement", "AWQ", lambda: awq.run(base, root / "awq", blocks, group_size="auto", batch_size=16,
+                                                          n_grid=4 if TINY else 20).summary())
     free_gpu()
     for name in ("base", "awq", "fp8"):
         model = root / name
@@ -273,7 +274,7 @@ def agreement() -> dict:
             for engine in ("hf", "vllm"):
                 options = {"batch_size": 64, "dtype": "bfloat16"}
                 if engine == "vllm":
-                    options.update(**SERVER, max_model_len=2048, gpu_memory_utilization=0.3,
+                    options.update(**SERVER, max_model_len=512, gpu_memory_utilization=0.3,
                                    log_path=ROOT / f"trained-{n}.vllm.log",
                                    server_args=[] if TINY else ["--enforce-eager"])
                 out = root / f"vqa-{n}-{engine}"
@@ -287,8 +288,66 @@ def agreement() -> dict:
             return {"items": len(outputs["hf"]), "identical": same, "agreement": same / len(outputs["hf"]),
                     "score_hf": scores["hf"], "score_vllm": scores["vllm"]}
         step(results, "agreement", f"{name}: VQA hf vs vLLM", both)
+    step(results, "agreement", "base: where hf and vLLM part", lambda: diagnose(base))
     keep(*(ROOT / f"trained-{n}.vllm.log" for n in ("base", "awq", "fp8")))
     return results
+
+
+def diagnose(model: Path, items: int = 3) -> dict:
+    """What each engine is given, item by item: the prompt token ids vLLM reports against ours, the image grid and
+    pixel values of our PIL image processor against the checkpoint's own (transformers') processor, and whether the
+    hf engine answers the same at batch 1 as in the batched run (results/vqa-base-hf)."""
+    import httpx
+    import transformers
+
+    from pipeline import evaluate
+    from pipeline.engines.vision import ImagePrompter, image_data_url, load_image_processor
+    from pipeline.engines.vllm import VLLMEngine
+
+    sys.path.insert(0, str(REPO / "evals" / "vqa"))
+    import utils as vqa_utils
+
+    root = model.parent
+    rows = [json.loads(l) for l in (root / "vqa-base-hf" / "vqa.jsonl").read_text().splitlines()][:items]
+    docs = {str(d["id"]): d for d in vqa_utils.load_easy_vqa()["test"]}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+    prompter, found = ImagePrompter(model, tokenizer), {}
+    official = None
+    try:
+        official = transformers.AutoImageProcessor.from_pretrained(model)
+    except Exception as exc:  # noqa: BLE001 - the torch processor needs torchvision
+        found["official_processor"] = f"not loaded: {exc}"[:200]
+    engine = VLLMEngine(model, **SERVER, max_model_len=512, gpu_memory_utilization=0.3, dtype="bfloat16",
+                        server_args=[] if TINY else ["--enforce-eager"], log_path=ROOT / "diagnose.vllm.log")
+    try:
+        per_item = []
+        for row in rows:
+            images = vqa_utils.doc_to_image(docs.get(str(row["id"])) or docs[str(row["id"]).rsplit("-", 1)[-1]])
+            ours = prompter.encode([row["prompt"]], [images])
+            body = {"model": engine.served_model, "max_tokens": 4, "temperature": 0, "return_token_ids": True,
+                    "messages": [{"role": "user", "content": [{"type": "text", "text": row["prompt"]}] + [
+                        {"type": "image_url", "image_url": {"url": image_data_url(i)}} for i in images]}]}
+            answer = httpx.post(engine.server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
+            ids = answer.get("prompt_token_ids") or answer["choices"][0].get("prompt_token_ids")
+            item = {"prompt_ids_equal": ids == ours["input_ids"][0].tolist() if ids else None,
+                    "prompt_tokens": [len(ours["input_ids"][0]), (answer.get("usage") or {}).get("prompt_tokens")]}
+            if official is not None:
+                theirs = official(images=images, return_tensors="pt")
+                item["grid_equal"] = theirs["image_grid_thw"].tolist() == ours["image_grid_thw"].tolist()
+                if theirs["pixel_values"].shape == ours["pixel_values"].shape:
+                    item["pixel_max_abs_diff"] = float((theirs["pixel_values"] - ours["pixel_values"]).abs().max())
+            per_item.append(item)
+        found["items"] = per_item
+    finally:
+        engine.close()
+    load_image_processor(model)  # ours loads (the check above would have failed first otherwise)
+    evaluate.run(model, suite="vqa", task="quant_vqa", variant="base-b1", out_dir=root / "vqa-base-hf-b1", engine="hf",
+                 batch_size=1, dtype="bfloat16", limit=8 if TINY else None)
+    one = {json.loads(l)["id"]: json.loads(l)["output"] for l in (root / "vqa-base-hf-b1" / "vqa.jsonl").read_text().splitlines()}
+    batched = {json.loads(l)["id"]: json.loads(l)["output"] for l in (root / "vqa-base-hf" / "vqa.jsonl").read_text().splitlines()}
+    found["hf_batch1_equals_batched"] = sum(one[i] == batched.get(i) for i in one)
+    found["items_compared"] = len(one)
+    return found
 
 
 def print_table(results: dict) -> None:
