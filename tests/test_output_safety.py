@@ -2,6 +2,7 @@
 contains or lies inside an input is refused before any work; a directory output replaces only a
 previous stage output; a killed stage's temp dir is removed by the next run of that stage."""
 
+import json
 import os
 import shutil
 import signal
@@ -103,10 +104,10 @@ def test_a_directory_no_stage_wrote_is_never_replaced(project, tmp_path, monkeyp
     (mine / "thesis.tex").write_text("months of work")
     args = ["calib", str(project / "data" / "conversations.jsonl"), "--model", str(project / "models" / "m")]
     result = CliRunner().invoke(app, [*args, "--out", str(mine)])
-    assert result.exit_code == 2 and "a directory no quantize stage wrote" in result.output
+    assert result.exit_code == 2 and "a folder no calib stage wrote" in result.output
     assert [p.name for p in mine.iterdir()] == ["thesis.tex"]
-    with pytest.raises(UserError, match="no quantize stage wrote"):  # the rename itself refuses too
-        with atomic_dir(mine) as tmp:
+    with pytest.raises(UserError, match="no calib stage wrote"):  # the rename itself refuses too
+        with atomic_dir(mine, "calib") as tmp:
             (tmp / "stats.json").write_text("{}")
     assert [p.name for p in mine.iterdir()] == ["thesis.tex"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".mine")]
@@ -117,6 +118,77 @@ def test_a_directory_no_stage_wrote_is_never_replaced(project, tmp_path, monkeyp
         assert result.exit_code == 0, result.output
     assert (build / "stats.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build", "mine"]
+
+
+def _calib(project: Path, out: Path) -> list[str]:
+    return ["calib", str(project / "data" / "conversations.jsonl"), "--model", str(project / "models" / "m"),
+            "--out", str(out)]
+
+
+def test_calib_never_replaces_a_folder_whose_record_files_anyone_could_write(project, tmp_path):
+    """The reported case (issue 26): `quantize calib --out COPY` replaced a copy of a quantized model,
+    because it held a quant.json; any of the old record names let any stage replace a folder."""
+    for record in ("quant.json", "stats.json", "source.json", "export.json"):
+        copy = tmp_path / f"copy-{record}"
+        shutil.copytree(project / "models" / "m", copy)
+        (copy / record).write_text('{"method": "awq"}')
+        before = _listing(copy)
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli", *_calib(project, copy)], cwd=project,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 2, (record, done.stdout, done.stderr)
+        assert f"--out {copy}: a folder no calib stage wrote" in done.stderr and "Traceback" not in done.stderr
+        assert f"its {record} may be from an earlier version" in done.stderr or record != "quant.json"
+        assert "nothing was changed" in done.stderr
+        assert _listing(copy) == before, record
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(f".{copy.name}.")]
+
+
+def test_a_stage_replaces_only_its_own_output_and_only_what_it_wrote(project, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.outputs import STAGE_RECORD, read_stage_record
+
+    build = tmp_path / "build"
+    assert CliRunner().invoke(app, _calib(project, build)).exit_code == 0
+    record = read_stage_record(build)
+    assert record["stage"] == "calib"
+    assert record["files"] == sorted(p.name for p in build.iterdir() if p.name != STAGE_RECORD)
+    assert record["inputs"]["source"]["fingerprint"].startswith("sha256:")
+    assert record["inputs"]["tokenizer checkpoint"]["fingerprint"].startswith("tree:")
+
+    (build / "my-notes.txt").write_text("mine")  # a file the stage did not write, put into its output
+    before = _listing(build)
+    result = CliRunner().invoke(app, _calib(project, build))
+    assert result.exit_code == 2
+    assert "holds 1 file the calib stage did not write (my-notes.txt)" in result.output
+    assert _listing(build) == before
+    (build / "my-notes.txt").unlink()
+
+    other = tmp_path / "other"  # another stage's output, with its own record
+    shutil.copytree(build, other)
+    data = read_stage_record(other) | {"stage": "quantize"}
+    (other / STAGE_RECORD).write_text(json.dumps(data))
+    before = _listing(other)
+    result = CliRunner().invoke(app, _calib(project, other))
+    assert result.exit_code == 2 and "the output of the quantize stage (its .stage.json says so), not of calib" in result.output
+    assert _listing(other) == before
+
+
+def test_removing_an_outdated_export_goes_through_the_same_check(tmp_path):
+    from pipeline.errors import UserError
+    from pipeline.outputs import atomic_dir, remove_output
+
+    cache = tmp_path / "exports"
+    with atomic_dir(cache / "m-1", "export") as tmp:
+        (tmp / "export.json").write_text("{}")
+    (cache / "m-2").mkdir()
+    (cache / "m-2" / "export.json").write_text("{}")  # no provenance record: not removed
+    with pytest.raises(UserError, match="no export stage wrote"):
+        remove_output(cache / "m-2", "export")
+    assert (cache / "m-2" / "export.json").exists()
+    remove_output(cache / "m-1", "export")
+    assert not (cache / "m-1").exists()
 
 
 def test_stale_temp_outputs_are_removed_only_when_provably_a_dead_runs(tmp_path):
@@ -133,7 +205,7 @@ def test_stale_temp_outputs_are_removed_only_when_provably_a_dead_runs(tmp_path)
     for path in kept:
         path.mkdir()
     (tmp_path / f".kl.json.tmp-{dead_pid}").write_text("{")
-    with atomic_dir(tmp_path / "out") as tmp:
+    with atomic_dir(tmp_path / "out", "calib") as tmp:
         (tmp / "stats.json").write_text("{}")
     write_atomic(tmp_path / "kl.json", "{}")
     assert not any(p.exists() for p in stale) and not (tmp_path / f".kl.json.tmp-{dead_pid}").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipeline import verdict as stats
 from pipeline.errors import UserError
-from pipeline.outputs import human_size, write_together
+from pipeline.outputs import human_size, write_pair
 from pipeline.formats import quant_json, results as result_files
 from pipeline.report import inputs
 from pipeline.params import Params
@@ -289,10 +289,12 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     calib = _read_json(Path(calib_stats)) if calib_stats else None
     html = render_html(verdict=verdict, results=results, params=params, calib=calib, base=base_quant,
                        human_size=human_size)
-    # together or not at all: a CI gate reading verdict.json and a reviewer reading index.html see one decision
+    # one unit, swapped in by one rename: a CI gate reading verdict.json and a reviewer reading index.html
+    # see one decision, whenever the stage is killed
     try:
-        write_together({out_dir / "index.html": html,
-                        out_dir / "verdict.json": json.dumps(verdict, indent=2, sort_keys=False, default=str) + "\n"})
+        write_pair(out_dir, {"index.html": html,
+                             "verdict.json": json.dumps(verdict, indent=2, sort_keys=False, default=str) + "\n"},
+                   "report", {"results": results_dir, "models": models_dir, "calibration stats": calib_stats})
     except (NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError) as exc:
         raise UserError(f"{out_dir}: cannot write the report there ({exc.strerror}: {exc.filename}); "
                         "pass --out a writable directory") from None
