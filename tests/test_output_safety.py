@@ -249,3 +249,74 @@ def test_awq_killed_during_verify_leaves_a_temp_dir_the_next_run_removes(tiny_ll
     awq.run(tiny_llama, out, tiny_calib / "calib.jsonl", group_size=32, batch_size=8, n_grid=4)
     assert sorted(p.name for p in out.parent.iterdir()) == ["awq"]
     assert (out / "quant.json").exists()
+
+
+# ---------------------------------------------------------------- verdict.json and index.html: one run's pair
+
+def _report(root: Path, pause: str | None = None) -> subprocess.Popen:
+    from test_bad_inputs import report_args
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if pause:
+        env["QUANTIZE_PAUSE_AT"] = pause
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *map(str, report_args(root))], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_at(root: Path, step: str) -> None:
+    proc = _report(root, f"report:{step}")
+    try:
+        line = proc.stderr.readline()
+        assert line.strip() == f"paused at report:{step}", line + proc.stderr.read()
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        proc.kill()
+
+
+def _pair(reports: Path) -> tuple[bytes | None, bytes | None]:
+    """The page and verdict a reader sees, checked to come from one run: one folder, its record's digests."""
+    import hashlib
+
+    from pipeline.outputs import read_stage_record
+
+    files = {name: reports / name for name in ("index.html", "verdict.json")}
+    seen = {name: path.read_bytes() if path.exists() else None for name, path in files.items()}
+    record = read_stage_record(reports / ".report")
+    for name, data in seen.items():
+        if data is not None:
+            assert Path(os.path.realpath(files[name])).parent == Path(os.path.realpath(reports / ".report"))
+            assert hashlib.sha256(data).hexdigest() == record["sha256"][name], f"{name} is not the run's"
+    return seen["index.html"], seen["verdict.json"]
+
+
+@pytest.mark.parametrize("step", ["written", "swapped", "linked-first"])
+def test_report_killed_at_any_step_leaves_page_and_verdict_of_one_run(tmp_path, step):
+    """SIGKILL between the report's steps (issue 26): the page and the verdict a reader finds are
+    always the same run's: the previous run's until the one rename, the new run's after it."""
+    from test_bad_inputs import build_results
+
+    root = tmp_path / "project"
+    build_results(root)
+    reports = root / "reports"
+    first_run = step == "linked-first"  # no report yet (or `dvc repro` removed it): the links are made
+    if not first_run:
+        assert _report(root).wait(timeout=300) == 0
+    old = _pair(reports)
+    params = root / "params.yaml"
+    params.write_text(params.read_text().replace("math: 0.03", "math: 0.25"))  # another verdict
+    _kill_at(root, step)
+    page, verdict = _pair(reports)
+    if step == "written":  # the new pair is complete but not swapped in: the old one stands
+        assert (page, verdict) == old
+    elif step == "swapped":
+        assert page != old[0] and verdict != old[1] and page and verdict
+        assert json.loads(verdict)["variants"]["awq-w4a16"]["suites"]["math"]["margin"] == 0.25
+    else:  # the page's link is made, the verdict's not yet: no verdict a gate could read against the page
+        assert old == (None, None) and page and verdict is None
+    # the next run completes the pair and removes what the killed one left
+    assert _report(root).wait(timeout=300) == 0
+    page, verdict = _pair(reports)
+    assert json.loads(verdict)["variants"]["awq-w4a16"]["suites"]["math"]["margin"] == 0.25
+    current = os.readlink(reports / ".report")
+    assert sorted(p.name for p in reports.iterdir()) == sorted([".report", current, "index.html", "verdict.json"])
