@@ -67,6 +67,11 @@ def tiny_variants(tmp_path_factory, tiny_llama, tiny_calib) -> dict[str, Path]:
     return {"awq-w4a16": root / "awq-w4a16", "fp8-w8a8": root / "fp8-w8a8"}
 
 
+def with_variants(params: dict, *names: str) -> dict:
+    """`params` with RTN variants of these names added (the report reads only results/<base or variant>)."""
+    return {**params, "variants": {**params["variants"], **{n: {"method": "rtn", "group_size": 32} for n in names}}}
+
+
 def write_params(directory: Path, params: dict = TINY_PARAMS) -> Path:
     import yaml
 
