@@ -243,9 +243,23 @@ PARAMS_CASES = [
     ("an API key pasted as api_key_env", sub("  limit: 2", f"  limit: 2\n  api_key_env: {FAKE_KEY}"),
      ["params.yaml:23: judge.api_key_env: must be the name of an environment variable"]),
     ("dvc.yaml that is not YAML", None, ["dvc.yaml:3:1: not valid YAML", "fix the file there"]),
-    ("dvc.yaml whose matrix is text", None, ["dvc.yaml: stages.evaluate.matrix.model lists base; give a list of "
-                                             "model dir names"]),
+    ("dvc.yaml whose matrix is text", None, ["dvc.yaml:4: stages.evaluate.matrix.model: is text; give a list of values"]),
+    ("dvc.yaml whose stages are a list", None, ["dvc.yaml:1: stages: is a list; it must map each stage's name"]),
+    ("dvc.yaml whose matrix is a list", None, ["dvc.yaml:3: stages.evaluate.matrix: is a list; DVC's matrix maps each "
+                                               "name to its list of values"]),
+    ("dvc.yaml whose stage is a number", None, ["dvc.yaml:2: stages.evaluate: is a number; a stage is a mapping"]),
+    ("dvc.yaml whose foreach is a number", None, ["dvc.yaml:3: stages.quantize.foreach: is a number; give a list"]),
+    ("dvc.yaml that is a list", None, ["dvc.yaml:1: the top level is a list; a dvc.yaml is a mapping"]),
 ]
+DVC_FILES = {  # case -> the dvc.yaml beside a good params.yaml
+    "dvc.yaml that is not YAML": "stages:\n  evaluate: [\n",
+    "dvc.yaml whose matrix is text": "stages:\n  evaluate:\n    matrix:\n      model: base\n",
+    "dvc.yaml whose stages are a list": "stages: [1, 2]\n",
+    "dvc.yaml whose matrix is a list": "stages:\n  evaluate:\n    matrix: [base, awq-w4a16]\n    cmd: quantize eval\n",
+    "dvc.yaml whose stage is a number": "stages:\n  evaluate: 1\n",
+    "dvc.yaml whose foreach is a number": "stages:\n  quantize:\n    foreach: 3\n    do:\n      cmd: quantize variant\n",
+    "dvc.yaml that is a list": "- stages\n",
+}
 PARAMS_COMMANDS = {
     "resave": ["resave"], "calib": ["calib"], "awq": ["awq"], "fp8": ["fp8"], "variant": ["variant", "awq-w4a16"],
     "eval": ["eval", "models/base", "--suite", "math"], "bench": ["bench", "models/base"],
@@ -261,8 +275,7 @@ def make_params(root: Path, case: str, content) -> Path:
         return root / "nothere.yaml"
     elif case.startswith("dvc.yaml"):
         path.write_text(BASE_PARAMS)
-        bad = "stages:\n  evaluate: [\n" if "not YAML" in case else "stages:\n  evaluate:\n    matrix:\n      model: base\n"
-        (root / "dvc.yaml").write_text(bad)
+        (root / "dvc.yaml").write_text(DVC_FILES[case])
     else:
         path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     return path
