@@ -191,6 +191,25 @@ def test_removing_an_outdated_export_goes_through_the_same_check(tmp_path):
     assert not (cache / "m-1").exists()
 
 
+def test_the_lmdeploy_export_cache_removes_only_exports_it_wrote(tmp_path, caplog):
+    from pipeline.engines.lmdeploy import remove_stale_exports
+    from pipeline.outputs import atomic_dir
+
+    model, cache = tmp_path / "model", tmp_path / "exports"
+    model.mkdir()
+    record = json.dumps({"source": str(model.resolve())})
+    with atomic_dir(cache / "model-old", "export", {"checkpoint": model}) as tmp:
+        (tmp / "export.json").write_text(record)
+    (cache / "copied").mkdir()  # names the same source in its export.json, but no stage recorded writing it
+    (cache / "copied" / "export.json").write_text(record)
+    (cache / "copied" / "weights.safetensors").write_bytes(b"x")
+    (cache / "model-new").mkdir()
+    remove_stale_exports(model, cache / "model-new", cache)
+    assert sorted(p.name for p in cache.iterdir()) == ["copied", "model-new"]
+    assert (cache / "copied" / "weights.safetensors").exists()
+    assert "left" in caplog.text and "no export stage wrote" in caplog.text
+
+
 def test_stale_temp_outputs_are_removed_only_when_provably_a_dead_runs(tmp_path):
     from pipeline.outputs import atomic_dir, write_atomic
 

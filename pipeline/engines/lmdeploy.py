@@ -75,7 +75,11 @@ def remove_stale_exports(model_dir: Path, current: Path, cache_root: Path) -> No
         old = record.parent
         if old != current and json.loads(record.read_text()).get("source") == source:
             size = dir_size(old)
-            remove_output(old, "export")  # only a folder the export stage wrote, holding nothing else
+            try:
+                remove_output(old, "export")  # only a folder the export stage wrote, holding nothing else
+            except UserError as exc:
+                log.warning(f"export: left {old} in place: {exc}")
+                continue
             log.info(f"export: removed {old} ({human_size(size)}), an export of {model_dir} made before it changed")
 
 
