@@ -68,11 +68,12 @@ def _params(path: Path) -> params_mod.Params:
     return params_mod.load(path)
 
 
-def _refuse_overlap(out: Path, *, replaces_dir: bool = False, **inputs) -> None:
-    """Before any work: the output must not be, contain or lie inside an input (keyword: its label)."""
+def _refuse_overlap(out: Path, *, replaces: str | None = None, **inputs) -> None:
+    """Before any work: the output must not be, contain or lie inside an input (keyword: its label); with
+    `replaces` (the stage's name) an existing folder there must be that stage's output (outputs.check_replaceable)."""
     from pipeline.outputs import check_out
 
-    check_out(out, {label.replace("_", " "): path for label, path in inputs.items()}, replaces_dir=replaces_dir)
+    check_out(out, {label.replace("_", " "): path for label, path in inputs.items()}, replaces=replaces)
 
 
 def _checked(model_dir: Path, weights: bool = True) -> Path:
@@ -108,7 +109,7 @@ def resave(
     if dtype not in (None, "float16", "bfloat16"):
         raise UserError(f"--dtype {dtype}: use float16 or bfloat16")
     source, out = source or p.model.source, out or p.model.base_dir
-    _refuse_overlap(out, replaces_dir=True, source=source)
+    _refuse_overlap(out, replaces="resave", source=source)
     result = resave_stage.run(source, out, dtype or p.model.dtype)
     typer.echo(result.summary())
 
@@ -125,7 +126,7 @@ def export(
     (lmdeploy 0.18 has one FP8 KV scale per tensor): serve them with vLLM."""
     from pipeline.checkpoints import export as export_stage
 
-    _refuse_overlap(out, replaces_dir=True, checkpoint=model)
+    _refuse_overlap(out, replaces="export", checkpoint=model)
     typer.echo(export_stage.run(model, out, engine=engine).summary())
 
 
@@ -145,7 +146,7 @@ def calib(
     p = _params(params_file)
     settings = with_overrides(p.calib, redact=redact)
     source, out, model = source or settings.source, out or settings.out, model or p.model.base_dir
-    _refuse_overlap(out, replaces_dir=True, source=source, tokenizer_checkpoint=model)
+    _refuse_overlap(out, replaces="calib", source=source, tokenizer_checkpoint=model)
     result = calib_stage.run(source, out, model, settings, strict=strict)
     bad = result.stats["dropped"].get("bad record", 0)
     if bad:
@@ -202,7 +203,7 @@ def _quantize(method: str, params_file: Path, variant: Optional[str], flags: dic
 
     stage_module = {"awq": awq_stage, "fp8": fp8_stage, "rtn": rtn_stage}[method]
     model, out = model or p.model.base_dir, out or Path("models") / (variant or f"{method}-{DEFAULT_SCHEME[method]}")
-    _refuse_overlap(out, replaces_dir=True, base_checkpoint=model, calibration_file=_calibration_file(p, calib))
+    _refuse_overlap(out, replaces="quantize", base_checkpoint=model, calibration_file=_calibration_file(p, calib))
     with _calibration_blocks(p, calib, model) as blocks:
         result = stage_module.run(model, out, blocks, settings, placement=placement, plan_only=plan)
     typer.echo(result.summary())

@@ -1,17 +1,23 @@
-"""Atomic stage outputs and the one-line summary each stage ends with.
+"""Atomic stage outputs, the provenance record every folder a stage writes holds, and the one-line
+summary each stage ends with.
 
 A stage writes into a temp dir beside its destination and renames it into place at the end,
 so a killed or failed stage never leaves an output that looks complete. No command deletes or
 moves what it did not write: an output path that is, contains or lies inside one of the
-command's inputs is refused before any work (`check_out`), and a directory output only replaces
-an existing directory that is empty or a previous output of a stage (it holds one of
-OUTPUT_RECORDS). Temp files and dirs carry the writing process's id in their names; the next
-write to the same destination removes those whose process is gone (a killed run's leftovers).
+command's inputs is refused before any work (`check_out`), and a directory output replaces an
+existing directory only when it is empty or holds the same stage's provenance record
+(`.stage.json`: the stage, its inputs' fingerprints, the files it wrote) and nothing the record
+does not list (`check_replaceable`, the one check every folder replacement goes through). The
+report's page and verdict are one unit (`write_pair`): both files live in one new folder that a
+single rename swaps in, so a kill at any point leaves the two from the same run. Temp files and
+dirs carry the writing process's id in their names; the next write to the same destination removes
+those whose process is gone (a killed run's leftovers).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -21,8 +27,11 @@ from pathlib import Path
 from typing import Iterator
 
 
-# The record every directory-writing stage leaves in its output: resave, awq/fp8, export, calib.
-OUTPUT_RECORDS = ("source.json", "quant.json", "export.json", "stats.json")
+# The provenance record inside every folder a stage writes (written last, atomically, inside the temp dir).
+STAGE_RECORD = ".stage.json"
+# What stages wrote into their outputs before the provenance record existed: such a folder is not replaced.
+LEGACY_RECORDS = ("source.json", "quant.json", "export.json", "stats.json")
+FULL_HASH_BYTES = 256 << 20  # larger input files are fingerprinted by size and modification time
 
 
 def _overlap(out: Path, source: Path) -> str | None:
@@ -38,10 +47,10 @@ def _overlap(out: Path, source: Path) -> str | None:
 
 
 def check_out(out: Path | str, inputs: dict[str, Path | str | None], *, option: str = "--out",
-              replaces_dir: bool = False) -> None:
+              replaces: str | None = None) -> None:
     """Refuses, before any work, an output path that is, contains or lies inside an input (the
-    stage would overwrite, delete or change what it reads), and with `replaces_dir` an existing
-    directory that no stage wrote (the atomic rename would delete its files)."""
+    stage would overwrite, delete or change what it reads), and with `replaces` (the stage's name)
+    an existing directory that stage may not replace (`check_replaceable`)."""
     out = Path(out)
     collisions = []
     for label, source in inputs.items():
@@ -55,23 +64,119 @@ def check_out(out: Path | str, inputs: dict[str, Path | str | None], *, option: 
 
         raise UserError(f"{option} {out}: " + "; ".join(collisions) + "; a command never writes over what it reads: "
                         "choose an output path outside its inputs")
-    if replaces_dir:
-        refuse_foreign_dir(out, option)
+    if replaces:
+        check_replaceable(out, replaces, option)
 
 
-def refuse_foreign_dir(dest: Path, option: str = "--out") -> None:
-    """An existing `dest` that the atomic rename would replace must be empty or a stage's output."""
+# ---------------------------------------------------------------- provenance
+
+def fingerprint(path: Path | str) -> str | None:
+    """A file: sha256 of its bytes (size and mtime above FULL_HASH_BYTES); a folder: sha256 of its files'
+    relative paths, sizes and mtimes (cheap for an 18 GB checkpoint); None when absent."""
+    path = Path(path)
+    if path.is_file():
+        info = path.stat()
+        if info.st_size > FULL_HASH_BYTES:
+            return f"stat:{info.st_size}:{info.st_mtime_ns}"
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        return f"sha256:{digest.hexdigest()}"
+    if path.is_dir():
+        digest = hashlib.sha256()
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            info = file.stat()
+            digest.update(f"{file.relative_to(path).as_posix()}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+        return f"tree:{digest.hexdigest()}"
+    return None
+
+
+def _files(root: Path) -> list[str]:
+    """Every file and link under `root` (relative, POSIX), the record itself left out."""
+    found = []
+    for path in root.rglob("*"):
+        if path.is_symlink() or not path.is_dir():
+            name = path.relative_to(root).as_posix()
+            if name != STAGE_RECORD:
+                found.append(name)
+    return sorted(found)
+
+
+def stage_record(root: Path, stage: str, inputs: dict[str, Path | str | None] | None, *,
+                 files: list[str] | None = None) -> dict:
+    """The provenance record of the output `root`: the stage, each input's path and fingerprint, the files."""
+    return {
+        "stage": stage,
+        "inputs": {label: {"path": str(path), "fingerprint": fingerprint(path)}
+                   for label, path in (inputs or {}).items() if path is not None},
+        "files": _files(root) if files is None else sorted(files),
+    }
+
+
+def write_stage_record(root: Path, stage: str, inputs: dict[str, Path | str | None] | None, **extra) -> None:
+    record = stage_record(root, stage, inputs) | extra
+    write_atomic(root / STAGE_RECORD, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_stage_record(root: Path) -> dict | None:
+    """The folder's provenance record, or None when it has none (or one that does not read as a record)."""
+    try:
+        record = json.loads((root / STAGE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(record, dict) and isinstance(record.get("stage"), str) and isinstance(record.get("files"), list)
+            and all(isinstance(f, str) for f in record["files"])):
+        return None
+    return record
+
+
+def _named(paths: list[str], limit: int = 5) -> str:
+    shown = ", ".join(paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def replace_problem(dest: Path, stage: str) -> str | None:
+    """Why `stage` may not replace the existing `dest`, or None when it may: it is absent, an empty
+    folder, or a folder holding `stage`'s own provenance record and no file the record does not list."""
     if not dest.exists() and not dest.is_symlink():
-        return
-    from pipeline.errors import UserError
-
+        return None
     if dest.is_symlink() or not dest.is_dir():
-        raise UserError(f"{option} {dest}: exists and is not a directory; this stage writes a directory there: "
-                        "choose another path, or remove it yourself")
-    if any(dest.iterdir()) and not any((dest / record).is_file() for record in OUTPUT_RECORDS):
-        raise UserError(f"{option} {dest}: a directory no quantize stage wrote (it holds none of "
-                        f"{', '.join(OUTPUT_RECORDS)}), which this stage would replace; choose another path, or "
-                        "empty it yourself")
+        return "exists and is not a directory; this stage writes a directory there"
+    if not any(dest.iterdir()):
+        return None
+    record = read_stage_record(dest)
+    if record is None:
+        legacy = [name for name in LEGACY_RECORDS if (dest / name).exists()]
+        hint = (f" (its {legacy[0]} may be from an earlier version of this pipeline, or a copy: only a "
+                f"{STAGE_RECORD} record says which stage wrote a folder)") if legacy else ""
+        return (f"a folder no {stage} stage wrote: it holds no {STAGE_RECORD} provenance record{hint}, and this "
+                "stage would replace it with everything in it")
+    if record["stage"] != stage:
+        return f"the output of the {record['stage']} stage (its {STAGE_RECORD} says so), not of {stage}"
+    foreign = sorted(set(_files(dest)) - set(record["files"]))
+    if foreign:
+        return (f"holds {len(foreign)} file{'s' if len(foreign) > 1 else ''} the {stage} stage did not write "
+                f"({_named(foreign)}), which replacing the folder would delete")
+    return None
+
+
+def check_replaceable(dest: Path | str, stage: str, option: str = "--out") -> None:
+    """The one check before a stage replaces a folder: a UserError naming the path, why, and the way out."""
+    dest = Path(dest)
+    problem = replace_problem(dest, stage)
+    if problem:
+        from pipeline.errors import UserError
+
+        raise UserError(f"{option} {dest}: {problem}; nothing was changed: choose another path, or move "
+                        "what is there away yourself")
+
+
+def remove_output(dest: Path | str, stage: str) -> None:
+    """Deletes a folder `stage` wrote (an outdated cache entry), after the same check as a replacement."""
+    dest = Path(dest)
+    check_replaceable(dest, stage, "removing")
+    shutil.rmtree(dest)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -110,17 +215,24 @@ def remove_stale(dest: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def atomic_dir(dest: Path | str) -> Iterator[Path]:
-    """Yields an empty temp dir; on success it replaces ``dest``, on failure it is removed. An
-    existing ``dest`` is replaced only when it is empty or a stage's output (OUTPUT_RECORDS)."""
+def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None] | None = None) -> Iterator[Path]:
+    """Yields an empty temp dir; on success the stage's provenance record (`inputs`: label -> path) is
+    written into it and it replaces ``dest``; on failure it is removed. An existing ``dest`` is replaced
+    only when `check_replaceable` allows it (checked before and again just before the rename)."""
     dest = Path(dest)
-    refuse_foreign_dir(dest, "output")
+    check_replaceable(dest, stage, "output")
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-{os.getpid()}-", dir=dest.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the output is an ordinary folder
     try:
         yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        write_stage_record(tmp, stage, inputs)
+        check_replaceable(dest, stage, "output")  # something may have been put there while the stage ran
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -173,47 +285,93 @@ class Stopwatch:
         return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {int(s % 60)} s"
 
 
-def write_together(files: dict[Path, str]) -> None:
-    """Writes several files as one: each to a temp file beside it (encoded and flushed first), then all
-    renamed. If anything fails before the renames, no file changes; if a rename fails, the files already
-    renamed get their previous versions back. No temp file survives (a killed run's are removed by the
-    next call). The last file of `files` is renamed last: put the one a reader gates on there."""
-    encoded = {Path(path): text.encode("utf-8") for path, text in files.items()}  # fails before any write
-    pid = os.getpid()
-    temps: dict[Path, Path] = {}
-    backups: dict[Path, Path] = {}
-    renamed: list[Path] = []
+# ---------------------------------------------------------------- files that must change together
+
+PAUSE_ENV = "QUANTIZE_PAUSE_AT"  # tests only: the step name at which a writer stops and waits to be killed
+
+
+def _pause(step: str) -> None:
+    """When PAUSE_ENV names `step`: say so on stderr and wait (a test kills the process here)."""
+    if os.environ.get(PAUSE_ENV) == step:
+        import sys
+
+        print(f"paused at {step}", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(60)
+
+
+def _pair_link_problem(out_dir: Path, link: str, name: str, target: str) -> str | None:
+    path = out_dir / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    if path.is_symlink() and os.readlink(path) == target:
+        return None
+    return f"{path} is not the {link} link a previous run left ({name} -> {target})"
+
+
+def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
+               inputs: dict[str, Path | str | None] | None = None) -> None:
+    """Writes `files` (name -> text) into `out_dir` as one unit. Each `out_dir/NAME` is a link to
+    `.STAGE/NAME`, and `.STAGE` a link to the folder `.STAGE-PID-X` that holds this run's files and its
+    provenance record: one rename of `.STAGE` swaps every file at once, so a reader (or a kill at any
+    point) sees all the files of one run. Other files in `out_dir` are left alone; a NAME or `.STAGE`
+    there that is not such a link is refused (never overwritten). Earlier runs' folders are removed."""
+    from pipeline.errors import UserError
+
+    out_dir = Path(out_dir)
+    current = out_dir / f".{stage}"
+    encoded = {name: text.encode("utf-8") for name, text in files.items()}  # fails before any write
+    problems = [p for name in files if (p := _pair_link_problem(out_dir, stage, name, f".{stage}/{name}"))]
+    if current.exists() or current.is_symlink():
+        target = os.readlink(current) if current.is_symlink() else ""
+        ours = target.startswith(f".{stage}-") and "/" not in target
+        record = read_stage_record(current) if ours else None
+        if not ours or (current.exists() and (record is None or record["stage"] != stage)):
+            problems.append(f"{current} is not a link to a folder of a previous {stage} run")
+    if problems:
+        raise UserError(f"{out_dir}: " + "; ".join(problems) + f"; {stage} writes only files it wrote before: "
+                        "move them away or choose another --out")
     try:
-        for path, data in encoded.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale(path)
-            temps[path] = path.with_name(f".{path.name}.tmp-{pid}")
-            with open(temps[path], "wb") as handle:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for leftover in out_dir.glob(f".{stage}.tmp-*"):  # a killed run's half-made link
+            match = leftover.name.rsplit("-", 1)[-1]
+            if match.isdigit() and not _pid_alive(int(match)) and leftover.is_symlink():
+                leftover.unlink()
+        new = Path(tempfile.mkdtemp(prefix=f".{stage}-{os.getpid()}-", dir=out_dir))
+    except OSError as exc:
+        raise UserError(f"{out_dir}: cannot write the {stage} there ({exc.strerror}: {exc.filename}); "
+                        "pass --out a writable directory") from None
+    try:
+        new.chmod(0o755)
+        for name, data in encoded.items():
+            with open(new / name, "wb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-        for path in encoded:
-            if path.is_file():
-                backups[path] = path.with_name(f".{path.name}.old-{pid}")
-                with contextlib.suppress(FileNotFoundError):
-                    backups[path].unlink()
-                try:
-                    os.link(path, backups[path])
-                except OSError:  # no hard links on this filesystem
-                    shutil.copy2(path, backups[path])
-        for path in encoded:
-            os.replace(temps[path], path)
-            del temps[path]
-            renamed.append(path)
+        write_stage_record(new, stage, inputs, sha256={name: hashlib.sha256(data).hexdigest()
+                                                       for name, data in encoded.items()})
+        _pause(f"{stage}:written")
+        link = out_dir / f".{stage}.tmp-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        os.symlink(new.name, link)
+        os.replace(link, current)  # the one step that changes what every file reads
     except BaseException:
-        for path in reversed(renamed):  # put back what was there
-            with contextlib.suppress(OSError):
-                if path in backups:
-                    os.replace(backups.pop(path), path)
-                else:
-                    path.unlink()
+        shutil.rmtree(new, ignore_errors=True)
         raise
-    finally:
-        for leftover in [*temps.values(), *backups.values()]:
-            with contextlib.suppress(OSError):
-                leftover.unlink()
+    _pause(f"{stage}:swapped")
+    for index, name in enumerate(files):
+        path = out_dir / name
+        if not path.is_symlink():  # first run (or after `dvc repro` removed the outputs): the stable link
+            tmp = out_dir / f".{name}.tmp-{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            os.symlink(f".{stage}/{name}", tmp)
+            os.replace(tmp, path)
+            if index == 0:
+                _pause(f"{stage}:linked-first")
+    for old in out_dir.glob(f".{stage}-*"):  # earlier runs' folders; a running writer's own is left alone
+        pid = old.name.removeprefix(f".{stage}-").split("-")[0]
+        if old != new and old.is_dir() and not old.is_symlink() and pid.isdigit() and \
+                old.lstat().st_uid == os.getuid() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
+            shutil.rmtree(old, ignore_errors=True)

@@ -531,7 +531,7 @@ def load(path: Path | str = DEFAULT_PARAMS) -> Params:
     except ValidationError as exc:
         raise UserError(_format_error(path, exc, lines)) from None
     check_margins_name_suites(params, path, lines)
-    check_against_model(params, path)
+    check_against_model(params, path, lines)
     check_suite_models(params, path)
     check_against_dvc(params, path.parent / "dvc.yaml")
     return params
@@ -567,10 +567,8 @@ def check_against_dvc(params: Params, dvc_file: Path) -> None:
     variant)."""
     if not dvc_file.exists():
         return
-    data, _ = safe_yaml.load(dvc_file, "a dvc.yaml")
-    stages = data.get("stages") if isinstance(data, dict) else None
-    if not isinstance(stages, dict):
-        return
+    data, lines = safe_yaml.load(dvc_file, "a dvc.yaml")
+    stages = _dvc_stages(dvc_file, data, lines)
     for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
         listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
         if isinstance(listed_variants, list):
@@ -608,7 +606,43 @@ def check_against_dvc(params: Params, dvc_file: Path) -> None:
             )
 
 
-def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS) -> None:
+def _dvc_stages(dvc_file: Path, data, lines: dict[tuple, int]) -> dict:
+    """dvc.yaml's stages; a shape DVC would not run (stages or a stage not a mapping, a matrix not a
+    mapping of lists, a foreach neither a list nor a mapping) is refused with its line and the fix."""
+    def at(*key) -> str:
+        line = lines.get(tuple(str(k) for k in key))
+        return f"{dvc_file}:{line}" if line else str(dvc_file)
+
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{dvc_file}:1: the top level is {_kind(data)}; a dvc.yaml is a mapping holding `stages:`")
+    stages = data.get("stages")
+    if stages is None:
+        return {}
+    if not isinstance(stages, dict):
+        raise UserError(f"{at('stages')}: stages: is {_kind(stages)}; it must map each stage's name to its cmd, deps "
+                        "and outs, as in the project's dvc.yaml")
+    for name, stage in stages.items():
+        if not isinstance(stage, dict):
+            raise UserError(f"{at('stages', name)}: stages.{name}: is {_kind(stage)}; a stage is a mapping (cmd, deps, "
+                            "outs; or foreach/matrix with do)")
+        matrix = stage.get("matrix")
+        if "matrix" in stage and not (isinstance(matrix, dict) and matrix):
+            raise UserError(f"{at('stages', name, 'matrix')}: stages.{name}.matrix: is {_kind(matrix)}; DVC's matrix "
+                            "maps each name to its list of values, e.g. `model: [base, awq-w4a16]` and `suite: [math]`")
+        for key, values in (matrix or {}).items():
+            if not (isinstance(values, list) or (isinstance(values, str) and values.startswith("${"))):
+                raise UserError(f"{at('stages', name, 'matrix', key)}: stages.{name}.matrix.{key}: is {_kind(values)}; "
+                                "give a list of values (or a ${...} reference to one in params.yaml)")
+        foreach = stage.get("foreach")
+        if "foreach" in stage and not (isinstance(foreach, (list, dict)) or (isinstance(foreach, str) and foreach.startswith("${"))):
+            raise UserError(f"{at('stages', name, 'foreach')}: stages.{name}.foreach: is {_kind(foreach)}; give a list, "
+                            "a mapping, or a ${...} reference to one in params.yaml")
+    return stages
+
+
+def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS, lines: dict[tuple, int] | None = None) -> None:
     """Checks that need the base checkpoint (group size vs layer widths), when it exists and its config.json
     reads (a broken checkpoint is the stage's to refuse, with its own message)."""
     config_file = params.model.base_dir / "config.json"
@@ -629,4 +663,5 @@ def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS) -> No
             except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError):
                 return
             if problem:
-                raise UserError(f"{path}: variants.{name}.group_size: {problem}")
+                line = (lines or {}).get(("variants", name, "group_size"))
+                raise UserError(f"{path}{f':{line}' if line else ''}: variants.{name}.group_size: {problem}")

@@ -67,6 +67,11 @@ def tiny_variants(tmp_path_factory, tiny_llama, tiny_calib) -> dict[str, Path]:
     return {"awq-w4a16": root / "awq-w4a16", "fp8-w8a8": root / "fp8-w8a8"}
 
 
+def with_variants(params: dict, *names: str) -> dict:
+    """`params` with RTN variants of these names added (the report reads only results/<base or variant>)."""
+    return {**params, "variants": {**params["variants"], **{n: {"method": "rtn", "group_size": 32} for n in names}}}
+
+
 def write_params(directory: Path, params: dict = TINY_PARAMS) -> Path:
     import yaml
 
@@ -78,7 +83,7 @@ def write_params(directory: Path, params: dict = TINY_PARAMS) -> Path:
 def copy_repo(dest: Path) -> Path:
     """The tracked project files (no .venv, models or results), as a fresh clone would have them."""
     ignore = shutil.ignore_patterns(".venv", ".git", "models", "results", "build", ".cache", "__pycache__",
-                                    "*.egg-info", ".pytest_cache", "index.html", "verdict.json")
+                                    "*.egg-info", ".pytest_cache", "index.html", "verdict.json", ".report", ".report-*")
     shutil.copytree(REPO, dest, ignore=ignore, dirs_exist_ok=True)
     return dest
 

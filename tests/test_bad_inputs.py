@@ -243,9 +243,23 @@ PARAMS_CASES = [
     ("an API key pasted as api_key_env", sub("  limit: 2", f"  limit: 2\n  api_key_env: {FAKE_KEY}"),
      ["params.yaml:23: judge.api_key_env: must be the name of an environment variable"]),
     ("dvc.yaml that is not YAML", None, ["dvc.yaml:3:1: not valid YAML", "fix the file there"]),
-    ("dvc.yaml whose matrix is text", None, ["dvc.yaml: stages.evaluate.matrix.model lists base; give a list of "
-                                             "model dir names"]),
+    ("dvc.yaml whose matrix is text", None, ["dvc.yaml:4: stages.evaluate.matrix.model: is text; give a list of values"]),
+    ("dvc.yaml whose stages are a list", None, ["dvc.yaml:1: stages: is a list; it must map each stage's name"]),
+    ("dvc.yaml whose matrix is a list", None, ["dvc.yaml:3: stages.evaluate.matrix: is a list; DVC's matrix maps each "
+                                               "name to its list of values"]),
+    ("dvc.yaml whose stage is a number", None, ["dvc.yaml:2: stages.evaluate: is a number; a stage is a mapping"]),
+    ("dvc.yaml whose foreach is a number", None, ["dvc.yaml:3: stages.quantize.foreach: is a number; give a list"]),
+    ("dvc.yaml that is a list", None, ["dvc.yaml:1: the top level is a list; a dvc.yaml is a mapping"]),
 ]
+DVC_FILES = {  # case -> the dvc.yaml beside a good params.yaml
+    "dvc.yaml that is not YAML": "stages:\n  evaluate: [\n",
+    "dvc.yaml whose matrix is text": "stages:\n  evaluate:\n    matrix:\n      model: base\n",
+    "dvc.yaml whose stages are a list": "stages: [1, 2]\n",
+    "dvc.yaml whose matrix is a list": "stages:\n  evaluate:\n    matrix: [base, awq-w4a16]\n    cmd: quantize eval\n",
+    "dvc.yaml whose stage is a number": "stages:\n  evaluate: 1\n",
+    "dvc.yaml whose foreach is a number": "stages:\n  quantize:\n    foreach: 3\n    do:\n      cmd: quantize variant\n",
+    "dvc.yaml that is a list": "- stages\n",
+}
 PARAMS_COMMANDS = {
     "resave": ["resave"], "calib": ["calib"], "awq": ["awq"], "fp8": ["fp8"], "variant": ["variant", "awq-w4a16"],
     "eval": ["eval", "models/base", "--suite", "math"], "bench": ["bench", "models/base"],
@@ -261,8 +275,7 @@ def make_params(root: Path, case: str, content) -> Path:
         return root / "nothere.yaml"
     elif case.startswith("dvc.yaml"):
         path.write_text(BASE_PARAMS)
-        bad = "stages:\n  evaluate: [\n" if "not YAML" in case else "stages:\n  evaluate:\n    matrix:\n      model: base\n"
-        (root / "dvc.yaml").write_text(bad)
+        (root / "dvc.yaml").write_text(DVC_FILES[case])
     else:
         path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     return path
@@ -685,7 +698,7 @@ def test_quantize_report_refuses_every_bad_result_file_and_keeps_the_last_report
     assert good.exit_code == 0, good.output
     for number, (case, name, data, expected) in enumerate(RESULT_CASES):
         root = tmp_path / f"case{number}"
-        shutil.copytree(template, root)  # inputs and the report they gave
+        shutil.copytree(template, root, symlinks=True)  # inputs and the report they gave
         monkeypatch.chdir(root)
         previous = snapshot(root / "reports")
         target = root / name
@@ -701,7 +714,7 @@ def test_quantize_report_refuses_every_bad_result_file_and_keeps_the_last_report
         before = snapshot(root)
         assert_refused(invoke(report_args(root)), expected, case)
         assert snapshot(root) == before, f"{case}: files changed"
-        assert snapshot(root / "reports") == previous and set(previous) == {"index.html", "verdict.json"}
+        assert snapshot(root / "reports") == previous and {"index.html", "verdict.json"} <= set(previous)
 
 
 def test_a_result_file_with_a_bom_and_crlf_is_read(tmp_path, monkeypatch):
@@ -714,49 +727,51 @@ def test_a_result_file_with_a_bom_and_crlf_is_read(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- verdict.json and index.html together
 
-def test_verdict_and_page_are_renamed_together_or_not_at_all(tmp_path, monkeypatch):
+def test_verdict_and_page_change_together_or_not_at_all(tmp_path, monkeypatch):
     from pipeline import outputs
 
-    html, verdict = tmp_path / "index.html", tmp_path / "verdict.json"
-    html.write_text("old page")
-    verdict.write_text("old verdict")
+    out = tmp_path / "reports"
+    outputs.write_pair(out, {"index.html": "old page", "verdict.json": "old verdict"}, "report")
     real_replace, calls = os.replace, []
 
-    def second_rename_fails(src, dst):
-        calls.append(dst)
-        if len(calls) == 2:
-            raise OSError(28, "No space left on device")
-        return real_replace(src, dst)
+    def swap_fails(src, dst):
+        if Path(dst).parent != out:  # inside the new run's own folder
+            return real_replace(src, dst)
+        calls.append(Path(dst))
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(outputs.os, "replace", second_rename_fails)
+    monkeypatch.setattr(outputs.os, "replace", swap_fails)
     with pytest.raises(OSError):
-        outputs.write_together({html: "new page", verdict: "new verdict"})
-    assert html.read_text() == "old page" and verdict.read_text() == "old verdict"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "verdict.json"]
-
+        outputs.write_pair(out, {"index.html": "new page", "verdict.json": "new verdict"}, "report")
+    assert calls == [out / ".report"]  # one rename swaps both files
+    assert (out / "index.html").read_text() == "old page" and (out / "verdict.json").read_text() == "old verdict"
     monkeypatch.setattr(outputs.os, "replace", real_replace)
     with pytest.raises(UnicodeEncodeError):  # text no file can hold: nothing is even opened
-        outputs.write_together({html: "new page", verdict: "broken \ud800"})
-    assert html.read_text() == "old page" and verdict.read_text() == "old verdict"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "verdict.json"]
+        outputs.write_pair(out, {"index.html": "new page", "verdict.json": "broken \ud800"}, "report")
+    assert (out / "index.html").read_text() == "old page" and (out / "verdict.json").read_text() == "old verdict"
 
-    outputs.write_together({html: "new page", verdict: "new verdict"})
-    assert html.read_text() == "new page" and verdict.read_text() == "new verdict"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "verdict.json"]
+    outputs.write_pair(out, {"index.html": "new page", "verdict.json": "new verdict"}, "report")
+    assert (out / "index.html").read_text() == "new page" and (out / "verdict.json").read_text() == "new verdict"
+    folders = [p.name for p in out.iterdir() if p.name.startswith(".report-")]
+    assert len(folders) == 1 and os.readlink(out / ".report") == folders[0]  # the earlier runs' folders are gone
+    assert sorted(p.name for p in out.iterdir()) == sorted([".report", folders[0], "index.html", "verdict.json"])
 
 
-def test_a_killed_reports_temp_files_are_removed_by_the_next_report(tmp_path, monkeypatch):
+def test_a_killed_reports_leftovers_are_removed_by_the_next_report(tmp_path, monkeypatch):
     build_results(tmp_path)
     monkeypatch.chdir(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    (tmp_path / "reports").mkdir()
-    for leftover in (f".index.html.tmp-{dead}", f".verdict.json.tmp-{dead}", f".verdict.json.old-{dead}"):
-        (tmp_path / "reports" / leftover).write_text("")
-    (tmp_path / "reports" / ".index.html.tmp-1").write_text("")  # PID 1 is alive: not ours to remove
+    reports = tmp_path / "reports"
+    (reports / f".report-{dead}-abc").mkdir(parents=True)
+    (reports / f".report-{dead}-abc" / "index.html").write_text("half")
+    os.symlink(f".report-{dead}-abc", reports / f".report.tmp-{dead}")
+    (reports / ".report-1-live").mkdir()  # PID 1 is alive: not ours to remove
+    (reports / "notes.txt").write_text("the user's")  # another file in --out is left alone
     assert invoke(report_args(tmp_path)).exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == [".index.html.tmp-1", "index.html",
-                                                                         "verdict.json"]
+    names = sorted(p.name for p in reports.iterdir())
+    current = os.readlink(reports / ".report")
+    assert names == sorted([".report", ".report-1-live", current, "index.html", "notes.txt", "verdict.json"])
 
 
 @pytest.mark.parametrize("where", ["a file", "inside a file", "index.html is a directory"])
@@ -774,5 +789,7 @@ def test_a_report_that_cannot_be_written_there_is_refused_and_nothing_changes(tm
     else:
         (out / "index.html").mkdir(parents=True)
     before = snapshot(tmp_path)
-    assert_refused(invoke(args), [f"{out}: cannot write the report there", "pass --out a writable directory"], where)
+    expected = ([f"{out}: cannot write the report there", "pass --out a writable directory"] if where != "index.html is a directory"
+                else [f"{out}: {out / 'index.html'} is not the report link a previous run left", "move them away"])
+    assert_refused(invoke(args), expected, where)
     assert snapshot(tmp_path) == before

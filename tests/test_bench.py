@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import TINY_PARAMS, write_params
+from conftest import TINY_PARAMS, with_variants, write_params
 from pipeline import report
 from pipeline.cli import app
 from pipeline.params import Params
@@ -120,7 +120,7 @@ def test_slower_than_base_at_batch_1_is_shown_and_optionally_no_go(tmp_path, nog
     for name, tpot in (("base", 6.7), ("awq", 10.4), ("fp8", 5.0)):
         write_results(results, name, scores)
         (results / name / "bench.json").write_text(json.dumps(bench_summary(tpot)))
-    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings = json.loads(json.dumps(with_variants(TINY_PARAMS, "awq", "fp8")))
     settings["verdict"].update(nogo_if_slower_at_batch1=nogo_if_slower, speed_engine="lmdeploy")
     verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
                          models_dir=tmp_path / "models").verdict
@@ -146,7 +146,7 @@ def test_speed_is_not_compared_across_engines(tmp_path):
     for name, engine in (("base", "hf"), ("awq", "lmdeploy")):
         write_results(results, name, [1] * 10)
         (results / name / "bench.json").write_text(json.dumps(bench_summary(5.0 if name == "base" else 50.0, engine)))
-    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings = json.loads(json.dumps(with_variants(TINY_PARAMS, "awq")))
     settings["verdict"].update(nogo_if_slower_at_batch1=True, speed_engine="lmdeploy")
     verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
                          models_dir=tmp_path / "models").verdict
@@ -161,7 +161,7 @@ def test_a_speed_no_go_needs_the_deployment_engine(tmp_path):
     for name, tpot in (("base", 6.7), ("awq", 8.5)):
         write_results(results, name, [1] * 120 + [0] * 80)  # 200 unchanged items: GO at margin 0.03
         (results / name / "bench.json").write_text(json.dumps(bench_summary(tpot, "lmdeploy")))
-    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings = json.loads(json.dumps(with_variants(TINY_PARAMS, "awq")))
     settings["verdict"].update(nogo_if_slower_at_batch1=True, speed_engine="vllm")
     verdict = report.run(results, tmp_path / "reports", Params.model_validate(settings),
                          models_dir=tmp_path / "models").verdict

@@ -207,6 +207,8 @@ def test_gz_and_json_array(tmp_path):
     ('{"text": "a"}', "f.json:1:1: the top level is not an array; a .json file must hold an array of records"),
     ('[{"text": "a"} {"text": "b"}]', "f.json:1:16: expected ',' or ']' after a record; fix the array there"),
     ('[{"text": "a"}]\n[]', "f.json:2:1: text after the closing ']'; a .json file must hold exactly one array"),
+    ('[{"text": "a"},\n {"text": "b"},\n]', "f.json:2:15: a comma after the last record, before ']'; JSON allows none "
+                                            "there: delete it"),
 ])
 def test_json_array_errors_name_line_and_column(tmp_path, text, expected):
     path = tmp_path / "f.json"
@@ -536,4 +538,14 @@ def test_too_small_calibration_set_says_so(tmp_path, tiny_llama):
     path = write_lines(tmp_path / "f.jsonl", [TURNS])
     with pytest.raises(UserError, match="calibration set too small"):
         run(path, tmp_path / "out", tiny_llama, holdout=0, num_blocks=50)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_json_array_with_a_trailing_comma_is_refused_by_the_stage(tmp_path, tiny_llama):
+    """Issue 26: `[..., {...},]` was read without a word; JSON allows no comma there (a record lost?)."""
+    source = tmp_path / "logs.json"
+    source.write_text("[\n" + ",\n".join(json.dumps({"text": f"conversation {i}"}) for i in range(20)) + ",\n]\n")
+    result = cli(["calib", source, "--model", tiny_llama, "--out", tmp_path / "out"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{source}:21:" in result.output and "a comma after the last record" in result.output
     assert not (tmp_path / "out").exists()

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, TINY_PARAMS, read_jsonl, write_params
+from conftest import REPO, TINY_PARAMS, read_jsonl, with_variants, write_params
 from pipeline import evaluate
 
 pytestmark = pytest.mark.timeout(120)
@@ -294,7 +294,7 @@ def test_allowed_unsandboxed_results_are_marked_in_lines_and_report(tmp_path, ti
 
     from pipeline.cli import app
 
-    params = copy.deepcopy(TINY_PARAMS)
+    params = copy.deepcopy(with_variants(TINY_PARAMS, "copy"))
     params["suites"]["code"]["allow_unsandboxed"] = True
     write_params(tmp_path, params)
     monkeypatch.chdir(tmp_path)
@@ -311,7 +311,10 @@ def test_allowed_unsandboxed_results_are_marked_in_lines_and_report(tmp_path, ti
     verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
     code = verdict["variants"]["copy"]["suites"]["code"]
     assert code["unsandboxed"] == ["base"] and code["reasons"][0].startswith("UNSANDBOXED")
-    assert "UNSANDBOXED: the model-written code of base ran without bubblewrap" in (tmp_path / "reports" / "index.html").read_text()
+    assert verdict["unsandboxed"] == ["base/code"] and verdict["base"]["suites"]["code"]["unsandboxed"] is True
+    page = (tmp_path / "reports" / "index.html").read_text()
+    assert "UNSANDBOXED: the model-written code of base ran without bubblewrap" in page
+    assert "UNSANDBOXED: base</span>" in page and "Run without isolation" in page and "base/code." in page
 
 
 def test_make_demo_installs_bubblewrap_before_the_pipeline_runs():

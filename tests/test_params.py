@@ -42,8 +42,10 @@ def test_group_size_checked_against_the_base_model(tmp_path, tiny_llama):
     shutil.copytree(tiny_llama, tmp_path / "models" / "base")
     bad = {**TINY_PARAMS, "variants": {"awq-w4a16": {"method": "awq", "group_size": 128}}}
     with pytest.raises(UserError) as err:
-        params.load(write_params(tmp_path, {**bad, "model": {"base_dir": str(tmp_path / "models" / "base")}}))
-    assert "variants.awq-w4a16.group_size: 128 does not divide 64 (hidden size of" in str(err.value)
+        path = write_params(tmp_path, {**bad, "model": {"base_dir": str(tmp_path / "models" / "base")}})
+        params.load(path)
+    line = path.read_text().splitlines().index("    group_size: 128") + 1  # the error names its line (issue 26)
+    assert f"params.yaml:{line}: variants.awq-w4a16.group_size: 128 does not divide 64 (hidden size of" in str(err.value)
     assert "use 64" in str(err.value)
 
 

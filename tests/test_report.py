@@ -1,7 +1,7 @@
 import json
 from html import unescape
 
-from conftest import TINY_PARAMS, write_params
+from conftest import TINY_PARAMS, with_variants, write_params
 from pipeline import report
 from pipeline.params import Params
 
@@ -24,7 +24,7 @@ def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
     write_results(results, "base", base)
     write_results(results, "copy", base)
     write_results(results, "broken", [0] * 200, outputs={0: XSS[0], 1: XSS[1], 2: "x" * (1 << 20)})
-    params = Params.model_validate(TINY_PARAMS)
+    params = Params.model_validate(with_variants(TINY_PARAMS, "copy", "broken"))
     out = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
     verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
     assert verdict["variants"]["copy"]["decision"] == "GO"
@@ -55,7 +55,7 @@ def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
 
     write_results(tmp_path / "results", "base", [1] * 50 + [0] * 50)
     write_results(tmp_path / "results", "bad", [0] * 100)
-    write_params(tmp_path)
+    write_params(tmp_path, with_variants(TINY_PARAMS, "bad"))
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     assert runner.invoke(app, ["report"]).exit_code == 0
@@ -80,7 +80,7 @@ def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
         write_results(results, name, base)
     (results / "loses-judge" / "judge.json").write_text(json.dumps(judge_summary()))
     (results / "shaky-judge" / "judge.json").write_text(json.dumps(judge_summary(consistency=0.3)))
-    params = Params.model_validate(TINY_PARAMS)
+    params = Params.model_validate(with_variants(TINY_PARAMS, "loses-judge", "shaky-judge"))
     verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
     assert verdict["variants"]["loses-judge"]["judge"]["decision"] == "NO-GO"
     assert verdict["variants"]["loses-judge"]["decision"] == "NO-GO"  # suites GO, but the judge prefers the base
@@ -103,7 +103,7 @@ def test_not_applicable_suite_is_shown_as_na_never_as_zero(tmp_path):
         (results / model / "vqa.jsonl").write_text("")
         (results / model / "vqa.json").write_text(json.dumps({"status": "not applicable", "n": 0, "score": None,
                                                                "reason": "text-only model"}))
-    params = Params.model_validate({**TINY_PARAMS, "suites": {**TINY_PARAMS["suites"], "vqa": {"task": "quant_vqa"}}})
+    params = Params.model_validate(with_variants({**TINY_PARAMS, "suites": {**TINY_PARAMS["suites"], "vqa": {"task": "quant_vqa"}}}, "v"))
     verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
     assert verdict["variants"]["v"]["not_applicable"] == {"vqa": "text-only model"}
     assert "vqa" not in verdict["variants"]["v"]["suites"] and verdict["variants"]["v"]["decision"] == "GO"
@@ -124,3 +124,39 @@ def test_long_context_accuracy_by_length_and_skipped_lengths(tmp_path):
     assert 'id="long-context-table"' in html
     assert "75.0% (4)" in html and "50.0% (4)" in html and "depth 50 %" in html
     assert "skipped: beyond the model&#39;s context: needs ~4364 tokens, has 2048" in html
+
+
+def test_every_result_run_without_isolation_is_flagged(tmp_path):
+    """Issue 26: with allow_unsandboxed the model's code could read the host's files; every result it
+    touches says so in verdict.json and on the page, compared with the base or not."""
+    results = tmp_path / "results"
+    write_results(results, "base", [1] * 120 + [0] * 80)
+    write_results(results, "v", [1] * 120 + [0] * 80)
+    write_results(results, "w", [1] * 120 + [0] * 80)
+    lines = [{"id": f"c{i}", "score": 0.0, "correct": False, "isolated": False} for i in range(3)]
+    (results / "v" / "code.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))  # base has no code results
+    (results / "w" / "code.jsonl").write_text("".join(json.dumps({**l, "isolated": True} | ({} if i else {"isolated": None}))
+                                                       + "\n" for i, l in enumerate(lines)))
+    (results / "w" / "code.json").write_text(json.dumps({"sandbox": "rlimits+audit"}))  # the summary says so
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(with_variants(TINY_PARAMS, "v", "w")),
+                         models_dir=tmp_path / "models").verdict
+    assert verdict["unsandboxed"] == ["v/code", "w/code"]
+    for name in ("v", "w"):
+        assert verdict["variants"][name]["reasons"][0].startswith(f"UNSANDBOXED: the model-written code of {name} ran")
+    assert "unsandboxed" not in verdict["base"]["suites"]["math"]
+    page = (tmp_path / "reports" / "index.html").read_text()
+    assert "Run without isolation" in page and "v/code, w/code." in page
+
+
+def test_folders_under_results_that_name_no_model_are_ignored_and_named(tmp_path, capsys):
+    results = tmp_path / "results"
+    write_results(results, "base", [1] * 120 + [0] * 80)
+    write_results(results, "awq-w4a16", [1] * 120 + [0] * 80)
+    write_results(results, "awq-w4a16 (copy)", [0] * 200)  # a copy, a typo: never a variant of its own
+    write_results(results, ".ipynb_checkpoints", [0] * 200)
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(TINY_PARAMS),
+                         models_dir=tmp_path / "models").verdict
+    assert list(verdict["variants"]) == ["awq-w4a16"]
+    assert set(verdict["ignored_results"]) == {str(results / "awq-w4a16 (copy)"), str(results / ".ipynb_checkpoints")}
+    assert "is neither base nor a variant in params.yaml" in verdict["ignored_results"][str(results / "awq-w4a16 (copy)")]
+    assert "Not read: " in (tmp_path / "reports" / "index.html").read_text()

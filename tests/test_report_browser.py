@@ -2,7 +2,7 @@
 
 import shutil
 
-from conftest import TINY_PARAMS
+from conftest import TINY_PARAMS, with_variants
 from pipeline import report
 from pipeline.params import Params
 from test_report import XSS, write_results
@@ -20,7 +20,7 @@ def test_report_loads_offline_without_errors_and_shows_the_verdict(tmp_path):
     write_results(results, "base", [1] * 120 + [0] * 80)  # 200 items: fewer cannot show a GO at margin 0.03
     write_results(results, "same", [1] * 120 + [0] * 80)
     write_results(results, "worse", [1] * 40 + [0] * 160, outputs={0: XSS[0], 1: XSS[1]})
-    html = report.run(results, tmp_path / "reports", Params.model_validate(TINY_PARAMS)).html
+    html = report.run(results, tmp_path / "reports", Params.model_validate(with_variants(TINY_PARAMS, "same", "worse"))).html
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)

@@ -158,7 +158,7 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
                        chat_template=bool(getattr(tokenizer, "chat_template", None)))
     blocks_file = blocks_text(blocks)
     summary["blocks_sha256"] = hashlib.sha256(blocks_file.encode()).hexdigest()
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "calib", {"source": source, "tokenizer checkpoint": model_dir}) as tmp:
         (tmp / "calib.jsonl").write_text(blocks_file, encoding="utf-8")
         (tmp / "calib_conversations.jsonl").write_text(
             _jsonl({"where": c.where, "messages": c.messages} for c in calib_set), encoding="utf-8")

@@ -260,7 +260,7 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
     source = streaming.SafetensorsSource(model_dir)
     plan = plan_to_chatglm(glm, source, model_dir / "config.json")
     torch_dtype = str(plan[0].dtype).removeprefix("torch.")
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "export", {"checkpoint": model_dir}) as tmp:
         streaming.write_checkpoint(plan, source, tmp, max_shard_bytes, label=f"Glm -> ChatGLM ({engine})")
         streaming.carry_files(model_dir, tmp)
         _write_config(tmp, chatglm_config_from_glm(glm, torch_dtype))
@@ -348,7 +348,7 @@ def _export_awq(model_dir: Path, out: Path, engine: str, config: dict, max_shard
     inspect.check(model_dir)  # a whole checkpoint: the weights cover config.json, compressed layout included
     awq, out_config, served = _awq_view(model_dir, config, scheme, arch)
     out_config = _float16(out_config) | {"quantization_config": scheme.awq_config(awq.modules_to_not_convert())}
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "export", {"checkpoint": model_dir}) as tmp:
         plan = [whole(name, awq, name) for name in awq.names()]
         streaming.write_checkpoint(plan, awq, tmp, max_shard_bytes, label=f"{scheme.describe()} ({engine})")
         streaming.carry_files(model_dir, tmp)

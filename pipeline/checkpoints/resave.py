@@ -123,7 +123,7 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
     kind = detect(source)
     out = Path(out)
     if kind == "chatglm":
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, "resave", {"source": source}) as tmp:
             architecture = chatglm.convert(source, tmp, dtype)
             _write_source_json(tmp, source, kind, dtype)
         return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)
@@ -132,7 +132,7 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
     else:
         inspect.check(source)  # the weights cover config.json: read from the headers, nothing loaded
     torch_dtype = getattr(torch, dtype)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "resave", {"source": source}) as tmp:
         if kind == "gguf":
             import transformers
 

@@ -72,16 +72,18 @@ def servable_dir(model_dir: Path, cache_root: Path = EXPORT_CACHE) -> tuple[Path
 
 def remove_stale_exports(model_dir: Path, current: Path, cache_root: Path) -> None:
     """Earlier exports of the same checkpoint, made before it was rebuilt (18 GB each for a 9B base)."""
-    import shutil
-
-    from pipeline.outputs import dir_size, human_size
+    from pipeline.outputs import dir_size, human_size, remove_output
 
     source = str(model_dir.resolve())
     for record in sorted(cache_root.glob("*/export.json")):  # export.run names the checkpoint it read
         old = record.parent
         if old != current and json.loads(record.read_text()).get("source") == source:
             size = dir_size(old)
-            shutil.rmtree(old)
+            try:
+                remove_output(old, "export")  # only a folder the export stage wrote, holding nothing else
+            except UserError as exc:
+                log.warning(f"export: left {old} in place: {exc}")
+                continue
             log.info(f"export: removed {old} ({human_size(size)}), an export of {model_dir} made before it changed")
 
 

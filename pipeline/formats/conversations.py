@@ -178,7 +178,10 @@ def _iter_json_array(path: Path) -> Iterator[tuple[str, object]]:
         yield f"{path}:{_line_col(text, position)}", record
         position = whitespace.match(text, end).end()
         if text.startswith(",", position):
-            position = whitespace.match(text, position + 1).end()
+            comma, position = position, whitespace.match(text, position + 1).end()
+            if text.startswith("]", position):  # JSON allows none; a lenient writer's slip, or a record lost
+                raise UserError(f"{path}:{_line_col(text, comma)}: a comma after the last record, before ']'; JSON "
+                                "allows none there: delete it (or, if a record is missing after it, restore it)")
         elif not text.startswith("]", position):
             raise UserError(f"{path}:{_line_col(text, position)}: expected ',' or ']' after a record; "
                             "fix the array there")

@@ -337,7 +337,7 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
     calibrate_s = watch.seconds - load_s
     quantized = _quantized_modules(model)
     _set_dtype(model, base_dtype, work_dtype)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "quantize", {"base checkpoint": model_dir, "calibration file": calib}) as tmp:
         model.save_pretrained(tmp, save_compressed=True)
         _copy_side_files(model_dir, tmp)
         config_added = finish_config(tmp)  # keys vLLM reads, and an ignore entry in vLLM's names

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import math
 import platform
 import subprocess
@@ -17,32 +18,34 @@ from pathlib import Path
 
 from pipeline import verdict as stats
 from pipeline.errors import UserError
-from pipeline.outputs import human_size, write_together
+from pipeline.outputs import human_size, write_pair
 from pipeline.formats import quant_json, results as result_files
 from pipeline.report import inputs
 from pipeline.params import Params
 
+log = logging.getLogger(__name__)
+
 PACKAGES = ["torch", "transformers", "llmcompressor", "compressed-tensors", "lm-eval", "dvc"]
 
 
-def collect(results_dir: Path, suites: list[str]) -> dict[str, dict[str, dict[str, dict]]]:
+def collect(results_dir: Path, suites: list[str], models: list[str] | None = None) -> dict[str, dict[str, dict[str, dict]]]:
     """{variant: {suite: {item id: result line}}} for every results/<variant>/<suite>.jsonl of a suite
-    in params.yaml (judge.jsonl and other stages' files sit beside them)."""
+    in params.yaml (judge.jsonl and other stages' files sit beside them); with `models`, only their folders."""
     found: dict[str, dict] = {}
     for path in sorted(results_dir.glob("*/*.jsonl")):
-        if path.stem in suites:
+        if path.stem in suites and (models is None or path.parent.name in models):
             found.setdefault(path.parent.name, {})[path.stem] = result_files.read_lines(path)
     if "base" not in found:
         raise UserError(f"{results_dir}/base: no base results; run `quantize eval models/base --suite S` first")
     return found
 
 
-def not_applicable(results_dir: Path, suites: list[str]) -> dict[str, dict[str, str]]:
+def not_applicable(results_dir: Path, suites: list[str], models: list[str] | None = None) -> dict[str, dict[str, str]]:
     """{model: {suite: reason}} for suites the evaluation declared not applicable (e.g. VQA on a
     text-only model): shown as n/a, never scored as 0 %."""
     found: dict[str, dict[str, str]] = {}
     for path in sorted(results_dir.glob("*/*.json")):
-        if path.stem in suites:
+        if path.stem in suites and (models is None or path.parent.name in models):
             summary = result_files.read_summary(path) or {}
             if summary.get("status") == "not applicable":
                 found.setdefault(path.parent.name, {})[path.stem] = summary.get("reason", "not applicable")
@@ -98,8 +101,9 @@ class ReportResult:
 
 def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: Path) -> dict:
     p = params.verdict
-    n_a = not_applicable(results_dir, list(params.suites))
+    n_a = not_applicable(results_dir, list(params.suites), ["base", *params.variants])
     speeds = _speed_rows(results_dir, results)
+    flagged = unsandboxed_results(results_dir, results)
     variants = {}
     for variant, suites in results.items():
         if variant == "base":
@@ -112,12 +116,10 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             for suite, items in sorted(suites.items())
             if suite in results["base"] and suite not in skipped and not is_perplexity(results["base"][suite])
         ]
-        unsandboxed = {v.suite: _unsandboxed(results, v.suite, ["base", variant]) for v in suite_verdicts}
+        unsandboxed = {v.suite: [m for m in ("base", variant) if f"{m}/{v.suite}" in flagged] for v in suite_verdicts}
         for v in suite_verdicts:
             if unsandboxed[v.suite]:
-                v.reasons.insert(0, f"UNSANDBOXED: the model-written code of {' and '.join(unsandboxed[v.suite])} ran "
-                                    f"without bubblewrap (suites.{v.suite}.allow_unsandboxed: true): it could read "
-                                    "this machine's files and fake its own pass; install bubblewrap and rerun the eval")
+                v.reasons.insert(0, _unsandboxed_reason(unsandboxed[v.suite], v.suite))
         perplexity = {
             suite: stats.compare_perplexity(results["base"][suite], items, variant=variant, suite=suite,
                                             margin=p.perplexity_margin_for(suite), confidence=p.confidence)
@@ -132,6 +134,9 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
         if speed and speed.get("counted"):
             extra.append(("speed at batch 1", stats.NO_GO))  # speed can stop a variant, never pass one
         decision, reasons = stats.overall(suite_verdicts, extra)
+        for suite in sorted(suites):  # a result run without isolation that no suite comparison above shows
+            if f"{variant}/{suite}" in flagged and suite not in unsandboxed:
+                reasons.insert(0, _unsandboxed_reason([variant], suite))
         if speed and speed.get("counted"):
             reasons.append(f"slower than the base at batch 1: {speed['reason']}")
         variants[variant] = {
@@ -146,9 +151,12 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "speed": speed,
             "serving": _serving(models_dir / variant),
         }
+    base_suites = {s: _suite_score(items) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
+                   for s, items in results.get("base", {}).items()}
     return {
+        **({"unsandboxed": flagged} if flagged else {}),  # every result whose model-written code ran without isolation
         "variants": variants,
-        "base": {"suites": {s: _suite_score(items) for s, items in results.get("base", {}).items()}},
+        "base": {"suites": base_suites},
         "long_context": _long_context_tables(results_dir, results),
         "method_comparisons": _method_comparisons(results, models_dir, p.confidence),
         "speed": speeds,
@@ -156,11 +164,22 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
     }
 
 
-def _unsandboxed(results: dict, suite: str, models: list[str]) -> list[str]:
-    """Those of `models` whose result lines of `suite` ran model-written code outside the bubblewrap
-    sandbox (`isolated: false`, written under suites.<suite>.allow_unsandboxed)."""
-    return [model for model in models
-            if any(line.get("isolated") is False for line in results.get(model, {}).get(suite, {}).values())]
+def unsandboxed_results(results_dir: Path, results: dict) -> list[str]:
+    """`model/suite` of every result whose model-written code ran outside the bubblewrap sandbox (written
+    under suites.<suite>.allow_unsandboxed): a line with `isolated: false`, or a summary naming another sandbox."""
+    flagged = []
+    for model, suites in results.items():
+        for suite, items in suites.items():
+            method = (result_files.read_summary(results_dir / model / f"{suite}.json") or {}).get("sandbox")
+            if any(line.get("isolated") is False for line in items.values()) or method not in (None, "bwrap"):
+                flagged.append(f"{model}/{suite}")
+    return sorted(flagged)
+
+
+def _unsandboxed_reason(models: list[str], suite: str) -> str:
+    return (f"UNSANDBOXED: the model-written code of {' and '.join(models)} ran without bubblewrap "
+            f"(suites.{suite}.allow_unsandboxed: true): it could read this machine's files and fake its own pass; "
+            "install bubblewrap and rerun the eval")
 
 
 def is_perplexity(items: dict[str, dict]) -> bool:
@@ -281,18 +300,25 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     from pipeline.report.render import render_html
 
     results_dir, out_dir, models_dir = Path(results_dir), Path(out_dir), Path(models_dir)
-    results = collect(results_dir, list(params.suites))
+    models, ignored = inputs.result_folders(results_dir, ["base", *params.variants])
+    for folder, why in ignored.items():
+        log.warning(f"report: ignoring {results_dir / folder}: {why}")
+    results = collect(results_dir, list(params.suites), models)
     verdict = build_verdict(results, params, models_dir, results_dir)
+    if ignored:
+        verdict["ignored_results"] = {str(results_dir / folder): why for folder, why in ignored.items()}
     verdict["metrics"] = _metrics(verdict)
     verdict["environment"] = environment()
     base_quant = {"size_bytes": _dir_size_or_none(models_dir / "base")}
     calib = _read_json(Path(calib_stats)) if calib_stats else None
     html = render_html(verdict=verdict, results=results, params=params, calib=calib, base=base_quant,
                        human_size=human_size)
-    # together or not at all: a CI gate reading verdict.json and a reviewer reading index.html see one decision
+    # one unit, swapped in by one rename: a CI gate reading verdict.json and a reviewer reading index.html
+    # see one decision, whenever the stage is killed
     try:
-        write_together({out_dir / "index.html": html,
-                        out_dir / "verdict.json": json.dumps(verdict, indent=2, sort_keys=False, default=str) + "\n"})
+        write_pair(out_dir, {"index.html": html,
+                             "verdict.json": json.dumps(verdict, indent=2, sort_keys=False, default=str) + "\n"},
+                   "report", {"results": results_dir, "models": models_dir, "calibration stats": calib_stats})
     except (NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError) as exc:
         raise UserError(f"{out_dir}: cannot write the report there ({exc.strerror}: {exc.filename}); "
                         "pass --out a writable directory") from None

@@ -47,6 +47,23 @@ SCHEMAS = {  # file name -> (spec, command that writes it again)
 }
 
 
+def result_folders(results_dir: Path, known: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The folders under results/ the report reads (those named after base or a params.yaml variant), and
+    {name: why} for every other folder there, which the report ignores and names (a copy, a typo, a
+    variant dropped from params.yaml: never a variant of its own)."""
+    if not results_dir.is_dir():
+        return [], {}
+    models, ignored = [], {}
+    for folder in sorted(p for p in results_dir.iterdir() if p.is_dir()):
+        if folder.name in known:
+            models.append(folder.name)
+        else:
+            ignored[folder.name] = (f"{folder.name!r} is neither base nor a variant in params.yaml (variants: "
+                                    f"{', '.join(known[1:]) or 'none'}); add it under variants, rename the folder to "
+                                    "one, or move it out of the results folder")
+    return models, ignored
+
+
 def read_json(path: Path) -> dict | None:
     """A stage's JSON summary, checked for what the report uses (by file name); None when absent."""
     path = Path(path)
