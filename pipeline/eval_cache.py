@@ -3,20 +3,19 @@ results, one line per finished generation or scored token request, keyed by the 
 fingerprint and the request, so a killed run resumes where it stopped and a rerun of an
 unchanged model costs nothing.
 
-A kill can land at any byte of an append. On the next open, an unterminated last line (the one the
-kill cut, possibly inside a multi-byte character) is dropped and cut off the file, any other line
-that is not a whole JSON entry is skipped, and both are counted (`dropped`): the requests they held
-are simply computed again.
+A kill can land at any byte of an append: the file is a keyed JSONL (pipeline/formats/keyed_jsonl.py),
+whose next open drops a torn last line, counts it (`dropped`) and cuts it off the file; the requests
+it held are simply computed again. Any other broken line is an error naming the file and line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from pipeline.engines import Completion, GenRequest
+from pipeline.formats.keyed_jsonl import KeyedJsonl
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -36,35 +35,12 @@ def score_key(context: list[int], continuation: list[int]) -> str:
     return "ll:" + hashlib.sha256(json.dumps([list(context), list(continuation)]).encode()).hexdigest()
 
 
-class GenerationCache:
+class GenerationCache(KeyedJsonl):
     """Finished generations and token scores of one model, read at open and appended one line per item."""
 
     def __init__(self, path: Path, fingerprint: str):
-        self.path, self.fingerprint = Path(path), fingerprint
-        self.entries: dict[str, dict] = {}
-        self.dropped = 0  # lines dropped at open: a torn last line, or any line that is not an entry
-        if self.path.exists():
-            self._load()
-
-    def _load(self) -> None:
-        raw = self.path.read_bytes()
-        *lines, tail = raw.split(b"\n")
-        if tail:  # no newline at the end: an append cut by a kill
-            self.dropped += 1
-            os.truncate(self.path, len(raw) - len(tail))
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line.decode("utf-8"))
-                key = entry["key"] if isinstance(entry, dict) else None
-            except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
-                key = None
-            if not isinstance(key, str):
-                self.dropped += 1
-                continue
-            if entry.get("model") == self.fingerprint:
-                self.entries[key] = entry
+        self.fingerprint = fingerprint
+        super().__init__(path, keep=lambda entry: entry.get("model") == fingerprint)
 
     @staticmethod
     def key(request: GenRequest) -> str:
@@ -84,9 +60,9 @@ class GenerationCache:
         self.put_many([request], [completion])
 
     def put_many(self, requests: list[GenRequest], completions: list[Completion]) -> None:
-        self._append([{"model": self.fingerprint, "key": self.key(request), "text": completion.text,
-                       "n_tokens": completion.n_tokens, "seconds": completion.seconds}
-                      for request, completion in zip(requests, completions)])
+        self.append([{"model": self.fingerprint, "key": self.key(request), "text": completion.text,
+                      "n_tokens": completion.n_tokens, "seconds": completion.seconds}
+                     for request, completion in zip(requests, completions)])
 
     # ---------------------------------------------------------------- token scores (likelihood suites)
 
@@ -95,16 +71,5 @@ class GenerationCache:
         return (entry["logprob"], entry["greedy"]) if entry and "logprob" in entry else None
 
     def put_scores(self, keys: list[str], scores: list[tuple[float, bool]], n_tokens: list[int]) -> None:
-        self._append([{"model": self.fingerprint, "key": key, "logprob": float(logprob), "greedy": bool(greedy),
-                       "n_tokens": n} for key, (logprob, greedy), n in zip(keys, scores, n_tokens)])
-
-    def _append(self, entries: list[dict]) -> None:
-        if not entries:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = "".join(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-        for entry in entries:
-            self.entries[entry["key"]] = entry
+        self.append([{"model": self.fingerprint, "key": key, "logprob": float(logprob), "greedy": bool(greedy),
+                      "n_tokens": n} for key, (logprob, greedy), n in zip(keys, scores, n_tokens)])

@@ -6,9 +6,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO, read_jsonl
 from pipeline import evaluate
 from pipeline.engines import GenRequest
+from pipeline.errors import UserError
 from pipeline.eval_cache import GenerationCache, model_fingerprint
 
 
@@ -61,13 +64,14 @@ def test_a_torn_last_line_is_dropped_at_every_byte_and_the_rerun_equals_an_unint
             assert len(read_jsonl(path)) == 4 and GenerationCache(path, fingerprint).dropped == 0
 
 
-def test_a_broken_line_in_the_middle_is_skipped_and_counted(tmp_path):
+def test_a_broken_line_in_the_middle_is_refused_naming_file_and_line(tmp_path):
+    """Only a torn last line is a kill's doing; any other broken line stops the open (tests/test_keyed_jsonl.py)."""
     path = tmp_path / "cache.jsonl"
     good = '{"model": "m", "key": "k1", "text": "a", "n_tokens": 1, "seconds": 0.1}\n'
     path.write_bytes(good.encode() + b'{"model": "m", "key": \xff\xfe\n' + b"[1, 2]\n" +
                      good.replace("k1", "k2").encode())
-    cache = GenerationCache(path, "m")
-    assert set(cache.entries) == {"k1", "k2"} and cache.dropped == 2
+    with pytest.raises(UserError, match=f"{path}, line 2: not a cache entry"):
+        GenerationCache(path, "m")
 
 
 def test_each_row_is_handed_back_when_it_finishes_and_outputs_do_not_change(tiny_llama):

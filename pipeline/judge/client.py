@@ -12,25 +12,15 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.engines import Completion, Engine, GenRequest
+from pipeline.formats.keyed_jsonl import KeyedJsonl
 from pipeline.judge.prompts import REMINDER, load_template, render
 from pipeline.judge.scoring import parse_grade, parse_verdict
 
 log = logging.getLogger(__name__)
 
 
-class JudgmentCache:
-    """Append-only JSONL of finished judgments by key; a torn last line (SIGKILL) is ignored."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.entries: dict[str, dict] = {}
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                    self.entries[entry["key"]] = entry
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue
+class JudgmentCache(KeyedJsonl):
+    """Append-only keyed JSONL of finished judgments; a torn last line (SIGKILL) is dropped and cut off."""
 
     @staticmethod
     def key(*parts) -> str:
@@ -40,14 +30,7 @@ class JudgmentCache:
         return self.entries.get(key)
 
     def put_many(self, entries: list[dict]) -> None:
-        if not entries:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            for entry in entries:
-                self.entries[entry["key"]] = entry
-                handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
-            handle.flush()
+        self.append(entries)
 
 
 @dataclass
