@@ -9,7 +9,8 @@ cleared. Inside, a small bootstrap sets rlimits (address space, CPU, file size, 
 files, no core dumps) and, when started as root, drops to uid nobody before it executes the sample:
 root ignores RLIMIT_NPROC, nobody does not, so a fork bomb stalls at the limit. On a timeout or too
 much output the whole process group is killed; bwrap's pid 1 dies with it and the kernel kills
-everything left in the pid namespace.
+everything left in the pid namespace. The bubblewrap command line is built in pipeline/bwrap.py;
+this module runs it.
 
 Fallback, "rlimits+audit", only where the caller allows it (`allow_unsandboxed`): the same rlimits
 and scrubbed environment in a private temp dir, plus a Python audit hook that refuses sockets,
@@ -30,9 +31,7 @@ answer calls, and it passes only if its answers satisfy the asserts.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -42,12 +41,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
+from pipeline.bwrap import bwrap_command, clean_env, interpreter_mounts
 from pipeline.errors import UserError
 
 TAIL_CHARS = 2000
-SANDBOX_HOME = "/tmp/work"
 MAX_REPLY_BYTES = 16 << 20  # one return value, encoded
 INSTALL_HINT = "sudo apt-get install -y bubblewrap (or `make sandbox-deps`)"
 
@@ -235,12 +233,12 @@ def bwrap_problem() -> str | None:
     if shutil.which("bwrap") is None:
         return "no `bwrap` on PATH"
     try:
-        mounts = _interpreter_mounts()
+        mounts = interpreter_mounts()
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         return f"cannot list what the interpreter needs: {exc}"
-    probe = _bwrap_command(1 << 20, mounts) + ["-I", "-S", "-c", "print('ok')"]
+    probe = bwrap_command(1 << 20, mounts) + ["-I", "-S", "-c", "print('ok')"]
     try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=20, env=_clean_env(), stdin=subprocess.DEVNULL)
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=20, env=clean_env(), stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not start: {exc}"
     if done.returncode != 0 or done.stdout.strip() != "ok":
@@ -254,93 +252,17 @@ def available_method() -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# the sandbox's filesystem: the interpreter, its stdlib, the shared libraries they load
-
-@dataclass(frozen=True)
-class Mounts:
-    executable: str
-    directories: tuple[str, ...]  # the stdlib and lib-dynload, as the interpreter searches them
-    masked: tuple[str, ...]  # site-packages and the like inside them: replaced by an empty tmpfs
-    files: tuple[tuple[str, str], ...]  # (host path to read, path inside) for each shared library
-
-
-# stdlib extension modules of no use without a display, a terminal or a directory service: their
-# libraries (X11/Tk, ncurses, readline, NIS/Kerberos; two thirds of all) stay out, and each mount
-# costs startup time in every sandbox
-UNMOUNTED_EXTENSIONS = {"_tkinter", "_curses", "_curses_panel", "readline", "nis", "_dbm", "_gdbm"}
-LDD_LINE = re.compile(r"^\s*(?:\S+\s+=>\s+)?(/\S+)\s+\(0x[0-9a-f]+\)\s*$")
-
-
-@lru_cache(maxsize=1)
-def _interpreter_mounts() -> Mounts:
-    """What the interpreter needs to start with -I -S and import any stdlib module: found by asking it
-    for its search path and `ldd` for the libraries of the executable and of every extension module."""
-    executable = os.path.realpath(sys.executable)  # a venv's python is a link to the base interpreter
-    done = subprocess.run([executable, "-I", "-S", "-c", "import json, sys; print(json.dumps(sys.path))"],
-                          capture_output=True, text=True, timeout=30, env=_clean_env(), check=True)
-    directories = tuple(p for p in json.loads(done.stdout) if os.path.isdir(p))
-    if not directories:
-        raise ValueError(f"{executable} reports no stdlib directory")
-    masked = tuple(os.path.join(d, name) for d in directories for name in ("site-packages", "dist-packages")
-                   if os.path.isdir(os.path.join(d, name)))
-    extensions = sorted(str(p) for d in directories for p in Path(d).glob("*.so")
-                        if p.name.split(".")[0] not in UNMOUNTED_EXTENSIONS)
-    ldd = shutil.which("ldd")
-    if ldd is None:
-        raise ValueError("no `ldd` on PATH (Debian: libc-bin)")
-    listed = subprocess.run([ldd, executable, *extensions], capture_output=True, text=True, timeout=60, env=_clean_env())
-    libraries = sorted({m.group(1) for line in listed.stdout.splitlines() if (m := LDD_LINE.match(line))})
-    files = [(os.path.realpath(lib), lib) for lib in libraries if os.path.exists(lib)]
-    if os.path.exists("/etc/ld.so.cache"):
-        files.append(("/etc/ld.so.cache", "/etc/ld.so.cache"))
-    return Mounts(executable, directories, masked, tuple(files))
-
-
-def _bwrap_command(tmpfs_bytes: int, mounts: Mounts | None = None) -> list[str]:
-    mounts = mounts or _interpreter_mounts()
-    command = [
-        shutil.which("bwrap") or "bwrap", "--dev", "/dev",  # by path: the children's PATH is /usr/bin:/bin
-        "--size", str(tmpfs_bytes), "--perms", "0755", "--tmpfs", "/tmp",  # writable: /tmp/work only
-        "--perms", "1777", "--dir", SANDBOX_HOME,
-    ]
-    targets = [mounts.executable, *mounts.directories, *(target for _, target in mounts.files)]
-    parents = sorted({str(parent) for target in targets for parent in Path(target).parents} - {"/", "/tmp"})
-    for parent in parents:  # traversable by nobody (bwrap would copy a 0700 /root from the host)
-        command += ["--perms", "0755", "--dir", parent]
-    command += ["--ro-bind", mounts.executable, mounts.executable]
-    for directory in mounts.directories:
-        command += ["--ro-bind", directory, directory]
-    for directory in mounts.masked:
-        command += ["--tmpfs", directory, "--remount-ro", directory]
-    for source, target in mounts.files:
-        command += ["--ro-bind", source, target]
-    command += [
-        "--chdir", SANDBOX_HOME,
-        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        "--die-with-parent", "--new-session", "--clearenv",
-        "--setenv", "HOME", SANDBOX_HOME, "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
-    ]
-    if os.geteuid() != 0:
-        command.append("--unshare-user")  # unprivileged bwrap needs a user namespace
-    return command + ["--", mounts.executable]
-
-
-def _clean_env() -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-
-
-# ----------------------------------------------------------------------------------------------
 # processes
 
 def _spawn(method: str, role: str, limits: list[str], workdir: str, max_file_mb: int,
            channel: tuple[int, int, str] | None = None) -> subprocess.Popen:
     extra = [str(channel[0]), str(channel[1]), channel[2]] if channel else []
     if method == "bwrap":
-        command = _bwrap_command(4 * (max_file_mb << 20)) + ["-I", "-S", "-c", BOOTSTRAP, *limits, role, *extra]
-        cwd, env = None, _clean_env()
+        command = bwrap_command(4 * (max_file_mb << 20)) + ["-I", "-S", "-c", BOOTSTRAP, *limits, role, *extra]
+        cwd, env = None, clean_env()
     else:
         command = [os.path.realpath(sys.executable), "-I", "-S", "-c", BOOTSTRAP, *limits, role, *extra]
-        cwd, env = workdir, {**_clean_env(), "HOME": workdir, "TMPDIR": workdir}
+        cwd, env = workdir, {**clean_env(), "HOME": workdir, "TMPDIR": workdir}
     return subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, pass_fds=channel[:2] if channel else ())
 

@@ -5,7 +5,7 @@ bottom to top (README, "Architecture"):
 
     foundation  errors, outputs, safe_yaml, console
     formats     pipeline.formats.*            (one reader/writer per file format, the chat renderer)
-    libraries   params, verdict, sandbox, long_context, likelihood, eval_cache, checkpoints.* (but resave),
+    libraries   params, verdict, sandbox, bwrap, long_context, likelihood, eval_cache, checkpoints.* (but resave),
                 engines.*, quantize.* (but the awq / fp8 / rtn stages)
     stages      calib, checkpoints.resave, quantize.awq / fp8 / rtn, evaluate, kl, judge, bench, report
     cli         pipeline.cli

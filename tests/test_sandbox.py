@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from conftest import REPO
-from pipeline import sandbox
+from pipeline import bwrap, sandbox
 from pipeline.errors import UserError
 from pipeline.sandbox import available_method, run_check, run_python
 
@@ -204,7 +204,7 @@ def test_sandbox_sees_only_the_interpreter_and_a_scratch_dir(temp_home):
     secrets = [*map(str, planted), str(REPO / "calib_data" / "support_logs.jsonl"), str(REPO / "params.yaml"),
                "/etc/shadow", "/etc/passwd", "/etc/hostname", os.path.join(os.path.dirname(os.path.dirname(
                    os.path.abspath(os.sys.executable))), "pyvenv.cfg")]
-    mounts = sandbox._interpreter_mounts()
+    mounts = bwrap.interpreter_mounts()
     allowed = [mounts.executable, *mounts.directories, *(target for _, target in mounts.files), "/tmp/work"]
     code = f"""
 import os
@@ -246,7 +246,7 @@ def test_sandbox_starts_every_stdlib_extension_module():
     """Only what ldd lists is mounted: every extension module of the stdlib still imports (but the few
     left out on purpose: Tk, curses, readline, NIS, dbm)."""
     code = (
-        f"UNMOUNTED = {sorted(sandbox.UNMOUNTED_EXTENSIONS)!r}\n"
+        f"UNMOUNTED = {sorted(bwrap.UNMOUNTED_EXTENSIONS)!r}\n"
         "import os, sys, importlib\n"
         "failed = []\n"
         "for d in sys.path:\n"
