@@ -43,7 +43,7 @@ def llmc_direct(model_dir: Path, blocks, batch: int, n_grid: int, group: int, ou
     from pipeline.quantize.calibrate import calibration_dataset
     from pipeline.quantize.mappings import mappings_for
     from pipeline.quantize.compat import patch_cpu_pin_memory
-    from pipeline.quantize.oneshot import _copy_side_files, _set_dtype
+    from pipeline.quantize.stage import _copy_side_files, _set_dtype
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = json.loads((model_dir / "config.json").read_text())

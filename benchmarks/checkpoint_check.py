@@ -1,4 +1,4 @@
-"""Time of the checkpoint check every stage runs first (pipeline/checkpoints/inspect.py) on GLM-4-9B-
+"""Time of the checkpoint check every stage runs first (pipeline/checkpoints/headers.py) on GLM-4-9B-
 shaped checkpoints: the Glm base (bf16) and its AWQ W4A16 variant (compressed-tensors pack-quantized,
 group 128), each in 4 shards with an index.
 
@@ -97,11 +97,11 @@ def build(directory: Path, layers: int, quantized: bool, shards: int = 4) -> int
 CHILD = """
 import sys, time
 start = time.perf_counter()
-from pipeline.checkpoints import inspect
-found = inspect.check(sys.argv[1])
+from pipeline.checkpoints import headers
+found = headers.check(sys.argv[1])
 first = time.perf_counter() - start
 start = time.perf_counter()
-inspect.check(sys.argv[1])
+headers.check(sys.argv[1])
 print(found.tensors, round(first, 2), round(time.perf_counter() - start, 2))
 """
 

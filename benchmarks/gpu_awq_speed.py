@@ -193,7 +193,7 @@ def llmc_direct(model_dir: Path, blocks: list[list[int]], batch: int, n_grid: in
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     if save_to is not None:
-        from pipeline.quantize.oneshot import _copy_side_files
+        from pipeline.quantize.stage import _copy_side_files
 
         model.save_pretrained(save_to, save_compressed=True)
         _copy_side_files(model_dir, save_to)  # the tokenizer, for verify's generate

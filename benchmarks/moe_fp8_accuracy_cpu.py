@@ -89,9 +89,9 @@ def main() -> None:
     for name, settings in (("mixed", {"activations": "static"}), ("dynamic", {"activations": "dynamic"})):
         variants[name] = fp8.run(base, ROOT / name, data / "calib.jsonl", **settings).out
     # every Linear static: the recipe the dense default would give a MoE (vLLM refuses it at load)
-    from pipeline.quantize import oneshot
+    from pipeline.quantize import stage
 
-    variants["static"] = oneshot.run(method="fp8", scheme="FP8 W8A8 (static activations everywhere)",
+    variants["static"] = stage.run(method="fp8", scheme="FP8 W8A8 (static activations everywhere)",
                                      recipe=fp8.recipe("static", "per-head", moe=False), model_dir=base,
                                      out=ROOT / "static", calib=data / "calib.jsonl", batch_size=32,
                                      details={"activations": "static everywhere"}).out

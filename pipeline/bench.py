@@ -341,9 +341,9 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     model_dir, out = Path(model_dir), Path(out)
     spec = engine_spec(engine)
     options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
-    from pipeline.checkpoints import inspect
+    from pipeline.checkpoints import headers
 
-    inspect.check(model_dir, weights=engine != "openai")  # openai: a running server holds the weights
+    headers.check(model_dir, weights=engine != "openai")  # openai: a running server holds the weights
     if request_rates and spec.timing != "http":
         raise UserError(f"bench.request_rates: request-rate sweeps need a server engine (vllm or openai), "
                         f"not {engine}; set bench.request_rates: [] or --engine vllm")

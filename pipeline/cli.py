@@ -78,9 +78,9 @@ def _refuse_overlap(out: Path, *, replaces: str | None = None, **inputs) -> None
 
 def _checked(model_dir: Path, weights: bool = True) -> Path:
     """The checkpoint refused before any work when no stage could load it as it says it is."""
-    from pipeline.checkpoints import inspect
+    from pipeline.checkpoints import headers
 
-    inspect.check(model_dir, weights=weights)
+    headers.check(model_dir, weights=weights)
     return model_dir
 
 

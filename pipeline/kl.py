@@ -158,12 +158,12 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.checkpoints import inspect
+    from pipeline.checkpoints import headers
     from pipeline.engines.loading import load_for_inference
 
     watch = Stopwatch()
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
-        inspect.check(model_dir)
+        headers.check(model_dir)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda":
         dtype = checkpoint_dtype(Path(base_dir))

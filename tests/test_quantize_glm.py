@@ -311,7 +311,7 @@ FALLBACK = "calibration (no holdout.jsonl beside the blocks)"
 
 
 def test_layer_check_uses_holdout_conversations_else_the_last_calibration_blocks():
-    from pipeline.quantize.oneshot import check_blocks
+    from pipeline.quantize.stage import check_blocks
     from tiny import tiny_tokenizer
 
     blocks = [[1] * 8, [2] * 8, [3] * 8]

@@ -13,7 +13,7 @@ import torch
 from conftest import read_tensors
 
 from pipeline.errors import UserError
-from pipeline.quantize import awq, oneshot, plan
+from pipeline.quantize import awq, plan, stage
 from tiny import save_tiny_glm, save_tiny_glm4v_moe
 
 
@@ -89,7 +89,7 @@ def test_moe_experts_all_calibrated_and_a_starved_expert_fails_the_run(tmp_path,
 def test_plan_reports_layers_memory_and_probe_time_and_writes_nothing(tmp_path, starved_moe, tiny_calib):
     layout = awq.run(starved_moe, tmp_path / "out", tiny_calib / "calib.jsonl", batch_size=8, n_grid=3,
                      plan_only=True)
-    assert isinstance(layout, oneshot.Plan) and not (tmp_path / "out").exists()
+    assert isinstance(layout, stage.Plan) and not (tmp_path / "out").exists()
     i = layout.info
     params = sum(t.numel() for k, t in read_tensors(starved_moe).items()
                  if not k.endswith("e_score_correction_bias"))  # a buffer, not a parameter

@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import chatglm, inspect, streaming
+from pipeline.checkpoints import chatglm, headers, streaming
 from pipeline.checkpoints.streaming import OutTensor, Piece, whole
 from pipeline.checkpoints.lmdeploy_awq import AwqSource, Scheme, read_scheme
 from pipeline.errors import UserError
@@ -248,12 +248,12 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
     if engine not in ENGINES:
         raise UserError(f"--engine {engine}: supported engines: {', '.join(ENGINES)}")
     model_dir, out = Path(model_dir), Path(out)
-    config = inspect.read_config(model_dir)
+    config = headers.read_config(model_dir)
     if config.get("model_type") == "chatglm":
         _check_exportable(model_dir, config)
     if config.get("quantization_config"):
         return _export_awq(model_dir, out, engine, config, max_shard_bytes, watch)
-    inspect.check(model_dir)  # a whole checkpoint: the weights cover config.json
+    headers.check(model_dir)  # a whole checkpoint: the weights cover config.json
     _check_exportable(model_dir, config)
     glm = _load_glm_config(model_dir)
     _check_glm(glm, model_dir / "config.json")
@@ -345,7 +345,7 @@ def _export_awq(model_dir: Path, out: Path, engine: str, config: dict, max_shard
                 watch: Stopwatch) -> ExportResult:
     scheme = _awq_scheme(model_dir, config["quantization_config"])
     arch = _awq_architecture(config, model_dir / "config.json")
-    inspect.check(model_dir)  # a whole checkpoint: the weights cover config.json, compressed layout included
+    headers.check(model_dir)  # a whole checkpoint: the weights cover config.json, compressed layout included
     awq, out_config, served = _awq_view(model_dir, config, scheme, arch)
     out_config = _float16(out_config) | {"quantization_config": scheme.awq_config(awq.modules_to_not_convert())}
     with atomic_dir(out, "export", {"checkpoint": model_dir}) as tmp:

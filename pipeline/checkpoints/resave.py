@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import chatglm, inspect
+from pipeline.checkpoints import chatglm, headers
 from pipeline.checkpoints.serving_names import finish_config
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
@@ -50,7 +50,7 @@ def detect(source: Path) -> str:
     if not (source / "config.json").exists():
         raise UserError(f"{source}: no config.json; copy the config.json that came with the weights, or pass one of "
                         f"the supported sources: {SUPPORTED}")
-    config = inspect.read_config(source)
+    config = headers.read_config(source)
     if config.get("model_type") == "chatglm" or any(
         "ChatGLM" in arch for arch in config.get("architectures", [])
     ):
@@ -130,7 +130,7 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
     if kind == "gguf":
         _check_gguf(source)
     else:
-        inspect.check(source)  # the weights cover config.json: read from the headers, nothing loaded
+        headers.check(source)  # the weights cover config.json: read from the headers, nothing loaded
     torch_dtype = getattr(torch, dtype)
     with atomic_dir(out, "resave", {"source": source}) as tmp:
         if kind == "gguf":

@@ -83,10 +83,10 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     judge_options = {} if jp.backend == "openai" else e.options(jp.backend)  # an openai judge: judge's own settings
     if jp.backend == "vllm":
         judge_options["log_path"] = out_dir / "judge-model.vllm.log"
-    from pipeline.checkpoints import inspect
+    from pipeline.checkpoints import headers
 
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
-        inspect.check(model_dir)
+        headers.check(model_dir)
     records = read_holdout(Path(prompts), limit=jp.limit, purpose="judge prompts")
     factory, judge_id, description, weak = judge_engine(jp, base_dir, judge_options)  # bad judge settings fail first
     base_answers = generate_answers(base_dir, records, out_dir, "base", jp.max_new_tokens, options, answer_engine)
@@ -190,9 +190,9 @@ def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[],
     if not (model_dir / "config.json").exists():
         raise UserError(f"params.yaml: judge.model: {model_dir} has no config.json; use 'base' or a checkpoint dir")
     if model_dir != base_dir:
-        from pipeline.checkpoints import inspect
+        from pipeline.checkpoints import headers
 
-        inspect.check(model_dir)
+        headers.check(model_dir)
     if jp.backend == "lmdeploy":
         from pipeline.engines.lmdeploy import require_lmdeploy
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.checkpoints import inspect
+from pipeline.checkpoints import headers
 from pipeline.errors import UserError
 from pipeline.params import AwqParams, with_overrides
-from pipeline.quantize import compat, oneshot, plan
+from pipeline.quantize import compat, plan, stage
 from pipeline.quantize.mappings import mappings_for, supported_architectures
 
 
@@ -40,13 +40,13 @@ def recipe(group_size: int, symmetric: bool, mappings, n_grid: int = 20, search:
 
 
 def run(model_dir: Path, out: Path, calib: Path, settings: AwqParams | None = None, *, placement: str = "auto",
-        plan_only: bool = False, calibrate_all_experts: bool = True, **overrides) -> oneshot.QuantResult | oneshot.Plan:
+        plan_only: bool = False, calibrate_all_experts: bool = True, **overrides) -> stage.QuantResult | stage.Plan:
     """settings: the variant's params section (params.yaml `variants.<name>`, defaults in params.py);
     `overrides` (e.g. group_size=64) replace fields and are validated again. calib: a calib.jsonl of
     token blocks. plan_only: print what the run needs and how long it should take, write nothing."""
     s = with_overrides(settings or AwqParams(method="awq"), **overrides)
     compat.quiet_cpu_warning()
-    config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
+    config = headers.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
     mappings = mappings_for(arch, config)
     if mappings is None:
@@ -55,9 +55,9 @@ def run(model_dir: Path, out: Path, calib: Path, settings: AwqParams | None = No
             + ", ".join(supported_architectures())
         )
     group = plan.choose_group_size(config, s.group_size, model_dir)
-    inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
+    headers.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     scheme = f"W4A16 {'symmetric' if s.symmetric else 'asymmetric'}, group {group}"
-    return oneshot.run(
+    return stage.run(
         method="awq", scheme=scheme, recipe=recipe(group, s.symmetric, mappings, s.n_grid, s.search),
         model_dir=model_dir, out=out, calib=calib, batch_size=s.batch_size,
         details={"architecture": arch, "group_size": group, "symmetric": s.symmetric, "n_grid": s.n_grid,

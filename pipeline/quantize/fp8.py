@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.checkpoints import inspect
+from pipeline.checkpoints import headers
 from pipeline.params import Fp8Params, with_overrides
-from pipeline.quantize import compat, oneshot, plan
+from pipeline.quantize import compat, plan, stage
 
 KV_STRATEGY = {"per-head": "attn_head", "per-tensor": "tensor", "none": None}
 # MoE expert Linears (routed experts once linearized, and the shared expert), in compressed-tensors' target
@@ -75,19 +75,19 @@ def scheme_name(activations: str, kv: str, moe: bool) -> str:
 
 
 def run(model_dir: Path, out: Path, calib: Path, settings: Fp8Params | None = None, *, placement: str = "auto",
-        plan_only: bool = False, calibrate_all_experts: bool = True, **overrides) -> oneshot.QuantResult | oneshot.Plan:
+        plan_only: bool = False, calibrate_all_experts: bool = True, **overrides) -> stage.QuantResult | stage.Plan:
     """settings: the variant's params section (defaults in params.py); `overrides` replace fields and are
     validated again. plan_only: print what the run needs and how long it should take, write nothing."""
     s = with_overrides(settings or Fp8Params(method="fp8"), **overrides)
     compat.quiet_cpu_warning()
-    config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
+    config = headers.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
-    inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
+    headers.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     moe = plan.routed_experts(config) > 0
     details = {"architecture": arch, "activations": s.activations, "kv_cache": s.kv}
     if moe:
         details["expert_scheme"] = {"activations": "dynamic", "weights": "per-channel", "why": EXPERT_SCHEME_WHY}
-    return oneshot.run(
+    return stage.run(
         method="fp8", scheme=scheme_name(s.activations, s.kv, moe), recipe=recipe(s.activations, s.kv, moe),
         model_dir=model_dir, out=out, calib=calib, batch_size=s.batch_size, details=details,
         placement=placement, plan_only=plan_only, calibrate_all_experts=calibrate_all_experts,

@@ -3,16 +3,16 @@
 The contrast the AWQ paper draws (Lin et al. 2023, "AWQ: Activation-aware Weight Quantization"):
 the same quantizer AWQ ends with (llm-compressor's QuantizationModifier, per-group min/max scales,
 weights rounded to the nearest grid point) applied to the unsmoothed weights. Same plan, save and
-verification as every other method (oneshot.py); no calibration data shapes the weights.
+verification as every other method (stage.py); no calibration data shapes the weights.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.checkpoints import inspect
+from pipeline.checkpoints import headers
 from pipeline.params import RtnParams, with_overrides
-from pipeline.quantize import compat, oneshot, plan
+from pipeline.quantize import compat, plan, stage
 
 
 def recipe(group_size: int, symmetric: bool) -> list:
@@ -25,17 +25,17 @@ def recipe(group_size: int, symmetric: bool) -> list:
 
 
 def run(model_dir: Path, out: Path, calib: Path, settings: RtnParams | None = None, *, placement: str = "auto",
-        plan_only: bool = False, **overrides) -> oneshot.QuantResult | oneshot.Plan:
+        plan_only: bool = False, **overrides) -> stage.QuantResult | stage.Plan:
     """settings: the variant's params section (defaults in params.py); `overrides` replace fields and are
     validated again. plan_only: print what the run needs and how long it should take, write nothing."""
     s = with_overrides(settings or RtnParams(method="rtn"), **overrides)
     compat.quiet_cpu_warning()
-    config = inspect.check_config(model_dir)  # every check below runs before any weight is loaded
+    config = headers.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
-    inspect.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
+    headers.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     group = plan.choose_group_size(config, s.group_size, model_dir)
     scheme = f"W4A16 {'symmetric' if s.symmetric else 'asymmetric'}, group {group}, round-to-nearest"
-    return oneshot.run(
+    return stage.run(
         method="rtn", scheme=scheme, recipe=recipe(group, s.symmetric), model_dir=model_dir, out=out, calib=calib,
         batch_size=s.batch_size, details={"architecture": arch, "group_size": group, "symmetric": s.symmetric},
         placement=placement, plan_only=plan_only,

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import TINY_PARAMS, write_params
-from pipeline.checkpoints import inspect
+from pipeline.checkpoints import headers
 from pipeline.errors import UserError
 from tiny import save_tiny_glm, save_tiny_llama
 
@@ -213,7 +213,7 @@ def test_whole_checkpoints_of_every_kind_pass(tiny_glm, tiny_llama, tiny_variant
     assert "lm_head.weight" not in load_file(tied / "model.safetensors")
     sharded = _sharded(tmp_path / "sharded", tiny_glm, drop_shard=False)
     for model_dir in (tiny_glm, tiny_llama, tied, sharded, *tiny_variants.values()):
-        found = inspect.check(model_dir)
+        found = headers.check(model_dir)
         assert found.tensors == len({k for f in found.weight_files for k in load_file(f)})
     names = set(load_file(tiny_variants["awq-w4a16"] / "model.safetensors"))
     assert {"model.layers.0.self_attn.q_proj.weight_packed", "model.layers.0.self_attn.q_proj.weight_zero_point",
@@ -223,12 +223,12 @@ def test_whole_checkpoints_of_every_kind_pass(tiny_glm, tiny_llama, tiny_variant
 
 def test_a_removed_layer_is_named_with_the_count(tiny_glm, tmp_path):
     bad = _rewrite_tensors(_copy(tiny_glm, tmp_path / "bad"), _drop(lambda n: ".layers.1." in n))
-    missing = inspect.coverage(bad, inspect.load_config(bad, inspect.read_config(bad)),
-                               inspect.read_headers([bad / "model.safetensors"]))["missing"]
+    missing = headers.coverage(bad, headers.load_config(bad, headers.read_config(bad)),
+                               headers.read_headers([bad / "model.safetensors"]))["missing"]
     layer = {n for n in load_file(tiny_glm / "model.safetensors") if ".layers.1." in n}
     assert set(missing) == layer and len(layer) == 11  # q, k, v (weight and bias), o, gate_up, down, 2 norms
     with pytest.raises(UserError) as err:
-        inspect.check(bad)
+        headers.check(bad)
     assert f"tensors {len(layer)} missing (model.layers.1." in str(err.value) and "and 6 more" in str(err.value)
 
 
@@ -242,7 +242,7 @@ def test_the_check_reads_headers_only(tiny_glm, tmp_path, monkeypatch):
     start = 8 + struct.unpack("<Q", data[:8])[0]
     data[start:] = bytes(len(data) - start)
     path.write_bytes(bytes(data))
-    assert inspect.check(model_dir).tensors == len(load_file(tiny_glm / "model.safetensors"))
+    assert headers.check(model_dir).tensors == len(load_file(tiny_glm / "model.safetensors"))
 
 
 def test_chatglm_layout_is_sent_to_resave(tmp_path):
@@ -250,5 +250,5 @@ def test_chatglm_layout_is_sent_to_resave(tmp_path):
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"model_type": "chatglm", "architectures": ["ChatGLMModel"]}))
     with pytest.raises(UserError, match=r"convert it first: quantize resave .*chatglm --out DIR"):
-        inspect.check(model_dir)
+        headers.check(model_dir)
 
