@@ -53,15 +53,55 @@ def main_options(
 
 
 def stage(func):
-    """Turns UserError into a clean message and exit code 2."""
+    """Turns UserError into a clean message and exit code 2; with QUANTIZE_STAGE_LOG set, appends what the
+    stage cost to that file (one JSON line: _record_stage)."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        code = 1
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            code = 0
+            return result
         except UserError as exc:
+            code = exc.exit_code
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(exc.exit_code) from None
+        except typer.Exit as exc:
+            code = exc.exit_code
+            raise
+        finally:
+            _record_stage(code)
     return wrapper
+
+
+def _record_stage(code: int) -> None:
+    """{"stage" (DVC's stage name, under dvc repro), "command", "wall_s" (since the process started, imports
+    included), "engine_start_s" (model loads and server starts; 0 for an attach), "engines", "exit"}."""
+    import os
+    import time
+
+    path = os.environ.get("QUANTIZE_STAGE_LOG")
+    if not path:
+        return
+    from pipeline.engines import STARTS, engine_start_seconds
+
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        stat = Path("/proc/self/stat").read_text()
+        started = int(stat[stat.rindex(")") + 2:].split()[19]) / ticks
+        wall = float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError):
+        wall = None
+    line = {"stage": os.environ.get("DVC_STAGE"), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,
+            "engine_start_s": engine_start_seconds(), "engines": [{**s, "seconds": round(s["seconds"], 2)}
+                                                                   for s in STARTS],
+            "exit": code, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
+    except OSError as exc:
+        log_warning = logging.getLogger("pipeline.cli")
+        log_warning.warning(f"QUANTIZE_STAGE_LOG={path}: cannot append ({exc.strerror})")
 
 
 def _params(path: Path) -> params_mod.Params:

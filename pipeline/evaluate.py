@@ -237,7 +237,9 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     from pipeline.console import progress
     from pipeline.engines import make_engine
 
-    watch = Stopwatch()
+    from pipeline.engines import STARTS, engine_start_seconds
+
+    watch, starts_before = Stopwatch(), len(STARTS)
     s, e = sections_with_overrides(settings or SuiteParams, engine_settings or EngineParams, **overrides)
     task, limit, engine = s.task, s.limit, engine or e.name
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -289,6 +291,8 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
         "metrics": {k: v for k, v in results["results"][task].items() if isinstance(v, (int, float))},
         **_speed(lines, lm),
         "cache": {"path": str(cache.path), "lines_dropped": cache.dropped},
+        # model load or server start this stage paid (0 when it attached to a server the run already had)
+        "engine_start_s": engine_start_seconds(starts_before),
         "seconds": round(watch.seconds, 2),
     }
     if sandbox_method is not None:

@@ -20,6 +20,7 @@ from pipeline.errors import UserError
 from pipeline.outputs import human_size, write_together
 from pipeline.formats import quant_json, results as result_files
 from pipeline.report import inputs
+from pipeline.report.capacity import capacity_line
 from pipeline.params import Params
 
 PACKAGES = ["torch", "transformers", "llmcompressor", "compressed-tensors", "lm-eval", "dvc"]
@@ -145,6 +146,8 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "kl": _read_json(results_dir / variant / "kl.json"),
             "speed": speed,
             "serving": _serving(models_dir / variant),
+            # "GO, 1.5x tokens/s, 2x KV capacity" (pipeline/report/capacity.py)
+            "capacity_line": capacity_line(decision, speeds.get(variant), speeds.get("base")),
         }
     return {
         "variants": variants,
@@ -337,4 +340,5 @@ def speed_row(summary: dict) -> dict:
         "memory_bytes": max((l.get("memory_bytes") or 0) for l in fixed["levels"]) or None,
         "roofline_fraction": roof.get("fraction_of_bound"),
         "roofline_tokens_per_s": roof.get("bound_tokens_per_s"),
+        "capacity": summary.get("capacity"),
     }
