@@ -580,10 +580,11 @@ def check_against_dvc(params: Params, dvc_file: Path) -> None:
     for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
         listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
         if isinstance(listed_variants, list):
-            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in params.variants]
+            known = ["base", *params.variants]  # bench runs on base too
+            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in known]
             if unknown:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
-                                f"define as variants ({', '.join(params.variants) or 'none'}); remove them")
+                                f"define as base or variants ({', '.join(known)}); remove them")
     matrices = {name: stage["matrix"] for name, stage in stages.items()
                 if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
                 and {"model", "suite"} & set(stage["matrix"])}

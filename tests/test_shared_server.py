@@ -165,3 +165,23 @@ def test_a_server_that_fails_to_start_is_a_clear_error_and_leaves_no_entry(tmp_p
                        start_timeout=60, name="vLLM server")
     assert "a scripted start failure" in str(info.value)
     assert shared.entries(registry) == {}
+
+
+def test_an_in_process_gpu_stage_stops_the_runs_idle_servers_first(tmp_path, tiny_llama, registry, run,
+                                                                    monkeypatch):
+    """quantize and kl load a model on the GPU in-process: the servers the run keeps (idle between stages)
+    hold its memory, so they go first; a server a stage still holds stays."""
+    from pipeline.cli import _free_gpu_of_idle_servers
+
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    idle, _ = stage(tiny_llama, tmp_path / "a.log", env=env)
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama, other)
+    held, proc = stage(other, tmp_path / "b.log", "--max-servers", "2", env=env, hold=True)
+    try:
+        _free_gpu_of_idle_servers("kl")
+        assert gone(idle["server_pid"]) and shared.alive(held["server_pid"], None)
+        assert list(shared.entries(registry)) == [held["key"]]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -160,6 +160,11 @@ def _locked(registry: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def locked(registry: Path | None = None):
+    """The registry's lock (stop_idle and stop_entry expect it held)."""
+    return _locked(registry or registry_dir())
+
+
 def _entry_path(registry: Path, key: str) -> Path:
     return registry / f"{key}.json"
 
