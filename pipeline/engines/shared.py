@@ -110,35 +110,12 @@ def run_owner() -> tuple[int, int | None, str]:
 
 # ---------------------------------------------------------------- keys
 
-def _stat_signature(model_dir: Path) -> str:
-    parts = []
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file():
-            st = path.stat()
-            parts.append(f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
 def content_fingerprint(model_dir: Path | str, registry: Path | None = None) -> str:
-    """The checkpoint's content hash (eval_cache.model_fingerprint: config and weights), remembered per
-    file-stat signature (names, sizes, mtimes, inodes) so a run hashes a 18 GB checkpoint once, not in
-    every stage; any rewrite of a file changes the signature and the content is hashed again."""
+    """The checkpoint's content hash (eval_cache.model_fingerprint: config and weights; a large checkpoint is
+    hashed once per run, not in every stage)."""
     from pipeline.eval_cache import model_fingerprint
 
-    model_dir = Path(model_dir).resolve()
-    registry = registry or registry_dir()
-    memo = registry / "fingerprints" / (hashlib.sha256(str(model_dir).encode()).hexdigest()[:16] + ".json")
-    signature = _stat_signature(model_dir)
-    with contextlib.suppress(OSError, ValueError):
-        known = json.loads(memo.read_text())
-        if known.get("signature") == signature:
-            return known["fingerprint"]
-    fingerprint = model_fingerprint(model_dir)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"signature": signature, "fingerprint": fingerprint}))
-    tmp.replace(memo)
-    return fingerprint
+    return model_fingerprint(Path(model_dir).resolve())
 
 
 def server_key(fingerprint: str, command: list[str], env: dict | None) -> str:
