@@ -418,8 +418,13 @@ def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, 
         weights = checkpoint_weight_bytes(model_dir)
     except (OSError, ValueError, KeyError):
         weights = None
+    device_bytes = None
+    if _cuda():
+        import torch
+
+        device_bytes = torch.cuda.get_device_properties(0).total_memory
     return capacity(figures, levels=fixed["levels"] + fixed["rates"], slo=slo, tensor_parallel_size=tp,
-                    model_window=context, checkpoint_weight_bytes=weights, settings=options)
+                    model_window=context, checkpoint_weight_bytes=weights, settings=options, device_bytes=device_bytes)
 
 
 def _cuda() -> bool:

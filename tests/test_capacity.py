@@ -68,3 +68,16 @@ def test_the_capacity_line(variant, base, line):
 
 def test_without_a_bench_the_line_is_the_decision():
     assert capacity_line("NO-GO", None, row(1)) == "NO-GO"
+
+
+def test_what_a_server_sharing_the_gpu_would_hold_alone():
+    """A server at 0.22 of a 141 GB GPU with a 9 GiB pool of 230k tokens: everything but the pool stays, the
+    pool grows to what 0.9 leaves."""
+    from pipeline.engines.capacity import tokens_at_fraction
+
+    device, pool, tokens = 141 * 10**9, 9 * 2**30, 230_000
+    figures = {"kv_cache_bytes": pool, "kv_cache_tokens": tokens}
+    alone = tokens_at_fraction(figures, 0.9, 0.22, device)
+    assert alone == round((0.9 * device - (0.22 * device - pool)) * tokens / pool)
+    assert tokens_at_fraction(figures, 0.22, 0.22, device) == tokens
+    assert tokens_at_fraction(figures, 0.9, None, device) is None  # the fraction unknown: not guessed

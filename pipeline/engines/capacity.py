@@ -70,8 +70,21 @@ def goodput_tokens_per_s(levels: list[dict]) -> float | None:
     return best
 
 
+def tokens_at_fraction(engine_figures: dict, fraction: float, configured: float | None,
+                       device_bytes: int | None) -> int | None:
+    """KV-cache tokens the same server would hold at another memory fraction, from its own figures: bytes per
+    token = KV pool / tokens, and everything that is not the pool (weights, activations, CUDA graphs) stays.
+    For a server that shares the GPU with others (the GPU profile's 0.22), what it would hold alone at 0.9."""
+    pool, tokens = engine_figures.get("kv_cache_bytes"), engine_figures.get("kv_cache_tokens")
+    if not (pool and tokens and configured and device_bytes):
+        return None
+    not_pool = configured * device_bytes - pool
+    return max(0, round((fraction * device_bytes - not_pool) * tokens / pool))
+
+
 def capacity(engine_figures: dict, *, levels: list[dict], slo: dict | None, tensor_parallel_size: int,
-             model_window: int | None, checkpoint_weight_bytes: int | None, settings: dict | None = None) -> dict:
+             model_window: int | None, checkpoint_weight_bytes: int | None, settings: dict | None = None,
+             device_bytes: int | None = None, alone_fraction: float = 0.9) -> dict:
     """The `capacity` object of bench.json: KV-cache tokens at the configured memory fraction, the longest
     context one request can have (the KV pool and the model's window, whichever is smaller), weight memory
     and goodput per GPU at the SLO. Figures the engine did not report are None, and `source` says where
@@ -92,6 +105,10 @@ def capacity(engine_figures: dict, *, levels: list[dict], slo: dict | None, tens
         "model_window": model_window,
         "gpu_memory_utilization": settings.get("gpu_memory_utilization"),
         "tensor_parallel_size": tensor_parallel_size,
+        "device_bytes": device_bytes,
+        # derived, not measured: the same server's figures scaled to the GPU alone (tokens_at_fraction)
+        "kv_cache_tokens_alone": {"gpu_memory_utilization": alone_fraction, "tokens": tokens_at_fraction(
+            engine_figures, alone_fraction, settings.get("gpu_memory_utilization"), device_bytes)},
         "source": {"kv_cache_tokens": "engine log" if tokens else None,
                    "weight_bytes": "engine log" if weight is not None else
                    ("checkpoint size" if checkpoint_weight_bytes else None)},
