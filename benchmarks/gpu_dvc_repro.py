@@ -259,6 +259,25 @@ class Run:
         return figures
 
 
+NEEDED = {"dvc": "benchmarks/gpu_dvc_wheels.sh (.device/dvc-wheels)", "typer": "benchmarks/gpu_dvc_wheels.sh",
+          "scipy": "benchmarks/gpu_dvc_wheels.sh --scipy (.device-scipy, a call of its own)",
+          "httpx": "../shared/device/wheels.sh", "jinja2": "the image", "yaml": "the image",
+          "lm_eval": "../shared/device/wheels.sh", "llmcompressor": "../shared/device/wheels.sh",
+          "math_verify": "../shared/device/wheels.sh"}
+
+
+def preflight(tiny: bool) -> None:
+    """Everything the run needs is importable, and vLLM is unpacked: one message listing what is not, exit 2."""
+    import importlib.util
+
+    missing = [f"{name} (from {where})" for name, where in NEEDED.items() if importlib.util.find_spec(name) is None]
+    if not tiny and not (Path(VSITE) / "vllm").is_dir():
+        missing.append(f"vLLM in {VSITE} (the five .vllm-k parts of ../shared/device/README.md)")
+    if missing:
+        print("cannot run: missing " + "; ".join(missing), file=sys.stderr)
+        raise SystemExit(2)
+
+
 def print_table(figures: dict) -> None:
     print("\n| stage | wall s | engine start s | attempts | server starts |\n|---|---|---|---|---|")
     for s in figures["stages"]:
@@ -286,6 +305,7 @@ def main() -> None:
     run = Run(work, args.tiny)
     if args.action == "run":
         started = time.perf_counter()
+        preflight(args.tiny)
         if run.state["setup_s"] is None:
             run.setup(args.suite_limit)
             print(f"set up {run.project} in {run.state['setup_s']} s", flush=True)
