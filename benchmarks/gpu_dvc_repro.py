@@ -12,7 +12,9 @@ project under /tmp/gpu-dvc/project with `quantize profile gpu-h200` applied and 
 (model.source: a GlmForCausalLM with GLM-4-9B's shapes and random bf16 weights, built here; vLLM started
 from /tmp/vsite), then runs `dvc repro` there. A call that reaches --budget seconds stops `dvc repro`
 (SIGINT, as a cut would) and the next call runs `dvc repro` again: DVC skips the finished stages, the eval
-caches skip the scored items. Every stage appends its wall time and engine start to a log
+caches skip the scored items. The run holding the GPU is a small process of this script's (QUANTIZE_RUN_PID)
+that outlives a cut call by --grace seconds, so the vLLM servers of a cut call serve the next call's stages if
+the machine keeps processes between calls (and restart, counted, if it does not); it ends with the run. Every stage appends its wall time and engine start to a log
 (QUANTIZE_STAGE_LOG, written by pipeline/cli.py); each call writes $OUT/gpu_dvc_repro.json:
 
     stages: [{name, wall_s, engine_start_s, attempts, server_starts}]   (a cut stage's attempts add up)
@@ -142,6 +144,49 @@ class Run:
         self.state["base"] = str(base)
         self.save()
 
+    # ------------------------------------------------------------ the run across calls
+
+    HOLDER = ("import os, sys, time\n"
+              "path = sys.argv[1]\n"
+              "while True:\n"
+              "    try:\n"
+              "        deadline = float(open(path).read())\n"
+              "    except (OSError, ValueError):\n"
+              "        deadline = 0.0\n"
+              "    if time.time() > deadline:\n"
+              "        sys.exit(0)\n"
+              "    time.sleep(1)\n")
+
+    def hold(self, seconds: float) -> int:
+        """The run that holds the GPU across calls: a small process named to every stage as QUANTIZE_RUN_PID,
+        so the vLLM servers a cut call leaves up serve the next call's stages (pipeline/engines/shared.py).
+        It ends `seconds` from now unless the next call extends it, when the run is done, or with the machine;
+        its servers end with it."""
+        sys.path.insert(0, str(REPO))
+        from pipeline.engines.shared import alive, start_time
+
+        deadline = self.work / "holder.deadline"
+        deadline.write_text(str(time.time() + seconds))
+        holder = self.state.get("holder") or {}
+        if alive(holder.get("pid"), holder.get("started")):
+            return holder["pid"]
+        proc = subprocess.Popen([sys.executable, "-c", self.HOLDER, str(deadline)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.state["holder"] = {"pid": proc.pid, "started": start_time(proc.pid)}
+        self.state["holders"] = self.state.get("holders", 0) + 1
+        self.save()
+        return proc.pid
+
+    def release(self) -> None:
+        (self.work / "holder.deadline").write_text("0")
+        holder = self.state.get("holder") or {}
+        sys.path.insert(0, str(REPO))
+        from pipeline.engines.shared import alive
+
+        deadline = time.monotonic() + 10
+        while alive(holder.get("pid"), holder.get("started")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
     def env(self) -> dict:
         return {**os.environ, "PATH": f"{self.bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
                                       f"{os.environ.get('PATH', '')}",
@@ -151,13 +196,14 @@ class Run:
 
     # ------------------------------------------------------------ one call
 
-    def call(self, budget: float, targets: list[str]) -> str:
+    def call(self, budget: float, targets: list[str], grace: float) -> str:
         started = time.perf_counter()
         cmd = [sys.executable, "-m", "dvc", "repro", *targets]
         log = self.work / f"dvc-{len(self.state['calls']) + 1}.log"
+        holder = self.hold(budget + grace)
         with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, cwd=self.project, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=self.project, env={**self.env(), "QUANTIZE_RUN_PID": str(holder)},
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 while True:
                     try:
@@ -177,7 +223,11 @@ class Run:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         wall = time.perf_counter() - started
-        self.wait_servers_gone()
+        if outcome == "cut":  # the run goes on in the next call: its servers wait for it (`grace` seconds)
+            self.hold(grace)
+        else:
+            self.release()
+            self.wait_servers_gone()
         self.state["calls"].append({"dvc_repro_s": round(wall, 1), "outcome": outcome, "log": str(log)})
         if outcome == "cut":
             self.state["cuts"] += 1
@@ -241,6 +291,8 @@ class Run:
             "stage_wall_s": round(sum(s["wall_s"] for s in stages.values()), 1),
             "resumed": max(0, len(self.state["calls"]) - 1),  # every call after the first resumes a cut run
             "cuts": self.state["cuts"], "calls": self.state["calls"], "setup_s": self.state["setup_s"],
+            # 1: the run's holder (and so its servers) lived through every cut; more: the machine ended them
+            "run_holders": self.state.get("holders", 0),
         }
 
     def report(self) -> dict:
@@ -295,10 +347,14 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="CPU check: tiny Glm, tests/openai_server.py as vLLM")
     parser.add_argument("--suite-limit", type=int, default=None, help="items per suite (default: every item)")
     parser.add_argument("--target", nargs="*", default=[], help="run `dvc repro TARGET...` only (and what they need)")
+    parser.add_argument("--grace", type=float, default=180.0,
+                        help="seconds the run (and its vLLM servers) waits for the next call after a cut")
     parser.add_argument("--work", default=None, help="where the run lives (default /tmp/gpu-dvc[-tiny])")
     args = parser.parse_args()
     work = Path(args.work or ("/tmp/gpu-dvc-tiny" if args.tiny else "/tmp/gpu-dvc"))
     if args.action == "reset":
+        if work.exists():
+            Run(work, args.tiny).release()
         shutil.rmtree(work, ignore_errors=True)
         print(f"removed {work}")
         return
@@ -312,7 +368,7 @@ def main() -> None:
         if run.state["done"]:
             print("state: done (nothing to run; `reset` starts over)")
         else:
-            outcome = run.call(args.budget - (time.perf_counter() - started), args.target)
+            outcome = run.call(args.budget - (time.perf_counter() - started), args.target, args.grace)
             print(f"dvc repro: {outcome}", flush=True)
             if outcome.startswith("failed"):
                 print(Path(run.state["calls"][-1]["log"]).read_text()[-4000:])

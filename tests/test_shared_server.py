@@ -185,3 +185,12 @@ def test_an_in_process_gpu_stage_stops_the_runs_idle_servers_first(tmp_path, tin
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("value, message", [("abc", "give the process id"), ("999999999", "no such process")])
+def test_a_bad_run_pid_is_one_clear_message(monkeypatch, value, message):
+    from pipeline.errors import UserError
+
+    monkeypatch.setenv(shared.RUN_PID_ENV, value)
+    with pytest.raises(UserError, match=message):
+        shared.run_owner()
