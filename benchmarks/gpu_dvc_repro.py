@@ -78,7 +78,7 @@ class Run:
 
         return build_model(self.work, 40)  # GLM-4-9B shapes, random bf16, on the GPU
 
-    def settings(self, base: Path, suite_limit: int | None) -> dict:
+    def settings(self, base: Path, suite_limit: int | None, share: bool = True) -> dict:
         """This machine's settings over the gpu-h200 profile."""
         import yaml
 
@@ -106,6 +106,7 @@ class Run:
         else:
             engine.update(server_command=["python3", "-m", "vllm.entrypoints.cli.main", "serve"],
                           server_env={"PYTHONPATH": VSITE, "VLLM_USE_FLASHINFER_SAMPLER": "0"})
+        engine["share_server"] = share  # --no-share: every stage starts its own server (the before of item 2)
         if suite_limit:
             for suite in params["suites"].values():
                 suite["limit"] = suite_limit
@@ -113,7 +114,7 @@ class Run:
             params["suites"]["code"]["allow_unsandboxed"] = True
         return params
 
-    def setup(self, suite_limit: int | None) -> None:
+    def setup(self, suite_limit: int | None, share: bool = True) -> None:
         import yaml
 
         started = time.perf_counter()
@@ -126,7 +127,7 @@ class Run:
         wrapper.chmod(0o755)
         sh([str(wrapper), "profile", "gpu-h200"], self.project, self.env())
         base = self.build_base()
-        (self.project / "params.yaml").write_text(yaml.safe_dump(self.settings(base, suite_limit), sort_keys=False))
+        (self.project / "params.yaml").write_text(yaml.safe_dump(self.settings(base, suite_limit, share), sort_keys=False))
         # the H200 machine has 64 GiB of disk: the project's .dvc/config links checkpoints into DVC's cache
         # (cache.type hardlink,symlink) instead of copying them, and the random source goes once resave has made
         # models/base (drop_source_once_resaved)
@@ -347,6 +348,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="CPU check: tiny Glm, tests/openai_server.py as vLLM")
     parser.add_argument("--suite-limit", type=int, default=None, help="items per suite (default: every item)")
     parser.add_argument("--target", nargs="*", default=[], help="run `dvc repro TARGET...` only (and what they need)")
+    parser.add_argument("--no-share", action="store_true", help="every stage starts its own server (to compare)")
     parser.add_argument("--grace", type=float, default=180.0,
                         help="seconds the run (and its vLLM servers) waits for the next call after a cut")
     parser.add_argument("--work", default=None, help="where the run lives (default /tmp/gpu-dvc[-tiny])")
@@ -363,7 +365,7 @@ def main() -> None:
         started = time.perf_counter()
         preflight(args.tiny)
         if run.state["setup_s"] is None:
-            run.setup(args.suite_limit)
+            run.setup(args.suite_limit, share=not args.no_share)
             print(f"set up {run.project} in {run.state['setup_s']} s", flush=True)
         if run.state["done"]:
             print("state: done (nothing to run; `reset` starts over)")

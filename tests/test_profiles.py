@@ -17,8 +17,10 @@ PROFILES = REPO / "pipeline" / "profiles"
 
 
 def test_the_project_files_are_the_cpu_demo_profile():
-    """`make demo` runs the project's own files: they must be the cpu-demo profile's, byte for byte."""
+    """`make demo` runs the project's own files: they must be the cpu-demo profile's, byte for byte; and no
+    profile file is named dvc.yaml (DVC would take it for a pipeline: `dvc status` would list its stages)."""
     assert profiles.current(REPO) == "cpu-demo"
+    assert not list(PROFILES.rglob("dvc.yaml")) and not list(PROFILES.rglob("*.dvc"))
 
 
 def test_one_command_switches_to_the_gpu_profile_and_back(tmp_path, monkeypatch):
@@ -62,7 +64,7 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     suite runs on every model; the judge covers every variant; bench is a stage; the report comes last."""
     repo = copy_repo(tmp_path / "repo")
     for name in profiles.FILES:
-        (repo / name).write_bytes((PROFILES / "gpu-h200" / name).read_bytes())
+        (repo / name).write_bytes(profiles.stored("gpu-h200", name).read_bytes())
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
@@ -85,7 +87,7 @@ def test_gpu_stages_depend_on_at_least_what_the_demos_do():
     """The demo's dvc.yaml is checked against what each stage reads (test_dvc_pipeline.py); the GPU one
     runs the same commands, so each of its stages lists at least the demo's deps and params."""
     demo = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    gpu = yaml.safe_load((PROFILES / "gpu-h200" / "dvc.yaml").read_text())["stages"]
+    gpu = yaml.safe_load(profiles.stored("gpu-h200", "dvc.yaml").read_text())["stages"]
     body = lambda stage: stage.get("do", stage)  # noqa: E731
     pairs = [(n, n) for n in demo if n in gpu] + [("evaluate", n) for n in ("perplexity", "perplexity-chat")]
     for gpu_name, demo_name in pairs:

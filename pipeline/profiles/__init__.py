@@ -18,6 +18,12 @@ from pipeline.errors import UserError
 
 PROFILES = Path(__file__).resolve().parent
 FILES = ("params.yaml", "dvc.yaml")
+# a profile's file -> the project's; not named dvc.yaml here, or DVC would take each for a pipeline of its own
+STORED = {"params.yaml": "params.yaml", "dvc.yaml": "dvc-stages.yaml"}
+
+
+def stored(name: str, file: str) -> Path:
+    return PROFILES / name / STORED[file]
 SUMMARIES = {
     "cpu-demo": "the CPU demo: SmolLM2-135M, hf engine, small suites, 15 minutes on 2 cores",
     "gpu-h200": "a GLM-4-9B-class model on one H200: vLLM (one server per model per run), every suite at full "
@@ -26,14 +32,14 @@ SUMMARIES = {
 
 
 def names() -> list[str]:
-    return sorted(p.name for p in PROFILES.iterdir() if p.is_dir() and all((p / f).is_file() for f in FILES))
+    return sorted(p.name for p in PROFILES.iterdir() if p.is_dir() and all((p / STORED[f]).is_file() for f in FILES))
 
 
 def current(root: Path) -> str | None:
     """The profile whose files the project holds unchanged, else None."""
     here = {f: (root / f).read_bytes() if (root / f).is_file() else None for f in FILES}
     for name in names():
-        if all(here[f] == (PROFILES / name / f).read_bytes() for f in FILES):
+        if all(here[f] == stored(name, f).read_bytes() for f in FILES):
             return name
     return None
 
@@ -51,13 +57,13 @@ def switch(name: str, root: Path, force: bool = False) -> list[str]:
         raise UserError(f"profile {name!r}: use one of {', '.join(names())}")
     if not force and current(root) is None:
         edited = [f for f in FILES if (root / f).is_file()
-                  and not any((root / f).read_bytes() == (PROFILES / n / f).read_bytes() for n in names())]
+                  and not any((root / f).read_bytes() == stored(n, f).read_bytes() for n in names())]
         if edited:
             raise UserError(f"{', '.join(edited)} in {root} differ from every profile (local edits); keep a copy "
                             f"and rerun with --force to replace them with the {name} profile")
     changed = []
     for f in FILES:
-        new = (PROFILES / name / f).read_bytes()
+        new = stored(name, f).read_bytes()
         target = root / f
         if not target.is_file() or target.read_bytes() != new:
             tmp = target.with_name(f".{f}.profile.tmp")
