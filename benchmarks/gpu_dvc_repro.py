@@ -102,7 +102,8 @@ class Run:
                                                            "repeats": 1}
             params["judge"].update(limit=2, max_new_tokens=4, judge_max_new_tokens=4)
             params["verdict"].update(kl_sequences=2, kl_max_tokens=64)
-            params["bench"].update(concurrency=[1, 2], request_rates=[4], rate_seconds=1, input_len=16, output_len=8)
+            params["bench"].update(concurrency=[1, 2], request_rates=[4], rate_seconds=1, input_len=16, output_len=8,
+                                   holdout=False)  # the held-out conversations pass the tiny model's 512 tokens
         else:
             engine.update(server_command=["python3", "-m", "vllm.entrypoints.cli.main", "serve"],
                           server_env={"PYTHONPATH": VSITE, "VLLM_USE_FLASHINFER_SAMPLER": "0"})
@@ -125,7 +126,8 @@ class Run:
         wrapper = self.bin / "quantize"  # what dvc.yaml's commands call
         wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m pipeline.cli \"$@\"\n")
         wrapper.chmod(0o755)
-        sh([str(wrapper), "profile", "gpu-h200"], self.project, self.env())
+        sh([str(wrapper), "profile", "gpu-h200"], self.project,
+           {k: v for k, v in self.env().items() if k != "QUANTIZE_STAGE_LOG"})  # not a stage of the run
         base = self.build_base()
         (self.project / "params.yaml").write_text(yaml.safe_dump(self.settings(base, suite_limit, share), sort_keys=False))
         # the H200 machine has 64 GiB of disk: the project's .dvc/config links checkpoints into DVC's cache
