@@ -331,8 +331,9 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     (default: bench.engine, else engine.name). holdout: held-out conversations for the real-length
     workload (None: the fixed workload only). requests_per_level: requests per level as a multiple of
     the concurrency (at least 4 in all)."""
-    from pipeline.engines import engine_spec, make_engine
+    from pipeline.engines import STARTS, engine_spec, engine_start_seconds, make_engine
 
+    starts_before = len(STARTS)
     b, e = sections_with_overrides(settings or BenchParams, engine_settings or EngineParams, **overrides)
     engine = engine or b.engine or e.name
     concurrency, input_len, output_len, request_rates = b.concurrency, b.input_len, b.output_len, b.request_rates
@@ -394,11 +395,36 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
             "roofline": roofline(lm, model_dir, batch1, bandwidth * (getattr(lm, "parallel", None) or {}).get(
                 "tensor_parallel_size", 1), kv_bytes) if bandwidth else None,
         }
+        summary["capacity"] = engine_capacity(lm, model_dir, summary, workloads["fixed"], slo, context, options)
+        summary["engine_start_s"] = engine_start_seconds(starts_before)
     finally:
         lm.close()
     summary["seconds"] = round(watch.seconds, 2)
     write_json(out, summary)
     return BenchResult(out, summary, watch.seconds)
+
+
+def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, context: int | None,
+                    options: dict) -> dict:
+    """What the variant buys (pipeline/engines/capacity.py): KV-cache tokens at the configured memory
+    fraction, the longest context one request can have, weight memory (from the engine's own start-up
+    figures where it reports them: vLLM), and output tokens/s per GPU of the requests that met bench.slo."""
+    from pipeline.checkpoints.sizes import checkpoint_weight_bytes
+    from pipeline.engines.capacity import capacity
+
+    figures = lm.capacity() if hasattr(lm, "capacity") else {}
+    tp = int((summary.get("engine_info") or {}).get("tensor_parallel_size") or 1)
+    try:
+        weights = checkpoint_weight_bytes(model_dir)
+    except (OSError, ValueError, KeyError):
+        weights = None
+    device_bytes = None
+    if _cuda():
+        import torch
+
+        device_bytes = torch.cuda.get_device_properties(0).total_memory
+    return capacity(figures, levels=fixed["levels"] + fixed["rates"], slo=slo, tensor_parallel_size=tp,
+                    model_window=context, checkpoint_weight_bytes=weights, settings=options, device_bytes=device_bytes)
 
 
 def _cuda() -> bool:

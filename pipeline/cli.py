@@ -53,15 +53,55 @@ def main_options(
 
 
 def stage(func):
-    """Turns UserError into a clean message and exit code 2."""
+    """Turns UserError into a clean message and exit code 2; with QUANTIZE_STAGE_LOG set, appends what the
+    stage cost to that file (one JSON line: _record_stage)."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        code = 1
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            code = 0
+            return result
         except UserError as exc:
+            code = exc.exit_code
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(exc.exit_code) from None
+        except typer.Exit as exc:
+            code = exc.exit_code
+            raise
+        finally:
+            _record_stage(code)
     return wrapper
+
+
+def _record_stage(code: int) -> None:
+    """{"stage" (DVC's stage name, under dvc repro), "command", "wall_s" (since the process started, imports
+    included), "engine_start_s" (model loads and server starts; 0 for an attach), "engines", "exit"}."""
+    import os
+    import time
+
+    path = os.environ.get("QUANTIZE_STAGE_LOG")
+    if not path:
+        return
+    from pipeline.engines import STARTS, engine_start_seconds
+
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        stat = Path("/proc/self/stat").read_text()
+        started = int(stat[stat.rindex(")") + 2:].split()[19]) / ticks
+        wall = float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError):
+        wall = None
+    line = {"stage": os.environ.get("DVC_STAGE"), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,
+            "engine_start_s": engine_start_seconds(), "engines": [{**s, "seconds": round(s["seconds"], 2)}
+                                                                   for s in STARTS],
+            "exit": code, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
+    except OSError as exc:
+        log_warning = logging.getLogger("pipeline.cli")
+        log_warning.warning(f"QUANTIZE_STAGE_LOG={path}: cannot append ({exc.strerror})")
 
 
 def _params(path: Path) -> params_mod.Params:
@@ -204,9 +244,25 @@ def _quantize(method: str, params_file: Path, variant: Optional[str], flags: dic
     stage_module = {"awq": awq_stage, "fp8": fp8_stage, "rtn": rtn_stage}[method]
     model, out = model or p.model.base_dir, out or Path("models") / (variant or f"{method}-{DEFAULT_SCHEME[method]}")
     _refuse_overlap(out, replaces="quantize", base_checkpoint=model, calibration_file=_calibration_file(p, calib))
+    if not plan:
+        _free_gpu_of_idle_servers(f"quantize {method}")
     with _calibration_blocks(p, calib, model) as blocks:
         result = stage_module.run(model, out, blocks, settings, placement=placement, plan_only=plan)
     typer.echo(result.summary())
+
+
+def _free_gpu_of_idle_servers(what: str) -> None:
+    """A stage that loads a model in-process (quantize, kl) first stops the vLLM servers the run keeps idle
+    (pipeline/engines/shared.py): they hold most of the GPU's memory. The GPU profile's dvc.yaml runs these
+    stages before any served one, so this only acts when a run resumes in another order."""
+    from pipeline.engines import shared
+
+    if not shared.entries():
+        return
+    with shared.locked():
+        stopped = shared.stop_idle(keep=0)
+    if stopped:
+        log.info(f"{what}: stopped {len(stopped)} idle vLLM server(s) to free the GPU for an in-process model")
 
 
 DEFAULT_SCHEME = {"awq": "w4a16", "fp8": "w8a8", "rtn": "w4a16"}  # out dir without a named variant: models/awq-w4a16
@@ -375,6 +431,7 @@ def kl(
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "kl.json"
     _refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
+    _free_gpu_of_idle_servers("kl")
     result = kl_stage.run(base, variant_dir, holdout, out, p.verdict, p.engine)
     typer.echo(result.summary_line())
 
@@ -434,6 +491,27 @@ def report(
     if failed:
         typer.secho(f"gate: {', '.join(failed)} did not pass --fail-on {fail_on}", fg="red", err=True)
         raise typer.Exit(1)
+
+
+@app.command()
+@stage
+def profile(
+    name: Optional[str] = typer.Argument(None, help="cpu-demo or gpu-h200 (none: list the profiles and say which is in use)"),
+    force: bool = typer.Option(False, "--force", help="Replace params.yaml and dvc.yaml even when they hold local edits"),
+):
+    """Switch params.yaml and dvc.yaml together: the CPU demo or the GPU configuration (pipeline/profiles/)."""
+    from pipeline import profiles
+
+    root = Path.cwd()
+    if name is None:
+        typer.echo(profiles.describe(root))
+        return
+    changed = profiles.switch(name, root, force)
+    what = ", ".join(changed) if changed else "nothing (already in use)"
+    typer.echo(f"profile {name}: wrote {what}; {profiles.SUMMARIES.get(name, '')}")
+    if name == "gpu-h200":
+        typer.echo("  set model.source in params.yaml to your checkpoint (and engine.server_command if vLLM lives in "
+                   "another environment), then: dvc repro")
 
 
 @app.command("show-verdict")

@@ -237,7 +237,9 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     from pipeline.console import progress
     from pipeline.engines import make_engine
 
-    watch = Stopwatch()
+    from pipeline.engines import STARTS, engine_start_seconds
+
+    watch, starts_before = Stopwatch(), len(STARTS)
     s, e = sections_with_overrides(settings or SuiteParams, engine_settings or EngineParams, **overrides)
     task, limit, engine = s.task, s.limit, engine or e.name
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -250,34 +252,38 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     from pipeline.engines import vision
 
     is_long_context = task == long_context.TASK
-    metadata = _task_metadata(model_dir, suite, s.options, is_long_context)
-    task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)
-    raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
-    reason = vision.not_applicable(model_dir, raw_config)
-    if is_long_context:
-        metadata = (raw_config.get("metadata") or {}) | metadata  # the ladder as the task will see it
-        reason = reason or long_context.not_applicable(metadata)
-    if reason is not None:
-        return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
-                               engine=engine, reason=reason)
-    sandbox_method = None
-    if (raw_config.get("metadata") or {}).get("runs_model_code"):  # refuse before any generation
-        sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
-                                                   setting=f"suites.{suite}.allow_unsandboxed")
-    cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
-    # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
-    with progress(f"eval {variant}/{suite}", None, "requests") as advance, \
-            sandbox.allow_unsandboxed(s.allow_unsandboxed):
-        lm_engine = make_engine(engine, model_dir, **options)
-        lm = _lm_class()(lm_engine, cache, chunk=options["batch_size"], on_done=advance, task=task,
-                         on_items=advance.expect)
-        try:
+    # the long-context ladder goes as far as the served engine holds (its max_model_len and KV cache), so a
+    # server engine starts before the items are made (and is the one that answers them)
+    lm_engine = make_engine(engine, model_dir, **options) if is_long_context and engine == "vllm" else None
+    try:
+        metadata = _task_metadata(model_dir, suite, s.options, is_long_context, lm_engine)
+        task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)
+        raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
+        reason = vision.not_applicable(model_dir, raw_config)
+        if is_long_context:
+            metadata = (raw_config.get("metadata") or {}) | metadata  # the ladder as the task will see it
+            reason = reason or long_context.not_applicable(metadata)
+        if reason is not None:
+            return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
+                                   engine=engine, reason=reason)
+        sandbox_method = None
+        if (raw_config.get("metadata") or {}).get("runs_model_code"):  # refuse before any generation
+            sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
+                                                       setting=f"suites.{suite}.allow_unsandboxed")
+        cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
+        # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
+        with progress(f"eval {variant}/{suite}", None, "requests") as advance, \
+                sandbox.allow_unsandboxed(s.allow_unsandboxed):
+            lm_engine = lm_engine or make_engine(engine, model_dir, **options)
+            lm = _lm_class()(lm_engine, cache, chunk=options["batch_size"], on_done=advance, task=task,
+                             on_items=advance.expect)
             results = simple_evaluate(
                 model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
                 apply_chat_template=True, gen_kwargs={"max_gen_toks": s.max_new_tokens},
                 bootstrap_iters=0, verbosity="ERROR",
             )
-        finally:
+    finally:
+        if lm_engine is not None:
             lm_engine.close()
     task_config = results["configs"][task]
     metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
@@ -289,6 +295,8 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
         "metrics": {k: v for k, v in results["results"][task].items() if isinstance(v, (int, float))},
         **_speed(lines, lm),
         "cache": {"path": str(cache.path), "lines_dropped": cache.dropped},
+        # model load or server start this stage paid (0 when it attached to a server the run already had)
+        "engine_start_s": engine_start_seconds(starts_before),
         "seconds": round(watch.seconds, 2),
     }
     if sandbox_method is not None:
@@ -320,14 +328,14 @@ def _speed(lines: list[dict], lm) -> dict:
     }
 
 
-def _task_metadata(model_dir: Path, suite: str, options: dict, is_long_context: bool) -> dict | None:
+def _task_metadata(model_dir: Path, suite: str, options: dict, is_long_context: bool, engine=None) -> dict | None:
     """What the task's loader gets (lm-eval metadata): the suite's options, the checkpoint (whose
     tokenizer and chat template a task may need, e.g. to render conversations), and for the
     long-context suite what only the model knows."""
     from pipeline import long_context
 
     if is_long_context:
-        return long_context.task_metadata(model_dir, **options)
+        return long_context.task_metadata(model_dir, engine=engine, **options)
     data = options.get("data")
     if data is not None and not Path(data).exists():
         raise UserError(f"params.yaml: suites.{suite}.options.data: {data} does not exist; build it first "

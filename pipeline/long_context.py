@@ -45,12 +45,35 @@ def chars_per_token(model_dir: Path | str, sample_chars: int = 40_000) -> float:
     return round(len(text) / len(tokenizer(text, add_special_tokens=False)["input_ids"]), 3)
 
 
-def task_metadata(model_dir: Path | str, **overrides) -> dict:
-    """What evaluate.py passes as TaskManager(metadata=...) for this suite; overrides (lengths,
-    depths, kinds, repeats) replace the YAML's ladder."""
-    metadata = {"chars_per_token": chars_per_token(model_dir), **overrides}
+def context_limits(model_dir: Path | str, engine=None) -> list[list]:
+    """[[tokens, what], ...]: every bound on one prompt's length, the model's window first, then what the
+    engine serving it holds: its max_model_len and its KV cache (vLLM's own start-up figures:
+    pipeline/engines/capacity.py). A length past the smallest is skipped, with that bound as the reason."""
+    limits = []
     if (positions := context_length(model_dir)) is not None:
-        metadata["max_context"] = positions
+        limits.append([positions, "the model's context"])
+    if engine is not None:
+        figures = engine.capacity() if hasattr(engine, "capacity") else {}
+        settings = getattr(engine, "settings", {}) or {}
+        served = figures.get("max_model_len") or settings.get("max_model_len")
+        if served:
+            limits.append([int(served), "the engine's max_model_len"])
+        if figures.get("kv_cache_tokens"):
+            fraction = settings.get("gpu_memory_utilization")
+            at = f" at gpu_memory_utilization {fraction:g}" if fraction else ""
+            limits.append([int(figures["kv_cache_tokens"]), f"the engine's KV cache{at}"])
+    return limits
+
+
+def task_metadata(model_dir: Path | str, engine=None, **overrides) -> dict:
+    """What evaluate.py passes as TaskManager(metadata=...) for this suite; overrides (lengths,
+    depths, kinds, repeats) replace the YAML's ladder; engine: the server that will answer (its
+    max_model_len and KV cache bound the lengths too)."""
+    metadata = {"chars_per_token": chars_per_token(model_dir), **overrides}
+    limits = context_limits(model_dir, engine)
+    if limits:
+        metadata["max_context"] = min(n for n, _ in limits)
+        metadata["context_limits"] = limits
     return metadata
 
 
@@ -68,12 +91,17 @@ def not_applicable(metadata: dict) -> str | None:
             f"{lengths} (plus room for the answer)")
 
 
-def skipped_lengths(lengths, max_context: int | None) -> list[dict]:
-    """One entry per length the suite leaves out for this model, with the reason."""
+def skipped_lengths(lengths, max_context: int | None, limits: list | None = None) -> list[dict]:
+    """One entry per length the suite leaves out for this model (and engine), with the reason: the
+    tightest bound it passes (context_limits)."""
     _, skipped = suite().fitting_lengths(lengths, max_context)
-    needed = {n: round(n * suite().SLACK) + suite().ANSWER_ROOM for n in skipped}
-    return [{"length": n, "reason": f"beyond the model's context: needs ~{needed[n]} tokens, has {max_context}"}
-            for n in skipped]
+    limits = sorted(limits or [[max_context, "the model's context"]])
+    out = []
+    for n in skipped:
+        needed = round(n * suite().SLACK) + suite().ANSWER_ROOM
+        bound, what = next(([b, w] for b, w in limits if needed > b), limits[0])
+        out.append({"length": n, "reason": f"beyond {what}: needs ~{needed} tokens, has {bound}"})
+    return out
 
 
 def skip_beyond_context(docs: list[dict], max_tokens: int | None) -> tuple[list[dict], list[dict]]:
@@ -113,7 +141,8 @@ def summarize(result_lines: list[dict], metadata: dict) -> dict:
     return {
         "max_context": max_context,
         "lengths_run": suite().fitting_lengths(lengths, max_context)[0],
-        "lengths_skipped": skipped_lengths(lengths, max_context),
+        "lengths_skipped": skipped_lengths(lengths, max_context, metadata.get("context_limits")),
+        "context_limits": metadata.get("context_limits"),
         "by_length_and_depth": by_length_and_depth(result_lines),
         "by_kind": by_kind(result_lines),
     }

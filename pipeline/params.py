@@ -285,6 +285,11 @@ class EngineParams(Section):
     server_env: dict[str, str] = {}  # extra environment for the server only (e.g. PYTHONPATH of its own install)
     server_args: list[str] = []  # further `vllm serve` flags, passed as given
     start_timeout: float = Field(900.0, gt=0, le=7200)  # seconds for the server to answer /health
+    # one server per checkpoint and settings for the whole `dvc repro` (pipeline/engines/shared.py): stages
+    # attach to the server an earlier stage started; false: every stage starts and stops its own
+    share_server: bool = True
+    server_idle_timeout: float = Field(300.0, gt=0, le=86400)  # seconds without a stage before it stops
+    max_servers: int = Field(1, ge=1, le=16)  # servers kept at once (idle ones beyond: stopped, oldest first)
     # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
     base_url: str | None = None
     model: str | None = None  # the served model's name
@@ -315,6 +320,8 @@ class EngineParams(Section):
                     "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs,
                     "server_command": self.server_command, "server_env": self.server_env,
                     "server_args": self.server_args, "start_timeout": self.start_timeout,
+                    "share_server": self.share_server, "server_idle_timeout": self.server_idle_timeout,
+                    "max_servers": self.max_servers,
                     "timeout": max(self.timeout, 600.0), "retries": min(self.retries, 1),
                     "max_response_bytes": self.max_response_bytes, "enable_expert_parallel": self.enable_expert_parallel,
                     "dtype": self.dtype if self.dtype != "float32" else None}
@@ -572,10 +579,11 @@ def check_against_dvc(params: Params, dvc_file: Path) -> None:
     for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
         listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
         if isinstance(listed_variants, list):
-            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in params.variants]
+            known = ["base", *params.variants]  # bench runs on base too
+            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in known]
             if unknown:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
-                                f"define as variants ({', '.join(params.variants) or 'none'}); remove them")
+                                f"define as base or variants ({', '.join(known)}); remove them")
     matrices = {name: stage["matrix"] for name, stage in stages.items()
                 if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
                 and {"model", "suite"} & set(stage["matrix"])}

@@ -13,6 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # remote-code modules that tests load (trust_remote_code) go to a temp dir, not ~/.cache
 os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="hf-modules-"))
+# shared vLLM servers' registry (pipeline/engines/shared.py): a temp dir, not the checkout's .cache
+os.environ.setdefault("QUANTIZE_SERVER_DIR", tempfile.mkdtemp(prefix="quantize-servers-"))
 
 from tiny import save_tiny_llama  # noqa: E402
 

@@ -284,6 +284,29 @@ class CompletionsServer:
         return Handler
 
 
+def log_start_figures(model: TinyModel, args, seconds: float) -> None:
+    """The start-up lines vLLM 0.24 logs (pipeline/engines/capacity.py reads them), with this model's own
+    figures: its weights, and the KV pool of a pretend device of --device-memory-gib at
+    --gpu-memory-utilization (or --kv-cache-tokens)."""
+    config = model.model.config
+    weights = sum(p.numel() * p.element_size() for p in model.model.parameters())
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * 4
+    pool = max(0, int(args.device_memory_gib * 2**30 * args.gpu_memory_utilization) - weights)
+    tokens = args.kv_cache_tokens if args.kv_cache_tokens is not None else pool // per_token // 16 * 16
+    if args.kv_cache_tokens is not None:
+        pool = tokens * per_token
+    max_len = args.max_model_len or config.max_position_embeddings
+    prefix = "(EngineCore_DP0 pid=1) INFO 12-01 10:00:00"
+    print(f"{prefix} [gpu_model_runner.py:2602] Model loading took {weights / 2**30:.4f} GiB memory and "
+          f"{seconds:.6f} seconds", flush=True)
+    print(f"{prefix} [gpu_worker.py:298] Available KV cache memory: {pool / 2**30:.2f} GiB", flush=True)
+    print(f"{prefix} [kv_cache_utils.py:1087] GPU KV cache size: {tokens:,} tokens", flush=True)
+    print(f"{prefix} [kv_cache_utils.py:1091] Maximum concurrency for {max_len:,} tokens per request: "
+          f"{tokens / max_len:.2f}x", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`vllm serve`'s command line: MODEL --host H --port P --served-model-name N [other flags recorded]."""
     parser = argparse.ArgumentParser()
@@ -297,6 +320,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--die-after", type=int, default=None, help="exit at this completion request")
     parser.add_argument("--chat-template", default=None)
     parser.add_argument("--chat-template-content-format", default="auto")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--device-memory-gib", type=float, default=1.0, help="the pretend device's memory")
+    parser.add_argument("--kv-cache-tokens", type=int, default=None, help="pretend the KV pool holds this many tokens")
+    parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to sleep before listening")
     args, rest = parser.parse_known_args(argv)
     model = args.model or args.serve
     if args.record:
@@ -305,8 +333,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.fail_start:
         print("RuntimeError: no CUDA device (a scripted start failure)", flush=True)
         sys.exit(3)
+    started = time.perf_counter()
     server = CompletionsServer(model, args.served_model_name, args.port, chat_template=args.chat_template)
     server.die_after = args.die_after
+    log_start_figures(server.model, args, time.perf_counter() - started)
+    time.sleep(args.start_delay)
     print(f"listening on {server.base_url}", flush=True)
     server.serve_forever()
 

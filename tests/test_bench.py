@@ -250,3 +250,19 @@ def test_bench_names_the_line_of_a_bad_holdout_record(tmp_path, tiny_llama, monk
     # a log that ends on the user's turn has no reference and is skipped; a record without messages is an error
     assert f"{holdout}:2: not a holdout record" in result.output and "quantize calib" in result.output
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_the_report_shows_what_each_variant_buys_beside_its_decision(tmp_path):
+    """bench.json `capacity` (quantize bench on vLLM) -> one line per variant in verdict.json and the page."""
+    results = tmp_path / "results"
+    scores = [1] * 120 + [0] * 80
+    for name, tpot, goodput, kv in (("base", 6.3, 2000.0, 500_000), ("fp8", 4.1, 3000.0, 1_000_000)):
+        write_results(results, name, scores)
+        summary = bench_summary(tpot, "vllm")
+        summary["capacity"] = {"kv_cache_tokens": kv, "max_context_batch1": min(kv, 131072), "weight_bytes": 9 << 30,
+                               "goodput_tok_s_per_gpu": goodput, "slo": {"ttft_ms": 200.0, "tpot_ms": 15.0}}
+        (results / name / "bench.json").write_text(json.dumps(summary))
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(TINY_PARAMS),
+                         models_dir=tmp_path / "models").verdict
+    assert verdict["variants"]["fp8"]["capacity_line"] == "GO, 1.5x tokens/s, 2x KV capacity"
+    assert "GO, 1.5x tokens/s, 2x KV capacity" in (tmp_path / "reports" / "index.html").read_text()

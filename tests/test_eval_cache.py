@@ -157,3 +157,30 @@ def test_the_eval_bar_moves_once_per_finished_request(tmp_path, tiny_llama):
     items, done = [], []
     evaluate._lm_class()(engine, cache, chunk=4, on_done=done.append, on_items=items.append).generate_until(requests)
     assert items == [3] and done == [3]  # all read back
+
+
+def test_a_large_checkpoint_is_hashed_once_per_file_signature(tmp_path, tiny_llama, monkeypatch):
+    """GLM-4-9B's 18 GB take ~12 s to hash: once per run, not in each of its ~30 stages; any rewrite of a file
+    (even of the same size, its mtime put back) hashes it again."""
+    import json
+    import os
+    import shutil
+
+    from pipeline import eval_cache
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    monkeypatch.setattr(eval_cache, "MEMO_MIN_BYTES", 0)
+    monkeypatch.setenv("QUANTIZE_FINGERPRINT_DIR", str(tmp_path / "memo"))
+    first = eval_cache.model_fingerprint(model)
+    [memo] = (tmp_path / "memo").glob("*.json")
+    memo.write_text(json.dumps({**json.loads(memo.read_text()), "fingerprint": "remembered"}))
+    assert eval_cache.model_fingerprint(model) == "remembered"  # not hashed again
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = eval_cache.model_fingerprint(model)
+    assert changed not in ("remembered", first)

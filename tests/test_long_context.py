@@ -1,4 +1,6 @@
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +145,39 @@ def test_a_model_with_4k_positions_gets_the_1k_and_2k_rungs(tiny_llama_4k):
     assert long_context.not_applicable(metadata) is None
     assert "below the shortest length" in long_context.not_applicable({"max_context": 512})
     assert long_context.not_applicable({"max_context": 512, "lengths": [256, 1024]}) is None
+
+
+@pytest.mark.parametrize("server_flags, max_model_len, skipped, skipped_because", [
+    (["--kv-cache-tokens", "400"], 450, [384],
+     "beyond the engine's KV cache at gpu_memory_utilization 0.5: needs ~467 tokens, has 400"),
+    ([], 300, [256, 384], "beyond the engine's max_model_len: needs ~333 tokens, has 300"),
+])
+def test_through_vllm_the_ladder_goes_as_far_as_the_served_engine_holds(tmp_path, tiny_llama, monkeypatch,
+                                                                        server_flags, max_model_len, skipped,
+                                                                        skipped_because):
+    """Lengths past the engine's max_model_len or its KV cache (the server's own start-up figures) are
+    skipped with that reason, recorded in the suite's summary; the rest run through the server."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli import app
+
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["suites"]["long_context"] = {"task": "quant_long_context", "max_new_tokens": 4, "options": {
+        "lengths": [128, 256, 384], "depths": [50], "kinds": ["niah"], "repeats": 1}}
+    settings["engine"].update(name="vllm", server_command=[sys.executable, str(Path(__file__).with_name(
+        "openai_server.py"))], server_args=server_flags, max_model_len=max_model_len, gpu_memory_utilization=0.5,
+        start_timeout=120)
+    write_params(tmp_path, settings)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "long_context", "--out", "r"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "r" / "long_context.json").read_text())
+    lc = summary["long_context"]
+    assert lc["max_context"] < 512  # the engine binds before the model's window does
+    assert lc["lengths_run"] == [n for n in (128, 256, 384) if n not in skipped]
+    assert [s["length"] for s in lc["lengths_skipped"]] == skipped
+    assert lc["lengths_skipped"][0]["reason"] == skipped_because
+    assert summary["n"] == 3 - len(skipped) and summary["engine"] == "vllm"

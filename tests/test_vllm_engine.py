@@ -227,6 +227,19 @@ def test_bench_through_a_server_sweeps_concurrency_and_request_rates(tmp_path, t
     assert fixed["rates"][0]["requests"] == 10  # 20 req/s for 0.5 s, at least 8
     assert summary["roofline"]["bound_tokens_per_s"] > 0
     assert (tmp_path / "r" / "bench.vllm.log").exists()
+    # what the variant buys, from the server's own start-up lines (the test server logs vLLM 0.24's wording
+    # for a pretend 1 GiB device at gpu_memory_utilization 0.9 and this model's float32 weights)
+    cap = summary["capacity"]
+    weights = sum(t.numel() * 4 for t in __import__("conftest").read_tensors(tiny_llama).values())
+    log = (tmp_path / "r" / "bench.vllm.log").read_text()
+    logged = int(log.split("GPU KV cache size: ")[1].split(" tokens")[0].replace(",", ""))
+    assert cap["kv_cache_tokens"] == logged > 0 and cap["source"]["kv_cache_tokens"] == "engine log"
+    assert cap["weight_bytes"] == pytest.approx(weights, abs=2**30 * 0.00005)  # logged as GiB to 4 decimals
+    assert cap["max_context_batch1"] == min(logged, 512)  # the tiny model's window: 512 positions
+    assert cap["slo"] == {"ttft_ms": 60000, "tpot_ms": 60000}
+    best = max(l["goodput_requests_per_s"] * l["output_tokens_mean"] for l in fixed["levels"] + fixed["rates"])
+    assert cap["goodput_tok_s_per_gpu"] == pytest.approx(best)
+    assert summary["engine_start_s"] > 0
 
 
 def test_request_rates_need_a_server_engine(tmp_path, tiny_llama, monkeypatch):

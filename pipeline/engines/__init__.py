@@ -64,14 +64,34 @@ def engine_spec(name: str, what: str = "engine") -> EngineSpec:
     return ENGINES[name]
 
 
+# Every engine this process made, with what making it cost: a model load (hf, lmdeploy), a server start
+# (vllm), or an attach to a server an earlier stage of the run started (vllm, shared: seconds near 0).
+# Stages write the sum as `engine_start_s` in their outputs; the CLI adds it to QUANTIZE_STAGE_LOG.
+STARTS: list[dict] = []
+
+
+def engine_start_seconds(since: int = 0) -> float:
+    """Seconds spent making engines, from the `since`-th on (len(STARTS) when a stage began)."""
+    return round(sum(s["seconds"] for s in STARTS[since:]), 2)
+
+
 def make_engine(name: str, model_dir, **options) -> Engine:
     import importlib
+    import time
 
     spec = engine_spec(name)
+    started = time.perf_counter()
     if name == "hf":
         from pipeline.engines.vision import VisionEngine, is_multimodal
 
         if is_multimodal(model_dir):
-            return VisionEngine(model_dir, **options)
+            engine = VisionEngine(model_dir, **options)
+            STARTS.append({"engine": name, "model": str(model_dir), "seconds": time.perf_counter() - started})
+            return engine
     module, cls = spec.target.split(":")
-    return getattr(importlib.import_module(module), cls)(model_dir, **options)
+    engine = getattr(importlib.import_module(module), cls)(model_dir, **options)
+    record = {"engine": name, "model": str(model_dir), "seconds": time.perf_counter() - started}
+    if hasattr(engine, "server") and hasattr(engine.server, "started"):
+        record["server"] = "started" if engine.server.started else "attached"
+    STARTS.append(record)
+    return engine

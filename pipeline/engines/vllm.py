@@ -83,10 +83,12 @@ def refuse_unmatched_ignore(model_dir: Path) -> None:
         serving_names.check(Path(model_dir))
 
 
-def server_args(model_dir: Path, port: int, settings: dict) -> list[str]:
-    """vLLM's CLI arguments for `settings` (the engine section, vLLM's names)."""
+def server_args(model_dir: Path, port: int | None, settings: dict) -> list[str]:
+    """vLLM's CLI arguments for `settings` (the engine section, vLLM's names); port None leaves `--port`
+    out (a shared server's port is appended when it starts, pipeline/engines/shared.py)."""
     kv = resolve_kv_cache_dtype(settings.get("kv_cache_dtype", "checkpoint"), model_dir)
-    args = [str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
+    args = [str(model_dir), "--host", "127.0.0.1", *(["--port", str(port)] if port is not None else []),
+            "--served-model-name", SERVED_NAME,
             "--generation-config", "vllm", "--seed", "0",
             "--tensor-parallel-size", str(settings.get("tensor_parallel_size", 1)),
             "--gpu-memory-utilization", str(settings.get("gpu_memory_utilization", 0.9)),
@@ -114,7 +116,7 @@ class VLLMEngine:
     def __init__(self, model_dir: Path | str, *, batch_size: int = 64, server_command: list[str] | None = None,
                  server_env: dict | None = None, start_timeout: float = 900.0, log_path: Path | str | None = None,
                  timeout: float = 600.0, retries: int = 1, max_response_bytes: int = 64 << 20, progress=None,
-                 **settings):
+                 share_server: bool = False, server_idle_timeout: float = 300.0, max_servers: int = 1, **settings):
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").exists():
             raise UserError(f"{self.model_dir}: no config.json; pass a checkpoint directory")
@@ -123,11 +125,20 @@ class VLLMEngine:
         self.accepts_images = is_multimodal(self.model_dir)
         self.batch_size = batch_size  # requests in flight
         self.progress = progress
-        port = free_port()
         log_path = Path(log_path) if log_path else Path("results") / self.model_dir.name / "vllm-server.log"
-        command = list(server_command or ["vllm", "serve"]) + server_args(self.model_dir, port, self.settings)
-        self.server = ServerProcess(command, port=port, log_path=log_path, env=server_env, name="vLLM server",
-                                    start_timeout=start_timeout).start()
+        if share_server:  # one server per checkpoint and settings for the whole run (pipeline/engines/shared.py)
+            from pipeline.engines import shared
+
+            command = list(server_command or ["vllm", "serve"]) + server_args(self.model_dir, None, self.settings)
+            self.server = shared.acquire(command, "--port", model_dir=self.model_dir, log_path=log_path,
+                                         env=server_env, start_timeout=start_timeout,
+                                         idle_timeout=server_idle_timeout, max_servers=max_servers,
+                                         name="vLLM server")
+        else:
+            port = free_port()
+            command = list(server_command or ["vllm", "serve"]) + server_args(self.model_dir, port, self.settings)
+            self.server = ServerProcess(command, port=port, log_path=log_path, env=server_env, name="vLLM server",
+                                        start_timeout=start_timeout).start()
         try:
             self.client = OpenAIEngine(self.model_dir, base_url=self.server.base_url + "/v1", model=SERVED_NAME,
                                        prompt_format="tokens", concurrency=batch_size, timeout=timeout, retries=retries,
@@ -221,7 +232,19 @@ class VLLMEngine:
                 "enable_expert_parallel": bool(self.settings.get("enable_expert_parallel")),
                 "accepts_images": self.accepts_images,
                 "server_start_seconds": round(self.server.start_seconds or 0.0, 1),
+                "server_attached": not getattr(self.server, "started", True),  # shared: started by an earlier stage
                 "log": str(self.server.log_path)}
+
+    @property
+    def start_seconds(self) -> float:
+        """What this stage paid to start the server: 0 when it attached to a running one."""
+        return float(self.server.start_seconds or 0.0)
+
+    def capacity(self) -> dict:
+        """KV-cache capacity and weight memory as the server itself logged them at start (capacity.py)."""
+        from pipeline.engines.capacity import from_vllm_log
+
+        return from_vllm_log(self.server.log_path)
 
     def _version(self) -> str | None:
         import httpx

@@ -74,7 +74,10 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     jp, e, v = sections_with_overrides(settings or JudgeParams, engine or EngineParams, verdict or VerdictParams,
                                        **overrides)
     iterations, confidence, seed = v.bootstrap, v.confidence, v.seed
+    from pipeline.engines import STARTS
+
     watch = Stopwatch()
+    watch.starts_before = len(STARTS)
     variant_dir, base_dir, out_dir = Path(variant_dir), Path(base_dir), Path(out_dir)
     answer_engine = "hf" if e.name == "openai" else e.name
     options = e.options(answer_engine)
@@ -120,6 +123,9 @@ def _finish_summary(summary, jp, variant_dir, base_dir, description, weak, judge
     summary["reasons"] = explain_judge(summary, summary["decision"], jp.margin, jp.min_consistency)
     summary["sentence"] = judge_sentence(summary, summary["decision"], jp.margin, jp.min_consistency)
     summary["judge_requests"] = judge.requests
+    from pipeline.engines import engine_start_seconds
+
+    summary["engine_start_s"] = engine_start_seconds(watch.starts_before)  # answer and judge engines made
     summary["seconds"] = round(watch.seconds, 2)
     return summary
 

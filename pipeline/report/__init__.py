@@ -21,6 +21,7 @@ from pipeline.errors import UserError
 from pipeline.outputs import human_size, write_pair
 from pipeline.formats import quant_json, results as result_files
 from pipeline.report import inputs
+from pipeline.report.capacity import capacity_line
 from pipeline.params import Params
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
             "kl": _read_json(results_dir / variant / "kl.json"),
             "speed": speed,
             "serving": _serving(models_dir / variant),
+            # "GO, 1.5x tokens/s, 2x KV capacity" (pipeline/report/capacity.py)
+            "capacity_line": capacity_line(decision, speeds.get(variant), speeds.get("base")),
         }
     base_suites = {s: _suite_score(items) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
                    for s, items in results.get("base", {}).items()}
@@ -363,4 +366,5 @@ def speed_row(summary: dict) -> dict:
         "memory_bytes": max((l.get("memory_bytes") or 0) for l in fixed["levels"]) or None,
         "roofline_fraction": roof.get("fraction_of_bound"),
         "roofline_tokens_per_s": roof.get("bound_tokens_per_s"),
+        "capacity": summary.get("capacity"),
     }

@@ -1,0 +1,385 @@
+"""The GPU run as a whole: `dvc repro` with the gpu-h200 profile on GLM-4-9B shapes, cut by the machine's
+10-minute command limit and resumed, and what it cost per stage (issue 24, item 3).
+
+On the GPU machine, from the project root, once the vLLM bundle is unpacked in /tmp/vsite (see
+../shared/device/README.md) and with `.device` carried (../shared/device/wheels.sh, then
+benchmarks/gpu_dvc_wheels.sh for DVC), call this again and again until it prints `state: done`:
+
+    python3 benchmarks/gpu_dvc_repro.py run [--budget 540] [--suite-limit N]
+
+Each call (the machine keeps /tmp between calls while warm) sets the run up the first time: a copy of the
+project under /tmp/gpu-dvc/project with `quantize profile gpu-h200` applied and this machine's settings on top
+(model.source: a GlmForCausalLM with GLM-4-9B's shapes and random bf16 weights, built here; vLLM started
+from /tmp/vsite), then runs `dvc repro` there. A call that reaches --budget seconds stops `dvc repro`
+(SIGINT, as a cut would) and the next call runs `dvc repro` again: DVC skips the finished stages, the eval
+caches skip the scored items. The run holding the GPU is a small process of this script's (QUANTIZE_RUN_PID)
+that outlives a cut call by --grace seconds, so the vLLM servers of a cut call serve the next call's stages if
+the machine keeps processes between calls (and restart, counted, if it does not); it ends with the run. Every stage appends its wall time and engine start to a log
+(QUANTIZE_STAGE_LOG, written by pipeline/cli.py); each call writes $OUT/gpu_dvc_repro.json:
+
+    stages: [{name, wall_s, engine_start_s, attempts, server_starts}]   (a cut stage's attempts add up)
+    wall_s, engine_start_s, engine_start_fraction: the whole matrix (dvc repro's time over all calls)
+    resumed: how many times the run was cut and resumed; calls; setup_s (building the random base: not a stage)
+
+`--tiny` runs the same on the CPU: a tiny Glm, tests/openai_server.py in vLLM's place, a few items per suite
+(tests/test_gpu_dvc_repro.py). `--target STAGE...` runs `dvc repro STAGE...` (and what they need) only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = Path(os.environ.get("OUT", "/tmp/gpu-dvc-out"))
+VSITE = os.environ.get("VLLM_SITE", "/tmp/vsite")
+IGNORE = shutil.ignore_patterns(".git", ".venv", ".device", ".vllm-*", "models", "results", ".cache", "__pycache__",
+                                "*.egg-info", ".pytest_cache", "build", "index.html", "verdict.json", "dvc.lock")
+
+
+def sh(cmd: list[str], cwd: Path, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+class Run:
+    def __init__(self, work: Path, tiny: bool):
+        self.work, self.tiny = work, tiny
+        self.project, self.state_file = work / "project", work / "state.json"
+        self.stage_log, self.bin = work / "stages.jsonl", work / "bin"
+        self.state = json.loads(self.state_file.read_text()) if self.state_file.exists() else {
+            "calls": [], "cuts": 0, "done": False, "setup_s": None}
+
+    def save(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps(self.state, indent=1))
+
+    # ------------------------------------------------------------ setting up (first call)
+
+    def build_base(self) -> Path:
+        sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
+        if self.tiny:
+            from tiny import save_tiny_glm
+
+            base = self.work / "glm-tiny"
+            if not (base / "config.json").exists():
+                save_tiny_glm(base)
+            return base
+        from gpu_quantize import build_model
+
+        return build_model(self.work, 40)  # GLM-4-9B shapes, random bf16, on the GPU
+
+    def settings(self, base: Path, suite_limit: int | None, share: bool = True) -> dict:
+        """This machine's settings over the gpu-h200 profile."""
+        import yaml
+
+        params = yaml.safe_load((self.project / "params.yaml").read_text())
+        params["model"]["source"] = str(base)
+        engine = params["engine"]
+        if self.tiny:
+            engine.update(server_command=[sys.executable, str(REPO / "tests" / "openai_server.py")],
+                          max_model_len=512, batch_size=8)
+            params["model"]["dtype"] = "float16"
+            params["calib"].update(seq_len=64, num_blocks=8, holdout=8)
+            for variant in params["variants"].values():
+                if variant["method"] in ("awq", "rtn"):
+                    variant.update(group_size=32)
+                if variant["method"] == "awq":
+                    variant.update(n_grid=4, batch_size=8)
+            for name, suite in params["suites"].items():
+                suite["limit"] = 2
+                suite["max_new_tokens"] = 4
+            params["suites"]["long_context"]["options"] = {"lengths": [128, 256], "depths": [50], "kinds": ["niah"],
+                                                           "repeats": 1}
+            params["judge"].update(limit=2, max_new_tokens=4, judge_max_new_tokens=4)
+            params["verdict"].update(kl_sequences=2, kl_max_tokens=64)
+            params["bench"].update(concurrency=[1, 2], request_rates=[4], rate_seconds=1, input_len=16, output_len=8,
+                                   holdout=False)  # the held-out conversations pass the tiny model's 512 tokens
+        else:
+            engine.update(server_command=["python3", "-m", "vllm.entrypoints.cli.main", "serve"],
+                          server_env={"PYTHONPATH": VSITE, "VLLM_USE_FLASHINFER_SAMPLER": "0"})
+        engine["share_server"] = share  # --no-share: every stage starts its own server (the before of item 2)
+        if suite_limit:
+            for suite in params["suites"].values():
+                suite["limit"] = suite_limit
+        if not shutil.which("bwrap"):  # random weights write no real code; the report marks it unsandboxed
+            params["suites"]["code"]["allow_unsandboxed"] = True
+        return params
+
+    def setup(self, suite_limit: int | None, share: bool = True) -> None:
+        import yaml
+
+        started = time.perf_counter()
+        if self.project.exists():
+            shutil.rmtree(self.project)
+        shutil.copytree(REPO, self.project, ignore=IGNORE)
+        self.bin.mkdir(parents=True, exist_ok=True)
+        wrapper = self.bin / "quantize"  # what dvc.yaml's commands call
+        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m pipeline.cli \"$@\"\n")
+        wrapper.chmod(0o755)
+        sh([str(wrapper), "profile", "gpu-h200"], self.project,
+           {k: v for k, v in self.env().items() if k != "QUANTIZE_STAGE_LOG"})  # not a stage of the run
+        base = self.build_base()
+        (self.project / "params.yaml").write_text(yaml.safe_dump(self.settings(base, suite_limit, share), sort_keys=False))
+        # the H200 machine has 64 GiB of disk: the project's .dvc/config links checkpoints into DVC's cache
+        # (cache.type hardlink,symlink) instead of copying them, and the random source goes once resave has made
+        # models/base (drop_source_once_resaved)
+        config = self.project / ".dvc" / "config"
+        if "hardlink" not in config.read_text():
+            raise SystemExit(f"{config}: expected cache.type hardlink,symlink (the project's own setting)")
+        if not shutil.which("git"):
+            config.write_text(config.read_text().replace("[core]\n", "[core]\n    no_scm = true\n", 1))
+        if shutil.which("git"):
+            git_env = {**self.env(), "GIT_AUTHOR_NAME": "run", "GIT_AUTHOR_EMAIL": "run@localhost",
+                       "GIT_COMMITTER_NAME": "run", "GIT_COMMITTER_EMAIL": "run@localhost"}
+            for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "gpu-h200 run"]):
+                sh(cmd, self.project, git_env)
+        self.state["setup_s"] = round(time.perf_counter() - started, 1)
+        self.state["base"] = str(base)
+        self.save()
+
+    # ------------------------------------------------------------ the run across calls
+
+    HOLDER = ("import os, sys, time\n"
+              "path = sys.argv[1]\n"
+              "while True:\n"
+              "    try:\n"
+              "        deadline = float(open(path).read())\n"
+              "    except (OSError, ValueError):\n"
+              "        deadline = 0.0\n"
+              "    if time.time() > deadline:\n"
+              "        sys.exit(0)\n"
+              "    time.sleep(1)\n")
+
+    def hold(self, seconds: float) -> int:
+        """The run that holds the GPU across calls: a small process named to every stage as QUANTIZE_RUN_PID,
+        so the vLLM servers a cut call leaves up serve the next call's stages (pipeline/engines/shared.py).
+        It ends `seconds` from now unless the next call extends it, when the run is done, or with the machine;
+        its servers end with it."""
+        sys.path.insert(0, str(REPO))
+        from pipeline.engines.shared import alive, start_time
+
+        deadline = self.work / "holder.deadline"
+        deadline.write_text(str(time.time() + seconds))
+        holder = self.state.get("holder") or {}
+        if alive(holder.get("pid"), holder.get("started")):
+            return holder["pid"]
+        proc = subprocess.Popen([sys.executable, "-c", self.HOLDER, str(deadline)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.state["holder"] = {"pid": proc.pid, "started": start_time(proc.pid)}
+        self.state["holders"] = self.state.get("holders", 0) + 1
+        self.save()
+        return proc.pid
+
+    def release(self) -> None:
+        (self.work / "holder.deadline").write_text("0")
+        holder = self.state.get("holder") or {}
+        sys.path.insert(0, str(REPO))
+        from pipeline.engines.shared import alive
+
+        deadline = time.monotonic() + 10
+        while alive(holder.get("pid"), holder.get("started")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def env(self) -> dict:
+        return {**os.environ, "PATH": f"{self.bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+                                      f"{os.environ.get('PATH', '')}",
+                "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(self.project)) if p),
+                "QUANTIZE_STAGE_LOG": str(self.stage_log), "QUANTIZE_SERVER_DIR": str(self.work / "servers"),
+                "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+    # ------------------------------------------------------------ one call
+
+    def call(self, budget: float, targets: list[str], grace: float) -> str:
+        started = time.perf_counter()
+        cmd = [sys.executable, "-m", "dvc", "repro", *targets]
+        log = self.work / f"dvc-{len(self.state['calls']) + 1}.log"
+        holder = self.hold(budget + grace)
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, cwd=self.project, env={**self.env(), "QUANTIZE_RUN_PID": str(holder)},
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                while True:
+                    try:
+                        code = proc.wait(timeout=min(5.0, max(0.1, budget - (time.perf_counter() - started))))
+                        break
+                    except subprocess.TimeoutExpired:
+                        self.drop_source_once_resaved()
+                        if time.perf_counter() - started >= budget:
+                            raise
+                outcome = "done" if code == 0 else f"failed ({code})"
+            except subprocess.TimeoutExpired:
+                outcome = "cut"
+                os.killpg(proc.pid, signal.SIGINT)  # what a cut does: DVC and the running stage stop
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        wall = time.perf_counter() - started
+        if outcome == "cut":  # the run goes on in the next call: its servers wait for it (`grace` seconds)
+            self.hold(grace)
+        else:
+            self.release()
+            self.wait_servers_gone()
+        self.state["calls"].append({"dvc_repro_s": round(wall, 1), "outcome": outcome, "log": str(log)})
+        if outcome == "cut":
+            self.state["cuts"] += 1
+        self.state["done"] = outcome == "done"
+        self.save()
+        return outcome
+
+    def drop_source_once_resaved(self) -> None:
+        """The random source checkpoint is resave's input only (model.source is a param, not a file dep: DVC
+        does not rerun resave without it); once dvc.lock records resave it goes, freeing 18.8 GB of disk."""
+        source = Path(self.state.get("base") or "")
+        lock = self.project / "dvc.lock"
+        if self.tiny or not source.name or not source.exists() or not lock.exists():
+            return
+        try:
+            import yaml
+
+            done = "resave" in (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+        except (OSError, ValueError, yaml.YAMLError):
+            return
+        if done:
+            shutil.rmtree(source, ignore_errors=True)
+            self.state["source_dropped"] = True
+            self.save()
+
+    def wait_servers_gone(self, seconds: float = 60.0) -> None:
+        """The run is over (or cut): its servers stop with it (pipeline/engines/shared.py); wait for the GPU."""
+        sys.path.insert(0, str(REPO))
+        from pipeline.engines import shared
+
+        os.environ[shared.REGISTRY_ENV] = str(self.work / "servers")
+        deadline = time.monotonic() + seconds
+        while shared.entries() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------ the figures
+
+    def figures(self) -> dict:
+        records = [json.loads(l) for l in self.stage_log.read_text().splitlines() if l.strip()] \
+            if self.stage_log.exists() else []
+        stages: dict[str, dict] = {}
+        for r in records:
+            name = r.get("stage") or " ".join(r["command"])
+            s = stages.setdefault(name, {"name": name, "wall_s": 0.0, "engine_start_s": 0.0, "attempts": 0,
+                                         "server_starts": 0, "server_attaches": 0, "finished": False})
+            s["wall_s"] = round(s["wall_s"] + (r.get("wall_s") or 0.0), 2)
+            s["engine_start_s"] = round(s["engine_start_s"] + (r.get("engine_start_s") or 0.0), 2)
+            s["attempts"] += 1
+            s["server_starts"] += sum(e.get("server") == "started" for e in r.get("engines", []))
+            s["server_attaches"] += sum(e.get("server") == "attached" for e in r.get("engines", []))
+            s["finished"] = s["finished"] or r.get("exit") == 0
+        wall = sum(c["dvc_repro_s"] for c in self.state["calls"])
+        start = sum(s["engine_start_s"] for s in stages.values())
+        server_start = sum(e["seconds"] for r in records for e in r.get("engines", []) if e.get("server") == "started")
+        return {
+            "date": time.strftime("%Y-%m-%d"), "tiny": self.tiny, "done": self.state["done"],
+            "stages": list(stages.values()), "wall_s": round(wall, 1), "engine_start_s": round(start, 1),
+            "engine_start_fraction": round(start / wall, 4) if wall else None,
+            "server_start_s": round(server_start, 1),
+            "server_starts": sum(s["server_starts"] for s in stages.values()),
+            "stage_wall_s": round(sum(s["wall_s"] for s in stages.values()), 1),
+            "resumed": max(0, len(self.state["calls"]) - 1),  # every call after the first resumes a cut run
+            "cuts": self.state["cuts"], "calls": self.state["calls"], "setup_s": self.state["setup_s"],
+            # 1: the run's holder (and so its servers) lived through every cut; more: the machine ended them
+            "run_holders": self.state.get("holders", 0),
+        }
+
+    def report(self) -> dict:
+        figures = self.figures()
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "gpu_dvc_repro.json").write_text(json.dumps(figures, indent=1))
+        for path in [self.stage_log, self.project / "reports" / "verdict.json",
+                     *sorted((self.project / "results").glob("*/bench.json"))]:
+            if path.exists():
+                name = path.name if path.parent.name in ("reports", self.work.name) else f"{path.parent.name}-{path.name}"
+                (OUT / name).write_bytes(path.read_bytes())
+        if self.state["calls"]:
+            last = Path(self.state["calls"][-1]["log"])
+            if last.exists():
+                (OUT / last.name).write_bytes(last.read_bytes()[-100_000:])
+        return figures
+
+
+NEEDED = {"dvc": "benchmarks/gpu_dvc_wheels.sh (.device/dvc-wheels)", "typer": "benchmarks/gpu_dvc_wheels.sh",
+          "scipy": "benchmarks/gpu_dvc_wheels.sh --scipy (.device-scipy, a call of its own)",
+          "httpx": "../shared/device/wheels.sh", "jinja2": "the image", "yaml": "the image",
+          "lm_eval": "../shared/device/wheels.sh", "llmcompressor": "../shared/device/wheels.sh",
+          "math_verify": "../shared/device/wheels.sh"}
+
+
+def preflight(tiny: bool) -> None:
+    """Everything the run needs is importable, and vLLM is unpacked: one message listing what is not, exit 2."""
+    import importlib.util
+
+    missing = [f"{name} (from {where})" for name, where in NEEDED.items() if importlib.util.find_spec(name) is None]
+    if not tiny and not (Path(VSITE) / "vllm").is_dir():
+        missing.append(f"vLLM in {VSITE} (the five .vllm-k parts of ../shared/device/README.md)")
+    if missing:
+        print("cannot run: missing " + "; ".join(missing), file=sys.stderr)
+        raise SystemExit(2)
+
+
+def print_table(figures: dict) -> None:
+    print("\n| stage | wall s | engine start s | attempts | server starts |\n|---|---|---|---|---|")
+    for s in figures["stages"]:
+        print(f"| {s['name']} | {s['wall_s']:.0f} | {s['engine_start_s']:.1f} | {s['attempts']} | {s['server_starts']} |")
+    print(f"\nwhole matrix: {figures['wall_s']:.0f} s of dvc repro over {len(figures['calls'])} call(s), engine start "
+          f"{figures['engine_start_s']:.0f} s ({(figures['engine_start_fraction'] or 0):.1%}), "
+          f"{figures['server_starts']} server start(s), cut and resumed {figures['resumed']} time(s); "
+          f"setup {figures['setup_s']} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("action", choices=["run", "report", "reset"])
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds of dvc repro in this call")
+    parser.add_argument("--tiny", action="store_true", help="CPU check: tiny Glm, tests/openai_server.py as vLLM")
+    parser.add_argument("--suite-limit", type=int, default=None, help="items per suite (default: every item)")
+    parser.add_argument("--target", nargs="*", default=[], help="run `dvc repro TARGET...` only (and what they need)")
+    parser.add_argument("--no-share", action="store_true", help="every stage starts its own server (to compare)")
+    parser.add_argument("--grace", type=float, default=180.0,
+                        help="seconds the run (and its vLLM servers) waits for the next call after a cut")
+    parser.add_argument("--work", default=None, help="where the run lives (default /tmp/gpu-dvc[-tiny])")
+    args = parser.parse_args()
+    work = Path(args.work or ("/tmp/gpu-dvc-tiny" if args.tiny else "/tmp/gpu-dvc"))
+    if args.action == "reset":
+        if work.exists():
+            Run(work, args.tiny).release()
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"removed {work}")
+        return
+    run = Run(work, args.tiny)
+    if args.action == "run":
+        started = time.perf_counter()
+        preflight(args.tiny)
+        if run.state["setup_s"] is None:
+            run.setup(args.suite_limit, share=not args.no_share)
+            print(f"set up {run.project} in {run.state['setup_s']} s", flush=True)
+        if run.state["done"]:
+            print("state: done (nothing to run; `reset` starts over)")
+        else:
+            outcome = run.call(args.budget - (time.perf_counter() - started), args.target, args.grace)
+            print(f"dvc repro: {outcome}", flush=True)
+            if outcome.startswith("failed"):
+                print(Path(run.state["calls"][-1]["log"]).read_text()[-4000:])
+    figures = run.report()
+    print_table(figures)
+    print(f"state: {'done' if figures['done'] else 'call again to resume'}; figures in {OUT / 'gpu_dvc_repro.json'}")
+
+
+if __name__ == "__main__":
+    main()

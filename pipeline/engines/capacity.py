@@ -1,0 +1,115 @@
+"""What a variant buys in capacity, as the serving engine itself reports it at start.
+
+vLLM logs, while starting (the format strings of vLLM 0.24's worker and KV-cache code; earlier and later
+releases word the first one slightly differently, both are read):
+
+    Model loading took 17.56 GiB memory and 9.14 seconds         (gpu_model_runner: weights per GPU)
+    Model loading took 17.5600 GiB and 9.140000 seconds          (older wording)
+    Available KV cache memory: 98.12 GiB                         (gpu_worker: the KV pool per GPU)
+    GPU KV cache size: 2,512,384 tokens                          (kv_cache_utils: tokens the pool holds)
+    Maximum concurrency for 4,096 tokens per request: 613.38x
+
+(newer releases print the last two on one line; each is matched anywhere in a line, after vLLM's
+prefix). Under tensor parallelism the first two appear once per GPU; the token count is the engine's.
+`capacity()` turns them into the figures `quantize bench` writes as `capacity` in bench.json.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+GIB = 1 << 30
+WEIGHTS = re.compile(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([0-9.]+) s(?:econds)?")
+KV_MEMORY = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
+KV_TOKENS = re.compile(r"GPU KV cache size: ([0-9,]+) tokens")
+CONCURRENCY = re.compile(r"Maximum concurrency for ([0-9,]+) tokens per request: ([0-9.]+)x")
+MAX_LOG_BYTES = 64 << 20  # a server log is read from its start; the start-up lines come first
+
+
+def parse_vllm_log(text: str) -> dict:
+    """The start-up figures of the last server start in `text` (a log may hold several starts)."""
+    start = max(text.rfind("\n$ "), 0)  # pipeline/engines/server.py and shared.py write "$ COMMAND" per start
+    text = text[start:]
+    found: dict = {}
+    weights = [float(m.group(1)) for m in WEIGHTS.finditer(text)]
+    if weights:
+        found["weight_bytes"] = int(max(weights) * GIB)  # per GPU (one line per rank)
+        found["weight_load_seconds"] = max(float(m.group(2)) for m in WEIGHTS.finditer(text))
+    memory = [float(m.group(1)) for m in KV_MEMORY.finditer(text)]
+    if memory:
+        found["kv_cache_bytes"] = int(min(memory) * GIB)  # per GPU
+    tokens = [int(m.group(1).replace(",", "")) for m in KV_TOKENS.finditer(text)]
+    if tokens:
+        found["kv_cache_tokens"] = min(tokens)
+    concurrency = list(CONCURRENCY.finditer(text))
+    if concurrency:
+        found["max_model_len"] = int(concurrency[-1].group(1).replace(",", ""))
+        found["max_concurrency_at_max_model_len"] = float(concurrency[-1].group(2))
+    return found
+
+
+def from_vllm_log(path: Path | str) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(MAX_LOG_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return {}
+    return parse_vllm_log(text)
+
+
+def goodput_tokens_per_s(levels: list[dict]) -> float | None:
+    """Output tokens/s of the requests that met every SLO, at the best level (a concurrency or a request
+    rate): goodput in requests/s x output tokens per request. None without an SLO."""
+    best = None
+    for level in levels:
+        if level.get("goodput_requests_per_s") is None:
+            continue
+        value = level["goodput_requests_per_s"] * (level.get("output_tokens_mean") or 0.0)
+        best = value if best is None else max(best, value)
+    return best
+
+
+def tokens_at_fraction(engine_figures: dict, fraction: float, configured: float | None,
+                       device_bytes: int | None) -> int | None:
+    """KV-cache tokens the same server would hold at another memory fraction, from its own figures: bytes per
+    token = KV pool / tokens, and everything that is not the pool (weights, activations, CUDA graphs) stays.
+    For a server that shares the GPU with others (the GPU profile's 0.22), what it would hold alone at 0.9."""
+    pool, tokens = engine_figures.get("kv_cache_bytes"), engine_figures.get("kv_cache_tokens")
+    if not (pool and tokens and configured and device_bytes):
+        return None
+    not_pool = configured * device_bytes - pool
+    return max(0, round((fraction * device_bytes - not_pool) * tokens / pool))
+
+
+def capacity(engine_figures: dict, *, levels: list[dict], slo: dict | None, tensor_parallel_size: int,
+             model_window: int | None, checkpoint_weight_bytes: int | None, settings: dict | None = None,
+             device_bytes: int | None = None, alone_fraction: float = 0.9) -> dict:
+    """The `capacity` object of bench.json: KV-cache tokens at the configured memory fraction, the longest
+    context one request can have (the KV pool and the model's window, whichever is smaller), weight memory
+    and goodput per GPU at the SLO. Figures the engine did not report are None, and `source` says where
+    each came from."""
+    tokens = engine_figures.get("kv_cache_tokens")
+    fits = [n for n in (tokens, model_window) if n]
+    goodput = goodput_tokens_per_s(levels)
+    weight = engine_figures.get("weight_bytes")
+    settings = settings or {}
+    return {
+        "kv_cache_tokens": tokens,
+        "max_context_batch1": min(fits) if tokens and fits else None,
+        "weight_bytes": weight if weight is not None else checkpoint_weight_bytes,
+        "goodput_tok_s_per_gpu": goodput / max(1, tensor_parallel_size) if goodput is not None else None,
+        "slo": {k: v for k, v in (slo or {}).items() if v is not None} or None,
+        "kv_cache_bytes": engine_figures.get("kv_cache_bytes"),
+        "max_model_len": engine_figures.get("max_model_len") or settings.get("max_model_len"),
+        "model_window": model_window,
+        "gpu_memory_utilization": settings.get("gpu_memory_utilization"),
+        "tensor_parallel_size": tensor_parallel_size,
+        "device_bytes": device_bytes,
+        # derived, not measured: the same server's figures scaled to the GPU alone (tokens_at_fraction)
+        "kv_cache_tokens_alone": {"gpu_memory_utilization": alone_fraction, "tokens": tokens_at_fraction(
+            engine_figures, alone_fraction, settings.get("gpu_memory_utilization"), device_bytes)},
+        "source": {"kv_cache_tokens": "engine log" if tokens else None,
+                   "weight_bytes": "engine log" if weight is not None else
+                   ("checkpoint size" if checkpoint_weight_bytes else None)},
+    }

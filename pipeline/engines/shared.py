@@ -1,0 +1,523 @@
+"""One server per checkpoint per run: stages that serve the same checkpoint with the same engine
+settings share one running `vllm serve` instead of starting their own (~90-125 s each on the H200).
+
+A registry directory (`QUANTIZE_SERVER_DIR`, default `.cache/servers` in the project) holds one JSON
+entry per running server, keyed by the checkpoint's content fingerprint and the server's command line
+(engine settings, environment), so a checkpoint that changed gets a new key and never an old server's
+answers. The first stage that needs a key starts a small supervisor process (`python -m
+pipeline.engines.shared`), detached from the stage, which starts the server, waits for `/health`, writes
+the entry and then watches three things every half second:
+
+- the run that holds the GPU (its *owner*): the `dvc repro` process the stage runs under (found by
+  walking up the stage's parents), or the process named by `QUANTIZE_RUN_PID`; when it is gone the
+  server is stopped. Outside a run the owner is the stage itself, so a lone `quantize eval` stops its
+  server when it ends, as before;
+- leases: every stage using the server holds one (a file naming its pid and start time); a stage
+  killed with SIGKILL leaves a lease whose process is gone, which counts as released;
+- idleness: with no live lease for `engine.server_idle_timeout` seconds the server is stopped.
+
+The server dies with its supervisor (PR_SET_PDEATHSIG), and the supervisor stops the server's whole
+process group on SIGTERM. Starting a server first stops idle servers of the same checkpoint path (a
+changed checkpoint: they can never be asked again) and then idle ones beyond `engine.max_servers`
+(least recently used first), so a GPU never holds more servers than configured. One lock file
+serializes starts and attaches, so two stages never start the same server twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import UserError
+
+REGISTRY_ENV = "QUANTIZE_SERVER_DIR"
+RUN_PID_ENV = "QUANTIZE_RUN_PID"
+POLL_S = 0.5
+
+
+def registry_dir() -> Path:
+    return Path(os.environ.get(REGISTRY_ENV) or Path.cwd() / ".cache" / "servers")
+
+
+# ---------------------------------------------------------------- processes
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None when gone:
+    a pid with another start time is another process (pids are reused)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] == "Z":  # a zombie: dead, not yet reaped
+        return None
+    return int(fields[19])
+
+
+def alive(pid: int | None, started: int | None) -> bool:
+    return bool(pid) and start_time(pid) is not None and (started is None or start_time(pid) == started)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_run(pid: int) -> bool:
+    """A `dvc repro` / `dvc exp run` process."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    names = [Path(a.decode(errors="replace")).name for a in argv[:3]]
+    rest = [a.decode(errors="replace") for a in argv[1:6]]
+    return "dvc" in names and ("repro" in rest or "exp" in rest)
+
+
+def run_owner() -> tuple[int, int | None, str]:
+    """(pid, start time, what) of the run this process belongs to: QUANTIZE_RUN_PID, else the nearest
+    `dvc repro` ancestor, else this process itself."""
+    named = os.environ.get(RUN_PID_ENV)
+    if named:
+        try:
+            pid = int(named)
+        except ValueError:
+            raise UserError(f"{RUN_PID_ENV}={named!r}: give the process id of the run that holds the GPU") from None
+        if start_time(pid) is None:
+            raise UserError(f"{RUN_PID_ENV}={pid}: no such process; unset it or name the running run's pid")
+        return pid, start_time(pid), f"{RUN_PID_ENV} (pid {pid})"
+    pid = _parent(os.getpid())
+    while pid and pid > 1:
+        if _is_run(pid):
+            return pid, start_time(pid), f"dvc repro (pid {pid})"
+        pid = _parent(pid)
+    return os.getpid(), start_time(os.getpid()), "this stage"
+
+
+# ---------------------------------------------------------------- keys
+
+def content_fingerprint(model_dir: Path | str, registry: Path | None = None) -> str:
+    """The checkpoint's content hash (eval_cache.model_fingerprint: config and weights; a large checkpoint is
+    hashed once per run, not in every stage)."""
+    from pipeline.eval_cache import model_fingerprint
+
+    return model_fingerprint(Path(model_dir).resolve())
+
+
+def server_key(fingerprint: str, command: list[str], env: dict | None) -> str:
+    """command: the server's full command line without its port (model path and every setting)."""
+    canonical = json.dumps({"fingerprint": fingerprint, "command": command, "env": env or {}}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:20]
+
+
+# ---------------------------------------------------------------- the registry
+
+@contextlib.contextmanager
+def _locked(registry: Path):
+    registry.mkdir(parents=True, exist_ok=True)
+    with open(registry / "lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def locked(registry: Path | None = None):
+    """The registry's lock (stop_idle and stop_entry expect it held)."""
+    return _locked(registry or registry_dir())
+
+
+def _entry_path(registry: Path, key: str) -> Path:
+    return registry / f"{key}.json"
+
+
+def _leases_dir(registry: Path, key: str) -> Path:
+    return registry / f"{key}.leases"
+
+
+def read_entry(registry: Path, key: str) -> dict | None:
+    try:
+        return json.loads(_entry_path(registry, key).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_entry(registry: Path, key: str, entry: dict) -> None:
+    path = _entry_path(registry, key)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entry, indent=1))
+    tmp.replace(path)
+
+
+def entries(registry: Path | None = None) -> dict[str, dict]:
+    registry = registry or registry_dir()
+    found = {}
+    for path in sorted(registry.glob("*.json")) if registry.exists() else []:
+        entry = read_entry(registry, path.stem)
+        if entry and entry.get("key") == path.stem:
+            found[path.stem] = entry
+    return found
+
+
+def live_leases(registry: Path, key: str) -> list[str]:
+    """Lease files whose process still runs; the others (a stage killed with SIGKILL) are removed."""
+    live = []
+    folder = _leases_dir(registry, key)
+    for lease in folder.glob("*") if folder.exists() else []:
+        try:
+            pid, started = (int(x) for x in lease.name.split("-"))
+        except ValueError:
+            continue
+        if alive(pid, started):
+            live.append(lease.name)
+        else:
+            with contextlib.suppress(OSError):
+                lease.unlink()
+    return live
+
+
+def _lease_name() -> str:
+    return f"{os.getpid()}-{start_time(os.getpid())}"
+
+
+def _forget(registry: Path, key: str) -> None:
+    with contextlib.suppress(OSError):
+        _entry_path(registry, key).unlink()
+    folder = _leases_dir(registry, key)
+    if folder.exists():
+        for lease in folder.glob("*"):
+            with contextlib.suppress(OSError):
+                lease.unlink()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def stop_entry(registry: Path, key: str, entry: dict, wait: float = 60.0) -> None:
+    """Asks the supervisor to stop its server (SIGTERM) and waits for both to be gone; SIGKILL after
+    `wait` seconds. The server's process group is killed too, in case the supervisor could not."""
+    supervisor, started = entry.get("supervisor_pid"), entry.get("supervisor_started")
+    if alive(supervisor, started):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while alive(supervisor, started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if alive(supervisor, started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(supervisor, signal.SIGKILL)
+    server = entry.get("server_pid")
+    if server and alive(server, entry.get("server_started")):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(server, signal.SIGKILL)
+    _forget(registry, key)
+
+
+def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
+              exclude: str | None = None) -> list[str]:
+    """Stops idle servers (no live lease): those serving `model_path` (another content of that
+    checkpoint), then the least recently used beyond `keep` servers in all. Call with the lock held.
+    Returns the keys stopped."""
+    registry = registry or registry_dir()
+    stopped = []
+    current = {k: e for k, e in entries(registry).items() if k != exclude}
+    for key, entry in list(current.items()):
+        if not alive(entry.get("supervisor_pid"), entry.get("supervisor_started")):
+            _forget(registry, key)  # its supervisor died (SIGKILL): the server died with it
+            current.pop(key)
+    idle = sorted((e.get("last_used", 0), k) for k, e in current.items() if not live_leases(registry, k))
+    for _, key in idle:
+        if model_path is not None and current[key].get("model_path") == model_path:
+            stop_entry(registry, key, current.pop(key))
+            stopped.append(key)
+    for _, key in idle:
+        if key in current and len(current) > keep:
+            stop_entry(registry, key, current.pop(key))
+            stopped.append(key)
+    return stopped
+
+
+# ---------------------------------------------------------------- what a stage holds
+
+@dataclass
+class SharedServer:
+    """A lease on a running server. `started` is True when this stage started it (and paid
+    `start_seconds`), False when it attached to one a previous stage of the run started."""
+
+    registry: Path
+    key: str
+    port: int
+    log_path: Path
+    started: bool
+    start_seconds: float
+    owner: str
+    server_pid: int
+    stop_at_close: bool
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def proc(self):  # what VLLMEngine._raise_if_dead reads: a poll()-able view of the server process
+        return _Watched(self.server_pid, self.log_path)
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join("  " + line for line in text.splitlines()[-lines:])
+
+    def release(self) -> None:
+        """Gives the lease back; the server stays for the next stage of the run unless this stage owns
+        it alone (no run), in which case it is stopped now."""
+        with _locked(self.registry):
+            with contextlib.suppress(OSError):
+                (_leases_dir(self.registry, self.key) / _lease_name()).unlink()
+            entry = read_entry(self.registry, self.key)
+            if entry is None:
+                return
+            entry["last_used"] = time.time()
+            _write_entry(self.registry, self.key, entry)
+            if self.stop_at_close and not live_leases(self.registry, self.key):
+                stop_entry(self.registry, self.key, entry)
+
+    stop = release  # ServerProcess's name for it
+
+
+class _Watched:
+    """poll() like a Popen's: None while the server runs, else its exit code as the supervisor noted it."""
+
+    EXITED = re.compile(r"server stopped: the server exited with code (-?\d+)")
+
+    def __init__(self, pid: int, log_path: Path):
+        self.pid, self._started, self.log_path = pid, start_time(pid), log_path
+        self.returncode = None
+
+    def poll(self):
+        if alive(self.pid, self._started):
+            return None
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # the supervisor notes the exit code within half a second
+            match = self.EXITED.search(_tail(self.log_path, 5))
+            if match:
+                self.returncode = int(match.group(1))
+                return self.returncode
+            time.sleep(0.1)
+        self.returncode = "unknown"
+        return self.returncode
+
+
+def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path, env: dict | None = None,
+            start_timeout: float = 900.0, idle_timeout: float = 300.0, max_servers: int = 1,
+            name: str = "server") -> SharedServer:
+    """A lease on the server `command` (without its port: `port_flag PORT` is appended) for the
+    checkpoint model_dir: attached when a live one has the same key, else started through a
+    supervisor (the server's output goes to log_path). Raises UserError when the start fails."""
+    from pipeline.engines.http import get_ok
+    from pipeline.engines.server import free_port
+
+    registry = registry_dir()
+    model_dir = Path(model_dir).resolve()
+    owner_pid, owner_started, owner_what = run_owner()
+    own_stage = owner_pid == os.getpid()
+    env = dict(env or {})
+    key = server_key(content_fingerprint(model_dir, registry), command, env)
+    with _locked(registry):
+        entry = read_entry(registry, key)
+        if entry and entry.get("state") == "ready" and alive(entry.get("supervisor_pid"), entry.get(
+                "supervisor_started")) and get_ok(f"http://127.0.0.1:{entry['port']}/health"):
+            _lease(registry, key)
+            with contextlib.suppress(OSError):
+                with open(log_path, "a") as log:
+                    log.write(f"attached to the server started for this checkpoint (key {key}); its log: "
+                              f"{entry['log']}\n")
+            return SharedServer(registry, key, entry["port"], Path(entry["log"]), False, 0.0, entry["owner"],
+                                entry["server_pid"], own_stage)
+        if entry:
+            stop_entry(registry, key, entry)  # a dead or unhealthy server under this key
+        stop_idle(registry, keep=max(0, max_servers - 1), model_path=str(model_dir), exclude=key)
+        started = time.monotonic()
+        port = free_port()
+        log_path = Path(log_path).resolve()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        spec = {"key": key, "command": [*command, port_flag, str(port)], "port": port, "env": env,
+                "log": str(log_path), "model_path": str(model_dir), "owner_pid": owner_pid,
+                "owner_started": owner_started, "owner": owner_what, "idle_timeout": idle_timeout,
+                "start_timeout": start_timeout, "registry": str(registry), "name": name}
+        _lease(registry, key)
+        package_root = str(Path(__file__).resolve().parents[2])
+        child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        supervisor = subprocess.Popen([sys.executable, "-m", "pipeline.engines.shared", json.dumps(spec)],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True, env=child_env, close_fds=True)
+        threading.Thread(target=supervisor.wait, daemon=True).start()  # reaped when it exits; it outlives us
+        deadline = started + start_timeout + 30
+        while True:
+            entry = read_entry(registry, key)
+            if entry and entry.get("state") == "ready":
+                break
+            if entry and entry.get("state") == "failed" or supervisor.poll() is not None:
+                supervisor.wait()
+                failure = (entry or {}).get("error") or f"its supervisor exited with code {supervisor.returncode}"
+                _forget(registry, key)
+                raise UserError(f"{name} {failure}; the end of {log_path}:\n{_tail(log_path)}")
+            if time.monotonic() > deadline:
+                stop_entry(registry, key, entry or {"supervisor_pid": supervisor.pid})
+                raise UserError(f"{name} did not become ready within {start_timeout:.0f} s (engine.start_timeout); "
+                                f"the end of {log_path}:\n{_tail(log_path)}")
+            time.sleep(0.2)
+        return SharedServer(registry, key, port, log_path, True, time.monotonic() - started, owner_what,
+                            entry["server_pid"], own_stage)
+
+
+def _lease(registry: Path, key: str) -> None:
+    folder = _leases_dir(registry, key)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / _lease_name()).touch()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join("  " + line for line in text.splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------- the supervisor (its own process)
+
+def supervise(spec: dict) -> int:
+    from pipeline.engines.http import get_ok
+    from pipeline.engines.server import _die_with_parent
+
+    registry, key = Path(spec["registry"]), spec["key"]
+    me = {"supervisor_pid": os.getpid(), "supervisor_started": start_time(os.getpid())}
+    entry = {**{k: spec[k] for k in ("key", "port", "log", "model_path", "owner_pid", "owner_started", "owner",
+                                     "idle_timeout")}, **me, "state": "starting", "command": spec["command"],
+             "last_used": time.time()}
+    stopping = {"now": False}
+
+    def on_term(*_):
+        stopping["now"] = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    with open(spec["log"], "ab") as log:
+        log.write(f"$ {' '.join(spec['command'])}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(spec["command"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **spec["env"]}, start_new_session=True,
+                                    preexec_fn=_die_with_parent)
+        except FileNotFoundError:
+            _write_entry(registry, key, {**entry, "state": "failed", "error": (
+                f"command {spec['command'][0]!r} not found; install it (pip install -e '.[vllm]') or set "
+                "engine.server_command to how you start it")})
+            return 3
+    entry.update(server_pid=proc.pid, server_started=start_time(proc.pid))
+    _write_entry(registry, key, entry)
+
+    def stop_server() -> None:
+        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    def owner_alive() -> bool:
+        return alive(spec["owner_pid"], spec["owner_started"])
+
+    deadline = time.monotonic() + float(spec["start_timeout"])
+    while not get_ok(f"http://127.0.0.1:{spec['port']}/health", timeout=2.0):
+        if proc.poll() is not None:
+            _write_entry(registry, key, {**entry, "state": "failed",
+                                         "error": f"exited with code {proc.returncode} while starting"})
+            return 3
+        if stopping["now"] or not owner_alive() or time.monotonic() > deadline:
+            stop_server()
+            _write_entry(registry, key, {**entry, "state": "failed", "error": "start abandoned (the stage or run "
+                                         "that asked for it is gone, or engine.start_timeout passed)"})
+            return 3
+        time.sleep(POLL_S)
+    entry["state"] = "ready"
+    _write_entry(registry, key, entry)
+    idle_since = None
+    while True:
+        if stopping["now"]:  # stop_entry asked (its caller holds the lock and forgets the entry)
+            _note(spec["log"], "asked to stop")
+            stop_server()
+            return 0
+        if proc.poll() is not None:
+            reason = f"the server exited with code {proc.returncode}"
+        elif not owner_alive():
+            reason = f"its run ({spec['owner']}) ended"
+        elif live_leases(registry, key):
+            idle_since, reason = None, None
+        elif idle_since is None:
+            idle_since, reason = time.monotonic(), None
+        elif time.monotonic() - idle_since >= float(spec["idle_timeout"]):
+            reason = f"idle for {spec['idle_timeout']:g} s (engine.server_idle_timeout)"
+        else:
+            reason = None
+        if reason:
+            with _try_locked(registry, stopping) as held:
+                if held and reason.startswith("idle") and live_leases(registry, key):
+                    idle_since = None  # a stage attached while we waited for the lock
+                    continue
+                _note(spec["log"], reason)
+                stop_server()
+                current = read_entry(registry, key)
+                if held and current and current.get("supervisor_pid") == os.getpid():
+                    _forget(registry, key)
+            return 0
+        time.sleep(POLL_S)
+
+
+@contextlib.contextmanager
+def _try_locked(registry: Path, stopping: dict):
+    """The registry lock, unless stop_entry asks this supervisor to stop while it waits (its caller holds
+    the lock then): yields whether the lock is held."""
+    with open(registry / "lock", "a+") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if stopping["now"]:
+                    yield False
+                    return
+                time.sleep(0.1)
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _note(log_path: str, reason: str) -> None:
+    with contextlib.suppress(OSError):
+        with open(log_path, "a") as log:
+            log.write(f"[quantize] server stopped: {reason}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(json.loads(sys.argv[1])))

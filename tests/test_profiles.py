@@ -1,0 +1,96 @@
+"""`quantize profile`: the CPU demo and the GPU configuration, each a params.yaml with its dvc.yaml."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO, copy_repo
+from pipeline import params as params_mod
+from pipeline import profiles
+from pipeline.cli import app
+
+PROFILES = REPO / "pipeline" / "profiles"
+
+
+def test_the_project_files_are_the_cpu_demo_profile():
+    """`make demo` runs the project's own files: they must be the cpu-demo profile's, byte for byte; and no
+    profile file is named dvc.yaml (DVC would take it for a pipeline: `dvc status` would list its stages)."""
+    assert profiles.current(REPO) == "cpu-demo"
+    assert not list(PROFILES.rglob("dvc.yaml")) and not list(PROFILES.rglob("*.dvc"))
+
+
+def test_one_command_switches_to_the_gpu_profile_and_back(tmp_path, monkeypatch):
+    repo = copy_repo(tmp_path / "repo")
+    monkeypatch.chdir(repo)
+    runner = CliRunner()
+    listed = runner.invoke(app, ["profile"])
+    assert listed.exit_code == 0 and "in use: cpu-demo" in listed.output and "gpu-h200" in listed.output
+    result = runner.invoke(app, ["profile", "gpu-h200"])
+    assert result.exit_code == 0, result.output
+    assert "wrote params.yaml, dvc.yaml" in result.output
+    p = params_mod.load(repo / "params.yaml")  # validated, dvc.yaml's matrices included (check_against_dvc)
+    assert p.engine.name == "vllm" and p.engine.share_server and p.engine.max_servers == 4
+    assert p.bench.engine == "vllm" and p.verdict.speed_engine == "vllm" and p.judge.backend == "vllm"
+    assert all(s.limit is None for s in p.suites.values())  # every suite at full size
+    assert {"math", "code", "long_context", "vqa", "ppl-chat", "ppl-book", "ppl-math", "ppl-code"} == set(p.suites)
+    assert max(p.suites["long_context"].options["lengths"]) >= 120_000 and p.engine.max_model_len == 131072
+    assert p.bench.slo.ttft_ms and p.bench.slo.tpot_ms
+    back = runner.invoke(app, ["profile", "cpu-demo"])
+    assert back.exit_code == 0
+    for name in profiles.FILES:
+        assert (repo / name).read_bytes() == (REPO / name).read_bytes()
+
+
+def test_local_edits_are_not_overwritten_without_force(tmp_path, monkeypatch):
+    repo = copy_repo(tmp_path / "repo")
+    monkeypatch.chdir(repo)
+    edited = (repo / "params.yaml").read_text().replace("limit: 20 ", "limit: 30 ")
+    (repo / "params.yaml").write_text(edited)
+    result = CliRunner().invoke(app, ["profile", "gpu-h200"])
+    assert result.exit_code == 2 and "params.yaml" in result.output and "--force" in result.output
+    assert (repo / "params.yaml").read_text() == edited
+    assert CliRunner().invoke(app, ["profile", "gpu-h200", "--force"]).exit_code == 0
+    unknown = CliRunner().invoke(app, ["profile", "tpu"])
+    assert unknown.exit_code == 2 and "use one of cpu-demo, gpu-h200" in unknown.output
+
+
+def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every_model(tmp_path):
+    """DVC's plan (dvc repro --dry --force): every stage that loads a model on the GPU in-process (quantize,
+    kl) comes before any stage served by vLLM (whose servers the run keeps, holding the GPU's memory); every
+    suite runs on every model; the judge covers every variant; bench is a stage; the report comes last."""
+    repo = copy_repo(tmp_path / "repo")
+    for name in profiles.FILES:
+        (repo / name).write_bytes(profiles.stored("gpu-h200", name).read_bytes())
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+        subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
+    out = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=repo, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    planned = [l.removeprefix("Running stage '").removesuffix("':") for l in out.stdout.splitlines()
+               if l.startswith("Running stage")]
+    models = ["base", "awq-w4a16", "fp8-w8a8", "rtn-w4a16"]
+    in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "kl@"))]
+    served = [i for i, s in enumerate(planned) if s.startswith(("evaluate@", "judge@", "bench@"))]
+    assert len(in_process) == 6 and max(in_process) < min(served)
+    assert len([s for s in planned if s.startswith("evaluate@")]) == 4 * 8
+    assert {s for s in planned if s.startswith("bench@")} == {f"bench@{m}" for m in models}
+    assert {s for s in planned if s.startswith("judge@")} == {f"judge@{m}" for m in models[1:]}
+    assert planned[-1] == "report"
+
+
+def test_gpu_stages_depend_on_at_least_what_the_demos_do():
+    """The demo's dvc.yaml is checked against what each stage reads (test_dvc_pipeline.py); the GPU one
+    runs the same commands, so each of its stages lists at least the demo's deps and params."""
+    demo = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    gpu = yaml.safe_load(profiles.stored("gpu-h200", "dvc.yaml").read_text())["stages"]
+    body = lambda stage: stage.get("do", stage)  # noqa: E731
+    pairs = [(n, n) for n in demo if n in gpu] + [("evaluate", n) for n in ("perplexity", "perplexity-chat")]
+    for gpu_name, demo_name in pairs:
+        g, d = body(gpu[gpu_name]), body(demo[demo_name])
+        assert set(map(str, d.get("deps", []))) <= set(map(str, g.get("deps", []))), (gpu_name, demo_name)
+        assert [str(p) for p in d.get("params", [])] == [str(p) for p in g.get("params", [])] or gpu_name == "judge"

@@ -1,0 +1,196 @@
+"""One engine start per checkpoint per run (pipeline/engines/shared.py), with real processes: stages are
+separate Python processes (tests/shared_stage.py), the server is tests/openai_server.py started through
+`vllm serve`'s command line, the run is a real process (a `dvc repro` stand-in), kills are real SIGKILLs."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.engines import shared
+from pipeline.engines.http import get_ok
+
+STAGE = [sys.executable, str(Path(__file__).with_name("shared_stage.py"))]
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    folder = tmp_path / "servers"
+    monkeypatch.setenv(shared.REGISTRY_ENV, str(folder))
+    monkeypatch.delenv(shared.RUN_PID_ENV, raising=False)
+    yield folder
+    for key, entry in shared.entries(folder).items():  # never leave a server behind, even on failure
+        shared.stop_entry(folder, key, entry, wait=10)
+
+
+@pytest.fixture
+def run():
+    """A process standing for the run that holds the GPU (`dvc repro`)."""
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def stage(model, log, *flags, env=None, hold=False):
+    """Runs a stage; returns its report (and, with hold, the still-running process)."""
+    args = [*STAGE, str(model), str(log), *flags, *(["--hold"] if hold else [])]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(f"stage failed: {proc.stderr.read()}")
+    report = json.loads(line)
+    if not hold:
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        return report, None
+    return report, proc
+
+
+def gone(pid, seconds=15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not shared.alive(pid, None):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_stages_of_one_run_share_one_server_which_dies_with_the_run(tmp_path, tiny_llama, registry, run):
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    first, _ = stage(tiny_llama, tmp_path / "a.log", env=env)
+    second, _ = stage(tiny_llama, tmp_path / "b.log", env=env)
+    third, _ = stage(tiny_llama, tmp_path / "c.log", env=env)
+    assert first["started"] and first["start_seconds"] > 0 and first["healthy"]
+    assert not second["started"] and not third["started"] and second["start_seconds"] == 0
+    assert first["port"] == second["port"] == third["port"] and first["server_pid"] == third["server_pid"]
+    assert "attached to the server" in (tmp_path / "b.log").read_text()
+    assert f"pid {run.pid}" in first["owner"]
+    assert shared.alive(first["server_pid"], None)  # between stages: kept for the next one
+    run.send_signal(signal.SIGKILL)  # the run ends (killed): its server must not outlive it
+    run.wait()
+    assert gone(first["server_pid"]) and not get_ok(f"http://127.0.0.1:{first['port']}/health")
+    deadline = time.monotonic() + 10
+    while shared.entries(registry) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert shared.entries(registry) == {}
+    assert "server stopped: its run" in (tmp_path / "a.log").read_text()
+
+
+def test_a_changed_checkpoint_gets_a_new_server_never_the_old_ones_answers(tmp_path, tiny_llama, registry, run):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    before, _ = stage(model, tmp_path / "a.log", env=env)
+    config = json.loads((model / "config.json").read_text())
+    config["rms_norm_eps"] = config.get("rms_norm_eps", 1e-6) * 2  # the checkpoint changes (a rerun stage)
+    (model / "config.json").write_text(json.dumps(config))
+    after, _ = stage(model, tmp_path / "b.log", env=env)
+    assert after["started"] and after["key"] != before["key"]
+    assert gone(before["server_pid"])  # the old content's server, idle, is stopped before the new one starts
+    assert list(shared.entries(registry)) == [after["key"]]
+
+
+def test_a_killed_stage_outside_a_run_leaves_no_server(tmp_path, tiny_llama, registry):
+    report, proc = stage(tiny_llama, tmp_path / "a.log", hold=True)
+    assert report["started"] and report["owner"] == "this stage"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert gone(report["server_pid"])
+    deadline = time.monotonic() + 10
+    while shared.entries(registry) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert shared.entries(registry) == {}
+
+
+def test_a_stage_killed_inside_a_run_releases_its_lease_and_the_idle_timeout_stops_the_server(
+        tmp_path, tiny_llama, registry, run):
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    report, proc = stage(tiny_llama, tmp_path / "a.log", "--idle", "3", env=env, hold=True)
+    time.sleep(4)  # held: not idle, however long
+    assert shared.alive(report["server_pid"], None)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    nxt, _ = stage(tiny_llama, tmp_path / "b.log", "--idle", "3", env=env)  # the next stage still attaches
+    assert not nxt["started"] and nxt["port"] == report["port"]
+    assert gone(report["server_pid"], 15)  # then nobody holds it: stopped after 3 s idle
+    assert "idle for 3 s" in (tmp_path / "a.log").read_text()
+
+
+def test_max_servers_stops_the_idle_server_of_another_checkpoint(tmp_path, tiny_llama, registry, run):
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama, other)
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    first, _ = stage(tiny_llama, tmp_path / "a.log", env=env)
+    second, _ = stage(other, tmp_path / "b.log", "--max-servers", "2", env=env)
+    assert shared.alive(first["server_pid"], None) and shared.alive(second["server_pid"], None)
+    third, _ = stage(tmp_path / "other", tmp_path / "c.log", "--max-servers", "1", env=env)
+    assert not third["started"]  # attached to its own, and the other checkpoint's idle one was not needed
+    fourth, _ = stage(tiny_llama, tmp_path / "d.log", "--max-servers", "2", env=env)
+    assert not fourth["started"]
+    fifth_model = tmp_path / "third"
+    shutil.copytree(tiny_llama, fifth_model)
+    fifth, _ = stage(fifth_model, tmp_path / "e.log", "--max-servers", "2", env=env)
+    assert fifth["started"]
+    running = [r for r in (first, second) if shared.alive(r["server_pid"], None)]
+    assert len(running) == 1  # two at most: the least recently used idle one was stopped
+
+
+def test_the_run_is_found_as_the_dvc_repro_ancestor(tmp_path, tiny_llama, registry):
+    """No QUANTIZE_RUN_PID: the owner is the `dvc repro` process the stage runs under."""
+    fake = tmp_path / "bin" / "dvc"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\n{' '.join(STAGE)} {tiny_llama} {tmp_path / 'a.log'} --hold\n")
+    fake.chmod(0o755)
+    proc = subprocess.Popen([str(fake), "repro"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    report = json.loads(proc.stdout.readline())
+    assert report["owner"] == f"dvc repro (pid {proc.pid})"
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its stage, killed together
+    proc.wait()
+    assert gone(report["server_pid"])
+
+
+def test_a_server_that_fails_to_start_is_a_clear_error_and_leaves_no_entry(tmp_path, tiny_llama, registry):
+    from pipeline.errors import UserError
+
+    with pytest.raises(UserError, match="exited with code 3 while starting") as info:
+        shared.acquire([*STAGE[:1], str(Path(__file__).with_name("openai_server.py")), str(tiny_llama),
+                        "--fail-start"], "--port", model_dir=tiny_llama, log_path=tmp_path / "a.log",
+                       start_timeout=60, name="vLLM server")
+    assert "a scripted start failure" in str(info.value)
+    assert shared.entries(registry) == {}
+
+
+def test_an_in_process_gpu_stage_stops_the_runs_idle_servers_first(tmp_path, tiny_llama, registry, run,
+                                                                    monkeypatch):
+    """quantize and kl load a model on the GPU in-process: the servers the run keeps (idle between stages)
+    hold its memory, so they go first; a server a stage still holds stays."""
+    from pipeline.cli import _free_gpu_of_idle_servers
+
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    idle, _ = stage(tiny_llama, tmp_path / "a.log", env=env)
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama, other)
+    held, proc = stage(other, tmp_path / "b.log", "--max-servers", "2", env=env, hold=True)
+    try:
+        _free_gpu_of_idle_servers("kl")
+        assert gone(idle["server_pid"]) and shared.alive(held["server_pid"], None)
+        assert list(shared.entries(registry)) == [held["key"]]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("value, message", [("abc", "give the process id"), ("999999999", "no such process")])
+def test_a_bad_run_pid_is_one_clear_message(monkeypatch, value, message):
+    from pipeline.errors import UserError
+
+    monkeypatch.setenv(shared.RUN_PID_ENV, value)
+    with pytest.raises(UserError, match=message):
+        shared.run_owner()
