@@ -44,6 +44,10 @@ def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert 'id="row-copy"' in html and 'id="suite-table"' in html and 'id="forest"' in html
+    # the first screen's matrix: a counted right/wrong suite in points, coloured by its decision
+    assert '<td class="cell go" id="cell-copy-math" data-decision="GO"' in html
+    assert '<td class="cell nogo" id="cell-broken-math" data-decision="NO-GO"' in html
+    assert "-60.0 pts [" in html and "/ −3.0 pts · NO-GO</text>" in html  # broken: 120 of 200 right -> 0
     assert copy_math["sentence"] in unescape(html) and 'id="interval-method"' in html
     assert len(html) < 2_000_000  # the 1 MB output is clipped on the page (whole in the JSONL)
     assert report.failing(verdict, "no-go") == ["broken"]
@@ -91,6 +95,9 @@ def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
     assert shaky["decision"] == "GO"
     html = (tmp_path / "reports" / "index.html").read_text()
     assert 'id="judge-table"' in html and "the judge is unreliable" in html
+    assert '<td class="cell nogo" id="cell-loses-judge-judge" data-decision="NO-GO"' in html  # a counted judge
+    assert 'id="cell-shaky-judge-judge" data-decision=""' in html  # its column, but this judge is not counted
+    assert "win 0.25 [0.17, 0.33] / ≥ 0.45 · NO-GO</text>" in html
     sentence = verdict["variants"]["loses-judge"]["judge"]["sentence"]
     assert sentence.startswith("judge: NO-GO: of 40 judged pairs the judge preferred the variant in 5, the base in 25")
     assert "entirely below 0.450 (0.5 - margin 0.05)" in sentence and sentence in unescape(html)
@@ -147,6 +154,8 @@ def test_each_inconclusive_says_what_to_run_and_about_how_long(tmp_path):
     # each model's ppl-chat.json: 14 s in all, 6 s of it scoring 12 documents
     assert step["seconds"] == pytest.approx(2 * (8 + 6 / 12 * needed), abs=0.1)
     assert f"suites.ppl-chat.limit: {needed}" in step["text"] and "dvc repro" in step["text"]
+    held_out = Params.model_validate(params).calib.holdout  # ppl-chat reads the held-out conversations
+    assert ("raise it to at least" in step["text"]) == (needed > held_out)
     assert judge["suite"] == "judge" and not judge["counted"] and "stronger model" in judge["text"]
     assert verdict["variants"]["rtn-w4a16"]["next_steps"] == []  # nothing open
     assert awq["why"] == "beyond the margin on ppl-book, ppl-code, ppl-math; ppl-chat open"

@@ -226,6 +226,10 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
                 f"in params.yaml and run `dvc repro` (or `{commands[0]}` and `{commands[1]}`, then `quantize report`)")
         text += (f", about {_duration(seconds)} at the speed these results were produced" if seconds is not None
                  else "; no timing recorded to estimate how long")
+        options = getattr(params.suites.get(suite), "options", None) or {}
+        if str(options.get("data", "")).endswith("holdout.jsonl") and needed > params.calib.holdout:
+            text += (f"; the held-out conversations number {params.calib.holdout} (calib.holdout): raise it to at "
+                     f"least {needed} and rerun `quantize calib` first")
         steps.append({"suite": suite, "now": now, "needed": needed, "unit": unit, "commands": commands,
                       "seconds": round(seconds, 1) if seconds is not None else None, "text": text, "counted": True})
     if judged and judged["decision"] == stats.INCONCLUSIVE and judged["summary"].get("mode", "pairwise") == "pairwise":
