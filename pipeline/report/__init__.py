@@ -231,13 +231,15 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
             text += (f"; the held-out conversations number {params.calib.holdout} (calib.holdout): raise it to at "
                      f"least {needed} and rerun `quantize calib` first")
         steps.append({"suite": suite, "now": now, "needed": needed, "unit": unit, "commands": commands,
-                      "seconds": round(seconds, 1) if seconds is not None else None, "text": text, "counted": True})
+                      "seconds": round(seconds, 1) if seconds is not None else None,
+                      "duration": _duration(seconds) if seconds is not None else None, "text": text, "counted": True})
     if judged and judged["decision"] == stats.INCONCLUSIVE and judged["summary"].get("mode", "pairwise") == "pairwise":
         summary = judged["summary"]
         if not summary.get("n"):
             steps.append({"suite": "judge", "now": 0, "needed": None, "unit": "judged pairs", "commands": [],
-                          "seconds": None, "counted": judged["counted"], "text": "judge: no pair was judged; a judge that answers in the required "
-                          "format is needed (judge.backend: vllm or openai with a stronger model), not more prompts"})
+                          "seconds": None, "duration": None, "counted": judged["counted"],
+                          "text": "judge: no pair was judged; a judge that answers in the required format is needed "
+                                  "(judge.backend: vllm or openai with a stronger model), not more prompts"})
         else:
             fewest = stats.min_judged_pairs_for_go(judged["margin"], params.verdict.confidence) or 0
             needed = max(fewest, 2 * summary["n"])
@@ -248,7 +250,8 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
             text = f"judge: {summary['n']} judged pairs did not settle it; try about {needed}: `{command}`"
             text += f", about {_duration(seconds)} at the speed of the last run" if seconds else ""
             steps.append({"suite": "judge", "now": summary["n"], "needed": needed, "unit": "judged pairs",
-                          "commands": [command], "seconds": round(seconds, 1) if seconds else None, "text": text,
+                          "commands": [command], "seconds": round(seconds, 1) if seconds else None,
+                          "duration": _duration(seconds) if seconds else None, "text": text,
                           "counted": judged["counted"]})
     return steps
 

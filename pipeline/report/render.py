@@ -195,9 +195,6 @@ def _ticks_margin(lo: float, hi: float) -> list[float]:
 def render_html(*, verdict: dict, results: dict, params, calib: dict | None, base: dict, human_size) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATE_DIR), autoescape=select_autoescape(["html"]))
     env.filters.update(pct=pct, pts=signed_pts, clip=clip, size=lambda b: human_size(b) if b else "–")
-    from pipeline.report import _duration
-
-    env.filters.update(duration=_duration)
     env.filters.update(ppl=lambda v: "–" if v is None or math.isnan(v) else f"{v:.3f}",
                        rel=lambda v: "–" if v is None or math.isnan(v) else f"{v * 100:+.1f}%")
     rows = [s for v in verdict["variants"].values() for s in v["suites"].values()]
