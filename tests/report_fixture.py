@@ -64,7 +64,8 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
         method = model.split("-")[0]
         (models / model).mkdir(parents=True, exist_ok=True)
         (models / model / "quant.json").write_text(json.dumps({
-            "method": method, "scheme": {"awq": "W4A16 g64", "fp8": "FP8 W8A8", "rtn": "RTN W4A16 g64"}[method],
+            "method": method, "scheme": {"awq": "W4A16 asymmetric, group 64", "fp8": "FP8 W8A8 (static activations), KV cache FP8 per-head",
+                       "rtn": "W4A16 asymmetric, group 64, round-to-nearest"}[method],
             "group_size": 64 if method != "fp8" else None, "size_bytes": size, "base_size_bytes": 260_000_000,
             "quantized_modules": 210, "calibration": {"blocks": 16, "seq_len": 256, "sha256": "0" * 64},
             "seconds": {"total": 100}, "device": "cpu", "peak_rss_bytes": 1 << 30, "ignored": {},
