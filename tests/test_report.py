@@ -179,3 +179,14 @@ def test_capacity_from_bench_json_is_read_when_numeric_and_left_out_otherwise():
                              "max_context_batch1": float("nan"), "slo": {"ttft_ms": 200}}) == \
         {"kv_cache_tokens": 1000, "weight_bytes": 5, "slo": {"ttft_ms": 200}}
     assert report._capacity(None) is None and report._capacity({"kv_cache_tokens": True}) is None
+
+
+def test_a_zero_margin_still_draws(tmp_path):
+    results = tmp_path / "results"
+    write_results(results, "base", [1] * 120 + [0] * 80)
+    write_results(results, "v", [1] * 120 + [0] * 80)
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["verdict"]["margins"] = {"math": 0.0}
+    out = report.run(results, tmp_path / "reports", Params.model_validate(settings), models_dir=tmp_path / "models")
+    assert out.verdict["variants"]["v"]["suites"]["math"]["decision"] == "INCONCLUSIVE"
+    assert "/ −0.0 pts · INCONCLUSIVE</text>" in out.html.read_text()

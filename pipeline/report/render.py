@@ -153,8 +153,9 @@ def forest_plot(columns: list[tuple[str, str]], rows: list[dict]) -> Markup:
     if not marks:
         return Markup("")
     width, left, right, row_h, top = 1180, 200, 330, 15, 18
-    scaled = [(h / c["margin_value"], lo / c["margin_value"], hi / c["margin_value"]) for *_, c in marks
-              for h, lo, hi in [c["harm"]]]
+    # a zero margin (allowed for right/wrong suites and the judge) has its boundary at 0, not on the red line:
+    # such a row is drawn in hundredths (points, percent), and its label gives its margin
+    scaled = [tuple(v / (c["margin_value"] if c["margin_value"] > 0 else 0.01) for v in c["harm"]) for *_, c in marks]
     lo = max(-3.0, min(-0.5, min(s[1] for s in scaled)) - 0.1)
     hi = min(6.0, max(1.5, max(s[2] for s in scaled)) + 0.1)
     scale = (width - left - right) / (hi - lo)
