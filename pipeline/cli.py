@@ -537,6 +537,7 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
                     f"margin +{s['margin']:.1%}): {s['decision']}")))
             if (v.get("judge") or {}).get("sentence"):
                 lines.append(f"  {v['judge']['sentence']}")
+            lines += [f"  to settle {step['text']}" for step in v.get("next_steps") or []]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"{path}: not a verdict written by `quantize report`; rerun `quantize report`") from None
     typer.echo("\n".join(lines))

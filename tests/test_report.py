@@ -1,6 +1,8 @@
 import json
 from html import unescape
 
+import pytest
+
 from conftest import TINY_PARAMS, with_variants, write_params
 from pipeline import report
 from pipeline.params import Params
@@ -41,7 +43,11 @@ def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
         assert attack not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
-    assert 'id="banner-copy"' in html and 'id="suite-table"' in html
+    assert 'id="row-copy"' in html and 'id="suite-table"' in html and 'id="forest"' in html
+    # the first screen's matrix: a counted right/wrong suite in points, coloured by its decision
+    assert '<td class="cell go" id="cell-copy-math" data-decision="GO"' in html
+    assert '<td class="cell nogo" id="cell-broken-math" data-decision="NO-GO"' in html
+    assert "-60.0 pts [" in html and "/ −3.0 pts · NO-GO</text>" in html  # broken: 120 of 200 right -> 0
     assert copy_math["sentence"] in unescape(html) and 'id="interval-method"' in html
     assert len(html) < 2_000_000  # the 1 MB output is clipped on the page (whole in the JSONL)
     assert report.failing(verdict, "no-go") == ["broken"]
@@ -89,6 +95,9 @@ def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
     assert shaky["decision"] == "GO"
     html = (tmp_path / "reports" / "index.html").read_text()
     assert 'id="judge-table"' in html and "the judge is unreliable" in html
+    assert '<td class="cell nogo" id="cell-loses-judge-judge" data-decision="NO-GO"' in html  # a counted judge
+    assert 'id="cell-shaky-judge-judge" data-decision=""' in html  # its column, but this judge is not counted
+    assert "win 0.25 [0.17, 0.33] / ≥ 0.45 · NO-GO</text>" in html
     sentence = verdict["variants"]["loses-judge"]["judge"]["sentence"]
     assert sentence.startswith("judge: NO-GO: of 40 judged pairs the judge preferred the variant in 5, the base in 25")
     assert "entirely below 0.450 (0.5 - margin 0.05)" in sentence and sentence in unescape(html)
@@ -160,3 +169,60 @@ def test_folders_under_results_that_name_no_model_are_ignored_and_named(tmp_path
     assert set(verdict["ignored_results"]) == {str(results / "awq-w4a16 (copy)"), str(results / ".ipynb_checkpoints")}
     assert "is neither base nor a variant in params.yaml" in verdict["ignored_results"][str(results / "awq-w4a16 (copy)")]
     assert "Not read: " in (tmp_path / "reports" / "index.html").read_text()
+
+
+def test_each_inconclusive_says_what_to_run_and_about_how_long(tmp_path):
+    """Item by item: the suite, how many items or documents would settle it, the commands, and the time at
+    the speed the results were produced (the stage's start plus the scoring time per item, base and variant)."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from report_fixture import demo_like
+
+    results, models, params = demo_like(tmp_path)
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(params), models_dir=models).verdict
+    awq = verdict["variants"]["awq-w4a16"]
+    assert awq["perplexity"]["ppl-chat"]["decision"] == "INCONCLUSIVE"
+    [step, judge] = awq["next_steps"]
+    needed = awq["perplexity"]["ppl-chat"]["documents_to_settle"]
+    assert step["suite"] == "ppl-chat" and step["now"] == 12 and step["needed"] == needed > 12 and step["counted"]
+    assert step["commands"] == [f"quantize eval models/{m} --suite ppl-chat --limit {needed}" for m in ("base", "awq-w4a16")]
+    # each model's ppl-chat.json: 14 s in all, 6 s of it scoring 12 documents
+    assert step["seconds"] == pytest.approx(2 * (8 + 6 / 12 * needed), abs=0.1)
+    assert f"suites.ppl-chat.limit: {needed}" in step["text"] and "dvc repro" in step["text"]
+    held_out = Params.model_validate(params).calib.holdout  # ppl-chat reads the held-out conversations
+    assert ("raise it to at least" in step["text"]) == (needed > held_out)
+    assert judge["suite"] == "judge" and not judge["counted"] and "stronger model" in judge["text"]
+    assert verdict["variants"]["rtn-w4a16"]["next_steps"] == []  # nothing open
+    assert awq["why"] == "beyond the margin on ppl-book, ppl-code, ppl-math; ppl-chat open"
+    assert verdict["variants"]["fp8-w8a8"]["why"] == "within the margin on all 4 counted suites"
+    shown = CliRunner().invoke(app, ["show-verdict", str(tmp_path / "reports" / "verdict.json")])
+    assert shown.exit_code == 0 and f"  to settle ppl-chat: 12 documents did not settle it; about {needed}" in shown.output
+    # a right/wrong suite too small to ever show a GO asks for the items a GO needs
+    write_results(tmp_path / "small", "base", [1] * 12 + [0] * 8)
+    write_results(tmp_path / "small", "v", [1] * 12 + [0] * 8)
+    (tmp_path / "small" / "base" / "math.json").write_text(json.dumps({"n": 20, "seconds": 50.0, "generate_seconds": 40.0}))
+    (tmp_path / "small" / "v" / "math.json").write_text(json.dumps({"n": 20, "seconds": 50.0, "generate_seconds": 40.0}))
+    small = report.run(tmp_path / "small", tmp_path / "r2", Params.model_validate(with_variants(TINY_PARAMS, "v")),
+                       models_dir=tmp_path / "models").verdict["variants"]["v"]
+    [step] = small["next_steps"]
+    assert small["decision"] == "INCONCLUSIVE" and step["needed"] == small["suites"]["math"]["min_items_for_go"] == 185
+    assert step["seconds"] == pytest.approx(2 * (10 + 2 * 185)) and "about 13 min" in step["text"]
+
+
+def test_capacity_from_bench_json_is_read_when_numeric_and_left_out_otherwise():
+    assert report._capacity({"kv_cache_tokens": 1000, "weight_bytes": 5, "goodput_tok_s_per_gpu": "fast",
+                             "max_context_batch1": float("nan"), "slo": {"ttft_ms": 200}}) == \
+        {"kv_cache_tokens": 1000, "weight_bytes": 5, "slo": {"ttft_ms": 200}}
+    assert report._capacity(None) is None and report._capacity({"kv_cache_tokens": True}) is None
+
+
+def test_a_zero_margin_still_draws(tmp_path):
+    results = tmp_path / "results"
+    write_results(results, "base", [1] * 120 + [0] * 80)
+    write_results(results, "v", [1] * 120 + [0] * 80)
+    settings = json.loads(json.dumps(with_variants(TINY_PARAMS, "v")))
+    settings["verdict"]["margins"] = {"math": 0.0}
+    out = report.run(results, tmp_path / "reports", Params.model_validate(settings), models_dir=tmp_path / "models")
+    assert out.verdict["variants"]["v"]["suites"]["math"]["decision"] == "INCONCLUSIVE"
+    assert "/ −0.0 pts · INCONCLUSIVE</text>" in out.html.read_text()

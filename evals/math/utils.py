@@ -13,10 +13,21 @@ Numbers may carry `$`, `%`, units, thousands separators (`1,234`, `1 234` with a
 `1{,}234`), decimals (`18.00` = 18), a unicode minus, fractions (`3/4`, `\\frac{3}{4}`, `1 1/2`), and
 are compared exactly (as fractions) with the reference.
 
-An output without any marker scores wrong, whatever numbers it holds: the prompt asks for
-`Answer: <number>`, and text alone cannot tell a finished answer from one cut off at the token
-cap (an output that hits the cap mid-working ends in a number that is no answer: `2 + 2 + 2 + 2`,
-"Step 6: Determine"). So no result line needs to know whether its output was truncated.
+Numbers are also read written in words after a marker when the answer holds no digits ("Answer:
+eighteen", "twenty-five", "one hundred and five", "1.5 million"), with a plain space as thousands
+separator (`12 000`), and as powers of ten (`1.2 × 10^6`, `1.2\\times 10^{6}`, `3e4`).
+
+An answer corrected explicitly later is read at its correction: after the committed answer, a
+correction ("Wait", "Actually", "Correction", "I made a mistake", "that is wrong", "let me
+recalculate") followed by a new committed answer replaces it, unless a new question has begun in
+between (a runaway continuation, whose answers are not the model's answer to this one).
+
+An output that is nothing but the answer (a number, with a currency sign, a sign, a percent sign, a
+fraction or decimals, and at most three words of unit: `$18.00`, `-5`, `3/4`, `18 apples.`,
+"Eighteen.") is that answer. Any other output without a marker scores wrong, whatever numbers it
+holds: the prompt asks for `Answer: <number>`, and text alone cannot tell a finished answer from one
+cut off at the token cap (an output that hits the cap mid-working ends in a number that is no answer:
+`2 + 2 + 2 + 2`, "Step 6: Determine"). So no result line needs to know whether its output was truncated.
 
 Where and why this differs from its peers (tests/test_math_scorer.py measures the agreement):
 - lm-eval's gsm8k `strict-match` takes the first `#### N` only: our prompt asks for `Answer:`, so it
@@ -49,7 +60,7 @@ ANSWER_COLON = re.compile(r"(?i)\b(?:final\s+)?answer\s*[*_]*\s*[:：]")
 TIERS = ((ANSWER_LINE, HASHES, BOXED), (ANSWER_IS, ANSWER_COLON))
 
 # ---------------------------------------------------------------- numbers
-_SEP = "[,\u202f\u2009\u00a0]"  # thousands separators: comma, narrow / thin / no-break space
+_SEP = "[, \u202f\u2009\u00a0]"  # thousands separators: comma, plain / narrow / thin / no-break space
 _PLAIN = rf"(?:\d{{1,3}}(?:{_SEP}\d{{3}})+|\d+)(?:\.\d+)?|\.\d+"
 NUMBER = re.compile(rf"(?<![\w.])(-?)(?:(\d+)\s+(\d+)\s*/\s*(\d+)|(\d+)\s*/\s*(\d+)(?!\.\d)|({_PLAIN}))")
 OPERATOR_BETWEEN = re.compile(r"^\s*(?:[+*×x·÷^]|-)\s*$")
@@ -64,7 +75,20 @@ LATEX = [
     (re.compile(r"\\[()\[\]]|\\\$|\\%|\$|%|\*\*|__|`"), " "),
     (re.compile(r"\\left|\\right"), ""),
     (re.compile(r"[−–‒]"), "-"),  # unicode minus and dashes
+    (re.compile(r"[€£¥]"), " "),
 ]
+# powers of ten: 1.2 x 10^6, 1.2 * 10^{6} (after LATEX: \\times -> *), 1.2 * 10**6, 10^6, 3e4, 3E+4
+POWER = re.compile(r"(?<![\w.])(?:(\d+(?:\.\d+)?)\s*[*×x·]\s*)?10\s*(?:\^|\*\*)\s*\{?\s*([+-]?\d{1,3})\s*\}?"
+                   r"|(?<![\w.])(\d+(?:\.\d+)?)[eE]([+-]?\d{1,3})(?![\w.])")
+SCALE = re.compile(r"(?i)(?<![\w.])(\d+(?:\.\d+)?)\s+(thousand|million|billion)\b")
+SCALES = {"thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9}
+NEW_QUESTION = re.compile(r"(?im)^[ \t>#*_]*(?:question|problem|q)\s*\d*\s*[:.)]")
+CORRECTION = re.compile(
+    r"(?i)\b(?:wait|actually|correction|oops|on second thought|i made (?:a|an) (?:mistake|error)|i was wrong"
+    r"|(?:that|this)(?:'s|\s+is|\s+was)\s+(?:wrong|incorrect|not right|a mistake)"
+    r"|let me (?:re-?calculate|re-?check|correct|redo|fix|recompute))\b")
+# an output that is nothing but the answer: number (sign, fraction, decimals) and at most three words of unit
+BARE = re.compile(r"^\s*(?P<number>.+?)\s*%?\s*(?:°\s*[CF]?)?(?P<unit>(?:\s*[A-Za-z][A-Za-z'/-]*){0,3})\s*[.!]?\s*$")
 
 
 def load_gsm8k(**_):
@@ -140,9 +164,59 @@ def _number_in(part: str) -> Fraction | None:
         return None
 
 
+_UNITS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+          "sixteen seventeen eighteen nineteen").split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+WORD_VALUES = {**{w: i for i, w in enumerate(_UNITS)}, **{w: 20 + 10 * i for i, w in enumerate(_TENS)},
+               "hundred": 100, **SCALES}
+_WORD = "|".join(sorted(WORD_VALUES, key=len, reverse=True))
+WORD_NUMBER = re.compile(rf"(?i)\b(?:{_WORD})(?:(?:\s+and\s+|[\s-]+)(?:{_WORD}))*\b")
+
+
+def _words_value(words: str) -> int:
+    """'one hundred and twenty-five' -> 125, 'three thousand four hundred' -> 3400."""
+    total = current = 0
+    for word in re.findall(r"[a-z]+", words.lower()):
+        value = WORD_VALUES.get(word)
+        if value is None:  # "and"
+            continue
+        if value == 100:
+            current = (current or 1) * 100
+        elif value >= 1000:
+            total += (current or 1) * value
+            current = 0
+        else:
+            current += value
+    return total + current
+
+
+def _digits(fraction: Fraction) -> str:
+    """A number as plain digits (a finite decimal when it is not whole)."""
+    if fraction.denominator == 1:
+        return str(fraction.numerator)
+    return format(fraction.numerator / fraction.denominator, "f").rstrip("0")
+
+
+def _expand(text: str) -> str:
+    """Powers of ten and 'N million' written out as digits."""
+    def power(match: re.Match) -> str:
+        mantissa, exponent = (match.group(1) or "1", match.group(2)) if match.group(2) else match.group(3, 4)
+        return _digits(Fraction(mantissa) * Fraction(10) ** int(exponent))
+
+    text = POWER.sub(power, text)
+    return SCALE.sub(lambda m: _digits(Fraction(m.group(1)) * SCALES[m.group(2).lower()]), text)
+
+
+def _with_words_read(text: str) -> str:
+    """Numbers written in words as digits, only where the text holds no digit at all."""
+    if re.search(r"\d", text):
+        return text
+    return WORD_NUMBER.sub(lambda m: str(_words_value(m.group(0))), text)
+
+
 def committed_number(segment: str) -> Fraction | None:
     """The number a segment after a final-answer marker commits to."""
-    text = _clean(segment)
+    text = _with_words_read(_expand(_clean(segment)))
     end = SENTENCE_END.search(text)
     text = text[:end.start()] if end else text
     while True:  # working in (...) or [...] after the answer is skipped
@@ -158,16 +232,46 @@ def committed_number(segment: str) -> Fraction | None:
     return _number_in(text)
 
 
-def final_answer(output: str) -> Fraction | None:
-    """The number the model committed to as its final answer, or None when it committed to none
-    (no marker, an empty or non-numeric answer, an output cut off before it)."""
+def _committed(output: str, start: int = 0) -> tuple[Fraction | None, int]:
+    """The first committed answer at or after `start` (tier 1 before tier 2) and where its marker ends."""
     for tier in TIERS:
-        matches = sorted((m for pattern in tier for m in pattern.finditer(output)), key=lambda m: m.start())
+        matches = sorted((m for pattern in tier for m in pattern.finditer(output, start)), key=lambda m: m.start())
         for match in matches:
             value = committed_number(_segment(output, match))
             if value is not None:
-                return value
-    return None
+                return value, match.end()
+    return None, len(output)
+
+
+def bare_answer(output: str) -> Fraction | None:
+    """The value of an output that is nothing but the answer (`$18.00`, `-5`, `3/4`, `18 apples.`)."""
+    found = BARE.match(_expand(_clean(output)))
+    if not found or not found.group("number").strip():
+        return None
+    number = NUMBER.fullmatch(re.sub(r"-\s+(?=\d)", "-", found.group("number").strip()))
+    try:
+        return _value(number) if number else None
+    except ZeroDivisionError:
+        return None
+
+
+def final_answer(output: str) -> Fraction | None:
+    """The number the model committed to as its final answer, or None when it committed to none
+    (no marker, an empty or non-numeric answer, an output cut off before it); an explicit correction
+    before any new question replaces it; an output that is nothing but a number is that number."""
+    value, end = _committed(output)
+    if value is None:
+        return bare_answer(output)
+    while True:
+        question = NEW_QUESTION.search(output, end)
+        stop = question.start() if question else len(output)
+        correction = CORRECTION.search(output, end, stop)
+        if not correction:
+            return value
+        corrected, corrected_end = _committed(output[:stop], correction.end())
+        if corrected is None:
+            return value
+        value, end = corrected, corrected_end
 
 
 def is_correct(output: str, target: str) -> bool:

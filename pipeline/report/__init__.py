@@ -140,9 +140,12 @@ def build_verdict(results: dict, params: Params, models_dir: Path, results_dir: 
                 reasons.insert(0, _unsandboxed_reason([variant], suite))
         if speed and speed.get("counted"):
             reasons.append(f"slower than the base at batch 1: {speed['reason']}")
+        steps = next_steps(variant, suite_verdicts, perplexity, judged, results_dir, params)
         variants[variant] = {
             "decision": decision,
+            "why": why_in_brief(decision, suite_verdicts, perplexity, judged, speed, steps),
             "reasons": reasons,
+            "next_steps": steps,
             "suites": {v.suite: {**v.to_dict(), "unsandboxed": unsandboxed[v.suite]} for v in suite_verdicts},
             "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()},
             "not_applicable": skipped,
@@ -183,6 +186,103 @@ def _unsandboxed_reason(models: list[str], suite: str) -> str:
     return (f"UNSANDBOXED: the model-written code of {' and '.join(models)} ran without bubblewrap "
             f"(suites.{suite}.allow_unsandboxed: true): it could read this machine's files and fake its own pass; "
             "install bubblewrap and rerun the eval")
+
+
+def why_in_brief(decision: str, suite_verdicts: list, perplexity: dict, judged: dict | None, speed: dict | None,
+                 steps: list[dict]) -> str:
+    """The decision's reason in a few words, for the first screen (the full sentences stay in the suites'
+    details, verdict.json and `quantize show-verdict`)."""
+    counted = [(v.suite, v.decision) for v in suite_verdicts if v.counted]
+    counted += [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
+    if judged and judged["counted"]:
+        counted.append(("judge", judged["decision"]))
+    if speed and speed.get("counted"):
+        return "slower than the base at batch 1 on the deployment engine"
+    if not counted:
+        return "nothing counted: every suite at the floor or ceiling, or empty"
+    no_go = [name for name, d in counted if d == stats.NO_GO]
+    open_ = [name for name, d in counted if d not in (stats.GO, stats.NO_GO)]
+    if decision == stats.NO_GO:
+        text = f"beyond the margin on {', '.join(no_go)}"
+        return text + (f"; {', '.join(open_)} open" if open_ else "")
+    if decision == stats.GO:
+        return f"within the margin on all {len(counted)} counted suites" if len(counted) > 1 else \
+            f"within the margin on {counted[0][0]}, the one counted suite"
+    return f"not settled on {', '.join(open_)}" + (f"; {len(counted) - len(open_)} within the margin"
+                                                   if len(counted) > len(open_) else "")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(10, round(seconds, -1)):.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _stage_seconds(results_dir: Path, model: str, suite: str, items: int) -> float | None:
+    """About how long `quantize eval` of `items` items of `suite` takes for `model`, from the speed its
+    last run recorded (results/<model>/<suite>.json: the stage's seconds, of which scoring
+    generate_seconds over n items; the rest is the stage's start)."""
+    try:
+        summary = result_files.read_summary(results_dir / model / f"{suite}.json") or {}
+    except UserError:
+        return None
+    n, total, scoring = summary.get("n"), summary.get("seconds"), summary.get("generate_seconds")
+    if not isinstance(n, int) or n <= 0 or not isinstance(total, (int, float)) or total <= 0:
+        return None
+    scoring = scoring if isinstance(scoring, (int, float)) and 0 < scoring <= total else total
+    return (total - scoring) + scoring / n * items
+
+
+def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dict | None, results_dir: Path,
+               params: Params) -> list[dict]:
+    """For each counted suite left INCONCLUSIVE: what to run to settle it (how many items or documents,
+    the commands) and about how long that takes at the speed its results were produced."""
+    steps = []
+    wanted = [(v.suite, v.n, v.items_to_settle or (v.min_items_for_go if v.min_items_for_go and v.n < v.min_items_for_go
+                                                  else None), "items")
+              for v in suite_verdicts if v.counted and v.decision == stats.INCONCLUSIVE]
+    wanted += [(suite, v.n, v.documents_to_settle, "documents")
+               for suite, v in perplexity.items() if v.counted and v.decision == stats.INCONCLUSIVE]
+    for suite, now, needed, unit in wanted:
+        if not needed or needed <= now:
+            continue
+        times = [_stage_seconds(results_dir, model, suite, needed) for model in ("base", variant)]
+        seconds = sum(times) if all(t is not None for t in times) else None
+        commands = [f"quantize eval models/{model} --suite {suite} --limit {needed}" for model in ("base", variant)]
+        text = (f"{suite}: {now} {unit} did not settle it; about {needed} would: set suites.{suite}.limit: {needed} "
+                f"in params.yaml and run `dvc repro` (or `{commands[0]}` and `{commands[1]}`, then `quantize report`)")
+        text += (f", about {_duration(seconds)} at the speed these results were produced" if seconds is not None
+                 else "; no timing recorded to estimate how long")
+        options = getattr(params.suites.get(suite), "options", None) or {}
+        if str(options.get("data", "")).endswith("holdout.jsonl") and needed > params.calib.holdout:
+            text += (f"; the held-out conversations number {params.calib.holdout} (calib.holdout): raise it to at "
+                     f"least {needed} and rerun `quantize calib` first")
+        steps.append({"suite": suite, "now": now, "needed": needed, "unit": unit, "commands": commands,
+                      "seconds": round(seconds, 1) if seconds is not None else None,
+                      "duration": _duration(seconds) if seconds is not None else None, "text": text, "counted": True})
+    if judged and judged["decision"] == stats.INCONCLUSIVE and judged["summary"].get("mode", "pairwise") == "pairwise":
+        summary = judged["summary"]
+        if not summary.get("n"):
+            steps.append({"suite": "judge", "now": 0, "needed": None, "unit": "judged pairs", "commands": [],
+                          "seconds": None, "duration": None, "counted": judged["counted"],
+                          "text": "judge: no pair was judged; a judge that answers in the required format is needed "
+                                  "(judge.backend: vllm or openai with a stronger model), not more prompts"})
+        else:
+            fewest = stats.min_judged_pairs_for_go(judged["margin"], params.verdict.confidence) or 0
+            needed = max(fewest, 2 * summary["n"])
+            prompts = summary["n"] + (summary.get("unjudged") or 0)
+            took = summary.get("seconds")
+            seconds = took / prompts * needed if isinstance(took, (int, float)) and prompts else None
+            command = f"quantize judge models/{variant} --limit {needed}"
+            text = f"judge: {summary['n']} judged pairs did not settle it; try about {needed}: `{command}`"
+            text += f", about {_duration(seconds)} at the speed of the last run" if seconds else ""
+            steps.append({"suite": "judge", "now": summary["n"], "needed": needed, "unit": "judged pairs",
+                          "commands": [command], "seconds": round(seconds, 1) if seconds else None,
+                          "duration": _duration(seconds) if seconds else None, "text": text,
+                          "counted": judged["counted"]})
+    return steps
 
 
 def is_perplexity(items: dict[str, dict]) -> bool:
@@ -364,7 +464,23 @@ def speed_row(summary: dict) -> dict:
                                          "goodput_requests_per_s", "requests_per_s")}
                   for l in fixed.get("rates") or []],
         "memory_bytes": max((l.get("memory_bytes") or 0) for l in fixed["levels"]) or None,
+        "capacity": _capacity(summary.get("capacity")),
         "roofline_fraction": roof.get("fraction_of_bound"),
         "roofline_tokens_per_s": roof.get("bound_tokens_per_s"),
         "capacity": summary.get("capacity"),
     }
+
+
+CAPACITY_FIELDS = ("kv_cache_tokens", "max_context_batch1", "weight_bytes", "goodput_tok_s_per_gpu")
+
+
+def _capacity(found) -> dict | None:
+    """bench.json's `capacity` (when the bench measured it): the numeric fields the first screen shows,
+    anything else left out; None when absent or holding none of them."""
+    if not isinstance(found, dict):
+        return None
+    kept = {k: found[k] for k in CAPACITY_FIELDS
+            if isinstance(found.get(k), (int, float)) and not isinstance(found.get(k), bool) and math.isfinite(found[k])}
+    if isinstance(found.get("slo"), dict):
+        kept["slo"] = {str(k): v for k, v in found["slo"].items() if isinstance(v, (int, float, str))}
+    return kept or None

@@ -1,0 +1,92 @@
+"""A results/ and models/ tree shaped like the demo's (four perplexity suites that decide, two right/wrong
+suites at the floor, a judge that judged nothing, KL, quant.json with sizes and serving, a bench.json with
+capacity for two models), with hostile text in it: what the report's first-screen tests render."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+XSS = '<script>alert(1)</script><img src=x onerror=alert(2)>'
+PERPLEXITY = {"ppl-book": 8, "ppl-chat": 12, "ppl-code": 8, "ppl-math": 10}
+RISES = {"fp8-w8a8": 0.03, "awq-w4a16": 0.16, "rtn-w4a16": 0.27}
+
+
+def _write_lines(path: Path, lines: list[dict], summary: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path.with_suffix(".json").write_text(json.dumps(summary))
+
+
+def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
+    """Writes root/results and root/models; returns (results, models, params dict)."""
+    from test_bench import bench_summary
+
+    rng = np.random.default_rng(5)
+    results, models = root / "results", root / "models"
+    for suite, n in PERPLEXITY.items():
+        tokens = rng.integers(150, 600, size=n)
+        base_nll = tokens * rng.uniform(2.0, 3.0, size=n)
+        for model in ["base", *RISES]:
+            rise = RISES.get(model, 0.0)
+            spread = 0.08 if suite == "ppl-chat" and model == "awq-w4a16" else 0.01
+            nll = base_nll if model == "base" else base_nll + tokens * (
+                math.log1p(rise) + rng.normal(0, spread, size=n))
+            lines = [{"id": f"{suite}-{i}", "suite": suite, "variant": model, "prompt": f"document {i} {XSS}",
+                      "target": "", "output": "", "score": float(math.exp(l / t)), "correct": None,
+                      "loglikelihood": -float(l), "n_tokens": int(t), "seconds": None}
+                     for i, (l, t) in enumerate(zip(nll, tokens))]
+            _write_lines(results / model / f"{suite}.jsonl", lines,
+                         {"suite": suite, "n": n, "score": 1.0, "seconds": 14.0, "generate_seconds": 6.0})
+    for suite, n, model_scores in (("math", 20, {"base": 1, "awq-w4a16": 0}), ("code", 10, {"base": 0, "awq-w4a16": 0})):
+        for model, right in model_scores.items():
+            lines = [{"id": f"{suite}-{i}", "suite": suite, "variant": model, "prompt": f"question {i} {XSS}",
+                      "target": str(i), "output": f"Answer: {i if i < right else -1} {XSS}", "score": float(i < right),
+                      "correct": i < right, "n_tokens": 30, "seconds": 1.5} for i in range(n)]
+            _write_lines(results / model / f"{suite}.jsonl", lines,
+                         {"suite": suite, "n": n, "score": right / n, "seconds": 40.0, "generate_seconds": 30.0})
+    for model in ("awq-w4a16", "fp8-w8a8"):
+        (results / model / "judge.json").write_text(json.dumps(
+            {"mode": "pairwise", "judge": f"models/base {XSS}", "weak_judge": True, "n": 0, "wins": 0, "ties": 0,
+             "losses": 0, "unjudged": 1, "win_rate": None, "ci_low": None, "ci_high": None, "consistency": None,
+             "control_win_rate": None, "length_bias": None,
+             "seconds": 60.0}))
+    sizes = {"awq-w4a16": 112_000_000, "fp8-w8a8": 170_000_000, "rtn-w4a16": 112_000_000}
+    serving = {"hf": {"serves": True, "how": "in-process transformers"},
+               "vllm": {"serves": True, "how": "vllm serve DIR"},
+               "lmdeploy": {"serves": False, "how": f"lmdeploy 0.18 cannot {XSS}"}}
+    for i, (model, size) in enumerate(sizes.items()):
+        (results / model / "kl.json").write_text(json.dumps(
+            {"tokens": 2048, "kl_mean": 0.05 * (i + 1), "kl_p99": 0.5, "kl_max": 1.0, "top1_agreement": 0.86 - 0.1 * i}))
+        method = model.split("-")[0]
+        (models / model).mkdir(parents=True, exist_ok=True)
+        (models / model / "quant.json").write_text(json.dumps({
+            "method": method, "scheme": {"awq": "W4A16 asymmetric, group 64", "fp8": "FP8 W8A8 (static activations), KV cache FP8 per-head",
+                       "rtn": "W4A16 asymmetric, group 64, round-to-nearest"}[method],
+            "group_size": 64 if method != "fp8" else None, "size_bytes": size, "base_size_bytes": 260_000_000,
+            "quantized_modules": 210, "calibration": {"blocks": 16, "seq_len": 256, "sha256": "0" * 64},
+            "seconds": {"total": 100}, "device": "cpu", "peak_rss_bytes": 1 << 30, "ignored": {},
+            "verify": {"reloads": True, "sample": "", "vision": {"vision_tensors": 0, "mismatched": []}},
+            "serving": serving}))
+    for model, tpot in (("base", 6.3), ("fp8-w8a8", 4.1)):
+        summary = bench_summary(tpot, "vllm")
+        if capacity:
+            summary["capacity"] = {"kv_cache_tokens": 500_000 if model == "base" else 900_000, "max_context_batch1": 131072,
+                                   "weight_bytes": 17 << 30, "goodput_tok_s_per_gpu": 5000.0 if model == "base" else 7000.0,
+                                   "slo": {"ttft_ms": 200, "tpot_ms": 15}}
+        (results / model / "bench.json").write_text(json.dumps(summary))
+    params = {
+        "model": {"source": "tiny-hf", "base_dir": "models/base", "dtype": "float16"},
+        "variants": {"awq-w4a16": {"method": "awq", "group_size": 64}, "fp8-w8a8": {"method": "fp8"},
+                     "rtn-w4a16": {"method": "rtn", "group_size": 64}},
+        "suites": {"math": {"task": "quant_gsm8k", "models": ["base", "awq-w4a16"]},
+                   "code": {"task": "quant_humaneval", "models": ["base", "awq-w4a16"]},
+                   "ppl-book": {"task": "quant_ppl_book"}, "ppl-chat": {"task": "quant_ppl_chat"},
+                   "ppl-code": {"task": "quant_ppl_humaneval"}, "ppl-math": {"task": "quant_ppl_gsm8k"}},
+        "verdict": {"margins": {"math": 0.03, "code": 0.03}, "perplexity_margin": 0.10},
+    }
+    params["suites"]["ppl-chat"]["options"] = {"data": "calib_data/build/holdout.jsonl"}
+    return results, models, params
