@@ -11,6 +11,7 @@ it held are simply computed again. Any other broken line is an error naming the 
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from pathlib import Path
 

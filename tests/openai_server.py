@@ -288,7 +288,7 @@ def log_start_figures(model: TinyModel, args, seconds: float) -> None:
     """The start-up lines vLLM 0.24 logs (pipeline/engines/capacity.py reads them), with this model's own
     figures: its weights, and the KV pool of a pretend device of --device-memory-gib at
     --gpu-memory-utilization (or --kv-cache-tokens)."""
-    config = model.model.config
+    config = model.model.config.get_text_config()  # a vision model's text tower holds the KV cache
     weights = sum(p.numel() * p.element_size() for p in model.model.parameters())
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads

@@ -262,7 +262,7 @@ def test_the_report_shows_what_each_variant_buys_beside_its_decision(tmp_path):
         summary["capacity"] = {"kv_cache_tokens": kv, "max_context_batch1": min(kv, 131072), "weight_bytes": 9 << 30,
                                "goodput_tok_s_per_gpu": goodput, "slo": {"ttft_ms": 200.0, "tpot_ms": 15.0}}
         (results / name / "bench.json").write_text(json.dumps(summary))
-    verdict = report.run(results, tmp_path / "reports", Params.model_validate(TINY_PARAMS),
+    verdict = report.run(results, tmp_path / "reports", Params.model_validate(with_variants(TINY_PARAMS, "fp8")),
                          models_dir=tmp_path / "models").verdict
     assert verdict["variants"]["fp8"]["capacity_line"] == "GO, 1.5x tokens/s, 2x KV capacity"
     assert "GO, 1.5x tokens/s, 2x KV capacity" in (tmp_path / "reports" / "index.html").read_text()
