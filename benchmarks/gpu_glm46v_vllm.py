@@ -129,7 +129,7 @@ def serve(names: list[str]) -> dict:
             engine_box["engine"] = original("vllm", p, **options)
             return engine_box["engine"].describe()
 
-        info = step(results, "serve", f"{name}: vLLM start", start) or results.get(f"{name}: vLLM start")
+        step(results, "serve", f"{name}: vLLM start", start)
         engine = engine_box.get("engine")
         keep(ROOT / f"{name}.vllm.log")
         if engine is None:

@@ -467,7 +467,6 @@ def speed_row(summary: dict) -> dict:
         "capacity": _capacity(summary.get("capacity")),
         "roofline_fraction": roof.get("fraction_of_bound"),
         "roofline_tokens_per_s": roof.get("bound_tokens_per_s"),
-        "capacity": summary.get("capacity"),
     }
 
 
