@@ -143,10 +143,10 @@ def eval_(
     p = load_params(params_file)
     settings = with_overrides(p.suite(suite), limit=limit)
     engine = engine or p.engine.name
-    engine_spec(engine, "--engine")
+    spec = engine_spec(engine, "--engine")
     out_dir = out or Path("results") / model_dir.name
     refuse_overlap(out_dir, checkpoint=model_dir)
-    checked_model(model_dir, weights=engine != "openai")  # openai: a server holds the weights; the dir gives the tokenizer
+    checked_model(model_dir, weights=spec.local_weights)  # openai: a server holds the weights; the dir gives the tokenizer
     result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
                           engine=engine)
     typer.echo(result.summary_line())
