@@ -242,7 +242,10 @@ def judge(
     settings = with_overrides(p.judge, mode=mode, backend=backend, limit=limit)
     base, prompts = base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl"
     out_dir = out or Path("results") / variant_dir.name
-    judge_model = Path(settings.model) if settings.backend != "openai" and settings.model != "base" else None
+    from pipeline.engines import capability
+
+    judge_model = Path(settings.model) if capability(settings.backend, "local_weights") and settings.model != "base" \
+        else None
     refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
                     judge_checkpoint=judge_model)
     result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
