@@ -344,7 +344,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
     from pipeline.checkpoints import headers
 
-    headers.check(model_dir, weights=engine != "openai")  # openai: a running server holds the weights
+    headers.check(model_dir, weights=spec.local_weights)  # openai: a running server holds the weights
     if request_rates and spec.timing != "http":
         raise UserError(f"bench.request_rates: request-rate sweeps need a server engine (vllm or openai), "
                         f"not {engine}; set bench.request_rates: [] or --engine vllm")
@@ -355,14 +355,14 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
         raise UserError(f"--input-len {input_len} + --output-len {output_len} exceed {model_dir}'s "
                         f"{context}-token context; choose shorter lengths")
     options["batch_size"] = max(max(concurrency), options.get("batch_size", 1))
-    if engine == "vllm":
+    if spec.starts_server:
         options.setdefault("log_path", out.with_name(out.stem + ".vllm.log"))
     device = "cuda" if _cuda() else "cpu"
     # measured before the engine starts: a server takes most of the GPU's memory for its KV pool
-    bandwidth = measure_bandwidth(device, 1.0 if device == "cuda" else 0.25) if engine != "openai" else None
+    bandwidth = measure_bandwidth(device, 1.0 if device == "cuda" else 0.25) if spec.local_weights else None
     lm = make_engine(engine, model_dir, **options)
     try:
-        timer = HttpTiming(lm, vllm_extras=engine == "vllm") if spec.timing == "http" else lm
+        timer = HttpTiming(lm, vllm_extras=spec.starts_server) if spec.timing == "http" else lm
         loads = [fixed_workload(timer.encode, input_len, output_len)]
         if holdout is not None:
             loads.append(holdout_workload(timer, Path(holdout), output_len, context))
@@ -386,7 +386,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
             else _engine_dtype_bytes(lm)
         summary = {
             "model_dir": str(model_dir), "engine": engine, "engine_info": describe_engine(lm, engine, options),
-            "device": device_name() if engine != "openai" else f"served at {options.get('base_url')}",
+            "device": device_name() if spec.local_weights else f"served at {options.get('base_url')}",
             # how the model is split over devices (engines without tensor parallelism: one device)
             "parallel": getattr(lm, "parallel", None) or {"tensor_parallel_size": 1},
             "versions": versions(), "date": time.strftime("%Y-%m-%d"), "input_len": input_len,

@@ -1,31 +1,27 @@
 """`quantize`: one subcommand per pipeline stage. Thin: parse, fill defaults from params.yaml,
-call the stage's `run`, print its one-line summary. Bad input exits 2 with a message, no traceback."""
+call the stage's `run`, print its one-line summary. Bad input exits 2 with a message, no traceback.
+The quantize subcommands live in pipeline/cli_quantize.py, what every command shares in pipeline/cli_common.py."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import logging
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from pipeline import params as params_mod
+from pipeline import cli_quantize
+from pipeline.cli_common import (PARAMS_OPTION, checked_model, free_gpu_of_idle_servers, load_params,
+                                 refuse_overlap, stage)
 from pipeline.errors import UserError
 from pipeline.params import with_overrides
-
-log = logging.getLogger("pipeline.cli")
 
 app = typer.Typer(
     help="Quantize an LLM (AWQ W4A16, FP8 W8A8) and prove it against the FP16 base. "
          "Every option defaults from params.yaml in the current directory.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
-PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", help="Parameter file every default comes from.")
 
 
 def _version(value: bool) -> None:
@@ -52,78 +48,6 @@ def main_options(
     console.setup(verbose, quiet)
 
 
-def stage(func):
-    """Turns UserError into a clean message and exit code 2; with QUANTIZE_STAGE_LOG set, appends what the
-    stage cost to that file (one JSON line: _record_stage)."""
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        code = 1
-        try:
-            result = func(*args, **kwargs)
-            code = 0
-            return result
-        except UserError as exc:
-            code = exc.exit_code
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(exc.exit_code) from None
-        except typer.Exit as exc:
-            code = exc.exit_code
-            raise
-        finally:
-            _record_stage(code)
-    return wrapper
-
-
-def _record_stage(code: int) -> None:
-    """{"stage" (DVC's stage name, under dvc repro), "command", "wall_s" (since the process started, imports
-    included), "engine_start_s" (model loads and server starts; 0 for an attach), "engines", "exit"}."""
-    import os
-    import time
-
-    path = os.environ.get("QUANTIZE_STAGE_LOG")
-    if not path:
-        return
-    from pipeline.engines import STARTS, engine_start_seconds
-
-    try:
-        ticks = os.sysconf("SC_CLK_TCK")
-        stat = Path("/proc/self/stat").read_text()
-        started = int(stat[stat.rindex(")") + 2:].split()[19]) / ticks
-        wall = float(Path("/proc/uptime").read_text().split()[0]) - started
-    except (OSError, ValueError):
-        wall = None
-    line = {"stage": os.environ.get("DVC_STAGE"), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,
-            "engine_start_s": engine_start_seconds(), "engines": [{**s, "seconds": round(s["seconds"], 2)}
-                                                                   for s in STARTS],
-            "exit": code, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    try:
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(json.dumps(line) + "\n")
-    except OSError as exc:
-        log_warning = logging.getLogger("pipeline.cli")
-        log_warning.warning(f"QUANTIZE_STAGE_LOG={path}: cannot append ({exc.strerror})")
-
-
-def _params(path: Path) -> params_mod.Params:
-    return params_mod.load(path)
-
-
-def _refuse_overlap(out: Path, *, replaces: str | None = None, **inputs) -> None:
-    """Before any work: the output must not be, contain or lie inside an input (keyword: its label); with
-    `replaces` (the stage's name) an existing folder there must be that stage's output (outputs.check_replaceable)."""
-    from pipeline.outputs import check_out
-
-    check_out(out, {label.replace("_", " "): path for label, path in inputs.items()}, replaces=replaces)
-
-
-def _checked(model_dir: Path, weights: bool = True) -> Path:
-    """The checkpoint refused before any work when no stage could load it as it says it is."""
-    from pipeline.checkpoints import headers
-
-    headers.check(model_dir, weights=weights)
-    return model_dir
-
-
 @app.command("fetch-demo")
 @stage
 def fetch_demo():
@@ -145,11 +69,11 @@ def resave(
     """Normalise a source checkpoint into a plain Hugging Face safetensors directory."""
     from pipeline.checkpoints import resave as resave_stage
 
-    p = _params(params_file)
+    p = load_params(params_file)
     if dtype not in (None, "float16", "bfloat16"):
         raise UserError(f"--dtype {dtype}: use float16 or bfloat16")
     source, out = source or p.model.source, out or p.model.base_dir
-    _refuse_overlap(out, replaces="resave", source=source)
+    refuse_overlap(out, replaces="resave", source=source)
     result = resave_stage.run(source, out, dtype or p.model.dtype)
     typer.echo(result.summary())
 
@@ -166,7 +90,7 @@ def export(
     (lmdeploy 0.18 has one FP8 KV scale per tensor): serve them with vLLM."""
     from pipeline.checkpoints import export as export_stage
 
-    _refuse_overlap(out, replaces="export", checkpoint=model)
+    refuse_overlap(out, replaces="export", checkpoint=model)
     typer.echo(export_stage.run(model, out, engine=engine).summary())
 
 
@@ -183,10 +107,10 @@ def calib(
     """Turn support logs into calibration token blocks and held-out judge prompts."""
     from pipeline import calib as calib_stage
 
-    p = _params(params_file)
+    p = load_params(params_file)
     settings = with_overrides(p.calib, redact=redact)
     source, out, model = source or settings.source, out or settings.out, model or p.model.base_dir
-    _refuse_overlap(out, replaces="calib", source=source, tokenizer_checkpoint=model)
+    refuse_overlap(out, replaces="calib", source=source, tokenizer_checkpoint=model)
     result = calib_stage.run(source, out, model, settings, strict=strict)
     bad = result.stats["dropped"].get("bad record", 0)
     if bad:
@@ -194,152 +118,11 @@ def calib(
     typer.echo(result.summary())
 
 
-def _whole(value: str, flag: str, expected: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise UserError(f"{flag} {value}: use {expected}") from None
-
-
-def _calibration_file(p: params_mod.Params, calib: Optional[Path]) -> Path:
-    """--calib, else the calib stage's calib.jsonl when built, else params calib.source."""
-    if calib is None:
-        built = p.calib.out / "calib.jsonl"
-        calib = built if built.exists() else p.calib.source
-    return Path(calib)
-
-
-@contextlib.contextmanager
-def _calibration_blocks(p: params_mod.Params, calib: Optional[Path], model: Path):
-    """The calib.jsonl a quantize stage calibrates on: --calib or the calib stage's output (else
-    params calib.source); a raw conversation file is prepared by the calib stage into a temporary
-    dir first, with params calib's settings (what `quantize awq --calib support_logs.jsonl` does)."""
-    from pipeline.formats.calib_blocks import is_blocks_file
-
-    calib = _calibration_file(p, calib)
-    if calib.is_file() and is_blocks_file(calib):
-        yield calib
-        return
-    from pipeline import calib as calib_stage
-
-    with tempfile.TemporaryDirectory() as tmp:
-        result = calib_stage.run(calib, Path(tmp) / "build", model, p.calib)
-        log.info(result.summary())
-        yield Path(tmp) / "build" / "calib.jsonl"
-
-
-def _quantize(method: str, params_file: Path, variant: Optional[str], flags: dict, model: Optional[Path],
-              out: Optional[Path], calib: Optional[Path], placement: str, plan: bool) -> None:
-    """What awq, fp8, rtn and variant share: the variant's params section with the flags over it
-    (validated again), the paths' defaults, the overlap check, calibration blocks, the stage's run."""
-    from pipeline.quantize import require_llmcompressor
-
-    p = _params(params_file)
-    variant, settings = _variant_settings(p, variant, method)
-    section = {"awq": params_mod.AwqParams, "fp8": params_mod.Fp8Params, "rtn": params_mod.RtnParams}[method]
-    settings = with_overrides(settings or section(method=method), **flags)
-    require_llmcompressor()
-    from pipeline.quantize import awq as awq_stage, fp8 as fp8_stage, rtn as rtn_stage
-
-    stage_module = {"awq": awq_stage, "fp8": fp8_stage, "rtn": rtn_stage}[method]
-    model, out = model or p.model.base_dir, out or Path("models") / (variant or f"{method}-{DEFAULT_SCHEME[method]}")
-    _refuse_overlap(out, replaces="quantize", base_checkpoint=model, calibration_file=_calibration_file(p, calib))
-    if not plan:
-        _free_gpu_of_idle_servers(f"quantize {method}")
-    with _calibration_blocks(p, calib, model) as blocks:
-        result = stage_module.run(model, out, blocks, settings, placement=placement, plan_only=plan)
-    typer.echo(result.summary())
-
-
-def _free_gpu_of_idle_servers(what: str) -> None:
-    """A stage that loads a model in-process (quantize, kl) first stops the vLLM servers the run keeps idle
-    (pipeline/engines/shared.py): they hold most of the GPU's memory. The GPU profile's dvc.yaml runs these
-    stages before any served one, so this only acts when a run resumes in another order."""
-    from pipeline.engines import shared
-
-    if not shared.entries():
-        return
-    with shared.locked():
-        stopped = shared.stop_idle(keep=0)
-    if stopped:
-        log.info(f"{what}: stopped {len(stopped)} idle vLLM server(s) to free the GPU for an in-process model")
-
-
-DEFAULT_SCHEME = {"awq": "w4a16", "fp8": "w8a8", "rtn": "w4a16"}  # out dir without a named variant: models/awq-w4a16
-
-
-def _variant_settings(p: params_mod.Params, variant: Optional[str], method: str):
-    if variant is None:
-        matching = [n for n, v in p.variants.items() if v.method == method]
-        variant = matching[0] if matching else None
-    settings = p.variant(variant) if variant else None
-    if settings is not None and settings.method != method:
-        raise UserError(f"params.yaml: variants.{variant} is an {settings.method} variant, not {method}")
-    return variant, settings
-
-
-@app.command()
-@stage
-def awq(
-    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
-    calib: Optional[Path] = typer.Option(None, help="Calibration: conversations file, or calib.jsonl built by `quantize calib` (default: params calib.out/calib.jsonl, else calib.source)"),
-    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
-    group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (must divide every layer's input width) (default: params)"),
-    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (no zero point) (default: params, asymmetric)"),
-    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml whose settings to use (default: the first awq variant)"),
-    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
-    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
-    params_file: Path = PARAMS_OPTION,
-):
-    """AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."""
-    size = group_size if group_size in (None, "auto") else _whole(group_size, "--group-size", "auto or a power of two such as 64 or 128")
-    _quantize("awq", params_file, variant, dict(group_size=size, symmetric=symmetric), model, out, calib, placement, plan)
-
-
-@app.command()
-@stage
-def fp8(
-    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
-    calib: Optional[Path] = typer.Option(None, help="Calibration file (as for awq) (default: params)"),
-    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
-    activations: Optional[str] = typer.Option(None, help="static (calibrated scale) or dynamic (per token) (default: params)"),
-    kv: Optional[str] = typer.Option(None, help="FP8 KV cache scales: per-head, per-tensor or none (default: params, per-head)"),
-    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml (default: the first fp8 variant)"),
-    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
-    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
-    params_file: Path = PARAMS_OPTION,
-):
-    """FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."""
-    _quantize("fp8", params_file, variant, dict(activations=activations, kv=kv), model, out, calib, placement, plan)
-
-
-@app.command()
-@stage
-def rtn(
-    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
-    calib: Optional[Path] = typer.Option(None, help="Calibration file (as for awq; RTN's weights do not depend on it) (default: params)"),
-    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
-    group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (default: params)"),
-    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (default: params, asymmetric)"),
-    variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml (default: the first rtn variant)"),
-    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
-    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
-    params_file: Path = PARAMS_OPTION,
-):
-    """Round-to-nearest W4A16 (AWQ's quantizer without its smoothing): the baseline AWQ is measured against."""
-    size = group_size if group_size in (None, "auto") else _whole(group_size, "--group-size", "auto or a power of two such as 64 or 128")
-    _quantize("rtn", params_file, variant, dict(group_size=size, symmetric=symmetric), model, out, calib, placement, plan)
-
-
-@app.command("variant")
-@stage
-def build_variant(
-    name: str = typer.Argument(..., help="Variant name from params.yaml (its method picks awq, fp8 or rtn)"),
-    params_file: Path = PARAMS_OPTION,
-):
-    """Build one variant exactly as params.yaml describes it (what `dvc repro` runs)."""
-    p = _params(params_file)
-    _quantize(p.variant(name).method, params_file, name, {}, None, None, None, "auto", False)
+# the quantize subcommands (pipeline/cli_quantize.py), here to keep the order of `quantize --help`
+app.command()(cli_quantize.awq)
+app.command()(cli_quantize.fp8)
+app.command()(cli_quantize.rtn)
+app.command("variant")(cli_quantize.build_variant)
 
 
 @app.command("eval")
@@ -357,13 +140,13 @@ def eval_(
 
     from pipeline.engines import engine_spec
 
-    p = _params(params_file)
+    p = load_params(params_file)
     settings = with_overrides(p.suite(suite), limit=limit)
     engine = engine or p.engine.name
-    engine_spec(engine, "--engine")
+    spec = engine_spec(engine, "--engine")
     out_dir = out or Path("results") / model_dir.name
-    _refuse_overlap(out_dir, checkpoint=model_dir)
-    _checked(model_dir, weights=engine != "openai")  # openai: a server holds the weights; the dir gives the tokenizer
+    refuse_overlap(out_dir, checkpoint=model_dir)
+    checked_model(model_dir, weights=spec.local_weights)  # openai: a server holds the weights; the dir gives the tokenizer
     result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
                           engine=engine)
     typer.echo(result.summary_line())
@@ -387,7 +170,7 @@ def bench(
     from pipeline import bench as bench_stage
     from pipeline.engines import engine_spec
 
-    p = _params(params_file)
+    p = load_params(params_file)
     engine = engine or p.bench.engine or p.engine.name
     engine_spec(engine, "--engine")
     levels = rates = None
@@ -410,7 +193,7 @@ def bench(
     if holdout is None and settings.holdout:
         holdout = p.calib.out / "holdout.jsonl"
     out = out or Path("results") / model_dir.name / "bench.json"
-    _refuse_overlap(out, checkpoint=model_dir, held_out_prompts=holdout)
+    refuse_overlap(out, checkpoint=model_dir, held_out_prompts=holdout)
     result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
     typer.echo(result.summary_line())
 
@@ -427,11 +210,11 @@ def kl(
     """Per-token KL divergence from the base and top-1 agreement on held-out conversations."""
     from pipeline import kl as kl_stage
 
-    p = _params(params_file)
+    p = load_params(params_file)
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "kl.json"
-    _refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    _free_gpu_of_idle_servers("kl")
+    refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
+    free_gpu_of_idle_servers("kl")
     result = kl_stage.run(base, variant_dir, holdout, out, p.verdict, p.engine)
     typer.echo(result.summary_line())
 
@@ -451,7 +234,7 @@ def judge(
     """LLM-as-judge on held-out prompts: variant vs base win rate with an interval, and how far to trust the judge."""
     from pipeline import judge as judge_stage
 
-    p = _params(params_file)
+    p = load_params(params_file)
     if backend is not None:
         from pipeline.engines import engine_spec
 
@@ -459,8 +242,11 @@ def judge(
     settings = with_overrides(p.judge, mode=mode, backend=backend, limit=limit)
     base, prompts = base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl"
     out_dir = out or Path("results") / variant_dir.name
-    judge_model = Path(settings.model) if settings.backend != "openai" and settings.model != "base" else None
-    _refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
+    from pipeline.engines import capability
+
+    judge_model = Path(settings.model) if capability(settings.backend, "local_weights") and settings.model != "base" \
+        else None
+    refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
                     judge_checkpoint=judge_model)
     result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
     typer.echo(result.summary_line())
@@ -482,8 +268,8 @@ def report(
 
     if fail_on not in (None, "no-go", "inconclusive"):
         raise UserError(f"--fail-on {fail_on}: use no-go or inconclusive")
-    p = _params(params_file)
-    _refuse_overlap(out, results_dir=results, models_dir=models, calibration_stats=p.calib.out / "stats.json",
+    p = load_params(params_file)
+    refuse_overlap(out, results_dir=results, models_dir=models, calibration_stats=p.calib.out / "stats.json",
                     params_file=params_file)
     result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
     typer.echo(result.summary())

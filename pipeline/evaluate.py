@@ -237,14 +237,14 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     from pipeline.console import progress
     from pipeline.engines import make_engine
 
-    from pipeline.engines import STARTS, engine_start_seconds
+    from pipeline.engines import STARTS, capability, engine_start_seconds
 
     watch, starts_before = Stopwatch(), len(STARTS)
     s, e = sections_with_overrides(settings or SuiteParams, engine_settings or EngineParams, **overrides)
     task, limit, engine = s.task, s.limit, engine or e.name
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
-    if engine == "vllm":
+    if capability(engine, "starts_server"):
         options["log_path"] = Path(log_path) if log_path else out_dir / f"{suite}.vllm.log"  # beside the results
     if not (model_dir / "config.json").exists():
         raise UserError(f"{model_dir}: no config.json; pass a checkpoint directory (models/base or models/<variant>)")
@@ -254,7 +254,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     is_long_context = task == long_context.TASK
     # the long-context ladder goes as far as the served engine holds (its max_model_len and KV cache), so a
     # server engine starts before the items are made (and is the one that answers them)
-    lm_engine = make_engine(engine, model_dir, **options) if is_long_context and engine == "vllm" else None
+    lm_engine = make_engine(engine, model_dir, **options) if is_long_context and capability(engine, "starts_server") else None
     try:
         metadata = _task_metadata(model_dir, suite, s.options, is_long_context, lm_engine)
         task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)

@@ -18,6 +18,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from pipeline import safe_yaml
 from pipeline.errors import UserError
+from pipeline.params_checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
+                                    check_suite_models)
+from pipeline.params_errors import BoolGiven, format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
 
 DEFAULT_PARAMS = Path("params.yaml")
 SEED_MAX = 2**32 - 1  # numpy and torch take seeds below 2**32
@@ -51,11 +54,6 @@ def _no_nul(path: Path) -> Path:
 SafePath = Annotated[Path, AfterValidator(_no_nul)]
 
 
-class BoolGiven:
-    """Stands in for a true/false written where a number belongs, so the error is reported at its key."""
-
-    def __init__(self, value) -> None:
-        self.value = value
 
 
 class Section(BaseModel):
@@ -405,118 +403,7 @@ class Params(Section):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-JSON_KINDS = {"dict": "a mapping", "list": "a list", "str": "text", "int": "a number", "float": "a number",
-              "bool": "true/false", "NoneType": "empty (null)"}
-MAX_ERRORS_SHOWN = 10
-
-
-def _kind(value) -> str:
-    return JSON_KINDS.get(type(value).__name__, type(value).__name__)
-
-
-def _clean_loc(loc: tuple) -> tuple[str, ...]:
-    """The key path, without pydantic's union-member tags ("awq", "int", "literal['auto']", "function-...")."""
-    tags = ("function-", "literal[", "list[", "dict[", "json-or-python[")
-    parts = [str(part) for part in loc]
-    kept = []
-    for i, part in enumerate(parts):
-        if part.startswith(tags) or part in ("int", "float", "str", "bool", "none", "is-instance[Path]", "lax-or-strict"):
-            continue
-        if part in ("awq", "fp8", "rtn") and i == 2 and parts[0] == "variants":  # the discriminated union's member
-            continue
-        kept.append(part)
-    return tuple(kept)
-
-
-def _message(err: dict) -> str:
-    kind, given = err["type"], err.get("input")
-    message = err["msg"].removeprefix("Value error, ")
-    if isinstance(given, BoolGiven):
-        return "true/false is not allowed here; give a number or a name (see params.yaml)"
-    if kind in ("greater_than_equal", "less_than_equal") and tuple(err["loc"][:2]) == ("verdict", "margins"):
-        return (f"{given} is not between 0 and 1; a margin is the largest acceptable drop in accuracy, "
-                "e.g. 0.03 for 3 points")
-    if kind == "extra_forbidden":
-        return "unknown key; remove it or check its spelling"
-    if kind == "literal_error":
-        return f"{str(repr(given))[:80]} is not allowed; {message.lower()}"
-    if kind == "union_tag_invalid":
-        return f"method {given.get('method')!r} is not one of 'awq', 'fp8', 'rtn'" if isinstance(given, dict) else message
-    if kind == "union_tag_not_found":
-        return "needs a method: awq, fp8 or rtn (e.g. method: awq)"
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        if given is None:
-            return "is empty (null); give it settings, or delete the line to take the defaults"
-        return f"must be a mapping of settings (key: value), not {_kind(given)}"
-    if kind == "missing":
-        return "required key missing; add it"
-    if isinstance(given, (int, float)) and not isinstance(given, bool):  # bounds: say what was given
-        shown = repr(given) if len(repr(given)) <= 40 else f"a {len(str(abs(int(given))))}-digit number"
-        return f"{message} (got {shown})"
-    return message
-
-
-def _format_error(path: Path, exc: ValidationError, lines: dict[tuple, int] | None = None) -> str:
-    """One line per problem: FILE:LINE: dotted.key: what is wrong and what to write."""
-    by_loc: dict[tuple, list[str]] = {}
-    for err in exc.errors():
-        message = _message(err)
-        loc = _clean_loc(err["loc"])
-        if message not in by_loc.setdefault(loc, []):
-            by_loc[loc].append(message)
-    out = []
-    for loc, messages in by_loc.items():
-        line = None
-        for depth in range(len(loc), 0, -1):  # a missing key: the line of the mapping that lacks it
-            line = (lines or {}).get(loc[:depth])
-            if line:
-                break
-        where = f"{path}:{line}" if line else str(path)
-        out.append(f"{where}: {'.'.join(loc) or '(top level)'}: {' / '.join(messages)}")
-    if len(out) > MAX_ERRORS_SHOWN:
-        out = out[:MAX_ERRORS_SHOWN] + [f"... and {len(out) - MAX_ERRORS_SHOWN} more"]
-    return "\n".join(out)
-
-
 SECTIONS = "model, calib, variants, suites, judge, verdict, engine, bench"
-
-
-def with_overrides(section: Section | type[Section], **changes) -> Section:
-    """A copy of a params section with `changes` applied (a CLI flag or a caller's argument; None means
-    not given) and validated again, like the file: the fields' defaults and bounds live only here.
-    A section's class stands for its defaults (a field without one, such as a suite's task, must be
-    among the changes)."""
-    changes = {key: value for key, value in changes.items() if value is not None}
-    kind = section if isinstance(section, type) else type(section)
-    if not changes and not isinstance(section, type):
-        return section
-    unknown = sorted(set(changes) - set(kind.model_fields))
-    if unknown:
-        raise TypeError(f"{kind.__name__} has no setting {', '.join(unknown)}")
-    given = {} if isinstance(section, type) else section.model_dump()
-    try:
-        return kind.model_validate({**given, **changes})
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = _clean_loc(err["loc"])
-            flag = "--" + "-".join(str(p) for p in loc).replace("_", "-")
-            given = f" {changes[loc[0]]}" if loc and loc[0] in changes else ""
-            problems.append(f"{flag}{given}: {_message(err)}")
-        raise UserError("; ".join(problems)) from None
-
-
-def sections_with_overrides(*sections: Section | type[Section], **changes) -> tuple[Section, ...]:
-    """Several sections a stage takes, each change applied to the first of them with a field of its
-    name (so list the stage's own section first) and validated again (with_overrides)."""
-    routed: list[dict] = [{} for _ in sections]
-    kinds = [s if isinstance(s, type) else type(s) for s in sections]
-    for key, value in changes.items():
-        owner = next((i for i, kind in enumerate(kinds) if key in kind.model_fields), None)
-        if owner is None:
-            raise TypeError(f"no setting {key} in {', '.join(kind.__name__ for kind in kinds)}")
-        routed[owner][key] = value
-    return tuple(with_overrides(section, **own) for section, own in zip(sections, routed))
 
 
 def load(path: Path | str = DEFAULT_PARAMS) -> Params:
@@ -532,144 +419,13 @@ def load(path: Path | str = DEFAULT_PARAMS) -> Params:
         raise UserError(f"{path}: holds no settings (empty, or only comments); give it the sections {SECTIONS} "
                         "as in the project's params.yaml, or delete the file to use the defaults")
     if not isinstance(raw, dict):
-        raise UserError(f"{path}:1: the top level is {_kind(raw)}; it must be a mapping of sections ({SECTIONS})")
+        raise UserError(f"{path}:1: the top level is {kind_of(raw)}; it must be a mapping of sections ({SECTIONS})")
     try:
         params = Params.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(_format_error(path, exc, lines)) from None
+        raise UserError(format_error(path, exc, lines)) from None
     check_margins_name_suites(params, path, lines)
     check_against_model(params, path, lines)
     check_suite_models(params, path)
     check_against_dvc(params, path.parent / "dvc.yaml")
     return params
-
-
-def check_margins_name_suites(params: Params, path: Path, lines: dict[tuple, int]) -> None:
-    """A margin for a suite params.yaml does not define is a typo that would leave the default in force."""
-    for suite in params.verdict.margins:
-        if suite not in params.suites:
-            line = lines.get(("verdict", "margins", suite))
-            raise UserError(f"{path}{f':{line}' if line else ''}: verdict.margins.{suite}: no such suite "
-                            f"(defined: {', '.join(params.suites) or 'none'}); fix the name or remove it")
-
-
-def check_suite_models(params: Params, path: Path | str = DEFAULT_PARAMS) -> None:
-    """`suites.<name>.models` names base and variants that exist, base among them (the pairing needs it)."""
-    known = ["base", *params.variants]
-    for name, suite in params.suites.items():
-        if suite.models is None:
-            continue
-        unknown = [m for m in suite.models if m not in known]
-        if unknown:
-            raise UserError(f"{path}: suites.{name}.models: {unknown} not among base and the variants "
-                            f"({', '.join(known)}); fix the names or drop them")
-        if "base" not in suite.models:
-            raise UserError(f"{path}: suites.{name}.models: must include base (every variant is compared with it)")
-
-
-def check_against_dvc(params: Params, dvc_file: Path) -> None:
-    """DVC's matrix takes lists only, so dvc.yaml repeats the variant and suite names: keep them in step.
-    Every stage with a `matrix` of `model` x `suite` runs `quantize eval`; together they must run each
-    suite on exactly the models params.yaml names for it (`suites.<name>.models`, else base and every
-    variant)."""
-    if not dvc_file.exists():
-        return
-    data, lines = safe_yaml.load(dvc_file, "a dvc.yaml")
-    stages = _dvc_stages(dvc_file, data, lines)
-    for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
-        listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
-        if isinstance(listed_variants, list):
-            known = ["base", *params.variants]  # bench runs on base too
-            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in known]
-            if unknown:
-                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
-                                f"define as base or variants ({', '.join(known)}); remove them")
-    matrices = {name: stage["matrix"] for name, stage in stages.items()
-                if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
-                and {"model", "suite"} & set(stage["matrix"])}
-    if not matrices:
-        return
-    listed: dict[str, set[str]] = {}
-    where: dict[str, list[str]] = {}
-    for name, matrix in matrices.items():
-        for key in ("model", "suite"):
-            names = matrix.get(key)
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise UserError(f"{dvc_file}: stages.{name}.matrix.{key} lists {str(names)[:200]}; give a list of "
-                                f"{'model dir names (base and variants)' if key == 'model' else 'suite names'}")
-        for suite in matrix["suite"]:
-            listed.setdefault(suite, set()).update(matrix["model"])
-            where.setdefault(suite, []).append(f"stages.{name}.matrix")
-    for suite in sorted(set(listed) - set(params.suites)):
-        raise UserError(f"{dvc_file}: {', '.join(where[suite])} lists suite {suite!r}, which params.yaml does not "
-                        f"define (suites: {', '.join(params.suites) or 'none'}); remove it or add it under suites")
-    for suite, settings in params.suites.items():
-        expected = settings.models or ["base", *params.variants]
-        if listed.get(suite, set()) != set(expected):
-            stage = where.get(suite, ["stages.evaluate.matrix"])[0]
-            raise UserError(
-                f"{dvc_file}: suite {suite!r} runs on {sorted(listed.get(suite, set()))} in the eval matrices, but "
-                f"params.yaml asks for {expected}; set {stage}.model to [{', '.join(expected)}] "
-                "(a matrix runs every model on every suite it lists: suites run on different models go in separate stages)"
-            )
-
-
-def _dvc_stages(dvc_file: Path, data, lines: dict[tuple, int]) -> dict:
-    """dvc.yaml's stages; a shape DVC would not run (stages or a stage not a mapping, a matrix not a
-    mapping of lists, a foreach neither a list nor a mapping) is refused with its line and the fix."""
-    def at(*key) -> str:
-        line = lines.get(tuple(str(k) for k in key))
-        return f"{dvc_file}:{line}" if line else str(dvc_file)
-
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{dvc_file}:1: the top level is {_kind(data)}; a dvc.yaml is a mapping holding `stages:`")
-    stages = data.get("stages")
-    if stages is None:
-        return {}
-    if not isinstance(stages, dict):
-        raise UserError(f"{at('stages')}: stages: is {_kind(stages)}; it must map each stage's name to its cmd, deps "
-                        "and outs, as in the project's dvc.yaml")
-    for name, stage in stages.items():
-        if not isinstance(stage, dict):
-            raise UserError(f"{at('stages', name)}: stages.{name}: is {_kind(stage)}; a stage is a mapping (cmd, deps, "
-                            "outs; or foreach/matrix with do)")
-        matrix = stage.get("matrix")
-        if "matrix" in stage and not (isinstance(matrix, dict) and matrix):
-            raise UserError(f"{at('stages', name, 'matrix')}: stages.{name}.matrix: is {_kind(matrix)}; DVC's matrix "
-                            "maps each name to its list of values, e.g. `model: [base, awq-w4a16]` and `suite: [math]`")
-        for key, values in (matrix or {}).items():
-            if not (isinstance(values, list) or (isinstance(values, str) and values.startswith("${"))):
-                raise UserError(f"{at('stages', name, 'matrix', key)}: stages.{name}.matrix.{key}: is {_kind(values)}; "
-                                "give a list of values (or a ${...} reference to one in params.yaml)")
-        foreach = stage.get("foreach")
-        if "foreach" in stage and not (isinstance(foreach, (list, dict)) or (isinstance(foreach, str) and foreach.startswith("${"))):
-            raise UserError(f"{at('stages', name, 'foreach')}: stages.{name}.foreach: is {_kind(foreach)}; give a list, "
-                            "a mapping, or a ${...} reference to one in params.yaml")
-    return stages
-
-
-def check_against_model(params: Params, path: Path | str = DEFAULT_PARAMS, lines: dict[tuple, int] | None = None) -> None:
-    """Checks that need the base checkpoint (group size vs layer widths), when it exists and its config.json
-    reads (a broken checkpoint is the stage's to refuse, with its own message)."""
-    config_file = params.model.base_dir / "config.json"
-    if not config_file.is_file():
-        return
-    from pipeline.quantize.plan import group_size_problem, text_config
-
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # the stage that reads the checkpoint names the problem and the fix
-        return
-    if not isinstance(config, dict) or not isinstance(text_config(config).get("hidden_size"), int):
-        return
-    for name, variant in params.variants.items():
-        if isinstance(variant, (AwqParams, RtnParams)) and variant.group_size != "auto":
-            try:
-                problem = group_size_problem(config, variant.group_size, params.model.base_dir)
-            except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError):
-                return
-            if problem:
-                line = (lines or {}).get(("variants", name, "group_size"))
-                raise UserError(f"{path}{f':{line}' if line else ''}: variants.{name}.group_size: {problem}")

@@ -164,3 +164,59 @@ def test_a_request_the_engine_gave_up_on_stops_the_stage_and_is_asked_again(tmp_
     assert again.exit_code == 0, again.output
     assert len(server.requests) - asked == 1  # the two finished answers came from the cache
     assert len(read_jsonl(tmp_path / "r" / "math.jsonl")) == 3
+
+
+class _FakeEngine:
+    """A tiny in-process engine: renders chat turns as plain text and answers every GSM8K question it
+    knows with its gold answer (the first two) or 7 (the rest)."""
+
+    name = "fake"
+    gold: dict = {}
+
+    def __init__(self, model_dir, **options) -> None:
+        self.model_dir, self.options = model_dir, options
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+    def generate(self, requests):
+        from pipeline.engines import Completion
+
+        out = []
+        for request in requests:
+            right = [q for q in self.gold if q in request.prompt]
+            good = right and list(self.gold).index(right[0]) < 2
+            out.append(Completion(f"The answer is {self.gold[right[0]]}." if good else "The answer is 7.", 5, 0.0))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, monkeypatch):
+    """Engines are asked through the registry (pipeline.engines.ENGINES): one registered alone, with its
+    capability flags, is all `quantize eval --engine` needs."""
+    import sys
+    import types
+
+    from typer.testing import CliRunner
+
+    from conftest import write_params
+    from pipeline import engines
+    from pipeline.cli import app
+
+    for line in (REPO / "evals" / "math" / "gsm8k_test.jsonl").read_text().splitlines()[:3]:
+        row = json.loads(line)
+        _FakeEngine.gold[row["question"]] = row["answer"].split("####")[-1].strip()
+    module = types.ModuleType("fake_engine_for_test")
+    module.FakeEngine = _FakeEngine
+    monkeypatch.setitem(sys.modules, "fake_engine_for_test", module)
+    monkeypatch.setattr(engines, "ENGINES", {"fake": engines.EngineSpec(
+        "fake", "fake_engine_for_test:FakeEngine", "a test's in-process engine", "in-process")})
+    write_params(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--engine", "fake", "--out", "r"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "r" / "math.json").read_text())
+    assert summary["engine"] == "fake" and summary["n"] == 3 and summary["score"] == 2 / 3
+    assert engines.STARTS[-1]["engine"] == "fake"

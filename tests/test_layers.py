@@ -8,7 +8,7 @@ bottom to top (README, "Architecture"):
     libraries   params, verdict, sandbox, bwrap, long_context, likelihood, eval_cache, checkpoints.* (but resave),
                 engines.*, quantize.* (but the awq / fp8 / rtn stages)
     stages      calib, checkpoints.resave, quantize.awq / fp8 / rtn, evaluate, kl, judge, bench, report
-    cli         pipeline.cli
+    cli         pipeline.cli, pipeline.cli_* (its commands and what they share)
 
 A module may import modules of its own layer or below; a stage imports no other stage.
 """
@@ -71,7 +71,7 @@ def stage_of(name: str) -> str | None:
 
 
 def layer_of(name: str) -> int:
-    if name == "pipeline.cli":
+    if name == "pipeline.cli" or name.startswith("pipeline.cli_"):
         return 4
     if stage_of(name):
         return 3

@@ -171,7 +171,7 @@ def test_an_in_process_gpu_stage_stops_the_runs_idle_servers_first(tmp_path, tin
                                                                     monkeypatch):
     """quantize and kl load a model on the GPU in-process: the servers the run keeps (idle between stages)
     hold its memory, so they go first; a server a stage still holds stays."""
-    from pipeline.cli import _free_gpu_of_idle_servers
+    from pipeline.cli_common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
 
     env = {shared.RUN_PID_ENV: str(run.pid)}
     idle, _ = stage(tiny_llama, tmp_path / "a.log", env=env)

@@ -37,16 +37,18 @@ class EngineSpec:
     summary: str
     timing: str  # how `quantize bench` times it: "in-process" (timed_generate) or "http" (a server)
     extra: str | None = None  # the pip extra that installs it
+    local_weights: bool = True  # runs the checkpoint dir's weights (False: a server already running holds them)
+    starts_server: bool = False  # the stage starts a server for it (it writes the server's log; bench asks its metrics)
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("hf", "pipeline.engines.hf:HFEngine", "in-process transformers (CPU or GPU)", "in-process"),
     EngineSpec("vllm", "pipeline.engines.vllm:VLLMEngine", "`vllm serve` started by the stage (CUDA)", "http",
-               "vllm"),
+               "vllm", starts_server=True),
     EngineSpec("lmdeploy", "pipeline.engines.lmdeploy:LMDeployEngine", "lmdeploy's PyTorch engine in-process (CUDA)",
                "in-process", "lmdeploy"),
     EngineSpec("openai", "pipeline.engines.openai:OpenAIEngine", "an OpenAI-compatible server already running",
-               "http"),
+               "http", local_weights=False),
 )}
 
 
@@ -73,6 +75,12 @@ STARTS: list[dict] = []
 def engine_start_seconds(since: int = 0) -> float:
     """Seconds spent making engines, from the `since`-th on (len(STARTS) when a stage began)."""
     return round(sum(s["seconds"] for s in STARTS[since:]), 2)
+
+
+def capability(name: str, flag: str) -> bool:
+    """An EngineSpec flag (local_weights, starts_server) of engine `name`; False for a name not registered
+    (make_engine refuses it, with the names it takes)."""
+    return bool(getattr(ENGINES[name], flag)) if name in ENGINES else False
 
 
 def make_engine(name: str, model_dir, **options) -> Engine:

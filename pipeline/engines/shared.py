@@ -5,7 +5,7 @@ A registry directory (`QUANTIZE_SERVER_DIR`, default `.cache/servers` in the pro
 entry per running server, keyed by the checkpoint's content fingerprint and the server's command line
 (engine settings, environment), so a checkpoint that changed gets a new key and never an old server's
 answers. The first stage that needs a key starts a small supervisor process (`python -m
-pipeline.engines.shared`), detached from the stage, which starts the server, waits for `/health`, writes
+pipeline.engines.supervisor`), detached from the stage, which starts the server, waits for `/health`, writes
 the entry and then watches three things every half second:
 
 - the run that holds the GPU (its *owner*): the `dvc repro` process the stage runs under (found by
@@ -157,7 +157,7 @@ def read_entry(registry: Path, key: str) -> dict | None:
         return None
 
 
-def _write_entry(registry: Path, key: str, entry: dict) -> None:
+def write_entry(registry: Path, key: str, entry: dict) -> None:
     path = _entry_path(registry, key)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(entry, indent=1))
@@ -195,7 +195,7 @@ def _lease_name() -> str:
     return f"{os.getpid()}-{start_time(os.getpid())}"
 
 
-def _forget(registry: Path, key: str) -> None:
+def forget(registry: Path, key: str) -> None:
     with contextlib.suppress(OSError):
         _entry_path(registry, key).unlink()
     folder = _leases_dir(registry, key)
@@ -224,7 +224,7 @@ def stop_entry(registry: Path, key: str, entry: dict, wait: float = 60.0) -> Non
     if server and alive(server, entry.get("server_started")):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(server, signal.SIGKILL)
-    _forget(registry, key)
+    forget(registry, key)
 
 
 def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
@@ -237,7 +237,7 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
     current = {k: e for k, e in entries(registry).items() if k != exclude}
     for key, entry in list(current.items()):
         if not alive(entry.get("supervisor_pid"), entry.get("supervisor_started")):
-            _forget(registry, key)  # its supervisor died (SIGKILL): the server died with it
+            forget(registry, key)  # its supervisor died (SIGKILL): the server died with it
             current.pop(key)
     idle = sorted((e.get("last_used", 0), k) for k, e in current.items() if not live_leases(registry, k))
     for _, key in idle:
@@ -293,7 +293,7 @@ class SharedServer:
             if entry is None:
                 return
             entry["last_used"] = time.time()
-            _write_entry(self.registry, self.key, entry)
+            write_entry(self.registry, self.key, entry)
             if self.stop_at_close and not live_leases(self.registry, self.key):
                 stop_entry(self.registry, self.key, entry)
 
@@ -364,7 +364,7 @@ def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Pa
         package_root = str(Path(__file__).resolve().parents[2])
         child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-        supervisor = subprocess.Popen([sys.executable, "-m", "pipeline.engines.shared", json.dumps(spec)],
+        supervisor = subprocess.Popen([sys.executable, "-m", "pipeline.engines.supervisor", json.dumps(spec)],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True, env=child_env, close_fds=True)
         threading.Thread(target=supervisor.wait, daemon=True).start()  # reaped when it exits; it outlives us
@@ -376,7 +376,7 @@ def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Pa
             if entry and entry.get("state") == "failed" or supervisor.poll() is not None:
                 supervisor.wait()
                 failure = (entry or {}).get("error") or f"its supervisor exited with code {supervisor.returncode}"
-                _forget(registry, key)
+                forget(registry, key)
                 raise UserError(f"{name} {failure}; the end of {log_path}:\n{_tail(log_path)}")
             if time.monotonic() > deadline:
                 stop_entry(registry, key, entry or {"supervisor_pid": supervisor.pid})
@@ -399,125 +399,3 @@ def _tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return "(no log)"
     return "\n".join("  " + line for line in text.splitlines()[-lines:])
-
-
-# ---------------------------------------------------------------- the supervisor (its own process)
-
-def supervise(spec: dict) -> int:
-    from pipeline.engines.http import get_ok
-    from pipeline.engines.server import _die_with_parent
-
-    registry, key = Path(spec["registry"]), spec["key"]
-    me = {"supervisor_pid": os.getpid(), "supervisor_started": start_time(os.getpid())}
-    entry = {**{k: spec[k] for k in ("key", "port", "log", "model_path", "owner_pid", "owner_started", "owner",
-                                     "idle_timeout")}, **me, "state": "starting", "command": spec["command"],
-             "last_used": time.time()}
-    stopping = {"now": False}
-
-    def on_term(*_):
-        stopping["now"] = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    with open(spec["log"], "ab") as log:
-        log.write(f"$ {' '.join(spec['command'])}\n".encode())
-        log.flush()
-        try:
-            proc = subprocess.Popen(spec["command"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **spec["env"]}, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
-        except FileNotFoundError:
-            _write_entry(registry, key, {**entry, "state": "failed", "error": (
-                f"command {spec['command'][0]!r} not found; install it (pip install -e '.[vllm]') or set "
-                "engine.server_command to how you start it")})
-            return 3
-    entry.update(server_pid=proc.pid, server_started=start_time(proc.pid))
-    _write_entry(registry, key, entry)
-
-    def stop_server() -> None:
-        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-
-    def owner_alive() -> bool:
-        return alive(spec["owner_pid"], spec["owner_started"])
-
-    deadline = time.monotonic() + float(spec["start_timeout"])
-    while not get_ok(f"http://127.0.0.1:{spec['port']}/health", timeout=2.0):
-        if proc.poll() is not None:
-            _write_entry(registry, key, {**entry, "state": "failed",
-                                         "error": f"exited with code {proc.returncode} while starting"})
-            return 3
-        if stopping["now"] or not owner_alive() or time.monotonic() > deadline:
-            stop_server()
-            _write_entry(registry, key, {**entry, "state": "failed", "error": "start abandoned (the stage or run "
-                                         "that asked for it is gone, or engine.start_timeout passed)"})
-            return 3
-        time.sleep(POLL_S)
-    entry["state"] = "ready"
-    _write_entry(registry, key, entry)
-    idle_since = None
-    while True:
-        if stopping["now"]:  # stop_entry asked (its caller holds the lock and forgets the entry)
-            _note(spec["log"], "asked to stop")
-            stop_server()
-            return 0
-        if proc.poll() is not None:
-            reason = f"the server exited with code {proc.returncode}"
-        elif not owner_alive():
-            reason = f"its run ({spec['owner']}) ended"
-        elif live_leases(registry, key):
-            idle_since, reason = None, None
-        elif idle_since is None:
-            idle_since, reason = time.monotonic(), None
-        elif time.monotonic() - idle_since >= float(spec["idle_timeout"]):
-            reason = f"idle for {spec['idle_timeout']:g} s (engine.server_idle_timeout)"
-        else:
-            reason = None
-        if reason:
-            with _try_locked(registry, stopping) as held:
-                if held and reason.startswith("idle") and live_leases(registry, key):
-                    idle_since = None  # a stage attached while we waited for the lock
-                    continue
-                _note(spec["log"], reason)
-                stop_server()
-                current = read_entry(registry, key)
-                if held and current and current.get("supervisor_pid") == os.getpid():
-                    _forget(registry, key)
-            return 0
-        time.sleep(POLL_S)
-
-
-@contextlib.contextmanager
-def _try_locked(registry: Path, stopping: dict):
-    """The registry lock, unless stop_entry asks this supervisor to stop while it waits (its caller holds
-    the lock then): yields whether the lock is held."""
-    with open(registry / "lock", "a+") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if stopping["now"]:
-                    yield False
-                    return
-                time.sleep(0.1)
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _note(log_path: str, reason: str) -> None:
-    with contextlib.suppress(OSError):
-        with open(log_path, "a") as log:
-            log.write(f"[quantize] server stopped: {reason}\n")
-
-
-if __name__ == "__main__":
-    sys.exit(supervise(json.loads(sys.argv[1])))

@@ -74,17 +74,18 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     jp, e, v = sections_with_overrides(settings or JudgeParams, engine or EngineParams, verdict or VerdictParams,
                                        **overrides)
     iterations, confidence, seed = v.bootstrap, v.confidence, v.seed
-    from pipeline.engines import STARTS
+    from pipeline.engines import STARTS, capability
 
     watch = Stopwatch()
     watch.starts_before = len(STARTS)
     variant_dir, base_dir, out_dir = Path(variant_dir), Path(base_dir), Path(out_dir)
-    answer_engine = "hf" if e.name == "openai" else e.name
+    answer_engine = e.name if capability(e.name, "local_weights") else "hf"  # a running server answers for no checkpoint dir
     options = e.options(answer_engine)
-    if answer_engine == "vllm":
+    if capability(answer_engine, "starts_server"):
         options["log_path"] = out_dir / "judge.vllm.log"
-    judge_options = {} if jp.backend == "openai" else e.options(jp.backend)  # an openai judge: judge's own settings
-    if jp.backend == "vllm":
+    # an openai judge (weights held by a running server): the judge section's own settings
+    judge_options = e.options(jp.backend) if capability(jp.backend, "local_weights") else {}
+    if capability(jp.backend, "starts_server"):
         judge_options["log_path"] = out_dir / "judge-model.vllm.log"
     from pipeline.checkpoints import headers
 

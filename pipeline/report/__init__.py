@@ -22,6 +22,7 @@ from pipeline.outputs import human_size, write_pair
 from pipeline.formats import quant_json, results as result_files
 from pipeline.report import inputs
 from pipeline.report.capacity import capacity_line
+from pipeline.report.next_steps import next_steps, why_in_brief
 from pipeline.params import Params
 
 log = logging.getLogger(__name__)
@@ -186,103 +187,6 @@ def _unsandboxed_reason(models: list[str], suite: str) -> str:
     return (f"UNSANDBOXED: the model-written code of {' and '.join(models)} ran without bubblewrap "
             f"(suites.{suite}.allow_unsandboxed: true): it could read this machine's files and fake its own pass; "
             "install bubblewrap and rerun the eval")
-
-
-def why_in_brief(decision: str, suite_verdicts: list, perplexity: dict, judged: dict | None, speed: dict | None,
-                 steps: list[dict]) -> str:
-    """The decision's reason in a few words, for the first screen (the full sentences stay in the suites'
-    details, verdict.json and `quantize show-verdict`)."""
-    counted = [(v.suite, v.decision) for v in suite_verdicts if v.counted]
-    counted += [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
-    if judged and judged["counted"]:
-        counted.append(("judge", judged["decision"]))
-    if speed and speed.get("counted"):
-        return "slower than the base at batch 1 on the deployment engine"
-    if not counted:
-        return "nothing counted: every suite at the floor or ceiling, or empty"
-    no_go = [name for name, d in counted if d == stats.NO_GO]
-    open_ = [name for name, d in counted if d not in (stats.GO, stats.NO_GO)]
-    if decision == stats.NO_GO:
-        text = f"beyond the margin on {', '.join(no_go)}"
-        return text + (f"; {', '.join(open_)} open" if open_ else "")
-    if decision == stats.GO:
-        return f"within the margin on all {len(counted)} counted suites" if len(counted) > 1 else \
-            f"within the margin on {counted[0][0]}, the one counted suite"
-    return f"not settled on {', '.join(open_)}" + (f"; {len(counted) - len(open_)} within the margin"
-                                                   if len(counted) > len(open_) else "")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{max(10, round(seconds, -1)):.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _stage_seconds(results_dir: Path, model: str, suite: str, items: int) -> float | None:
-    """About how long `quantize eval` of `items` items of `suite` takes for `model`, from the speed its
-    last run recorded (results/<model>/<suite>.json: the stage's seconds, of which scoring
-    generate_seconds over n items; the rest is the stage's start)."""
-    try:
-        summary = result_files.read_summary(results_dir / model / f"{suite}.json") or {}
-    except UserError:
-        return None
-    n, total, scoring = summary.get("n"), summary.get("seconds"), summary.get("generate_seconds")
-    if not isinstance(n, int) or n <= 0 or not isinstance(total, (int, float)) or total <= 0:
-        return None
-    scoring = scoring if isinstance(scoring, (int, float)) and 0 < scoring <= total else total
-    return (total - scoring) + scoring / n * items
-
-
-def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dict | None, results_dir: Path,
-               params: Params) -> list[dict]:
-    """For each counted suite left INCONCLUSIVE: what to run to settle it (how many items or documents,
-    the commands) and about how long that takes at the speed its results were produced."""
-    steps = []
-    wanted = [(v.suite, v.n, v.items_to_settle or (v.min_items_for_go if v.min_items_for_go and v.n < v.min_items_for_go
-                                                  else None), "items")
-              for v in suite_verdicts if v.counted and v.decision == stats.INCONCLUSIVE]
-    wanted += [(suite, v.n, v.documents_to_settle, "documents")
-               for suite, v in perplexity.items() if v.counted and v.decision == stats.INCONCLUSIVE]
-    for suite, now, needed, unit in wanted:
-        if not needed or needed <= now:
-            continue
-        times = [_stage_seconds(results_dir, model, suite, needed) for model in ("base", variant)]
-        seconds = sum(times) if all(t is not None for t in times) else None
-        commands = [f"quantize eval models/{model} --suite {suite} --limit {needed}" for model in ("base", variant)]
-        text = (f"{suite}: {now} {unit} did not settle it; about {needed} would: set suites.{suite}.limit: {needed} "
-                f"in params.yaml and run `dvc repro` (or `{commands[0]}` and `{commands[1]}`, then `quantize report`)")
-        text += (f", about {_duration(seconds)} at the speed these results were produced" if seconds is not None
-                 else "; no timing recorded to estimate how long")
-        options = getattr(params.suites.get(suite), "options", None) or {}
-        if str(options.get("data", "")).endswith("holdout.jsonl") and needed > params.calib.holdout:
-            text += (f"; the held-out conversations number {params.calib.holdout} (calib.holdout): raise it to at "
-                     f"least {needed} and rerun `quantize calib` first")
-        steps.append({"suite": suite, "now": now, "needed": needed, "unit": unit, "commands": commands,
-                      "seconds": round(seconds, 1) if seconds is not None else None,
-                      "duration": _duration(seconds) if seconds is not None else None, "text": text, "counted": True})
-    if judged and judged["decision"] == stats.INCONCLUSIVE and judged["summary"].get("mode", "pairwise") == "pairwise":
-        summary = judged["summary"]
-        if not summary.get("n"):
-            steps.append({"suite": "judge", "now": 0, "needed": None, "unit": "judged pairs", "commands": [],
-                          "seconds": None, "duration": None, "counted": judged["counted"],
-                          "text": "judge: no pair was judged; a judge that answers in the required format is needed "
-                                  "(judge.backend: vllm or openai with a stronger model), not more prompts"})
-        else:
-            fewest = stats.min_judged_pairs_for_go(judged["margin"], params.verdict.confidence) or 0
-            needed = max(fewest, 2 * summary["n"])
-            prompts = summary["n"] + (summary.get("unjudged") or 0)
-            took = summary.get("seconds")
-            seconds = took / prompts * needed if isinstance(took, (int, float)) and prompts else None
-            command = f"quantize judge models/{variant} --limit {needed}"
-            text = f"judge: {summary['n']} judged pairs did not settle it; try about {needed}: `{command}`"
-            text += f", about {_duration(seconds)} at the speed of the last run" if seconds else ""
-            steps.append({"suite": "judge", "now": summary["n"], "needed": needed, "unit": "judged pairs",
-                          "commands": [command], "seconds": round(seconds, 1) if seconds else None,
-                          "duration": _duration(seconds) if seconds else None, "text": text,
-                          "counted": judged["counted"]})
-    return steps
 
 
 def is_perplexity(items: dict[str, dict]) -> bool:

@@ -1,0 +1,148 @@
+"""params.yaml checked against the other files it must agree with: dvc.yaml (the eval matrices and
+foreach lists repeat params' names), the base checkpoint (group size vs layer widths), and its own
+cross-references (margins and suites' models name suites and variants that exist).
+
+Called by pipeline.params.load once the file has validated; `params` is a pipeline.params.Params.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline import safe_yaml
+from pipeline.errors import UserError
+from pipeline.params_errors import kind_of
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def check_margins_name_suites(params, path: Path, lines: dict[tuple, int]) -> None:
+    """A margin for a suite params.yaml does not define is a typo that would leave the default in force."""
+    for suite in params.verdict.margins:
+        if suite not in params.suites:
+            line = lines.get(("verdict", "margins", suite))
+            raise UserError(f"{path}{f':{line}' if line else ''}: verdict.margins.{suite}: no such suite "
+                            f"(defined: {', '.join(params.suites) or 'none'}); fix the name or remove it")
+
+
+def check_suite_models(params, path: Path | str = DEFAULT_PARAMS) -> None:
+    """`suites.<name>.models` names base and variants that exist, base among them (the pairing needs it)."""
+    known = ["base", *params.variants]
+    for name, suite in params.suites.items():
+        if suite.models is None:
+            continue
+        unknown = [m for m in suite.models if m not in known]
+        if unknown:
+            raise UserError(f"{path}: suites.{name}.models: {unknown} not among base and the variants "
+                            f"({', '.join(known)}); fix the names or drop them")
+        if "base" not in suite.models:
+            raise UserError(f"{path}: suites.{name}.models: must include base (every variant is compared with it)")
+
+
+def check_against_dvc(params, dvc_file: Path) -> None:
+    """DVC's matrix takes lists only, so dvc.yaml repeats the variant and suite names: keep them in step.
+    Every stage with a `matrix` of `model` x `suite` runs `quantize eval`; together they must run each
+    suite on exactly the models params.yaml names for it (`suites.<name>.models`, else base and every
+    variant)."""
+    if not dvc_file.exists():
+        return
+    data, lines = safe_yaml.load(dvc_file, "a dvc.yaml")
+    stages = _dvc_stages(dvc_file, data, lines)
+    for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
+        listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
+        if isinstance(listed_variants, list):
+            known = ["base", *params.variants]  # bench runs on base too
+            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in known]
+            if unknown:
+                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
+                                f"define as base or variants ({', '.join(known)}); remove them")
+    matrices = {name: stage["matrix"] for name, stage in stages.items()
+                if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
+                and {"model", "suite"} & set(stage["matrix"])}
+    if not matrices:
+        return
+    listed: dict[str, set[str]] = {}
+    where: dict[str, list[str]] = {}
+    for name, matrix in matrices.items():
+        for key in ("model", "suite"):
+            names = matrix.get(key)
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise UserError(f"{dvc_file}: stages.{name}.matrix.{key} lists {str(names)[:200]}; give a list of "
+                                f"{'model dir names (base and variants)' if key == 'model' else 'suite names'}")
+        for suite in matrix["suite"]:
+            listed.setdefault(suite, set()).update(matrix["model"])
+            where.setdefault(suite, []).append(f"stages.{name}.matrix")
+    for suite in sorted(set(listed) - set(params.suites)):
+        raise UserError(f"{dvc_file}: {', '.join(where[suite])} lists suite {suite!r}, which params.yaml does not "
+                        f"define (suites: {', '.join(params.suites) or 'none'}); remove it or add it under suites")
+    for suite, settings in params.suites.items():
+        expected = settings.models or ["base", *params.variants]
+        if listed.get(suite, set()) != set(expected):
+            stage = where.get(suite, ["stages.evaluate.matrix"])[0]
+            raise UserError(
+                f"{dvc_file}: suite {suite!r} runs on {sorted(listed.get(suite, set()))} in the eval matrices, but "
+                f"params.yaml asks for {expected}; set {stage}.model to [{', '.join(expected)}] "
+                "(a matrix runs every model on every suite it lists: suites run on different models go in separate stages)"
+            )
+
+
+def _dvc_stages(dvc_file: Path, data, lines: dict[tuple, int]) -> dict:
+    """dvc.yaml's stages; a shape DVC would not run (stages or a stage not a mapping, a matrix not a
+    mapping of lists, a foreach neither a list nor a mapping) is refused with its line and the fix."""
+    def at(*key) -> str:
+        line = lines.get(tuple(str(k) for k in key))
+        return f"{dvc_file}:{line}" if line else str(dvc_file)
+
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{dvc_file}:1: the top level is {kind_of(data)}; a dvc.yaml is a mapping holding `stages:`")
+    stages = data.get("stages")
+    if stages is None:
+        return {}
+    if not isinstance(stages, dict):
+        raise UserError(f"{at('stages')}: stages: is {kind_of(stages)}; it must map each stage's name to its cmd, deps "
+                        "and outs, as in the project's dvc.yaml")
+    for name, stage in stages.items():
+        if not isinstance(stage, dict):
+            raise UserError(f"{at('stages', name)}: stages.{name}: is {kind_of(stage)}; a stage is a mapping (cmd, deps, "
+                            "outs; or foreach/matrix with do)")
+        matrix = stage.get("matrix")
+        if "matrix" in stage and not (isinstance(matrix, dict) and matrix):
+            raise UserError(f"{at('stages', name, 'matrix')}: stages.{name}.matrix: is {kind_of(matrix)}; DVC's matrix "
+                            "maps each name to its list of values, e.g. `model: [base, awq-w4a16]` and `suite: [math]`")
+        for key, values in (matrix or {}).items():
+            if not (isinstance(values, list) or (isinstance(values, str) and values.startswith("${"))):
+                raise UserError(f"{at('stages', name, 'matrix', key)}: stages.{name}.matrix.{key}: is {kind_of(values)}; "
+                                "give a list of values (or a ${...} reference to one in params.yaml)")
+        foreach = stage.get("foreach")
+        if "foreach" in stage and not (isinstance(foreach, (list, dict)) or (isinstance(foreach, str) and foreach.startswith("${"))):
+            raise UserError(f"{at('stages', name, 'foreach')}: stages.{name}.foreach: is {kind_of(foreach)}; give a list, "
+                            "a mapping, or a ${...} reference to one in params.yaml")
+    return stages
+
+
+def check_against_model(params, path: Path | str = DEFAULT_PARAMS, lines: dict[tuple, int] | None = None) -> None:
+    """Checks that need the base checkpoint (group size vs layer widths), when it exists and its config.json
+    reads (a broken checkpoint is the stage's to refuse, with its own message)."""
+    config_file = params.model.base_dir / "config.json"
+    if not config_file.is_file():
+        return
+    from pipeline.quantize.plan import group_size_problem, text_config
+
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # the stage that reads the checkpoint names the problem and the fix
+        return
+    if not isinstance(config, dict) or not isinstance(text_config(config).get("hidden_size"), int):
+        return
+    for name, variant in params.variants.items():
+        if getattr(variant, "group_size", "auto") != "auto":  # awq and rtn
+            try:
+                problem = group_size_problem(config, variant.group_size, params.model.base_dir)
+            except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError):
+                return
+            if problem:
+                line = (lines or {}).get(("variants", name, "group_size"))
+                raise UserError(f"{path}{f':{line}' if line else ''}: variants.{name}.group_size: {problem}")

@@ -1,0 +1,175 @@
+"""Perplexity suites: the variant's perplexity relative to the base's, paired by document, against a
+margin on the relative rise (`compare_perplexity`, a ratio-estimator t interval with the HC2 error and
+Bell-McCaffrey degrees of freedom), and its decision in one sentence (`perplexity_sentence`).
+pipeline/verdict.py re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from pipeline.verdict_intervals import GO, INCONCLUSIVE, NO_GO
+
+
+PERPLEXITY_INTERVAL = ("Student-t interval of the per-token change in log-likelihood (ratio estimator, HC2 error, "
+                       "Bell-McCaffrey degrees of freedom)")
+
+
+@dataclass
+class PerplexityVerdict:
+    """A perplexity suite (every token of each document scored): the variant's perplexity relative to
+    the base's, paired by document, against a margin on the rise (0.05: at most +5 %)."""
+
+    variant: str
+    suite: str
+    n: int  # documents
+    tokens: int
+    base_ppl: float
+    variant_ppl: float
+    change: float  # variant_ppl / base_ppl - 1
+    ci_low: float
+    ci_high: float
+    confidence: float
+    margin: float
+    decision: str
+    counted: bool
+    worse_documents: int  # documents whose perplexity rose
+    reasons: list[str] = field(default_factory=list)
+    documents_to_settle: int | None = None
+    kind: str = "perplexity"
+    interval: str = PERPLEXITY_INTERVAL
+    sentence: str = ""  # the decision in one sentence a reviewer can check
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def ratio_interval(deltas: np.ndarray, tokens: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    """Mean per-token change D = sum(deltas) / sum(tokens) over paired documents, with a t interval
+    that keeps its coverage at few documents.
+
+    D is the ratio estimator (Cochran 1977, Sampling Techniques, sec. 6.4): the weighted least-squares
+    fit of deltas on tokens with weights 1/tokens. Its standard error is the HC2 sandwich (each squared
+    residual r_i = d_i - D n_i divided by 1 - h_i, h_i = n_i / sum(n), the document's leverage), with
+    Student's t at the Bell-McCaffrey (2002) degrees of freedom, a Satterthwaite approximation
+    (`bell_mccaffrey_df`): fewer than m - 1 when a few long documents carry most tokens. The plain
+    linearized error with t at m - 1 covered 0.931-0.953 at 3-10 documents; this one >= 0.945 at every
+    n >= 3, heavy-tailed per-document changes included (benchmarks/perplexity_interval_coverage.py)."""
+    from scipy.stats import t as student_t
+
+    deltas, tokens = np.asarray(deltas, dtype=float), np.asarray(tokens, dtype=float)
+    m = len(deltas)
+    total = float(tokens.sum())
+    estimate = float(deltas.sum()) / total
+    if m < 2:
+        return estimate, float("nan"), float("nan")
+    residuals = deltas - estimate * tokens
+    adjust = 1.0 / (1.0 - tokens / total)  # HC2: 1 / (1 - leverage)
+    se = math.sqrt(float((adjust * residuals ** 2).sum())) / total
+    half = float(student_t.ppf(0.5 + confidence / 2, bell_mccaffrey_df(tokens))) * se
+    return estimate, estimate - half, estimate + half
+
+
+def bell_mccaffrey_df(tokens: np.ndarray) -> float:
+    """Degrees of freedom of the HC2 variance of the ratio estimator (Bell & McCaffrey 2002): the
+    Satterthwaite match (tr A)^2 / tr(A^2) of the quadratic form v = e' A e, under two working models
+    for the per-document error e: variance proportional to the document's tokens (token-level noise)
+    and to its tokens squared (each document its own per-token change). The smaller of the two is
+    taken. Closed form in O(m): A's Gram matrix is diagonal plus rank two (tests check it against the
+    dense eigenvalue computation); with equal documents it is exactly m - 1."""
+    n = np.asarray(tokens, dtype=float)
+    total = n.sum()
+    p = n / total
+    a = 1.0 / (1.0 - p)
+    found = []
+    for s2 in (n, n * n):  # variance of each document's error under the working model
+        # residuals r = M e with M = I - n 1'/N; with e = diag(s) u: Gram C = M diag(s2) M' = diag(s2) + E,
+        # E = -(s2 p' + p s2') + sum(s2) p p' (rank two); v = sum_k a_k r_k^2 = u' B' diag(a) B u
+        big = s2.sum()
+        e_diag = -2 * s2 * p + big * p * p
+        trace = float((a * (s2 + e_diag)).sum())
+        u = np.stack([s2, p], axis=1)  # E = U W U'
+        w = np.array([[0.0, -1.0], [-1.0, big]])
+        g = (u * a[:, None]).T @ u  # U' diag(a) U
+        cross = float(np.trace(w @ g @ w @ g))
+        square = float((a * a * s2 * s2).sum() + 2 * (a * a * s2 * e_diag).sum() + cross)
+        found.append(trace * trace / square)
+    return min(found)
+
+
+def decide_perplexity(ci_low: float, ci_high: float, margin: float) -> str:
+    """GO when even the interval's upper end stays below the margin, NO-GO when its lower end is above it."""
+    if ci_high < margin:
+        return GO
+    if ci_low > margin:
+        return NO_GO
+    return INCONCLUSIVE
+
+
+def compare_perplexity(base_items: dict[str, dict], variant_items: dict[str, dict], *, variant: str, suite: str,
+                       margin: float, confidence: float = 0.95) -> PerplexityVerdict:
+    """base_items / variant_items: a perplexity suite's result lines keyed by document id, each with
+    `loglikelihood` (natural log, summed over the document) and `n_tokens`."""
+    shared = sorted(set(base_items) & set(variant_items))
+    ids = [i for i in shared if base_items[i]["n_tokens"] == variant_items[i]["n_tokens"] and base_items[i]["n_tokens"]]
+    reasons: list[str] = []
+    if len(ids) < len(shared):
+        reasons.append(f"{len(shared) - len(ids)} documents tokenized to different lengths for the two models "
+                       "were left out (another tokenizer?)")
+    unmatched = len(set(base_items) ^ set(variant_items))
+    if unmatched:
+        reasons.append(f"{unmatched} documents scored for only one model were left out")
+    tokens = np.array([base_items[i]["n_tokens"] for i in ids], dtype=float)
+    base_ll = np.array([base_items[i]["loglikelihood"] for i in ids], dtype=float)
+    var_ll = np.array([variant_items[i]["loglikelihood"] for i in ids], dtype=float)
+    nan = float("nan")
+    if len(ids) < 2:
+        reasons.append(f"{len(ids)} paired documents: an interval needs at least 2")
+        return PerplexityVerdict(variant, suite, len(ids), int(tokens.sum()), nan, nan, nan, nan, nan, confidence,
+                                 margin, INCONCLUSIVE, counted=False, worse_documents=0, reasons=reasons)
+    total = tokens.sum()
+    estimate, low, high = ratio_interval(base_ll - var_ll, tokens, confidence)  # per-token rise in NLL
+    change, ci_low, ci_high = math.expm1(estimate), math.expm1(low), math.expm1(high)
+    decision = decide_perplexity(ci_low, ci_high, margin)
+    verdict = PerplexityVerdict(
+        variant=variant, suite=suite, n=len(ids), tokens=int(total),
+        base_ppl=math.exp(-base_ll.sum() / total), variant_ppl=math.exp(-var_ll.sum() / total),
+        change=change, ci_low=ci_low, ci_high=ci_high, confidence=confidence, margin=margin,
+        decision=decision, counted=True, worse_documents=int((var_ll < base_ll).sum()), reasons=reasons,
+    )
+    ci = f"{confidence:.0%} interval of the change in perplexity [{ci_low:+.1%}, {ci_high:+.1%}] over {len(ids)} documents"
+    if decision == GO:
+        reasons.append(f"{ci} lies below +{margin:.1%} (the margin): any rise is within the margin")
+    elif decision == NO_GO:
+        reasons.append(f"{ci} lies above +{margin:.1%} (the margin): perplexity rises by more than allowed")
+    else:
+        reasons.append(f"{ci} straddles +{margin:.1%} (the margin): not enough evidence either way")
+        gap = abs(math.log1p(margin) - estimate)
+        if gap > 0:
+            verdict.documents_to_settle = int(math.ceil(len(ids) * ((high - estimate) / gap) ** 2))
+            reasons.append(f"about {verdict.documents_to_settle} paired documents would likely settle it")
+    verdict.sentence = perplexity_sentence(verdict)
+    return verdict
+
+
+def perplexity_sentence(v: PerplexityVerdict) -> str:
+    """A perplexity suite's decision in one sentence a reviewer can check: documents and tokens, both
+    perplexities, the interval (which method, its ends), the margin and what follows."""
+    if not v.counted:
+        return f"{v.suite}: {v.decision} (not counted): {v.n} paired documents, too few for an interval."
+    facts = (f"on {v.n} paired documents ({v.tokens:,} tokens) perplexity went {v.base_ppl:.3f} -> {v.variant_ppl:.3f} "
+             f"({v.change:+.1%}, higher in {v.worse_documents} of {v.n} documents); a {v.interval} puts the change at "
+             f"[{v.ci_low:+.1%}, {v.ci_high:+.1%}] with {v.confidence:.0%} confidence")
+    bound = f"+{v.margin:.1%} (the margin for {v.suite})"
+    if v.decision == GO:
+        end = f"entirely below {bound}, so any rise is within the margin"
+    elif v.decision == NO_GO:
+        end = f"entirely above {bound}, so perplexity rises by more than the margin"
+    else:
+        end = f"which straddles {bound}, so the evidence settles nothing"
+        if v.documents_to_settle:
+            end += f" (about {v.documents_to_settle} paired documents would likely settle it)"
+    return f"{v.suite}: {v.decision}: {facts}, {end}."
