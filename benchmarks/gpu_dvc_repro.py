@@ -256,6 +256,18 @@ class Run:
             self.state["source_dropped"] = True
             self.save()
 
+    def locked_stages(self) -> set[str]:
+        """The stages dvc.lock records (DVC writes each once its outputs are hashed)."""
+        lock = self.project / "dvc.lock"
+        try:
+            import yaml
+
+            return set((yaml.safe_load(lock.read_text()) or {}).get("stages", {}))
+        except (OSError, ValueError, ImportError):
+            return set()
+        except Exception:  # noqa: BLE001 - a lock torn by the cut: nothing is recorded as finished
+            return set()
+
     def wait_servers_gone(self, seconds: float = 60.0) -> None:
         """The run is over (or cut): its servers stop with it (pipeline/engines/shared.py); wait for the GPU."""
         sys.path.insert(0, str(REPO))
@@ -281,7 +293,12 @@ class Run:
             s["attempts"] += 1
             s["server_starts"] += sum(e.get("server") == "started" for e in r.get("engines", []))
             s["server_attaches"] += sum(e.get("server") == "attached" for e in r.get("engines", []))
-            s["finished"] = s["finished"] or r.get("exit") == 0
+            s["exited_0"] = s.get("exited_0", False) or r.get("exit") == 0
+        # finished: recorded in dvc.lock. A stage whose command ended but whose outputs DVC had not yet hashed and
+        # recorded when the cut came is run again by the next `dvc repro`, as DVC must: it is not finished.
+        locked = self.locked_stages()
+        for name, s in stages.items():
+            s["finished"] = name in locked
         wall = sum(c["dvc_repro_s"] for c in self.state["calls"])
         start = sum(s["engine_start_s"] for s in stages.values())
         server_start = sum(e["seconds"] for r in records for e in r.get("engines", []) if e.get("server") == "started")
