@@ -2,7 +2,7 @@
 10-minute command limit and resumed, and what it cost per stage (issue 24, item 3).
 
 On the GPU machine, from the project root, once the vLLM bundle is unpacked in /tmp/vsite (see
-../shared/device/README.md) and with `.device` carried (../shared/device/wheels.sh, then
+the team's device notes) and with `.device` carried (wheels.sh (device notes), then
 benchmarks/gpu_dvc_wheels.sh for DVC), call this again and again until it prints `state: done`:
 
     python3 benchmarks/gpu_dvc_repro.py run [--budget 540] [--suite-limit N]
@@ -333,9 +333,9 @@ class Run:
 
 NEEDED = {"dvc": "benchmarks/gpu_dvc_wheels.sh (.device/dvc-wheels)", "typer": "benchmarks/gpu_dvc_wheels.sh",
           "scipy": "benchmarks/gpu_dvc_wheels.sh --scipy (.device-scipy, a call of its own)",
-          "httpx": "../shared/device/wheels.sh", "jinja2": "the image", "yaml": "the image",
-          "lm_eval": "../shared/device/wheels.sh", "llmcompressor": "../shared/device/wheels.sh",
-          "math_verify": "../shared/device/wheels.sh"}
+          "httpx": "wheels.sh (device notes)", "jinja2": "the image", "yaml": "the image",
+          "lm_eval": "wheels.sh (device notes)", "llmcompressor": "wheels.sh (device notes)",
+          "math_verify": "wheels.sh (device notes)"}
 
 
 def preflight(tiny: bool) -> None:
@@ -344,7 +344,7 @@ def preflight(tiny: bool) -> None:
 
     missing = [f"{name} (from {where})" for name, where in NEEDED.items() if importlib.util.find_spec(name) is None]
     if not tiny and not (Path(VSITE) / "vllm").is_dir():
-        missing.append(f"vLLM in {VSITE} (the five .vllm-k parts of ../shared/device/README.md)")
+        missing.append(f"vLLM in {VSITE} (the five .vllm-k parts of the team's device notes)")
     if missing:
         print("cannot run: missing " + "; ".join(missing), file=sys.stderr)
         raise SystemExit(2)

@@ -76,8 +76,7 @@ def serving_dtype(setting: str | None, kv_cache_dtype: str, model_dir: Path) -> 
 
 def refuse_unmatched_ignore(model_dir: Path) -> None:
     """A quantized checkpoint whose full-precision Linears vLLM would build quantized is not served."""
-    if (kv_cache_scheme(model_dir) is not None or
-            (json.loads((Path(model_dir) / "config.json").read_text()).get("quantization_config"))):
+    if json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("quantization_config"):
         from pipeline.checkpoints import serving_names
 
         serving_names.check(Path(model_dir))
