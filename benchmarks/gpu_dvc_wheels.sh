@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# DVC for the GPU machine (Python 3.12, x86-64, no network, no pip index), which ../shared/device/wheels.sh
+# DVC for the GPU machine (Python 3.12, x86-64, no network, no pip index), which the device notes' wheels.sh
 # leaves out: wheels of dvc 3.67.1 and what it needs that the image and .device/wheels do not already hold,
 # into .device/dvc-wheels/ (git-ignored, travels with .device). benchmarks/gpu_dvc_repro.py installs them.
-#   usage, from the project root, after ../shared/device/wheels.sh:  benchmarks/gpu_dvc_wheels.sh [--scipy]
+#   usage, from the project root, after the device notes' wheels.sh:  benchmarks/gpu_dvc_wheels.sh [--scipy]
 # typer (the `quantize` command DVC's stages call) comes along too. --scipy also writes .device-scipy/ (35 MB,
 # the report's Student t; git-ignored): it does not fit in one carry with .device, so it travels in a call of
 # its own if the machine lacks scipy (benchmarks/gpu_dvc_repro.py checks before it starts).
