@@ -50,7 +50,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from pipeline.kl import holdout_texts
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
     from pipeline.quantize import awq
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -80,7 +80,7 @@ def main() -> None:
     from awq_batching import bootstrap, per_sequence_kl
     from pipeline.formats.calib_blocks import read_blocks
     from pipeline.kl import holdout_texts
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
     from pipeline.quantize import awq
 
     args.root.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
 
     tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token

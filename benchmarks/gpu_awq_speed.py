@@ -226,7 +226,7 @@ def layer_error(variant: Path, reference, dtype) -> tuple[float, float]:
 def reference_io(model_dir: Path, probe_blocks: list[list[int]]):
     """The base model's per-layer inputs and outputs on the probe blocks (our verify's reference)."""
     from pipeline.quantize import verify
-    from pipeline.engines.loading import load_model
+    from pipeline.checkpoints.loading import load_model
 
     model = load_model(model_dir, work_dtype()).to(device())
     reference = verify.capture_layer_io(model, probe_blocks)

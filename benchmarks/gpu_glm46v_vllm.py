@@ -206,7 +206,7 @@ def train_vqa(path: Path, steps: int, device: str) -> dict:
     import torch
 
     from pipeline import evaluate
-    from pipeline.engines.loading import load_model
+    from pipeline.checkpoints.loading import load_model
     from pipeline.engines.vision import ImagePrompter
     from tiny import save_tiny_glm4v
 

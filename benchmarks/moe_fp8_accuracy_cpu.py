@@ -38,7 +38,7 @@ TEXT = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64, n_
 def train(path: Path, steps: int) -> dict:
     import torch
 
-    from pipeline.engines.loading import load_model
+    from pipeline.checkpoints.loading import load_model
     from tiny import glm_vision_tokenizer, save_tiny_glm4v_moe
 
     save_tiny_glm4v_moe(path, dtype=torch.float32, text=TEXT)

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline import likelihood, sandbox
 from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
@@ -246,8 +247,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
     if capability(engine, "starts_server"):
         options["log_path"] = Path(log_path) if log_path else out_dir / f"{suite}.vllm.log"  # beside the results
-    if not (model_dir / "config.json").exists():
-        raise UserError(f"{model_dir}: no config.json; pass a checkpoint directory (models/base or models/<variant>)")
+    config_json.read(model_dir)  # a missing or broken config.json: one message naming it and the fix
     from pipeline import long_context
     from pipeline.engines import vision
 

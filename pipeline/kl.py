@@ -8,10 +8,10 @@ long before benchmark accuracy moves.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
 from pipeline.params import EngineParams, VerdictParams, sections_with_overrides
@@ -120,12 +120,7 @@ def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], d
 
 def checkpoint_dtype(model_dir: Path) -> str:
     """The dtype the checkpoint's weights are meant to run in (config torch_dtype / dtype), float16 if unsaid."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    for section in (config, config.get("text_config") or {}):
-        name = section.get("torch_dtype") or section.get("dtype")
-        if name in ("float16", "bfloat16", "float32"):
-            return name
-    return "float16"
+    return config_json.dtype(config_json.read(model_dir))
 
 
 def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int) -> bool:
@@ -135,8 +130,7 @@ def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int,
 
     from pipeline.checkpoints.sizes import checkpoint_weight_bytes
 
-    config = json.loads((Path(base_dir) / "config.json").read_text())
-    vocab = (config.get("text_config") or config).get("vocab_size") or config.get("padded_vocab_size") or 0
+    vocab = config_json.vocab_size(config_json.read(base_dir))
     weights = checkpoint_weight_bytes(Path(base_dir)) * dtype_bytes // 2  # the base's bytes at 2 per weight
     longest = max(len(s) for s in sequences)
     activations = 4 * batch_size * longest * vocab * 4  # logits, log-softmax and the exp, both models, float32
@@ -159,7 +153,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     from transformers import AutoTokenizer
 
     from pipeline.checkpoints import headers
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
 
     watch = Stopwatch()
     for model_dir in (variant_dir, base_dir):  # both whole before either loads

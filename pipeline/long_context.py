@@ -6,7 +6,6 @@ result lines are summarized per length and depth, with the lengths skipped as be
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from collections import defaultdict
 from functools import lru_cache
@@ -28,12 +27,9 @@ def suite():
 
 def context_length(model_dir: Path | str) -> int | None:
     """Positions the model was built for (config.json); None when the config does not say."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    for section in (config, config.get("text_config") or {}):
-        for key in ("max_position_embeddings", "seq_length", "max_sequence_length", "n_positions"):
-            if isinstance(section.get(key), int):
-                return section[key]
-    return None
+    from pipeline.checkpoints import config_json
+
+    return config_json.max_positions(config_json.read(model_dir))
 
 
 def chars_per_token(model_dir: Path | str, sample_chars: int = 40_000) -> float:

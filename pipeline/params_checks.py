@@ -7,7 +7,6 @@ Called by pipeline.params.load once the file has validated; `params` is a pipeli
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pipeline import safe_yaml
@@ -126,16 +125,16 @@ def _dvc_stages(dvc_file: Path, data, lines: dict[tuple, int]) -> dict:
 def check_against_model(params, path: Path | str = DEFAULT_PARAMS, lines: dict[tuple, int] | None = None) -> None:
     """Checks that need the base checkpoint (group size vs layer widths), when it exists and its config.json
     reads (a broken checkpoint is the stage's to refuse, with its own message)."""
-    config_file = params.model.base_dir / "config.json"
-    if not config_file.is_file():
-        return
-    from pipeline.quantize.plan import group_size_problem, text_config
+    from pipeline.checkpoints import config_json
+    from pipeline.quantize.plan import group_size_problem
 
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # the stage that reads the checkpoint names the problem and the fix
+    if not config_json.present(params.model.base_dir):
         return
-    if not isinstance(config, dict) or not isinstance(text_config(config).get("hidden_size"), int):
+    try:
+        config = config_json.read(params.model.base_dir)
+    except UserError:  # the stage that reads the checkpoint names the problem and the fix
+        return
+    if config_json.hidden_size(config) is None:
         return
     for name, variant in params.variants.items():
         if getattr(variant, "group_size", "auto") != "auto":  # awq and rtn

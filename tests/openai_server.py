@@ -42,7 +42,7 @@ class TinyModel:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         config = json.loads((Path(model_dir) / "config.json").read_text())
         if config.get("vision_config"):  # loaded as the hf engine loads it (quantized MoE experts included)
-            from pipeline.engines.loading import load_model
+            from pipeline.checkpoints.loading import load_model
 
             self.model = load_model(Path(model_dir), torch.float32).eval()
         else:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import TINY_PARAMS, write_params
-from pipeline.checkpoints import headers
+from pipeline.checkpoints import config_json, headers
 from pipeline.errors import UserError
 from tiny import save_tiny_glm, save_tiny_llama
 
@@ -223,7 +223,7 @@ def test_whole_checkpoints_of_every_kind_pass(tiny_glm, tiny_llama, tiny_variant
 
 def test_a_removed_layer_is_named_with_the_count(tiny_glm, tmp_path):
     bad = _rewrite_tensors(_copy(tiny_glm, tmp_path / "bad"), _drop(lambda n: ".layers.1." in n))
-    missing = headers.coverage(bad, headers.load_config(bad, headers.read_config(bad)),
+    missing = headers.coverage(bad, config_json.load(bad),
                                headers.read_headers([bad / "model.safetensors"]))["missing"]
     layer = {n for n in load_file(tiny_glm / "model.safetensors") if ".layers.1." in n}
     assert set(missing) == layer and len(layer) == 11  # q, k, v (weight and bias), o, gate_up, down, 2 norms

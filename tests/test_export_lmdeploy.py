@@ -58,7 +58,7 @@ def check_linear(exported: dict, out_module: str, variant: dict, parts: list[str
 
 
 def dense_weights(variant) -> dict:
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
 
     return {k: v.detach() for k, v in load_for_inference(variant, torch.float16).state_dict().items()}
 

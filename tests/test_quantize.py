@@ -32,7 +32,7 @@ def test_awq_quantizes_every_decoder_linear_and_nothing_else(tiny_variants):
 
 
 def test_awq_dequantized_weights_equal_codes_times_scales(tiny_variants, tiny_llama):
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
 
     out = tiny_variants["awq-w4a16"]
     weights = tensors(out)
@@ -65,7 +65,7 @@ def test_fp8_has_per_head_kv_scales_and_fp8_weights(tiny_variants):
 
 def test_fp8_checkpoint_really_quantizes_activations_when_loaded(tiny_variants):
     """The evaluated numbers must include activation and KV quantization, not only weights."""
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
 
     model = load_for_inference(tiny_variants["fp8-w8a8"], torch.float32)
     ids = torch.arange(40).reshape(2, 20) % 300

@@ -204,7 +204,7 @@ def test_mappings_match_text_modules_only(built):
     """Text-only calibration never runs the vision tower, so AWQ would not smooth it anyway: the
     patterns themselves must exclude it, for calibration sets that carry images."""
     from pipeline.quantize.mappings import mappings_for
-    from pipeline.engines.loading import load_model
+    from pipeline.checkpoints.loading import load_model
 
     names = [name for name, _ in load_model(built.base, torch.float32).named_modules()]
     assert any("visual" in name and name.endswith("mlp.up_proj") for name in names)
@@ -231,7 +231,7 @@ def test_fp8_has_per_head_kv_scales_and_leaves_the_rest(built):
 def test_variant_reloads_generates_and_reports_layer_errors(built, method):
     from transformers import AutoTokenizer
 
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
 
     out = getattr(built, method)
     model = load_for_inference(out, torch.float32)
@@ -252,7 +252,7 @@ def test_variant_reloads_generates_and_reports_layer_errors(built, method):
 def test_moe_experts_reload_with_their_zero_points(built):
     """transformers' fused-experts decompression drops int4 zero points; loaded as one Linear per
     expert, each expert's weight is exactly (code - zero point) x scale."""
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
 
     name = f"{built.arch.layer(1)}.mlp.experts.2.down_proj"
     weights = tensors(built.awq)
@@ -284,7 +284,7 @@ def test_without_gqa_v_proj_is_smoothed_into_o_proj(tmp_path, tiny_calib):
 
 def test_layer_error_of_an_unchanged_model_is_zero(tmp_path, tiny_calib):
     from pipeline.calib import read_blocks
-    from pipeline.engines.loading import load_model
+    from pipeline.checkpoints.loading import load_model
 
     model = load_model(save_tiny_glm4v(tmp_path / "m"), torch.float32)
     reference = verify.capture_layer_io(model, read_blocks(tiny_calib / "calib.jsonl")[:1])

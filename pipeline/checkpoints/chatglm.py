@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.checkpoints import config_json
 from pipeline.checkpoints.streaming import MAX_SHARD_BYTES, OutTensor, Piece, SafetensorsSource, TensorSource, carry_files, check_shapes, whole, write_checkpoint
 from pipeline.errors import UserError
 
@@ -75,16 +76,6 @@ ROPE_BASE_SCALED, ROPE_POSITIONS_SCALED, ROPE_RATIO_UNUSED = "base", "positions"
 
 
 # ---------------------------------------------------------------- reading
-
-
-def read_config(directory: Path) -> dict:
-    config_file = directory / "config.json"
-    if not config_file.exists():
-        raise UserError(f"{directory}: no config.json; a checkpoint directory needs the config.json it came with")
-    try:
-        return json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{config_file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
 
 
 def check_supported(config: dict, config_file: Path) -> None:
@@ -340,8 +331,8 @@ def convert(source: Path, dest: Path, dtype: str = "bfloat16", max_shard_bytes: 
     if dtype not in DTYPES:
         raise UserError(f"dtype {dtype}: use one of {', '.join(DTYPES)}")
     source = Path(source)
-    config = read_config(source)
-    config_file = source / "config.json"
+    config = config_json.read(source)
+    config_file = config_json.path(source)
     check_supported(config, config_file)
     convention = rope_convention(source, config, config_file)
     tensors = SafetensorsSource(source)

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.checkpoints import chatglm, headers, streaming
 from pipeline.checkpoints.streaming import OutTensor, Piece, whole
 from pipeline.checkpoints.lmdeploy_awq import AwqSource, Scheme, read_scheme
@@ -96,13 +97,13 @@ class ExportResult:
 
 
 def _check_exportable(model_dir: Path, config: dict) -> None:
-    config_file = model_dir / "config.json"
+    config_file = config_json.path(model_dir)
     model_type = config.get("model_type")
     if model_type == "chatglm":
         raise UserError(f"{config_file}: already in the ChatGLM remote-code layout; lmdeploy loads {model_dir} "
                         "as it is, no export needed")
     if model_type != "glm":
-        arch = (config.get("architectures") or [model_type])[0]
+        arch = config_json.architecture_or(config, model_type)
         raise UserError(f"{config_file}: {arch} needs no export; lmdeploy loads it from the Hugging Face "
                         "directory as it is. `quantize export --engine lmdeploy` converts Glm (GLM-4-9B), "
                         "which lmdeploy's PyTorch engine serves only in the ChatGLM layout")
@@ -248,7 +249,7 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
     if engine not in ENGINES:
         raise UserError(f"--engine {engine}: supported engines: {', '.join(ENGINES)}")
     model_dir, out = Path(model_dir), Path(out)
-    config = headers.read_config(model_dir)
+    config = config_json.read(model_dir)
     if config.get("model_type") == "chatglm":
         _check_exportable(model_dir, config)
     if config.get("quantization_config"):
@@ -256,9 +257,9 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
     headers.check(model_dir)  # a whole checkpoint: the weights cover config.json
     _check_exportable(model_dir, config)
     glm = _load_glm_config(model_dir)
-    _check_glm(glm, model_dir / "config.json")
+    _check_glm(glm, config_json.path(model_dir))
     source = streaming.SafetensorsSource(model_dir)
-    plan = plan_to_chatglm(glm, source, model_dir / "config.json")
+    plan = plan_to_chatglm(glm, source, config_json.path(model_dir))
     torch_dtype = str(plan[0].dtype).removeprefix("torch.")
     with atomic_dir(out, "export", {"checkpoint": model_dir}) as tmp:
         streaming.write_checkpoint(plan, source, tmp, max_shard_bytes, label=f"Glm -> ChatGLM ({engine})")
@@ -286,7 +287,7 @@ def _write_config(dest: Path, config: dict) -> None:
 
 
 def _awq_scheme(model_dir: Path, quant: dict) -> Scheme:
-    config_file = model_dir / "config.json"
+    config_file = config_json.path(model_dir)
     method, fmt = quant.get("quant_method"), quant.get("format")
     if method == "awq":
         raise UserError(f"{config_file}: already in the AutoAWQ layout; lmdeploy loads {model_dir} as it is, "
@@ -303,12 +304,12 @@ def _awq_scheme(model_dir: Path, quant: dict) -> Scheme:
 def _fp8_refusal(model_dir: Path, quant: dict) -> str:
     from pipeline.engines.support import support_from_config
 
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    config = config_json.read(model_dir)
     return f"{model_dir}: {support_from_config(config)['lmdeploy']['how']}: vllm serve {model_dir}"
 
 
 def _awq_architecture(config: dict, config_file: Path) -> str:
-    arch = (config.get("architectures") or [config.get("model_type")])[0]
+    arch = config_json.architecture_or(config, config.get("model_type"))
     if arch != "GlmForCausalLM" and arch not in AWQ_NATIVE:
         raise UserError(f"{config_file}: {arch}: the AWQ export for lmdeploy supports GlmForCausalLM (written as "
                         f"{CHATGLM_ARCH}), {', '.join(AWQ_NATIVE)}")
@@ -318,8 +319,7 @@ def _awq_architecture(config: dict, config_file: Path) -> str:
 def _float16(config: dict) -> dict:
     """A copy of config with its dtype float16: the top level's, and the text and vision configs' if they name one."""
     config = copy.deepcopy(config)
-    sections = [config] + [config[sub] for sub in ("text_config", "vision_config") if isinstance(config.get(sub), dict)]
-    for section in sections:
+    for section in config_json.sections(config):
         section.update({key: "float16" for key in ("torch_dtype", "dtype") if key in section})
     if "dtype" not in config:
         config["torch_dtype"] = "float16"
@@ -333,7 +333,7 @@ def _awq_view(model_dir: Path, config: dict, scheme: Scheme, arch: str) -> tuple
     if arch != "GlmForCausalLM":
         out_config = {k: v for k, v in config.items() if k != "quantization_config"}
         return AwqSource(source, scheme), out_config, arch
-    config_file = model_dir / "config.json"
+    config_file = config_json.path(model_dir)
     glm = _load_glm_config(model_dir)
     _check_glm(glm, config_file)
     streaming.check_shapes(AwqSource(source, scheme).dense_view(), glm_shapes(glm), config_file,
@@ -344,7 +344,7 @@ def _awq_view(model_dir: Path, config: dict, scheme: Scheme, arch: str) -> tuple
 def _export_awq(model_dir: Path, out: Path, engine: str, config: dict, max_shard_bytes: int,
                 watch: Stopwatch) -> ExportResult:
     scheme = _awq_scheme(model_dir, config["quantization_config"])
-    arch = _awq_architecture(config, model_dir / "config.json")
+    arch = _awq_architecture(config, config_json.path(model_dir))
     headers.check(model_dir)  # a whole checkpoint: the weights cover config.json, compressed layout included
     awq, out_config, served = _awq_view(model_dir, config, scheme, arch)
     out_config = _float16(out_config) | {"quantization_config": scheme.awq_config(awq.modules_to_not_convert())}

@@ -21,6 +21,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
+from pipeline.checkpoints.config_json import REBUILD, one_line as _one_line
 from pipeline.errors import UserError
 
 SAFE_WEIGHTS = "model.safetensors"
@@ -28,7 +30,6 @@ SAFE_INDEX = "model.safetensors.index.json"
 BIN_WEIGHTS = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 SHOWN = 5  # names listed per kind of mismatch; the count covers the rest
-REBUILD = "rebuild the checkpoint (`quantize resave`, `quantize awq`, `quantize fp8`)"
 
 
 @dataclass
@@ -40,67 +41,6 @@ class Checkpoint:
     architecture: str = ""
     weight_files: list[Path] = field(default_factory=list)
     tensors: int = 0
-
-
-# ---------------------------------------------------------------- config.json
-
-
-def read_config(model_dir: Path | str) -> dict:
-    """config.json of a checkpoint directory, parsed; refuses a missing directory or file and
-    anything that is not a JSON object."""
-    model_dir = Path(model_dir)
-    if not model_dir.exists():
-        raise UserError(f"{model_dir}: no such directory; pass a checkpoint directory (models/base or "
-                        "models/<variant>), or build one with `quantize resave`")
-    if not model_dir.is_dir():
-        raise UserError(f"{model_dir}: not a directory; pass the checkpoint directory that holds config.json "
-                        "and the weights")
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
-        raise UserError(f"{model_dir}: no config.json; a checkpoint directory holds config.json beside its weights: "
-                        f"copy it from where the weights came from, or {REBUILD}")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{config_file}: not UTF-8 text; restore the config.json that came with the weights") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{config_file}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}); restore the "
-                        "config.json that came with the weights") from None
-    except OSError as exc:
-        raise UserError(f"{config_file}: cannot be read ({exc.strerror})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{config_file}: holds a JSON {type(config).__name__}, not an object of settings; restore "
-                        "the config.json that came with the weights")
-    return config
-
-
-def load_config(model_dir: Path, config: dict):
-    """The transformers config object, or a UserError naming config.json and the fix."""
-    import transformers
-    from transformers import CONFIG_MAPPING, AutoConfig
-
-    config_file = model_dir / "config.json"
-    model_type = config.get("model_type")
-    if not model_type:
-        raise UserError(f"{config_file}: no model_type; restore the config.json that came with the weights")
-    if model_type == "chatglm":
-        raise UserError(f"{config_file}: a ChatGLM remote-code checkpoint, which transformers does not load natively; "
-                        f"convert it first: quantize resave {model_dir} --out DIR")
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        arch = (config.get("architectures") or ["no architectures entry"])[0]
-        raise UserError(f"{config_file}: transformers does not know model_type {model_type!r} ({arch}); upgrade "
-                        f"transformers (this is {transformers.__version__}), or resave the checkpoint in a supported "
-                        "architecture (`quantize resave` converts ChatGLM and GGUF)")
-    try:
-        return AutoConfig.from_pretrained(model_dir)
-    except Exception as exc:  # transformers' strict validation: a wrong type or value in a key
-        raise UserError(f"{config_file}: not a valid {model_type} config ({_one_line(exc)}); restore the config.json "
-                        "that came with the weights") from None
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 # ---------------------------------------------------------------- weight files
@@ -243,13 +183,13 @@ def _meta_model(model_dir: Path, config):
     import torch
     from transformers.conversion_mapping import get_model_conversion_mapping
 
-    from pipeline.checkpoints import auto_model_class
-    from pipeline.quantize import compat, plan
+    from pipeline.checkpoints.loading import auto_model_class
+    from pipeline.quantize import compat
 
     auto = auto_model_class(config)
     model_cls = auto._model_mapping.get(type(config), None)
     if model_cls is None:
-        raise UserError(f"{model_dir / 'config.json'}: {type(config).__name__} has no causal-LM class in transformers; "
+        raise UserError(f"{config_json.path(model_dir)}: {type(config).__name__} has no causal-LM class in transformers; "
                         "this pipeline quantizes and evaluates text-generation models")
     hf_quantizer = None
     if getattr(config, "quantization_config", None):
@@ -258,10 +198,10 @@ def _meta_model(model_dir: Path, config):
         try:
             hf_quantizer, config, _ = get_hf_quantizer(config, None, {"": "meta"}, True, {})
         except Exception as exc:
-            raise UserError(f"{model_dir / 'config.json'}: quantization_config cannot be read ({_one_line(exc)}); "
+            raise UserError(f"{config_json.path(model_dir)}: quantization_config cannot be read ({_one_line(exc)}); "
                             f"restore the config.json that came with the weights, or {REBUILD}") from None
     layout = contextlib.nullcontext()
-    if plan.routed_experts(config.to_dict()) and _linearized(config.model_type):
+    if config_json.routed_experts(config.to_dict()) and _linearized(config.model_type):
         layout = compat.linearized_experts(model_cls, config.model_type)  # as oneshot.load_model loads it
     with layout:
         try:
@@ -271,7 +211,7 @@ def _meta_model(model_dir: Path, config):
                 hf_quantizer.preprocess_model(model=model, dtype=torch.float32, device_map={"": "meta"},
                                               checkpoint_files=None, use_kernels=False)
         except Exception as exc:  # the config's values do not describe a buildable model
-            raise UserError(f"{model_dir / 'config.json'}: transformers cannot build {model_cls.__name__} from it "
+            raise UserError(f"{config_json.path(model_dir)}: transformers cannot build {model_cls.__name__} from it "
                             f"({_one_line(exc)}); restore the config.json that came with the weights") from None
         conversions = get_model_conversion_mapping(model, None, hf_quantizer)
     _packed_zero_points(model)
@@ -360,11 +300,11 @@ def check_coverage(model_dir: Path, config, tensors: dict, config_dict: dict) ->
     if found["unconvertible"]:
         problems.append(f"{len(found['unconvertible'])} that do not convert to the model's layout "
                         f"({_names(found['unconvertible'])})")
-    arch = (config_dict.get("architectures") or [type(config).__name__])[0]
+    arch = config_json.architecture_or(config_dict, type(config).__name__)
     layers = getattr(config.get_text_config(), "num_hidden_layers", None)
     described = f"{arch}, {layers} layers" if layers else arch
     raise UserError(
-        f"{model_dir}: the weights do not match {model_dir / 'config.json'} ({described}): tensors "
+        f"{model_dir}: the weights do not match {config_json.path(model_dir)} ({described}): tensors "
         + "; ".join(problems)
         + ". Loading would fill missing tensors with random values. Use the config.json that came with these "
         f"weights, or {REBUILD}")
@@ -374,8 +314,8 @@ def check_config(model_dir: Path | str) -> dict:
     """config.json parsed and accepted by transformers (known model_type, values of the right types);
     returns it as a dict. The weights are not looked at."""
     model_dir = Path(model_dir)
-    config = read_config(model_dir)
-    load_config(model_dir, config)
+    config = config_json.read(model_dir)
+    config_json.load(model_dir, config)
     return config
 
 
@@ -383,9 +323,9 @@ def check(model_dir: Path | str, *, weights: bool = True) -> Checkpoint:
     """Refuses, with the file and the fix, a checkpoint directory no stage could load as it says it
     is; `weights=False` checks config.json only (an engine that loads nothing locally)."""
     model_dir = Path(model_dir)
-    config_dict = read_config(model_dir)
-    config = load_config(model_dir, config_dict)
-    found = Checkpoint(model_dir, config_dict, (config_dict.get("architectures") or [config.model_type])[0])
+    config_dict = config_json.read(model_dir)
+    config = config_json.load(model_dir, config_dict)
+    found = Checkpoint(model_dir, config_dict, config_json.architecture_or(config_dict, config.model_type))
     if not weights:
         return found
     found.weight_files = weight_files(model_dir)

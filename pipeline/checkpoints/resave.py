@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.checkpoints import chatglm, headers
 from pipeline.checkpoints.serving_names import finish_config
 from pipeline.errors import UserError
@@ -47,10 +48,10 @@ def detect(source: Path) -> str:
         if source.suffix == ".gguf":
             return "gguf"
         raise UserError(f"{source}: not a checkpoint; pass one of the supported sources: {SUPPORTED}")
-    if not (source / "config.json").exists():
+    if not config_json.present(source):
         raise UserError(f"{source}: no config.json; copy the config.json that came with the weights, or pass one of "
                         f"the supported sources: {SUPPORTED}")
-    config = headers.read_config(source)
+    config = config_json.read(source)
     if config.get("model_type") == "chatglm" or any(
         "ChatGLM" in arch for arch in config.get("architectures", [])
     ):
@@ -59,11 +60,9 @@ def detect(source: Path) -> str:
 
 
 def _load_hf(source: Path, dtype):
-    import transformers
+    from pipeline.checkpoints.loading import auto_model_class
 
-    from pipeline.checkpoints import auto_model_class
-
-    config = transformers.AutoConfig.from_pretrained(source)
+    config = config_json.load(source)
     return auto_model_class(config).from_pretrained(source, dtype=dtype)
 
 

@@ -26,6 +26,8 @@ import json
 import re
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
+
 # config keys GLM's releases carry that transformers does not write, on the text config: {model_type: {key: value}}
 RELEASE_KEYS = {"glm4v_moe_text": {"use_qk_norm": False}, "glm4_moe": {"use_qk_norm": False}}
 
@@ -44,14 +46,10 @@ VLLM_VISION_RENAMES = [(re.compile(r"\.attn\.qkv$"), ".attn.qkv_proj"),
                        (re.compile(r"\.(gate|up)_proj$"), ".gate_up_proj")]
 
 
-def text_config(config: dict) -> dict:
-    return config.get("text_config") or config
-
-
 def add_release_keys(config: dict) -> list[str]:
     """Adds missing release keys to the text config in place; returns what was added, e.g.
     ['text_config.use_qk_norm']."""
-    text, where = (config["text_config"], "text_config.") if isinstance(config.get("text_config"), dict) else (config, "")
+    text, where = config_json.text_section_named(config)
     added = []
     for key, value in RELEASE_KEYS.get(text.get("model_type"), {}).items():
         if key not in text:
@@ -62,7 +60,7 @@ def add_release_keys(config: dict) -> list[str]:
 
 def add_vision_ignore(config: dict) -> bool:
     """Adds VISION_IGNORE to a quantized multimodal config's ignore list; True when it changed."""
-    quant = config.get("quantization_config")
+    quant = config_json.quantization(config)
     if not quant or not config.get("vision_config"):
         return False
     ignore = quant.setdefault("ignore", [])
@@ -74,8 +72,7 @@ def add_vision_ignore(config: dict) -> bool:
 
 def finish_config(model_dir: Path | str) -> dict:
     """Writes the release keys and the vision ignore entry into model_dir/config.json; returns what changed."""
-    path = Path(model_dir) / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
+    path, config = config_json.path(model_dir), config_json.read(model_dir)
     added, vision = add_release_keys(config), add_vision_ignore(config)
     if added or vision:
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -117,10 +114,10 @@ def vllm_ignores(layer: str, ignore: list[str]) -> bool:
 
 def vllm_unignored(config: dict, unquantized_linears: list[str]) -> list[str]:
     """The checkpoint's unquantized Linears (HF names) that vLLM would build quantized."""
-    quant = config.get("quantization_config") or {}
+    quant = config_json.quantization(config)
     if not quant:
         return []
-    architecture = (config.get("architectures") or [""])[0]
+    architecture = config_json.architecture_or(config, "")
     mapped = [_map_prefix(e) if architecture in VLLM_PREFIX_ARCHS and not e.startswith("re:") else e
               for e in quant.get("ignore") or []]
     return [name for name in unquantized_linears if not vllm_ignores(vllm_layer(name, architecture), mapped)]
@@ -147,7 +144,7 @@ def unquantized_linears(variant_dir: Path) -> list[str]:
 def check(variant_dir: Path) -> dict:
     """Refuses a variant whose ignore list vLLM would not match: a full-precision Linear (the vision tower,
     lm_head, a router) that vLLM would build quantized under its own names (this module)."""
-    config = json.loads((Path(variant_dir) / "config.json").read_text(encoding="utf-8"))
+    config = config_json.read(variant_dir)
     keep = unquantized_linears(variant_dir)
     missed = vllm_unignored(config, keep)
     if missed:

@@ -3,21 +3,16 @@ per token of context. What the bench's roofline and the engines' memory figures 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.errors import UserError
 
 
 def kv_bytes_per_token(model_dir: Path, dtype_bytes: int = 2) -> int:
     """KV cache bytes one token of context adds: 2 (K and V) x layers x KV heads x head dim."""
-    config = json.loads((model_dir / "config.json").read_text())
-    text = config.get("text_config") or config
-    layers = text.get("num_hidden_layers") or text.get("num_layers")
-    heads = text.get("num_attention_heads")
-    kv_heads = text.get("num_key_value_heads") or text.get("multi_query_group_num") or heads
-    head_dim = text.get("head_dim") or text.get("kv_channels") or text["hidden_size"] // heads
+    layers, kv_heads, head_dim = config_json.kv_cache_shape(config_json.read(model_dir))
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
@@ -26,8 +21,7 @@ def checkpoint_weight_bytes(model_dir: Path) -> int:
     unless the config ties it to the output layer."""
     from safetensors import safe_open
 
-    config = json.loads((model_dir / "config.json").read_text())
-    tied = (config.get("text_config") or config).get("tie_word_embeddings", False)
+    tied = config_json.tied_embeddings(config_json.read(model_dir))
     total = 0
     for path in sorted(model_dir.glob("*.safetensors")):
         with safe_open(path, "pt") as handle:

@@ -23,7 +23,7 @@ class HFEngine:
         import torch
         from transformers import AutoTokenizer
 
-        from pipeline.engines.loading import load_for_inference
+        from pipeline.checkpoints.loading import load_for_inference
 
         if threads:
             torch.set_num_threads(threads)

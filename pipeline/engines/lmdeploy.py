@@ -20,6 +20,7 @@ import logging
 import time
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
@@ -42,8 +43,7 @@ LMDEPLOY_NATIVE = {"LlamaForCausalLM", "Glm4ForCausalLM", "Glm4vForConditionalGe
 
 
 def needs_export(config: dict) -> bool:
-    quantized = (config.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
-    return quantized or not LMDEPLOY_NATIVE.intersection(config.get("architectures") or [])
+    return config_json.is_compressed_tensors(config) or not LMDEPLOY_NATIVE.intersection(config.get("architectures") or [])
 
 
 def _stat_key(model_dir: Path) -> str:
@@ -58,13 +58,13 @@ def _stat_key(model_dir: Path) -> str:
 
 def servable_dir(model_dir: Path, cache_root: Path = EXPORT_CACHE) -> tuple[Path, bool]:
     """(directory lmdeploy loads, whether it is our export, whose ChatGLM config is remote code)."""
-    config = json.loads((model_dir / "config.json").read_text())
+    config = config_json.read(model_dir)
     if not needs_export(config):
         return model_dir, False
     from pipeline.checkpoints import export
 
     target = cache_root / f"{model_dir.name}-{_stat_key(model_dir)}"
-    if not (target / "config.json").exists():
+    if not config_json.present(target):
         log.info(export.run(model_dir, target, engine="lmdeploy").summary())
         remove_stale_exports(model_dir, target, cache_root)
     return target, True
@@ -115,9 +115,7 @@ class LMDeployEngine:
             dtype=dtype if dtype in ("float16", "bfloat16") else "auto")
         self.pipe = pipeline(str(self.served_dir), backend_config=engine_config, log_level="ERROR",
                              trust_remote_code=exported)
-        eos = json.loads((self.model_dir / "generation_config.json").read_text()).get("eos_token_id") \
-            if (self.model_dir / "generation_config.json").exists() else None
-        self.eos_ids = eos_token_ids(self.tokenizer, eos)
+        self.eos_ids = eos_token_ids(self.tokenizer, config_json.generation_eos(self.model_dir))
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return render_prompt(self.tokenizer, messages)

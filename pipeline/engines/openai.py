@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.engines.base import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
 from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
 from pipeline.errors import UserError
@@ -68,13 +69,13 @@ class OpenAIEngine:
         self.model_dir = Path(model_dir) if model_dir else None
         self.tokenizer, self.eos_ids = None, set()
         if prompt_format != "chat":
-            if self.model_dir is None or not (self.model_dir / "config.json").exists():
+            if self.model_dir is None or not config_json.present(self.model_dir):
                 raise UserError(f"params.yaml: {params_section}.prompt_format: {prompt_format} renders prompts with "
                                 "the checkpoint's own tokenizer; pass the checkpoint dir, or use prompt_format: chat")
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-            self.eos_ids = eos_token_ids(self.tokenizer, _generation_eos(self.model_dir))
+            self.eos_ids = eos_token_ids(self.tokenizer, config_json.generation_eos(self.model_dir))
 
     @property
     def url(self) -> str:
@@ -209,12 +210,3 @@ class OpenAIEngine:
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "[REDACTED]") if self._key else text
 
-
-def _generation_eos(model_dir: Path):
-    path = model_dir / "generation_config.json"
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-    except ValueError:
-        return None

@@ -18,9 +18,10 @@ static per-tensor activations), `fp8-dynamic` (dynamic per-token activations eve
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.checkpoints import config_json
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ SHOWN: tuple[Run, ...] = (
 
 def scheme(config: dict) -> str:
     """The checkpoint's quantization scheme, named as in the module docstring ('other: ...' if unknown)."""
-    quant = config.get("quantization_config") or {}
+    quant = config_json.quantization(config)
     if not quant:
         return "none"
     if quant.get("quant_method") == "awq":
@@ -116,13 +117,13 @@ def _experts_dynamic(groups: list[dict]) -> bool:
 
 
 def kv_strategy(config: dict) -> str:
-    kv = (config.get("quantization_config") or {}).get("kv_cache_scheme") or {}
+    kv = config_json.kv_cache_scheme(config) or {}
     return {"attn_head": "per-head", "tensor": "per-tensor"}.get(kv.get("strategy"), "none" if not kv else
                                                                   f"other: {kv.get('strategy')}")
 
 
 def architecture(config: dict) -> str:
-    return (config.get("architectures") or [config.get("model_type") or "unknown"])[0]
+    return config_json.architecture_or(config, config.get("model_type") or "unknown")
 
 
 def checkpoint_key(config: dict) -> tuple[str, str, str]:
@@ -181,4 +182,4 @@ def support_from_config(config: dict) -> dict[str, dict]:
 
 
 def serving_support(model_dir: Path | str) -> dict[str, dict]:
-    return support_from_config(json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")))
+    return support_from_config(config_json.read(model_dir))

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.hf import HFEngine
 
@@ -27,14 +28,9 @@ class VisionRequest(GenRequest):
     images: list = field(default_factory=list)  # PIL images, in the order of the prompt's markup
 
 
-def _config(model_dir: Path | str) -> dict:
-    return json.loads((Path(model_dir) / "config.json").read_text())
-
-
 def is_multimodal(model_dir: Path | str) -> bool:
     """True when the checkpoint has a vision tower and an image token to feed it through."""
-    config = _config(model_dir)
-    return bool(config.get("vision_config")) and config.get("image_token_id") is not None
+    return config_json.has_vision(config_json.read(model_dir))
 
 
 def not_applicable(model_dir: Path | str, task_config: dict) -> str | None:
@@ -81,7 +77,7 @@ def load_image_processor(model_dir: Path | str):
 def image_markup(model_dir: Path | str, tokenizer) -> str:
     """What stands for one image in a rendered prompt: <|begin_of_image|><|image|><|end_of_image|> for GLM-4.1V
     and kin, from the config's token ids (the string vLLM's GLM-4V processor looks for, too)."""
-    config = _config(model_dir)
+    config = config_json.read(model_dir)
     ids = (config.get("image_start_token_id"), config["image_token_id"], config.get("image_end_token_id"))
     return "".join(tokenizer.convert_ids_to_tokens(i) if i is not None else "" for i in ids)
 
@@ -105,7 +101,7 @@ class ImagePrompter:
     """Image markup in prompts, and prompts + images -> model inputs."""
 
     def __init__(self, model_dir: Path | str, tokenizer):
-        config = _config(model_dir)
+        config = config_json.read(model_dir)
         self.tokenizer = tokenizer
         self.image_processor = load_image_processor(model_dir)
         self.image_token_id = config["image_token_id"]

@@ -32,11 +32,11 @@ other checkpoint with the model's dtype.
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.http import FatalError, RetryableError, get_ok
 from pipeline.engines.openai import OpenAIEngine
@@ -50,8 +50,7 @@ PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% 
 
 
 def kv_cache_scheme(model_dir: Path) -> dict | None:
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return (config.get("quantization_config") or {}).get("kv_cache_scheme")
+    return config_json.kv_cache_scheme(config_json.read(model_dir))
 
 
 def resolve_kv_cache_dtype(setting: str, model_dir: Path) -> str:
@@ -76,7 +75,7 @@ def serving_dtype(setting: str | None, kv_cache_dtype: str, model_dir: Path) -> 
 
 def refuse_unmatched_ignore(model_dir: Path) -> None:
     """A quantized checkpoint whose full-precision Linears vLLM would build quantized is not served."""
-    if json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("quantization_config"):
+    if config_json.quantization(config_json.read(model_dir)):
         from pipeline.checkpoints import serving_names
 
         serving_names.check(Path(model_dir))
@@ -117,8 +116,7 @@ class VLLMEngine:
                  timeout: float = 600.0, retries: int = 1, max_response_bytes: int = 64 << 20, progress=None,
                  share_server: bool = False, server_idle_timeout: float = 300.0, max_servers: int = 1, **settings):
         self.model_dir = Path(model_dir)
-        if not (self.model_dir / "config.json").exists():
-            raise UserError(f"{self.model_dir}: no config.json; pass a checkpoint directory")
+        config_json.read(self.model_dir)  # a missing or broken config.json: one message naming it and the fix
         self.settings = {k: v for k, v in settings.items() if k in self.SETTINGS}
         refuse_unmatched_ignore(self.model_dir)
         self.accepts_images = is_multimodal(self.model_dir)

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from pipeline.checkpoints import config_json
 from pipeline.engines import Engine, GenRequest
 from pipeline.errors import UserError
 from pipeline.eval_cache import GenerationCache, model_fingerprint
@@ -194,7 +195,7 @@ def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[],
         return (lambda: make_engine("openai", None, **options)), f"openai:{where}:{jp.model}", \
             f"{jp.model} at {where} (openai API)", False
     model_dir = base_dir if jp.model == "base" else Path(jp.model)
-    if not (model_dir / "config.json").exists():
+    if not config_json.present(model_dir):
         raise UserError(f"params.yaml: judge.model: {model_dir} has no config.json; use 'base' or a checkpoint dir")
     if model_dir != base_dir:
         from pipeline.checkpoints import headers

@@ -8,7 +8,6 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from pipeline.engines import Completion, Engine, GenRequest

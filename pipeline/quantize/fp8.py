@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.checkpoints import headers
+from pipeline.checkpoints import config_json, headers
 from pipeline.params import Fp8Params, with_overrides
 from pipeline.quantize import compat, plan, stage
 
@@ -83,7 +83,7 @@ def run(model_dir: Path, out: Path, calib: Path, settings: Fp8Params | None = No
     config = headers.check_config(model_dir)  # every check below runs before any weight is loaded
     arch = plan.check_architecture(config, model_dir)
     headers.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
-    moe = plan.routed_experts(config) > 0
+    moe = config_json.routed_experts(config) > 0
     details = {"architecture": arch, "activations": s.activations, "kv_cache": s.kv}
     if moe:
         details["expert_scheme"] = {"activations": "dynamic", "weights": "per-channel", "why": EXPERT_SCHEME_WHY}

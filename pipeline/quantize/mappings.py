@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.checkpoints import config_json
+
 if TYPE_CHECKING:
     from llmcompressor.modifiers.transform.awq.mappings import AWQMapping
 
@@ -60,8 +62,7 @@ def _glm4v_moe(config: dict) -> list[AWQMapping]:
     shift the routing logits (router left out) or rewrite the router's weight (router as a
     balance layer); the router is never touched, so in MoE layers that norm is not smoothed
     and only each expert's up_proj -> down_proj is. Dense layers get the full mapping."""
-    text = config.get("text_config") or config
-    dense = "|".join(str(i) for i in range(text.get("first_k_dense_replace", 0)))
+    dense = "|".join(str(i) for i in range(config_json.dense_layers_first(config)))
     mappings = _attention()
     if dense:
         mappings.append(_mapping(

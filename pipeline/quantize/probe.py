@@ -15,18 +15,17 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline.quantize import plan
 
 
 def probe_config(model_dir: Path):
     """The checkpoint's config cut to one decoder layer per kind."""
-    import transformers
-
-    config = transformers.AutoConfig.from_pretrained(model_dir)
-    text = getattr(config, "text_config", None) or config
+    config = config_json.load(model_dir)
+    text = config.get_text_config()
     layers = text.num_hidden_layers
     dense_first = int(getattr(text, "first_k_dense_replace", 0) or 0)
-    keep = min(layers, 2 if plan.routed_experts(config.to_dict()) and dense_first else 1)
+    keep = min(layers, 2 if config_json.routed_experts(config.to_dict()) and dense_first else 1)
     if dense_first:
         text.first_k_dense_replace = min(dense_first, 1)
     for key, value in list(vars(text).items()):  # per-layer lists (layer_types, ...)
@@ -43,7 +42,7 @@ def build(model_dir: Path, dtype, device: str):
     """The probe model with random weights, built on `device`."""
     import torch
 
-    from pipeline.checkpoints import auto_model_class
+    from pipeline.checkpoints.loading import auto_model_class
     from pipeline.quantize import compat
 
     config = probe_config(model_dir)
@@ -52,7 +51,7 @@ def build(model_dir: Path, dtype, device: str):
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            if plan.routed_experts(config.to_dict()) and compat.loads_linearized(config.model_type):
+            if config_json.routed_experts(config.to_dict()) and compat.loads_linearized(config.model_type):
                 model = compat.build_linearized(model_cls, config)
             else:
                 model = model_cls(config)

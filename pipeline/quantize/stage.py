@@ -19,7 +19,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.engines.loading import load_model
+from pipeline.checkpoints import config_json
+from pipeline.checkpoints.loading import load_model, meta_model
 from pipeline.checkpoints.serving_names import finish_config
 from pipeline.engines.support import serving_support
 from pipeline.errors import UserError
@@ -202,7 +203,7 @@ def make_plan(*, method: str, recipe: list, model_dir: Path, config: dict, block
     """The static plan, from config.json and a model built on the meta device (no weight read)."""
     import torch
 
-    meta = plan.meta_model(model_dir)
+    meta = meta_model(model_dir)
     shape = plan.footprint(meta)
     quantized = len(plan.expected_quantized(meta))
     dtype_bytes = torch.empty((), dtype=work_dtype).element_size()
@@ -224,12 +225,12 @@ def make_plan(*, method: str, recipe: list, model_dir: Path, config: dict, block
         device_bytes = largest + shape["other_params"] * dtype_bytes if on_gpu else None
     else:
         device_bytes = weights + working
-    hidden = plan.text_config(config)["hidden_size"]
+    hidden = config_json.text_section(config)["hidden_size"]
     host = plan.host_bytes(shape["params"], dtype_bytes, tokens, hidden, shape["layers"], probe_tokens,
                            offload=chosen == "offload")
     del meta
     return Plan({
-        "method": method, "model_dir": str(model_dir), "architecture": plan.architecture(config),
+        "method": method, "model_dir": str(model_dir), "architecture": config_json.architecture(config, model_dir),
         "layers": shape["layers"], "kinds": kinds, "params": shape["params"], "other_params": shape["other_params"],
         "quantized_linears": quantized, "weights_bytes": weights, "dtype": str(work_dtype).removeprefix("torch."),
         "blocks": len(blocks), "seq_len": len(blocks[0]), "tokens": tokens, "batch_size": min(batch_size, len(blocks)),
@@ -303,8 +304,8 @@ def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, c
     patch_cpu_pin_memory()
     on_gpu = torch.cuda.is_available()
     # fp16 matmuls are slow on CPUs: calibrate in fp32 there, save in the base checkpoint's dtype.
-    config = plan.read_config(model_dir)
-    base_dtype = getattr(torch, config.get("dtype") or config.get("torch_dtype") or "float16")
+    config = config_json.read(model_dir)
+    base_dtype = getattr(torch, config_json.dtype(config))
     work_dtype = base_dtype if on_gpu else torch.float32
     layout = make_plan(method=method, recipe=recipe, model_dir=model_dir, config=config, blocks=blocks,
                        batch_size=batch_size, work_dtype=work_dtype, placement=placement,

@@ -192,7 +192,7 @@ def reload_and_check(variant_dir: Path, reference: list[LayerCalls], dtype, offl
     to run (as during calibration)."""
     import torch
 
-    from pipeline.engines.loading import load_for_inference
+    from pipeline.checkpoints.loading import load_for_inference
 
     device = "cuda" if torch.cuda.is_available() else None
     model = load_for_inference(variant_dir, dtype, device=None if offload else device)

@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.checkpoints import config_json
 from pipeline import verdict as stats
 from pipeline.errors import UserError
 from pipeline.outputs import human_size, write_pair
@@ -239,10 +240,10 @@ def _serving(model_dir: Path) -> dict | None:
     from pipeline.engines.support import serving_support
 
     try:
-        if (model_dir / "config.json").exists():
+        if config_json.present(model_dir):
             return serving_support(model_dir)
         return (quant_json.read_quant_json(model_dir / "quant.json") or {}).get("serving")
-    except (ValueError, OSError, AttributeError, TypeError):  # an unreadable config: the table says so, the report stands
+    except (UserError, ValueError, OSError, AttributeError, TypeError):  # an unreadable config: the table says so, the report stands
         return None
 
 

@@ -1,5 +1,5 @@
-"""Loading a checkpoint for inference, quantized variants included, the same way for every engine
-that runs in-process.
+"""Loading a checkpoint: for inference (quantized variants included, the same way for every engine
+that runs in-process), for quantization, and on the meta device (names and shapes, no weights).
 
 A compressed-tensors checkpoint is decompressed once at load (packed int4 / fp8 weights become
 dense weights holding exactly the quantized values). Activation and KV-cache quantization stay
@@ -9,27 +9,36 @@ FP8 W8A8 variant is scored with its activations and KV cache in FP8, not as weig
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pipeline.quantize import plan
+from pipeline.checkpoints import config_json
 
 
-def is_compressed_tensors(model_dir: Path) -> bool:
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return (config.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
+def auto_model_class(config):
+    """The transformers Auto class that builds this config's model: image-text-to-text for VLMs
+    (Glm4v and kin), causal LM otherwise."""
+    import transformers
+
+    if type(config) in transformers.AutoModelForImageTextToText._model_mapping:
+        return transformers.AutoModelForImageTextToText
+    return transformers.AutoModelForCausalLM
+
+
+def meta_model(model_dir: Path | str):
+    """The checkpoint's model built on the meta device: shapes and names, no memory, no weights read."""
+    import torch
+
+    config = config_json.load(model_dir)
+    with torch.device("meta"):
+        return auto_model_class(config).from_config(config)
 
 
 def load_model(model_dir: Path, dtype, **kwargs):
     """The checkpoint as transformers builds it; MoE routed experts as one Linear per expert
     where llm-compressor knows how (see compat.load_linearized)."""
-    import transformers
-
-    from pipeline.checkpoints import auto_model_class
-
-    config = transformers.AutoConfig.from_pretrained(model_dir)
+    config = config_json.load(model_dir)
     auto = auto_model_class(config)
-    if plan.routed_experts(config.to_dict()):
+    if config_json.routed_experts(config.to_dict()):
         from pipeline.quantize import compat
 
         if compat.loads_linearized(config.model_type):
@@ -43,7 +52,7 @@ def load_for_inference(model_dir: Path | str, dtype, device: str | None = None):
     costs minutes); None keeps them on the CPU."""
     model_dir = Path(model_dir)
     placement = {"device_map": device} if device else {}
-    if not is_compressed_tensors(model_dir):
+    if not config_json.is_compressed_tensors(config_json.read(model_dir)):
         return load_model(model_dir, dtype, **placement)
     import warnings
 
