@@ -288,10 +288,14 @@ class BenchResult:
 
 
 def versions() -> dict:
+    """torch's, transformers' and every registered engine's package's version (None: not installed)."""
     from importlib import metadata
 
+    from pipeline.engines import ENGINES
+
     found = {}
-    for name in ("torch", "transformers", "lmdeploy", "vllm"):
+    packages = {spec.package for spec in ENGINES.values() if spec.package} - {"torch", "transformers"}
+    for name in ("torch", "transformers", *sorted(packages)):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -316,7 +320,9 @@ def describe_engine(lm, name: str, options: dict) -> dict:
     """Engine, version and the settings it ran with, as the report names them."""
     if hasattr(lm, "describe"):
         return lm.describe()
-    version = versions().get({"hf": "transformers"}.get(name, name))
+    from pipeline.engines import ENGINES
+
+    version = versions().get(ENGINES[name].package) if name in ENGINES else None
     keep = ("batch_size", "dtype", "tensor_parallel_size", "prompt_format", "base_url", "model")
     return {"engine": name, "version": version, "settings": {k: options[k] for k in keep if k in options},
             "tensor_parallel_size": int(options.get("tensor_parallel_size") or 1)}
@@ -331,7 +337,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     (default: bench.engine, else engine.name). holdout: held-out conversations for the real-length
     workload (None: the fixed workload only). requests_per_level: requests per level as a multiple of
     the concurrency (at least 4 in all)."""
-    from pipeline.engines import STARTS, engine_spec, engine_start_seconds, make_engine
+    from pipeline.engines import STARTS, engine_names, engine_spec, engine_start_seconds, make_engine
 
     starts_before = len(STARTS)
     b, e = sections_with_overrides(settings or BenchParams, engine_settings or EngineParams, **overrides)
@@ -346,7 +352,8 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
 
     headers.check(model_dir, weights=spec.local_weights)  # openai: a running server holds the weights
     if request_rates and spec.timing != "http":
-        raise UserError(f"bench.request_rates: request-rate sweeps need a server engine (vllm or openai), "
+        raise UserError(f"bench.request_rates: request-rate sweeps need a server engine "
+                        f"({engine_names(where=lambda s: s.timing == 'http')}), "
                         f"not {engine}; set bench.request_rates: [] or --engine vllm")
     from pipeline.long_context import context_length
 
@@ -382,8 +389,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
                          f"TTFT p50 {rates[-1]['ttft_p50_ms']:.0f} ms")
             workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), "levels": levels, "rates": rates}
         batch1 = next(l for l in workloads["fixed"]["levels"] if l["concurrency"] == min(concurrency))
-        kv_bytes = lm.kv_dtype_bytes() if hasattr(lm, "kv_dtype_bytes") else 2 if engine == "lmdeploy" \
-            else _engine_dtype_bytes(lm)
+        kv_bytes = lm.kv_dtype_bytes() if hasattr(lm, "kv_dtype_bytes") else _engine_dtype_bytes(lm)
         summary = {
             "model_dir": str(model_dir), "engine": engine, "engine_info": describe_engine(lm, engine, options),
             "device": device_name() if spec.local_weights else f"served at {options.get('base_url')}",

@@ -14,6 +14,7 @@ import typer
 from pipeline import cli_quantize
 from pipeline.cli_common import (PARAMS_OPTION, checked_model, free_gpu_of_idle_servers, load_params,
                                  refuse_overlap, stage)
+from pipeline.engines import engine_names
 from pipeline.errors import UserError
 from pipeline.params import with_overrides
 
@@ -130,7 +131,7 @@ app.command("variant")(cli_quantize.build_variant)
 def eval_(
     model_dir: Path = typer.Argument(..., help="Checkpoint to evaluate (models/base or models/<variant>)"),
     suite: str = typer.Option(..., help="Suite name from params.yaml (e.g. math)"),
-    engine: Optional[str] = typer.Option(None, help="hf (in-process), vllm (`vllm serve`, CUDA), lmdeploy (in-process, CUDA) or openai (a running server) (default: params engine.name)"),
+    engine: Optional[str] = typer.Option(None, help=f"{engine_names(described=True)} (default: params engine.name)"),
     limit: Optional[int] = typer.Option(None, help="Items to run (default: params suites.<suite>.limit)"),
     out: Optional[Path] = typer.Option(None, help="Results dir (default: results/<model dir name>)"),
     params_file: Path = PARAMS_OPTION,
@@ -156,7 +157,7 @@ def eval_(
 @stage
 def bench(
     model_dir: Path = typer.Argument(..., help="Checkpoint to benchmark (models/base or models/<variant>)"),
-    engine: Optional[str] = typer.Option(None, help="vllm (`vllm serve`, started and stopped here), lmdeploy, hf, or openai (a running server) (default: params bench.engine, else engine.name)"),
+    engine: Optional[str] = typer.Option(None, help=f"{engine_names(described=True)} (default: params bench.engine, else engine.name)"),
     concurrency: Optional[str] = typer.Option(None, help="Requests in flight, comma-separated (default: params bench.concurrency)"),
     request_rates: Optional[str] = typer.Option(None, "--request-rates", help="Requests/s with Poisson arrivals, comma-separated; server engines only (default: params bench.request_rates)"),
     input_len: Optional[int] = typer.Option(None, help="Prompt tokens of the fixed workload (default: params bench.input_len)"),
@@ -227,7 +228,7 @@ def judge(
     prompts: Optional[Path] = typer.Option(None, help="Held-out prompts (default: params calib.out/holdout.jsonl)"),
     out: Optional[Path] = typer.Option(None, help="Results dir for judge.jsonl and judge.json (default: results/<variant>)"),
     mode: Optional[str] = typer.Option(None, help="pairwise (against the base, both orders) or reference (grade 1-5) (default: params judge.mode)"),
-    backend: Optional[str] = typer.Option(None, help="hf, vllm, lmdeploy or openai (default: params judge.backend)"),
+    backend: Optional[str] = typer.Option(None, help=f"{engine_names()} (default: params judge.backend)"),
     limit: Optional[int] = typer.Option(None, help="Prompts to judge (default: params judge.limit, else all)"),
     params_file: Path = PARAMS_OPTION,
 ):

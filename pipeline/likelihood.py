@@ -27,14 +27,15 @@ from pipeline.errors import UserError
 
 TokenRequest = tuple[list[int], list[int]]  # (context ids, continuation ids)
 
-SCORING_ENGINES = "hf, vllm"  # engines that implement token_logprobs, named in the refusal below
-
 
 def require_scoring(engine) -> None:
     """An engine without token_logprobs cannot run likelihood tasks: say which can."""
     if not callable(getattr(engine, "token_logprobs", None)):
+        from pipeline.engines import engine_names
+
+        scoring = engine_names(where=lambda spec: spec.likelihoods)  # engines that implement token_logprobs
         raise UserError(f"engine {engine.name!r} cannot score text (no token_logprobs), which this suite's "
-                        f"log-likelihood requests need; use an engine that can: {SCORING_ENGINES} "
+                        f"log-likelihood requests need; use an engine that can: {scoring} "
                         "(params.yaml engine.name or --engine)")
 
 

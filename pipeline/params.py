@@ -14,9 +14,11 @@ import typing
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
-from pipeline import safe_yaml
+from pipeline import engines, safe_yaml
 from pipeline.errors import UserError
 from pipeline.params_checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
                                     check_suite_models)
@@ -54,6 +56,16 @@ def _no_nul(path: Path) -> Path:
 SafePath = Annotated[Path, AfterValidator(_no_nul)]
 
 
+def _registered_engine(value):
+    """An engine name: one of the registry's (pipeline/engines), read when params are validated."""
+    if isinstance(value, str) and value in engines.ENGINES:
+        return value
+    # told as a Literal's error: "'tgi' is not allowed; input should be 'hf', 'vllm', 'lmdeploy' or 'openai'"
+    raise PydanticCustomError("literal_error", "Input should be {expected}",
+                              {"expected": engines.engine_names(quote=True)})
+
+
+EngineName = Annotated[str, BeforeValidator(_registered_engine)]
 
 
 class Section(BaseModel):
@@ -207,7 +219,7 @@ def env_var_name(value: str | None) -> str | None:
 
 
 class JudgeParams(Section):
-    backend: Literal["hf", "vllm", "openai", "lmdeploy"] = "hf"
+    backend: EngineName = "hf"
     model: str = "base"  # hf/lmdeploy: "base" or a checkpoint dir; openai: the served model's name
     margin: float = Field(0.05, ge=0, le=0.5)
     min_consistency: float = Field(0.6, ge=0, le=1)
@@ -242,7 +254,7 @@ class VerdictParams(Section):
     nogo_if_slower_at_batch1: bool = False
     speed_tolerance: float = Field(0.05, ge=0, le=1)
     # The engine the variants will be deployed on: speed counts only when measured there.
-    speed_engine: Literal["hf", "vllm", "lmdeploy", "openai"] | None = None
+    speed_engine: EngineName | None = None
     # Perplexity suites: largest acceptable rise in perplexity, relative (0.05: +5 %), default and per suite
     perplexity_margin: float = Field(0.05, gt=0, le=1)
     perplexity_margins: dict[str, Annotated[float, Field(gt=0, le=1)]] = {}
@@ -264,7 +276,7 @@ class VerdictParams(Section):
 class EngineParams(Section):
     """How models are run for eval, judge answers, KL and bench. vLLM settings keep vLLM's own names."""
 
-    name: Literal["hf", "vllm", "lmdeploy", "openai"] = "hf"
+    name: EngineName = "hf"
     batch_size: int = Field(32, ge=1, le=4096)  # hf/lmdeploy: prompts per batch; vllm: requests in flight
     max_batch_tokens: int = Field(65536, ge=1, le=1 << 24)  # hf: rows x (longest prompt + new tokens) per batch
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
@@ -303,31 +315,8 @@ class EngineParams(Section):
     _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
 
     def options(self, engine: str) -> dict:
-        """What make_engine takes for `engine`, from this section."""
-        if engine == "openai":
-            if not self.model:
-                raise UserError("params.yaml: engine.model: with the openai engine, set the served model's name")
-            return {"base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env,
-                    "concurrency": self.concurrency, "timeout": self.timeout, "retries": self.retries,
-                    "batch_size": self.concurrency * 4, "params_section": "engine",
-                    "prompt_format": self.prompt_format, "max_response_bytes": self.max_response_bytes}
-        if engine == "vllm":
-            return {"batch_size": self.batch_size, "tensor_parallel_size": self.tensor_parallel_size,
-                    "max_model_len": self.max_model_len, "gpu_memory_utilization": self.gpu_memory_utilization,
-                    "kv_cache_dtype": self.kv_cache_dtype, "enable_prefix_caching": self.enable_prefix_caching,
-                    "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs,
-                    "server_command": self.server_command, "server_env": self.server_env,
-                    "server_args": self.server_args, "start_timeout": self.start_timeout,
-                    "share_server": self.share_server, "server_idle_timeout": self.server_idle_timeout,
-                    "max_servers": self.max_servers,
-                    "timeout": max(self.timeout, 600.0), "retries": min(self.retries, 1),
-                    "max_response_bytes": self.max_response_bytes, "enable_expert_parallel": self.enable_expert_parallel,
-                    "dtype": self.dtype if self.dtype != "float32" else None}
-        options = {"batch_size": self.batch_size, "max_batch_tokens": self.max_batch_tokens, "dtype": self.dtype,
-                   "threads": self.threads}
-        if engine == "lmdeploy":
-            options["tensor_parallel_size"] = self.tensor_parallel_size
-        return options
+        """What make_engine takes for `engine`, from this section (the registry says which settings)."""
+        return engines.engine_options(engine, self)
 
 
 class SloParams(Section):
@@ -339,7 +328,7 @@ class SloParams(Section):
 
 
 class BenchParams(Section):
-    engine: Literal["hf", "vllm", "lmdeploy", "openai"] | None = None  # None: engine.name
+    engine: EngineName | None = None  # None: engine.name
     concurrency: list[int] = Field([1, 4, 16, 64], max_length=32)
     request_rates: list[float] = Field([], max_length=32)  # requests/s with Poisson arrivals (server engines: vllm, openai)
     rate_seconds: float = Field(30.0, gt=0, le=3600)  # each rate sends about rate x rate_seconds requests

@@ -195,13 +195,14 @@ class _FakeEngine:
 
 def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, monkeypatch):
     """Engines are asked through the registry (pipeline.engines.ENGINES): one registered alone, with its
-    capability flags, is all `quantize eval --engine` needs."""
+    capability flags, is all `quantize eval --engine` and params.yaml's `engine.name` need (params validate
+    engine names against the registry when they load, not when pipeline.params is imported)."""
     import sys
     import types
 
     from typer.testing import CliRunner
 
-    from conftest import write_params
+    from conftest import TINY_PARAMS, write_params
     from pipeline import engines
     from pipeline.cli import app
 
@@ -220,3 +221,12 @@ def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, mon
     summary = json.loads((tmp_path / "r" / "math.json").read_text())
     assert summary["engine"] == "fake" and summary["n"] == 3 and summary["score"] == 2 / 3
     assert engines.STARTS[-1]["engine"] == "fake"
+
+    # params.yaml naming it: accepted, and the engine eval runs; a name no longer registered: refused
+    write_params(tmp_path, {**TINY_PARAMS, "engine": {**TINY_PARAMS["engine"], "name": "fake"}})
+    result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "r2"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r2" / "math.json").read_text())["engine"] == "fake"
+    write_params(tmp_path, {**TINY_PARAMS, "engine": {**TINY_PARAMS["engine"], "name": "hf"}})
+    result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "r3"])
+    assert result.exit_code == 2 and "engine.name: 'hf' is not allowed; input should be 'fake'" in result.output

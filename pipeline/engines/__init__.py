@@ -5,14 +5,17 @@ engine), `vllm` on a CUDA machine (`vllm serve` started by the stage, spoken to 
 against any OpenAI-compatible server already running. Every engine that renders prompts itself
 uses the checkpoint's own chat template and tokenizer, so switching engines changes no token.
 In-process engines also time single requests (`timed_generate`) for `quantize bench`; server
-engines are timed over HTTP by the bench itself. `ENGINES` is the one table of engine names.
+engines are timed over HTTP by the bench itself. `ENGINES` is the one table of engine names and of what
+each engine can do and reads (params, bench, evaluate, judge and the CLI ask it; none compares names).
+This module stays light: params.py imports it to validate engine names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
+from pipeline.engines import options as _options
 from pipeline.engines.base import (  # noqa: F401  (the engine protocol's types, for callers)
     Completion, GenRequest, Timing, eos_token_ids, to_completion, truncate_at_stop,
 )
@@ -34,27 +37,37 @@ class EngineSpec:
 
     name: str
     target: str  # "module:Class"
-    summary: str
+    summary: str  # what help texts say of it, e.g. hf (in-process)
     timing: str  # how `quantize bench` times it: "in-process" (timed_generate) or "http" (a server)
     extra: str | None = None  # the pip extra that installs it
     local_weights: bool = True  # runs the checkpoint dir's weights (False: a server already running holds them)
     starts_server: bool = False  # the stage starts a server for it (it writes the server's log; bench asks its metrics)
+    likelihoods: bool = False  # scores text (token_logprobs): likelihood and perplexity suites
+    # what make_engine takes for it from params.yaml's `engine` section (pipeline/engines/options.py)
+    options: Callable[[Any], dict] = _options.in_process
+    package: str | None = None  # the distribution whose version `quantize bench` records for it
+    check: str | None = None  # "module:function" failing early (naming the extra) when its package is missing here
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
-    EngineSpec("hf", "pipeline.engines.hf:HFEngine", "in-process transformers (CPU or GPU)", "in-process"),
-    EngineSpec("vllm", "pipeline.engines.vllm:VLLMEngine", "`vllm serve` started by the stage (CUDA)", "http",
-               "vllm", starts_server=True),
-    EngineSpec("lmdeploy", "pipeline.engines.lmdeploy:LMDeployEngine", "lmdeploy's PyTorch engine in-process (CUDA)",
-               "in-process", "lmdeploy"),
-    EngineSpec("openai", "pipeline.engines.openai:OpenAIEngine", "an OpenAI-compatible server already running",
-               "http", local_weights=False),
+    EngineSpec("hf", "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True,
+               package="transformers"),
+    EngineSpec("vllm", "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
+               starts_server=True, likelihoods=True, options=_options.vllm, package="vllm"),
+    EngineSpec("lmdeploy", "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA", "in-process", "lmdeploy",
+               options=_options.lmdeploy, package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy"),
+    EngineSpec("openai", "pipeline.engines.openai:OpenAIEngine", "a running server", "http", local_weights=False,
+               options=_options.openai),
 )}
 
 
-def engine_names() -> str:
-    """'hf, vllm, lmdeploy or openai': for messages and help texts."""
-    names = list(ENGINES)
+def engine_names(quote: bool = False, described: bool = False, where=None) -> str:
+    """'hf, vllm, lmdeploy or openai' (quote: "'hf', 'vllm', ..."; described: "hf (in-process), ..."), the
+    registered engines for which `where(spec)` holds (default: all): for messages and help texts."""
+    names = [(repr(n) if quote else n) + (f" ({s.summary})" if described else "")
+             for n, s in ENGINES.items() if where is None or where(s)]
+    if len(names) < 2:
+        return names[0] if names else "none"
     return ", ".join(names[:-1]) + " or " + names[-1]
 
 
@@ -81,6 +94,24 @@ def capability(name: str, flag: str) -> bool:
     """An EngineSpec flag (local_weights, starts_server) of engine `name`; False for a name not registered
     (make_engine refuses it, with the names it takes)."""
     return bool(getattr(ENGINES[name], flag)) if name in ENGINES else False
+
+
+def engine_options(name: str, section) -> dict:
+    """What make_engine takes for engine `name` from params.yaml's `engine` section (EngineParams); an
+    unregistered name gets the in-process settings (make_engine refuses it, with the names it takes)."""
+    return (ENGINES[name].options if name in ENGINES else _options.in_process)(section)
+
+
+def require(name: str) -> None:
+    """Fail now, before a long stage's work, when engine `name` cannot run here (its package missing: the
+    UserError names the pip extra). Engines without a check (hf; vllm: its server command is checked when
+    it starts) pass."""
+    spec = ENGINES.get(name)
+    if spec is not None and spec.check:
+        import importlib
+
+        module, function = spec.check.split(":")
+        getattr(importlib.import_module(module), function)()
 
 
 def make_engine(name: str, model_dir, **options) -> Engine:

@@ -205,6 +205,10 @@ class LMDeployEngine:
 
         return checkpoint_weight_bytes(self.served_dir)
 
+    def kv_dtype_bytes(self) -> int:
+        """Bytes per KV-cache element: lmdeploy's PyTorch engine keeps its cache in 16 bits (no quant_policy)."""
+        return 2
+
     def close(self) -> None:
         """Stops the engine and returns its GPU memory (weights and KV pool) before the next one starts."""
         import gc

@@ -178,22 +178,22 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
 
 def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[], Engine], str, str, bool]:
     """(factory, cache id, description for the report, weak: the judge is the base model itself)."""
-    from pipeline.engines import make_engine
+    from pipeline.engines import capability, make_engine, require
 
-    if jp.backend == "openai":
+    if not capability(jp.backend, "local_weights"):  # a server already running holds the judge's weights
         parts = urlsplit(jp.base_url or "")
         where = f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}"
         if not jp.base_url:
-            raise UserError("params.yaml: judge.base_url: the openai backend needs the endpoint's base URL, "
+            raise UserError(f"params.yaml: judge.base_url: the {jp.backend} backend needs the endpoint's base URL, "
                             "e.g. http://127.0.0.1:8000/v1")
         if jp.model == "base":
-            raise UserError("params.yaml: judge.model: with the openai backend, set the served model's name "
+            raise UserError(f"params.yaml: judge.model: with the {jp.backend} backend, set the served model's name "
                             "(e.g. gpt-4o-mini, or the name your vLLM/lmdeploy server was started with)")
         options = dict(base_url=jp.base_url, model=jp.model, api_key_env=jp.api_key_env, concurrency=jp.concurrency,
                        timeout=jp.timeout, retries=jp.retries, backoff=jp.backoff, retry_on_length=True)
-        make_engine("openai", None, **options)  # fail now, not mid-run, on a missing key or URL
-        return (lambda: make_engine("openai", None, **options)), f"openai:{where}:{jp.model}", \
-            f"{jp.model} at {where} (openai API)", False
+        make_engine(jp.backend, None, **options)  # fail now, not mid-run, on a missing key or URL
+        return (lambda: make_engine(jp.backend, None, **options)), f"{jp.backend}:{where}:{jp.model}", \
+            f"{jp.model} at {where} ({jp.backend} API)", False
     model_dir = base_dir if jp.model == "base" else Path(jp.model)
     if not config_json.present(model_dir):
         raise UserError(f"params.yaml: judge.model: {model_dir} has no config.json; use 'base' or a checkpoint dir")
@@ -201,10 +201,7 @@ def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[],
         from pipeline.checkpoints import headers
 
         headers.check(model_dir)
-    if jp.backend == "lmdeploy":
-        from pipeline.engines.lmdeploy import require_lmdeploy
-
-        require_lmdeploy()  # fail now, not after the answers, when the GPU extra is missing
+    require(jp.backend)  # fail now, not after the answers, when the engine's extra is missing (lmdeploy)
     weak = model_dir.resolve() == base_dir.resolve()
     description = f"{model_dir} ({jp.backend})" + (" - the base model judging itself" if weak else "")
     return (lambda: make_engine(jp.backend, model_dir, **engine_options)), \
