@@ -101,7 +101,7 @@ class Run:
             params["suites"]["long_context"]["options"] = {"lengths": [128, 256], "depths": [50], "kinds": ["niah"],
                                                            "repeats": 1}
             params["judge"].update(limit=2, max_new_tokens=4, judge_max_new_tokens=4)
-            params["verdict"].update(kl_sequences=2, kl_max_tokens=64)
+            params["kl"].update(sequences=2, max_tokens=64)
             params["bench"].update(concurrency=[1, 2], request_rates=[4], rate_seconds=1, input_len=16, output_len=8,
                                    holdout=False)  # the held-out conversations pass the tiny model's 512 tokens
         else:

@@ -401,7 +401,7 @@ def kl() -> dict:
     for name in ("fp8-w8a8", "awq-w4a16"):
         step(results, "kl", f"kl {name}", lambda n=name: kl_stage.run(
             models["base"], models[n], ROOT / "calib-text" / "holdout.jsonl", OUT / f"kl-{n}.json",
-            kl_max_tokens=512, kl_sequences=32).summary)
+            max_tokens=512, sequences=32).summary)
         free_gpu()
     return results
 

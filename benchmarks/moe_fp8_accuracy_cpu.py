@@ -102,7 +102,7 @@ def main() -> None:
         row = {"perplexity": round(token_perplexity(ROOT / f"ppl-{name}" / "ppl-chat.jsonl"), 4),
                "documents": summary.get("n")}
         if name != "base":
-            k = kl.run(base, model, holdout, ROOT / f"kl-{name}.json", kl_sequences=48, kl_max_tokens=256).summary
+            k = kl.run(base, model, holdout, ROOT / f"kl-{name}.json", sequences=48, max_tokens=256).summary
             row.update(kl_mean=round(k["kl_mean"], 5), top1_agreement=round(k["top1_agreement"], 4), tokens=k["tokens"])
         rows[name] = row
     base_ppl = rows["base"]["perplexity"]

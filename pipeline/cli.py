@@ -216,7 +216,7 @@ def kl(
     out = out or Path("results") / variant_dir.name / "kl.json"
     refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
     free_gpu_of_idle_servers("kl")
-    result = kl_stage.run(base, variant_dir, holdout, out, p.verdict, p.engine)
+    result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine)
     typer.echo(result.summary_line())
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline.checkpoints import config_json
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
-from pipeline.params import EngineParams, VerdictParams, sections_with_overrides
+from pipeline.params import EngineParams, KlParams, sections_with_overrides
 
 
 @dataclass
@@ -139,15 +139,15 @@ def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int,
 
 
 def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str,
-        verdict: VerdictParams | None = None, engine: EngineParams | None = None, *, device: str | None = None,
+        settings: KlParams | None = None, engine: EngineParams | None = None, *, device: str | None = None,
         resident: str = "auto", batch_size: int = 8, **overrides) -> KLResult:
-    """verdict: params.yaml `verdict` (its kl_sequences and kl_max_tokens: conversations scored and tokens
-    per conversation); engine: params.yaml `engine` (its dtype); defaults in params.py. `overrides` (e.g.
-    kl_sequences=8, dtype="bfloat16") replace the field of that name, validated again. On a GPU the models
+    """settings: params.yaml `kl` (sequences and max_tokens: conversations scored and tokens per
+    conversation); engine: params.yaml `engine` (its dtype); defaults in params.py. `overrides` (e.g.
+    sequences=8, dtype="bfloat16") replace the field of that name, validated again. On a GPU the models
     run in the base checkpoint's dtype; on a CPU in engine.dtype (float32 holds float16 weights exactly).
     resident: "both", "one" (one model at a time) or "auto" (both when they fit); batch_size: sequences
     per forward pass (the stage's own, not engine.batch_size)."""
-    v, e = sections_with_overrides(verdict or VerdictParams, engine or EngineParams, **overrides)
+    k, e = sections_with_overrides(settings or KlParams, engine or EngineParams, **overrides)
     dtype = e.dtype
     import torch
     from transformers import AutoTokenizer
@@ -163,7 +163,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
         dtype = checkpoint_dtype(Path(base_dir))
     torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    sequences = holdout_texts(tokenizer, Path(holdout), v.kl_max_tokens, v.kl_sequences)
+    sequences = holdout_texts(tokenizer, Path(holdout), k.max_tokens, k.sequences)
     place = "cuda" if device == "cuda" else None
     load = lambda path: load_for_inference(path, torch_dtype, device=place).eval()  # noqa: E731
     if resident == "auto":

@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 from pipeline import engines, safe_yaml
 from pipeline.errors import UserError
 from pipeline.params_checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
-                                    check_suite_models)
+                                    check_moved_keys, check_suite_models)
 from pipeline.params_errors import BoolGiven, format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
 
 DEFAULT_PARAMS = Path("params.yaml")
@@ -221,7 +221,6 @@ def env_var_name(value: str | None) -> str | None:
 class JudgeParams(Section):
     backend: EngineName = "hf"
     model: str = "base"  # hf/lmdeploy: "base" or a checkpoint dir; openai: the served model's name
-    margin: float = Field(0.05, ge=0, le=0.5)
     min_consistency: float = Field(0.6, ge=0, le=1)
     mode: Literal["pairwise", "reference"] = "pairwise"
     limit: int | None = Field(None, ge=1, le=100_000)  # held-out prompts to judge; None: all
@@ -238,16 +237,42 @@ class JudgeParams(Section):
     _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
 
 
+class MarginParams(Section):
+    """The largest acceptable loss before a variant is NO-GO: one per kind of suite, each in its own unit,
+    and per suite (in that suite's unit)."""
+
+    accuracy: float = Field(0.02, ge=0, le=1)  # right/wrong suites: drop in accuracy, absolute (0.02: 2 points)
+    perplexity: float = Field(0.05, gt=0, le=1)  # perplexity suites: rise in perplexity, relative (0.05: +5 %)
+    judge: float = Field(0.05, ge=0, le=0.5)  # the judge: GO when the win rate's interval lies above 0.5 - this
+    suites: dict[str, Annotated[float, Field(ge=0, le=1)]] = {}  # per suite, e.g. {math: 0.03, ppl-chat: 0.03}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _suites_go_under_suites(cls, data):
+        """`margins: {math: 0.03}` (the earlier layout) says where a suite's margin goes now."""
+        if isinstance(data, dict):
+            stray = [key for key in data if key not in cls.model_fields]
+            if stray:
+                shown = ", ".join(f"{key}: {data[key]}" for key in stray[:3])
+                raise ValueError(f"{stray[0]}: a suite's own margin goes under verdict.margins.suites (e.g. "
+                                 f"suites: {{{shown}}}); the defaults are accuracy, perplexity and judge")
+        return data
+
+
+class KlParams(Section):
+    """`quantize kl`: per-token KL divergence from the base and top-1 agreement on held-out conversations."""
+
+    sequences: int = Field(32, ge=1, le=10_000)  # held-out conversations scored
+    max_tokens: int = Field(512, ge=16, le=16384)  # tokens per conversation (logits: tokens x vocabulary)
+
+
 class VerdictParams(Section):
     confidence: float = Field(0.95, gt=0.5, lt=1)
     # the paired bootstrap holds iterations x items resampled indices (pipeline/verdict.py)
     bootstrap: int = Field(2000, ge=100, le=20_000)
     seed: int = Field(0, ge=0, le=SEED_MAX)
-    default_margin: float = Field(0.02, ge=0, le=1)
-    margins: dict[str, Annotated[float, Field(ge=0, le=1)]] = {}  # largest acceptable drop per suite
+    margins: MarginParams = MarginParams()
     floor_ceiling: float = Field(0.05, ge=0, le=0.5)
-    kl_sequences: int = Field(32, ge=1, le=10_000)  # held-out conversations scored for KL / top-1 agreement
-    kl_max_tokens: int = Field(512, ge=16, le=16384)  # tokens per conversation (logits: tokens x vocabulary)
     # Speed (from `quantize bench`, when both base and variant were benched with the same engine):
     # when true, a variant whose batch-1 decode rate is below the base's by more than speed_tolerance
     # is NO-GO; when false, the report only shows it.
@@ -255,9 +280,6 @@ class VerdictParams(Section):
     speed_tolerance: float = Field(0.05, ge=0, le=1)
     # The engine the variants will be deployed on: speed counts only when measured there.
     speed_engine: EngineName | None = None
-    # Perplexity suites: largest acceptable rise in perplexity, relative (0.05: +5 %), default and per suite
-    perplexity_margin: float = Field(0.05, gt=0, le=1)
-    perplexity_margins: dict[str, Annotated[float, Field(gt=0, le=1)]] = {}
 
     @model_validator(mode="after")
     def _speed_needs_its_engine(self):
@@ -267,10 +289,10 @@ class VerdictParams(Section):
         return self
 
     def margin_for(self, suite: str) -> float:
-        return self.margins.get(suite, self.default_margin)
+        return self.margins.suites.get(suite, self.margins.accuracy)
 
     def perplexity_margin_for(self, suite: str) -> float:
-        return self.perplexity_margins.get(suite, self.perplexity_margin)
+        return self.margins.suites.get(suite, self.margins.perplexity)
 
 
 class EngineParams(Section):
@@ -359,6 +381,7 @@ class Params(Section):
     variants: dict[str, VariantParams] = {}
     suites: dict[str, SuiteParams] = {}
     judge: JudgeParams = JudgeParams()
+    kl: KlParams = KlParams()
     verdict: VerdictParams = VerdictParams()
     engine: EngineParams = EngineParams()
     bench: BenchParams = BenchParams()
@@ -392,7 +415,7 @@ class Params(Section):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-SECTIONS = "model, calib, variants, suites, judge, verdict, engine, bench"
+SECTIONS = "model, calib, variants, suites, judge, kl, verdict, engine, bench"
 
 
 def load(path: Path | str = DEFAULT_PARAMS) -> Params:
@@ -409,6 +432,7 @@ def load(path: Path | str = DEFAULT_PARAMS) -> Params:
                         "as in the project's params.yaml, or delete the file to use the defaults")
     if not isinstance(raw, dict):
         raise UserError(f"{path}:1: the top level is {kind_of(raw)}; it must be a mapping of sections ({SECTIONS})")
+    check_moved_keys(raw, path, lines)
     try:
         params = Params.model_validate(raw)
     except ValidationError as exc:

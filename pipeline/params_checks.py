@@ -16,12 +16,32 @@ from pipeline.params_errors import kind_of
 DEFAULT_PARAMS = Path("params.yaml")
 
 
+# keys of earlier params.yaml layouts and where they went: refused with that, never taken silently
+MOVED_KEYS = {
+    ("verdict", "default_margin"): "verdict.margins.accuracy",
+    ("verdict", "perplexity_margin"): "verdict.margins.perplexity",
+    ("verdict", "perplexity_margins"): "verdict.margins.suites",
+    ("verdict", "kl_sequences"): "kl.sequences",
+    ("verdict", "kl_max_tokens"): "kl.max_tokens",
+    ("judge", "margin"): "verdict.margins.judge",
+}
+
+
+def check_moved_keys(raw: dict, path: Path, lines: dict[tuple, int]) -> None:
+    """A key an earlier layout of params.yaml had: one message saying where it went."""
+    for (section, key), new in MOVED_KEYS.items():
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            line = lines.get((section, key))
+            raise UserError(f"{path}{f':{line}' if line else ''}: {section}.{key}: this setting moved: write it as "
+                            f"{new} (same meaning and value)")
+
+
 def check_margins_name_suites(params, path: Path, lines: dict[tuple, int]) -> None:
     """A margin for a suite params.yaml does not define is a typo that would leave the default in force."""
-    for suite in params.verdict.margins:
+    for suite in params.verdict.margins.suites:
         if suite not in params.suites:
-            line = lines.get(("verdict", "margins", suite))
-            raise UserError(f"{path}{f':{line}' if line else ''}: verdict.margins.{suite}: no such suite "
+            line = lines.get(("verdict", "margins", "suites", suite))
+            raise UserError(f"{path}{f':{line}' if line else ''}: verdict.margins.suites.{suite}: no such suite "
                             f"(defined: {', '.join(params.suites) or 'none'}); fix the name or remove it")
 
 

@@ -49,9 +49,9 @@ def message_for(err: dict) -> str:
     message = err["msg"].removeprefix("Value error, ")
     if isinstance(given, BoolGiven):
         return "true/false is not allowed here; give a number or a name (see params.yaml)"
-    if kind in ("greater_than_equal", "less_than_equal") and tuple(err["loc"][:2]) == ("verdict", "margins"):
-        return (f"{given} is not between 0 and 1; a margin is the largest acceptable drop in accuracy, "
-                "e.g. 0.03 for 3 points")
+    if kind in ("greater_than_equal", "less_than_equal") and tuple(err["loc"][:3]) == ("verdict", "margins", "suites"):
+        return (f"{given} is not between 0 and 1; a margin is the largest acceptable loss in the suite's unit, "
+                "e.g. 0.03 for 3 points of accuracy or +3 % perplexity")
     if kind == "extra_forbidden":
         return "unknown key; remove it or check its spelling"
     if kind == "literal_error":

@@ -38,8 +38,8 @@ TINY_PARAMS = {
     "judge": {"limit": 2, "max_new_tokens": 8, "judge_max_new_tokens": 8},
     "engine": {"batch_size": 8, "dtype": "float32"},
     # DVC needs every section and key a stage declares in its params (the values are the defaults)
-    "verdict": {"margins": {"math": 0.03}, "kl_sequences": 4, "kl_max_tokens": 64, "bootstrap": 2000, "confidence": 0.95,
-                "seed": 0},
+    "kl": {"sequences": 4, "max_tokens": 64},
+    "verdict": {"margins": {"judge": 0.05, "suites": {"math": 0.03}}, "bootstrap": 2000, "confidence": 0.95, "seed": 0},
 }
 
 

@@ -86,7 +86,7 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
                    "code": {"task": "quant_humaneval", "models": ["base", "awq-w4a16"]},
                    "ppl-book": {"task": "quant_ppl_book"}, "ppl-chat": {"task": "quant_ppl_chat"},
                    "ppl-code": {"task": "quant_ppl_humaneval"}, "ppl-math": {"task": "quant_ppl_gsm8k"}},
-        "verdict": {"margins": {"math": 0.03, "code": 0.03}, "perplexity_margin": 0.10},
+        "verdict": {"margins": {"perplexity": 0.10, "suites": {"math": 0.03, "code": 0.03}}},
     }
     params["suites"]["ppl-chat"]["options"] = {"data": "calib_data/build/holdout.jsonl"}
     return results, models, params

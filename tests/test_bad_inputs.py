@@ -93,7 +93,7 @@ judge:
   limit: 2
 verdict:
   margins:
-    math: 0.03
+    suites: {math: 0.03}
   bootstrap: 2000
 engine:
   batch_size: 8
@@ -203,21 +203,30 @@ PARAMS_CASES = [
      ["params.yaml:23: judge.timeout: Input should be less than or equal to 3600"]),
     ("engine.threads: 100000", sub("  batch_size: 8", "  batch_size: 8\n  threads: 100000"),
      ["params.yaml:29: engine.threads: Input should be less than or equal to 1024"]),
-    ("kl_max_tokens: 10000000", sub("  bootstrap: 2000", "  bootstrap: 2000\n  kl_max_tokens: 10000000"),
-     ["params.yaml:27: verdict.kl_max_tokens: Input should be less than or equal to 16384"]),
+    ("kl.max_tokens: 10000000", sub("engine:\n", "kl:\n  max_tokens: 10000000\nengine:\n"),
+     ["params.yaml:28: kl.max_tokens: Input should be less than or equal to 16384"]),
+    ("verdict.kl_sequences of an earlier params.yaml", sub("  bootstrap: 2000", "  bootstrap: 2000\n  kl_sequences: 8"),
+     ["params.yaml:27: verdict.kl_sequences: this setting moved: write it as kl.sequences (same meaning and value)"]),
+    ("judge.margin of an earlier params.yaml", sub("  limit: 2", "  limit: 2\n  margin: 0.05"),
+     ["params.yaml:23: judge.margin: this setting moved: write it as verdict.margins.judge"]),
+    ("a suite's margin where an earlier params.yaml had it", sub("    suites: {math: 0.03}", "    math: 0.03"),
+     ["params.yaml:24: verdict.margins: math: a suite's own margin goes under verdict.margins.suites (e.g. "
+      "suites: {math: 0.03})"]),
     ("bench.concurrency: [0, 100000]", sub("  input_len: 128", "  input_len: 128\n  concurrency: [0, 100000]"),
      ["params.yaml:31: bench.concurrency: must be a non-empty list of integers from 1 to 4096"]),
     ("seq_len x num_blocks too large", sub("  seq_len: 64\n  num_blocks: 8", "  seq_len: 32768\n  num_blocks: 16384"),
      ["params.yaml:4: calib: seq_len x num_blocks = 536,870,912 tokens, over the limit of 16,777,216"]),
-    ("NaN", sub("  limit: 2", "  limit: 2\n  margin: .nan"), ["params.yaml:23: judge.margin: Input should be a finite number"]),
+    ("NaN", sub("  limit: 2", "  limit: 2\n  min_consistency: .nan"),
+     ["params.yaml:23: judge.min_consistency: Input should be a finite number"]),
     ("infinity", sub("  batch_size: 8", "  batch_size: 8\n  timeout: .inf"),
      ["params.yaml:29: engine.timeout: Input should be a finite number"]),
-    ("a negative margin", sub("    math: 0.03", "    math: -1.5"),
-     ["params.yaml:25: verdict.margins.math: -1.5 is not between 0 and 1; a margin is the largest acceptable drop"]),
-    ("a negative default margin", sub("  bootstrap: 2000", "  bootstrap: 2000\n  default_margin: -0.02"),
-     ["params.yaml:27: verdict.default_margin: Input should be greater than or equal to 0 (got -0.02)"]),
-    ("a margin for an unknown suite", sub("    math: 0.03", "    math: 0.03\n    mth: 0.05"),
-     ["params.yaml:26: verdict.margins.mth: no such suite (defined: math); fix the name or remove it"]),
+    ("a negative margin", sub("    suites: {math: 0.03}", "    suites: {math: -1.5}"),
+     ["params.yaml:25: verdict.margins.suites.math: -1.5 is not between 0 and 1; a margin is the largest acceptable "
+      "loss"]),
+    ("a negative default margin", sub("    suites: {math: 0.03}", "    accuracy: -0.02\n    suites: {math: 0.03}"),
+     ["params.yaml:25: verdict.margins.accuracy: Input should be greater than or equal to 0 (got -0.02)"]),
+    ("a margin for an unknown suite", sub("    suites: {math: 0.03}", "    suites: {math: 0.03, mth: 0.05}"),
+     ["params.yaml:25: verdict.margins.suites.mth: no such suite (defined: math); fix the name or remove it"]),
     ("a negative seed", sub("  bootstrap: 2000", "  bootstrap: 2000\n  seed: -1"),
      ["params.yaml:27: verdict.seed: Input should be greater than or equal to 0 (got -1)"]),
     ("group_size 100", sub("    group_size: 32", "    group_size: 100"),

@@ -13,7 +13,7 @@ def test_repo_params_load_and_match_dvc_yaml(monkeypatch):
     p = params.load("params.yaml")
     assert set(p.variants) == {"awq-w4a16", "fp8-w8a8", "rtn-w4a16"}
     assert p.variants["awq-w4a16"].group_size == 64  # SmolLM2's 576 is not a multiple of 128
-    assert p.verdict.margin_for("math") == p.verdict.margins["math"]
+    assert p.verdict.margin_for("math") == p.verdict.margins.suites["math"]
 
 
 def test_unknown_key_names_its_path(tmp_path):
@@ -106,10 +106,30 @@ def test_dvc_matrices_must_run_each_suite_on_its_models(tmp_path):
 
 @pytest.mark.parametrize("margin", [0, -0.05, 1.5])
 def test_perplexity_margin_is_bounded(tmp_path, margin):
-    with pytest.raises(UserError, match="verdict.perplexity_margin"):
-        params.load(write_params(tmp_path, {**TINY_PARAMS, "verdict": {"perplexity_margin": margin}}))
-    with pytest.raises(UserError, match="verdict.perplexity_margins.ppl-book"):
-        params.load(write_params(tmp_path, {**TINY_PARAMS, "verdict": {"perplexity_margins": {"ppl-book": margin}}}))
+    with pytest.raises(UserError, match="verdict.margins.perplexity"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "verdict": {"margins": {"perplexity": margin}}}))
+    if margin != 0:  # a suite's own margin may be 0 (no loss accepted), in either unit
+        with pytest.raises(UserError, match="verdict.margins.suites.math"):
+            params.load(write_params(tmp_path, {**TINY_PARAMS, "verdict": {"margins": {"suites": {"math": margin}}}}))
+
+
+def test_every_margin_lives_in_one_block_and_kl_in_its_own_section(tmp_path):
+    """verdict.margins holds the defaults per kind of suite, the judge's and each suite's own; the earlier keys
+    (verdict.default_margin, perplexity_margin(s), kl_*, judge.margin) are refused with where they went."""
+    p = params.load(write_params(tmp_path, {**TINY_PARAMS, "kl": {"sequences": 6, "max_tokens": 128},
+                                            "verdict": {"margins": {"accuracy": 0.04, "perplexity": 0.07, "judge": 0.1,
+                                                                    "suites": {"math": 0.01}}}}))
+    assert (p.verdict.margin_for("math"), p.verdict.margin_for("other"), p.verdict.perplexity_margin_for("ppl")) == \
+        (0.01, 0.04, 0.07)
+    assert p.verdict.margins.judge == 0.1 and (p.kl.sequences, p.kl.max_tokens) == (6, 128)
+    for old, new in [({"verdict": {"default_margin": 0.02}}, "verdict.margins.accuracy"),
+                     ({"verdict": {"perplexity_margin": 0.1}}, "verdict.margins.perplexity"),
+                     ({"verdict": {"perplexity_margins": {}}}, "verdict.margins.suites"),
+                     ({"verdict": {"kl_sequences": 8}}, "kl.sequences"),
+                     ({"verdict": {"kl_max_tokens": 256}}, "kl.max_tokens"),
+                     ({"judge": {"margin": 0.05}}, "verdict.margins.judge")]:
+        with pytest.raises(UserError, match=f"this setting moved: write it as {new}"):
+            params.load(write_params(tmp_path, {**TINY_PARAMS, **old}))
 
 
 def test_a_stage_takes_overrides_routed_to_the_first_section_with_that_field_and_validated_again():

@@ -137,7 +137,7 @@ def test_report_counts_perplexity_suites_and_compares_awq_with_rtn(tmp_path):
     settings = json.loads(json.dumps(TINY_PARAMS))
     settings["suites"] = {"ppl-book": {"task": "quant_ppl_book"}}
     settings["variants"]["rtn-w4a16"] = {"method": "rtn", "group_size": 32}
-    settings["verdict"]["perplexity_margins"] = {"ppl-book": 0.05}
+    settings["verdict"]["margins"]["suites"]["ppl-book"] = 0.05
     out = report.run(results, tmp_path / "reports", Params.model_validate(settings), models_dir=models)
     variants = out.verdict["variants"]
     assert variants["fp8-w8a8"]["decision"] == "GO" and variants["awq-w4a16"]["decision"] == "NO-GO"

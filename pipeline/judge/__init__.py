@@ -70,7 +70,7 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     """settings: params.yaml `judge`; engine: params.yaml `engine`, whose engine (hf when it is openai: a
     server serves one checkpoint only) writes base and variant answers, the same for both, and whose
     settings an hf / vllm / lmdeploy judge runs with; verdict: params.yaml `verdict` (bootstrap,
-    confidence, seed). Defaults in params.py. `overrides` (e.g. limit=3, batch_size=8, bootstrap=200)
+    confidence, seed, margins.judge). Defaults in params.py. `overrides` (e.g. limit=3, batch_size=8, bootstrap=200)
     replace the field of that name in the first of judge, engine, verdict that has it, validated again."""
     jp, e, v = sections_with_overrides(settings or JudgeParams, engine or EngineParams, verdict or VerdictParams,
                                        **overrides)
@@ -108,7 +108,8 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
                                              iterations=iterations, confidence=confidence, seed=seed)
     finally:
         judge.close()
-    summary = _finish_summary(summary, jp, variant_dir, base_dir, description, weak, judge, confidence, watch)
+    summary = _finish_summary(summary, jp, v.margins.judge, variant_dir, base_dir, description, weak, judge,
+                              confidence, watch)
     out_dir.mkdir(parents=True, exist_ok=True)
     lines_path = out_dir / "judge.jsonl"
     write_atomic(lines_path, "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines))
@@ -116,14 +117,15 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     return JudgeResult(lines_path, out_dir / "judge.json", summary)
 
 
-def _finish_summary(summary, jp, variant_dir, base_dir, description, weak, judge, confidence, watch) -> dict:
+def _finish_summary(summary, jp, margin, variant_dir, base_dir, description, weak, judge, confidence,
+                    watch) -> dict:
     summary = {"variant": variant_dir.name, "base": str(base_dir), "mode": jp.mode, "judge": description,
                "judge_backend": jp.backend, "weak_judge": weak, "confidence": confidence,
-               "margin": jp.margin, "min_consistency": jp.min_consistency, **summary}
+               "margin": margin, "min_consistency": jp.min_consistency, **summary}
     summary["reliable"] = _reliable(summary, jp.min_consistency)
-    summary["decision"] = decide_judge(summary, jp.margin, jp.min_consistency)
-    summary["reasons"] = explain_judge(summary, summary["decision"], jp.margin, jp.min_consistency)
-    summary["sentence"] = judge_sentence(summary, summary["decision"], jp.margin, jp.min_consistency)
+    summary["decision"] = decide_judge(summary, margin, jp.min_consistency)
+    summary["reasons"] = explain_judge(summary, summary["decision"], margin, jp.min_consistency)
+    summary["sentence"] = judge_sentence(summary, summary["decision"], margin, jp.min_consistency)
     summary["judge_requests"] = judge.requests
     from pipeline.engines import engine_start_seconds
 

@@ -226,7 +226,7 @@ def _judge_verdict(path: Path, params: Params) -> dict | None:
     summary = _read_json(path)
     if summary is None:
         return None
-    margin, min_consistency = params.judge.margin, params.judge.min_consistency
+    margin, min_consistency = params.verdict.margins.judge, params.judge.min_consistency
     decision = stats.decide_judge(summary, margin, min_consistency)
     counted = decision != stats.UNRELIABLE and summary.get("mode", "pairwise") == "pairwise" and bool(summary.get("n"))
     return {"decision": decision, "counted": counted, "margin": margin,
