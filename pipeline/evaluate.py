@@ -238,7 +238,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     from pipeline.console import progress
     from pipeline.engines import make_engine
 
-    from pipeline.engines import STARTS, capability, engine_start_seconds
+    from pipeline.engines import STARTS, capability, engine_names, engine_start_seconds
 
     watch, starts_before = Stopwatch(), len(STARTS)
     s, e = sections_with_overrides(settings or SuiteParams, engine_settings or EngineParams, **overrides)
@@ -260,6 +260,10 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
         task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)
         raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
         reason = vision.not_applicable(model_dir, raw_config)
+        if reason is None and raw_config.get("doc_to_image") and not capability(engine, "images"):
+            raise UserError(f"suite {suite}: its prompts carry images, which the {engine} engine does not take here; "
+                            f"evaluate it with {engine_names(where=lambda spec: spec.images)} (engine.name, or "
+                            "quantize eval --engine)")
         if is_long_context:
             metadata = (raw_config.get("metadata") or {}) | metadata  # the ladder as the task will see it
             reason = reason or long_context.not_applicable(metadata)

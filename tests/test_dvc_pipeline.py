@@ -103,7 +103,7 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     assert "Running stage" not in again
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    params.setdefault("verdict", {})["margins"] = {"math": 0.10}
+    params.setdefault("verdict", {}).setdefault("margins", {}).setdefault("suites", {})["math"] = 0.10
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     changed = sh(["dvc", "repro"], repo, env)
     ran = [line for line in changed.splitlines() if line.startswith("Running stage")]

@@ -222,7 +222,7 @@ def test_a_zero_margin_still_draws(tmp_path):
     write_results(results, "base", [1] * 120 + [0] * 80)
     write_results(results, "v", [1] * 120 + [0] * 80)
     settings = json.loads(json.dumps(with_variants(TINY_PARAMS, "v")))
-    settings["verdict"]["margins"] = {"math": 0.0}
+    settings["verdict"]["margins"]["suites"] = {"math": 0.0}
     out = report.run(results, tmp_path / "reports", Params.model_validate(settings), models_dir=tmp_path / "models")
     assert out.verdict["variants"]["v"]["suites"]["math"]["decision"] == "INCONCLUSIVE"
     assert "/ −0.0 pts · INCONCLUSIVE</text>" in out.html.read_text()

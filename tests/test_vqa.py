@@ -186,3 +186,18 @@ def test_vqa_runs_through_lm_eval_with_the_image_engine(tiny_glm4v, tiny_llama):
         simple_evaluate(model=ImageLM(None), tasks=["quant_vqa"], task_manager=manager, limit=1,
                         bootstrap_iters=0, verbosity="ERROR")
     json.dumps(results["results"]["quant_vqa"])  # plain numbers: the summary can hold them
+
+
+def test_an_engine_that_takes_no_images_is_refused_before_any_work(tiny_glm4v, tmp_path):
+    """The registry says which engines take images (hf, vllm, openai); lmdeploy's here does not: the VQA suite
+    on it stops with the engines that do, before the engine is made (lmdeploy need not be installed)."""
+    from pipeline import evaluate
+    from pipeline.engines import capability
+    from pipeline.errors import UserError
+
+    assert [capability(name, "images") for name in ("hf", "vllm", "openai", "lmdeploy")] == [True, True, True, False]
+    with pytest.raises(UserError, match="suite vqa: its prompts carry images, which the lmdeploy engine does not take "
+                                        "here; evaluate it with hf, vllm or openai"):
+        evaluate.run(tiny_glm4v, suite="vqa", variant="base", out_dir=tmp_path / "out", engine="lmdeploy",
+                     task="quant_vqa", limit=2)
+    assert not (tmp_path / "out" / "vqa.json").exists()

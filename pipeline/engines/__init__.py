@@ -43,6 +43,8 @@ class EngineSpec:
     local_weights: bool = True  # runs the checkpoint dir's weights (False: a server already running holds them)
     starts_server: bool = False  # the stage starts a server for it (it writes the server's log; bench asks its metrics)
     likelihoods: bool = False  # scores text (token_logprobs): likelihood and perplexity suites
+    images: bool = False  # answers prompts with images (the VQA suite) for a checkpoint with a vision tower
+    vision_target: str | None = None  # "module:Class" that runs a checkpoint with a vision tower, if not `target`
     # what make_engine takes for it from params.yaml's `engine` section (pipeline/engines/options.py)
     options: Callable[[Any], dict] = _options.in_process
     package: str | None = None  # the distribution whose version `quantize bench` records for it
@@ -50,14 +52,14 @@ class EngineSpec:
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
-    EngineSpec("hf", "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True,
-               package="transformers"),
+    EngineSpec("hf", "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True, images=True,
+               vision_target="pipeline.engines.vision:VisionEngine", package="transformers"),
     EngineSpec("vllm", "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
-               starts_server=True, likelihoods=True, options=_options.vllm, package="vllm"),
+               starts_server=True, likelihoods=True, images=True, options=_options.vllm, package="vllm"),
     EngineSpec("lmdeploy", "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA", "in-process", "lmdeploy",
                options=_options.lmdeploy, package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy"),
     EngineSpec("openai", "pipeline.engines.openai:OpenAIEngine", "a running server", "http", local_weights=False,
-               options=_options.openai),
+               images=True, options=_options.openai),
 )}
 
 
@@ -91,8 +93,8 @@ def engine_start_seconds(since: int = 0) -> float:
 
 
 def capability(name: str, flag: str) -> bool:
-    """An EngineSpec flag (local_weights, starts_server) of engine `name`; False for a name not registered
-    (make_engine refuses it, with the names it takes)."""
+    """An EngineSpec flag (local_weights, starts_server, likelihoods, images) of engine `name`; False for a name
+    not registered (make_engine refuses it, with the names it takes)."""
     return bool(getattr(ENGINES[name], flag)) if name in ENGINES else False
 
 
@@ -120,14 +122,13 @@ def make_engine(name: str, model_dir, **options) -> Engine:
 
     spec = engine_spec(name)
     started = time.perf_counter()
-    if name == "hf":
-        from pipeline.engines.vision import VisionEngine, is_multimodal
+    target = spec.target
+    if spec.vision_target and model_dir is not None:
+        from pipeline.engines.vision import is_multimodal
 
         if is_multimodal(model_dir):
-            engine = VisionEngine(model_dir, **options)
-            STARTS.append({"engine": name, "model": str(model_dir), "seconds": time.perf_counter() - started})
-            return engine
-    module, cls = spec.target.split(":")
+            target = spec.vision_target
+    module, cls = target.split(":")
     engine = getattr(importlib.import_module(module), cls)(model_dir, **options)
     record = {"engine": name, "model": str(model_dir), "seconds": time.perf_counter() - started}
     if hasattr(engine, "server") and hasattr(engine.server, "started"):
