@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
 from pipeline import likelihood, sandbox
+from pipeline.checkpoints import config_json
 from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
 from pipeline.eval_cache import GenerationCache, model_fingerprint, score_key

@@ -28,8 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
-from pipeline.checkpoints import chatglm, headers, streaming
+from pipeline.checkpoints import chatglm, config_json, headers, streaming
 from pipeline.checkpoints.streaming import OutTensor, Piece, whole
 from pipeline.checkpoints.lmdeploy_awq import AwqSource, Scheme, read_scheme
 from pipeline.errors import UserError

@@ -12,8 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
-from pipeline.checkpoints import chatglm, headers
+from pipeline.checkpoints import chatglm, config_json, headers
 from pipeline.checkpoints.serving_names import finish_config
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size

@@ -16,8 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
 from pipeline import verdict as stats
+from pipeline.checkpoints import config_json
 from pipeline.errors import UserError
 from pipeline.outputs import human_size, write_pair
 from pipeline.formats import quant_json, results as result_files
