@@ -91,16 +91,25 @@ def _variant_settings(p: params_mod.Params, variant: Optional[str], method: str)
     return variant, settings
 
 
+# the options awq, fp8 and rtn share
+MODEL_OPTION = typer.Option(None, help="Base checkpoint (default: params model.base_dir)")
+OUT_OPTION = typer.Option(None, help="Output dir (default: models/<variant>)")
+PLAN_OPTION = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its "
+                           "expected time (a one-layer probe on this machine), then stop: nothing is written.")
+PLACEMENT_OPTION = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload "
+                                "(on the host, one decoder layer at a time on the accelerator)")
+
+
 @stage
 def awq(
-    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    model: Optional[Path] = MODEL_OPTION,
     calib: Optional[Path] = typer.Option(None, help="Calibration: conversations file, or calib.jsonl built by `quantize calib` (default: params calib.out/calib.jsonl, else calib.source)"),
-    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
+    out: Optional[Path] = OUT_OPTION,
     group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (must divide every layer's input width) (default: params)"),
     symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (no zero point) (default: params, asymmetric)"),
     variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml whose settings to use (default: the first awq variant)"),
-    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
-    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
+    plan: bool = PLAN_OPTION,
+    placement: str = PLACEMENT_OPTION,
     params_file: Path = PARAMS_OPTION,
 ):
     """AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."""
@@ -110,14 +119,14 @@ def awq(
 
 @stage
 def fp8(
-    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    model: Optional[Path] = MODEL_OPTION,
     calib: Optional[Path] = typer.Option(None, help="Calibration file (as for awq) (default: params)"),
-    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
+    out: Optional[Path] = OUT_OPTION,
     activations: Optional[str] = typer.Option(None, help="static (calibrated scale) or dynamic (per token) (default: params)"),
     kv: Optional[str] = typer.Option(None, help="FP8 KV cache scales: per-head, per-tensor or none (default: params, per-head)"),
     variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml (default: the first fp8 variant)"),
-    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
-    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
+    plan: bool = PLAN_OPTION,
+    placement: str = PLACEMENT_OPTION,
     params_file: Path = PARAMS_OPTION,
 ):
     """FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."""
@@ -126,14 +135,14 @@ def fp8(
 
 @stage
 def rtn(
-    model: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    model: Optional[Path] = MODEL_OPTION,
     calib: Optional[Path] = typer.Option(None, help="Calibration file (as for awq; RTN's weights do not depend on it) (default: params)"),
-    out: Optional[Path] = typer.Option(None, help="Output dir (default: models/<variant>)"),
+    out: Optional[Path] = OUT_OPTION,
     group_size: Optional[str] = typer.Option(None, help="Weights per scale: auto, 16, 32, 64, 128 (default: params)"),
     symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="Symmetric int4 (default: params, asymmetric)"),
     variant: Optional[str] = typer.Option(None, help="Variant name in params.yaml (default: the first rtn variant)"),
-    plan: bool = typer.Option(False, "--plan", help="Print the layers, the device and host memory the run needs and its expected time (a one-layer probe on this machine), then stop: nothing is written."),
-    placement: str = typer.Option("auto", help="auto (whole model on the accelerator when it fits), device, or offload (on the host, one decoder layer at a time on the accelerator)"),
+    plan: bool = PLAN_OPTION,
+    placement: str = PLACEMENT_OPTION,
     params_file: Path = PARAMS_OPTION,
 ):
     """Round-to-nearest W4A16 (AWQ's quantizer without its smoothing): the baseline AWQ is measured against."""
