@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.checkpoints.sizes import kv_bytes_per_token
-from pipeline.engines import Timing
+from pipeline.engines import Timing, capability
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
 from pipeline.params import BenchParams, EngineParams, sections_with_overrides
@@ -369,6 +369,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     bandwidth = measure_bandwidth(device, 1.0 if device == "cuda" else 0.25) if spec.local_weights else None
     lm = make_engine(engine, model_dir, **options)
     try:
+        quiet_wait = _quiet_gpu(lm) if spec.starts_server else 0.0
         timer = HttpTiming(lm, vllm_extras=spec.starts_server) if spec.timing == "http" else lm
         loads = [fixed_workload(timer.encode, input_len, output_len)]
         if holdout is not None:
@@ -403,6 +404,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
         }
         summary["capacity"] = engine_capacity(lm, model_dir, summary, workloads["fixed"], slo, context, options)
         summary["engine_start_s"] = engine_start_seconds(starts_before)
+        summary["waited_for_other_starts_s"] = round(quiet_wait, 2)
     finally:
         lm.close()
     summary["seconds"] = round(watch.seconds, 2)
@@ -424,13 +426,24 @@ def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, 
         weights = checkpoint_weight_bytes(model_dir)
     except (OSError, ValueError, KeyError):
         weights = None
-    device_bytes = None
-    if _cuda():
+    from pipeline.engines.vllm import device_memory_bytes
+
+    device_bytes = device_memory_bytes(options)  # nvidia-smi (or engine.device_memory_gib): no CUDA context here
+    if device_bytes is None and not capability(lm.name, "starts_server") and _cuda():
         import torch
 
         device_bytes = torch.cuda.get_device_properties(0).total_memory
     return capacity(figures, levels=fixed["levels"] + fixed["rates"], slo=slo, tensor_parallel_size=tp,
                     model_window=context, checkpoint_weight_bytes=weights, settings=options, device_bytes=device_bytes)
+
+
+def _quiet_gpu(lm) -> float:
+    """A server engine's server up, and no other server of the run still starting: a start's compilation and
+    CUDA-graph capture load the GPU the timings are taken on (pipeline/engines/shared.py). Seconds waited."""
+    from pipeline.engines import shared
+
+    lm.start()
+    return shared.wait_until_started()
 
 
 def _cuda() -> bool:

@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 
 from pipeline import cli_quantize
-from pipeline.cli_common import (PARAMS_OPTION, checked_model, free_gpu_of_idle_servers, load_params,
-                                 refuse_overlap, stage)
+from pipeline.cli_common import (BUILD, PARAMS_OPTION, SERVE, checked_model, load_params, make_room_on_gpu,
+                                 refuse_overlap, stage, warm_run_servers)
 from pipeline.engines import engine_names
 from pipeline.errors import UserError
 from pipeline.params import with_overrides
@@ -112,6 +112,7 @@ def calib(
     settings = with_overrides(p.calib, redact=redact)
     source, out, model = source or settings.source, out or settings.out, model or p.model.base_dir
     refuse_overlap(out, replaces="calib", source=source, tokenizer_checkpoint=model)
+    warm_run_servers(p, BUILD)
     result = calib_stage.run(source, out, model, settings, strict=strict)
     bad = result.stats["dropped"].get("bad record", 0)
     if bad:
@@ -130,24 +131,36 @@ app.command("variant")(cli_quantize.build_variant)
 @stage
 def eval_(
     model_dir: Path = typer.Argument(..., help="Checkpoint to evaluate (models/base or models/<variant>)"),
-    suite: str = typer.Option(..., help="Suite name from params.yaml (e.g. math)"),
+    suite: Optional[str] = typer.Option(None, help="One suite from params.yaml (e.g. math); default: every suite "
+                                                   "params.yaml runs on this model, in one process"),
     engine: Optional[str] = typer.Option(None, help=f"{engine_names(described=True)} (default: params engine.name)"),
-    limit: Optional[int] = typer.Option(None, help="Items to run (default: params suites.<suite>.limit)"),
+    limit: Optional[int] = typer.Option(None, help="Items to run (default: params suites.<suite>.limit); with --suite"),
     out: Optional[Path] = typer.Option(None, help="Results dir (default: results/<model dir name>)"),
     params_file: Path = PARAMS_OPTION,
 ):
-    """Run a suite through lm-eval; write one result line per item and a summary. Resumes if killed."""
+    """Run suites through lm-eval; write one result line per item and a summary per suite. Resumes if killed;
+    a suite whose settings, engine, checkpoint and code did not change since its results were written is kept."""
     from pipeline import evaluate
 
     from pipeline.engines import engine_spec
 
     p = load_params(params_file)
-    settings = with_overrides(p.suite(suite), limit=limit)
+    if suite is None and limit is not None:
+        raise UserError("--limit needs --suite: give the suite whose item count to change, or set "
+                        "suites.<suite>.limit in params.yaml")
+    settings = with_overrides(p.suite(suite), limit=limit) if suite is not None else None
     engine = engine or p.engine.name
     spec = engine_spec(engine, "--engine")
     out_dir = out or Path("results") / model_dir.name
     refuse_overlap(out_dir, checkpoint=model_dir)
     checked_model(model_dir, weights=spec.local_weights)  # openai: a server holds the weights; the dir gives the tokenizer
+    warm_run_servers(p, SERVE)
+    if settings is None:
+        result = evaluate.run_model(model_dir, p, out_dir=out_dir, engine=engine)
+        for one in result.suites:
+            typer.echo(one.summary_line())
+        typer.echo(result.summary_line())
+        return
     result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
                           engine=engine)
     typer.echo(result.summary_line())
@@ -195,6 +208,7 @@ def bench(
         holdout = p.calib.out / "holdout.jsonl"
     out = out or Path("results") / model_dir.name / "bench.json"
     refuse_overlap(out, checkpoint=model_dir, held_out_prompts=holdout)
+    warm_run_servers(p, SERVE)
     result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
     typer.echo(result.summary_line())
 
@@ -215,7 +229,7 @@ def kl(
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "kl.json"
     refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    free_gpu_of_idle_servers("kl")
+    make_room_on_gpu(p, "kl", [base, variant_dir], factor=1.5)
     result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine)
     typer.echo(result.summary_line())
 
@@ -249,6 +263,7 @@ def judge(
         else None
     refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
                     judge_checkpoint=judge_model)
+    warm_run_servers(p, SERVE)
     result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
     typer.echo(result.summary_line())
     for reason in result.summary["reasons"]:

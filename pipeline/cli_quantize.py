@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from pipeline import params as params_mod
-from pipeline.cli_common import PARAMS_OPTION, free_gpu_of_idle_servers, load_params, refuse_overlap, stage
+from pipeline.cli_common import PARAMS_OPTION, load_params, make_room_on_gpu, refuse_overlap, stage
 from pipeline.errors import UserError
 from pipeline.params import with_overrides
 
@@ -72,7 +72,7 @@ def _quantize(method: str, params_file: Path, variant: Optional[str], flags: dic
     model, out = model or p.model.base_dir, out or Path("models") / (variant or f"{method}-{DEFAULT_SCHEME[method]}")
     refuse_overlap(out, replaces="quantize", base_checkpoint=model, calibration_file=_calibration_file(p, calib))
     if not plan:
-        free_gpu_of_idle_servers(f"quantize {method}")
+        make_room_on_gpu(p, f"quantize {method}", [model], factor=2.5)
     with _calibration_blocks(p, calib, model) as blocks:
         result = stage_module.run(model, out, blocks, settings, placement=placement, plan_only=plan)
     typer.echo(result.summary())

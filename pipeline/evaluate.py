@@ -1,4 +1,9 @@
-"""`quantize eval`: run one suite through lm-eval with our engine; one result line per item.
+"""`quantize eval`: a model's suites through lm-eval with our engine; one result line per item.
+
+`quantize eval MODEL` (the evaluate stage of dvc.yaml, one per model) runs every suite of params.yaml on
+the model in one process with one engine (`run_model`); `--suite S` runs one (`run`). Each suite's
+summary records a digest of what its results come from (`inputs`: settings, engine, checkpoint, code,
+data), so a rerun keeps a suite whose inputs did not change as it is and scores only the others.
 
 lm-eval builds the prompts, extracts answers and scores (the suite is data under evals/); our
 engine generates (`generate_until`) or scores tokens (`loglikelihood` for multiple choice,
@@ -12,19 +17,22 @@ so the verdict pairs the models per document.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from pipeline import likelihood, sandbox
 from pipeline.checkpoints import config_json
-from pipeline.engines import Completion, Engine, GenRequest
+from pipeline.engines import Completion, Engine, GenRequest, capability, engine_names
 from pipeline.errors import UserError
 from pipeline.eval_cache import GenerationCache, model_fingerprint, score_key
-from pipeline.formats.results import write_results
+from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
 from pipeline.params import EngineParams, SuiteParams, sections_with_overrides
 
@@ -179,12 +187,13 @@ class EvalResult:
 
     def summary_line(self) -> str:
         s = self.summary
-        if s.get("status") == "not applicable":
-            return f"eval: {s['suite']} not applicable to {s['variant']}: {s['reason']}"
+        if s.get("status") in ("not applicable", "not run"):
+            return f"eval: {s['suite']} {s['status']} on {s['variant']}: {s['reason']}"
         work = (f"{s['scored_tokens']} tokens scored" if s.get("scored_tokens")
                 else f"{s['generated_tokens']} tokens")
-        return (f"eval: wrote {self.lines} ({s['n']} items, {s['metric']} {s['score']:.3f}, "
-                f"{work} at {s['tokens_per_second']:.0f} tok/s) in {s['seconds']:.0f} s")
+        kept = " (unchanged: kept)" if s.get("kept") else ""
+        return (f"eval: {self.lines} ({s['n']} items, {s['metric']} {s['score']:.3f}, "
+                f"{work} at {s['tokens_per_second']:.0f} tok/s) in {s['seconds']:.0f} s{kept}")
 
 
 def _arguments(sample: dict) -> list[tuple]:
@@ -225,70 +234,145 @@ def _result_line(sample: dict, suite: str, variant: str, metric: str, lm) -> dic
     }
 
 
+class SharedEngine:
+    """The one engine a stage's suites share: made the first time a suite needs it (a suite whose results
+    are current needs none), closed once at the end. A server engine (vLLM) starts or attaches to its server
+    only when the first request goes out (pipeline/engines/vllm.py), so a suite whose items are all in the
+    resume cache costs no server start either."""
+
+    def __init__(self, name: str, model_dir: Path, options: dict):
+        self.name, self.model_dir, self.options = name, Path(model_dir), options
+        self._engine: Engine | None = None
+
+    def get(self) -> Engine:
+        if self._engine is None:
+            from pipeline.engines import make_engine
+
+            self._engine = make_engine(self.name, self.model_dir, **self.options)
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+
 def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_settings: EngineParams | None = None, *,
         suite: str, variant: str, out_dir: Path | str, engine: str | None = None, log_path: Path | str | None = None,
-        **overrides) -> EvalResult:
-    """settings: params.yaml `suites.<suite>`; engine_settings: params.yaml `engine` (defaults in params.py);
-    `overrides` (e.g. limit=3, max_new_tokens=8, batch_size=2) replace the field of that name in the suite
-    section, else in the engine section, and are validated again; without `settings` a `task=` override
-    names the lm-eval task. engine: the engine's name (default: engine_settings.name). log_path: where a
-    vLLM server's log goes (default: <out_dir>/<suite>.vllm.log)."""
-    from lm_eval import simple_evaluate
-
-    from pipeline.console import progress
-    from pipeline.engines import make_engine
-
-    from pipeline.engines import STARTS, capability, engine_names, engine_start_seconds
-
-    watch, starts_before = Stopwatch(), len(STARTS)
+        shared: SharedEngine | None = None, keep_current: bool = False, **overrides) -> EvalResult:
+    """One suite on one model. settings: params.yaml `suites.<suite>`; engine_settings: params.yaml `engine`
+    (defaults in params.py); `overrides` (e.g. limit=3, max_new_tokens=8, batch_size=2) replace the field of
+    that name in the suite section, else in the engine section, and are validated again; without `settings`
+    a `task=` override names the lm-eval task. engine: the engine's name (default: engine_settings.name).
+    log_path: where a vLLM server's log goes (default: <out_dir>/<suite>.vllm.log). shared: the engine of the
+    stage's other suites (run_model); without it the suite makes its own and closes it. keep_current: when
+    the suite's results were written from the same inputs (`inputs` in <suite>.json), keep them as they are."""
+    watch = Stopwatch()
     s, e = sections_with_overrides(settings or SuiteParams, engine_settings or EngineParams, **overrides)
-    task, limit, engine = s.task, s.limit, engine or e.name
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
-    if capability(engine, "starts_server"):
-        options["log_path"] = Path(log_path) if log_path else out_dir / f"{suite}.vllm.log"  # beside the results
+    if shared is None:
+        engine = engine or e.name
+        options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
+        if capability(engine, "starts_server"):
+            options["log_path"] = Path(log_path) if log_path else out_dir / f"{suite}.vllm.log"  # beside the results
+    else:
+        engine, options = shared.name, shared.options
     config_json.read(model_dir)  # a missing or broken config.json: one message naming it and the fix
+    inputs = suite_inputs(model_dir, suite, s, engine, options)
+    if keep_current and (kept := _current(out_dir, suite, inputs)) is not None:
+        return kept
+    own = shared is None
+    shared = shared or SharedEngine(engine, model_dir, options)
+    try:
+        return _run_suite(model_dir, s, shared, suite=suite, variant=variant, out_dir=out_dir, inputs=inputs,
+                          watch=watch)
+    finally:
+        if own:
+            shared.close()
+
+
+def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: str, variant: str, out_dir: Path,
+               inputs: str, watch: Stopwatch) -> EvalResult:
+    from pipeline import long_context
+    from pipeline.engines import STARTS, engine_start_seconds
+
+    starts_before, sandbox_before = len(STARTS), sandbox.SECONDS[0]
+    engine, task = shared.name, s.task
+    is_long_context = task == long_context.TASK
+    # the long-context ladder goes as far as the served engine holds (its max_model_len and KV cache), so a
+    # server engine is up before the items are made (and is the one that answers them)
+    serving = _started(shared) if is_long_context and capability(engine, "starts_server") else None
+    metadata = _task_metadata(model_dir, suite, s.options, is_long_context, serving)
+    task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)
+    raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
+    if is_long_context:
+        metadata = (raw_config.get("metadata") or {}) | metadata  # the ladder as the task will see it
+    reason = _not_applicable_reason(model_dir, suite, engine, raw_config, metadata if is_long_context else None)
+    if reason is not None:
+        return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
+                               engine=engine, reason=reason, inputs=inputs)
+    sandbox_method = None
+    if (raw_config.get("metadata") or {}).get("runs_model_code"):  # refuse before any generation
+        sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
+                                                   setting=f"suites.{suite}.allow_unsandboxed")
+    lm, results = _evaluate(model_dir, s, shared, suite=suite, variant=variant, out_dir=out_dir,
+                            task_manager=task_manager)
+    lines, summary = _lines_and_summary(lm, results, suite=suite, task=task, variant=variant, model_dir=model_dir,
+                                        engine=engine)
+    summary.update(inputs=inputs, engine_start_s=engine_start_seconds(starts_before),
+                   scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2))
+    if sandbox_method is not None:
+        summary["sandbox"] = sandbox_method  # "rlimits+audit": ran unsandboxed (allow_unsandboxed)
+    if is_long_context:
+        summary["long_context"] = long_context.summarize(lines, metadata)
+    return EvalResult(write_results(out_dir, suite, lines, summary), summary)
+
+
+def _started(shared: SharedEngine) -> Engine:
+    engine = shared.get()
+    if hasattr(engine, "start"):
+        engine.start()
+    return engine
+
+
+def _not_applicable_reason(model_dir: Path, suite: str, engine: str, raw_config: dict,
+                           long_context_metadata: dict | None) -> str | None:
+    """Why the suite cannot run on this model (e.g. VQA on a text-only checkpoint), before any engine work."""
     from pipeline import long_context
     from pipeline.engines import vision
 
-    is_long_context = task == long_context.TASK
-    # the long-context ladder goes as far as the served engine holds (its max_model_len and KV cache), so a
-    # server engine starts before the items are made (and is the one that answers them)
-    lm_engine = make_engine(engine, model_dir, **options) if is_long_context and capability(engine, "starts_server") else None
-    try:
-        metadata = _task_metadata(model_dir, suite, s.options, is_long_context, lm_engine)
-        task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)
-        raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
-        reason = vision.not_applicable(model_dir, raw_config)
-        if reason is None and raw_config.get("doc_to_image") and not capability(engine, "images"):
-            raise UserError(f"suite {suite}: its prompts carry images, which the {engine} engine does not take here; "
-                            f"evaluate it with {engine_names(where=lambda spec: spec.images)} (engine.name, or "
-                            "quantize eval --engine)")
-        if is_long_context:
-            metadata = (raw_config.get("metadata") or {}) | metadata  # the ladder as the task will see it
-            reason = reason or long_context.not_applicable(metadata)
-        if reason is not None:
-            return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
-                                   engine=engine, reason=reason)
-        sandbox_method = None
-        if (raw_config.get("metadata") or {}).get("runs_model_code"):  # refuse before any generation
-            sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
-                                                       setting=f"suites.{suite}.allow_unsandboxed")
-        cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
-        # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
-        with progress(f"eval {variant}/{suite}", None, "requests") as advance, \
-                sandbox.allow_unsandboxed(s.allow_unsandboxed):
-            lm_engine = lm_engine or make_engine(engine, model_dir, **options)
-            lm = _lm_class()(lm_engine, cache, chunk=options["batch_size"], on_done=advance, task=task,
-                             on_items=advance.expect)
-            results = simple_evaluate(
-                model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
-                apply_chat_template=True, gen_kwargs={"max_gen_toks": s.max_new_tokens},
-                bootstrap_iters=0, verbosity="ERROR",
-            )
-    finally:
-        if lm_engine is not None:
-            lm_engine.close()
+    reason = vision.not_applicable(model_dir, raw_config)
+    if reason is None and raw_config.get("doc_to_image") and not capability(engine, "images"):
+        raise UserError(f"suite {suite}: its prompts carry images, which the {engine} engine does not take here; "
+                        f"evaluate it with {engine_names(where=lambda spec: spec.images)} (engine.name, or "
+                        "quantize eval --engine)")
+    if reason is None and long_context_metadata is not None:
+        reason = long_context.not_applicable(long_context_metadata)
+    return reason
+def _evaluate(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: str, variant: str, out_dir: Path,
+              task_manager):
+    """lm-eval's run of the task through the shared engine and the suite's resume cache: (lm, results)."""
+    from lm_eval import simple_evaluate
+
+    from pipeline.console import progress
+
+    cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
+    # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
+    with progress(f"eval {variant}/{suite}", None, "requests") as advance, \
+            sandbox.allow_unsandboxed(s.allow_unsandboxed):
+        lm = _lm_class()(shared.get(), cache, chunk=shared.options["batch_size"], on_done=advance, task=s.task,
+                         on_items=advance.expect)
+        results = simple_evaluate(
+            model=lm, tasks=[s.task], task_manager=task_manager, limit=s.limit, log_samples=True,
+            apply_chat_template=True, gen_kwargs={"max_gen_toks": s.max_new_tokens},
+            bootstrap_iters=0, verbosity="ERROR",
+        )
+    lm.cache = cache
+    return lm, results
+
+
+def _lines_and_summary(lm, results: dict, *, suite: str, task: str, variant: str, model_dir: Path,
+                       engine: str) -> tuple[list[dict], dict]:
     task_config = results["configs"][task]
     metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
     samples = sorted(results["samples"][task], key=lambda sample: sample["doc_id"])
@@ -298,20 +382,105 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
         "metric": metric, "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
         "metrics": {k: v for k, v in results["results"][task].items() if isinstance(v, (int, float))},
         **_speed(lines, lm),
-        "cache": {"path": str(cache.path), "lines_dropped": cache.dropped},
-        # model load or server start this stage paid (0 when it attached to a server the run already had)
-        "engine_start_s": engine_start_seconds(starts_before),
-        "seconds": round(watch.seconds, 2),
+        "cache": {"path": str(lm.cache.path), "lines_dropped": lm.cache.dropped},
     }
-    if sandbox_method is not None:
-        summary["sandbox"] = sandbox_method  # "rlimits+audit": ran unsandboxed (allow_unsandboxed)
     if lines and all("loglikelihood" in line for line in lines):  # a perplexity suite: per token, over all documents
         tokens = sum(line["n_tokens"] for line in lines)
         summary.update(metric="perplexity", tokens=tokens,
                        score=math.exp(-sum(line["loglikelihood"] for line in lines) / max(tokens, 1)))
-    if is_long_context:
-        summary["long_context"] = long_context.summarize(lines, metadata)
-    return EvalResult(write_results(out_dir, suite, lines, summary), summary)
+    return lines, summary
+
+
+# ------------------------------------------------------------------ what a suite's results were computed from
+
+# engine settings that change how a run is carried out, never what it answers
+OPERATIONAL = {"log_path", "progress", "share_server", "server_idle_timeout", "max_servers", "start_timeout",
+               "timeout", "retries", "max_response_bytes", "warm_servers", "build_memory_fraction"}
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """Content hash of the code and data a suite's scores come from: the pipeline package and evals/."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for folder in (root, EVALS_DIR):
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                digest.update(str(path.relative_to(folder.parent)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, options: dict) -> str:
+    """One digest of everything a suite's results depend on: the suite's settings, the engine and its
+    settings (not the operational ones), the checkpoint's content, the code and data that score it, and
+    any file the suite's options name (ppl-chat: the held-out conversations). Written as `inputs` in
+    <suite>.json: a later run with the same digest keeps those results as they are."""
+    files = {key: _file_digest(Path(value)) for key, value in sorted(s.options.items())
+             if isinstance(value, str) and Path(value).is_file()}
+    payload = {"suite": suite, "settings": s.model_dump(mode="json"), "engine": engine,
+               "engine_settings": {k: v for k, v in options.items() if k not in OPERATIONAL},
+               "model": model_fingerprint(model_dir), "code": code_digest(), "files": files}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _current(out_dir: Path, suite: str, inputs: str) -> EvalResult | None:
+    """The suite's results when they were written from these very inputs (and are whole), else None."""
+    summary_path, lines = out_dir / f"{suite}.json", lines_path(out_dir, suite)
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        n_lines = sum(1 for line in lines.read_text(encoding="utf-8").splitlines() if line.strip())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("inputs") != inputs or summary.get("n") != n_lines:
+        return None
+    return EvalResult(lines, {**summary, "kept": True})
+
+
+# ------------------------------------------------------------------ every suite of one model (the DVC stage)
+
+@dataclass
+class ModelEvalResult:
+    model_dir: Path
+    suites: list[EvalResult]
+    seconds: float
+
+    def summary_line(self) -> str:
+        states = [r.summary.get("status") or ("kept" if r.summary.get("kept") else "scored") for r in self.suites]
+        counts = ", ".join(f"{states.count(k)} {k}" for k in ("scored", "kept", "not applicable", "not run")
+                           if states.count(k))
+        return f"eval: {self.model_dir.name}: {len(self.suites)} suites ({counts}) in {self.seconds:.0f} s"
+
+
+def run_model(model_dir: Path | str, params, *, out_dir: Path | str, engine: str | None = None,
+              variant: str | None = None) -> ModelEvalResult:
+    """Every suite of params.yaml on one model, in one process with one engine (`quantize eval MODEL`, the
+    evaluate stage of dvc.yaml): a suite whose `suites.<name>.models` leaves this model out is recorded as
+    not run (and why); a suite whose results were written from the same inputs is kept as it is (only a
+    suite whose settings, engine, checkpoint, code or data changed is scored again, from the resume cache
+    where its items are unchanged); the engine is made once, when the first suite needs it."""
+    watch, model_dir, out_dir = Stopwatch(), Path(model_dir), Path(out_dir)
+    variant, engine = variant or model_dir.name, engine or params.engine.name
+    options = params.engine.options(engine)
+    if capability(engine, "starts_server"):
+        options["log_path"] = out_dir / "vllm-server.log"
+    shared = SharedEngine(engine, model_dir, options)
+    done: list[EvalResult] = []
+    try:
+        for name, settings in params.suites.items():
+            if settings.models is not None and variant not in settings.models:
+                done.append(_not_run(out_dir, suite=name, task=settings.task, variant=variant, model_dir=model_dir,
+                                     engine=engine, models=settings.models))
+                continue
+            done.append(run(model_dir, settings, params.engine, suite=name, variant=variant, out_dir=out_dir,
+                            engine=engine, shared=shared, keep_current=True))
+    finally:
+        shared.close()
+    return ModelEvalResult(model_dir, done, watch.seconds)
 
 
 def _speed(lines: list[dict], lm) -> dict:
@@ -347,9 +516,20 @@ def _task_metadata(model_dir: Path, suite: str, options: dict, is_long_context: 
     return {**options, "model_dir": str(model_dir)} if options else None
 
 
-def _not_applicable(out_dir: Path, *, reason: str, **fields) -> EvalResult:
+def _not_applicable(out_dir: Path, *, reason: str, inputs: str | None = None, **fields) -> EvalResult:
     """No items, score None, status "not applicable": the report shows n/a, never 0 %."""
+    return _no_items(out_dir, status="not applicable", reason=reason, inputs=inputs, **fields)
+
+
+def _not_run(out_dir: Path, *, models: list[str], **fields) -> EvalResult:
+    """A suite params.yaml runs on other models only: recorded as not run, with the key that says so."""
+    reason = (f"suites.{fields['suite']}.models lists {', '.join(models)}; {fields['variant']} is not among them "
+              "(add it there to run the suite on it)")
+    return _no_items(out_dir, status="not run", reason=reason, inputs=None, **fields)
+
+
+def _no_items(out_dir: Path, *, status: str, reason: str, inputs: str | None, **fields) -> EvalResult:
     summary = {**fields, "model_dir": str(fields["model_dir"]), "metric": None, "n": 0, "score": None,
-               "status": "not applicable", "reason": reason, "metrics": {}, "generated_tokens": 0,
-               "tokens_per_second": 0.0, "seconds": 0.0}
+               "status": status, "reason": reason, "metrics": {}, "generated_tokens": 0,
+               "tokens_per_second": 0.0, "seconds": 0.0, **({"inputs": inputs} if inputs else {})}
     return EvalResult(write_results(out_dir, fields["suite"], [], summary), summary)

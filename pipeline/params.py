@@ -320,8 +320,22 @@ class EngineParams(Section):
     # one server per checkpoint and settings for the whole `dvc repro` (pipeline/engines/shared.py): stages
     # attach to the server an earlier stage started; false: every stage starts and stops its own
     share_server: bool = True
-    server_idle_timeout: float = Field(300.0, gt=0, le=86400)  # seconds without a stage before it stops
+    # seconds without a stage before a shared server stops; None: it lives until the run ends (DVC's stage order
+    # can leave a model unused for many minutes before its next stage; a restart costs ~100 s on the H200)
+    server_idle_timeout: float | None = Field(None, gt=0, le=86400)
     max_servers: int = Field(1, ge=1, le=16)  # servers kept at once (idle ones beyond: stopped, oldest first)
+    # vllm's KV pool: auto, sized by vLLM's start-up profiling (the server must have the GPU to itself while it
+    # starts: the profiling reads the whole device's free memory); planned, gpu_memory_utilization x the GPU's
+    # memory less the checkpoint's weights and non_kv_memory_gib, so a server can start while other work runs
+    kv_cache_memory: Literal["auto", "planned"] = "auto"
+    non_kv_memory_gib: float = Field(4.0, ge=0, le=1024)  # planned: activations, CUDA graphs, the CUDA context
+    device_memory_gib: float | None = Field(None, gt=0, le=1 << 20)  # planned: one GPU's memory (None: nvidia-smi)
+    # inside a run, start each checkpoint's server as soon as the checkpoint exists and memory allows, so starts
+    # overlap other stages' work (needs share_server and kv_cache_memory: planned)
+    warm_servers: bool = False
+    # while stages that load a model on the GPU in-process (quantize, kl) may still come, early starts leave at
+    # least this fraction of the GPU's memory free
+    build_memory_fraction: float = Field(0.5, ge=0, le=1)
     # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
     base_url: str | None = None
     model: str | None = None  # the served model's name
@@ -335,6 +349,14 @@ class EngineParams(Section):
     max_response_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)
 
     _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
+
+    @model_validator(mode="after")
+    def _warm_needs_planned_pools(self):
+        if self.warm_servers and not (self.share_server and self.kv_cache_memory == "planned"):
+            raise ValueError("warm_servers: true needs share_server: true and kv_cache_memory: planned (a server that "
+                             "sizes its KV pool by profiling must start with the GPU to itself); set both, or "
+                             "warm_servers: false")
+        return self
 
     def options(self, engine: str) -> dict:
         """What make_engine takes for `engine`, from this section (the registry says which settings)."""

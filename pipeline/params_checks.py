@@ -60,10 +60,11 @@ def check_suite_models(params, path: Path | str = DEFAULT_PARAMS) -> None:
 
 
 def check_against_dvc(params, dvc_file: Path) -> None:
-    """DVC's matrix takes lists only, so dvc.yaml repeats the variant and suite names: keep them in step.
-    Every stage with a `matrix` of `model` x `suite` runs `quantize eval`; together they must run each
-    suite on exactly the models params.yaml names for it (`suites.<name>.models`, else base and every
-    variant)."""
+    """DVC's foreach and matrix take lists only, so dvc.yaml repeats the variant and suite names: keep them in
+    step. The evaluate stage (`quantize eval models/${item}`, one per model) lists base and every variant and
+    every suite's results; a stage with a `matrix` of `model` x `suite` (`quantize eval ... --suite`, an
+    earlier layout) must, with the others, run each suite on exactly the models params.yaml names for it
+    (`suites.<name>.models`, else base and every variant)."""
     if not dvc_file.exists():
         return
     data, lines = safe_yaml.load(dvc_file, "a dvc.yaml")
@@ -76,6 +77,9 @@ def check_against_dvc(params, dvc_file: Path) -> None:
             if unknown:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
                                 f"define as base or variants ({', '.join(known)}); remove them")
+    per_model = {name: stage for name, stage in stages.items() if _evaluates_every_suite(stage)}
+    for name, stage in per_model.items():
+        _check_per_model_stage(params, dvc_file, name, stage)
     matrices = {name: stage["matrix"] for name, stage in stages.items()
                 if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
                 and {"model", "suite"} & set(stage["matrix"])}
@@ -104,6 +108,38 @@ def check_against_dvc(params, dvc_file: Path) -> None:
                 f"params.yaml asks for {expected}; set {stage}.model to [{', '.join(expected)}] "
                 "(a matrix runs every model on every suite it lists: suites run on different models go in separate stages)"
             )
+
+
+def _evaluates_every_suite(stage) -> bool:
+    """A `foreach` stage whose command is `quantize eval models/${item}` without --suite: every suite of
+    params.yaml on each model it lists (the evaluate stage)."""
+    do = stage.get("do") if isinstance(stage, dict) else None
+    cmd = do.get("cmd") if isinstance(do, dict) else None
+    return isinstance(stage.get("foreach"), list) and isinstance(cmd, str) and cmd.split()[:2] == ["quantize", "eval"] \
+        and "--suite" not in cmd.split()
+
+
+def _check_per_model_stage(params, dvc_file: Path, name: str, stage: dict) -> None:
+    """The evaluate stage runs on base and every variant, and lists each suite's results as its outs (the
+    suites a model does not run are recorded as not run, so every model has every file)."""
+    models = ["base", *params.variants]
+    listed = stage["foreach"]
+    if sorted(map(str, listed)) != sorted(models):
+        raise UserError(f"{dvc_file}: stages.{name}.foreach lists {listed}; it evaluates every model: write "
+                        f"[{', '.join(models)}] (base and the variants of params.yaml)")
+    outs = stage["do"].get("outs") or []
+    paths = {next(iter(o)) if isinstance(o, dict) and o else o for o in outs}
+    found = {Path(str(path)).stem for path in paths if str(path).startswith("results/${item}/")}
+    missing = [suite for suite in params.suites if f"results/${{item}}/{suite}.jsonl" not in paths
+               or f"results/${{item}}/{suite}.json" not in paths]
+    if missing:
+        raise UserError(f"{dvc_file}: stages.{name}.do.outs: no results/${{item}}/<suite>.jsonl and .json for "
+                        f"{', '.join(missing)}; add both (persist: true; the .json with cache: false) for every suite "
+                        "of params.yaml")
+    stale = sorted(found - set(params.suites))
+    if stale:
+        raise UserError(f"{dvc_file}: stages.{name}.do.outs lists results of {', '.join(stale)}, which params.yaml "
+                        f"does not define (suites: {', '.join(params.suites) or 'none'}); remove them")
 
 
 def _dvc_stages(dvc_file: Path, data, lines: dict[tuple, int]) -> dict:

@@ -162,6 +162,11 @@ else:
 '''
 
 
+# seconds this process has spent running sandboxed code (run_python and run_check): the code suite's scoring
+# time, which `quantize eval` reports apart from the engine's
+SECONDS = [0.0]
+
+
 @dataclass(frozen=True)
 class SandboxResult:
     passed: bool  # exit code 0, within time and output limits
@@ -344,6 +349,7 @@ def run_python(code: str, timeout_s: float = 10.0, memory_mb: int = 512, *, max_
         finally:
             exit_code = _finish(proc)
     exit_code = None if timed_out or capped else exit_code
+    SECONDS[0] += time.monotonic() - started
     return SandboxResult(
         passed=exit_code == 0, exit_code=exit_code, timed_out=timed_out,
         stdout_tail=_tail(output[proc.stdout]), stderr_tail=_tail(output[proc.stderr]), method=method,
@@ -385,6 +391,7 @@ def run_check(sample: str, function: str, checker: str, timeout_s: float = 10.0,
         finally:
             exit_codes = [_finish(server), _finish(checker_proc)]
     checker_exit = None if timed_out or capped else exit_codes[1]
+    SECONDS[0] += time.monotonic() - started
     return CheckResult(
         passed=checker_exit == 0, method=method, timed_out=timed_out, output_capped=capped,
         checker_exit_code=checker_exit, checker_stderr_tail=_tail(output[checker_proc.stderr]),

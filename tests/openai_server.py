@@ -287,7 +287,7 @@ class CompletionsServer:
 def log_start_figures(model: TinyModel, args, seconds: float) -> None:
     """The start-up lines vLLM 0.24 logs (pipeline/engines/capacity.py reads them), with this model's own
     figures: its weights, and the KV pool of a pretend device of --device-memory-gib at
-    --gpu-memory-utilization (or --kv-cache-tokens)."""
+    --gpu-memory-utilization (or --kv-cache-tokens, or --kv-cache-memory-bytes as vLLM takes it)."""
     config = model.model.config.get_text_config()  # a vision model's text tower holds the KV cache
     weights = sum(p.numel() * p.element_size() for p in model.model.parameters())
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -297,11 +297,16 @@ def log_start_figures(model: TinyModel, args, seconds: float) -> None:
     tokens = args.kv_cache_tokens if args.kv_cache_tokens is not None else pool // per_token // 16 * 16
     if args.kv_cache_tokens is not None:
         pool = tokens * per_token
+    planned = args.kv_cache_memory_bytes is not None  # vLLM skips its profiling and logs no available memory
+    if planned:
+        pool = args.kv_cache_memory_bytes
+        tokens = pool // per_token // 16 * 16
     max_len = args.max_model_len or config.max_position_embeddings
     prefix = "(EngineCore_DP0 pid=1) INFO 12-01 10:00:00"
     print(f"{prefix} [gpu_model_runner.py:2602] Model loading took {weights / 2**30:.4f} GiB memory and "
           f"{seconds:.6f} seconds", flush=True)
-    print(f"{prefix} [gpu_worker.py:298] Available KV cache memory: {pool / 2**30:.2f} GiB", flush=True)
+    if not planned:
+        print(f"{prefix} [gpu_worker.py:298] Available KV cache memory: {pool / 2**30:.2f} GiB", flush=True)
     print(f"{prefix} [kv_cache_utils.py:1087] GPU KV cache size: {tokens:,} tokens", flush=True)
     print(f"{prefix} [kv_cache_utils.py:1091] Maximum concurrency for {max_len:,} tokens per request: "
           f"{tokens / max_len:.2f}x", flush=True)
@@ -324,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--device-memory-gib", type=float, default=1.0, help="the pretend device's memory")
     parser.add_argument("--kv-cache-tokens", type=int, default=None, help="pretend the KV pool holds this many tokens")
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="the KV pool's bytes (vLLM's flag)")
     parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to sleep before listening")
     args, rest = parser.parse_known_args(argv)
     model = args.model or args.serve

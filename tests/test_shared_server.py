@@ -167,11 +167,13 @@ def test_a_server_that_fails_to_start_is_a_clear_error_and_leaves_no_entry(tmp_p
     assert shared.entries(registry) == {}
 
 
-def test_an_in_process_gpu_stage_stops_the_runs_idle_servers_first(tmp_path, tiny_llama, registry, run,
-                                                                    monkeypatch):
-    """quantize and kl load a model on the GPU in-process: the servers the run keeps (idle between stages)
-    hold its memory, so they go first; a server a stage still holds stays."""
+def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room(tmp_path, tiny_llama, registry,
+                                                                                  run, monkeypatch):
+    """quantize and kl load a model on the GPU in-process: the servers the run keeps (idle between stages) hold
+    its memory. While the GPU has room for the stage (free memory as nvidia-smi says, here stood in for) they
+    stay; when it lacks room, idle ones go, least recently used first, and a server a stage holds stays."""
     from pipeline.cli_common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
+    from pipeline.engines import vllm
 
     env = {shared.RUN_PID_ENV: str(run.pid)}
     idle, _ = stage(tiny_llama, tmp_path / "a.log", env=env)
@@ -179,7 +181,10 @@ def test_an_in_process_gpu_stage_stops_the_runs_idle_servers_first(tmp_path, tin
     shutil.copytree(tiny_llama, other)
     held, proc = stage(other, tmp_path / "b.log", "--max-servers", "2", env=env, hold=True)
     try:
-        _free_gpu_of_idle_servers("kl")
+        monkeypatch.setattr(vllm, "device_memory_free_bytes", lambda: 40 << 30)
+        _free_gpu_of_idle_servers("kl", need_bytes=30 << 30)  # room enough: nothing stops
+        assert shared.alive(idle["server_pid"], None) and len(shared.entries(registry)) == 2
+        _free_gpu_of_idle_servers("kl", need_bytes=50 << 30)  # too little: the idle one goes, the held one stays
         assert gone(idle["server_pid"]) and shared.alive(held["server_pid"], None)
         assert list(shared.entries(registry)) == [held["key"]]
     finally:

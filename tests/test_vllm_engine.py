@@ -129,8 +129,9 @@ def test_an_fp8_kv_cache_is_served_in_bfloat16(tmp_path):
 def test_a_missing_vllm_command_says_how_to_install_it(tmp_path, tiny_llama):
     from pipeline.engines.vllm import VLLMEngine
 
+    engine = VLLMEngine(tiny_llama, server_command=["no-such-vllm-binary", "serve"], log_path=tmp_path / "log")
     with pytest.raises(UserError, match=r"not found; install it \(pip install -e '.\[vllm\]'\)"):
-        VLLMEngine(tiny_llama, server_command=["no-such-vllm-binary", "serve"], log_path=tmp_path / "log")
+        engine.start()  # the server starts when something first needs it
 
 
 def test_vllm_log_likelihoods_equal_a_forward_pass(tmp_path, tiny_llama):

@@ -49,13 +49,16 @@ class EngineSpec:
     options: Callable[[Any], dict] = _options.in_process
     package: str | None = None  # the distribution whose version `quantize bench` records for it
     check: str | None = None  # "module:function" failing early (naming the extra) when its package is missing here
+    # "module:function" starting the run's shared server for a checkpoint in the background (a server engine)
+    warm: str | None = None
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("hf", "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True, images=True,
                vision_target="pipeline.engines.vision:VisionEngine", package="transformers"),
     EngineSpec("vllm", "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
-               starts_server=True, likelihoods=True, images=True, options=_options.vllm, package="vllm"),
+               starts_server=True, likelihoods=True, images=True, options=_options.vllm, package="vllm",
+               warm="pipeline.engines.vllm:warm"),
     EngineSpec("lmdeploy", "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA", "in-process", "lmdeploy",
                options=_options.lmdeploy, package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy"),
     EngineSpec("openai", "pipeline.engines.openai:OpenAIEngine", "a running server", "http", local_weights=False,
@@ -114,6 +117,18 @@ def require(name: str) -> None:
 
         module, function = spec.check.split(":")
         getattr(importlib.import_module(module), function)()
+
+
+def warm(name: str, model_dir, **options) -> str | None:
+    """Start engine `name`'s server for this checkpoint in the background when the engine has one (its
+    EngineSpec.warm); returns the key of a server started, else None."""
+    spec = ENGINES.get(name)
+    if spec is None or not spec.warm:
+        return None
+    import importlib
+
+    module, function = spec.warm.split(":")
+    return getattr(importlib.import_module(module), function)(model_dir, **options)
 
 
 def make_engine(name: str, model_dir, **options) -> Engine:

@@ -49,6 +49,18 @@ def parse_vllm_log(text: str) -> dict:
     return found
 
 
+def planned_kv_figures(command: list[str]) -> dict:
+    """A server started with a planned KV pool (`--kv-cache-memory-bytes`, engine.kv_cache_memory: planned)
+    logs no "Available KV cache memory": the pool is the size its command line gave."""
+    if "--kv-cache-memory-bytes" not in command:
+        return {}
+    at = command.index("--kv-cache-memory-bytes") + 1
+    try:
+        return {"kv_cache_bytes": int(command[at]), "kv_cache_bytes_source": "planned"}
+    except (IndexError, ValueError):
+        return {}
+
+
 def from_vllm_log(path: Path | str) -> dict:
     try:
         with open(path, "rb") as handle:
@@ -110,6 +122,9 @@ def capacity(engine_figures: dict, *, levels: list[dict], slo: dict | None, tens
         "kv_cache_tokens_alone": {"gpu_memory_utilization": alone_fraction, "tokens": tokens_at_fraction(
             engine_figures, alone_fraction, settings.get("gpu_memory_utilization"), device_bytes)},
         "source": {"kv_cache_tokens": "engine log" if tokens else None,
+                   # planned: the pool engine.kv_cache_memory: planned gave the server (vllm.planned_kv_cache_bytes)
+                   "kv_cache_bytes": engine_figures.get("kv_cache_bytes_source") or (
+                       "engine log" if engine_figures.get("kv_cache_bytes") else None),
                    "weight_bytes": "engine log" if weight is not None else
                    ("checkpoint size" if checkpoint_weight_bytes else None)},
     }

@@ -30,7 +30,8 @@ def vllm(e) -> dict:
             "server_command": e.server_command, "server_env": e.server_env,
             "server_args": e.server_args, "start_timeout": e.start_timeout,
             "share_server": e.share_server, "server_idle_timeout": e.server_idle_timeout,
-            "max_servers": e.max_servers,
+            "max_servers": e.max_servers, "kv_cache_memory": e.kv_cache_memory,
+            "non_kv_memory_gib": e.non_kv_memory_gib, "device_memory_gib": e.device_memory_gib,
             "timeout": max(e.timeout, 600.0), "retries": min(e.retries, 1),
             "max_response_bytes": e.max_response_bytes, "enable_expert_parallel": e.enable_expert_parallel,
             "dtype": e.dtype if e.dtype != "float32" else None}

@@ -14,7 +14,12 @@ the entry and then watches three things every half second:
   server when it ends, as before;
 - leases: every stage using the server holds one (a file naming its pid and start time); a stage
   killed with SIGKILL leaves a lease whose process is gone, which counts as released;
-- idleness: with no live lease for `engine.server_idle_timeout` seconds the server is stopped.
+- idleness, when `engine.server_idle_timeout` is set: with no live lease for that long the server is
+  stopped. Unset (the default), a server lives until its run ends: DVC's stage order can leave a model
+  unused for many minutes before its next stage, and a restart costs ~100 s on the H200.
+
+A server can also be started before any stage asks for it (`warm`, no lease taken): a stage that attaches
+while it is still starting waits for it, and only that wait counts as the stage's engine start.
 
 The server dies with its supervisor (PR_SET_PDEATHSIG), and the supervisor stops the server's whole
 process group on SIGTERM. Starting a server first stops idle servers of the same checkpoint path (a
@@ -244,8 +249,8 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
         if model_path is not None and current[key].get("model_path") == model_path:
             stop_entry(registry, key, current.pop(key))
             stopped.append(key)
-    for _, key in idle:
-        if key in current and len(current) > keep:
+    for _, key in idle:  # a server still starting (warm) is about to be asked for: not evicted for room
+        if key in current and len(current) > keep and current[key].get("state") != "starting":
             stop_entry(registry, key, current.pop(key))
             stopped.append(key)
     return stopped
@@ -267,6 +272,7 @@ class SharedServer:
     owner: str
     server_pid: int
     stop_at_close: bool
+    waited: float = 0.0  # seconds this stage waited for the server to be ready (0 for one already up)
 
     @property
     def base_url(self) -> str:
@@ -324,67 +330,144 @@ class _Watched:
 
 
 def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path, env: dict | None = None,
-            start_timeout: float = 900.0, idle_timeout: float = 300.0, max_servers: int = 1,
+            start_timeout: float = 900.0, idle_timeout: float | None = None, max_servers: int = 1,
             name: str = "server") -> SharedServer:
     """A lease on the server `command` (without its port: `port_flag PORT` is appended) for the
-    checkpoint model_dir: attached when a live one has the same key, else started through a
-    supervisor (the server's output goes to log_path). Raises UserError when the start fails."""
-    from pipeline.engines.http import get_ok
-    from pipeline.engines.server import free_port
-
+    checkpoint model_dir: attached when a live one has the same key (waiting for it when an earlier stage
+    or `warm` is still starting it), else started through a supervisor (the server's output goes to
+    log_path). Raises UserError when the start fails."""
     registry = registry_dir()
     model_dir = Path(model_dir).resolve()
     owner_pid, owner_started, owner_what = run_owner()
     own_stage = owner_pid == os.getpid()
     env = dict(env or {})
     key = server_key(content_fingerprint(model_dir, registry), command, env)
+    started = time.monotonic()
     with _locked(registry):
         entry = read_entry(registry, key)
-        if entry and entry.get("state") == "ready" and alive(entry.get("supervisor_pid"), entry.get(
-                "supervisor_started")) and get_ok(f"http://127.0.0.1:{entry['port']}/health"):
+        if entry and _live(entry):
+            _lease(registry, key)  # a starting server is waited for below, holding the lease
+            attach = True
+        else:
+            if entry:
+                stop_entry(registry, key, entry)  # a dead server under this key
+            stop_idle(registry, keep=max(0, max_servers - 1), model_path=str(model_dir), exclude=key)
             _lease(registry, key)
-            with contextlib.suppress(OSError):
-                with open(log_path, "a") as log:
-                    log.write(f"attached to the server started for this checkpoint (key {key}); its log: "
-                              f"{entry['log']}\n")
-            return SharedServer(registry, key, entry["port"], Path(entry["log"]), False, 0.0, entry["owner"],
-                                entry["server_pid"], own_stage)
+            _spawn_supervisor(registry, key, command, port_flag, model_dir=model_dir, log_path=log_path, env=env,
+                              owner=(owner_pid, owner_started, owner_what), start_timeout=start_timeout,
+                              idle_timeout=idle_timeout, name=name)
+            attach = False
+    entry = _wait_ready(registry, key, start_timeout, name, Path(log_path))
+    if attach:
+        with contextlib.suppress(OSError):
+            with open(log_path, "a") as log:
+                log.write(f"attached to the server started for this checkpoint (key {key}); its log: "
+                          f"{entry['log']}\n")
+    waited = time.monotonic() - started
+    return SharedServer(registry, key, entry["port"], Path(entry["log"]), not attach, waited if not attach else 0.0,
+                        entry["owner"], entry["server_pid"], own_stage, waited=waited)
+
+
+def warm(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path, env: dict | None = None,
+         start_timeout: float = 900.0, idle_timeout: float | None = None, max_servers: int = 1,
+         name: str = "server") -> str | None:
+    """Starts the server `command` for model_dir in the background, so that it is up when a stage asks for it
+    (acquire then attaches): no lease is taken and nothing is waited for. Does nothing when a server under
+    that key is running or starting, or when max_servers are up already (warming never stops a server).
+    Returns the key of a server it started, else None."""
+    registry = registry_dir()
+    model_dir = Path(model_dir).resolve()
+    owner = run_owner()
+    env = dict(env or {})
+    key = server_key(content_fingerprint(model_dir, registry), command, env)
+    with _locked(registry):
+        entry = read_entry(registry, key)
+        if entry and _live(entry):
+            return None
         if entry:
-            stop_entry(registry, key, entry)  # a dead or unhealthy server under this key
-        stop_idle(registry, keep=max(0, max_servers - 1), model_path=str(model_dir), exclude=key)
-        started = time.monotonic()
-        port = free_port()
-        log_path = Path(log_path).resolve()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        spec = {"key": key, "command": [*command, port_flag, str(port)], "port": port, "env": env,
-                "log": str(log_path), "model_path": str(model_dir), "owner_pid": owner_pid,
-                "owner_started": owner_started, "owner": owner_what, "idle_timeout": idle_timeout,
-                "start_timeout": start_timeout, "registry": str(registry), "name": name}
-        _lease(registry, key)
-        package_root = str(Path(__file__).resolve().parents[2])
-        child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-        supervisor = subprocess.Popen([sys.executable, "-m", "pipeline.engines.supervisor", json.dumps(spec)],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True, env=child_env, close_fds=True)
-        threading.Thread(target=supervisor.wait, daemon=True).start()  # reaped when it exits; it outlives us
-        deadline = started + start_timeout + 30
-        while True:
-            entry = read_entry(registry, key)
-            if entry and entry.get("state") == "ready":
-                break
-            if entry and entry.get("state") == "failed" or supervisor.poll() is not None:
-                supervisor.wait()
-                failure = (entry or {}).get("error") or f"its supervisor exited with code {supervisor.returncode}"
+            stop_entry(registry, key, entry)
+        stop_idle(registry, keep=len(entries(registry)), model_path=str(model_dir), exclude=key)  # its old content only
+        if len(entries(registry)) >= max_servers:
+            return None
+        _spawn_supervisor(registry, key, command, port_flag, model_dir=model_dir, log_path=log_path, env=env,
+                          owner=owner, start_timeout=start_timeout, idle_timeout=idle_timeout, name=name)
+    return key
+
+
+def starting(registry: Path | None = None) -> list[dict]:
+    """The servers whose start is under way (their supervisor alive, not yet ready)."""
+    return [e for e in entries(registry).values()
+            if e.get("state") == "starting" and alive(e.get("supervisor_pid"), e.get("supervisor_started"))]
+
+
+def wait_until_started(timeout: float = 900.0, registry: Path | None = None) -> float:
+    """Waits until no server of the registry is starting (a start's torch.compile and CUDA-graph capture load
+    the GPU: a speed measurement waits for quiet); returns the seconds waited."""
+    began = time.monotonic()
+    while starting(registry) and time.monotonic() - began < timeout:
+        time.sleep(POLL_S)
+    return time.monotonic() - began
+
+
+def _live(entry: dict) -> bool:
+    """Its supervisor runs and the server is ready and answers, or is still starting."""
+    from pipeline.engines.http import get_ok
+
+    if not alive(entry.get("supervisor_pid"), entry.get("supervisor_started")):
+        return False
+    if entry.get("state") == "starting":
+        return True
+    return entry.get("state") == "ready" and get_ok(f"http://127.0.0.1:{entry['port']}/health")
+
+
+def _spawn_supervisor(registry: Path, key: str, command: list[str], port_flag: str, *, model_dir: Path,
+                      log_path: Path, env: dict, owner: tuple, start_timeout: float, idle_timeout: float | None,
+                      name: str) -> None:
+    """Writes the entry (state starting) and starts the supervisor, detached: it outlives the caller. Call with
+    the lock held."""
+    from pipeline.engines.server import free_port
+
+    port = free_port()
+    log_path = Path(log_path).resolve()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    owner_pid, owner_started, owner_what = owner
+    spec = {"key": key, "command": [*command, port_flag, str(port)], "port": port, "env": env,
+            "log": str(log_path), "model_path": str(model_dir), "owner_pid": owner_pid,
+            "owner_started": owner_started, "owner": owner_what, "idle_timeout": idle_timeout,
+            "start_timeout": start_timeout, "registry": str(registry), "name": name}
+    package_root = str(Path(__file__).resolve().parents[2])
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    supervisor = subprocess.Popen([sys.executable, "-m", "pipeline.engines.supervisor", json.dumps(spec)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True, env=child_env, close_fds=True)
+    threading.Thread(target=supervisor.wait, daemon=True).start()  # reaped when it exits; it outlives us
+    deadline = time.monotonic() + 60
+    while read_entry(registry, key) is None and supervisor.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # its first entry (state starting) names it: others attach from then on
+
+
+def _wait_ready(registry: Path, key: str, start_timeout: float, name: str, log_path: Path) -> dict:
+    """The entry once its server is ready; a start that failed (or took past start_timeout) is a UserError
+    quoting the end of the server's log."""
+    deadline = time.monotonic() + start_timeout + 30
+    while True:
+        entry = read_entry(registry, key)
+        if entry and entry.get("state") == "ready":
+            return entry
+        supervisor_gone = entry is not None and not alive(entry.get("supervisor_pid"), entry.get("supervisor_started"))
+        if entry is None or entry.get("state") == "failed" or supervisor_gone:
+            failure = (entry or {}).get("error") or "its supervisor exited before the server was ready"
+            log = Path((entry or {}).get("log") or log_path)
+            with _locked(registry):
                 forget(registry, key)
-                raise UserError(f"{name} {failure}; the end of {log_path}:\n{_tail(log_path)}")
-            if time.monotonic() > deadline:
-                stop_entry(registry, key, entry or {"supervisor_pid": supervisor.pid})
-                raise UserError(f"{name} did not become ready within {start_timeout:.0f} s (engine.start_timeout); "
-                                f"the end of {log_path}:\n{_tail(log_path)}")
-            time.sleep(0.2)
-        return SharedServer(registry, key, port, log_path, True, time.monotonic() - started, owner_what,
-                            entry["server_pid"], own_stage)
+            raise UserError(f"{name} {failure}; the end of {log}:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            with _locked(registry):
+                stop_entry(registry, key, entry)
+            raise UserError(f"{name} did not become ready within {start_timeout:.0f} s (engine.start_timeout); "
+                            f"the end of {entry.get('log') or log_path}:\n{_tail(Path(entry.get('log') or log_path))}")
+        time.sleep(0.2)
 
 
 def _lease(registry: Path, key: str) -> None:

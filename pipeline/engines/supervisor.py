@@ -2,7 +2,7 @@
 (`python -m pipeline.engines.supervisor SPEC`, detached from the stage that asked for the server): starts
 the server, waits for `/health`, writes the registry entry, then watches the run that owns the server,
 the stages' leases and idleness every half second, and stops the server when the run ends, no stage
-has held a lease for engine.server_idle_timeout seconds, or stop_entry asks it to.
+has held a lease for engine.server_idle_timeout seconds (when set), or stop_entry asks it to.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def supervise(spec: dict) -> int:
             idle_since, reason = None, None
         elif idle_since is None:
             idle_since, reason = time.monotonic(), None
-        elif time.monotonic() - idle_since >= float(spec["idle_timeout"]):
+        elif spec["idle_timeout"] is not None and time.monotonic() - idle_since >= float(spec["idle_timeout"]):
             reason = f"idle for {spec['idle_timeout']:g} s (engine.server_idle_timeout)"
         else:
             reason = None

@@ -45,6 +45,7 @@ from pipeline.engines.vision import IMAGE_PLACEHOLDER, image_markup, is_multimod
 from pipeline.errors import UserError
 
 SERVED_NAME = "model"
+GIB = 1 << 30
 # vLLM applies a chat template to /v1/chat/completions; ours renders the prompt already: pass it through
 PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
@@ -99,6 +100,8 @@ def server_args(model_dir: Path, port: int | None, settings: dict) -> list[str]:
     dtype = serving_dtype(settings.get("dtype"), kv, model_dir)
     if dtype:
         args += ["--dtype", dtype]
+    if settings.get("kv_cache_memory") == "planned":
+        args += ["--kv-cache-memory-bytes", str(planned_kv_cache_bytes(model_dir, settings))]
     if settings.get("enable_expert_parallel"):
         args.append("--enable-expert-parallel")
     if is_multimodal(model_dir):
@@ -106,15 +109,101 @@ def server_args(model_dir: Path, port: int | None, settings: dict) -> list[str]:
     return args + [str(a) for a in settings.get("server_args") or []]
 
 
+def server_command_for(model_dir: Path, server_command: list[str], settings: dict) -> list[str]:
+    """The whole `vllm serve` command line for this checkpoint and these settings, without its port: what a
+    shared server is keyed by (pipeline/engines/shared.py), so a server started early for the checkpoint
+    (`warm`) is the very one a stage asks for later."""
+    return list(server_command) + server_args(Path(model_dir), None, settings)
+
+
+def device_memory_bytes(settings: dict) -> int | None:
+    """One GPU's memory: engine.device_memory_gib when set, else what nvidia-smi reports for the first GPU."""
+    if settings.get("device_memory_gib"):
+        return int(float(settings["device_memory_gib"]) * GIB)
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return int(out[0]) << 20 if out else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def planned_kv_cache_bytes(model_dir: Path, settings: dict) -> int:
+    """engine.kv_cache_memory: planned. The KV pool of one GPU, fixed before the server starts instead of
+    measured by vLLM's start-up profiling: gpu_memory_utilization x the GPU's memory, less this GPU's share
+    of the checkpoint's weights and engine.non_kv_memory_gib (activations, CUDA graphs, the CUDA context).
+    vLLM's profiling reads the whole device's free memory, so a server that profiles while another process
+    allocates or frees GPU memory sizes its pool wrongly or stops; a planned pool lets a server start while
+    other work runs (pipeline/engines/shared.py: warm)."""
+    device = device_memory_bytes(settings)
+    if device is None:
+        raise UserError("params.yaml: engine.kv_cache_memory: planned needs the GPU's memory: no nvidia-smi here; "
+                        "set engine.device_memory_gib, or use engine.kv_cache_memory: auto")
+    tp = max(1, int(settings.get("tensor_parallel_size") or 1))
+    weights = sum(path.stat().st_size for path in Path(model_dir).glob("*.safetensors")) // tp  # all of them load
+    reserve = int(float(settings.get("non_kv_memory_gib", 4.0)) * GIB)
+    budget = int(float(settings.get("gpu_memory_utilization", 0.9)) * device)
+    pool = budget - weights - reserve
+    if pool <= 0:
+        raise UserError(f"params.yaml: engine.gpu_memory_utilization {settings.get('gpu_memory_utilization')} of "
+                        f"{device / GIB:.0f} GiB leaves no KV cache for {model_dir} (weights {weights / GIB:.1f} GiB, "
+                        f"engine.non_kv_memory_gib {reserve / GIB:g}); raise gpu_memory_utilization")
+    return pool
+
+
+def device_memory_free_bytes() -> int | None:
+    """Free memory of the first GPU as nvidia-smi reports it (every process's use counted), None without it."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return int(out[0]) << 20 if out else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def warm(model_dir: Path | str, *, server_command: list[str] | None = None, server_env: dict | None = None,
+         start_timeout: float = 900.0, server_idle_timeout: float | None = None, max_servers: int = 1,
+         log_path: Path | str | None = None, **settings) -> str | None:
+    """Starts the run's shared server for this checkpoint in the background (pipeline/engines/shared.py: warm),
+    with the very command line VLLMEngine will ask for, so the stage that needs it attaches. Returns the key of
+    a server it started, None when one was up or starting already (or max_servers are up). A checkpoint vLLM
+    could not serve as it is is left to the stage that asks for it, which says why."""
+    from pipeline.engines import shared
+
+    model_dir = Path(model_dir)
+    settings = {k: v for k, v in settings.items() if k in VLLMEngine.SETTINGS}
+    try:
+        refuse_unmatched_ignore(model_dir)
+        command = server_command_for(model_dir, list(server_command or ["vllm", "serve"]), settings)
+    except UserError:
+        return None
+    return shared.warm(command, "--port", model_dir=model_dir,
+                       log_path=Path(log_path) if log_path else Path("results") / model_dir.name / "vllm-server.log",
+                       env=server_env, start_timeout=start_timeout, idle_timeout=server_idle_timeout,
+                       max_servers=max_servers, name="vLLM server")
+
+
 class VLLMEngine:
     name = "vllm"
     SETTINGS = ("tensor_parallel_size", "enable_expert_parallel", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
-                "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype", "server_args")
+                "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype", "server_args",
+                "kv_cache_memory", "non_kv_memory_gib", "device_memory_gib")
 
     def __init__(self, model_dir: Path | str, *, batch_size: int = 64, server_command: list[str] | None = None,
                  server_env: dict | None = None, start_timeout: float = 900.0, log_path: Path | str | None = None,
                  timeout: float = 600.0, retries: int = 1, max_response_bytes: int = 64 << 20, progress=None,
-                 share_server: bool = False, server_idle_timeout: float = 300.0, max_servers: int = 1, **settings):
+                 share_server: bool = False, server_idle_timeout: float | None = None, max_servers: int = 1,
+                 **settings):
         self.model_dir = Path(model_dir)
         config_json.read(self.model_dir)  # a missing or broken config.json: one message naming it and the fix
         self.settings = {k: v for k, v in settings.items() if k in self.SETTINGS}
@@ -122,35 +211,58 @@ class VLLMEngine:
         self.accepts_images = is_multimodal(self.model_dir)
         self.batch_size = batch_size  # requests in flight
         self.progress = progress
-        log_path = Path(log_path) if log_path else Path("results") / self.model_dir.name / "vllm-server.log"
-        if share_server:  # one server per checkpoint and settings for the whole run (pipeline/engines/shared.py)
+        self.launch = {"server_command": list(server_command or ["vllm", "serve"]), "server_env": server_env,
+                       "start_timeout": start_timeout, "idle_timeout": server_idle_timeout,
+                       "max_servers": max_servers, "share": share_server,
+                       "log_path": Path(log_path) if log_path else Path("results") / self.model_dir.name /
+                       "vllm-server.log"}
+        self.command = server_command_for(self.model_dir, self.launch["server_command"], self.settings)
+        # the tokenizer side works without the server: a suite whose requests are all cached starts none
+        self.client = OpenAIEngine(self.model_dir, base_url="http://127.0.0.1:0/v1", model=SERVED_NAME,
+                                   prompt_format="tokens", concurrency=batch_size, timeout=timeout, retries=retries,
+                                   max_response_bytes=max_response_bytes, params_section="engine",
+                                   extra_body={"return_token_ids": True, "skip_special_tokens": False})
+        self.tokenizer = self.client.tokenizer
+        self.server = None
+        self.version = None
+
+    def start(self) -> "VLLMEngine":
+        """The server, started (or attached to, when the run already has it: pipeline/engines/shared.py) the
+        first time anything needs it; what that cost is recorded with the engines this process made."""
+        if self.server is not None:
+            return self
+        from pipeline.engines import STARTS
+
+        started = time.perf_counter()
+        launch = self.launch
+        if launch["share"]:  # one server per checkpoint and settings for the whole run (pipeline/engines/shared.py)
             from pipeline.engines import shared
 
-            command = list(server_command or ["vllm", "serve"]) + server_args(self.model_dir, None, self.settings)
-            self.server = shared.acquire(command, "--port", model_dir=self.model_dir, log_path=log_path,
-                                         env=server_env, start_timeout=start_timeout,
-                                         idle_timeout=server_idle_timeout, max_servers=max_servers,
-                                         name="vLLM server")
+            self.server = shared.acquire(self.command, "--port", model_dir=self.model_dir,
+                                         log_path=launch["log_path"], env=launch["server_env"],
+                                         start_timeout=launch["start_timeout"], idle_timeout=launch["idle_timeout"],
+                                         max_servers=launch["max_servers"], name="vLLM server")
         else:
             port = free_port()
-            command = list(server_command or ["vllm", "serve"]) + server_args(self.model_dir, port, self.settings)
-            self.server = ServerProcess(command, port=port, log_path=log_path, env=server_env, name="vLLM server",
-                                        start_timeout=start_timeout).start()
+            self.server = ServerProcess([*self.command, "--port", str(port)], port=port, log_path=launch["log_path"],
+                                        env=launch["server_env"], name="vLLM server",
+                                        start_timeout=launch["start_timeout"]).start()
         try:
-            self.client = OpenAIEngine(self.model_dir, base_url=self.server.base_url + "/v1", model=SERVED_NAME,
-                                       prompt_format="tokens", concurrency=batch_size, timeout=timeout, retries=retries,
-                                       max_response_bytes=max_response_bytes, params_section="engine",
-                                       extra_body={"return_token_ids": True, "skip_special_tokens": False})
-            self.tokenizer = self.client.tokenizer
+            self.client.base_url = self.server.base_url + "/v1"
             self.version = self._version()
         except BaseException:
             self.server.stop()
+            self.server = None
             raise
+        STARTS.append({"engine": self.name, "model": str(self.model_dir), "seconds": time.perf_counter() - started,
+                       "server": "started" if getattr(self.server, "started", True) else "attached"})
+        return self
 
     # ------------------------------------------------------------------ what every engine offers
 
     @property
     def base_url(self) -> str:
+        self.start()
         return self.client.base_url
 
     @property
@@ -178,6 +290,7 @@ class VLLMEngine:
 
     def generate(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
         """on_done(index, completion): as in OpenAIEngine.generate, each answer as it arrives."""
+        self.start()
         completions = self.client.generate(requests, on_done=on_done)
         failed = [c for c in completions if c.error]
         if failed:  # never score a request that got no answer as a wrong answer
@@ -198,6 +311,8 @@ class VLLMEngine:
         """Sum of log P(continuation | context) and whether every continuation token is the argmax,
         from vLLM's prompt_logprobs (log-probability and rank of each prompt token)."""
         import httpx
+
+        self.start()
 
         def one(client, context: list[int], continuation: list[int]) -> tuple[float, bool]:
             ids = list(context) + list(continuation)
@@ -223,6 +338,7 @@ class VLLMEngine:
 
     def describe(self) -> dict:
         """Engine, version and settings, as the report names them."""
+        self.start()
         return {"engine": "vllm", "version": self.version, "settings": self.settings,
                 "kv_cache_dtype": resolve_kv_cache_dtype(self.settings.get("kv_cache_dtype", "checkpoint"), self.model_dir),
                 "tensor_parallel_size": int(self.settings.get("tensor_parallel_size", 1)),
@@ -235,13 +351,14 @@ class VLLMEngine:
     @property
     def start_seconds(self) -> float:
         """What this stage paid to start the server: 0 when it attached to a running one."""
-        return float(self.server.start_seconds or 0.0)
+        return float(self.server.start_seconds or 0.0) if self.server is not None else 0.0
 
     def capacity(self) -> dict:
         """KV-cache capacity and weight memory as the server itself logged them at start (capacity.py)."""
-        from pipeline.engines.capacity import from_vllm_log
+        from pipeline.engines.capacity import from_vllm_log, planned_kv_figures
 
-        return from_vllm_log(self.server.log_path)
+        self.start()
+        return {**planned_kv_figures(self.command), **from_vllm_log(self.server.log_path)}
 
     def _version(self) -> str | None:
         import httpx
@@ -252,10 +369,12 @@ class VLLMEngine:
             return None
 
     def healthy(self) -> bool:
-        return get_ok(self.server.base_url + "/health")
+        return self.server is not None and get_ok(self.server.base_url + "/health")
 
     def close(self) -> None:
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
     def weight_bytes_per_token(self) -> int:
         from pipeline.checkpoints.sizes import checkpoint_weight_bytes

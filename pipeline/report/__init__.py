@@ -37,6 +37,8 @@ def collect(results_dir: Path, suites: list[str], models: list[str] | None = Non
     found: dict[str, dict] = {}
     for path in sorted(results_dir.glob("*/*.jsonl")):
         if path.stem in suites and (models is None or path.parent.name in models):
+            if (result_files.read_summary(path.with_suffix(".json")) or {}).get("status") == "not run":
+                continue  # suites.<suite>.models leaves this model out: as if absent
             found.setdefault(path.parent.name, {})[path.stem] = result_files.read_lines(path)
     if "base" not in found:
         raise UserError(f"{results_dir}/base: no base results; run `quantize eval models/base --suite S` first")
