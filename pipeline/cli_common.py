@@ -55,10 +55,13 @@ def _record_stage(code: int) -> None:
     from pipeline.engines import STARTS, engine_start_seconds
 
     try:
-        ticks = os.sysconf("SC_CLK_TCK")
-        stat = Path("/proc/self/stat").read_text()
-        started = int(stat[stat.rindex(")") + 2:].split()[19]) / ticks
-        wall = float(Path("/proc/uptime").read_text().split()[0]) - started
+        if os.environ.get("QUANTIZE_STAGE_STARTED"):  # run in a fork of the run's warm interpreter: since the
+            wall = time.time() - float(os.environ["QUANTIZE_STAGE_STARTED"])  # `quantize` launcher started
+        else:
+            ticks = os.sysconf("SC_CLK_TCK")
+            stat = Path("/proc/self/stat").read_text()
+            started = int(stat[stat.rindex(")") + 2:].split()[19]) / ticks
+            wall = float(Path("/proc/uptime").read_text().split()[0]) - started
     except (OSError, ValueError):
         wall = None
     line = {"stage": os.environ.get("DVC_STAGE"), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,

@@ -45,72 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.runs import RUN_PID_ENV, alive, run_owner, start_time  # noqa: F401  (the run a server belongs to)
 
 REGISTRY_ENV = "QUANTIZE_SERVER_DIR"
-RUN_PID_ENV = "QUANTIZE_RUN_PID"
 POLL_S = 0.5
 
 
 def registry_dir() -> Path:
     return Path(os.environ.get(REGISTRY_ENV) or Path.cwd() / ".cache" / "servers")
-
-
-# ---------------------------------------------------------------- processes
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None when gone:
-    a pid with another start time is another process (pids are reused)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] == "Z":  # a zombie: dead, not yet reaped
-        return None
-    return int(fields[19])
-
-
-def alive(pid: int | None, started: int | None) -> bool:
-    return bool(pid) and start_time(pid) is not None and (started is None or start_time(pid) == started)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _is_run(pid: int) -> bool:
-    """A `dvc repro` / `dvc exp run` process."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    names = [Path(a.decode(errors="replace")).name for a in argv[:3]]
-    rest = [a.decode(errors="replace") for a in argv[1:6]]
-    return "dvc" in names and ("repro" in rest or "exp" in rest)
-
-
-def run_owner() -> tuple[int, int | None, str]:
-    """(pid, start time, what) of the run this process belongs to: QUANTIZE_RUN_PID, else the nearest
-    `dvc repro` ancestor, else this process itself."""
-    named = os.environ.get(RUN_PID_ENV)
-    if named:
-        try:
-            pid = int(named)
-        except ValueError:
-            raise UserError(f"{RUN_PID_ENV}={named!r}: give the process id of the run that holds the GPU") from None
-        if start_time(pid) is None:
-            raise UserError(f"{RUN_PID_ENV}={pid}: no such process; unset it or name the running run's pid")
-        return pid, start_time(pid), f"{RUN_PID_ENV} (pid {pid})"
-    pid = _parent(os.getpid())
-    while pid and pid > 1:
-        if _is_run(pid):
-            return pid, start_time(pid), f"dvc repro (pid {pid})"
-        pid = _parent(pid)
-    return os.getpid(), start_time(os.getpid()), "this stage"
 
 
 # ---------------------------------------------------------------- keys
