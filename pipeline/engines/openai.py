@@ -87,6 +87,11 @@ class OpenAIEngine:
             self.vocab_size = max(len(self.tokenizer), config_json.vocab_size(config_json.read(self.model_dir)))
 
     @property
+    def served_model(self) -> str:
+        """The name requests carry (`quantize bench` streams to it, as to vLLM's)."""
+        return self.model
+
+    @property
     def url(self) -> str:
         return self.base_url + ("/chat/completions" if self.prompt_format == "chat" else "/completions")
 

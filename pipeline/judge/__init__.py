@@ -65,8 +65,9 @@ class JudgeResult:
             figures = (f"{s['wins']} wins, {s['ties']} ties, {s['losses']} losses, {s['unjudged']} unjudged; "
                        f"win rate {rate}, consistency {consistency}")
         weak = ", weak judge" if s["weak_judge"] else ""
-        replaced = (f"; {s['replaced_characters']} characters of the judge's replies that UTF-8 cannot hold "
-                    "written as U+FFFD") if s.get("replaced_characters") else ""
+        n = s.get("replaced_characters") or 0
+        replaced = (f"; {n} character{'s' if n > 1 else ''} of the judge's replies that UTF-8 cannot hold written "
+                    "as U+FFFD") if n else ""
         return f"judge: wrote {self.out} ({figures}{weak}{replaced}): {s['decision']} in {s['seconds']:.0f} s"
 
 
