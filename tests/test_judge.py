@@ -206,17 +206,21 @@ def test_a_lone_surrogate_in_a_verdict_is_replaced_counted_and_written(tmp_path)
     assert "\ufffd" in json.loads(cached.splitlines()[0])["raw"] + json.loads(cached.splitlines()[1])["raw"]
 
 
-def test_a_broken_cache_entry_is_asked_again(tmp_path):
+@pytest.mark.parametrize("edit", [
+    lambda entry: entry.update(raw="\udc00 [[B]]"),  # a lone surrogate: no UTF-8 file can hold it
+    lambda entry: entry.pop("attempts"),
+    lambda entry: entry.update(parsed="D"),
+    lambda entry: entry.update(replaced=-1),
+])
+def test_a_judgment_cache_line_edited_by_hand_is_refused_with_its_line(tmp_path, edit):
     with ChatServer(prefers_longer) as server:
-        first, _ = one_pair(make_judge(server, tmp_path))
+        one_pair(make_judge(server, tmp_path))
         cache = tmp_path / "cache.jsonl"
         entries = [json.loads(line) for line in cache.read_text(encoding="utf-8").splitlines()]
-        entries[0]["raw"] = "\udc00 [[B]]"  # edited by hand: no UTF-8 file can hold it
-        del entries[1]["attempts"]
+        edit(entries[1])
         cache.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
-        server.requests.clear()
-        again, _ = one_pair(make_judge(server, tmp_path))
-    assert len(server.requests) == 2 and again == first
+        with pytest.raises(UserError, match=f"{cache}, line 2: not a cache entry .* Delete that line, or the file"):
+            one_pair(make_judge(server, tmp_path))
 
 
 def test_client_error_is_not_retried(tmp_path):

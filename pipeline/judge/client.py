@@ -23,10 +23,10 @@ log = logging.getLogger(__name__)
 
 class JudgmentCache(KeyedJsonl):
     """Append-only keyed JSONL of finished judgments; a torn last line (SIGKILL) is dropped and cut off, and
-    an entry that is not a judgment this code writes (edited by hand, another version's) is asked again."""
+    a line that is not a judgment as Judge._record writes it (edited by hand) is refused with its line."""
 
     def __init__(self, path):
-        super().__init__(path, keep=is_judgment)
+        super().__init__(path, valid=is_judgment)
 
     @staticmethod
     def key(*parts) -> str:
