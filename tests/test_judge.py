@@ -326,26 +326,37 @@ def test_openai_judge_end_to_end_never_leaks_the_key(tmp_path, two_models, holdo
     assert not any(FAKE_KEY in text for text in outputs)
 
 
-def test_a_judge_behind_a_bad_gateway_finishes_the_stage(tmp_path, two_models, holdout):
-    """Replies with broken usage counts, and one with a lone surrogate, from a real server: the stage writes
-    everything, counts the failed orders as unjudged with the reason, and says where characters were replaced."""
+def test_quantize_judge_behind_a_bad_gateway_finishes_the_stage(tmp_path, two_models, holdout, monkeypatch):
+    """`quantize judge` against a real server whose replies break the API (a usage count as text, then NaN: one
+    order fails both attempts) or hold a lone surrogate: exit 0, everything written, the failed order unjudged
+    with its reason, and the replaced character counted and named."""
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli import app
+
     base, variant = two_models
-    params = JudgeParams(backend="openai", model="test-judge", retries=1, backoff=0.01, concurrency=1, control=False,
-                         **SMALL)
     surrogate = ("edit", lambda body: {**body, "choices": [{**body["choices"][0], "message": {
         "role": "assistant", "content": body["choices"][0]["message"]["content"] + " \ud800"}}]})
     with ChatServer(prefers_longer) as server:
-        params.base_url = server.base_url
+        write_params(tmp_path, {**TINY_PARAMS, "judge": {
+            "backend": "openai", "model": "test-judge", "base_url": server.base_url, "retries": 1, "backoff": 0.01,
+            "concurrency": 1, "control": False, "limit": 3, "max_new_tokens": 6, "judge_max_new_tokens": 8}})
+        monkeypatch.chdir(tmp_path)
         server.script = [with_usage("12"), with_usage({"completion_tokens": float("nan")}), surrogate]
-        result = judge.run(variant, base, holdout, tmp_path, params, bootstrap=200)
-    s = result.summary
+        result = CliRunner().invoke(app, ["judge", str(variant), "--base", str(base), "--prompts", str(holdout),
+                                          "--out", "out"])
+    assert result.exit_code == 0, result.output
+    assert "1 character of the judge's replies that UTF-8 cannot hold written as U+FFFD" in result.output
+    assert "stands as U+FFFD in judge.jsonl" in result.output and "Traceback" not in result.output
+    s = json.loads((tmp_path / "out" / "judge.json").read_text(encoding="utf-8"))
     assert s["n"] + s["unjudged"] == 3 and s["unjudged"] == 1 and s["unjudged_reasons"] == {"request failed": 1}
-    assert s["replaced_characters"] == 1 and "1 character of the judge's replies" in result.summary_line()
-    lines = read_jsonl(tmp_path / "judge.jsonl")
-    failed = [j for l in lines for j in l["judgments"] if j["error"]]
-    assert len(failed) == 1 and "usage" in failed[0]["error"]
-    assert sum("\ufffd" in j["raw"] for l in lines for j in l["judgments"]) == 1
-    assert any("U+FFFD in judge.jsonl" in r for r in verdict.explain_judge(s, s["decision"], 0.05, 0.6))
+    assert s["replaced_characters"] == 1
+    lines = read_jsonl(tmp_path / "out" / "judge.jsonl")
+    [failed] = [j for l in lines for j in l["judgments"] if j["error"]]
+    assert failed["error"].startswith("gave up after 2 attempts: malformed reply: usage.completion_tokens: expected "
+                                      "a whole number from 0 to 8, found the number nan")
+    assert [j["replaced"] for l in lines for j in l["judgments"] if "\ufffd" in j["raw"]] == [1]
 
 
 def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(tmp_path):

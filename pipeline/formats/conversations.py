@@ -295,9 +295,9 @@ def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str, remo
             "content": _content(turn[text_key], where, f"{shape}[{i}].{text_key}", removed),
         })
     if all(m["role"] == "system" for m in messages):
-        raise OnlySystemTurns(f"{where}: '{shape}' holds only system turns ({len(messages)}), no user or assistant turn: "
-                        "nothing to calibrate on or hold out; export the conversation's turns with it, or drop the "
-                        "record")
+        raise OnlySystemTurns(f"{where}: '{shape}' holds only system turns ({len(messages)}), no user or assistant "
+                              "turn: nothing to calibrate on or hold out; export the conversation's turns with it, "
+                              "or drop the record")
     return messages
 
 
