@@ -6,11 +6,11 @@ instruction/output, plain text). Records that cannot be used (bad ones, a system
 the chat template rejects) are skipped and listed; more than calib.max_bad_fraction of them fail the
 run, and so does a file without a single user or assistant turn (or, with calib.holdout above 0,
 without a user turn to hold out). Control characters but tab and newline (NUL included) are removed
-from the text and counted (pipeline/formats/conversations.py). Personal data is redacted by default, before anything else looks at the text. Duplicates
-(identical normalised text) and near-duplicates (word 3-gram Jaccard >= NEAR_DUPLICATE_JACCARD,
-found with MinHash + LSH) are dropped; the rest is split by content hash into calibration and
-holdout (never sharing a conversation), rendered with the model's chat template and packed into
-fixed-length token blocks.
+from the text and counted (pipeline/formats/conversations.py). Personal data is redacted by default,
+before anything else looks at the text. Duplicates (identical normalised text) and near-duplicates
+(word 3-gram Jaccard >= NEAR_DUPLICATE_JACCARD, found with MinHash + LSH) are dropped; the rest is split
+by content hash into calibration and holdout (never sharing a conversation), rendered with the model's
+chat template and packed into fixed-length token blocks.
 
 The stage is `run` (and `CalibResult`); the pieces live in redact, dedup, load (read + redact +
 de-duplicate, with the stats) and pack (split, render, pack); the files it reads and writes have
