@@ -174,7 +174,10 @@ class HttpTiming:
         return body
 
     def _one(self, client, prompt: list[int], output_len: int) -> Timing:
+        """One streamed request, timed chunk by chunk; a chunk that is not what the API specifies
+        (pipeline/engines/replies.py: stream_chunk) makes it a failed request, with the reason."""
         from pipeline.engines.http import FatalError, Limits, RetryableError, stream_events
+        from pipeline.engines.replies import BadReply, stream_chunk
 
         limits = Limits(deadline=max(600.0, self.engine.limits.deadline if hasattr(self.engine, "limits") else 600.0),
                         max_bytes=256 << 20)
@@ -185,19 +188,18 @@ class HttpTiming:
         try:
             for arrived, event in stream_events(client, url, self._body(prompt, output_len), self.engine.headers,
                                                 limits):
-                if event.get("usage"):
-                    usage = event["usage"].get("completion_tokens")
-                for choice in event.get("choices") or []:
-                    ids = choice.get("token_ids")
-                    count = len(ids) if isinstance(ids, list) else (1 if choice.get("text") else 0)
-                    if not count:
-                        continue
-                    if first is None:
-                        first = arrived
-                    else:
-                        itl.append(arrived - last)
-                    last = arrived
-                    n_tokens += count
+                count, total = stream_chunk(event, output_len)
+                usage = total if total is not None else usage
+                if not count:
+                    continue
+                if first is None:
+                    first = arrived
+                else:
+                    itl.append(arrived - last)
+                last = arrived
+                n_tokens += count
+                if self.vllm_extras and n_tokens > output_len:  # counted by id: never more than asked
+                    raise BadReply("choices[0].token_ids", f"{output_len} tokens in all", n_tokens)
         except (RetryableError, FatalError) as exc:
             done = time.perf_counter()
             return Timing(ttft=done - started, seconds=done - started, n_tokens=0, input_tokens=len(prompt),
@@ -206,7 +208,7 @@ class HttpTiming:
         if self.progress:
             self.progress(1)
         if usage and not self.vllm_extras:
-            n_tokens = int(usage)
+            n_tokens = usage
         return Timing(ttft=(first or done) - started, seconds=done - started, n_tokens=n_tokens,
                       input_tokens=len(prompt), itl=itl)
 

@@ -11,11 +11,13 @@ it held are simply computed again. Any other broken line is an error naming the 
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import math
+import os
 from pathlib import Path
 
 from pipeline.engines import Completion, GenRequest
+from pipeline.formats.checked_json import unpaired_surrogate
 from pipeline.formats.keyed_jsonl import KeyedJsonl
 
 
@@ -71,12 +73,28 @@ def score_key(context: list[int], continuation: list[int]) -> str:
     return "ll:" + hashlib.sha256(json.dumps([list(context), list(continuation)]).encode()).hexdigest()
 
 
+def is_entry(entry: dict) -> bool:
+    """A line as put_many (a generation: its text, writable as UTF-8, tokens, seconds) or put_scores (a token
+    score: a finite log-probability, greedy or not, tokens) writes it."""
+    def count(value) -> bool:
+        return type(value) is int and value >= 0
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if "logprob" in entry:
+        return number(entry["logprob"]) and type(entry.get("greedy")) is bool and count(entry.get("n_tokens"))
+    text = entry.get("text")
+    return isinstance(text, str) and unpaired_surrogate(text) is None and count(entry.get("n_tokens")) \
+        and number(entry.get("seconds")) and entry["seconds"] >= 0
+
+
 class GenerationCache(KeyedJsonl):
     """Finished generations and token scores of one model, read at open and appended one line per item."""
 
     def __init__(self, path: Path, fingerprint: str):
         self.fingerprint = fingerprint
-        super().__init__(path, keep=lambda entry: entry.get("model") == fingerprint)
+        super().__init__(path, keep=lambda entry: entry.get("model") == fingerprint, valid=is_entry)
 
     @staticmethod
     def key(request: GenRequest) -> str:

@@ -225,6 +225,10 @@ def explain_judge(summary: dict, decision: str, margin: float, min_consistency: 
     if summary.get("weak_judge"):
         reasons.append("the judge is the base model itself: a weak judge, biased towards its own answers "
                        "and often unable to tell answers apart; use a stronger model for a real verdict")
+    if type(summary.get("replaced_characters")) is int and summary["replaced_characters"] > 0:
+        n = summary["replaced_characters"]
+        reasons.append(f"{n} character{'s' if n > 1 else ''} of the judge's replies could not be written as UTF-8 "
+                       f"(unpaired UTF-16 surrogates) and stand{'s' if n == 1 else ''} as U+FFFD in judge.jsonl")
     if summary.get("mode") == "reference":
         return reasons + ["reference mode grades the variant 1-5 against the base answer; it has no GO "
                           "threshold, so it informs but does not decide (use judge.mode: pairwise)"]

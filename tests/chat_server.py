@@ -8,6 +8,9 @@ the request body returning the reply text). Actions:
   ("429", retry_after_seconds)      rate limited, with a Retry-After header
   ("malformed", None)               HTTP 200 whose body is not JSON
   ("length", text)                  a good body with finish_reason "length" (cut off)
+  ("edit", fn)                      the good body as a dict, passed through fn(body) -> what is sent as JSON
+                                    (Python's json: NaN and Infinity as those literals, a lone surrogate
+                                    as its "\\ud800" escape): a reply that breaks the API on purpose
 Every request is recorded (headers, body, time) so tests can count retries and look for the key.
 """
 
@@ -96,6 +99,8 @@ class ChatServer:
                     self._send(200, b'{"choices": [{"message": ')
                 elif kind == "length":
                     self._send(200, completion_body(str(value), finish_reason="length"))
+                elif kind == "edit":
+                    self._send(200, json.dumps(value(json.loads(completion_body(server.default(body))))).encode())
                 else:
                     self._send(200, completion_body(str(value)))
 

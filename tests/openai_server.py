@@ -10,7 +10,9 @@ plus `/health`, `/version` and `/v1/models`. The answers are the model's own, co
 transformers' forward pass, so a test can compare them with the hf engine's.
 
 Faults on cue (`server.fault`): ("drip", seconds_per_byte) sends the answer one byte at a time,
-("huge", n_bytes) sends an oversized answer.
+("huge", n_bytes) sends an oversized answer. Replies that break the API on purpose (`server.edits`): each
+/v1/completions request takes the next function from the list (none left: the reply as it is) and sends
+fn(reply) as JSON; a streamed request sends fn(event) for each of its events.
 
 Run as a script it takes `vllm serve`'s command line (`MODEL --host H --port P --served-model-name N
 ...`; other flags are recorded, not used) so the vLLM engine's process handling can be tested on a
@@ -113,6 +115,7 @@ class CompletionsServer:
         self.served_name = served_name
         self.requests: list[dict] = []
         self.fault: tuple[str, float] | None = None
+        self.edits: list = []  # functions of a reply (or streamed event), one per completion request
         self.die_after: int | None = None  # exit the whole process at this completion request (a crashed engine)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
@@ -169,15 +172,17 @@ class CompletionsServer:
                     os._exit(4)
                 if body.get("model") != server.served_name:
                     return self._json(404, {"error": f"model {body.get('model')!r} does not exist"})
+                with server._lock:
+                    edit = server.edits.pop(0) if server.edits else (lambda reply: reply)
                 try:
                     if body.get("stream"):
-                        self._stream(body)
+                        self._stream(body, edit)
                     else:
-                        self._complete(body)
+                        self._complete(body, edit)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-            def _complete(self, body):
+            def _complete(self, body, edit=lambda reply: reply):
                 model = server.model
                 ids = model.tokens(body["prompt"])
                 tokens = list(model.stream(ids, int(body.get("max_tokens") or 16), bool(body.get("ignore_eos")),
@@ -189,8 +194,8 @@ class CompletionsServer:
                     choice["token_ids"], choice["prompt_token_ids"] = tokens, ids
                 if body.get("prompt_logprobs") is not None:
                     choice["prompt_logprobs"] = model.prompt_logprobs(ids)
-                payload = {"id": "cmpl-test", "object": "text_completion", "model": server.served_name,
-                           "choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens)}}
+                payload = edit({"id": "cmpl-test", "object": "text_completion", "model": server.served_name,
+                                "choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens)}})
                 data = json.dumps(payload).encode()
                 if server.fault and server.fault[0] == "huge":
                     pad = " " * int(server.fault[1])
@@ -246,7 +251,7 @@ class CompletionsServer:
                 self._json(200, {"id": "chat-test", "object": "chat.completion", "model": server.served_name,
                                  "choices": [choice], "usage": {"completion_tokens": len(tokens)}})
 
-            def _stream(self, body):
+            def _stream(self, body, edit=lambda event: event):
                 model = server.model
                 ids = model.tokens(body["prompt"])
                 self.send_response(200)
@@ -259,11 +264,11 @@ class CompletionsServer:
                     choice = {"index": 0, "text": model.tokenizer.decode([token]), "finish_reason": None}
                     if body.get("return_token_ids"):
                         choice["token_ids"] = [token]
-                    self._event({"id": "cmpl-test", "object": "text_completion", "model": server.served_name,
-                                 "choices": [choice]})
+                    self._event(edit({"id": "cmpl-test", "object": "text_completion", "model": server.served_name,
+                                      "choices": [choice]}))
                 if (body.get("stream_options") or {}).get("include_usage"):
-                    self._event({"id": "cmpl-test", "choices": [], "model": server.served_name,
-                                 "usage": {"prompt_tokens": len(ids), "completion_tokens": count}})
+                    self._event(edit({"id": "cmpl-test", "choices": [], "model": server.served_name,
+                                      "usage": {"prompt_tokens": len(ids), "completion_tokens": count}}))
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 

@@ -459,6 +459,20 @@ CALIB_CASES = [
      ["{p}/pii_long.jsonl:1: turns[0].role (text of 84 characters, not shown) cannot be mapped"]),
     ("an e-mail address as a key", writer("pii_key.jsonl", lines({PII_ROLE: "x"}, {PII_ROLE: "y"})), False,
      ["{p}/pii_key.jsonl:1: unknown record shape (keys: [EMAIL])"]),
+    ("only system messages", writer("system.jsonl", lines(
+        *[{"messages": [{"role": "system", "content": f"Be kind, rule {i}."}]} for i in range(5)])), False,
+     ["{p}/system.jsonl: no record has a user or assistant turn: all 5 hold only system messages (from "
+      "{p}/system.jsonl:1 on)", "export the conversations' user and assistant turns"]),
+    ("system prompts alone past calib.max_bad_fraction", writer("system_mix.jsonl", lines(
+        *LOGS[:30], *[{"turns": [{"role": "system", "content": f"Rule {i}"}]} for i in range(3)])), False,
+     ["{p}/system_mix.jsonl: 3 of 33 records are bad (9% > calib.max_bad_fraction 5%)",
+      "{p}/system_mix.jsonl:31: 'turns' holds only system turns (1), no user or assistant turn"]),
+    ("text of control characters only", writer("controls.jsonl", lines(*[{"text": "\x00\x01 \x1b"}] * 4)), False,
+     ["{p}/controls.jsonl: 4 of 4 records are bad", "{p}/controls.jsonl:1: text is nothing but control characters"]),
+    ("text without a user turn to hold out", writer("text_only.jsonl", lines(
+        *[{"text": turn["content"]} for log in LOGS[:40] for turn in log["turns"]])), False,
+     ["{p}/text_only.jsonl: no record has a user turn, so none can be held out", "(calib.holdout: 4)",
+      "or set calib.holdout: 0"]),
     ("too little text for one block", writer("tiny.jsonl", lines(TURNS)), False,
      ["{p}/tiny.jsonl: calibration set too small", "add conversations or lower calib.num_blocks"]),
 ]

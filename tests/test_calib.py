@@ -404,6 +404,95 @@ def test_an_unpaired_surrogate_is_a_bad_record(tmp_path):
         "e.g. a lone \\ud83d escape), which is not text; re-export the file whole or drop the record"]
 
 
+# ---------------------------------------------------------------- control characters and empty conversations
+
+def test_nul_and_other_control_characters_are_removed_counted_and_located(tmp_path, tiny_llama):
+    dirty = {"turns": [{"role": "user", "content": "Where\x00 is my\x1b[0m parcel?\rIt is late.\x0c"},
+                       {"role": "agent", "content": "Mail jane\x00.doe@example.com\x7f, tab\tkept\r\nok\x85"}]}
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:30] + [dirty, {"text": "plain\x00\x00 text"}])
+    result = run(source, tmp_path / "out", tiny_llama, holdout=3, seq_len=16, num_blocks=5)
+    written = "".join((tmp_path / "out" / name).read_text(encoding="utf-8")
+                      for name in ("calib_conversations.jsonl", "holdout.jsonl"))
+    texts = [m["content"] for r in read_jsonl(tmp_path / "out" / "calib_conversations.jsonl") for m in r["messages"]]
+    texts += [m["content"] for r in read_jsonl(tmp_path / "out" / "holdout.jsonl") for m in r["messages"]]
+    assert not any(re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", t) for t in texts)
+    assert "\\u0000" not in written  # no escaped NUL either
+    assert "Where is my[0m parcel?\nIt is late." in texts and "Mail [EMAIL], tab\tkept\nok" in texts
+    stats = result.stats  # the NUL inside the address did not hide it from redaction
+    assert stats["control_characters_removed"] == 8 and stats["records_kept"] == 32
+    assert stats["control_characters"] == {"U+0000": 4, "U+000C": 1, "U+001B": 1, "U+007F": 1, "U+0085": 1}
+    assert stats["control_characters_first_10"] == [
+        f"{source}:31: turns[0].content: U+0000, U+000C, U+001B", f"{source}:31: turns[1].content: U+0000, U+007F, U+0085",
+        f"{source}:32: text: U+0000 x2"]
+    assert f"8 control characters removed (the first at {source}:31: turns[0].content)" in result.summary()
+
+
+def test_a_turn_of_nothing_but_control_characters_is_a_bad_record(tmp_path):
+    path = write_lines(tmp_path / "f.jsonl", [TURNS, {"turns": [{"role": "user", "content": "\x00\x01 \x02"}]}])
+    conversations, stats = load(path)
+    assert len(conversations) == 1 and stats.bad_records == [
+        f"{path}:2: turns[0].content is nothing but control characters; drop the turn or fill it"]
+
+
+def test_a_system_prompt_alone_is_a_bad_record_and_a_file_of_them_is_refused(tmp_path, tiny_llama):
+    system = {"messages": [{"role": "system", "content": "You are a support agent."}]}
+    path = write_lines(tmp_path / "f.jsonl", LOGS[:40] + [system])
+    conversations, stats = load(path, max_bad_fraction=0.05)
+    assert len(conversations) == 40 and stats.bad_records == [
+        f"{path}:41: 'messages' holds only system turns (1), no user or assistant turn: nothing to calibrate on or "
+        "hold out; export the conversation's turns with it, or drop the record"]
+    with pytest.raises(UserError, match=r"f.jsonl: 2 of 21 records are bad \(10% > calib.max_bad_fraction 5%\)"):
+        load(write_lines(tmp_path / "f.jsonl", LOGS[:19] + [system, system]), max_bad_fraction=0.05)
+    only = write_lines(tmp_path / "only.jsonl", [system] * 3 + [
+        {"turns": [{"role": "system", "content": "Be brief."}, {"role": "SYSTEM", "content": "Be kind."}]}])
+    with pytest.raises(UserError) as info:  # even when every bad record is tolerated
+        run(only, tmp_path / "out", tiny_llama, max_bad_fraction=1.0)
+    assert str(info.value) == (
+        f"{only}: no record has a user or assistant turn: all 4 hold only system messages (from {only}:1 on), "
+        "nothing to calibrate on or hold out; export the conversations' user and assistant turns with their "
+        "system prompt")
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_record_bad_but_tolerated_still_needs_one_usable(tmp_path):
+    path = write_lines(tmp_path / "f.jsonl", ["{", '{"dialog": 1}'])
+    with pytest.raises(UserError, match=r"f.jsonl: none of its 2 records can be used; fix them:\n.*f.jsonl:1: invalid"):
+        load(path, max_bad_fraction=1.0)
+
+
+def test_text_without_a_user_turn_calibrates_only_when_nothing_is_to_be_held_out(tmp_path, tiny_llama):
+    texts = write_lines(tmp_path / "f.jsonl", [{"text": t["content"]} for r in LOGS[:20] for t in r["turns"][:1]])
+    with pytest.raises(UserError) as info:
+        run(texts, tmp_path / "out", tiny_llama, holdout=2)
+    assert str(info.value).startswith(f"{texts}: no record has a user turn, so none can be held out for the judge, kl, "
+                                      "bench and ppl-chat (calib.holdout: 2); add conversations with user turns, or "
+                                      "set calib.holdout: 0")
+    result = run(texts, tmp_path / "out", tiny_llama, holdout=0)
+    assert result.stats["holdout"] == 0 and (tmp_path / "out" / "holdout.jsonl").read_text() == ""
+    from pipeline.formats.holdout import read_holdout
+
+    assert read_holdout(tmp_path / "out" / "holdout.jsonl", missing_ok=True) == []  # the quantize stages read it
+
+
+def test_records_the_chat_template_rejects_count_against_max_bad_fraction(tmp_path):
+    from tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}{% if 'REJECT' in m['content'] %}{{ raise_exception('no') }}"
+                               "{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    tokenizer.save_pretrained(tmp_path / "strict")
+    rejected = {"turns": [{"role": "user", "content": "REJECT me"}, {"role": "agent", "content": "no"}]}
+    rejected_too = {"turns": [{"role": "user", "content": "REJECT this too"}, {"role": "agent", "content": "no"}]}
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:19] + ["{", rejected, rejected_too])
+    with pytest.raises(UserError) as info:
+        run(source, tmp_path / "out", tmp_path / "strict", holdout=0, num_blocks=4)
+    assert str(info.value).startswith(
+        f"{source}: 3 of 22 records were skipped (1 bad, 2 rejected by the chat template of {tmp_path / 'strict'}) "
+        "(14% > calib.max_bad_fraction 5%); fix them, or raise calib.max_bad_fraction in params.yaml:\n"
+        f"{source}:20: invalid JSON")
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- de-duplication
 
 def _changed(text: str, every: int, tag: str) -> str:

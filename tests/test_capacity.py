@@ -35,6 +35,14 @@ def test_newer_vllm_prints_size_and_concurrency_on_one_line():
     assert figures == {"kv_cache_tokens": 1_234_560, "max_model_len": 4096, "max_concurrency_at_max_model_len": 301.41}
 
 
+def test_a_garbled_start_up_line_is_not_a_figure_and_not_a_crash():
+    garbled = ("Model loading took 1.2.3 GiB and 4 seconds\nAvailable KV cache memory: . GiB\n"
+               "GPU KV cache size: , tokens\nGPU KV cache size: " + "9" * 5000 + " tokens\n"
+               "Maximum concurrency for 4,0,96 tokens per request: 1e400x\n")
+    assert parse_vllm_log(garbled) == {}
+    assert parse_vllm_log(garbled + "GPU KV cache size: 2,512,384 tokens\n") == {"kv_cache_tokens": 2_512_384}
+
+
 def test_capacity_takes_the_engine_figures_and_goodput_per_gpu():
     levels = [{"goodput_requests_per_s": 2.0, "output_tokens_mean": 256.0},
               {"goodput_requests_per_s": 10.0, "output_tokens_mean": 256.0},

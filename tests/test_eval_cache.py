@@ -1,5 +1,6 @@
 """The resume cache survives a kill at any byte, and the hf engine caches each row as it finishes."""
 
+import json
 import os
 import signal
 import subprocess
@@ -70,6 +71,22 @@ def test_a_broken_line_in_the_middle_is_refused_naming_file_and_line(tmp_path):
     good = '{"model": "m", "key": "k1", "text": "a", "n_tokens": 1, "seconds": 0.1}\n'
     path.write_bytes(good.encode() + b'{"model": "m", "key": \xff\xfe\n' + b"[1, 2]\n" +
                      good.replace("k1", "k2").encode())
+    with pytest.raises(UserError, match=f"{path}, line 2: not a cache entry"):
+        GenerationCache(path, "m")
+
+
+@pytest.mark.parametrize("entry", [
+    {"model": "m", "key": "k2", "n_tokens": 1, "seconds": 0.1},  # no text
+    {"model": "m", "key": "k2", "text": "a\ud800", "n_tokens": 1, "seconds": 0.1},  # no UTF-8 file can hold it
+    {"model": "m", "key": "k2", "text": "a", "n_tokens": "1", "seconds": 0.1},
+    {"model": "m", "key": "k2", "text": "a", "n_tokens": 1, "seconds": float("nan")},
+    {"model": "m", "key": "ll:k2", "logprob": float("nan"), "greedy": True, "n_tokens": 2},
+    {"model": "m", "key": "ll:k2", "logprob": -1.5, "greedy": 1, "n_tokens": 2},
+])
+def test_a_line_without_the_fields_this_cache_writes_is_refused_naming_file_and_line(tmp_path, entry):
+    path = tmp_path / "cache.jsonl"
+    path.write_text('{"model": "m", "key": "k1", "text": "a", "n_tokens": 1, "seconds": 0.1}\n' + json.dumps(entry)
+                    + "\n", encoding="utf-8")
     with pytest.raises(UserError, match=f"{path}, line 2: not a cache entry"):
         GenerationCache(path, "m")
 

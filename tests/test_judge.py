@@ -154,6 +154,75 @@ def test_persistent_fault_leaves_the_item_unjudged_and_uncached(tmp_path, fault)
         assert len(server.requests) == 1 and lines[0]["outcome"] == "win"
 
 
+def with_usage(value):
+    return ("edit", lambda body: {**body, "usage": value})
+
+
+def with_message(value):
+    return ("edit", lambda body: {**body, "choices": [{**body["choices"][0], "message": value}]})
+
+
+BAD_REPLIES = [  # (case, the server's action, the field the reason names)
+    ("a count as text", with_usage({"prompt_tokens": 10, "completion_tokens": "12"}), "usage.completion_tokens"),
+    ("a count NaN", with_usage({"completion_tokens": float("nan")}), "found the number nan"),
+    ("a count Infinity", with_usage({"completion_tokens": float("inf")}), "found the number inf"),
+    ("a count negative", with_usage({"completion_tokens": -4}), "found the number -4"),
+    ("usage a string", with_usage("12 tokens"), "usage: expected an object, found text '12 tokens'"),
+    ("content null", with_message({"role": "assistant", "content": None}), "choices[0].message.content"),
+    ("message a string", with_message("[[B]]"), "choices[0].message: expected an object"),
+    ("no choices", ("edit", lambda body: {**body, "choices": []}), "choices: expected a non-empty array"),
+    ("finish_reason a list", ("edit", lambda body: {**body, "choices": [{**body["choices"][0], "finish_reason": []}]}),
+     "choices[0].finish_reason"),
+]
+
+
+@pytest.mark.parametrize("case, action, named", BAD_REPLIES, ids=[c[0] for c in BAD_REPLIES])
+def test_a_reply_that_breaks_the_api_is_retried_then_unjudged_with_the_reason(tmp_path, case, action, named):
+    with ChatServer(prefers_longer) as server:
+        server.script = [action]  # once: the retry is judged
+        lines, summary = one_pair(make_judge(server, tmp_path / "once"))
+        assert len(server.requests) == 3 and lines[0]["outcome"] == "win" and summary["unjudged"] == 0
+        server.requests.clear()
+        server.script = [action] * 3  # every attempt of the first order (retries=2): that order alone fails
+        lines, summary = one_pair(make_judge(server, tmp_path / "always"))
+    assert len(server.requests) == 4 and lines[0]["outcome"] == "unjudged"
+    assert lines[0]["unjudged_reason"] == "request failed" and summary["unjudged_reasons"] == {"request failed": 1}
+    error = lines[0]["judgments"][0]["error"]
+    assert error.startswith("gave up after 3 attempts: malformed reply: ") and named in error
+    assert lines[0]["judgments"][1]["outcome"] == "win"  # the other order was judged
+
+
+def test_a_lone_surrogate_in_a_verdict_is_replaced_counted_and_written(tmp_path):
+    surrogate = ("edit", lambda body: {**body, "choices": [{**body["choices"][0], "message": {
+        "role": "assistant", "content": "B is longer \ud83d. [[B]]"}}]})
+    with ChatServer(prefers_longer) as server:
+        server.script = [surrogate]
+        j = make_judge(server, tmp_path)
+        lines, _ = one_pair(j)
+    first = lines[0]["judgments"][0]
+    assert first["verdict"] == "B" and first["raw"] == "B is longer \ufffd. [[B]]" and first["replaced"] == 1
+    assert judge.replaced_characters(lines) == 1
+    cached = (tmp_path / "cache.jsonl").read_text(encoding="utf-8")  # written, as UTF-8
+    assert "\ufffd" in json.loads(cached.splitlines()[0])["raw"] + json.loads(cached.splitlines()[1])["raw"]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda entry: entry.update(raw="\udc00 [[B]]"),  # a lone surrogate: no UTF-8 file can hold it
+    lambda entry: entry.pop("attempts"),
+    lambda entry: entry.update(parsed="D"),
+    lambda entry: entry.update(replaced=-1),
+])
+def test_a_judgment_cache_line_edited_by_hand_is_refused_with_its_line(tmp_path, edit):
+    with ChatServer(prefers_longer) as server:
+        one_pair(make_judge(server, tmp_path))
+        cache = tmp_path / "cache.jsonl"
+        entries = [json.loads(line) for line in cache.read_text(encoding="utf-8").splitlines()]
+        edit(entries[1])
+        cache.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+        with pytest.raises(UserError, match=f"{cache}, line 2: not a cache entry .* Delete that line, or the file"):
+            one_pair(make_judge(server, tmp_path))
+
+
 def test_client_error_is_not_retried(tmp_path):
     with ChatServer(prefers_longer) as server:
         server.script = [("status", 401)]
@@ -257,6 +326,58 @@ def test_openai_judge_end_to_end_never_leaks_the_key(tmp_path, two_models, holdo
     assert not any(FAKE_KEY in text for text in outputs)
 
 
+def test_quantize_judge_behind_a_bad_gateway_finishes_the_stage(tmp_path, two_models, holdout, monkeypatch):
+    """`quantize judge` against a real server whose replies break the API (a usage count as text, then NaN: one
+    order fails both attempts) or hold a lone surrogate: exit 0, everything written, the failed order unjudged
+    with its reason, and the replaced character counted and named."""
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli import app
+
+    base, variant = two_models
+    surrogate = ("edit", lambda body: {**body, "choices": [{**body["choices"][0], "message": {
+        "role": "assistant", "content": body["choices"][0]["message"]["content"] + " \ud800"}}]})
+    with ChatServer(prefers_longer) as server:
+        write_params(tmp_path, {**TINY_PARAMS, "judge": {
+            "backend": "openai", "model": "test-judge", "base_url": server.base_url, "retries": 1, "backoff": 0.01,
+            "concurrency": 1, "control": False, "limit": 3, "max_new_tokens": 6, "judge_max_new_tokens": 8}})
+        monkeypatch.chdir(tmp_path)
+        server.script = [with_usage("12"), with_usage({"completion_tokens": float("nan")}), surrogate]
+        result = CliRunner().invoke(app, ["judge", str(variant), "--base", str(base), "--prompts", str(holdout),
+                                          "--out", "out"])
+    assert result.exit_code == 0, result.output
+    assert "1 character of the judge's replies that UTF-8 cannot hold written as U+FFFD" in result.output
+    assert "stands as U+FFFD in judge.jsonl" in result.output and "Traceback" not in result.output
+    s = json.loads((tmp_path / "out" / "judge.json").read_text(encoding="utf-8"))
+    assert s["n"] + s["unjudged"] == 3 and s["unjudged"] == 1 and s["unjudged_reasons"] == {"request failed": 1}
+    assert s["replaced_characters"] == 1
+    lines = read_jsonl(tmp_path / "out" / "judge.jsonl")
+    [failed] = [j for l in lines for j in l["judgments"] if j["error"]]
+    assert failed["error"].startswith("gave up after 2 attempts: malformed reply: usage.completion_tokens: expected "
+                                      "a whole number from 0 to 8, found the number nan")
+    assert [j["replaced"] for l in lines for j in l["judgments"] if "\ufffd" in j["raw"]] == [1]
+
+
+def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(tmp_path):
+    from html import unescape
+
+    from conftest import TINY_PARAMS, with_variants
+    from pipeline import report
+    from pipeline.params import Params
+    from test_report import judge_summary, write_results
+
+    results = tmp_path / "results"
+    for name in ("base", "v"):
+        write_results(results, name, [1] * 120 + [0] * 80)
+    (results / "v" / "judge.json").write_text(json.dumps(judge_summary(replaced_characters=3)))
+    params = Params.model_validate(with_variants(TINY_PARAMS, "v"))
+    report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
+    html = unescape((tmp_path / "reports" / "index.html").read_text(encoding="utf-8"))
+    assert "3 characters of the judge's replies could not be written as UTF-8 (unpaired UTF-16 surrogates) and " \
+           "stand as U+FFFD in judge.jsonl" in html
+
+
 def test_missing_key_variable_is_a_clear_error(tmp_path, two_models, holdout, monkeypatch):
     monkeypatch.delenv("JUDGE_TEST_KEY", raising=False)
     params = JudgeParams(backend="openai", model="m", base_url="http://127.0.0.1:9/v1",
@@ -344,3 +465,20 @@ def test_lmdeploy_backend_says_what_it_needs(tmp_path, two_models, holdout):
 def test_missing_prompts_file_is_a_clear_error(tmp_path, two_models):
     with pytest.raises(UserError, match="run `quantize calib` first"):
         judge.run(two_models[1], two_models[0], tmp_path / "nope.jsonl", tmp_path, JudgeParams())
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"id": "x", "messages": [{"role": "user", "content": "half \\ud83d"}], "prompt": "p", "reference": null}',
+     "messages[0].content holds an unpaired UTF-16 surrogate, which is not text"),
+    ('{"id": "x", "messages": [{"role": "narrator", "content": "hi"}, {"role": "user", "content": "q"}]}',
+     "messages must be a list of system, user and assistant turns ending with the user's"),
+])
+def test_a_broken_holdout_record_is_refused_with_its_line_before_anything_is_asked(tmp_path, two_models, holdout,
+                                                                                   line, problem):
+    prompts = tmp_path / "holdout.jsonl"
+    prompts.write_text(holdout.read_text(encoding="utf-8").splitlines()[0] + "\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(UserError) as info:
+        judge.run(two_models[1], two_models[0], prompts, tmp_path / "out", JudgeParams(**SMALL))
+    assert str(info.value).startswith(f"{prompts}:2: not a holdout record ({problem})")
+    assert not (tmp_path / "out").exists()
+

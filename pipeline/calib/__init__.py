@@ -2,12 +2,15 @@
 
 Reads .jsonl, .jsonl.gz or .json (array); each record's shape is detected on its own
 (OpenAI messages, ShareGPT conversations, turns with role aliases, prompt/response,
-instruction/output, plain text). Bad records are skipped and listed; too many fail the run.
-Personal data is redacted by default, before anything else looks at the text. Duplicates
-(identical normalised text) and near-duplicates (word 3-gram Jaccard >= NEAR_DUPLICATE_JACCARD,
-found with MinHash + LSH) are dropped; the rest is split by content hash into calibration and
-holdout (never sharing a conversation), rendered with the model's chat template and packed into
-fixed-length token blocks.
+instruction/output, plain text). Records that cannot be used (bad ones, a system prompt alone, those
+the chat template rejects) are skipped and listed; more than calib.max_bad_fraction of them fail the
+run, and so does a file without a single user or assistant turn (or, with calib.holdout above 0,
+without a user turn to hold out). Control characters but tab and newline (NUL included) are removed
+from the text and counted (pipeline/formats/conversations.py). Personal data is redacted by default,
+before anything else looks at the text. Duplicates (identical normalised text) and near-duplicates
+(word 3-gram Jaccard >= NEAR_DUPLICATE_JACCARD, found with MinHash + LSH) are dropped; the rest is split
+by content hash into calibration and holdout (never sharing a conversation), rendered with the model's
+chat template and packed into fixed-length token blocks.
 
 The stage is `run` (and `CalibResult`); the pieces live in redact, dedup, load (read + redact +
 de-duplicate, with the stats) and pack (split, render, pack); the files it reads and writes have
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.calib.dedup import NEAR_DUPLICATE_JACCARD, WordIds, jaccard, near_duplicates, normalised, shingles
-from pipeline.calib.load import CalibStats, _letters, load_conversations
+from pipeline.calib.load import CalibStats, _letters, check_skipped, load_conversations
 from pipeline.calib.pack import (
     _load_tokenizer, holdout_prompt, pack, render, split, token_counts_and_stream,
 )
@@ -55,10 +58,13 @@ class CalibResult:
     def summary(self) -> str:
         s = self.stats
         dropped = ", ".join(f"{n} {why}" for why, n in s["dropped"].items())
+        controls = s["control_characters_removed"]
+        removed = (f", {controls} control characters removed (the first at "
+                   f"{s['control_characters_first_10'][0].rsplit(': ', 1)[0]})") if controls else ""
         return (
             f"calib: wrote {self.out} ({s['blocks']} blocks x {s['seq_len']} tokens, "
             f"{s['holdout']} holdout prompts; kept {s['records_kept']} of {s['records_in']} records"
-            f"{f' (dropped {dropped})' if dropped else ''}, {sum(s['redactions'].values())} redactions) "
+            f"{f' (dropped {dropped})' if dropped else ''}, {sum(s['redactions'].values())} redactions{removed}) "
             f"in {self.seconds:.1f} s"
         )
 
@@ -114,6 +120,9 @@ def _summary(source: Path, stats: CalibStats, *, do_redact: bool, calib_set: int
         "turns": stats.turns,
         "turns_per_conversation": round(stats.turns / max(stats.conversations, 1), 2),
         "non_latin_share": round(stats.non_latin_letters / max(stats.letters, 1), 4),
+        "control_characters_removed": sum(stats.control_characters.values()),
+        "control_characters": _sorted(stats.control_characters),
+        "control_characters_first_10": stats.control_character_places,
         "redaction": do_redact,
         "redactions": _sorted(stats.redactions),
         "calib_conversations": calib_set,
@@ -145,11 +154,16 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
         do_redact=s.redact, extra_patterns=s.redact_patterns,
     )
     phase("read+redact+dedup")
+    if s.holdout and not any(m["role"] == "user" for c in conversations for m in c.messages):
+        raise UserError(f"{source}: no record has a user turn, so none can be held out for the judge, kl, bench and "
+                        f"ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or set "
+                        "calib.holdout: 0 to calibrate on this text alone")
     calib_set, held = split(conversations, s.holdout)
     phase("split")
     tokenizer = _load_tokenizer(model_dir)
     phase("load tokenizer")
     calib_set, texts = _render_all(tokenizer, calib_set, stats, model_dir)
+    check_skipped(source, stats, s.max_bad_fraction, model_dir)
     conversation_tokens, stream = token_counts_and_stream(tokenizer, texts, s.seq_len * s.num_blocks)
     blocks = pack(stream, s.seq_len, s.num_blocks, source)
     phase("render+pack")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.calib.dedup import near_duplicates, normalised
-from pipeline.formats.conversations import BadRecord, Conversation, iter_records, to_conversation
+from pipeline.formats.conversations import BadRecord, Conversation, OnlySystemTurns, iter_records, to_conversation
 from pipeline.calib.redact import redact
 from pipeline.errors import UserError
 
@@ -29,6 +29,10 @@ class CalibStats:
     redactions: dict = field(default_factory=collections.Counter)
     bad_records: list = field(default_factory=list)  # the first BAD_RECORDS_LISTED messages
     conversations: int = 0  # the ones turns, roles and letters were counted over
+    only_system: int = 0  # bad records that held system turns only
+    only_system_first: str = ""  # FILE:LINE of the first
+    control_characters: dict = field(default_factory=collections.Counter)  # removed, by code point ("U+0000")
+    control_character_places: list = field(default_factory=list)  # the first BAD_RECORDS_LISTED, FILE:LINE: field
     turns: int = 0
     letters: int = 0
     non_latin_letters: int = 0
@@ -57,6 +61,15 @@ def _note_bad(stats: CalibStats, message: str, strict: bool) -> None:
         stats.bad_records.append(message)
 
 
+def _note_removed(stats: CalibStats, conversation: Conversation) -> None:
+    """Counts the control characters the reader took out of the record's text, and lists where (the first ones)."""
+    for what, counts in conversation.removed.items():
+        stats.control_characters.update(counts)
+        if len(stats.control_character_places) < BAD_RECORDS_LISTED:
+            codes = ", ".join(f"{code} x{n}" if n > 1 else code for code, n in sorted(counts.items()))
+            stats.control_character_places.append(f"{conversation.where}: {what}: {codes}")
+
+
 def _redacted_message(message: str, where: str, do_redact: bool, extra: list[re.Pattern]) -> str:
     """A bad record's message may quote its input (a role, keys; whole, never cut: read.quoted):
     redact all of it but the FILE:LINE it starts with, with the user's patterns too, before it is
@@ -78,8 +91,12 @@ def _read_unique(path: Path, stats: CalibStats, *, strict: bool, do_redact: bool
                 raise record
             conversation = to_conversation(record, where)
         except BadRecord as exc:
+            if isinstance(exc, OnlySystemTurns):
+                stats.only_system += 1
+                stats.only_system_first = stats.only_system_first or where
             _note_bad(stats, _redacted_message(str(exc), where, do_redact, extra), strict)
             continue
+        _note_removed(stats, conversation)
         stats.shapes[conversation.shape] += 1
         if do_redact:
             for message in conversation.messages:
@@ -113,7 +130,7 @@ def load_conversations(path: Path, *, strict: bool, max_bad_fraction: float, do_
     path = Path(path)
     extra = [re.compile(p) for p in extra_patterns]
     conversations, texts = _read_unique(path, stats, strict=strict, do_redact=do_redact, extra=extra)
-    _check_bad_fraction(path, stats, max_bad_fraction)
+    _check_usable(path, stats, conversations, max_bad_fraction)
     near = near_duplicates(texts)
     stats.dropped["near-duplicate"] += sum(near)
     conversations = [c for c, dropped in zip(conversations, near) if not dropped]
@@ -121,16 +138,39 @@ def load_conversations(path: Path, *, strict: bool, max_bad_fraction: float, do_
     return conversations, stats
 
 
-def _check_bad_fraction(path: Path, stats: CalibStats, max_bad_fraction: float) -> None:
+def _check_usable(path: Path, stats: CalibStats, conversations: list[Conversation], max_bad_fraction: float) -> None:
+    """Refuses a file from which nothing (or too little) can be used, saying what is missing."""
     if stats.records_in == 0:
         raise UserError(f"{path}:1: no records (the file holds only blank lines or an empty array); "
                         "put one JSON conversation per line")
-    bad = stats.dropped["bad record"]
-    if bad / stats.records_in > max_bad_fraction:
-        shown = "\n".join(stats.bad_records)
-        more = f"\n... and {bad - len(stats.bad_records)} more" if bad > len(stats.bad_records) else ""
-        raise UserError(
-            f"{path}: {bad} of {stats.records_in} records are bad "
-            f"({bad / stats.records_in:.0%} > calib.max_bad_fraction {max_bad_fraction:.0%}); "
-            f"fix them, or raise calib.max_bad_fraction in params.yaml:\n{shown}{more}"
-        )
+    if stats.only_system == stats.records_in:
+        raise UserError(f"{path}: no record has a user or assistant turn: all {stats.records_in} hold only system "
+                        f"messages (from {stats.only_system_first} on), nothing to calibrate on or hold out; export "
+                        "the conversations' user and assistant turns with their system prompt")
+    check_skipped(path, stats, max_bad_fraction)
+    if not conversations:  # calib.max_bad_fraction 1: every record may be bad, but one must be usable
+        raise UserError(f"{path}: none of its {stats.records_in} records can be used; fix them:\n"
+                        + _listed(stats.bad_records, stats.dropped["bad record"]))
+
+
+def _listed(messages: list[str], total: int) -> str:
+    more = f"\n... and {total - len(messages)} more" if total > len(messages) else ""
+    return "\n".join(messages) + more
+
+
+def check_skipped(path: Path, stats: CalibStats, max_bad_fraction: float, model_dir: Path | None = None) -> None:
+    """Refuses the file when the records skipped for any reason (bad, system turns only, rejected by the
+    chat template) are more than calib.max_bad_fraction of those read. Duplicates are not skipped records:
+    they are dropped on purpose."""
+    bad, rejected = stats.dropped["bad record"], stats.dropped["rejected by chat template"]
+    skipped = bad + rejected
+    if skipped / stats.records_in <= max_bad_fraction:
+        return
+    why = "are bad" if not rejected else \
+        f"were skipped ({bad} bad, {rejected} rejected by the chat template of {model_dir})"
+    listed = f":\n{_listed(stats.bad_records, bad)}" if bad else ""
+    raise UserError(
+        f"{path}: {skipped} of {stats.records_in} records {why} "
+        f"({skipped / stats.records_in:.0%} > calib.max_bad_fraction {max_bad_fraction:.0%}); "
+        f"fix them, or raise calib.max_bad_fraction in params.yaml{listed}"
+    )

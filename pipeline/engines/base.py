@@ -19,6 +19,7 @@ class Completion:
     n_tokens: int
     seconds: float
     error: str | None = None  # set when a remote engine gave up on this request; text is then ""
+    replaced: int = 0  # characters of the server's text no UTF-8 file can hold, replaced by U+FFFD
 
 
 @dataclass

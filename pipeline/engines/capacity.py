@@ -20,10 +20,13 @@ import re
 from pathlib import Path
 
 GIB = 1 << 30
-WEIGHTS = re.compile(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([0-9.]+) s(?:econds)?")
-KV_MEMORY = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
-KV_TOKENS = re.compile(r"GPU KV cache size: ([0-9,]+) tokens")
-CONCURRENCY = re.compile(r"Maximum concurrency for ([0-9,]+) tokens per request: ([0-9.]+)x")
+# a number as vLLM prints one (a line that holds anything else, "1.2.3" or 5,000 digits, matches nothing)
+DECIMAL = r"([0-9]{1,15}(?:\.[0-9]{1,15})?)"
+COUNT = r"([0-9]{1,3}(?:,[0-9]{3}){1,5}|[0-9]{1,18})"
+WEIGHTS = re.compile(rf"Model loading took {DECIMAL} GiB(?: memory)? and {DECIMAL} s(?:econds)?")
+KV_MEMORY = re.compile(rf"Available KV cache memory: {DECIMAL} GiB")
+KV_TOKENS = re.compile(rf"GPU KV cache size: {COUNT} tokens")
+CONCURRENCY = re.compile(rf"Maximum concurrency for {COUNT} tokens per request: {DECIMAL}x")
 MAX_LOG_BYTES = 64 << 20  # a server log is read from its start; the start-up lines come first
 
 

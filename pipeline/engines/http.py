@@ -13,6 +13,7 @@ with the time each arrived, which is what `quantize bench` times TTFT and inter-
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -79,7 +80,7 @@ def post_json(client, url: str, body: dict, headers: dict, limits: Limits) -> di
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested 100,000 deep
         raise RetryableError(f"malformed response ({type(exc).__name__}): {raw[:200]!r}") from None
     return data
 
@@ -109,10 +110,12 @@ def stream_events(client, url: str, body: dict, headers: dict, limits: Limits) -
                     return
                 try:
                     event = json.loads(payload)
-                except ValueError:
+                    if not isinstance(event, dict):
+                        raise ValueError("not a JSON object")
+                except (ValueError, RecursionError):
                     raise RetryableError(f"malformed event: {payload[:200]!r}") from None
-                if isinstance(event, dict) and event.get("error"):
-                    raise RetryableError(f"server error in stream: {str(event['error'])[:200]}")
+                if event.get("error"):
+                    raise RetryableError(f"server error in stream: {_quoted(event['error'])}")
                 yield arrived, event
     except httpx.TimeoutException:
         raise RetryableError(f"stream not finished within {limits.deadline:g} s") from None
@@ -132,6 +135,13 @@ def get_ok(url: str, timeout: float = 2.0) -> bool:
 
 def _retry_after(value: str | None) -> float | None:
     try:
-        return max(0.0, float(value)) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None  # an HTTP-date: fall back to our own backoff
+    return max(0.0, seconds) if seconds is not None and math.isfinite(seconds) else None
+
+
+def _quoted(value, limit: int = 200) -> str:
+    """A server's own error message, quoted in ours: cut, and writable as UTF-8 (a lone surrogate replaced)."""
+    text = (value if isinstance(value, str) else repr(value))[:limit]
+    return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pipeline.checkpoints import config_json
 from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
+from pipeline.engines.replies import token_ids
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
@@ -116,6 +117,8 @@ class LMDeployEngine:
         self.pipe = pipeline(str(self.served_dir), backend_config=engine_config, log_level="ERROR",
                              trust_remote_code=exported)
         self.eos_ids = eos_token_ids(self.tokenizer, config_json.generation_eos(self.model_dir))
+        # ids an answer may hold (checked before decoding): the tokenizer's, or the model's padded embedding rows
+        self.vocab_size = max(len(self.tokenizer), config_json.vocab_size(config_json.read(self.model_dir)))
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return render_prompt(self.tokenizer, messages)
@@ -174,15 +177,17 @@ class LMDeployEngine:
             async for out in engine.generate(request, stream_response=True):
                 response = out.to_response(0)
                 if response.token_ids:
+                    # checked as a server's reply is (pipeline/engines/replies.py): a bad id fails this request
+                    ids = token_ids(list(response.token_ids), "token_ids", self.vocab_size)
                     now = time.perf_counter()
                     if first is None:
                         first = now
                     else:
                         itl.append(now - last)
                     last = now
-                    tokens += response.token_ids
+                    tokens += ids
                 if response.finish_reason == "error":
-                    error = response.error_message or "lmdeploy reported an error"
+                    error = str(response.error_message or "lmdeploy reported an error")[:500]
         except Exception as exc:  # one bad request (too long, out of memory) must not end the run
             error = f"{type(exc).__name__}: {exc}"
         done = time.perf_counter()

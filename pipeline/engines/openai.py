@@ -19,8 +19,12 @@ placeholder in the text per image, adds none of its own.
 Requests run on a thread pool. Every attempt has a total deadline and a cap on response bytes
 (`pipeline/engines/http.py`); timeouts, connection errors, HTTP 5xx, 429 (honouring Retry-After),
 malformed JSON and, when asked, cut-off answers (finish_reason "length") are retried with
-exponential backoff and jitter. A request that still fails comes back as a Completion with
-`error` set, never as an exception: one bad response must not end a stage. The API key is read
+exponential backoff and jitter, and so is a reply whose fields are not what the API specifies
+(pipeline/engines/replies.py: every field read is checked for type and range: the choice's text, its
+finish_reason and token ids, `usage.completion_tokens`). A request that still fails comes back as a
+Completion with `error` set, never as an exception: one bad response must not end a stage. Answer text
+that no UTF-8 file can hold (a lone surrogate escape) has those characters replaced by U+FFFD, counted
+in `Completion.replaced`. The API key is read
 from an environment variable, sent only in the Authorization header and scrubbed from every
 error message.
 """
@@ -33,15 +37,18 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from pipeline.checkpoints import config_json
 from pipeline.engines.base import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
+from pipeline.engines import replies
 from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
 MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is treated as a plain failure after that wait
 PROMPT_FORMATS = ("tokens", "text", "chat")
+T = TypeVar("T")
 
 
 class OpenAIEngine:
@@ -67,7 +74,7 @@ class OpenAIEngine:
         self.backoff, self.retry_on_length, self.temperature = backoff, retry_on_length, temperature
         self.extra_body = dict(extra_body or {})  # server-specific request fields (vLLM: return_token_ids ...)
         self.model_dir = Path(model_dir) if model_dir else None
-        self.tokenizer, self.eos_ids = None, set()
+        self.tokenizer, self.eos_ids, self.vocab_size = None, set(), None
         if prompt_format != "chat":
             if self.model_dir is None or not config_json.present(self.model_dir):
                 raise UserError(f"params.yaml: {params_section}.prompt_format: {prompt_format} renders prompts with "
@@ -76,6 +83,13 @@ class OpenAIEngine:
 
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
             self.eos_ids = eos_token_ids(self.tokenizer, config_json.generation_eos(self.model_dir))
+            # token ids a reply may hold: the tokenizer's, or the model's (padded) embedding rows
+            self.vocab_size = max(len(self.tokenizer), config_json.vocab_size(config_json.read(self.model_dir)))
+
+    @property
+    def served_model(self) -> str:
+        """The name requests carry (`quantize bench` streams to it, as to vLLM's)."""
+        return self.model
 
     @property
     def url(self) -> str:
@@ -132,27 +146,26 @@ class OpenAIEngine:
         started = time.perf_counter()
         body = self._body(request)
         try:
-            data = self.call(client, body, chat=self._is_chat(request))
-        except FatalError as exc:
+            choice = self.call(client, body, chat=self._is_chat(request))
+        except (FatalError, RetryableError) as exc:
             return Completion("", 0, time.perf_counter() - started, error=str(exc))
-        except RetryableError as exc:
-            return Completion("", 0, time.perf_counter() - started, error=str(exc))
-        return self._completion(request, data, time.perf_counter() - started)
+        return self._completion(request, choice, time.perf_counter() - started)
 
-    def call(self, client, body: dict, chat: bool | None = None) -> dict:
-        """POST to this engine's endpoint with retries; the parsed answer, or Retryable/FatalError
-        (messages scrubbed of the key) once retries are spent."""
+    def call(self, client, body: dict, chat: bool | None = None, read: Callable[[dict], T] | None = None) -> T:
+        """POST to this engine's endpoint with retries; what `read` makes of the answer (default: its first
+        choice, every field checked, pipeline/engines/replies.py), or Retryable/FatalError (messages
+        scrubbed of the key) once retries are spent. A reply `read` refuses (BadReply) is retried as a
+        timeout is."""
         last_error, last_retry_after = "no attempt made", None
         chat = self.prompt_format == "chat" if chat is None else chat
         url = self.base_url + ("/chat/completions" if chat else "/completions")
+        read = read or (lambda data: self._read_choice(data, body, chat))
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self._delay(attempt, last_retry_after))
             last_retry_after = None
             try:
-                data = post_json(client, url, body, self.headers, self.limits)
-                self._check_choice(data, chat)
-                return data
+                return read(post_json(client, url, body, self.headers, self.limits))
             except RetryableError as exc:
                 last_error, last_retry_after = self._redact(str(exc)), exc.retry_after
             except FatalError as exc:
@@ -186,26 +199,20 @@ class OpenAIEngine:
             body["stop"] = request.stop
         return body | self.extra_body
 
-    def _check_choice(self, data: dict, chat: bool) -> None:
-        try:
-            choice = data["choices"][0]
-            text = choice["message"]["content"] if chat else choice["text"]
-            if not isinstance(text, str):
-                raise TypeError("content is not a string")
-        except (KeyError, IndexError, TypeError) as exc:
-            raise RetryableError(f"malformed response ({type(exc).__name__}): {json.dumps(data)[:200]!r}") from None
-        if self.retry_on_length and choice.get("finish_reason") == "length":
+    def _read_choice(self, data: dict, body: dict, chat: bool) -> replies.Choice:
+        choice = replies.completion_choice(data, chat=chat, max_tokens=body.get("max_tokens"),
+                                           vocab_size=self.vocab_size)
+        if self.retry_on_length and choice.finish_reason == "length":
             raise RetryableError("answer cut off (finish_reason 'length'); raise judge.judge_max_new_tokens")
+        return choice
 
-    def _completion(self, request: GenRequest, data: dict, seconds: float) -> Completion:
-        choice, chat = data["choices"][0], self._is_chat(request)
-        if self.prompt_format != "chat" and isinstance(choice.get("token_ids"), list):
+    def _completion(self, request: GenRequest, choice: replies.Choice, seconds: float) -> Completion:
+        if self.prompt_format != "chat" and choice.token_ids is not None:
             # vLLM's return_token_ids: decoded and cut at EOS / stop strings as the hf engine does
-            done = to_completion(self.tokenizer, request, choice["token_ids"], self.eos_ids, seconds)
+            done = to_completion(self.tokenizer, request, choice.token_ids, self.eos_ids, seconds)
             return Completion(self._redact(done.text), done.n_tokens, seconds)
-        text = choice["message"]["content"] if chat else choice["text"]
-        n_tokens = (data.get("usage") or {}).get("completion_tokens") or 0
-        return Completion(self._redact(truncate_at_stop(text, request.stop)), int(n_tokens), seconds)
+        return Completion(self._redact(truncate_at_stop(choice.text, request.stop)), choice.completion_tokens or 0,
+                          seconds, replaced=choice.replaced)
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "[REDACTED]") if self._key else text

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.checkpoints import config_json
+from pipeline.engines import replies
 from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.http import FatalError, RetryableError, get_ok
 from pipeline.engines.openai import OpenAIEngine
@@ -310,31 +311,12 @@ class VLLMEngine:
     def token_logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """Sum of log P(continuation | context) and whether every continuation token is the argmax,
         from vLLM's prompt_logprobs (log-probability and rank of each prompt token)."""
-        import httpx
-
         self.start()
-
-        def one(client, context: list[int], continuation: list[int]) -> tuple[float, bool]:
-            ids = list(context) + list(continuation)
-            body = {"model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
-            try:
-                data = self.client.call(client, body)
-            except (RetryableError, FatalError) as exc:
-                self._raise_if_dead()
-                raise UserError(f"vLLM server at {self.base_url}: prompt_logprobs failed: {exc}") from None
-            positions = data["choices"][0].get("prompt_logprobs")
-            if not isinstance(positions, list) or len(positions) != len(ids):
-                raise UserError(f"vLLM server at {self.base_url}: no prompt_logprobs in its answer; it may be too "
-                                "old (vLLM >= 0.24 returns them)")
-            total, greedy = 0.0, True
-            for position in range(len(context), len(ids)):
-                entry = positions[position][str(ids[position])]
-                total += float(entry["logprob"])
-                greedy = greedy and int(entry.get("rank", 0)) == 1
-            return total, greedy
-
-        with httpx.Client() as client, ThreadPoolExecutor(max(1, self.batch_size)) as pool:
-            return list(pool.map(lambda r: one(client, *r), requests))
+        try:
+            return prompt_logprobs(self.client, requests, self.batch_size)
+        except UserError:
+            self._raise_if_dead()
+            raise
 
     def describe(self) -> dict:
         """Engine, version and settings, as the report names them."""
@@ -364,9 +346,10 @@ class VLLMEngine:
         import httpx
 
         try:
-            return httpx.get(self.server.base_url + "/version", timeout=5).json().get("version")
-        except (httpx.HTTPError, ValueError, AttributeError):
+            answer = httpx.get(self.server.base_url + "/version", timeout=5).json()
+        except (httpx.HTTPError, ValueError, RecursionError):
             return None
+        return replies.version(answer.get("version")) if isinstance(answer, dict) else None
 
     def healthy(self) -> bool:
         return self.server is not None and get_ok(self.server.base_url + "/health")
@@ -403,6 +386,30 @@ class VLLMEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def prompt_logprobs(client: OpenAIEngine, requests: list[tuple[list[int], list[int]]],
+                    concurrency: int) -> list[tuple[float, bool]]:
+    """VLLMEngine.token_logprobs through `client`: one request per (context, continuation), its reply's
+    prompt_logprobs checked entry by entry (pipeline/engines/replies.py: a malformed one is asked again,
+    then a UserError, for a likelihood a server gave no answer to cannot be scored)."""
+    import httpx
+
+    def one(http, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+        ids = list(context) + list(continuation)
+        body = {"model": client.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+        try:
+            scored = client.call(http, body, chat=False,
+                                 read=lambda data: replies.prompt_logprobs(data, ids, len(context)))
+        except (RetryableError, FatalError) as exc:
+            raise UserError(f"vLLM server at {client.base_url}: prompt_logprobs failed: {exc}") from None
+        if scored is None:
+            raise UserError(f"vLLM server at {client.base_url}: no prompt_logprobs in its answer; it may be too "
+                            "old (vLLM >= 0.24 returns them)")
+        return scored
+
+    with httpx.Client() as http, ThreadPoolExecutor(max(1, concurrency)) as pool:
+        return list(pool.map(lambda r: one(http, *r), requests))
 
 
 def wait_gone(url: str, seconds: float = 10.0) -> bool:

@@ -7,6 +7,12 @@ whose message says where it is and how to fix it; a file that cannot be read at 
 A message quotes a value from the record (a role, a key) only whole and short (QUOTE_MAX
 characters), never cut, so that redaction (pipeline/calib/load.py) sees all of it: a long value is
 described by its length instead.
+
+Text rules: a turn's text must be a string; CR LF and a lone CR become LF; every other control
+character (Unicode Cc: U+0000-U+001F, NUL included, and U+007F-U+009F) but tab and newline is removed
+and counted per field (`Conversation.removed`); the text is then stripped and must not be empty. An
+unpaired UTF-16 surrogate ("\\ud83d" alone) makes the record bad, and so does a conversation of system
+turns only (`OnlySystemTurns`: nothing to calibrate on or hold out).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import gzip
 import json
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -30,10 +36,15 @@ ROLE_ALIASES = {
 SHAPES = ("messages", "conversations", "turns", "prompt/response", "instruction/output", "text")
 FORMATS = "a .jsonl, .jsonl.gz or .json file of conversations"
 QUOTE_MAX = 60  # characters of a record's value a message may quote (whole, or not at all)
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # Cc but tab and newline (CR became newline first)
 
 
 class BadRecord(Exception):
     """One record that cannot be used; the message says why and how to fix it."""
+
+
+class OnlySystemTurns(BadRecord):
+    """A conversation with no user or assistant turn: a system prompt alone."""
 
 
 @dataclass
@@ -42,6 +53,8 @@ class Conversation:
     shape: str
     where: str  # FILE:LINE
     key: str = ""  # sha256 of the normalised text: de-duplication, split and holdout id
+    removed: dict[str, dict[str, int]] = field(default_factory=dict)  # control characters taken out:
+    # {"turns[1].content": {"U+0000": 2}}
 
     def text(self) -> str:
         return "\n".join(m["content"] for m in self.messages)
@@ -227,13 +240,33 @@ def _unpaired_surrogate(text: str) -> int | None:
     return None
 
 
-def _content(value, where: str, what: str) -> str:
+def without_control_characters(text: str) -> tuple[str, dict[str, int]]:
+    """text with line ends made "\\n" (CR LF and a lone CR) and every other control character (Unicode
+    category Cc: U+0000-U+001F and U+007F-U+009F, NUL included) but tab and newline removed; and how
+    many of each were removed, by code point ("U+0000")."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    found = CONTROL.findall(text)
+    if not found:
+        return text, {}
+    counts: dict[str, int] = {}
+    for char in found:
+        name = f"U+{ord(char):04X}"
+        counts[name] = counts.get(name, 0) + 1
+    return CONTROL.sub("", text), counts
+
+
+def _content(value, where: str, what: str, removed: dict | None = None) -> str:
+    """A turn's text, checked; control characters taken out (counted in `removed[what]`)."""
     if not isinstance(value, str):
         kind = JSON_TYPES.get(type(value).__name__, type(value).__name__)
         raise BadRecord(f"{where}: {what} is {kind}, not text; make it a string")
-    value = value.replace("\r\n", "\n").strip()
+    value, controls = without_control_characters(value)
+    value = value.strip()
+    if controls and removed is not None:
+        removed[what] = controls
     if not value:
-        raise BadRecord(f"{where}: {what} is empty; drop the turn or fill it")
+        raise BadRecord(f"{where}: {what} is " + ("nothing but control characters" if controls else "empty") +
+                        "; drop the turn or fill it")
     if (at := _unpaired_surrogate(value)) is not None:
         raise BadRecord(f"{where}: {what} holds an unpaired UTF-16 surrogate at character {at + 1} (half of an "
                         "emoji or other character, e.g. a lone \\ud83d escape), which is not text; re-export the "
@@ -249,7 +282,7 @@ def _role(value, where: str, what: str) -> str:
     return role
 
 
-def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str) -> list[dict]:
+def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str, removed: dict) -> list[dict]:
     if not isinstance(turns, list) or not turns:
         raise BadRecord(f"{where}: '{shape}' must be a non-empty list of turns; "
                         f"give it [{{\"{role_key}\": ..., \"{text_key}\": ...}}, ...]")
@@ -259,17 +292,21 @@ def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str) -> l
             raise BadRecord(f"{where}: {shape}[{i}] needs '{role_key}' and '{text_key}' keys; add them or drop the turn")
         messages.append({
             "role": _role(turn[role_key], where, f"{shape}[{i}].{role_key}"),
-            "content": _content(turn[text_key], where, f"{shape}[{i}].{text_key}"),
+            "content": _content(turn[text_key], where, f"{shape}[{i}].{text_key}", removed),
         })
+    if all(m["role"] == "system" for m in messages):
+        raise OnlySystemTurns(f"{where}: '{shape}' holds only system turns ({len(messages)}), no user or assistant "
+                              "turn: nothing to calibrate on or hold out; export the conversation's turns with it, "
+                              "or drop the record")
     return messages
 
 
-def _pair(record: dict, where: str, ask: str, answer: str) -> list[dict]:
-    prompt = _content(record[ask], where, ask)
-    if isinstance(record.get("input"), str) and record["input"].strip():
-        prompt += "\n\n" + _content(record["input"], where, "input")
+def _pair(record: dict, where: str, ask: str, answer: str, removed: dict) -> list[dict]:
+    prompt = _content(record[ask], where, ask, removed)
+    if isinstance(record.get("input"), str) and without_control_characters(record["input"])[0].strip():
+        prompt += "\n\n" + _content(record["input"], where, "input", removed)
     return [{"role": "user", "content": prompt},
-            {"role": "assistant", "content": _content(record[answer], where, answer)}]
+            {"role": "assistant", "content": _content(record[answer], where, answer, removed)}]
 
 
 def to_conversation(record, where: str) -> Conversation:
@@ -278,18 +315,20 @@ def to_conversation(record, where: str) -> Conversation:
         kind = JSON_TYPES.get(type(record).__name__, type(record).__name__)
         raise BadRecord(f"{where}: a record must be a JSON object, not {kind}; put one conversation object "
                         "per line (a JSON array belongs in a .json file)")
+    removed: dict[str, dict[str, int]] = {}
     if "messages" in record:
-        shape, messages = "messages", _turn_list(record["messages"], where, "role", "content", "messages")
+        shape, messages = "messages", _turn_list(record["messages"], where, "role", "content", "messages", removed)
     elif "conversations" in record:
-        shape, messages = "conversations", _turn_list(record["conversations"], where, "from", "value", "conversations")
+        shape, messages = "conversations", _turn_list(record["conversations"], where, "from", "value", "conversations",
+                                                      removed)
     elif "turns" in record:
-        shape, messages = "turns", _turn_list(record["turns"], where, "role", "content", "turns")
+        shape, messages = "turns", _turn_list(record["turns"], where, "role", "content", "turns", removed)
     elif "prompt" in record and "response" in record:
-        shape, messages = "prompt/response", _pair(record, where, "prompt", "response")
+        shape, messages = "prompt/response", _pair(record, where, "prompt", "response", removed)
     elif "instruction" in record and "output" in record:
-        shape, messages = "instruction/output", _pair(record, where, "instruction", "output")
+        shape, messages = "instruction/output", _pair(record, where, "instruction", "output", removed)
     elif "text" in record:
-        shape, messages = "text", [{"role": "text", "content": _content(record["text"], where, "text")}]
+        shape, messages = "text", [{"role": "text", "content": _content(record["text"], where, "text", removed)}]
     else:
         names = sorted(record)
         keys = ", ".join(_shown_key(k) for k in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
@@ -298,4 +337,4 @@ def to_conversation(record, where: str) -> Conversation:
             f"{where}: unknown record shape (keys: {keys}); use one of: "
             "messages, conversations, turns, prompt+response, instruction+output, text"
         )
-    return Conversation(messages, shape, where)
+    return Conversation(messages, shape, where, removed=removed)

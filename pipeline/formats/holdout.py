@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.formats.checked_json import unpaired_surrogate
 
+ROLES = ("system", "user", "assistant")
 SHAPE = '{"id", "messages": [... ending with the user turn], "prompt", "reference"}'
 
 
@@ -27,7 +29,8 @@ def write_holdout(path: Path, records: list[dict]) -> None:
 def read_holdout(path: Path, *, limit: int | None = None, purpose: str = "held-out conversations",
                  missing_ok: bool = False) -> list[dict]:
     """The records, checked (FILE:LINE and the expected shape on a bad one); `limit` keeps the first ones.
-    missing_ok: a missing file is an empty list (the quantize stages fall back to calibration blocks)."""
+    missing_ok: a missing file, or one without records (calib.holdout: 0), is an empty list (the quantize
+    stages fall back to calibration blocks)."""
     path = Path(path)
     if not path.exists():
         if missing_ok:
@@ -45,18 +48,22 @@ def read_holdout(path: Path, *, limit: int | None = None, purpose: str = "held-o
             record = json.loads(line)
             messages = record["messages"]
             if not isinstance(messages, list) or not messages or messages[-1]["role"] != "user" or \
-                    not all(isinstance(m.get("content"), str) for m in messages):
-                raise ValueError("messages must be a list of turns ending with the user's")
+                    not all(isinstance(m.get("content"), str) and m.get("role") in ROLES for m in messages):
+                raise ValueError("messages must be a list of system, user and assistant turns ending with the "
+                                 "user's")
             if record.get("reference") is not None and not isinstance(record["reference"], str):
                 raise ValueError("reference must be text or null")
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            if (where := unpaired_surrogate(record)) is not None:
+                raise ValueError(f"{where} holds an unpaired UTF-16 surrogate, which is not text")
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
             raise UserError(f"{path}:{number}: not a holdout record ({exc}); expected {SHAPE}; rebuild it with "
                             "`quantize calib`") from None
         records.append(record)
         if limit and len(records) >= limit:
             break
-    if not records:
-        raise UserError(f"{path}: no {purpose} in the file; rebuild it with `quantize calib`")
+    if not records and not missing_ok:
+        raise UserError(f"{path}: no {purpose} in the file; rebuild it with `quantize calib` from conversations "
+                        "with user turns, and calib.holdout above 0")
     return records
 
 

@@ -6,7 +6,8 @@ A kill can land at any byte of an append. On the next open, an unterminated last
 kill cut, possibly inside a multi-byte character, possibly a whole entry but for its newline) is
 dropped, counted (`dropped`) and cut off the file, so the next append starts a line of its own: the
 requests it held are simply computed again. No kill leaves any other line broken, so any other line
-that is not a JSON object with a string "key" is a UserError naming the file and the line.
+that is not a JSON object with a string "key" (and the fields its cache writes: `valid`) is a UserError
+naming the file and the line.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ from pipeline.errors import UserError
 class KeyedJsonl:
     """The entries of one keyed JSONL file by key, read at open (those `keep` accepts), appended to."""
 
-    def __init__(self, path: Path, keep: Callable[[dict], bool] | None = None):
+    def __init__(self, path: Path, keep: Callable[[dict], bool] | None = None,
+                 valid: Callable[[dict], bool] | None = None):
+        """keep: which entries to use (e.g. another model's are skipped); valid: whether an entry holds the
+        fields, types and ranges its cache writes (any entry that does not is refused with its line)."""
         self.path = Path(path)
+        self._valid = valid
         self.entries: dict[str, dict] = {}
         self.dropped = 0  # 1 when the open dropped (and cut off) a torn last line
         if self.path.exists():
@@ -36,10 +41,10 @@ class KeyedJsonl:
             if not line.strip():
                 continue
             entry = _entry(line)
-            if entry is None:  # refused before the file is touched
+            if entry is None or (self._valid is not None and not self._valid(entry)):  # before the file is touched
                 raise UserError(f"{self.path}, line {number}: not a cache entry (a JSON object with a string "
-                                f"\"key\"; only a torn last line is repaired). Delete that line, or the file, "
-                                f"and rerun: what it held is computed again")
+                                f"\"key\" and the fields this cache writes; only a torn last line is repaired). "
+                                f"Delete that line, or the file, and rerun: what it held is computed again")
             if keep is None or keep(entry):
                 self.entries[entry["key"]] = entry
         if tail:  # no newline at the end: an append cut by a kill

@@ -16,7 +16,11 @@ correlation of preference with answer-length difference (verbosity bias). Below
 
 Every judgment is appended to a cache keyed by (judge, prompt, answers, order): a rerun asks
 the judge nothing and a crash loses at most one chunk. Failed requests (after the engine's
-retries) are counted as unjudged and asked again on the next run; they never stop the stage.
+retries) are counted as unjudged and asked again on the next run; they never stop the stage. A reply
+whose fields are not what the API specifies (a `usage` count given as text, NaN, a missing content) is
+such a failure: retried, then unjudged with the reason (pipeline/engines/replies.py). Characters of a
+reply that no UTF-8 file can hold (a lone "\\ud800" escape) are written as U+FFFD; judge.json counts
+them (`replaced_characters`) and the report says so.
 """
 
 from __future__ import annotations
@@ -61,7 +65,10 @@ class JudgeResult:
             figures = (f"{s['wins']} wins, {s['ties']} ties, {s['losses']} losses, {s['unjudged']} unjudged; "
                        f"win rate {rate}, consistency {consistency}")
         weak = ", weak judge" if s["weak_judge"] else ""
-        return f"judge: wrote {self.out} ({figures}{weak}): {s['decision']} in {s['seconds']:.0f} s"
+        n = s.get("replaced_characters") or 0
+        replaced = (f"; {n} character{'s' if n > 1 else ''} of the judge's replies that UTF-8 cannot hold written "
+                    "as U+FFFD") if n else ""
+        return f"judge: wrote {self.out} ({figures}{weak}{replaced}): {s['decision']} in {s['seconds']:.0f} s"
 
 
 def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_dir: Path | str,
@@ -108,6 +115,7 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
                                              iterations=iterations, confidence=confidence, seed=seed)
     finally:
         judge.close()
+    summary["replaced_characters"] = replaced_characters(lines)
     summary = _finish_summary(summary, jp, v.margins.judge, variant_dir, base_dir, description, weak, judge,
                               confidence, watch)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +140,14 @@ def _finish_summary(summary, jp, margin, variant_dir, base_dir, description, wea
     summary["engine_start_s"] = engine_start_seconds(watch.starts_before)  # answer and judge engines made
     summary["seconds"] = round(watch.seconds, 2)
     return summary
+
+
+def replaced_characters(lines: list[dict]) -> int:
+    """Characters of the judge's replies that no UTF-8 file can hold (unpaired UTF-16 surrogates), written
+    to judge.jsonl as U+FFFD: every judgment's `replaced`, the control run's included."""
+    judgments = [j for l in lines for j in l.get("judgments", []) + (l.get("control") or {}).get("judgments", [])]
+    judgments += [l["judgment"] for l in lines if "judgment" in l]
+    return sum(j.get("replaced", 0) for j in judgments)
 
 
 def _reliable(summary: dict, min_consistency: float) -> bool:
@@ -241,7 +257,8 @@ def _pair_result(records: list[dict]) -> dict:
     for (order, variant_is_a), r in zip(ORDERS, records):
         judgments.append({"order": order, "raw": r["raw"], "verdict": r["parsed"],
                           "outcome": order_outcome(r["parsed"], variant_is_a), "attempts": r["attempts"],
-                          "error": r["error"], **({"raw_first": r["raw_first"]} if "raw_first" in r else {})})
+                          "error": r["error"], **({"raw_first": r["raw_first"]} if "raw_first" in r else {}),
+                          **({"replaced": r["replaced"]} if r.get("replaced") else {})})
     outcome, consistent = combine(judgments[0]["outcome"], judgments[1]["outcome"])
     reason = None
     if outcome == "unjudged":
@@ -279,7 +296,7 @@ def judge_reference(judge: Judge, records: list[dict], base_answers: list[str], 
         r = results[ask.key]
         lines.append({"id": record.get("id", str(i)), "prompt": record.get("prompt", questions[i]),
                       "base_answer": base_answers[i], "variant_answer": variant_answers[i],
-                      "judgment": {k: r[k] for k in ("raw", "attempts", "error") if k in r},
+                      "judgment": {k: r[k] for k in ("raw", "attempts", "error", "replaced") if k in r},
                       "grade": r["parsed"], "outcome": "graded" if r["parsed"] else "unjudged",
                       "unjudged_reason": None if r["parsed"] else
                       ("request failed" if r["error"] else "unparsable grade"),

@@ -1,5 +1,7 @@
 """The judge itself: prompts sent through any engine, strict parsing, one reminded retry of an unparsable
-reply, and the judgment cache (append-only JSONL keyed by judge, mode, template, prompt, answers and
+reply (a reply whose fields are broken is the engine's failure, retried there: pipeline/engines/replies.py;
+characters of a reply that no UTF-8 file can hold arrive as U+FFFD, counted in the record's `replaced`),
+and the judgment cache (append-only JSONL keyed by judge, mode, template, prompt, answers and
 order: a rerun asks nothing; a failed request is not cached and is asked again next run)."""
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pipeline.engines import Completion, Engine, GenRequest
+from pipeline.engines.replies import encodable
 from pipeline.formats.keyed_jsonl import KeyedJsonl
 from pipeline.judge.prompts import REMINDER, load_template, render
 from pipeline.judge.scoring import parse_grade, parse_verdict
@@ -19,7 +22,11 @@ log = logging.getLogger(__name__)
 
 
 class JudgmentCache(KeyedJsonl):
-    """Append-only keyed JSONL of finished judgments; a torn last line (SIGKILL) is dropped and cut off."""
+    """Append-only keyed JSONL of finished judgments; a torn last line (SIGKILL) is dropped and cut off, and
+    a line that is not a judgment as Judge._record writes it (edited by hand) is refused with its line."""
+
+    def __init__(self, path):
+        super().__init__(path, valid=is_judgment)
 
     @staticmethod
     def key(*parts) -> str:
@@ -30,6 +37,17 @@ class JudgmentCache(KeyedJsonl):
 
     def put_many(self, entries: list[dict]) -> None:
         self.append(entries)
+
+
+def is_judgment(entry: dict) -> bool:
+    """A finished judgment as Judge._record writes it: the reply's text (writable as UTF-8), its verdict or
+    grade (or none), the attempts, no error, and the count of characters replaced."""
+    texts = [entry.get("raw")] + ([entry["raw_first"]] if "raw_first" in entry else [])
+    parsed, replaced = entry.get("parsed"), entry.get("replaced", 0)
+    return (all(isinstance(t, str) and encodable(t)[1] == 0 for t in texts)
+            and (parsed is None or parsed in ("A", "B", "C") or (type(parsed) is int and 1 <= parsed <= 5))
+            and type(entry.get("attempts")) is int and entry["attempts"] in (1, 2) and entry.get("error") is None
+            and type(replaced) is int and replaced >= 0)
 
 
 @dataclass
@@ -105,6 +123,8 @@ class Judge:
             for (ask, old), new in zip(retry, again):
                 record = self._record(ask.key, new, attempts=2)
                 record["raw_first"] = old.text
+                if old.replaced:
+                    record["replaced"] = record.get("replaced", 0) + old.replaced
                 results[ask.key] = record
         return results
 
@@ -117,5 +137,7 @@ class Judge:
         if completion.error:
             log.warning("judge request failed: %s", completion.error)
         parsed = None if completion.error else self.parse(completion.text)
-        return {"key": key, "raw": completion.text, "parsed": parsed, "attempts": attempts,
-                "error": completion.error}
+        record = {"key": key, "raw": completion.text, "parsed": parsed, "attempts": attempts, "error": completion.error}
+        if completion.replaced:  # characters of the reply no UTF-8 file can hold, written as U+FFFD
+            record["replaced"] = completion.replaced
+        return record
