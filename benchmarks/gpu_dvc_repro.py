@@ -86,8 +86,9 @@ class Run:
         params["model"]["source"] = str(base)
         engine = params["engine"]
         if self.tiny:
+            # the test server pretends a 1 GiB device (its --device-memory-gib default): planned KV pools fit in it
             engine.update(server_command=[sys.executable, str(REPO / "tests" / "openai_server.py")],
-                          max_model_len=512, batch_size=8)
+                          max_model_len=512, batch_size=8, device_memory_gib=1.0, non_kv_memory_gib=0.01)
             params["model"]["dtype"] = "float16"
             params["calib"].update(seq_len=64, num_blocks=8, holdout=8)
             for variant in params["variants"].values():
@@ -108,9 +109,10 @@ class Run:
             engine.update(server_command=["python3", "-m", "vllm.entrypoints.cli.main", "serve"],
                           server_env={"PYTHONPATH": VSITE, "VLLM_USE_FLASHINFER_SAMPLER": "0"})
         engine["share_server"] = share  # --no-share: every stage starts its own server (the before of item 2)
-        if suite_limit:
+        if suite_limit:  # items per suite, and prompts the judge judges
             for suite in params["suites"].values():
                 suite["limit"] = suite_limit
+            params["judge"]["limit"] = suite_limit
         if not shutil.which("bwrap"):  # random weights write no real code; the report marks it unsandboxed
             params["suites"]["code"]["allow_unsandboxed"] = True
         return params
@@ -124,10 +126,11 @@ class Run:
         shutil.copytree(REPO, self.project, ignore=IGNORE)
         self.bin.mkdir(parents=True, exist_ok=True)
         wrapper = self.bin / "quantize"  # what dvc.yaml's commands call
-        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m pipeline.cli \"$@\"\n")
+        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m pipeline.cli_launcher \"$@\"\n")
         wrapper.chmod(0o755)
         sh([str(wrapper), "profile", "gpu-h200"], self.project,
            {k: v for k, v in self.env().items() if k != "QUANTIZE_STAGE_LOG"})  # not a stage of the run
+        self.compile_bytecode()
         base = self.build_base()
         (self.project / "params.yaml").write_text(yaml.safe_dump(self.settings(base, suite_limit, share), sort_keys=False))
         # the H200 machine has 64 GiB of disk: the project's .dvc/config links checkpoints into DVC's cache
@@ -145,7 +148,21 @@ class Run:
                 sh(cmd, self.project, git_env)
         self.state["setup_s"] = round(time.perf_counter() - started, 1)
         self.state["base"] = str(base)
+        self.state["suite_limit"] = suite_limit
         self.save()
+
+    def compile_bytecode(self) -> None:
+        """The GPU machine's packages travel as wheels installed with --no-compile and vLLM as a tarball without
+        bytecode: every process would compile the modules it imports (a pip install compiles them once). Done
+        once here, on every core, and timed apart from the run (`bytecode_s`)."""
+        started = time.perf_counter()
+        folders = [p for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p and Path(p).is_dir()]
+        folders += [VSITE] if Path(VSITE).is_dir() and not self.tiny else []
+        folders = [f for f in dict.fromkeys(folders) if f != str(self.project)] + [str(self.project / "pipeline")]
+        if not self.tiny:
+            sh([sys.executable, "-m", "compileall", "-q", "-j", "0", *folders], self.work, check=False)
+        self.state["bytecode_s"] = round(time.perf_counter() - started, 1)
+        self.state["python_dont_write_bytecode"] = os.environ.get("PYTHONDONTWRITEBYTECODE")
 
     # ------------------------------------------------------------ the run across calls
 
@@ -283,13 +300,49 @@ class Run:
     def figures(self) -> dict:
         records = [json.loads(l) for l in self.stage_log.read_text().splitlines() if l.strip()] \
             if self.stage_log.exists() else []
+        stages = self.stage_figures(records)
+        wall = sum(c["dvc_repro_s"] for c in self.state["calls"])
+        start = sum(s["engine_start_s"] for s in stages.values())
+        work = sum(s["work_s"] for s in stages.values())
+        suites = self.suite_figures(stages)
+        servers = self.server_figures()
+        return {
+            "date": time.strftime("%Y-%m-%d"), "tiny": self.tiny, "done": self.state["done"],
+            "stages": list(stages.values()), "wall_s": round(wall, 1),
+            # engine start visible in the wall time: what stages waited for a model to load or a server to be
+            # ready (a server started early, while other stages worked, costs only what is left of its start)
+            "engine_start_s": round(start, 1), "engine_start_fraction": round(start / wall, 4) if wall else None,
+            "work_s": round(work, 1), "wall_over_work": round(wall / work, 3) if work else None,
+            "dvc_between_stages_s": round(sum(s.get("dvc_gap_s") or 0.0 for s in stages.values()), 1),
+            "stage_wall_s": round(sum(s["wall_s"] for s in stages.values()), 1),
+            "suites": suites, "fixed_cost_per_model_suite": self.fixed_costs(stages, suites),
+            "servers": servers, "server_starts": sum(len(v["starts_s"]) for v in servers.values()),
+            "projection_full_size": self.projection(stages, suites),
+            "resumed": max(0, len(self.state["calls"]) - 1),  # every call after the first resumes a cut run
+            "cuts": self.state["cuts"], "calls": self.state["calls"], "setup_s": self.state["setup_s"],
+            "bytecode_s": self.state.get("bytecode_s"),
+            "python_dont_write_bytecode": self.state.get("python_dont_write_bytecode"),
+            # 1: the run's holder (and so its servers) lived through every cut; more: the machine ended them
+            "run_holders": self.state.get("holders", 0),
+        }
+
+    def stage_figures(self, records: list[dict]) -> dict[str, dict]:
+        """Per stage (a cut stage's attempts add up): its process's wall time, engine start (waits), work, and
+        the time DVC took between the previous stage's end and this one's start (hashing, locking, checks)."""
         stages: dict[str, dict] = {}
+        previous_end = None
         for r in records:
             name = r.get("stage") or " ".join(r["command"])
-            s = stages.setdefault(name, {"name": name, "wall_s": 0.0, "engine_start_s": 0.0, "attempts": 0,
-                                         "server_starts": 0, "server_attaches": 0, "finished": False})
+            s = stages.setdefault(name, {"name": name, "wall_s": 0.0, "engine_start_s": 0.0, "work_s": 0.0,
+                                         "dvc_gap_s": 0.0, "attempts": 0, "server_starts": 0,
+                                         "server_attaches": 0, "finished": False})
             s["wall_s"] = round(s["wall_s"] + (r.get("wall_s") or 0.0), 2)
             s["engine_start_s"] = round(s["engine_start_s"] + (r.get("engine_start_s") or 0.0), 2)
+            s["work_s"] = round(s["work_s"] + (r.get("work_s") or 0.0), 2)
+            began = (r.get("ended_at") or 0.0) - (r.get("wall_s") or 0.0)
+            if previous_end is not None and r.get("ended_at") and 0 <= began - previous_end < 120:
+                s["dvc_gap_s"] = round(s["dvc_gap_s"] + began - previous_end, 2)  # the same call's DVC time
+            previous_end = r.get("ended_at")
             s["attempts"] += 1
             s["server_starts"] += sum(e.get("server") == "started" for e in r.get("engines", []))
             s["server_attaches"] += sum(e.get("server") == "attached" for e in r.get("engines", []))
@@ -299,21 +352,99 @@ class Run:
         locked = self.locked_stages()
         for name, s in stages.items():
             s["finished"] = name in locked
+        return stages
+
+    def suite_figures(self, stages: dict) -> list[dict]:
+        """Per model and suite, from its results/<model>/<suite>.json: items, time split, items/s."""
+        rows = []
+        for path in sorted((self.project / "results").glob("*/*.json")):
+            try:
+                summary = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(summary, dict) or "suite" not in summary or path.stem != summary.get("suite"):
+                continue
+            work = summary.get("work_seconds")
+            rows.append({"model": path.parent.name, "suite": path.stem, "n": summary.get("n"),
+                         "status": summary.get("status") or "scored", "seconds": summary.get("seconds"),
+                         "setup_s": summary.get("setup_seconds"), "work_s": work,
+                         "engine_start_s": summary.get("engine_start_s"),
+                         "items_per_s": round(summary["n"] / work, 3) if work and summary.get("n") else None,
+                         "lengths": sorted({int(i.split("-")[1]) for i in self.item_ids(path)})
+                         if path.stem == "long_context" else None})
+        return rows
+
+    def item_ids(self, summary_path: Path) -> list[str]:
+        lines = summary_path.with_suffix(".jsonl")
+        return [json.loads(l)["id"] for l in lines.read_text().splitlines() if l.strip()] if lines.exists() else []
+
+    @staticmethod
+    def fixed_costs(stages: dict, suites: list[dict]) -> dict:
+        """The time a suite costs beyond scoring its items and starting engines: its setup in the stage (the task,
+        its documents and requests), plus its share of the stage's process (start, imports, checks, writing) and
+        of DVC's time before the stage. Per model: the evaluate stage's fixed cost over its suites."""
+        out = {}
+        for model in sorted({r["model"] for r in suites}):
+            stage = stages.get(f"evaluate@{model}")
+            rows = [r for r in suites if r["model"] == model]
+            if not stage or not rows:
+                continue
+            inside = sum((r["seconds"] or 0.0) for r in rows)
+            process = max(0.0, stage["wall_s"] - inside)
+            setup = sum((r["setup_s"] or 0.0) for r in rows)
+            out[model] = {"suites": len(rows), "process_s": round(process, 2), "dvc_s": stage["dvc_gap_s"],
+                          "setup_s": round(setup, 2),
+                          "per_suite_s": round((process + stage["dvc_gap_s"] + setup) / len(rows), 2)}
+        return out
+
+    # the suites at full size (README): GSM8K, HumanEval, the long-context ladder of the gpu-h200 profile (5
+    # lengths x 3 depths x 2 kinds), Alice's documents, GSM8K's and HumanEval's solutions, the held-out
+    # conversations (calib.holdout), the judge's prompts
+    FULL = {"math": 1319, "code": 164, "ppl-book": 124, "ppl-math": 1319, "ppl-code": 164, "ppl-chat": 100,
+            "judge": 100}
+    LADDER = [1024, 8192, 32768, 65536, 120000]
+
+    def projection(self, stages: dict, suites: list[dict]) -> dict | None:
+        """dvc repro at full suites from this run: the same fixed costs and quantization, each suite's work scaled
+        by its items (long context: by prompt tokens, from the lengths this run scored; attention grows faster
+        than linearly, so that part is a lower bound), the judge's by its prompts."""
+        if not suites:
+            return None
         wall = sum(c["dvc_repro_s"] for c in self.state["calls"])
-        start = sum(s["engine_start_s"] for s in stages.values())
-        server_start = sum(e["seconds"] for r in records for e in r.get("engines", []) if e.get("server") == "started")
-        return {
-            "date": time.strftime("%Y-%m-%d"), "tiny": self.tiny, "done": self.state["done"],
-            "stages": list(stages.values()), "wall_s": round(wall, 1), "engine_start_s": round(start, 1),
-            "engine_start_fraction": round(start / wall, 4) if wall else None,
-            "server_start_s": round(server_start, 1),
-            "server_starts": sum(s["server_starts"] for s in stages.values()),
-            "stage_wall_s": round(sum(s["wall_s"] for s in stages.values()), 1),
-            "resumed": max(0, len(self.state["calls"]) - 1),  # every call after the first resumes a cut run
-            "cuts": self.state["cuts"], "calls": self.state["calls"], "setup_s": self.state["setup_s"],
-            # 1: the run's holder (and so its servers) lived through every cut; more: the machine ended them
-            "run_holders": self.state.get("holders", 0),
-        }
+        added, per_model = 0.0, {}
+        for r in suites:
+            if r["status"] != "scored" or not r["n"] or not r["work_s"]:
+                continue
+            if r["suite"] == "long_context" and r["lengths"]:
+                measured_tokens = sum(int(i.split("-")[1]) for i in self.item_ids(
+                    self.project / "results" / r["model"] / "long_context.json"))
+                full = r["work_s"] * (sum(self.LADDER) * 6) / max(measured_tokens, 1)
+            elif r["suite"] in self.FULL:
+                full = r["work_s"] * self.FULL[r["suite"]] / r["n"]
+            else:
+                continue
+            added += full - r["work_s"]
+            per_model.setdefault(r["model"], {})[r["suite"]] = round(full, 1)
+        judged = {name: s for name, s in stages.items() if name.startswith("judge@")}
+        limit = self.state.get("suite_limit")
+        for name, s in judged.items():
+            if limit:
+                full = s["work_s"] * self.FULL["judge"] / limit
+                added += full - s["work_s"]
+                per_model.setdefault(name.split("@")[1], {})["judge"] = round(full, 1)
+        return {"dvc_repro_s": round(wall + added, 0), "added_work_s": round(added, 0), "work_s_by_model": per_model,
+                "note": "fixed costs, quantization, KL and bench as measured; suites and judge scaled by items"}
+
+    def server_figures(self) -> dict:
+        """Per model: each server start's duration, from the supervisor's note in the server's log."""
+        import re
+
+        out = {}
+        for log in sorted((self.project / "results").glob("*/vllm-server.log")):
+            text = log.read_text(errors="replace")
+            starts = [float(m) for m in re.findall(r"\[quantize\] server ready after ([0-9.]+) s", text)]
+            out[log.parent.name] = {"starts_s": starts, "commands": text.count("\n$ ") + text.startswith("$ ")}
+        return out
 
     def report(self) -> dict:
         figures = self.figures()
@@ -328,6 +459,15 @@ class Run:
             last = Path(self.state["calls"][-1]["log"])
             if last.exists():
                 (OUT / last.name).write_bytes(last.read_bytes()[-100_000:])
+        report = OUT / "report"  # the page and the verdict the run rendered (links followed)
+        for name in ("index.html", "verdict.json"):
+            page = self.project / "reports" / name
+            if page.exists():
+                report.mkdir(parents=True, exist_ok=True)
+                (report / name).write_bytes(page.read_bytes())
+        for log in sorted((self.project / "results").glob("*/vllm-server.log")):
+            (OUT / "logs").mkdir(parents=True, exist_ok=True)
+            (OUT / "logs" / f"{log.parent.name}-vllm-server.log").write_bytes(log.read_bytes()[-400_000:])
         return figures
 
 
@@ -351,13 +491,22 @@ def preflight(tiny: bool) -> None:
 
 
 def print_table(figures: dict) -> None:
-    print("\n| stage | wall s | engine start s | attempts | server starts |\n|---|---|---|---|---|")
+    print("\n| stage | wall s | work s | engine start s | DVC before s | attempts |\n|---|---|---|---|---|---|")
     for s in figures["stages"]:
-        print(f"| {s['name']} | {s['wall_s']:.0f} | {s['engine_start_s']:.1f} | {s['attempts']} | {s['server_starts']} |")
-    print(f"\nwhole matrix: {figures['wall_s']:.0f} s of dvc repro over {len(figures['calls'])} call(s), engine start "
-          f"{figures['engine_start_s']:.0f} s ({(figures['engine_start_fraction'] or 0):.1%}), "
-          f"{figures['server_starts']} server start(s), cut and resumed {figures['resumed']} time(s); "
-          f"setup {figures['setup_s']} s")
+        print(f"| {s['name']} | {s['wall_s']:.0f} | {s['work_s']:.0f} | {s['engine_start_s']:.1f} | "
+              f"{s['dvc_gap_s']:.1f} | {s['attempts']} |")
+    fixed = figures["fixed_cost_per_model_suite"]
+    if fixed:
+        print("\nfixed cost per (model, suite): " + ", ".join(f"{m} {f['per_suite_s']:.2f} s" for m, f in fixed.items()))
+    print(f"server starts: {figures['server_starts']} "
+          + ", ".join(f"{m} {v['starts_s']}" for m, v in figures["servers"].items()))
+    ratio = figures["wall_over_work"]
+    print(f"\nwhole matrix: {figures['wall_s']:.0f} s of dvc repro over {len(figures['calls'])} call(s), work "
+          f"{figures['work_s']:.0f} s (wall / work {ratio or 0:.2f}), engine start visible {figures['engine_start_s']:.0f} s "
+          f"({(figures['engine_start_fraction'] or 0):.1%}), DVC between stages {figures['dvc_between_stages_s']:.0f} s, "
+          f"cut and resumed {figures['resumed']} time(s); setup {figures['setup_s']} s (bytecode {figures['bytecode_s']} s)")
+    if figures["projection_full_size"]:
+        print(f"projection at full suites: {figures['projection_full_size']['dvc_repro_s']:.0f} s of dvc repro")
 
 
 def main() -> None:

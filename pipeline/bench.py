@@ -428,7 +428,7 @@ def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, 
         weights = checkpoint_weight_bytes(model_dir)
     except (OSError, ValueError, KeyError):
         weights = None
-    from pipeline.engines.vllm import device_memory_bytes
+    from pipeline.engines.gpu_memory import device_memory_bytes
 
     device_bytes = device_memory_bytes(options)  # nvidia-smi (or engine.device_memory_gib): no CUDA context here
     if device_bytes is None and not capability(lm.name, "starts_server") and _cuda():

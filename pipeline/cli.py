@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 
 from pipeline import cli_quantize
-from pipeline.cli_common import (BUILD, PARAMS_OPTION, SERVE, checked_model, load_params, make_room_on_gpu,
-                                 refuse_overlap, stage, warm_run_servers)
+from pipeline.cli_common import (BUILD, PARAMS_OPTION, SERVE, WORK_SECONDS, checked_model, load_params,
+                                 make_room_on_gpu, refuse_overlap, stage, warm_run_servers, warm_server, working)
 from pipeline.engines import engine_names
 from pipeline.errors import UserError
 from pipeline.params import with_overrides
@@ -75,7 +75,8 @@ def resave(
         raise UserError(f"--dtype {dtype}: use float16 or bfloat16")
     source, out = source or p.model.source, out or p.model.base_dir
     refuse_overlap(out, replaces="resave", source=source)
-    result = resave_stage.run(source, out, dtype or p.model.dtype)
+    with working():
+        result = resave_stage.run(source, out, dtype or p.model.dtype)
     typer.echo(result.summary())
 
 
@@ -112,8 +113,8 @@ def calib(
     settings = with_overrides(p.calib, redact=redact)
     source, out, model = source or settings.source, out or settings.out, model or p.model.base_dir
     refuse_overlap(out, replaces="calib", source=source, tokenizer_checkpoint=model)
-    warm_run_servers(p, BUILD)
-    result = calib_stage.run(source, out, model, settings, strict=strict)
+    with working():
+        result = calib_stage.run(source, out, model, settings, strict=strict)
     bad = result.stats["dropped"].get("bad record", 0)
     if bad:
         typer.secho(f"skipped {bad} bad records:\n  " + "\n  ".join(result.stats["bad_records_first_10"]), fg="yellow", err=True)
@@ -157,12 +158,15 @@ def eval_(
     warm_run_servers(p, SERVE)
     if settings is None:
         result = evaluate.run_model(model_dir, p, out_dir=out_dir, engine=engine)
+        WORK_SECONDS[0] += sum(one.summary.get("work_seconds") or 0.0 for one in result.suites
+                               if not one.summary.get("kept"))
         for one in result.suites:
             typer.echo(one.summary_line())
         typer.echo(result.summary_line())
         return
     result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
                           engine=engine)
+    WORK_SECONDS[0] += result.summary.get("work_seconds") or 0.0
     typer.echo(result.summary_line())
 
 
@@ -209,8 +213,22 @@ def bench(
     out = out or Path("results") / model_dir.name / "bench.json"
     refuse_overlap(out, checkpoint=model_dir, held_out_prompts=holdout)
     warm_run_servers(p, SERVE)
-    result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
+    with working():
+        result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
     typer.echo(result.summary_line())
+
+
+@app.command()
+@stage
+def warm(
+    model_dir: Path = typer.Argument(..., help="Checkpoint whose server to start (models/base or models/<variant>)"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Inside a run: start this checkpoint's vLLM server in the background for the run's later stages, when the
+    GPU has room (engine.warm_servers); returns at once. The GPU profile runs it as soon as each checkpoint exists."""
+    p = load_params(params_file)
+    checked_model(model_dir)
+    typer.echo(f"warm: {warm_server(p, model_dir, BUILD)}")
 
 
 @app.command()
@@ -230,7 +248,8 @@ def kl(
     out = out or Path("results") / variant_dir.name / "kl.json"
     refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
     make_room_on_gpu(p, "kl", [base, variant_dir], factor=1.5)
-    result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine)
+    with working():
+        result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine)
     typer.echo(result.summary_line())
 
 
@@ -264,7 +283,8 @@ def judge(
     refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
                     judge_checkpoint=judge_model)
     warm_run_servers(p, SERVE)
-    result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
+    with working():
+        result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
     typer.echo(result.summary_line())
     for reason in result.summary["reasons"]:
         typer.echo(f"  {reason}")
@@ -287,7 +307,8 @@ def report(
     p = load_params(params_file)
     refuse_overlap(out, results_dir=results, models_dir=models, calibration_stats=p.calib.out / "stats.json",
                     params_file=params_file)
-    result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
+    with working():
+        result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
     typer.echo(result.summary())
     failed = report_stage.failing(result.verdict, fail_on)
     if failed:

@@ -5,6 +5,7 @@ the GPU of idle vLLM servers before an in-process model loads. pipeline/cli.py r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -43,9 +44,29 @@ def stage(func):
     return wrapper
 
 
+WORK_SECONDS = [0.0]  # what this command spent working (quantizing, scoring, judging, benchmarking ...)
+
+
+@contextlib.contextmanager
+def working():
+    """Counts the enclosed stage call as work, less any engine start in it (a model load, a server start or
+    the wait for one): QUANTIZE_STAGE_LOG's `work_s`, against which a run's fixed costs are measured."""
+    import time
+
+    from pipeline.engines import STARTS, engine_start_seconds
+
+    before, began = len(STARTS), time.perf_counter()
+    try:
+        yield
+    finally:
+        WORK_SECONDS[0] += max(0.0, time.perf_counter() - began - engine_start_seconds(before))
+
+
 def _record_stage(code: int) -> None:
     """{"stage" (DVC's stage name, under dvc repro), "command", "wall_s" (since the process started, imports
-    included), "engine_start_s" (model loads and server starts; 0 for an attach), "engines", "exit"}."""
+    included; in a fork of the run's warm interpreter, since the `quantize` launcher started), "engine_start_s"
+    (model loads and server starts, and waits for a server another stage or warm started; 0 for an attach to
+    one that was up), "engines", "work_s" (working: `working`), "exit"}."""
     import os
     import time
 
@@ -67,7 +88,9 @@ def _record_stage(code: int) -> None:
     line = {"stage": os.environ.get("DVC_STAGE"), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,
             "engine_start_s": engine_start_seconds(), "engines": [{**s, "seconds": round(s["seconds"], 2)}
                                                                    for s in STARTS],
-            "exit": code, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "work_s": round(WORK_SECONDS[0], 2),
+            "forked": bool(os.environ.get("QUANTIZE_STAGE_STARTED")),  # from the run's warm interpreter
+            "exit": code, "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "ended_at": round(time.time(), 3)}
     try:
         with open(path, "a", encoding="utf-8") as log:
             log.write(json.dumps(line) + "\n")
@@ -103,14 +126,15 @@ def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
     one, so only servers started early (engine.warm_servers, which leave engine.build_memory_fraction free) or a
     run resumed in another order meet this; on a machine without nvidia-smi there is no GPU to free."""
     from pipeline.engines import shared
-    from pipeline.engines.vllm import device_memory_free_bytes
 
     if not shared.entries():
         return
+    from pipeline.engines import gpu_memory
+
     stopped = []
     with shared.locked():
         while shared.entries():
-            free = device_memory_free_bytes()
+            free = gpu_memory.device_memory_free_bytes()
             if free is None or (need_bytes is not None and free >= need_bytes):
                 break
             gone = shared.stop_idle(keep=len(shared.entries()) - 1)
@@ -124,59 +148,66 @@ def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
 def make_room_on_gpu(p, what: str, models: list[Path], factor: float) -> None:
     """Before a stage loads models in-process on the GPU: idle servers go when the GPU has less free memory than
     `factor` x the models' weights (the stage's peak: measured on the H200, AWQ ~1.5x, FP8 ~2.3x of a 9B
-    checkpoint, KL both models plus logits), then servers of checkpoints that exist start early (warm_run_servers,
-    leaving engine.build_memory_fraction free)."""
+    checkpoint, KL both models plus logits)."""
     weights = sum(f.stat().st_size for m in models for f in Path(m).glob("*.safetensors"))
     free_gpu_of_idle_servers(what, int(factor * weights))
-    warm_run_servers(p, BUILD)
 
 
 BUILD, SERVE = "build", "serve"  # the phases of a run warm_run_servers is called in
 
 
 def warm_run_servers(p, phase: str) -> list[str]:
-    """engine.warm_servers, inside a run (a `dvc repro` above this stage, or QUANTIZE_RUN_PID): start in the
-    background the shared server of every checkpoint the run's served stages will ask for that exists already
-    (base, then the variants in params.yaml's order), up to engine.max_servers, so that a server's start
-    overlaps the stages that run meanwhile instead of the stage that needs it. In the build phase (stages that
-    load a model in-process may still come) a start must leave engine.build_memory_fraction of the GPU free;
-    each server takes gpu_memory_utilization of it (planned KV pool: pipeline/engines/vllm.py). Returns the
-    models whose server it started. Never fails a stage: the stage that asks for a server says what is wrong."""
+    """engine.warm_servers, inside a run: start in the background the shared server of every checkpoint under
+    models/ that a stage has finished (its .stage.json), as warm_server does for one. Returns the models whose
+    server it started. (It reads no params.yaml key but `engine`: the served stages that call it declare that.)"""
+    from pipeline.outputs import STAGE_RECORD
+
+    models = sorted((record.parent for record in Path("models").glob(f"*/{STAGE_RECORD}")),
+                    key=lambda model: (model.name != "base", model.name))  # the base first: every judge needs it
+    return [m.name for m in models if warm_server(p, m, phase).startswith("started")]
+
+
+def warm_server(p, model_dir: Path, phase: str, name: str | None = None) -> str:
+    """engine.warm_servers, inside a run (a `dvc repro` above this stage, or QUANTIZE_RUN_PID): start the run's
+    shared server for this checkpoint in the background, up to engine.max_servers, so that its start overlaps
+    the stages that run meanwhile instead of the stage that needs it; the stage that asks for it attaches. In the
+    build phase (stages that load a model on the GPU in-process may still come) a start must leave
+    engine.build_memory_fraction of the GPU free; each server takes gpu_memory_utilization of it (a planned KV
+    pool: pipeline/engines/vllm.py). Says what it did; never fails a stage: the stage that asks for the server
+    says what is wrong with it."""
     import os
 
     from pipeline.engines import capability, shared, warm
     from pipeline.outputs import STAGE_RECORD
 
-    e = p.engine
-    names = {name for name in (e.name, p.bench.engine or e.name, p.judge.backend) if capability(name, "starts_server")}
-    if not e.warm_servers or not names or shared.run_owner()[0] == os.getpid():
-        return []
-    engine = e.name if e.name in names else sorted(names)[0]
-    options = e.options(engine)
-    models = [("base", Path(p.model.base_dir)), *((name, Path("models") / name) for name in p.variants)]
-    started = []
-    for name, model_dir in models:
-        if not (model_dir / STAGE_RECORD).is_file() or not _room_for_a_server(e, phase):
-            continue
-        try:
-            if warm(engine, model_dir, **{**options, "log_path": Path("results") / name / "vllm-server.log"}):
-                started.append(name)
-        except (UserError, OSError) as exc:
-            log.debug(f"warm {model_dir}: {exc}")
-    if started:
-        log.info(f"started the vLLM server(s) of {', '.join(started)} in the background (engine.warm_servers)")
-    return started
+    e, name = p.engine, name or Path(model_dir).name
+    if not e.warm_servers:
+        return "not started: engine.warm_servers is false"
+    if not capability(e.name, "starts_server"):
+        return f"not started: engine {e.name} starts no server"
+    if shared.run_owner()[0] == os.getpid():
+        return "not started: not inside a run (a server started now would end with this command)"
+    if not (Path(model_dir) / STAGE_RECORD).is_file():
+        return f"not started: {model_dir} is not built yet"
+    if not _room_for_a_server(e, phase):
+        return "not started: the GPU has no room for it yet (its stages start it when they need it)"
+    try:
+        key = warm(e.name, model_dir, **{**e.options(e.name), "log_path": Path("results") / name / "vllm-server.log"})
+    except (UserError, OSError) as exc:
+        return f"not started: {exc}"
+    if key is None:
+        return "not started: its server is up or starting already, or engine.max_servers are up"
+    log.info(f"started the vLLM server of {name} in the background (engine.warm_servers)")
+    return f"started the vLLM server of {model_dir} in the background (key {key})"
 
 
 def _room_for_a_server(e, phase: str) -> bool:
     """Whether one more server (gpu_memory_utilization of the GPU) fits now, leaving build_memory_fraction of
     it free while in-process stages may still come; servers still starting are counted at their full share.
     Without nvidia-smi (no GPU here): yes."""
-    from pipeline.engines.vllm import device_memory_bytes, device_memory_free_bytes
+    from pipeline.engines import gpu_memory, shared
 
-    from pipeline.engines import shared
-
-    total, free = device_memory_bytes(e.options("vllm")), device_memory_free_bytes()
+    total, free = gpu_memory.device_memory_bytes(e.options(e.name)), gpu_memory.device_memory_free_bytes()
     if total is None or free is None:
         return True
     share = e.gpu_memory_utilization * total

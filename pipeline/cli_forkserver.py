@@ -150,6 +150,7 @@ def _start(conn: socket.socket, listener: socket.socket, children: dict) -> int 
         _child(conn, request, fds)  # never returns
     for fd in fds:
         os.close(fd)
+    print(f"{time.strftime('%H:%M:%S')} child {pid}: quantize {' '.join(request['argv'])}", flush=True)
     try:
         send_message(conn, {"pid": pid})
     except OSError:

@@ -33,8 +33,17 @@ ENABLE_ENV = "QUANTIZE_FORKSERVER"  # 0: every command runs in its own process
 STARTED_ENV = "QUANTIZE_STAGE_STARTED"  # when the command began, for the stage's own timing (cli_common)
 # environment that differs between the stages of one run without changing what a preloaded module saw
 VOLATILE_ENV = {"DVC_STAGE", "PWD", "OLDPWD", "SHLVL", "_", STARTED_ENV, "QUANTIZE_RUN_PID", "QUANTIZE_STAGE_LOG"}
-SOCKET_DIR = Path(".cache") / "forkserver"
-MAX_SOCKET_PATH = 100  # AF_UNIX paths hold 108 bytes
+LOG_DIR = Path(".cache") / "forkserver"  # in the project: the servers' logs
+MAX_SOCKET_PATH = 100  # AF_UNIX paths hold 108 bytes: the sockets live in a short private folder
+
+
+def socket_dir() -> Path:
+    """A folder of this user's only (0700) for the servers' sockets, named by their key."""
+    import tempfile
+
+    folder = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"quantize-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
 
 def main() -> None:
@@ -63,7 +72,10 @@ def _forkserver() -> tuple[socket.socket, int] | None:
     if owner_pid == os.getpid():
         return None  # not inside a run: nothing to share
     key = forkserver_key(owner_pid, owner_started)
-    path = (Path.cwd() / SOCKET_DIR / f"{key}.sock")
+    try:
+        path = socket_dir() / f"{key}.sock"
+    except OSError:
+        return None
     if len(str(path)) > MAX_SOCKET_PATH:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -89,17 +101,21 @@ def forkserver_key(owner_pid: int, owner_started: int | None) -> str:
 def _start_forkserver(key: str, path: Path, owner_pid: int, owner_started: int | None) -> None:
     """Starts the run's fork server, detached (it outlives this stage and ends with the run); one per key:
     a lock file keeps two stages from starting two."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     lock = path.with_suffix(".starting")
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
         return  # another stage is starting it (the server removes the lock when it listens or gives up)
     os.close(fd)
-    log = open(path.with_suffix(".log"), "ab")
+    try:
+        (Path.cwd() / LOG_DIR).mkdir(parents=True, exist_ok=True)
+        log = open(Path.cwd() / LOG_DIR / f"{key}.log", "ab")
+    except OSError:
+        log = subprocess.DEVNULL
     subprocess.Popen([sys.executable, "-m", "pipeline.cli_forkserver", str(path), str(owner_pid), str(owner_started)],
                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
-    log.close()
+    if log is not subprocess.DEVNULL:
+        log.close()
 
 
 def _run_there(conn: socket.socket, owner_pid: int, started: float) -> int | None:

@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from pipeline import params as params_mod
-from pipeline.cli_common import PARAMS_OPTION, load_params, make_room_on_gpu, refuse_overlap, stage
+from pipeline.cli_common import PARAMS_OPTION, load_params, make_room_on_gpu, refuse_overlap, stage, working
 from pipeline.errors import UserError
 from pipeline.params import with_overrides
 
@@ -74,7 +74,8 @@ def _quantize(method: str, params_file: Path, variant: Optional[str], flags: dic
     if not plan:
         make_room_on_gpu(p, f"quantize {method}", [model], factor=2.5)
     with _calibration_blocks(p, calib, model) as blocks:
-        result = stage_module.run(model, out, blocks, settings, placement=placement, plan_only=plan)
+        with working():
+            result = stage_module.run(model, out, blocks, settings, placement=placement, plan_only=plan)
     typer.echo(result.summary())
 
 

@@ -62,6 +62,7 @@ def _lm_class():
             # per-item seconds are latencies, which overlap on an engine that runs requests concurrently
             self.generate_seconds, self.generated_items, self.generated_tokens = 0.0, 0, 0
             self.scored_requests, self.scored_tokens = 0, 0
+            self.first_request_at: float | None = None  # when lm-eval, done building the task, first asked
             self.MULTIMODAL = bool(getattr(engine, "accepts_images", False))  # lm-eval refuses image tasks otherwise
 
         @property
@@ -79,6 +80,7 @@ def _lm_class():
         def generate_until(self, requests) -> list[str]:
             from pipeline.engines.vision import request_from_lm_eval
 
+            self._asked()
             gen = [request_from_lm_eval(request.args) for request in requests]
             todo = [r for r in gen if self.cache.get(r) is None]
             self.on_items(len(gen))
@@ -115,13 +117,21 @@ def _lm_class():
 
         # ------------------------------------------------------------ likelihoods (pipeline/likelihood.py)
 
+        def _asked(self) -> None:
+            if self.first_request_at is None:
+                from pipeline.engines import STARTS
+
+                self.first_request_at, self.starts_at_first_request = time.perf_counter(), len(STARTS)
+
         def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+            self._asked()
             likelihood.require_scoring(self.engine)
             token_requests = likelihood.loglikelihood_requests(
                 self.engine.tokenizer, [r.args[:2] for r in requests], self.engine.max_length, f"task {self.task}")
             return self._scores(token_requests)
 
         def loglikelihood_rolling(self, requests) -> list[float]:
+            self._asked()
             likelihood.require_scoring(self.engine)
             documents = [likelihood.rolling_windows(self.engine.tokenizer, r.args[0], self.engine.max_length)
                          for r in requests]
@@ -310,7 +320,7 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
     reason = _not_applicable_reason(model_dir, suite, engine, raw_config, metadata if is_long_context else None)
     if reason is not None:
         return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
-                               engine=engine, reason=reason, inputs=inputs)
+                               engine=engine, reason=reason, inputs=inputs, seconds=round(watch.seconds, 2))
     sandbox_method = None
     if (raw_config.get("metadata") or {}).get("runs_model_code"):  # refuse before any generation
         sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
@@ -320,12 +330,28 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
     lines, summary = _lines_and_summary(lm, results, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                         engine=engine)
     summary.update(inputs=inputs, engine_start_s=engine_start_seconds(starts_before),
-                   scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2))
+                   scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2),
+                   **_fixed_and_work(lm, watch, starts_before))
     if sandbox_method is not None:
         summary["sandbox"] = sandbox_method  # "rlimits+audit": ran unsandboxed (allow_unsandboxed)
     if is_long_context:
         summary["long_context"] = long_context.summarize(lines, metadata)
     return EvalResult(write_results(out_dir, suite, lines, summary), summary)
+
+
+def _fixed_and_work(lm, watch: Stopwatch, starts_before: int) -> dict:
+    """A suite's time split: setup_seconds, building the task, its documents and requests before lm-eval asks
+    the engine anything (a model load made meanwhile excluded: that is engine start); work_seconds, scoring the
+    items from then on: the engine's answers (less any wait for its start), lm-eval's metrics, the sandbox.
+    The rest of `seconds` is engine start."""
+    from pipeline.engines import engine_start_seconds
+
+    first = lm.first_request_at or time.perf_counter()
+    at_first = getattr(lm, "starts_at_first_request", None)
+    after = engine_start_seconds(at_first) if at_first is not None else 0.0
+    before = engine_start_seconds(starts_before) - after
+    return {"setup_seconds": round(max(0.0, first - watch.start - before), 2),
+            "work_seconds": round(max(0.0, watch.seconds - (first - watch.start) - after), 2)}
 
 
 def _started(shared: SharedEngine) -> Engine:
@@ -398,16 +424,21 @@ OPERATIONAL = {"log_path", "progress", "share_server", "server_idle_timeout", "m
                "timeout", "retries", "max_response_bytes", "warm_servers", "build_memory_fraction"}
 
 
-@lru_cache(maxsize=1)
-def code_digest() -> str:
-    """Content hash of the code and data a suite's scores come from: the pipeline package and evals/."""
-    digest = hashlib.sha256()
-    root = Path(__file__).resolve().parent
-    for folder in (root, EVALS_DIR):
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                digest.update(str(path.relative_to(folder.parent)).encode())
-                digest.update(path.read_bytes())
+@lru_cache(maxsize=None)
+def code_digest(engine: str) -> str:
+    """Content hash of the code and data a suite's scores come from: this module, the engine's modules (the
+    registry names them: they are imported by name), every module of the package those import
+    (pipeline/imports.py), and evals/."""
+    from pipeline.engines import ENGINES
+    from pipeline.imports import source_digest
+
+    spec = ENGINES.get(engine)
+    modules = [__name__, *(t.split(":")[0] for t in (spec.target, spec.vision_target) if spec and t)]
+    digest = hashlib.sha256("".join(source_digest(m) for m in modules).encode())
+    for path in sorted(EVALS_DIR.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            digest.update(str(path.relative_to(EVALS_DIR)).encode())
+            digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -424,7 +455,7 @@ def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, optio
              if isinstance(value, str) and Path(value).is_file()}
     payload = {"suite": suite, "settings": s.model_dump(mode="json"), "engine": engine,
                "engine_settings": {k: v for k, v in options.items() if k not in OPERATIONAL},
-               "model": model_fingerprint(model_dir), "code": code_digest(), "files": files}
+               "model": model_fingerprint(model_dir), "code": code_digest(engine), "files": files}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -528,8 +559,10 @@ def _not_run(out_dir: Path, *, models: list[str], **fields) -> EvalResult:
     return _no_items(out_dir, status="not run", reason=reason, inputs=None, **fields)
 
 
-def _no_items(out_dir: Path, *, status: str, reason: str, inputs: str | None, **fields) -> EvalResult:
+def _no_items(out_dir: Path, *, status: str, reason: str, inputs: str | None, seconds: float = 0.0,
+              **fields) -> EvalResult:
     summary = {**fields, "model_dir": str(fields["model_dir"]), "metric": None, "n": 0, "score": None,
                "status": status, "reason": reason, "metrics": {}, "generated_tokens": 0,
-               "tokens_per_second": 0.0, "seconds": 0.0, **({"inputs": inputs} if inputs else {})}
+               "tokens_per_second": 0.0, "seconds": seconds, "setup_seconds": seconds, "work_seconds": 0.0,
+               **({"inputs": inputs} if inputs else {})}
     return EvalResult(write_results(out_dir, fields["suite"], [], summary), summary)

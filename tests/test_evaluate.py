@@ -230,3 +230,76 @@ def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, mon
     write_params(tmp_path, {**TINY_PARAMS, "engine": {**TINY_PARAMS["engine"], "name": "hf"}})
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "r3"])
     assert result.exit_code == 2 and "engine.name: 'hf' is not allowed; input should be 'fake'" in result.output
+
+
+def test_a_model_is_evaluated_on_every_suite_in_one_process_and_only_a_changed_suite_is_scored_again(
+        tmp_path, tiny_llama, monkeypatch):
+    """`quantize eval MODEL` (the evaluate stage, one per model): every suite of params.yaml, one engine; a suite
+    params.yaml runs on other models only is recorded as not run, naming the key; a rerun keeps every suite
+    whose inputs did not change byte for byte (not even rewritten), and after one suite's setting changes only
+    that suite is scored again."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline import engines
+    from pipeline.cli import app
+
+    for name in ("base", "awq-w4a16"):
+        shutil.copytree(tiny_llama, tmp_path / "models" / name)
+    suites = {"math": {"task": "quant_gsm8k", "limit": 2, "max_new_tokens": 4, "models": ["base"]},
+              "ppl-book": {"task": "quant_ppl_book", "limit": 2}, "ppl-math": {"task": "quant_ppl_gsm8k", "limit": 2}}
+    settings = {**TINY_PARAMS, "suites": suites}
+    write_params(tmp_path, settings)
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results"
+
+    first = CliRunner().invoke(app, ["eval", "models/base"])
+    assert first.exit_code == 0, first.output
+    assert "eval: base: 3 suites (3 scored) in" in first.output
+    assert [s["engine"] for s in engines.STARTS[-1:]] == ["hf"] and len(read_jsonl(results / "base" / "math.jsonl")) == 2
+    variant = CliRunner().invoke(app, ["eval", "models/awq-w4a16"])
+    assert variant.exit_code == 0, variant.output
+    skipped = json.loads((results / "awq-w4a16" / "math.json").read_text())
+    assert skipped["status"] == "not run" and "suites.math.models lists base" in skipped["reason"]
+    assert (results / "awq-w4a16" / "math.jsonl").read_text() == ""
+
+    files = sorted((results / "base").glob("*.json*"))
+    before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in files}
+    starts = len(engines.STARTS)
+    again = CliRunner().invoke(app, ["eval", "models/base"])
+    assert again.exit_code == 0 and "3 suites (3 kept)" in again.output, again.output
+    assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in files} == before
+    assert len(engines.STARTS) == starts  # nothing to score: no engine made
+
+    write_params(tmp_path, {**settings, "suites": {**suites, "ppl-book": {**suites["ppl-book"], "limit": 3}}})
+    changed = CliRunner().invoke(app, ["eval", "models/base"])
+    assert changed.exit_code == 0 and "3 suites (1 scored, 2 kept)" in changed.output, changed.output
+    for path in files:
+        same = (path.read_bytes(), path.stat().st_mtime_ns) == before[path]
+        assert same == (not path.name.startswith("ppl-book")), path
+    assert len(read_jsonl(results / "base" / "ppl-book.jsonl")) == 3
+
+
+def test_a_suite_whose_items_are_all_cached_starts_no_server(tmp_path, tiny_llama, monkeypatch):
+    """The vLLM engine starts (or attaches to) its server when the first request goes out: a suite scored
+    again from its resume cache (here: after an engine setting changed) needs none, even one that could not
+    start any more."""
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli import app
+
+    server = [sys.executable, str(REPO / "tests" / "openai_server.py")]
+    engine = {"name": "vllm", "server_command": server, "batch_size": 4, "share_server": False}
+    write_params(tmp_path, {**TINY_PARAMS, "engine": engine})
+    monkeypatch.chdir(tmp_path)
+    first = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "ppl-book", "--out", "r"])
+    assert first.exit_code == 0, first.output
+    assert json.loads((tmp_path / "r" / "ppl-book.json").read_text())["engine_start_s"] > 0
+    write_params(tmp_path, {**TINY_PARAMS, "engine": {**engine, "server_args": ["--fail-start"]}})
+    again = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "ppl-book", "--out", "r"])
+    assert again.exit_code == 0, again.output
+    summary = json.loads((tmp_path / "r" / "ppl-book.json").read_text())
+    assert summary["engine_start_s"] == 0 and not summary.get("kept") and summary["n"] == 2

@@ -56,12 +56,12 @@ def test_group_size_not_a_power_of_two(tmp_path):
     assert "variants.awq-w4a16.group_size: 100 is not one of auto, 16, 32, 64, 128, 256" in str(err.value)
 
 
-def test_dvc_matrix_must_list_every_variant(tmp_path):
+def test_the_evaluate_stage_must_list_every_model(tmp_path):
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
     extra = {**TINY_PARAMS, "variants": {**TINY_PARAMS["variants"], "awq-g32": {"method": "awq"}}}
     with pytest.raises(UserError) as err:
         params.load(write_params(tmp_path, extra))
-    assert ".matrix.model" in str(err.value) and "awq-g32" in str(err.value)
+    assert "stages.evaluate.foreach" in str(err.value) and "awq-g32" in str(err.value)
 
 
 def test_cli_exits_2_with_the_message(tmp_path):
@@ -86,17 +86,21 @@ def test_suite_models_must_exist_and_include_base(tmp_path):
         params.load(write_params(tmp_path, settings))
 
 
-def test_dvc_matrices_must_run_each_suite_on_its_models(tmp_path):
+def test_the_evaluate_stage_must_list_each_suites_results(tmp_path):
+    """One evaluate stage per model runs every suite (those a model does not run are recorded as not run):
+    its outs name each suite's results, and no suite params.yaml does not define."""
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
     params.load(write_params(tmp_path))  # the tiny profile matches the repo's dvc.yaml
     fewer = {**TINY_PARAMS, "suites": {**TINY_PARAMS["suites"], "ppl-book": {"task": "quant_ppl_book",
                                                                              "models": ["base", "awq-w4a16"]}}}
-    with pytest.raises(UserError) as err:
-        params.load(write_params(tmp_path, fewer))
-    assert "suite 'ppl-book' runs on ['awq-w4a16', 'base', 'fp8-w8a8', 'rtn-w4a16']" in str(err.value)
-    assert "set stages.perplexity.matrix.model to [base, awq-w4a16]" in str(err.value)
+    params.load(write_params(tmp_path, fewer))  # which models run a suite is params.yaml's alone
+    more = {**TINY_PARAMS, "suites": {**TINY_PARAMS["suites"], "ppl-wiki": {"task": "quant_ppl_book"}}}
+    with pytest.raises(UserError, match=r"stages.evaluate.do.outs: no results/\$\{item\}/<suite>.jsonl and .json "
+                                        "for ppl-wiki"):
+        params.load(write_params(tmp_path, more))
     dropped = {**TINY_PARAMS, "suites": {k: v for k, v in TINY_PARAMS["suites"].items() if k != "ppl-code"}}
-    with pytest.raises(UserError, match="stages.perplexity.matrix lists suite 'ppl-code', which params.yaml does not define"):
+    with pytest.raises(UserError, match="stages.evaluate.do.outs lists results of ppl-code, which params.yaml does "
+                                        "not define"):
         params.load(write_params(tmp_path, dropped))
     gone = {**TINY_PARAMS, "variants": {k: v for k, v in TINY_PARAMS["variants"].items() if k != "fp8-w8a8"},
             "suites": {k: {**v, "models": None} for k, v in TINY_PARAMS["suites"].items()}}

@@ -77,7 +77,13 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "kl@"))]
     served = [i for i, s in enumerate(planned) if s.startswith(("evaluate@", "judge@", "bench@"))]
     assert len(in_process) == 6 and max(in_process) < min(served)
-    assert len([s for s in planned if s.startswith("evaluate@")]) == 4 * 8
+    assert [s for s in planned if s.startswith("evaluate@")] == [f"evaluate@{m}" for m in models]  # every suite each
+    # each server starts (warm) as soon as its checkpoint exists: base's right after resave, before calibration;
+    # a variant's right after its quantize stage
+    order = {name: i for i, name in enumerate(planned)}
+    assert order["resave"] < order["warm@base"] < order["calib"]
+    for variant in models[1:]:
+        assert order[f"warm@{variant}"] == order[f"quantize@{variant}"] + 1
     assert {s for s in planned if s.startswith("bench@")} == {f"bench@{m}" for m in models}
     assert {s for s in planned if s.startswith("judge@")} == {f"judge@{m}" for m in models[1:]}
     assert planned[-1] == "report"
@@ -89,7 +95,7 @@ def test_gpu_stages_depend_on_at_least_what_the_demos_do():
     demo = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     gpu = yaml.safe_load(profiles.stored("gpu-h200", "dvc.yaml").read_text())["stages"]
     body = lambda stage: stage.get("do", stage)  # noqa: E731
-    pairs = [(n, n) for n in demo if n in gpu] + [("evaluate", n) for n in ("perplexity", "perplexity-chat")]
+    pairs = [(n, n) for n in demo if n in gpu]
     for gpu_name, demo_name in pairs:
         g, d = body(gpu[gpu_name]), body(demo[demo_name])
         assert set(map(str, d.get("deps", []))) <= set(map(str, g.get("deps", []))), (gpu_name, demo_name)

@@ -17,6 +17,7 @@ from pipeline.engines import shared
 from pipeline.engines.http import get_ok
 
 STAGE = [sys.executable, str(Path(__file__).with_name("shared_stage.py"))]
+STAGE_SERVER = [sys.executable, str(Path(__file__).with_name("openai_server.py"))]  # vLLM's command line
 
 
 @pytest.fixture
@@ -173,7 +174,7 @@ def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room
     its memory. While the GPU has room for the stage (free memory as nvidia-smi says, here stood in for) they
     stay; when it lacks room, idle ones go, least recently used first, and a server a stage holds stays."""
     from pipeline.cli_common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
-    from pipeline.engines import vllm
+    from pipeline.engines import gpu_memory
 
     env = {shared.RUN_PID_ENV: str(run.pid)}
     idle, _ = stage(tiny_llama, tmp_path / "a.log", env=env)
@@ -181,7 +182,7 @@ def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room
     shutil.copytree(tiny_llama, other)
     held, proc = stage(other, tmp_path / "b.log", "--max-servers", "2", env=env, hold=True)
     try:
-        monkeypatch.setattr(vllm, "device_memory_free_bytes", lambda: 40 << 30)
+        monkeypatch.setattr(gpu_memory, "device_memory_free_bytes", lambda: 40 << 30)
         _free_gpu_of_idle_servers("kl", need_bytes=30 << 30)  # room enough: nothing stops
         assert shared.alive(idle["server_pid"], None) and len(shared.entries(registry)) == 2
         _free_gpu_of_idle_servers("kl", need_bytes=50 << 30)  # too little: the idle one goes, the held one stays
@@ -199,3 +200,72 @@ def test_a_bad_run_pid_is_one_clear_message(monkeypatch, value, message):
     monkeypatch.setenv(shared.RUN_PID_ENV, value)
     with pytest.raises(UserError, match=message):
         shared.run_owner()
+
+
+def test_a_warmed_server_starts_in_the_background_and_the_stage_that_asks_waits_only_for_the_rest(
+        tmp_path, tiny_llama, registry, run):
+    """warm (engine.warm_servers): the start goes on while the caller does other work; a stage asking for the
+    server meanwhile attaches and waits only for what is left of the start; one start in all."""
+    command = [*STAGE_SERVER, str(tiny_llama), "--served-model-name", "model", "--start-delay", "3"]
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    os.environ.update(env)
+    try:
+        began = time.monotonic()
+        key = shared.warm(command, "--port", model_dir=tiny_llama, log_path=tmp_path / "warm.log",
+                          start_timeout=120, max_servers=2)
+        assert key and time.monotonic() - began < 3  # not waited for
+        assert [e["state"] for e in shared.entries(registry).values()] == ["starting"]
+        assert shared.warm(command, "--port", model_dir=tiny_llama, log_path=tmp_path / "warm.log",
+                           start_timeout=120, max_servers=2) is None  # starting already: nothing more
+        lease = shared.acquire(command, "--port", model_dir=tiny_llama, log_path=tmp_path / "stage.log",
+                               start_timeout=120, max_servers=2)
+        assert not lease.started and lease.waited > 0 and get_ok(lease.base_url + "/health")
+        assert (tmp_path / "warm.log").read_text().count("\n$ ") + (tmp_path / "warm.log").read_text().startswith("$ ") == 1
+        assert "server ready after" in (tmp_path / "warm.log").read_text()
+        lease.release()
+        assert shared.alive(lease.server_pid, None)  # no idle timer: the server waits for the run's end
+        other = tmp_path / "other"
+        shutil.copytree(tiny_llama, other)
+        assert shared.warm([*STAGE_SERVER, str(other)], "--port", model_dir=other, log_path=tmp_path / "o.log",
+                           max_servers=1) is None  # max_servers up already: warming never stops one for room
+        assert len(shared.entries(registry)) == 1
+    finally:
+        for name in env:
+            os.environ.pop(name, None)
+    run.kill()
+    run.wait()
+    assert gone(lease.server_pid)
+
+
+def test_warming_follows_the_run_and_leaves_room_for_in_process_stages(tmp_path, tiny_llama, registry, run,
+                                                                        monkeypatch):
+    """warm_run_servers: inside a run only; every checkpoint that exists (a finished stage's output) and no other;
+    while in-process stages may come (build), a start must leave engine.build_memory_fraction of the GPU free;
+    when serving, only max_servers bounds it."""
+    import yaml
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline import params as params_mod
+    from pipeline.cli_common import BUILD, SERVE, warm_run_servers
+    from pipeline.engines import gpu_memory
+
+    for name in ("base", "awq-w4a16", "fp8-w8a8"):
+        shutil.copytree(tiny_llama, tmp_path / "models" / name)
+        (tmp_path / "models" / name / ".stage.json").write_text("{}")
+    shutil.rmtree(tmp_path / "models" / "fp8-w8a8")  # not built yet
+    engine = {"name": "vllm", "server_command": STAGE_SERVER, "share_server": True, "max_servers": 4,
+              "kv_cache_memory": "planned", "warm_servers": True, "device_memory_gib": 1.0,
+              "gpu_memory_utilization": 0.2, "non_kv_memory_gib": 0.01, "build_memory_fraction": 0.5}
+    write_params(tmp_path, {**TINY_PARAMS, "engine": engine})
+    monkeypatch.chdir(tmp_path)
+    p = params_mod.load("params.yaml")
+    assert warm_run_servers(p, SERVE) == []  # not inside a run: nothing to warm for
+    monkeypatch.setenv(shared.RUN_PID_ENV, str(run.pid))
+    monkeypatch.setattr(gpu_memory, "device_memory_free_bytes", lambda: int(0.75 * (1 << 30)))
+    assert warm_run_servers(p, BUILD) == ["base"]  # 0.75 - 0.2 >= 0.5 once; then base counts as starting
+    assert warm_run_servers(p, SERVE) == ["awq-w4a16"]  # serving: no in-process stage to leave room for
+    assert sorted(e["model_path"] for e in shared.entries(registry).values()) == sorted(
+        str((tmp_path / "models" / n).resolve()) for n in ("base", "awq-w4a16"))
+    argv = [e["command"] for e in shared.entries(registry).values()][0]
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1].isdigit()
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["engine"]["warm_servers"] is True

@@ -272,3 +272,30 @@ def test_every_variant_records_which_engines_serve_it_only_from_recorded_runs(ti
     result = CliRunner().invoke(app, ["export", str(tiny_variants["fp8-w8a8"]), "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and fp8["lmdeploy"]["how"] in " ".join(result.output.split())
     assert not (tmp_path / "x").exists()
+
+
+def test_a_planned_kv_pool_is_the_memory_share_less_the_weights_and_the_rest(tmp_path, tiny_llama, monkeypatch):
+    """engine.kv_cache_memory: planned: `--kv-cache-memory-bytes` = gpu_memory_utilization x the GPU's memory
+    - the checkpoint's weights (every shard, this GPU's share) - non_kv_memory_gib; vLLM then skips the start-up
+    profiling that reads the whole device's free memory. Too small a share is refused with the fix."""
+    from pipeline.engines.capacity import planned_kv_figures
+    from pipeline.engines.vllm import server_args
+
+    weights = sum(f.stat().st_size for f in tiny_llama.glob("*.safetensors"))
+    settings = {"kv_cache_memory": "planned", "device_memory_gib": 2.0, "gpu_memory_utilization": 0.5,
+                "non_kv_memory_gib": 0.25}
+    args = server_args(tiny_llama, 8000, settings)
+    pool = int(args[args.index("--kv-cache-memory-bytes") + 1])
+    assert pool == int(0.5 * 2 * (1 << 30)) - weights - int(0.25 * (1 << 30))
+    tp2 = server_args(tiny_llama, 8000, {**settings, "tensor_parallel_size": 2})
+    assert int(tp2[tp2.index("--kv-cache-memory-bytes") + 1]) == pool + weights - weights // 2
+    assert "--kv-cache-memory-bytes" not in server_args(tiny_llama, 8000, {})  # auto: vLLM sizes it
+    assert planned_kv_figures(["vllm", "serve", "m", "--kv-cache-memory-bytes", str(pool)]) == {
+        "kv_cache_bytes": pool, "kv_cache_bytes_source": "planned"}
+    with pytest.raises(UserError, match="leaves no KV cache for .* raise gpu_memory_utilization"):
+        server_args(tiny_llama, 8000, {**settings, "gpu_memory_utilization": 0.1})
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # a machine without nvidia-smi
+    with pytest.raises(UserError, match="set engine.device_memory_gib, or use engine.kv_cache_memory: auto"):
+        server_args(tiny_llama, 8000, {**settings, "device_memory_gib": None})

@@ -64,7 +64,8 @@ def supervise(spec: dict) -> int:
     def owner_alive() -> bool:
         return alive(spec["owner_pid"], spec["owner_started"])
 
-    deadline = time.monotonic() + float(spec["start_timeout"])
+    began = time.monotonic()
+    deadline = began + float(spec["start_timeout"])
     while not get_ok(f"http://127.0.0.1:{spec['port']}/health", timeout=2.0):
         if proc.poll() is not None:
             write_entry(registry, key, {**entry, "state": "failed",
@@ -78,6 +79,7 @@ def supervise(spec: dict) -> int:
         time.sleep(POLL_S)
     entry["state"] = "ready"
     write_entry(registry, key, entry)
+    _note(spec["log"], f"server ready after {time.monotonic() - began:.1f} s", "")
     idle_since = None
     while True:
         if stopping["now"]:  # stop_entry asked (its caller holds the lock and forgets the entry)
@@ -130,10 +132,10 @@ def _try_locked(registry: Path, stopping: dict):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _note(log_path: str, reason: str) -> None:
+def _note(log_path: str, reason: str, what: str = "server stopped: ") -> None:
     with contextlib.suppress(OSError):
         with open(log_path, "a") as log:
-            log.write(f"[quantize] server stopped: {reason}\n")
+            log.write(f"[quantize] {what}{reason}\n")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pathlib import Path
 from pipeline.checkpoints import config_json
 from pipeline.engines import replies
 from pipeline.engines.base import Completion, GenRequest
+from pipeline.engines.gpu_memory import GIB, device_memory_bytes
 from pipeline.engines.http import FatalError, RetryableError, get_ok
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.engines.server import ServerProcess, free_port
@@ -46,7 +47,6 @@ from pipeline.engines.vision import IMAGE_PLACEHOLDER, image_markup, is_multimod
 from pipeline.errors import UserError
 
 SERVED_NAME = "model"
-GIB = 1 << 30
 # vLLM applies a chat template to /v1/chat/completions; ours renders the prompt already: pass it through
 PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
@@ -117,23 +117,6 @@ def server_command_for(model_dir: Path, server_command: list[str], settings: dic
     return list(server_command) + server_args(Path(model_dir), None, settings)
 
 
-def device_memory_bytes(settings: dict) -> int | None:
-    """One GPU's memory: engine.device_memory_gib when set, else what nvidia-smi reports for the first GPU."""
-    if settings.get("device_memory_gib"):
-        return int(float(settings["device_memory_gib"]) * GIB)
-    import shutil
-    import subprocess
-
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout.split()
-        return int(out[0]) << 20 if out else None
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
-
-
 def planned_kv_cache_bytes(model_dir: Path, settings: dict) -> int:
     """engine.kv_cache_memory: planned. The KV pool of one GPU, fixed before the server starts instead of
     measured by vLLM's start-up profiling: gpu_memory_utilization x the GPU's memory, less this GPU's share
@@ -155,21 +138,6 @@ def planned_kv_cache_bytes(model_dir: Path, settings: dict) -> int:
                         f"{device / GIB:.0f} GiB leaves no KV cache for {model_dir} (weights {weights / GIB:.1f} GiB, "
                         f"engine.non_kv_memory_gib {reserve / GIB:g}); raise gpu_memory_utilization")
     return pool
-
-
-def device_memory_free_bytes() -> int | None:
-    """Free memory of the first GPU as nvidia-smi reports it (every process's use counted), None without it."""
-    import shutil
-    import subprocess
-
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout.split()
-        return int(out[0]) << 20 if out else None
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
 
 
 def warm(model_dir: Path | str, *, server_command: list[str] | None = None, server_env: dict | None = None,

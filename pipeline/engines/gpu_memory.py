@@ -1,0 +1,36 @@
+"""The GPU's memory as nvidia-smi reports it (the whole device, every process's use counted), without a CUDA
+context in this process: a stage that only talks to a server, or decides whether one more fits, loads no CUDA.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+GIB = 1 << 30
+
+
+def _query(field: str) -> int | None:
+    """One field of nvidia-smi's --query-gpu for the first GPU, in bytes (it reports MiB); None without it."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return int(out[0]) << 20 if out else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def device_memory_bytes(settings: dict | None = None) -> int | None:
+    """One GPU's memory: engine.device_memory_gib when set (settings: the engine options), else nvidia-smi's."""
+    if settings and settings.get("device_memory_gib"):
+        return int(float(settings["device_memory_gib"]) * GIB)
+    return _query("memory.total")
+
+
+def device_memory_free_bytes() -> int | None:
+    """Free memory of the first GPU, every process's use counted; None without nvidia-smi."""
+    return _query("memory.free")
