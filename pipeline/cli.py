@@ -266,6 +266,7 @@ def report(
 ):
     """Paired statistics, GO / NO-GO / INCONCLUSIVE per variant, and the HTML report."""
     from pipeline import report as report_stage
+    from pipeline.verdict.decision import failing
 
     if fail_on not in (None, "no-go", "inconclusive"):
         raise UserError(f"--fail-on {fail_on}: use no-go or inconclusive")
@@ -274,7 +275,7 @@ def report(
                     params_file=params_file)
     result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
     typer.echo(result.summary())
-    failed = report_stage.failing(result.verdict, fail_on)
+    failed = failing(result.verdict, fail_on)
     if failed:
         typer.secho(f"gate: {', '.join(failed)} did not pass --fail-on {fail_on}", fg="red", err=True)
         raise typer.Exit(1)

@@ -175,8 +175,7 @@ def test_a_speed_no_go_needs_the_deployment_engine(tmp_path):
 
 
 def test_speed_without_a_batch_1_decode_rate_says_so():
-    from pipeline.report import speed_row
-    from pipeline.verdict import compare_speed
+    from pipeline.verdict.speed import compare_speed, speed_row
 
     base, variant = speed_row(bench_summary(6.7)), speed_row(bench_summary(6.7))
     variant["batch1_tokens_per_s"] = None  # one output token per request: no time per output token

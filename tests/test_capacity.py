@@ -1,10 +1,10 @@
 """What a variant buys, read from the serving engine's own start-up log (pipeline/engines/capacity.py),
-and the report's one line per variant (pipeline/report/capacity.py)."""
+and the report's one line per variant (pipeline/verdict/speed.py)."""
 
 import pytest
 
 from pipeline.engines.capacity import capacity, parse_vllm_log
-from pipeline.report.capacity import capacity_line
+from pipeline.verdict.speed import capacity_line
 
 # vLLM 0.24's wording (gpu_model_runner / gpu_worker / kv_cache_utils), two ranks under TP 2, after a
 # first start whose figures must not be read (a log appended to by a restart)

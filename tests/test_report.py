@@ -6,6 +6,8 @@ import pytest
 from conftest import TINY_PARAMS, with_variants, write_params
 from pipeline import report
 from pipeline.params import Params
+from pipeline.verdict.decision import failing
+from pipeline.verdict.speed import capacity_figures
 
 XSS = ['<script>alert(1)</script>', '<img src=x onerror=alert(1)>', '<a href="javascript:alert(1)">x</a>', '<div><b>unclosed']
 
@@ -50,8 +52,8 @@ def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
     assert "-60.0 pts [" in html and "/ −3.0 pts · NO-GO</text>" in html  # broken: 120 of 200 right -> 0
     assert copy_math["sentence"] in unescape(html) and 'id="interval-method"' in html
     assert len(html) < 2_000_000  # the 1 MB output is clipped on the page (whole in the JSONL)
-    assert report.failing(verdict, "no-go") == ["broken"]
-    assert report.failing(verdict, None) == []
+    assert failing(verdict, "no-go") == ["broken"]
+    assert failing(verdict, None) == []
 
 
 def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
@@ -211,10 +213,10 @@ def test_each_inconclusive_says_what_to_run_and_about_how_long(tmp_path):
 
 
 def test_capacity_from_bench_json_is_read_when_numeric_and_left_out_otherwise():
-    assert report._capacity({"kv_cache_tokens": 1000, "weight_bytes": 5, "goodput_tok_s_per_gpu": "fast",
+    assert capacity_figures({"kv_cache_tokens": 1000, "weight_bytes": 5, "goodput_tok_s_per_gpu": "fast",
                              "max_context_batch1": float("nan"), "slo": {"ttft_ms": 200}}) == \
         {"kv_cache_tokens": 1000, "weight_bytes": 5, "slo": {"ttft_ms": 200}}
-    assert report._capacity(None) is None and report._capacity({"kv_cache_tokens": True}) is None
+    assert capacity_figures(None) is None and capacity_figures({"kv_cache_tokens": True}) is None
 
 
 def test_a_zero_margin_still_draws(tmp_path):

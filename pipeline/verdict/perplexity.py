@@ -1,7 +1,6 @@
 """Perplexity suites: the variant's perplexity relative to the base's, paired by document, against a
 margin on the relative rise (`compare_perplexity`, a ratio-estimator t interval with the HC2 error and
 Bell-McCaffrey degrees of freedom), and its decision in one sentence (`perplexity_sentence`).
-pipeline/verdict.py re-exports every name here.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from pipeline.verdict_intervals import GO, INCONCLUSIVE, NO_GO
+from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
 
 
 PERPLEXITY_INTERVAL = ("Student-t interval of the per-token change in log-likelihood (ratio estimator, HC2 error, "

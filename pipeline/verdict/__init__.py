@@ -1,0 +1,12 @@
+"""The verdict: may each quantized variant replace the base? Every rule and statistic behind GO / NO-GO /
+INCONCLUSIVE lives in this package; the report stage reads the files and renders what it decides.
+
+    intervals    Tango's paired score interval, the exact McNemar test, the bootstrap, the partial-credit
+                 interval, and the decision read off an interval (`decide`); GO, NO_GO, INCONCLUSIVE
+    paired       right/wrong and scored suites: the variant against the base on the same items
+    perplexity   perplexity suites: the ratio estimator's t interval, paired by document
+    judge        the judge's win rate and its decision (UNRELIABLE when it contradicts itself)
+    speed        serving speed against the base, and what a variant buys in serving
+    next_steps   why in a few words, and what to run to settle an open suite
+    decision     one variant's decision from all of the above, and the CI gate (`failing`)
+"""
