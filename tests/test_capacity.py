@@ -58,8 +58,8 @@ def row(tokens_per_s, goodput=None, kv=None, engine="vllm"):
 
 
 @pytest.mark.parametrize("variant, base, line", [
-    (row(11640, goodput=3000, kv=1_000_000), row(8492, goodput=2000, kv=500_000), "GO, 1.5x tokens/s, 2x KV capacity"),
-    (row(11640, kv=1_000_000), row(8492, kv=500_000), "GO, 1.4x tokens/s, 2x KV capacity"),  # no SLO: peak tokens/s
+    (row(11640, goodput=3000, kv=1_000_000), row(8492, goodput=2000, kv=500_000), "GO, 1.5× tokens/s, 2.0× KV capacity"),
+    (row(11640, kv=1_000_000), row(8492, kv=500_000), "GO, 1.4× tokens/s, 2.0× KV capacity"),  # no SLO: peak tokens/s
     (row(5811, engine="lmdeploy"), row(8492), "GO"),  # benched on another engine: no ratio
 ])
 def test_the_capacity_line(variant, base, line):

@@ -74,7 +74,7 @@ def test_four_ties_are_not_evidence_and_the_sentence_says_how_many_pairs_a_go_ne
     assert decision == "INCONCLUSIVE" and judge_rule.min_judged_pairs_for_go(0.05) == 53
     sentence = judge_rule.judge_sentence(s, decision, 0.05, 0.6)
     assert sentence.startswith("judge: INCONCLUSIVE: of 4 judged pairs the judge preferred the variant in 0")
-    assert "[0.150, 0.850]" in sentence and "0.450 (0.5 - margin 0.05)" in sentence
+    assert "[15.0%, 85.0%]" in sentence and "45.0% (50% - margin 5.0%)" in sentence
     assert "below 53 judged pairs not even all ties could show a GO" in sentence
     assert any("a GO needs at least 53 judged pairs" in r for r in judge_rule.explain_judge(s, decision, 0.05, 0.6))
 
@@ -87,7 +87,7 @@ def test_decision_against_half_minus_margin_and_unreliable_judge():
     low_consistency = {**base, "consistency": 0.5, "ci_low": 0.47, "ci_high": 0.6}
     assert judge_rule.decide_judge(low_consistency, 0.05, 0.6) == "UNRELIABLE"
     reasons = judge_rule.explain_judge(low_consistency, "UNRELIABLE", 0.05, 0.6)
-    assert "unreliable" in reasons[0] and "50%" in reasons[0]
+    assert "unreliable" in reasons[0] and "50.0%" in reasons[0]
     assert judge_rule.decide_judge({**base, "n": 0}, 0.05, 0.6) == "INCONCLUSIVE"
 
 

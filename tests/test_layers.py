@@ -141,11 +141,12 @@ def test_no_layer_imports_one_above_it():
 
 def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
     """Every decision rule lives in pipeline/verdict/, which opens no file (the report hands it the evidence);
-    the report stage takes the decision from pipeline.verdict.decision and computes no statistic itself."""
+    the report stage takes the decision from pipeline.verdict.decision, its number formats from figures, and
+    computes no statistic itself."""
     edges = graph()
     from_report = {target for name, targets in edges.items() if stage_of(name) == "report"
                    for target in targets if target.startswith("pipeline.verdict")}
-    assert from_report == {"pipeline.verdict.decision"}
+    assert from_report == {"pipeline.verdict.decision", "pipeline.verdict.figures"}
     outside = {f"{name} imports {target}" for name, targets in edges.items() if name.startswith("pipeline.verdict")
                for target in targets if not target.startswith("pipeline.verdict") and target != "pipeline.params"}
     assert outside == set()

@@ -150,7 +150,7 @@ def test_report_counts_perplexity_suites_and_compares_awq_with_rtn(tmp_path):
     html = out.html.read_text()
     assert 'id="perplexity-table"' in html and 'id="awq-rtn-table"' in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # document text escaped
-    assert html.count("<td>fp8-w8a8</td><td>ppl-book</td>") == 1
+    assert html.count('<th scope="row">ppl-book</th><td>fp8-w8a8</td>') == 1
 
 
 def test_show_verdict_prints_perplexity_suites(tmp_path):

@@ -132,6 +132,8 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     for folder, why in ignored.items():
         log.warning(f"report: ignoring {results_dir / folder}: {why}")
     evidence = read_evidence(results_dir, models_dir, params, models)
+    if not [name for name in evidence.results if name != "base"]:
+        raise UserError(_nothing_to_decide(results_dir, params, models, ignored))
     verdict = decide(evidence, params)
     if ignored:
         verdict["ignored_results"] = {str(results_dir / folder): why for folder, why in ignored.items()}
@@ -151,6 +153,19 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
         raise UserError(f"{out_dir}: cannot write the report there ({exc.strerror}: {exc.filename}); "
                         "pass --out a writable directory") from None
     return ReportResult(out_dir / "index.html", out_dir / "verdict.json", verdict)
+
+
+def _nothing_to_decide(results_dir: Path, params: Params, models: list[str], ignored: dict[str, str]) -> str:
+    """Why no variant can be decided: which folders were read and which ignored (and why), and what to run."""
+    named = ", ".join(params.variants) or "none"
+    read = [f"{results_dir / m} (no <suite>.jsonl of a suite in params.yaml)" for m in models if m != "base"]
+    text = f"{results_dir}: no variant to decide: params.yaml names {named}, and results/ holds no results of any of them"
+    if read:
+        text += "; read: " + "; ".join(read)
+    if ignored:
+        text += "; ignored: " + "; ".join(f"{results_dir / folder}: {why}" for folder, why in ignored.items())
+    return (text + "; run `quantize eval models/<variant> --suite S` for a variant of params.yaml (or `dvc repro`), "
+            "then `quantize report`; no report was written")
 
 
 def _dir_size_or_none(path: Path) -> int | None:

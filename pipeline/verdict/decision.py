@@ -1,6 +1,6 @@
 """The decision per variant: every counted suite, the judge and (when it may) speed, read into GO / NO-GO /
-INCONCLUSIVE (`overall`), with why, what to run next and everything the report shows beside it (`decide`),
-and the CI gate on it (`failing`).
+INCONCLUSIVE (`overall`), with why, what it rests on (coverage), recovery, what to run next and everything the
+report shows beside it (`decide`), and the CI gate on it (`failing`: no-go, inconclusive or incomplete).
 
 The evidence comes in already read and checked (`Evidence`: the report stage reads the files,
 pipeline/report/inputs.py); nothing here opens a file, so every rule is tested on plain data.
@@ -12,11 +12,13 @@ import math
 from dataclasses import dataclass, field
 
 from pipeline.params import Params
+from pipeline.verdict.coverage import incomplete_why, suite_coverage
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
 from pipeline.verdict.judge import judge_verdict
 from pipeline.verdict.next_steps import next_steps, why_in_brief
 from pipeline.verdict.paired import SuiteVerdict, compare_suite
 from pipeline.verdict.perplexity import compare_perplexity
+from pipeline.verdict.recovery import average_recovery
 from pipeline.verdict.speed import capacity_line, speed_row, speed_verdict
 
 
@@ -131,6 +133,10 @@ def decide(evidence: Evidence, params: Params) -> dict:
         variants[variant] = {
             "decision": decision,
             "why": why_in_brief(decision, suite_verdicts, perplexity, judged, speed, steps),
+            "coverage": suite_coverage(variant, decision, params, results, {"base": n_a.get("base", {}),
+                                                                             variant: n_a.get(variant, {})},
+                                       suite_verdicts, perplexity, judged),
+            "recovery": average_recovery(suite_verdicts),
             "reasons": reasons,
             "next_steps": steps,
             "suites": {v.suite: {**v.to_dict(), "unsandboxed": unsandboxed[v.suite]} for v in suite_verdicts},
@@ -140,8 +146,9 @@ def decide(evidence: Evidence, params: Params) -> dict:
             "quant": evidence.quant.get(variant),
             "kl": evidence.kl.get(variant),
             "speed": speed,
+            **({} if variant in speeds and "base" in speeds else {"speed_commands": speed_commands(variant, speeds, p)}),
             "serving": evidence.serving.get(variant),
-            # "GO, 1.5x tokens/s, 2x KV capacity" (pipeline/verdict/speed.py)
+            # "GO, 1.5× tokens/s, 2.0× KV capacity" (pipeline/verdict/speed.py)
             "capacity_line": capacity_line(decision, speeds.get(variant), speeds.get("base")),
         }
     base_suites = {s: suite_score(items) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
@@ -200,12 +207,29 @@ def suite_score(items: dict) -> dict:
     return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None}
 
 
-def failing(verdict: dict, fail_on: str | None) -> list[str]:
-    """Variants whose decision trips the gate: 'no-go' fails on NO-GO, 'inconclusive' on anything but GO."""
+def speed_commands(variant: str, speeds: dict, p) -> list[str]:
+    """What measures the speed the verdict lacks: `quantize bench` of the base and the variant (whichever has no
+    bench.json), on the deployment engine when verdict.speed_engine names it, then the report again."""
+    engine = f" --engine {p.speed_engine}" if p.speed_engine else ""
+    return [f"quantize bench models/{model}{engine}" for model in ("base", variant) if model not in speeds] + \
+        ["quantize report"]
+
+
+FAIL_ON = ("no-go", "inconclusive", "incomplete")  # each fails what the one before it does, and more
+
+
+def failing(verdict: dict, fail_on: str | None) -> dict[str, str]:
+    """{variant: why} for each variant that trips the gate: 'no-go' fails a NO-GO; 'inconclusive' also an
+    INCONCLUSIVE (anything but GO); 'incomplete' also a GO whose decision rests on fewer suites than the base ran."""
     if not fail_on:
-        return []
-    bad = {"no-go": {NO_GO}, "inconclusive": {NO_GO, INCONCLUSIVE}}[fail_on]
-    return [v for v, d in verdict["variants"].items() if d["decision"] in bad]
+        return {}
+    failed = {}
+    for name, v in verdict["variants"].items():
+        if v["decision"] == NO_GO or (v["decision"] == INCONCLUSIVE and fail_on != "no-go"):
+            failed[name] = v["decision"]
+        elif fail_on == "incomplete" and not v["coverage"]["complete"]:
+            failed[name] = f"{v['decision']}, incomplete: {incomplete_why(v['coverage'])}"
+    return failed
 
 
 def metrics(verdict: dict) -> dict:

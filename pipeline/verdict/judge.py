@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from pipeline.params import Params
+from pipeline.verdict.figures import share
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO, TANGO, decide, min_items_for_go, tango_interval
 
 UNRELIABLE = "UNRELIABLE"
@@ -56,22 +57,22 @@ def explain_judge(summary: dict, decision: str, margin: float, min_consistency: 
         return reasons + ["no pair was judged: every prompt is unjudged"]
     if decision == UNRELIABLE:
         consistency = summary.get("consistency")
-        shown = "n/a" if consistency is None else f"{consistency:.0%}"
+        shown = "n/a" if consistency is None else share(consistency)
         return reasons + [f"position-swap consistency {shown} is below judge.min_consistency "
-                          f"{min_consistency:.0%}: the judge is unreliable and its verdict is not counted"]
-    interval = f"win rate {summary['win_rate']:.3f}, interval [{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]"
+                          f"{share(min_consistency)}: the judge is unreliable and its verdict is not counted"]
+    interval = f"win rate {share(summary['win_rate'])}, interval [{share(summary['ci_low'])}, {share(summary['ci_high'])}]"
     floor = 0.5 - margin
-    text = {GO: f"{interval} lies above {floor:.3f} (0.5 - margin): the variant is not judged worse",
-            NO_GO: f"{interval} lies below {floor:.3f} (0.5 - margin): the judge prefers the base",
-            INCONCLUSIVE: f"{interval} straddles {floor:.3f} (0.5 - margin): not enough evidence either way"}
+    text = {GO: f"{interval} lies above {share(floor)} (50% - margin): the variant is not judged worse",
+            NO_GO: f"{interval} lies below {share(floor)} (50% - margin): the judge prefers the base",
+            INCONCLUSIVE: f"{interval} straddles {share(floor)} (50% - margin): not enough evidence either way"}
     reasons.append(text[decision])
     fewest = min_judged_pairs_for_go(margin, summary.get("confidence", 0.95))
     if fewest and summary["n"] < fewest and decision != NO_GO:
         reasons.append(f"too few judged pairs to ever show a GO: with {summary['n']} even all ties leave the "
-                       f"interval's lower end below {floor:.3f}; a GO needs at least {fewest} judged pairs")
+                       f"interval's lower end below {share(floor)}; a GO needs at least {fewest} judged pairs")
     if summary.get("noise_floor") is not None and summary["noise_floor"] > margin:
-        reasons.append(f"the control run (base against itself) is off 0.5 by {summary['noise_floor']:.3f}, "
-                       f"more than the margin {margin:.3f}: read the verdict with care")
+        reasons.append(f"the control run (base against itself) is off 50% by {share(summary['noise_floor'])}, "
+                       f"more than the margin {share(margin)}: read the verdict with care")
     return reasons
 
 
@@ -93,17 +94,17 @@ def judge_sentence(summary: dict, decision: str, margin: float, min_consistency:
         return (f"judge: {decision}: no pair was judged ({summary.get('unjudged', 0)} unjudged), so the judge "
                 "says nothing about the variant.")
     counts = (f"of {summary['n']} judged pairs the judge preferred the variant in {summary['wins']}, the base in "
-              f"{summary['losses']} and tied {summary['ties']} (win rate {summary['win_rate']:.3f})")
+              f"{summary['losses']} and tied {summary['ties']} (win rate {share(summary['win_rate'])})")
     if decision == UNRELIABLE:
         consistency = summary.get("consistency")
-        shown = "n/a" if consistency is None else f"{consistency:.0%}"
+        shown = "n/a" if consistency is None else share(consistency)
         return (f"judge: UNRELIABLE (not counted): {counts}, but it gave the same verdict with the answers swapped "
-                f"in only {shown} of pairs, below judge.min_consistency {min_consistency:.0%}.")
+                f"in only {shown} of pairs, below judge.min_consistency {share(min_consistency)}.")
     floor = 0.5 - margin
     method = summary.get("ci_method") or "a bootstrap interval"
-    interval = (f"{method} puts the win rate at [{summary['ci_low']:.3f}, {summary['ci_high']:.3f}] with "
+    interval = (f"{method} puts the win rate at [{share(summary['ci_low'])}, {share(summary['ci_high'])}] with "
                 f"{summary.get('confidence', 0.95):.0%} confidence")
-    threshold = f"{floor:.3f} (0.5 - margin {margin:.2f})"
+    threshold = f"{share(floor)} (50% - margin {share(margin)})"
     if decision == GO:
         end = f"entirely above {threshold}, so the judge does not find the variant worse by more than the margin"
     elif decision == NO_GO:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from pipeline.verdict.figures import points, share
 from pipeline.verdict.intervals import (GO, INCONCLUSIVE, NO_GO, PARTIAL_CREDIT, TANGO, UNINFORMATIVE, decide,
                                         items_to_settle, mcnemar_exact, min_items_for_go, paired_bootstrap,
                                         partial_credit_interval, tango_interval, tango_items_to_settle)
@@ -89,13 +90,13 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
         if floor_ceiling > 0 and (base_score <= floor_ceiling or base_score >= 1 - floor_ceiling):
             counted = False
             where = "floor" if base_score <= floor_ceiling else "ceiling"
-            reasons.append(f"the base model scores {base_score:.1%}, at the {where}: this suite tells little "
+            reasons.append(f"the base model scores {share(base_score)}, at the {where}: this suite tells little "
                            "about the variant, so it is shown but not counted")
         if fewest and len(ids) < fewest and decision != NO_GO:
             no_flip_low, _ = tango_interval(0, 0, len(ids), confidence)
             reasons.append(f"too few items to ever show a GO: with {len(ids)} paired items even no flip at all "
-                           f"leaves the interval's lower end at {_points(no_flip_low)} points, below "
-                           f"{_points(-margin)}; a GO needs at least {fewest} paired items")
+                           f"leaves the interval's lower end at {points(no_flip_low)} points, below "
+                           f"{points(-margin)}; a GO needs at least {fewest} paired items")
     verdict = SuiteVerdict(
         variant=variant, suite=suite, n=len(ids), base_score=base_score, variant_score=var_score,
         delta=var_score - base_score if ids else float("nan"), ci_low=low, ci_high=high,
@@ -119,11 +120,6 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
     return verdict
 
 
-def _points(change: float) -> str:
-    """A change in accuracy as signed percentage points, e.g. -0.0312 -> '-3.12'."""
-    return f"{change * 100:+.2f}"
-
-
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
@@ -134,16 +130,16 @@ def decision_sentence(v: SuiteVerdict, binary: bool = True) -> str:
     if not v.n:
         return f"{v.suite}: {v.decision}: the variant and the base share no item, so nothing can be compared."
     head = f"{v.suite}: {v.decision}" + ("" if v.counted else " (not counted: the base scores "
-                                         f"{v.base_score:.1%}, at the {'floor' if v.base_score < 0.5 else 'ceiling'})")
+                                         f"{share(v.base_score)}, at the {'floor' if v.base_score < 0.5 else 'ceiling'})")
     if binary:
         facts = (f"on {v.n} paired items the variant turned {_count(len(v.right_to_wrong), 'right answer')} wrong "
                  f"and {_count(len(v.wrong_to_right), 'wrong answer')} right")
     else:
         facts = f"on {v.n} paired items ({'partial-credit scores' if v.min_items_for_go else 'scores'})"
-    facts += (f" ({v.base_score:.1%} -> {v.variant_score:.1%}, a change of {_points(v.delta)} points); "
-              f"{v.interval} puts the change at [{_points(v.ci_low)}, {_points(v.ci_high)}] points with "
+    facts += (f" ({share(v.base_score)} -> {share(v.variant_score)}, a change of {points(v.delta)} points); "
+              f"{v.interval} puts the change at [{points(v.ci_low)}, {points(v.ci_high)}] points with "
               f"{v.confidence:.0%} confidence")
-    bound = f"{_points(-v.margin)} points (the margin for {v.suite})"
+    bound = f"{points(-v.margin)} points (the margin for {v.suite})"
     side = decide(v.ci_low, v.ci_high, v.margin)
     if side == GO:
         end = f"entirely above {bound}, so any drop is within the margin"

@@ -1,13 +1,15 @@
 """Serving speed in the verdict: the figures of one bench.json the report uses (`speed_row`), the variant's
 batch-1 decode rate against the base's (`compare_speed`; it counts, as NO-GO, only when
 verdict.nogo_if_slower_at_batch1 is set and it was measured on verdict.speed_engine: `speed_verdict`), and
-one line per variant beside its decision, e.g. "GO, 1.5x tokens/s, 2x KV capacity" (`capacity_line`, from
+one line per variant beside its decision, e.g. "GO, 1.5× tokens/s, 2.0× KV capacity" (`capacity_line`, from
 bench.json's `capacity`, pipeline/engines/capacity.py).
 """
 
 from __future__ import annotations
 
 import math
+
+from pipeline.verdict import figures
 
 def compare_speed(base: dict | None, variant: dict, tolerance: float, deploy_engine: str | None = None) -> dict:
     """Batch-1 decode rate of the variant against the base's, when both were measured alike, and
@@ -26,8 +28,8 @@ def compare_speed(base: dict | None, variant: dict, tolerance: float, deploy_eng
         return {"comparable": False, "reason": why, "ratio": None, "slower": None, "deployment_engine": None}
     ratio = variant["batch1_tokens_per_s"] / base["batch1_tokens_per_s"]
     on_deploy = deploy_engine is not None and variant["engine"] == deploy_engine
-    reason = (f"batch-1 decode {variant['batch1_tokens_per_s']:.1f} vs base {base['batch1_tokens_per_s']:.1f} "
-              f"tokens/s ({ratio:.2f}x) on {variant['engine']}, {variant['device']}")
+    reason = (f"batch-1 decode {figures.rate(variant['batch1_tokens_per_s'])} vs base {figures.rate(base['batch1_tokens_per_s'])} "
+              f"tokens/s ({figures.ratio(ratio)}) on {variant['engine']}, {variant['device']}")
     if deploy_engine is not None and not on_deploy:
         reason += (f"; measured on {variant['engine']}, but the variants are deployed on {deploy_engine} "
                    f"(verdict.speed_engine): engines invert which variant is faster, so it is shown, not counted")
@@ -97,10 +99,6 @@ def _ratio(value, reference) -> float | None:
     return value / reference
 
 
-def _times(ratio: float) -> str:
-    return f"{ratio:.2g}x"
-
-
 def capacity_line(decision: str, variant: dict | None, base: dict | None) -> str:
     """decision: GO / NO-GO / INCONCLUSIVE; variant, base: speed rows (None without a bench).
     tokens/s: output tokens/s per GPU of the requests that met the SLO (goodput) when both have it, else
@@ -117,8 +115,8 @@ def capacity_line(decision: str, variant: dict | None, base: dict | None) -> str
         peak = lambda row: max((row.get("tokens_per_s") or {}).values(), default=None)  # noqa: E731
         speed = _ratio(peak(variant), peak(base))
     if speed is not None:
-        parts.append(f"{_times(speed)} tokens/s")
+        parts.append(f"{figures.ratio(speed)} tokens/s")
     kv = _ratio(v_cap.get("kv_cache_tokens"), b_cap.get("kv_cache_tokens"))
     if kv is not None:
-        parts.append(f"{_times(kv)} KV capacity")
+        parts.append(f"{figures.ratio(kv)} KV capacity")
     return ", ".join(parts)
