@@ -166,6 +166,18 @@ def test_first_screen_reads_on_a_laptop_a_phone_and_a4_paper(tmp_path):
             "e => getComputedStyle(e).whiteSpace") == "pre-wrap"
         page.screenshot(path=str(tmp_path / "first-screen-1280x800.png"))
 
+        # the demo's case: no bench.json at all, so each row names its bench command and the column the base's
+        for bench in results.glob("*/bench.json"):
+            bench.unlink()
+        bare = report.run(results, tmp_path / "bare", Params.model_validate(params), models_dir=models).html
+        laptop = _open(browser, bare, 1280, 800)
+        for selector in ("#summary", "#forest", "#not-counted", "#col-speed"):
+            assert _inside(laptop.locator(selector).bounding_box()), selector
+        assert laptop.locator("#col-speed code").inner_text() == "quantize bench models/base"
+        for name in verdict["variants"]:
+            command = laptop.locator(f"#row-{name} .speed-command")
+            assert command.inner_text() == f"quantize bench models/{name}" and _inside(command.bounding_box())
+
         phone = _open(browser, html, 390, 844)
         assert phone.evaluate("document.documentElement.scrollWidth") <= 390
         assert phone.evaluate(OVERFLOWING, 390) == []

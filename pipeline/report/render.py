@@ -139,7 +139,9 @@ def first_screen(verdict: dict, base: dict, human_size) -> dict:
             "size_share": f"{figures.share(size / base_size)} of base" if size and base_size else None,
             "kl": (figures.kl(kl["kl_mean"]), figures.share(kl["top1_agreement"])) if kl else None,
             "served": served_by(v.get("serving"), name), "speed": speed_text, "capacity": capacity_text,
-            "speed_commands": v.get("speed_commands") or [],
+            # the variant's own bench (the base's, when missing too, heads the column once)
+            "speed_commands": [c for c in v.get("speed_commands") or [] if c.startswith("quantize bench models/")
+                               and not c.startswith("quantize bench models/base")],
         })
     not_counted = []
     for name, v in verdict["variants"].items():
@@ -159,7 +161,9 @@ def first_screen(verdict: dict, base: dict, human_size) -> dict:
     seen = {}
     for suite, why in not_counted:
         seen.setdefault(suite, why)
-    return {"columns": columns, "rows": rows, "not_counted": sorted(seen.items()),
+    base_bench = sorted({c for v in verdict["variants"].values() for c in v.get("speed_commands") or []
+                         if c.startswith("quantize bench models/base")})
+    return {"columns": columns, "rows": rows, "not_counted": sorted(seen.items()), "base_bench": base_bench,
             "forest": forest_plot(columns, rows), "forest_narrow": forest_plot_narrow(columns, rows)}
 
 
