@@ -90,67 +90,11 @@ def decide(evidence: Evidence, params: Params) -> dict:
     """The verdict of every variant in `evidence.results` against the base: what verdict.json holds
     (the report adds where it came from: ignored folders, metrics, the environment)."""
     results, p = evidence.results, params.verdict
-    n_a = not_applicable(evidence.summaries, list(params.suites))
     speeds = {model: speed_row(evidence.bench[model])
               for model in sorted(results, key=lambda name: name != "base") if evidence.bench.get(model)}  # base first
     flagged = unsandboxed_results(results, evidence.summaries)
-    variants = {}
-    for variant, suites in results.items():
-        if variant == "base":
-            continue
-        skipped = {**n_a.get("base", {}), **n_a.get(variant, {})}
-        suite_verdicts = [
-            compare_suite(results["base"][suite], items, variant=variant, suite=suite,
-                          margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
-                          seed=p.seed, floor_ceiling=p.floor_ceiling)
-            for suite, items in sorted(suites.items())
-            if suite in results["base"] and suite not in skipped and not is_perplexity(results["base"][suite])
-        ]
-        unsandboxed = {v.suite: [m for m in ("base", variant) if f"{m}/{v.suite}" in flagged] for v in suite_verdicts}
-        for v in suite_verdicts:
-            if unsandboxed[v.suite]:
-                v.reasons.insert(0, _unsandboxed_reason(unsandboxed[v.suite], v.suite))
-        perplexity = {
-            suite: compare_perplexity(results["base"][suite], items, variant=variant, suite=suite,
-                                      margin=p.perplexity_margin_for(suite), confidence=p.confidence)
-            for suite, items in sorted(suites.items())
-            if suite in results["base"] and suite not in skipped and is_perplexity(results["base"][suite])
-        }
-        judged = judge_verdict(evidence.judge.get(variant), params)
-        extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
-        if judged and judged["counted"]:
-            extra.append(("judge", judged["decision"]))
-        speed = speed_verdict(speeds, variant, p)
-        if speed and speed.get("counted"):
-            extra.append(("speed at batch 1", NO_GO))  # speed can stop a variant, never pass one
-        decision, reasons = overall(suite_verdicts, extra)
-        for suite in sorted(suites):  # a result run without isolation that no suite comparison above shows
-            if f"{variant}/{suite}" in flagged and suite not in unsandboxed:
-                reasons.insert(0, _unsandboxed_reason([variant], suite))
-        if speed and speed.get("counted"):
-            reasons.append(f"slower than the base at batch 1: {speed['reason']}")
-        steps = next_steps(variant, suite_verdicts, perplexity, judged, evidence.summaries, params)
-        variants[variant] = {
-            "decision": decision,
-            "why": why_in_brief(decision, suite_verdicts, perplexity, judged, speed, steps),
-            "coverage": suite_coverage(variant, decision, params, results, {"base": n_a.get("base", {}),
-                                                                             variant: n_a.get(variant, {})},
-                                       suite_verdicts, perplexity, judged),
-            "recovery": average_recovery(suite_verdicts),
-            "reasons": reasons,
-            "next_steps": steps,
-            "suites": {v.suite: {**v.to_dict(), "unsandboxed": unsandboxed[v.suite]} for v in suite_verdicts},
-            "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()},
-            "not_applicable": skipped,
-            "judge": judged,
-            "quant": evidence.quant.get(variant),
-            "kl": evidence.kl.get(variant),
-            "speed": speed,
-            **({} if variant in speeds and "base" in speeds else {"speed_commands": speed_commands(variant, speeds, p)}),
-            "serving": evidence.serving.get(variant),
-            # "GO, 1.5× tokens/s, 2.0× KV capacity" (pipeline/verdict/speed.py)
-            "capacity_line": capacity_line(decision, speeds.get(variant), speeds.get("base")),
-        }
+    variants = {variant: _decide_variant(variant, evidence, params, speeds, flagged)
+                for variant in results if variant != "base"}
     base_suites = {s: suite_score(items) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
                    for s, items in results.get("base", {}).items()}
     return {
@@ -172,6 +116,61 @@ def long_context_tables(results: dict, summaries: dict[str, dict[str, dict]]) ->
         if summary.get("long_context"):
             tables[model] = summary["long_context"]
     return tables
+
+
+def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: dict, flagged: list[str]) -> dict:
+    """verdict.json's variants.<variant>: each suite, the judge and speed against the base, the decision, why,
+    what it rests on, recovery, what to run next, and what the report shows beside it."""
+    results, p = evidence.results, params.verdict
+    suites = results[variant]
+    n_a = not_applicable(evidence.summaries, list(params.suites))
+    n_a = {"base": n_a.get("base", {}), variant: n_a.get(variant, {})}
+    skipped = {**n_a["base"], **n_a[variant]}
+    compared = [suite for suite in sorted(suites) if suite in results["base"] and suite not in skipped]
+    suite_verdicts = [compare_suite(results["base"][suite], suites[suite], variant=variant, suite=suite,
+                                    margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
+                                    seed=p.seed, floor_ceiling=p.floor_ceiling)
+                      for suite in compared if not is_perplexity(results["base"][suite])]
+    unsandboxed = {v.suite: [m for m in ("base", variant) if f"{m}/{v.suite}" in flagged] for v in suite_verdicts}
+    for v in suite_verdicts:
+        if unsandboxed[v.suite]:
+            v.reasons.insert(0, _unsandboxed_reason(unsandboxed[v.suite], v.suite))
+    perplexity = {suite: compare_perplexity(results["base"][suite], suites[suite], variant=variant, suite=suite,
+                                            margin=p.perplexity_margin_for(suite), confidence=p.confidence)
+                  for suite in compared if is_perplexity(results["base"][suite])}
+    judged = judge_verdict(evidence.judge.get(variant), params)
+    extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
+    if judged and judged["counted"]:
+        extra.append(("judge", judged["decision"]))
+    speed = speed_verdict(speeds, variant, p)
+    if speed and speed.get("counted"):
+        extra.append(("speed at batch 1", NO_GO))  # speed can stop a variant, never pass one
+    decision, reasons = overall(suite_verdicts, extra)
+    for suite in sorted(suites):  # a result run without isolation that no suite comparison above shows
+        if f"{variant}/{suite}" in flagged and suite not in unsandboxed:
+            reasons.insert(0, _unsandboxed_reason([variant], suite))
+    if speed and speed.get("counted"):
+        reasons.append(f"slower than the base at batch 1: {speed['reason']}")
+    steps = next_steps(variant, suite_verdicts, perplexity, judged, evidence.summaries, params)
+    return {
+        "decision": decision,
+        "why": why_in_brief(decision, suite_verdicts, perplexity, judged, speed, steps),
+        "coverage": suite_coverage(variant, decision, params, results, n_a, suite_verdicts, perplexity, judged),
+        "recovery": average_recovery(suite_verdicts),
+        "reasons": reasons,
+        "next_steps": steps,
+        "suites": {v.suite: {**v.to_dict(), "unsandboxed": unsandboxed[v.suite]} for v in suite_verdicts},
+        "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()},
+        "not_applicable": skipped,
+        "judge": judged,
+        "quant": evidence.quant.get(variant),
+        "kl": evidence.kl.get(variant),
+        "speed": speed,
+        **({} if variant in speeds and "base" in speeds else {"speed_commands": speed_commands(variant, speeds, p)}),
+        "serving": evidence.serving.get(variant),
+        # "GO, 1.5× tokens/s, 2.0× KV capacity" (pipeline/verdict/speed.py)
+        "capacity_line": capacity_line(decision, speeds.get(variant), speeds.get("base")),
+    }
 
 
 def method_comparisons(results: dict, quant: dict[str, dict | None], confidence: float) -> list[dict]:
