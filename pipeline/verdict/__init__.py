@@ -7,6 +7,10 @@ INCONCLUSIVE lives in this package; the report stage reads the files and renders
     perplexity   perplexity suites: the ratio estimator's t interval, paired by document
     judge        the judge's win rate and its decision (UNRELIABLE when it contradicts itself)
     speed        serving speed against the base, and what a variant buys in serving
+    coverage     what a decision rests on: each suite decided, not counted, not run, not applicable or
+                 not configured
+    recovery     variant / base as model cards state it, per suite and on average
     next_steps   why in a few words, and what to run to settle an open suite
+    figures      one number format per kind of figure, for the sentences and the page
     decision     one variant's decision from all of the above, and the CI gate (`failing`)
 """
