@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install gpu-install system-deps sandbox-deps clean-demo
+.PHONY: demo test install gpu-install system-deps sandbox-deps clean-demo example-report
 
 # torch 2.13.0 is the CPU build these machines take from local disk (pyproject.toml pins no torch, so a
 # GPU machine keeps its CUDA build).
@@ -32,6 +32,14 @@ demo: install sandbox-deps
 
 test: install system-deps
 	$(BIN)/pytest -q --timeout 900
+
+# After `make demo`: its report becomes the committed example (reports/example/), with screenshots of the first
+# screen at 1280 x 800 and at 390 x 844 beside it (Debian's chromium, headless, no network).
+example-report: install system-deps
+	@test -f reports/index.html -a -f reports/verdict.json || { echo "no report yet: run make demo first"; exit 2; }
+	mkdir -p reports/example
+	cp -L reports/index.html reports/verdict.json reports/example/
+	$(BIN)/python benchmarks/report_screenshots.py reports/example
 
 # bubblewrap: the code suite runs model-written code only inside it (without it, `quantize eval`
 # refuses unless params.yaml says suites.code.allow_unsandboxed: true).

@@ -1,5 +1,5 @@
 """Coverage of the verdict's intervals: the old percentile bootstrap against Tango's score interval
-with continuity correction (pipeline.verdict.tango_interval), on the same simulated datasets.
+with continuity correction (pipeline.verdict.intervals.tango_interval), on the same simulated datasets.
 
     python benchmarks/interval_coverage.py [--datasets 1000] [--margin 0.03] [--no-exact] [--out FILE]
 
@@ -27,7 +27,7 @@ from scipy.stats import t as student
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.verdict import tango_interval  # noqa: E402
+from pipeline.verdict.intervals import tango_interval  # noqa: E402
 
 RESAMPLES = 2000
 
@@ -157,7 +157,7 @@ def main() -> None:
     lines += right_wrong_table(args, rng)
     lines += ["", "Judge win rate ((wins + ties / 2) / judged pairs):", ""]
     lines += judge_table(args, rng)
-    lines += ["", "Partial-credit scores (k sub-answers per item; pipeline.verdict.partial_credit_interval is the last pair "
+    lines += ["", "Partial-credit scores (k sub-answers per item; pipeline.verdict.intervals.partial_credit_interval is the last pair "
               "of columns; t alone is [0, 0] when nothing changed):", ""]
     lines += partial_credit_table(args, rng)
     lines += ["", f"{time.perf_counter() - started:.0f} s"]

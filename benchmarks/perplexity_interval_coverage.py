@@ -1,4 +1,4 @@
-"""Coverage of the perplexity suites' interval (pipeline.verdict.ratio_interval) at small numbers of documents.
+"""Coverage of the perplexity suites' interval (pipeline.verdict.perplexity.ratio_interval) at small numbers of documents.
 
 Simulated documents of 100-600 tokens whose per-token rise in negative log-likelihood varies around a
 true mean of 0.05 (between-document spread 0.005, 0.02, 0.05) plus token-level noise (sd 0.5 per token);
@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.verdict import ratio_interval  # noqa: E402
+from pipeline.verdict.perplexity import ratio_interval  # noqa: E402
 
 TRUE_RISE = 0.05
 SPREADS = (0.005, 0.02, 0.05)

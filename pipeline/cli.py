@@ -296,23 +296,27 @@ def report(
     results: Path = typer.Option(Path("results"), help="Results dir (results/<model>/<suite>.jsonl)"),
     out: Path = typer.Option(Path("reports"), help="Where index.html and verdict.json go"),
     models: Path = typer.Option(Path("models"), help="Where the variants' quant.json files are"),
-    fail_on: Optional[str] = typer.Option(None, help="Exit 1 when a variant is no-go, or (inconclusive) anything but GO"),
+    fail_on: Optional[str] = typer.Option(None, help="Exit 1 when a variant is no-go; inconclusive: anything but GO; "
+                                          "incomplete: also a GO that rests on fewer suites than the base ran"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Paired statistics, GO / NO-GO / INCONCLUSIVE per variant, and the HTML report."""
     from pipeline import report as report_stage
+    from pipeline.verdict.decision import FAIL_ON, failing
 
-    if fail_on not in (None, "no-go", "inconclusive"):
-        raise UserError(f"--fail-on {fail_on}: use no-go or inconclusive")
+    if fail_on is not None and fail_on not in FAIL_ON:
+        raise UserError(f"--fail-on {fail_on}: use {', '.join(FAIL_ON[:-1])} or {FAIL_ON[-1]}")
     p = load_params(params_file)
     refuse_overlap(out, results_dir=results, models_dir=models, calibration_stats=p.calib.out / "stats.json",
                     params_file=params_file)
     with working():
         result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
     typer.echo(result.summary())
-    failed = report_stage.failing(result.verdict, fail_on)
+    failed = failing(result.verdict, fail_on)
     if failed:
         typer.secho(f"gate: {', '.join(failed)} did not pass --fail-on {fail_on}", fg="red", err=True)
+        for name, why in failed.items():
+            typer.secho(f"  {name}: {why}", fg="red", err=True)
         raise typer.Exit(1)
 
 
@@ -347,7 +351,8 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
         verdict = json.loads(path.read_text(encoding="utf-8"))
         lines = []
         for name, v in verdict["variants"].items():
-            lines.append(f"{name}: {v['decision']}")
+            # the decision and what it rests on (a verdict.json before coverage existed: the decision alone)
+            lines.append(f"{name}: {(v.get('coverage') or {}).get('line') or v['decision']}")
             for suite, s in v["suites"].items():
                 lines.append("  " + (s.get("sentence") or (
                     f"{suite}: base {s['base_score']:.1%} -> {s['variant_score']:.1%} "

@@ -268,7 +268,7 @@ class KlParams(Section):
 
 class VerdictParams(Section):
     confidence: float = Field(0.95, gt=0.5, lt=1)
-    # the paired bootstrap holds iterations x items resampled indices (pipeline/verdict.py)
+    # the paired bootstrap holds iterations x items resampled indices (pipeline/verdict/intervals.py)
     bootstrap: int = Field(2000, ge=100, le=20_000)
     seed: int = Field(0, ge=0, le=SEED_MAX)
     margins: MarginParams = MarginParams()

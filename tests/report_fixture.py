@@ -1,6 +1,7 @@
 """A results/ and models/ tree shaped like the demo's (four perplexity suites that decide, two right/wrong
-suites at the floor, a judge that judged nothing, KL, quant.json with sizes and serving, a bench.json with
-capacity for two models), with hostile text in it: what the report's first-screen tests render."""
+suites at the floor run by the base and AWQ only, VQA not applicable, a judge that judged nothing, KL,
+quant.json with sizes and serving in each of its three states, a bench.json with capacity for two models),
+with hostile text in it: what the report's first-screen tests render."""
 
 from __future__ import annotations
 
@@ -43,11 +44,16 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
                          {"suite": suite, "n": n, "score": 1.0, "seconds": 14.0, "generate_seconds": 6.0})
     for suite, n, model_scores in (("math", 20, {"base": 1, "awq-w4a16": 0}), ("code", 10, {"base": 0, "awq-w4a16": 0})):
         for model, right in model_scores.items():
+            target = (lambda i: f"    if x:\n        return {i}\n") if suite == "code" else str  # code keeps its indent
             lines = [{"id": f"{suite}-{i}", "suite": suite, "variant": model, "prompt": f"question {i} {XSS}",
-                      "target": str(i), "output": f"Answer: {i if i < right else -1} {XSS}", "score": float(i < right),
+                      "target": target(i), "output": f"Answer: {i if i < right else -1} {XSS}", "score": float(i < right),
                       "correct": i < right, "n_tokens": 30, "seconds": 1.5} for i in range(n)]
             _write_lines(results / model / f"{suite}.jsonl", lines,
                          {"suite": suite, "n": n, "score": right / n, "seconds": 40.0, "generate_seconds": 30.0})
+    for model in ("base", *RISES):  # VQA on a text-only model: a summary that says so, and no result lines
+        (results / model / "vqa.json").write_text(json.dumps(
+            {"suite": "vqa", "status": "not applicable", "n": 0, "score": None,
+             "reason": f"LlamaForCausalLM has no vision tower {XSS}"}))
     for model in ("awq-w4a16", "fp8-w8a8"):
         (results / model / "judge.json").write_text(json.dumps(
             {"mode": "pairwise", "judge": f"models/base {XSS}", "weak_judge": True, "n": 0, "wins": 0, "ties": 0,
@@ -55,9 +61,15 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
              "control_win_rate": None, "length_bias": None,
              "seconds": 60.0}))
     sizes = {"awq-w4a16": 112_000_000, "fp8-w8a8": 170_000_000, "rtn-w4a16": 112_000_000}
-    serving = {"hf": {"serves": True, "how": "in-process transformers"},
-               "vllm": {"serves": True, "how": "vllm serve DIR"},
-               "lmdeploy": {"serves": False, "how": f"lmdeploy 0.18 cannot {XSS}"}}
+    # served by: shown (the run), refused (the engine's error), not tried (the command), as engines/support.py says
+    shown = {"serves": True, "status": "shown", "version": "0.24.0", "date": "2026-11-30",
+             "evidence": "benchmarks/results/gpu_vllm_bench.json", "how": "shown on the GPU machine (vllm 0.24.0, 2026-11-30)"}
+    refused = {"serves": False, "status": "cannot", "how": f"lmdeploy 0.18 cannot serve FP8 W8A8: {XSS}; serve it with vLLM"}
+    untried = {"serves": False, "status": "not shown",
+               "how": "not shown: no lmdeploy run of LlamaForCausalLM with w4a16, KV none was recorded; try: "
+                      "quantize export DIR --engine lmdeploy, then lmdeploy serve api_server EXPORT --backend pytorch"}
+    servings = {"awq-w4a16": {"vllm": shown, "lmdeploy": untried}, "fp8-w8a8": {"vllm": shown, "lmdeploy": refused},
+                "rtn-w4a16": {"vllm": shown, "lmdeploy": untried}}
     for i, (model, size) in enumerate(sizes.items()):
         (results / model / "kl.json").write_text(json.dumps(
             {"tokens": 2048, "kl_mean": 0.05 * (i + 1), "kl_p99": 0.5, "kl_max": 1.0, "top1_agreement": 0.86 - 0.1 * i}))
@@ -70,7 +82,8 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
             "quantized_modules": 210, "calibration": {"blocks": 16, "seq_len": 256, "sha256": "0" * 64},
             "seconds": {"total": 100}, "device": "cpu", "peak_rss_bytes": 1 << 30, "ignored": {},
             "verify": {"reloads": True, "sample": "", "vision": {"vision_tensors": 0, "mismatched": []}},
-            "serving": serving}))
+            "serving": {"hf": {"serves": True, "status": "in-process", "how": "in-process transformers"},
+                        **servings[model]}}))
     for model, tpot in (("base", 6.3), ("fp8-w8a8", 4.1)):
         summary = bench_summary(tpot, "vllm")
         if capacity:
@@ -85,7 +98,8 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
         "suites": {"math": {"task": "quant_gsm8k", "models": ["base", "awq-w4a16"]},
                    "code": {"task": "quant_humaneval", "models": ["base", "awq-w4a16"]},
                    "ppl-book": {"task": "quant_ppl_book"}, "ppl-chat": {"task": "quant_ppl_chat"},
-                   "ppl-code": {"task": "quant_ppl_humaneval"}, "ppl-math": {"task": "quant_ppl_gsm8k"}},
+                   "ppl-code": {"task": "quant_ppl_humaneval"}, "ppl-math": {"task": "quant_ppl_gsm8k"},
+                   "vqa": {"task": "quant_vqa"}},
         "verdict": {"margins": {"perplexity": 0.10, "suites": {"math": 0.03, "code": 0.03}}},
     }
     params["suites"]["ppl-chat"]["options"] = {"data": "calib_data/build/holdout.jsonl"}

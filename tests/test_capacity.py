@@ -1,10 +1,10 @@
 """What a variant buys, read from the serving engine's own start-up log (pipeline/engines/capacity.py),
-and the report's one line per variant (pipeline/report/capacity.py)."""
+and the report's one line per variant (pipeline/verdict/speed.py)."""
 
 import pytest
 
 from pipeline.engines.capacity import capacity, parse_vllm_log
-from pipeline.report.capacity import capacity_line
+from pipeline.verdict.speed import capacity_line
 
 # vLLM 0.24's wording (gpu_model_runner / gpu_worker / kv_cache_utils), two ranks under TP 2, after a
 # first start whose figures must not be read (a log appended to by a restart)
@@ -66,8 +66,8 @@ def row(tokens_per_s, goodput=None, kv=None, engine="vllm"):
 
 
 @pytest.mark.parametrize("variant, base, line", [
-    (row(11640, goodput=3000, kv=1_000_000), row(8492, goodput=2000, kv=500_000), "GO, 1.5x tokens/s, 2x KV capacity"),
-    (row(11640, kv=1_000_000), row(8492, kv=500_000), "GO, 1.4x tokens/s, 2x KV capacity"),  # no SLO: peak tokens/s
+    (row(11640, goodput=3000, kv=1_000_000), row(8492, goodput=2000, kv=500_000), "GO, 1.5× tokens/s, 2.0× KV capacity"),
+    (row(11640, kv=1_000_000), row(8492, kv=500_000), "GO, 1.4× tokens/s, 2.0× KV capacity"),  # no SLO: peak tokens/s
     (row(5811, engine="lmdeploy"), row(8492), "GO"),  # benched on another engine: no ratio
 ])
 def test_the_capacity_line(variant, base, line):

@@ -98,8 +98,8 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     assert verdict["variants"]["rtn-w4a16"]["suites"] == {}
     assert json.loads((repo / "models" / "rtn-w4a16" / "quant.json").read_text())["method"] == "rtn"
     html = (repo / "reports" / "index.html").read_text()
-    assert html.count('<tr>\n    <td>awq-w4a16</td><td>math</td>') == 1
-    assert html.count('<tr>\n    <td>fp8-w8a8</td><td>ppl-book</td>') == 1
+    assert html.count('<th scope="row">math</th><td>awq-w4a16</td>') == 1
+    assert html.count('<th scope="row">ppl-book</th><td>fp8-w8a8</td>') == 1
     assert json.loads((repo / "models" / "awq-w4a16" / "quant.json").read_text())["group_size"] == 32
 
     status = sh(["dvc", "status"], repo, env)

@@ -1,4 +1,4 @@
-"""Tango's score interval (pipeline.verdict.tango_interval) against a published worked example,
+"""Tango's score interval (pipeline.verdict.intervals.tango_interval) against a published worked example,
 an independent implementation and closed forms, and its coverage in simulation: >= 500 datasets
 per setting (here 4000), n from 10 to 1319, true changes 0, -margin and -3 x margin, discordance
 rates down to where most small samples have no flip at all. The judge's win rate likewise.
@@ -10,7 +10,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from pipeline import verdict
+from pipeline.verdict import intervals, judge as judge_rule
 
 Z95 = NormalDist().inv_cdf(0.975)
 
@@ -19,11 +19,11 @@ def test_no_flip_interval_matches_its_closed_form():
     """With no discordant pair the score equation solves by hand: uncorrected |d| = z^2 / (n + z^2);
     corrected (n|d| - 1)^2 = z^2 n|d| (1 - |d|), a quadratic in u = n|d|."""
     for n in (1, 4, 10, 37, 100, 1319):
-        low, high = verdict.tango_interval(0, 0, n, correction=0)
+        low, high = intervals.tango_interval(0, 0, n, correction=0)
         assert high == pytest.approx(Z95 ** 2 / (n + Z95 ** 2), abs=1e-12) and low == pytest.approx(-high, abs=1e-12)
         a, b = 1 + Z95 ** 2 / n, 2 + Z95 ** 2
         u = (b + math.sqrt(b * b - 4 * a)) / (2 * a)
-        low, high = verdict.tango_interval(0, 0, n)
+        low, high = intervals.tango_interval(0, 0, n)
         assert high == pytest.approx(min(u / n, 1.0), abs=1e-9) and low == pytest.approx(-high, abs=1e-9)
 
 
@@ -31,8 +31,8 @@ def test_score_at_no_change_is_mcnemars_statistic():
     """At d = 0 Tango's score is McNemar's z; with the continuity correction, the corrected one."""
     for improved, worsened in [(1, 7), (12, 9), (0, 5), (30, 0), (44, 61)]:
         n = 200
-        plain = verdict.tango_score(improved, worsened, n, 0.0, correction=0)
-        corrected = verdict.tango_score(improved, worsened, n, 0.0)
+        plain = intervals.tango_score(improved, worsened, n, 0.0, correction=0)
+        corrected = intervals.tango_score(improved, worsened, n, 0.0)
         assert plain ** 2 == pytest.approx((improved - worsened) ** 2 / (improved + worsened))
         assert corrected ** 2 == pytest.approx((abs(improved - worsened) - 1) ** 2 / (improved + worsened))
         try:
@@ -74,8 +74,8 @@ def _independent_tango(improved: int, worsened: int, n: int, correction: float) 
 @pytest.mark.parametrize("improved,worsened,n", [(1, 7, 21), (9, 12, 1319), (0, 4, 10), (3, 0, 50), (40, 20, 160),
                                                  (6, 16, 161), (2, 2, 30)])
 def test_matches_an_independent_implementation(improved, worsened, n):
-    for correction in (0.0, verdict.CONTINUITY):
-        ours = verdict.tango_interval(improved, worsened, n, correction=correction)
+    for correction in (0.0, intervals.CONTINUITY):
+        ours = intervals.tango_interval(improved, worsened, n, correction=correction)
         assert ours == pytest.approx(_independent_tango(improved, worsened, n, correction), abs=2e-5)
 
 
@@ -87,7 +87,7 @@ def test_published_worked_example_through_the_same_score():
     b, c, n = 1.0, 7.0, 21.0  # change p1 - p2 = (b - c) / n: b plays "improved", c "worsened"
 
     def scas(change: float) -> float:
-        down = float(verdict._restricted_worsened_rate(b, c, n, change))
+        down = float(intervals._restricted_worsened_rate(b, c, n, change))
         up, same = down + change, 1 - 2 * down - change
         variance = (up + down - change ** 2) / n * n / (n - 1)
         third = (up * (1 - change) ** 3 + same * (-change) ** 3 + down * (-1 - change) ** 3) / n ** 2
@@ -101,7 +101,7 @@ def test_published_worked_example_through_the_same_score():
     high = brentq(lambda d: scas(d) + Z95, -6 / 21, 0.99)
     assert (round(low, 4), round(high, 4)) == (-0.5281, -0.0184)
     # and ours, uncorrected, is the plain Tango interval on the same data
-    assert verdict.tango_interval(1, 7, 21, correction=0) == pytest.approx(_independent_tango(1, 7, 21, 0.0), abs=1e-6)
+    assert intervals.tango_interval(1, 7, 21, correction=0) == pytest.approx(_independent_tango(1, 7, 21, 0.0), abs=1e-6)
 
 
 # ---------------------------------------------------------------- coverage in simulation
@@ -134,7 +134,7 @@ def test_coverage_holds_at_every_n_including_zero_flip_samples():
         x, y = _simulate(rng, n, p_down + change, p_down, DATASETS)
         xs.append(x), ys.append(y), ns.append(np.full(DATASETS, n)), truths.append(np.full(DATASETS, change))
     x, y, n, truth = map(np.concatenate, (xs, ys, ns, truths))
-    low, high = verdict.tango_interval(x, y, n)  # all settings in one vectorised call
+    low, high = intervals.tango_interval(x, y, n)  # all settings in one vectorised call
     covered = ((low <= truth + 1e-12) & (truth - 1e-12 <= high)).reshape(len(settings), DATASETS).mean(axis=1)
     report = {s: round(float(c), 4) for s, c in zip(settings, covered)}
     assert min(covered) >= 0.94, report
@@ -149,7 +149,7 @@ def test_false_go_is_rare_when_the_true_drop_equals_the_margin():
         for discordance in (0.03, 0.1, 0.3):
             p_down = (discordance + MARGIN) / 2
             x, y = _simulate(rng, n, p_down - MARGIN, p_down, DATASETS)
-            low, _ = verdict.tango_interval(x, y, n)
+            low, _ = intervals.tango_interval(x, y, n)
             assert (low > -MARGIN).mean() <= 0.03, (n, discordance)  # one side of a 95 % interval: 2.5 %
 
 
@@ -160,10 +160,10 @@ def test_judge_win_rate_interval_covers_from_4_to_200_pairs():
     for n in (4, 6, 10, 30, 100, 200):
         for win, tie, loss in rates:
             counts = rng.multinomial(n, [win, tie, loss], size=DATASETS)
-            low, high = verdict.tango_interval(counts[:, 0], counts[:, 2], n)
+            low, high = intervals.tango_interval(counts[:, 0], counts[:, 2], n)
             truth = win + tie / 2
             covered = ((0.5 + low / 2 <= truth + 1e-12) & (truth - 1e-12 <= 0.5 + high / 2)).mean()
             worst[(n, win, tie, loss)] = covered
     assert min(worst.values()) >= 0.94, worst
-    one = verdict.win_rate(["win", "tie", "loss", "tie"])
-    assert one["ci_method"] == verdict.WIN_RATE_INTERVAL and 0 <= one["ci_low"] < 0.5 < one["ci_high"] <= 1
+    one = judge_rule.win_rate(["win", "tie", "loss", "tie"])
+    assert one["ci_method"] == judge_rule.WIN_RATE_INTERVAL and 0 <= one["ci_low"] < 0.5 < one["ci_high"] <= 1

@@ -7,7 +7,8 @@ import pytest
 
 from chat_server import ChatServer
 from conftest import read_jsonl
-from pipeline import judge, verdict
+from pipeline import judge
+from pipeline.verdict import intervals, judge as judge_rule
 from pipeline.judge import client, prompts, scoring
 from pipeline.engines import GenRequest
 from pipeline.engines.openai import OpenAIEngine
@@ -55,39 +56,39 @@ def test_orders_map_to_the_variants_side_and_disagreement_is_a_tie():
 
 def test_win_rate_counts_ties_as_half_and_brackets_it():
     outcomes = ["win"] * 30 + ["tie"] * 20 + ["loss"] * 10 + ["unjudged"] * 5
-    s = verdict.win_rate(outcomes)
+    s = judge_rule.win_rate(outcomes)
     assert (s["n"], s["wins"], s["ties"], s["losses"], s["unjudged"]) == (60, 30, 20, 10, 5)
     assert s["win_rate"] == pytest.approx((30 + 10) / 60)
     assert s["ci_low"] < s["win_rate"] < s["ci_high"]
     assert 0.55 < s["ci_low"] and s["ci_high"] < 0.78  # SE of the mean is about 0.05 here
     # the interval is Tango's on wins against losses, mapped onto the win-rate scale
-    low, high = verdict.tango_interval(30, 10, 60)
+    low, high = intervals.tango_interval(30, 10, 60)
     assert (s["ci_low"], s["ci_high"]) == pytest.approx((0.5 + low / 2, 0.5 + high / 2))
-    assert verdict.win_rate(["unjudged"])["win_rate"] is None
+    assert judge_rule.win_rate(["unjudged"])["win_rate"] is None
 
 
 def test_four_ties_are_not_evidence_and_the_sentence_says_how_many_pairs_a_go_needs():
-    s = {**verdict.win_rate(["tie"] * 4), "mode": "pairwise", "consistency": 1.0, "confidence": 0.95}
+    s = {**judge_rule.win_rate(["tie"] * 4), "mode": "pairwise", "consistency": 1.0, "confidence": 0.95}
     assert s["ci_low"] < 0.2 and s["ci_high"] > 0.8  # a bootstrap gave [0.5, 0.5] here
-    decision = verdict.decide_judge(s, 0.05, 0.6)
-    assert decision == "INCONCLUSIVE" and verdict.min_judged_pairs_for_go(0.05) == 53
-    sentence = verdict.judge_sentence(s, decision, 0.05, 0.6)
+    decision = judge_rule.decide_judge(s, 0.05, 0.6)
+    assert decision == "INCONCLUSIVE" and judge_rule.min_judged_pairs_for_go(0.05) == 53
+    sentence = judge_rule.judge_sentence(s, decision, 0.05, 0.6)
     assert sentence.startswith("judge: INCONCLUSIVE: of 4 judged pairs the judge preferred the variant in 0")
-    assert "[0.150, 0.850]" in sentence and "0.450 (0.5 - margin 0.05)" in sentence
+    assert "[15.0%, 85.0%]" in sentence and "45.0% (50% - margin 5.0%)" in sentence
     assert "below 53 judged pairs not even all ties could show a GO" in sentence
-    assert any("a GO needs at least 53 judged pairs" in r for r in verdict.explain_judge(s, decision, 0.05, 0.6))
+    assert any("a GO needs at least 53 judged pairs" in r for r in judge_rule.explain_judge(s, decision, 0.05, 0.6))
 
 
 def test_decision_against_half_minus_margin_and_unreliable_judge():
     base = {"mode": "pairwise", "n": 50, "consistency": 0.9}
-    assert verdict.decide_judge({**base, "ci_low": 0.47, "ci_high": 0.6}, 0.05, 0.6) == "GO"
-    assert verdict.decide_judge({**base, "ci_low": 0.3, "ci_high": 0.44}, 0.05, 0.6) == "NO-GO"
-    assert verdict.decide_judge({**base, "ci_low": 0.40, "ci_high": 0.55}, 0.05, 0.6) == "INCONCLUSIVE"
+    assert judge_rule.decide_judge({**base, "ci_low": 0.47, "ci_high": 0.6}, 0.05, 0.6) == "GO"
+    assert judge_rule.decide_judge({**base, "ci_low": 0.3, "ci_high": 0.44}, 0.05, 0.6) == "NO-GO"
+    assert judge_rule.decide_judge({**base, "ci_low": 0.40, "ci_high": 0.55}, 0.05, 0.6) == "INCONCLUSIVE"
     low_consistency = {**base, "consistency": 0.5, "ci_low": 0.47, "ci_high": 0.6}
-    assert verdict.decide_judge(low_consistency, 0.05, 0.6) == "UNRELIABLE"
-    reasons = verdict.explain_judge(low_consistency, "UNRELIABLE", 0.05, 0.6)
-    assert "unreliable" in reasons[0] and "50%" in reasons[0]
-    assert verdict.decide_judge({**base, "n": 0}, 0.05, 0.6) == "INCONCLUSIVE"
+    assert judge_rule.decide_judge(low_consistency, 0.05, 0.6) == "UNRELIABLE"
+    reasons = judge_rule.explain_judge(low_consistency, "UNRELIABLE", 0.05, 0.6)
+    assert "unreliable" in reasons[0] and "50.0%" in reasons[0]
+    assert judge_rule.decide_judge({**base, "n": 0}, 0.05, 0.6) == "INCONCLUSIVE"
 
 
 def test_length_bias_is_the_correlation_with_length_difference():

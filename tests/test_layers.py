@@ -5,7 +5,7 @@ bottom to top (README, "Architecture"):
 
     foundation  errors, outputs, safe_yaml, console
     formats     pipeline.formats.*            (one reader/writer per file format, the chat renderer)
-    libraries   params, verdict, sandbox, bwrap, long_context, likelihood, eval_cache, checkpoints.* (but resave),
+    libraries   params, verdict.* (every decision rule), sandbox, bwrap, long_context, likelihood, eval_cache, checkpoints.* (but resave),
                 engines.*, quantize.* (but the awq / fp8 / rtn stages)
     stages      calib, checkpoints.resave, quantize.awq / fp8 / rtn, evaluate, kl, judge, bench, report
     cli         pipeline.cli, pipeline.cli_* (its commands and what they share)
@@ -137,6 +137,20 @@ def test_no_layer_imports_one_above_it():
              for name, targets in graph().items() for target in sorted(targets)
              if layer_of(target) > layer_of(name) and not stage_of(name)]
     assert wrong == []
+
+
+def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
+    """Every decision rule lives in pipeline/verdict/, which opens no file (the report hands it the evidence);
+    the report stage takes the decision from pipeline.verdict.decision, its number formats from figures, and
+    computes no statistic itself."""
+    edges = graph()
+    from_report = {target for name, targets in edges.items() if stage_of(name) == "report"
+                   for target in targets if target.startswith("pipeline.verdict")}
+    assert from_report == {"pipeline.verdict.decision", "pipeline.verdict.figures"}
+    outside = {f"{name} imports {target}" for name, targets in edges.items() if name.startswith("pipeline.verdict")
+               for target in targets if not target.startswith("pipeline.verdict") and target != "pipeline.params"}
+    assert outside == set()
+    assert not (PACKAGE / "verdict.py").exists() and not list(PACKAGE.glob("verdict_*.py"))
 
 
 @pytest.mark.parametrize("bad, expected", [

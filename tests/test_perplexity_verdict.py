@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import TINY_PARAMS
-from pipeline import report, verdict
+from pipeline import report
+from pipeline.verdict import intervals, perplexity as perplexity_verdict
 from pipeline.params import Params
 
 
@@ -38,9 +39,9 @@ def test_interval_equals_statsmodels_wls_with_hc2_errors():
     rng = np.random.default_rng(3)
     base, var, tokens = simulated(rng, 17, rise=0.04)
     deltas = base - var
-    estimate, low, high = verdict.ratio_interval(deltas, tokens.astype(float), 0.95)
+    estimate, low, high = perplexity_verdict.ratio_interval(deltas, tokens.astype(float), 0.95)
     fit = sm.WLS(deltas, tokens.astype(float)[:, None], weights=1 / tokens).fit(cov_type="HC2")
-    t = scipy_stats.t.ppf(0.975, verdict.bell_mccaffrey_df(tokens))
+    t = scipy_stats.t.ppf(0.975, perplexity_verdict.bell_mccaffrey_df(tokens))
     assert estimate == pytest.approx(fit.params[0], rel=1e-12)
     se = fit.bse[0]
     assert (low, high) == (pytest.approx(fit.params[0] - t * se, rel=1e-9), pytest.approx(fit.params[0] + t * se, rel=1e-9))
@@ -63,9 +64,9 @@ def _dense_bell_mccaffrey(tokens):
 @pytest.mark.parametrize("m", [2, 3, 5, 17, 120])
 def test_bell_mccaffrey_degrees_of_freedom_closed_form_equals_the_eigenvalues(m):
     tokens = np.random.default_rng(m).integers(10, 900, size=m)
-    assert verdict.bell_mccaffrey_df(tokens) == pytest.approx(_dense_bell_mccaffrey(tokens), rel=1e-9)
-    assert verdict.bell_mccaffrey_df(np.full(m, 300)) == pytest.approx(m - 1, rel=1e-9)  # equal documents
-    assert verdict.bell_mccaffrey_df(tokens) <= m - 1 + 1e-9
+    assert perplexity_verdict.bell_mccaffrey_df(tokens) == pytest.approx(_dense_bell_mccaffrey(tokens), rel=1e-9)
+    assert perplexity_verdict.bell_mccaffrey_df(np.full(m, 300)) == pytest.approx(m - 1, rel=1e-9)  # equal documents
+    assert perplexity_verdict.bell_mccaffrey_df(tokens) <= m - 1 + 1e-9
 
 
 @pytest.mark.parametrize("m", [5, 12, 40])
@@ -76,7 +77,7 @@ def test_interval_covers_the_true_change_in_simulation(m):
     runs = 1000
     for _ in range(runs):
         base, var, tokens = simulated(rng, m, rise=0.05)
-        _, low, high = verdict.ratio_interval(base - var, tokens.astype(float), 0.95)
+        _, low, high = perplexity_verdict.ratio_interval(base - var, tokens.astype(float), 0.95)
         covered += low <= truth <= high
     print(f"coverage at {m} documents: {covered / runs:.3f}")
     assert covered / runs >= 0.935  # 1000 runs: Monte Carlo error ~0.007; the benchmark measures >= 0.945
@@ -85,29 +86,29 @@ def test_interval_covers_the_true_change_in_simulation(m):
 def test_decisions_against_the_margin():
     rng = np.random.default_rng(0)
     base, same, tokens = simulated(rng, 30, rise=0.0, spread=0.005, noise=0.1)
-    go = verdict.compare_perplexity(documents(base, tokens), documents(same, tokens), variant="v", suite="ppl-book",
+    go = perplexity_verdict.compare_perplexity(documents(base, tokens), documents(same, tokens), variant="v", suite="ppl-book",
                                     margin=0.05)
-    assert go.decision == verdict.GO and go.ci_high < 0.05 and go.counted
+    assert go.decision == intervals.GO and go.ci_high < 0.05 and go.counted
     base, worse, tokens = simulated(rng, 30, rise=0.20, spread=0.005, noise=0.1)
-    nogo = verdict.compare_perplexity(documents(base, tokens), documents(worse, tokens), variant="v",
+    nogo = perplexity_verdict.compare_perplexity(documents(base, tokens), documents(worse, tokens), variant="v",
                                       suite="ppl-book", margin=0.05)
-    assert nogo.decision == verdict.NO_GO and nogo.ci_low > 0.05
+    assert nogo.decision == intervals.NO_GO and nogo.ci_low > 0.05
     assert nogo.change == pytest.approx(nogo.variant_ppl / nogo.base_ppl - 1)
     assert nogo.worse_documents == 30 and "lies above +5.0%" in " ".join(nogo.reasons)
     base, near, tokens = simulated(rng, 4, rise=0.05, spread=0.05)
-    open_ = verdict.compare_perplexity(documents(base, tokens), documents(near, tokens), variant="v",
+    open_ = perplexity_verdict.compare_perplexity(documents(base, tokens), documents(near, tokens), variant="v",
                                        suite="ppl-book", margin=0.05)
-    assert open_.decision == verdict.INCONCLUSIVE and open_.documents_to_settle > 4
-    one = verdict.compare_perplexity(documents(base[:1], tokens[:1]), documents(near[:1], tokens[:1]), variant="v",
+    assert open_.decision == intervals.INCONCLUSIVE and open_.documents_to_settle > 4
+    one = perplexity_verdict.compare_perplexity(documents(base[:1], tokens[:1]), documents(near[:1], tokens[:1]), variant="v",
                                      suite="ppl-book", margin=0.05)
-    assert one.decision == verdict.INCONCLUSIVE and not one.counted
+    assert one.decision == intervals.INCONCLUSIVE and not one.counted
 
 
 def test_documents_of_other_lengths_or_one_model_only_are_left_out():
     base = documents([-300.0, -310.0, -290.0, -305.0], [100, 100, 100, 100])
     var = documents([-303.0, -313.0, -293.0, -308.0], [100, 101, 100, 100])
     del var["doc3"]
-    v = verdict.compare_perplexity(base, var, variant="v", suite="ppl-book", margin=0.05)
+    v = perplexity_verdict.compare_perplexity(base, var, variant="v", suite="ppl-book", margin=0.05)
     assert v.n == 2 and v.tokens == 200
     assert any("different lengths" in r for r in v.reasons) and any("only one model" in r for r in v.reasons)
 
@@ -149,7 +150,7 @@ def test_report_counts_perplexity_suites_and_compares_awq_with_rtn(tmp_path):
     html = out.html.read_text()
     assert 'id="perplexity-table"' in html and 'id="awq-rtn-table"' in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # document text escaped
-    assert html.count("<td>fp8-w8a8</td><td>ppl-book</td>") == 1
+    assert html.count('<th scope="row">ppl-book</th><td>fp8-w8a8</td>') == 1
 
 
 def test_show_verdict_prints_perplexity_suites(tmp_path):

@@ -6,6 +6,8 @@ import pytest
 from conftest import TINY_PARAMS, with_variants, write_params
 from pipeline import report
 from pipeline.params import Params
+from pipeline.verdict.decision import failing
+from pipeline.verdict.speed import capacity_figures
 
 XSS = ['<script>alert(1)</script>', '<img src=x onerror=alert(1)>', '<a href="javascript:alert(1)">x</a>', '<div><b>unclosed']
 
@@ -47,11 +49,11 @@ def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
     # the first screen's matrix: a counted right/wrong suite in points, coloured by its decision
     assert '<td class="cell go" id="cell-copy-math" data-decision="GO"' in html
     assert '<td class="cell nogo" id="cell-broken-math" data-decision="NO-GO"' in html
-    assert "-60.0 pts [" in html and "/ −3.0 pts · NO-GO</text>" in html  # broken: 120 of 200 right -> 0
+    assert "-60.00 pts [" in html and "/ -3.00 pts · NO-GO</text>" in html  # broken: 120 of 200 right -> 0
     assert copy_math["sentence"] in unescape(html) and 'id="interval-method"' in html
     assert len(html) < 2_000_000  # the 1 MB output is clipped on the page (whole in the JSONL)
-    assert report.failing(verdict, "no-go") == ["broken"]
-    assert report.failing(verdict, None) == []
+    assert failing(verdict, "no-go") == {"broken": "NO-GO"}
+    assert failing(verdict, None) == {}
 
 
 def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
@@ -68,7 +70,8 @@ def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
     gated = runner.invoke(app, ["report", "--fail-on", "no-go"])
     assert gated.exit_code == 1 and "bad did not pass --fail-on no-go" in gated.output
     shown = runner.invoke(app, ["show-verdict"])  # what `make demo` prints last: the decision sentences
-    assert shown.exit_code == 0 and "bad: NO-GO\n  math: NO-GO: on 100 paired items the variant turned 50" in shown.output
+    assert shown.exit_code == 0 and shown.output.startswith("bad: NO-GO on 1 accuracy suite; ")  # and what it rests on
+    assert "\n  math: NO-GO: on 100 paired items the variant turned 50" in shown.output
 
 
 def judge_summary(**overrides):
@@ -97,10 +100,10 @@ def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
     assert 'id="judge-table"' in html and "the judge is unreliable" in html
     assert '<td class="cell nogo" id="cell-loses-judge-judge" data-decision="NO-GO"' in html  # a counted judge
     assert 'id="cell-shaky-judge-judge" data-decision=""' in html  # its column, but this judge is not counted
-    assert "win 0.25 [0.17, 0.33] / ≥ 0.45 · NO-GO</text>" in html
+    assert "win 25.0% [17.0%, 33.0%] / ≥ 45.0% · NO-GO</text>" in html
     sentence = verdict["variants"]["loses-judge"]["judge"]["sentence"]
     assert sentence.startswith("judge: NO-GO: of 40 judged pairs the judge preferred the variant in 5, the base in 25")
-    assert "entirely below 0.450 (0.5 - margin 0.05)" in sentence and sentence in unescape(html)
+    assert "entirely below 45.0% (50% - margin 5.0%)" in sentence and sentence in unescape(html)
     assert verdict["variants"]["shaky-judge"]["judge"]["sentence"].startswith("judge: UNRELIABLE (not counted)")
 
 
@@ -128,10 +131,11 @@ def test_long_context_accuracy_by_length_and_skipped_lengths(tmp_path):
           "by_length_and_depth": {"1024": {"d0": {"n": 4, "score": 0.75}, "d50": {"n": 4, "score": 0.5}}},
           "by_kind": {}}
     (results / "base" / "long_context.json").write_text(json.dumps({"long_context": lc}))
-    report.run(results, tmp_path / "reports", Params.model_validate(TINY_PARAMS), models_dir=tmp_path / "models")
+    report.run(results, tmp_path / "reports", Params.model_validate(with_variants(TINY_PARAMS, "v")),
+               models_dir=tmp_path / "models")
     html = (tmp_path / "reports" / "index.html").read_text()
     assert 'id="long-context-table"' in html
-    assert "75.0% (4)" in html and "50.0% (4)" in html and "depth 50 %" in html
+    assert "75.0% (4)" in html and "50.0% (4)" in html and "depth 50%" in html
     assert "skipped: beyond the model&#39;s context: needs ~4364 tokens, has 2048" in html
 
 
@@ -211,10 +215,10 @@ def test_each_inconclusive_says_what_to_run_and_about_how_long(tmp_path):
 
 
 def test_capacity_from_bench_json_is_read_when_numeric_and_left_out_otherwise():
-    assert report._capacity({"kv_cache_tokens": 1000, "weight_bytes": 5, "goodput_tok_s_per_gpu": "fast",
+    assert capacity_figures({"kv_cache_tokens": 1000, "weight_bytes": 5, "goodput_tok_s_per_gpu": "fast",
                              "max_context_batch1": float("nan"), "slo": {"ttft_ms": 200}}) == \
         {"kv_cache_tokens": 1000, "weight_bytes": 5, "slo": {"ttft_ms": 200}}
-    assert report._capacity(None) is None and report._capacity({"kv_cache_tokens": True}) is None
+    assert capacity_figures(None) is None and capacity_figures({"kv_cache_tokens": True}) is None
 
 
 def test_a_zero_margin_still_draws(tmp_path):
@@ -225,4 +229,4 @@ def test_a_zero_margin_still_draws(tmp_path):
     settings["verdict"]["margins"]["suites"] = {"math": 0.0}
     out = report.run(results, tmp_path / "reports", Params.model_validate(settings), models_dir=tmp_path / "models")
     assert out.verdict["variants"]["v"]["suites"]["math"]["decision"] == "INCONCLUSIVE"
-    assert "/ −0.0 pts · INCONCLUSIVE</text>" in out.html.read_text()
+    assert "/ -0.00 pts · INCONCLUSIVE</text>" in out.html.read_text()

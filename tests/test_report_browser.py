@@ -53,10 +53,36 @@ def _inside(box, width=1280, height=800) -> bool:
         and box["y"] + box["height"] <= height + 0.5
 
 
-def test_first_screen_holds_each_decision_the_matrix_and_the_forest_plot(tmp_path):
-    """At 1280 x 800, without scrolling: per variant its decision, why, a cell per counted suite (change and
-    decision in colour, as in verdict.json), size, KL / top-1, where it is served, speed and capacity, and
-    the forest plot of every counted suite; the method is stated once, the full sentences are further down."""
+A4_CONTENT_PX = round((210 - 2 * 12) / 25.4 * 96)  # A4 less the print stylesheet's 12 mm margins, in CSS pixels
+# every element whose right edge passes the page's width: what a reader would have to scroll to, or a printer clip
+OVERFLOWING = """(width) => [...document.querySelectorAll('body *')].filter(e => {
+    const box = e.getBoundingClientRect();
+    return (box.width || box.height) && getComputedStyle(e).display !== 'none' && box.right > width + 1
+        && !(e.closest('.scroll') && getComputedStyle(e.closest('.scroll')).overflowX !== 'visible');
+  }).map(e => `${e.tagName}#${e.id}.${e.getAttribute('class')}`).slice(0, 5)"""
+
+
+def _open(browser, html, width, height, media="screen"):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.emulate_media(media=media)
+    errors, requests, dialogs = [], [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(html.as_uri())
+    page.wait_for_load_state("networkidle")
+    assert errors == [] and dialogs == [] and requests == [html.as_uri()]
+    return page
+
+
+def test_first_screen_reads_on_a_laptop_a_phone_and_a4_paper(tmp_path):
+    """At 1280 x 800, without scrolling: per variant its decision, what it rests on (coverage), a cell per counted
+    suite (change, interval, recovery; decision in colour, as in verdict.json), size, KL / top-1, served by in its
+    three states, speed and capacity or the command that measures them, and the forest plot of every counted suite;
+    the method stated once. At 390 x 844 (a phone) and printed on A4 nothing passes the page's width, the narrow
+    forest replaces the wide one on the phone; every table has a caption and header cells, the contents link to
+    every variant and suite, model-written code keeps its indentation."""
     import json
 
     from playwright.sync_api import sync_playwright
@@ -68,57 +94,107 @@ def test_first_screen_holds_each_decision_the_matrix_and_the_forest_plot(tmp_pat
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        errors, requests, dialogs = [], [], []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("request", lambda r: requests.append(r.url))
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-        page.goto(html.as_uri())
-        page.wait_for_load_state("networkidle")
-        assert errors == [] and dialogs == [] and requests == [html.as_uri()]
+        page = _open(browser, html, 1280, 800)
         assert page.evaluate("document.documentElement.scrollWidth") <= 1280  # no sideways scrolling
-        for selector in ("h1", "#method", "#summary", "#forest", "#not-counted"):
+        assert page.evaluate(OVERFLOWING, 1280) == []
+        for selector in ("h1", "#toc", "#method", "#summary", "#forest", "#not-counted"):
             assert _inside(page.locator(selector).bounding_box()), selector
         colours = {}
         for name, v in verdict["variants"].items():
             assert page.locator(f"#decision-{name}").inner_text() == v["decision"]
-            row = page.locator(f"#row-{name}")
-            assert _inside(row.bounding_box()), name
-            text = row.inner_text()
-            assert v["why"] in " ".join(text.split()) and "not measured" not in text.split("\n")[-3]  # KL shown
+            rests = page.locator(f"#coverage-{name}")
+            assert _inside(rests.bounding_box()) and rests.inner_text() == v["coverage"]["line"], name
+            card = page.locator(f"#variant-{name}")
+            assert _inside(card.bounding_box()), name
+            text = " ".join(card.inner_text().split())
+            assert v["why"] in text and "of base" in text and "top-1" in text  # size and KL beside the variant
             for suite, s in v["perplexity"].items():
                 cell = page.locator(f"#cell-{name}-{suite}")
                 assert _inside(cell.bounding_box()), (name, suite)
                 assert cell.get_attribute("data-decision") == s["decision"]
-                assert cell.inner_text().split("\n")[0] == f"{s['change'] * 100:+.1f}%"
+                assert cell.inner_text().split("\n") == [f"{s['change'] * 100:+.1f}%",
+                                                         f"[{s['ci_low'] * 100:+.1f}%, {s['ci_high'] * 100:+.1f}%]",
+                                                         f"recovery {s['recovery'] * 100:.1f}%"]
                 colours.setdefault(s["decision"], set()).add(
                     cell.evaluate("c => getComputedStyle(c).backgroundColor"))
-            assert "%" in text and ("of base" in text)  # size on disk beside the variant
         assert all(len(c) == 1 for c in colours.values()) and len({*colours["GO"], *colours["NO-GO"],
                                                                    *colours["INCONCLUSIVE"]}) == 3
+        fp8 = verdict["variants"]["fp8-w8a8"]["coverage"]["line"]
+        assert fp8.startswith("GO on 4 perplexity suites; math, code not run;") and "vqa not applicable" in fp8
         # math and code sit at the floor: no column, named as not counted
         assert page.locator("#cell-awq-w4a16-math").count() == 0
         assert "math (base at the floor or ceiling)" in page.locator("#not-counted").inner_text()
-        # speed and capacity where bench.json has them, "not measured" where not
+        # speed and capacity where bench.json has them, the command that measures them where not
         assert "244 tok/s at batch 1" in page.locator("#row-fp8-w8a8").inner_text()
         assert "KV cache 900k tokens" in page.locator("#row-fp8-w8a8").inner_text()
-        assert "not measured" in page.locator("#row-rtn-w4a16 td.speed").inner_text()
-        assert page.locator("#row-fp8-w8a8 .serve-no").inner_text() == "lmdeploy"
+        assert page.locator("#row-rtn-w4a16 .speed-command").all_inner_texts() == ["quantize bench models/rtn-w4a16"]
+        # served by: shown, refused and not tried, each with its run, its error or the command (as a tooltip here)
+        served = page.locator("#row-fp8-w8a8 td.served .serve")
+        assert served.all_inner_texts() == ["vllm: shown", "lmdeploy: refused"]
+        assert "benchmarks/results/gpu_vllm_bench.json" in served.first.get_attribute("title")
+        assert served.last.get_attribute("title").startswith("lmdeploy 0.18 cannot serve FP8 W8A8: <script>")
+        untried = page.locator("#row-rtn-w4a16 td.served .serve").last
+        assert untried.inner_text() == "lmdeploy: not tried"
+        assert untried.get_attribute("title").startswith("quantize export models/rtn-w4a16 --engine lmdeploy")
         # the forest: one row per counted suite of every variant, labelled in the suite's own unit
         forest = page.locator("#forest text").all_text_contents()
         assert sum(" · ppl-" in t for t in forest) == 12
         awq_chat = verdict["variants"]["awq-w4a16"]["perplexity"]["ppl-chat"]
-        assert f"{awq_chat['change'] * 100:+.1f}% [{awq_chat['ci_low'] * 100:+.1f}, {awq_chat['ci_high'] * 100:+.1f}]% " \
-               f"/ +10% · INCONCLUSIVE" in forest
+        assert f"{awq_chat['change'] * 100:+.1f}% [{awq_chat['ci_low'] * 100:+.1f}%, {awq_chat['ci_high'] * 100:+.1f}%] " \
+               f"/ +10.0% · INCONCLUSIVE" in forest
         # what to run next, on the first screen, from verdict.json
         [step] = [s for s in verdict["variants"]["awq-w4a16"]["next_steps"] if s["counted"]]
-        assert f"run {step['needed']} documents" in page.locator("#row-awq-w4a16 .next-step").inner_text()
+        assert f"run {step['needed']} documents" in page.locator("#variant-awq-w4a16 .next-step").inner_text()
         # the method once on the first screen; each decision's full sentence further down
-        first = " ".join(page.locator(sel).inner_text() for sel in ("#summary", "#not-counted"))
-        assert "Bell-McCaffrey" in page.locator("#method").inner_text() and "Bell-McCaffrey" not in first
+        assert "Bell-McCaffrey" in page.locator("#method").inner_text()
+        assert "Bell-McCaffrey" not in page.locator("#summary").inner_text()
         sentence = page.locator("#detail-fp8-w8a8 li.sentence").first
         assert sentence.inner_text().startswith("ppl-book: GO: on 8 paired documents")
         assert sentence.bounding_box()["y"] > 800
-        page.screenshot(path=str(tmp_path / "first-screen.png"))
+        # every table captioned and with header cells; every link of the contents lands on something
+        tables = page.evaluate("[...document.querySelectorAll('table')].map(t => [t.caption ? t.caption.textContent.trim()"
+                               " : '', t.querySelectorAll('th').length])")
+        assert len(tables) > 15 and all(caption and headers for caption, headers in tables), tables
+        links = page.evaluate("[...document.querySelectorAll('nav a')].map(a => a.getAttribute('href').slice(1))")
+        assert {f"detail-{name}" for name in verdict["variants"]} | {f"suite-{s}" for s in ("math", "ppl-chat", "vqa",
+                                                                                           "long_context", "judge")} <= set(links)
+        assert page.evaluate("(ids) => ids.filter(id => !document.getElementById(id))", links) == []
+        # model-written code and targets keep their indentation
+        page.locator("summary", has_text="code: 10 items").click()
+        target = page.locator("table.items pre.target").first
+        assert target.inner_text() == "    if x:\n        return 0\n" and target.evaluate(
+            "e => getComputedStyle(e).whiteSpace") == "pre-wrap"
+        page.screenshot(path=str(tmp_path / "first-screen-1280x800.png"))
+
+        # the demo's case: no bench.json at all, so each row names its bench command and the column the base's
+        for bench in results.glob("*/bench.json"):
+            bench.unlink()
+        bare = report.run(results, tmp_path / "bare", Params.model_validate(params), models_dir=models).html
+        laptop = _open(browser, bare, 1280, 800)
+        for selector in ("#summary", "#forest", "#not-counted", "#col-speed"):
+            assert _inside(laptop.locator(selector).bounding_box()), selector
+        assert laptop.locator("#col-speed code").inner_text() == "quantize bench models/base"
+        for name in verdict["variants"]:
+            command = laptop.locator(f"#row-{name} .speed-command")
+            assert command.inner_text() == f"quantize bench models/{name}" and _inside(command.bounding_box())
+
+        phone = _open(browser, html, 390, 844)
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+        assert phone.evaluate(OVERFLOWING, 390) == []
+        assert phone.locator("#forest").is_hidden() and phone.locator("#forest-narrow").is_visible()
+        assert phone.locator("#forest-narrow").bounding_box()["width"] <= 390
+        for name, v in verdict["variants"].items():  # each variant a card as wide as the screen
+            assert phone.locator(f"#decision-{name}").is_visible()
+            assert phone.locator(f"#variant-{name}").bounding_box()["width"] <= 390
+        phone.screenshot(path=str(tmp_path / "first-screen-390x844.png"))
+
+        paper = _open(browser, html, A4_CONTENT_PX, 1000, media="print")
+        assert paper.evaluate("document.documentElement.scrollWidth") <= A4_CONTENT_PX
+        assert paper.evaluate(OVERFLOWING, A4_CONTENT_PX) == []  # nothing clipped at the page's edge
+        assert paper.evaluate("[...document.querySelectorAll('pre, .scroll')].filter(e => e.scrollHeight > "
+                              "e.clientHeight + 1 || e.scrollWidth > e.clientWidth + 1).length") == 0
+        assert paper.locator("#forest").is_visible() and paper.locator("#forest").bounding_box()["width"] <= A4_CONTENT_PX
+        pdf = paper.pdf(format="A4")
         browser.close()
+    assert pdf.startswith(b"%PDF") and pdf.count(b"/Type /Page\n") + pdf.count(b"/Type /Page>") + \
+        pdf.count(b"/Type /Page/") >= 3

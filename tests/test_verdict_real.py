@@ -9,7 +9,8 @@ import shutil
 import pytest
 import torch
 
-from pipeline import evaluate, verdict
+from pipeline import evaluate
+from pipeline.verdict import intervals, paired
 from test_kl import rtn_copy
 from tiny import save_tiny_llama, tiny_tokenizer
 
@@ -82,11 +83,11 @@ def test_copy_is_go_and_two_bit_rtn_is_no_go(tmp_path, copy_suite, monkeypatch):
     assert base_score > 0.6, f"training did not take: base scores {base_score:.2f}"
 
     copy = run_suite(shutil.copytree(base_dir, tmp_path / "copy"), "copy", tmp_path / "r" / "copy", copy_suite, monkeypatch)
-    same = verdict.compare_suite(base, copy, variant="copy", suite="copy", margin=0.05, floor_ceiling=0)
-    assert same.decision == verdict.GO and same.delta == 0
+    same = paired.compare_suite(base, copy, variant="copy", suite="copy", margin=0.05, floor_ceiling=0)
+    assert same.decision == intervals.GO and same.delta == 0
     assert same.right_to_wrong == [] and same.wrong_to_right == []
 
     broken = run_suite(rtn_copy(base_dir, tmp_path / "w2", bits=2), "w2", tmp_path / "r" / "w2", copy_suite, monkeypatch)
-    worse = verdict.compare_suite(base, broken, variant="w2", suite="copy", margin=0.05, floor_ceiling=0)
-    assert worse.decision == verdict.NO_GO, worse.reasons
+    worse = paired.compare_suite(base, broken, variant="w2", suite="copy", margin=0.05, floor_ceiling=0)
+    assert worse.decision == intervals.NO_GO, worse.reasons
     assert len(worse.right_to_wrong) > 20 and worse.p_value < 0.001

@@ -6,7 +6,7 @@ verdict must be exactly one of [[A]], [[B]], [[C]] (tie), anything else is retri
 then left unjudged; when the two orders disagree the pair counts as a tie. The win rate is
 (W + T/2) / N. Its interval: a win scores +1, a loss -1, a tie 0, so 2 x win rate - 1 is a
 paired difference of proportions (wins minus losses over judged pairs), and Tango's score
-interval with continuity correction (pipeline.verdict.tango_interval) covers it at every n;
+interval with continuity correction (pipeline.verdict.intervals.tango_interval) covers it at every n;
 the win rate's interval is that one, halved and shifted by 0.5.
 
 Reliability is measured, not assumed: position-swap consistency, a control run judging the
@@ -44,7 +44,8 @@ from pipeline.judge.prompts import conversation_text
 from pipeline.judge.scoring import ORDERS, SCORE, combine, correlation, order_outcome
 from pipeline.outputs import Stopwatch, write_atomic, write_json
 from pipeline.params import EngineParams, JudgeParams, VerdictParams, sections_with_overrides
-from pipeline.verdict import decide_judge, explain_judge, judge_sentence, paired_bootstrap, win_rate
+from pipeline.verdict.intervals import paired_bootstrap
+from pipeline.verdict.judge import decide_judge, explain_judge, judge_sentence, win_rate
 
 
 @dataclass

@@ -14,6 +14,13 @@ from markupsafe import Markup, escape
 SERIES = 6  # colours s0..s5 in the template's CSS, reused in order
 
 
+def _svg_open(width: int, height: int, element_id: str, label: str) -> str:
+    """An SVG that scales down to the width it is given (viewBox), never wider than drawn."""
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+            f'preserveAspectRatio="xMinYMin meet" role="img" aria-label="{escape(label)}" class="chart" '
+            f'id="{element_id}" style="max-width: {width}px">')
+
+
 def _log_ticks(lo: float, hi: float) -> list[float]:
     ticks, value = [], 10 ** math.floor(math.log10(lo))
     while value <= hi * 1.0001:
@@ -41,8 +48,7 @@ def throughput_chart(speed: dict[str, dict]) -> Markup:
     x_lo, x_hi = math.log2(xs[0]), math.log2(xs[-1]) if xs[-1] > xs[0] else math.log2(xs[0]) + 1
     x = lambda c: left + (math.log2(c) - x_lo) / (x_hi - x_lo) * (width - left - right)  # noqa: E731
     y = lambda v: top + (1 - v / y_max) * (height - top - bottom)  # noqa: E731
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="Output tokens per second against concurrency" class="chart" id="throughput-chart">']
+    parts = [_svg_open(width, height, "throughput-chart", "Output tokens per second against concurrency")]
     for tick in _nice_ticks(y_max):
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" class="grid"/>'
                      f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end" class="tick">{tick:,.0f}</text>')
@@ -85,8 +91,7 @@ def latency_chart(speed: dict[str, dict], metric: str, title: str) -> Markup:
     scale = (width - left - right) / (math.log10(hi) - math.log10(lo))
     x = lambda v: left + (math.log10(max(v, lo)) - math.log10(lo)) * scale  # noqa: E731
     names = list(speed)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="{escape(title)}" class="chart" id="{metric}-chart">']
+    parts = [_svg_open(width, height, f"{metric}-chart", title)]
     for tick in _log_ticks(lo, hi):
         parts.append(f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="{top}" y2="{height - 30}" class="grid"/>'
                      f'<text x="{x(tick):.1f}" y="{height - 16}" text-anchor="middle" class="tick">{_fmt(tick)}</text>')

@@ -1,15 +1,12 @@
-"""The reviewer's first screen, beyond the decision: why it was reached, in a few words (`why_in_brief`),
+"""Beyond the decision: why it was reached, in a few words (`why_in_brief`, the reviewer's first screen),
 and for each counted suite left INCONCLUSIVE what to run to settle it and about how long that takes
-(`next_steps`, from the speed its results were produced at)."""
+(`next_steps`, from the speed its results were produced at: each model's <suite>.json)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pipeline import verdict as stats
-from pipeline.errors import UserError
-from pipeline.formats import results as result_files
 from pipeline.params import Params
+from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
+from pipeline.verdict.judge import min_judged_pairs_for_go
 
 
 def why_in_brief(decision: str, suite_verdicts: list, perplexity: dict, judged: dict | None, speed: dict | None,
@@ -24,12 +21,12 @@ def why_in_brief(decision: str, suite_verdicts: list, perplexity: dict, judged: 
         return "slower than the base at batch 1 on the deployment engine"
     if not counted:
         return "nothing counted: every suite at the floor or ceiling, or empty"
-    no_go = [name for name, d in counted if d == stats.NO_GO]
-    open_ = [name for name, d in counted if d not in (stats.GO, stats.NO_GO)]
-    if decision == stats.NO_GO:
+    no_go = [name for name, d in counted if d == NO_GO]
+    open_ = [name for name, d in counted if d not in (GO, NO_GO)]
+    if decision == NO_GO:
         text = f"beyond the margin on {', '.join(no_go)}"
         return text + (f"; {', '.join(open_)} open" if open_ else "")
-    if decision == stats.GO:
+    if decision == GO:
         return f"within the margin on all {len(counted)} counted suites" if len(counted) > 1 else \
             f"within the margin on {counted[0][0]}, the one counted suite"
     return f"not settled on {', '.join(open_)}" + (f"; {len(counted) - len(open_)} within the margin"
@@ -44,14 +41,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _stage_seconds(results_dir: Path, model: str, suite: str, items: int) -> float | None:
-    """About how long `quantize eval` of `items` items of `suite` takes for `model`, from the speed its
-    last run recorded (results/<model>/<suite>.json: the stage's seconds, of which scoring
+def _stage_seconds(summary: dict | None, items: int) -> float | None:
+    """About how long `quantize eval` of `items` items of a suite takes for a model, from the speed its
+    last run recorded (its results/<model>/<suite>.json: the stage's seconds, of which scoring
     generate_seconds over n items; the rest is the stage's start)."""
-    try:
-        summary = result_files.read_summary(results_dir / model / f"{suite}.json") or {}
-    except UserError:
-        return None
+    summary = summary or {}
     n, total, scoring = summary.get("n"), summary.get("seconds"), summary.get("generate_seconds")
     if not isinstance(n, int) or n <= 0 or not isinstance(total, (int, float)) or total <= 0:
         return None
@@ -59,20 +53,20 @@ def _stage_seconds(results_dir: Path, model: str, suite: str, items: int) -> flo
     return (total - scoring) + scoring / n * items
 
 
-def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dict | None, results_dir: Path,
-               params: Params) -> list[dict]:
+def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dict | None,
+               summaries: dict[str, dict[str, dict]], params: Params) -> list[dict]:
     """For each counted suite left INCONCLUSIVE: what to run to settle it (how many items or documents,
     the commands) and about how long that takes at the speed its results were produced."""
     steps = []
     wanted = [(v.suite, v.n, v.items_to_settle or (v.min_items_for_go if v.min_items_for_go and v.n < v.min_items_for_go
                                                   else None), "items")
-              for v in suite_verdicts if v.counted and v.decision == stats.INCONCLUSIVE]
+              for v in suite_verdicts if v.counted and v.decision == INCONCLUSIVE]
     wanted += [(suite, v.n, v.documents_to_settle, "documents")
-               for suite, v in perplexity.items() if v.counted and v.decision == stats.INCONCLUSIVE]
+               for suite, v in perplexity.items() if v.counted and v.decision == INCONCLUSIVE]
     for suite, now, needed, unit in wanted:
         if not needed or needed <= now:
             continue
-        times = [_stage_seconds(results_dir, model, suite, needed) for model in ("base", variant)]
+        times = [_stage_seconds(summaries.get(model, {}).get(suite), needed) for model in ("base", variant)]
         seconds = sum(times) if all(t is not None for t in times) else None
         commands = [f"quantize eval models/{model} --suite {suite} --limit {needed}" for model in ("base", variant)]
         text = (f"{suite}: {now} {unit} did not settle it; about {needed} would: set suites.{suite}.limit: {needed} "
@@ -86,7 +80,7 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
         steps.append({"suite": suite, "now": now, "needed": needed, "unit": unit, "commands": commands,
                       "seconds": round(seconds, 1) if seconds is not None else None,
                       "duration": _duration(seconds) if seconds is not None else None, "text": text, "counted": True})
-    if judged and judged["decision"] == stats.INCONCLUSIVE and judged["summary"].get("mode", "pairwise") == "pairwise":
+    if judged and judged["decision"] == INCONCLUSIVE and judged["summary"].get("mode", "pairwise") == "pairwise":
         summary = judged["summary"]
         if not summary.get("n"):
             steps.append({"suite": "judge", "now": 0, "needed": None, "unit": "judged pairs", "commands": [],
@@ -94,7 +88,7 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
                           "text": "judge: no pair was judged; a judge that answers in the required format is needed "
                                   "(judge.backend: vllm or openai with a stronger model), not more prompts"})
         else:
-            fewest = stats.min_judged_pairs_for_go(judged["margin"], params.verdict.confidence) or 0
+            fewest = min_judged_pairs_for_go(judged["margin"], params.verdict.confidence) or 0
             needed = max(fewest, 2 * summary["n"])
             prompts = summary["n"] + (summary.get("unjudged") or 0)
             took = summary.get("seconds")

@@ -1,7 +1,6 @@
 """Perplexity suites: the variant's perplexity relative to the base's, paired by document, against a
 margin on the relative rise (`compare_perplexity`, a ratio-estimator t interval with the HC2 error and
 Bell-McCaffrey degrees of freedom), and its decision in one sentence (`perplexity_sentence`).
-pipeline/verdict.py re-exports every name here.
 """
 
 from __future__ import annotations
@@ -11,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from pipeline.verdict_intervals import GO, INCONCLUSIVE, NO_GO
+from pipeline.verdict import figures
+from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
 
 
 PERPLEXITY_INTERVAL = ("Student-t interval of the per-token change in log-likelihood (ratio estimator, HC2 error, "
@@ -42,6 +42,9 @@ class PerplexityVerdict:
     kind: str = "perplexity"
     interval: str = PERPLEXITY_INTERVAL
     sentence: str = ""  # the decision in one sentence a reviewer can check
+    # base perplexity / variant perplexity: 100 % for no change, lower for a worse variant, as recovery reads for
+    # accuracy (variant score / base score); never averaged with the accuracy suites' recovery
+    recovery: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,14 +142,16 @@ def compare_perplexity(base_items: dict[str, dict], variant_items: dict[str, dic
         base_ppl=math.exp(-base_ll.sum() / total), variant_ppl=math.exp(-var_ll.sum() / total),
         change=change, ci_low=ci_low, ci_high=ci_high, confidence=confidence, margin=margin,
         decision=decision, counted=True, worse_documents=int((var_ll < base_ll).sum()), reasons=reasons,
+        recovery=math.exp((var_ll.sum() - base_ll.sum()) / total),
     )
-    ci = f"{confidence:.0%} interval of the change in perplexity [{ci_low:+.1%}, {ci_high:+.1%}] over {len(ids)} documents"
+    ci = (f"{confidence:.0%} interval of the change in perplexity [{figures.relative(ci_low)}, "
+          f"{figures.relative(ci_high)}] over {len(ids)} documents")
     if decision == GO:
-        reasons.append(f"{ci} lies below +{margin:.1%} (the margin): any rise is within the margin")
+        reasons.append(f"{ci} lies below {figures.relative(margin)} (the margin): any rise is within the margin")
     elif decision == NO_GO:
-        reasons.append(f"{ci} lies above +{margin:.1%} (the margin): perplexity rises by more than allowed")
+        reasons.append(f"{ci} lies above {figures.relative(margin)} (the margin): perplexity rises by more than allowed")
     else:
-        reasons.append(f"{ci} straddles +{margin:.1%} (the margin): not enough evidence either way")
+        reasons.append(f"{ci} straddles {figures.relative(margin)} (the margin): not enough evidence either way")
         gap = abs(math.log1p(margin) - estimate)
         if gap > 0:
             verdict.documents_to_settle = int(math.ceil(len(ids) * ((high - estimate) / gap) ** 2))
@@ -160,10 +165,11 @@ def perplexity_sentence(v: PerplexityVerdict) -> str:
     perplexities, the interval (which method, its ends), the margin and what follows."""
     if not v.counted:
         return f"{v.suite}: {v.decision} (not counted): {v.n} paired documents, too few for an interval."
-    facts = (f"on {v.n} paired documents ({v.tokens:,} tokens) perplexity went {v.base_ppl:.3f} -> {v.variant_ppl:.3f} "
-             f"({v.change:+.1%}, higher in {v.worse_documents} of {v.n} documents); a {v.interval} puts the change at "
-             f"[{v.ci_low:+.1%}, {v.ci_high:+.1%}] with {v.confidence:.0%} confidence")
-    bound = f"+{v.margin:.1%} (the margin for {v.suite})"
+    facts = (f"on {v.n} paired documents ({v.tokens:,} tokens) perplexity went {figures.perplexity(v.base_ppl)} -> "
+             f"{figures.perplexity(v.variant_ppl)} ({figures.relative(v.change)}, higher in {v.worse_documents} of {v.n} "
+             f"documents); a {v.interval} puts the change at [{figures.relative(v.ci_low)}, "
+             f"{figures.relative(v.ci_high)}] with {v.confidence:.0%} confidence")
+    bound = f"{figures.relative(v.margin)} (the margin for {v.suite})"
     if v.decision == GO:
         end = f"entirely below {bound}, so any rise is within the margin"
     elif v.decision == NO_GO:

@@ -3,7 +3,7 @@
 Tango's score interval with continuity correction for paired right/wrong items (`tango_interval`),
 the exact McNemar test, a Student-t interval for partial credit widened to Tango's for no change,
 the paired bootstrap for other scores, and the items that would likely settle an open interval.
-pipeline/verdict.py builds the per-suite verdicts on them (and re-exports every name here).
+pipeline/verdict/paired.py and judge.py build the per-suite and the judge's verdicts on them.
 """
 
 from __future__ import annotations

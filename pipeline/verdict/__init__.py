@@ -1,0 +1,16 @@
+"""The verdict: may each quantized variant replace the base? Every rule and statistic behind GO / NO-GO /
+INCONCLUSIVE lives in this package; the report stage reads the files and renders what it decides.
+
+    intervals    Tango's paired score interval, the exact McNemar test, the bootstrap, the partial-credit
+                 interval, and the decision read off an interval (`decide`); GO, NO_GO, INCONCLUSIVE
+    paired       right/wrong and scored suites: the variant against the base on the same items
+    perplexity   perplexity suites: the ratio estimator's t interval, paired by document
+    judge        the judge's win rate and its decision (UNRELIABLE when it contradicts itself)
+    speed        serving speed against the base, and what a variant buys in serving
+    coverage     what a decision rests on: each suite decided, not counted, not run, not applicable or
+                 not configured
+    recovery     variant / base as model cards state it, per suite and on average
+    next_steps   why in a few words, and what to run to settle an open suite
+    figures      one number format per kind of figure, for the sentences and the page
+    decision     one variant's decision from all of the above, and the CI gate (`failing`)
+"""

@@ -1,0 +1,245 @@
+"""The decision per variant: every counted suite, the judge and (when it may) speed, read into GO / NO-GO /
+INCONCLUSIVE (`overall`), with why, what it rests on (coverage), recovery, what to run next and everything the
+report shows beside it (`decide`), and the CI gate on it (`failing`: no-go, inconclusive or incomplete).
+
+The evidence comes in already read and checked (`Evidence`: the report stage reads the files,
+pipeline/report/inputs.py); nothing here opens a file, so every rule is tested on plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pipeline.params import Params
+from pipeline.verdict.coverage import incomplete_why, suite_coverage
+from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
+from pipeline.verdict.judge import judge_verdict
+from pipeline.verdict.next_steps import next_steps, why_in_brief
+from pipeline.verdict.paired import SuiteVerdict, compare_suite
+from pipeline.verdict.perplexity import compare_perplexity
+from pipeline.verdict.recovery import average_recovery
+from pipeline.verdict.speed import capacity_line, speed_row, speed_verdict
+
+
+@dataclass
+class Evidence:
+    """What a verdict is decided from, per model (base and the variants of params.yaml), as read from
+    results/<model>/ and models/<model>/; a file that is absent is absent here."""
+
+    results: dict[str, dict[str, dict[str, dict]]]  # {model: {suite: {item id: result line}}}
+    summaries: dict[str, dict[str, dict]] = field(default_factory=dict)  # {model: {suite: <suite>.json}}
+    judge: dict[str, dict] = field(default_factory=dict)  # {variant: judge.json}
+    kl: dict[str, dict] = field(default_factory=dict)  # {variant: kl.json}
+    bench: dict[str, dict] = field(default_factory=dict)  # {model: bench.json}
+    quant: dict[str, dict | None] = field(default_factory=dict)  # {variant: quant.json}
+    serving: dict[str, dict | None] = field(default_factory=dict)  # {variant: where it is served}
+
+
+def overall(suite_verdicts: list[SuiteVerdict], extra: list[tuple[str, str]] = ()) -> tuple[str, list[str]]:
+    """NO-GO if any counted suite is NO-GO, GO if all counted suites are GO, else INCONCLUSIVE.
+    `extra`: other counted evidence as (name, decision), e.g. a reliable judge."""
+    counted = [(v.suite, v.decision) for v in suite_verdicts if v.counted] + list(extra)
+    if not counted:
+        return INCONCLUSIVE, ["nothing counted: every suite was uninformative or empty"]
+    no_go = [name for name, d in counted if d == NO_GO]
+    if no_go:
+        return NO_GO, [f"NO-GO on {', '.join(no_go)}"]
+    open_ = [name for name, d in counted if d != GO]
+    if open_:
+        return INCONCLUSIVE, [f"not settled on {', '.join(open_)}"]
+    return GO, [f"GO on everything counted ({', '.join(name for name, _ in counted)})"]
+
+
+def is_perplexity(items: dict[str, dict]) -> bool:
+    """A perplexity suite's lines carry each document's log-likelihood and token count."""
+    return bool(items) and all("loglikelihood" in item and "n_tokens" in item for item in items.values())
+
+
+def not_applicable(summaries: dict[str, dict[str, dict]], suites: list[str]) -> dict[str, dict[str, str]]:
+    """{model: {suite: reason}} for suites the evaluation declared not applicable (e.g. VQA on a
+    text-only model): shown as n/a, never scored as 0 %."""
+    found: dict[str, dict[str, str]] = {}
+    for model, by_suite in summaries.items():
+        for suite in sorted(by_suite):
+            summary = by_suite[suite] or {}
+            if suite in suites and summary.get("status") == "not applicable":
+                found.setdefault(model, {})[suite] = summary.get("reason", "not applicable")
+    return found
+
+
+def unsandboxed_results(results: dict, summaries: dict[str, dict[str, dict]]) -> list[str]:
+    """`model/suite` of every result whose model-written code ran outside the bubblewrap sandbox (written
+    under suites.<suite>.allow_unsandboxed): a line with `isolated: false`, or a summary naming another sandbox."""
+    flagged = []
+    for model, suites in results.items():
+        for suite, items in suites.items():
+            method = (summaries.get(model, {}).get(suite) or {}).get("sandbox")
+            if any(line.get("isolated") is False for line in items.values()) or method not in (None, "bwrap"):
+                flagged.append(f"{model}/{suite}")
+    return sorted(flagged)
+
+
+def _unsandboxed_reason(models: list[str], suite: str) -> str:
+    return (f"UNSANDBOXED: the model-written code of {' and '.join(models)} ran without bubblewrap "
+            f"(suites.{suite}.allow_unsandboxed: true): it could read this machine's files and fake its own pass; "
+            "install bubblewrap and rerun the eval")
+
+
+def decide(evidence: Evidence, params: Params) -> dict:
+    """The verdict of every variant in `evidence.results` against the base: what verdict.json holds
+    (the report adds where it came from: ignored folders, metrics, the environment)."""
+    results, p = evidence.results, params.verdict
+    speeds = {model: speed_row(evidence.bench[model])
+              for model in sorted(results, key=lambda name: name != "base") if evidence.bench.get(model)}  # base first
+    flagged = unsandboxed_results(results, evidence.summaries)
+    variants = {variant: _decide_variant(variant, evidence, params, speeds, flagged)
+                for variant in results if variant != "base"}
+    base_suites = {s: suite_score(items) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
+                   for s, items in results.get("base", {}).items()}
+    return {
+        **({"unsandboxed": flagged} if flagged else {}),  # every result whose model-written code ran without isolation
+        "variants": variants,
+        "base": {"suites": base_suites},
+        "long_context": long_context_tables(results, evidence.summaries),
+        "method_comparisons": method_comparisons(results, evidence.quant, p.confidence),
+        "speed": speeds,
+        "params_sha256": params.digest(),
+    }
+
+
+def long_context_tables(results: dict, summaries: dict[str, dict[str, dict]]) -> dict:
+    """Per model, the long-context suite's accuracy by length and needle depth, and what was skipped."""
+    tables = {}
+    for model in results:
+        summary = summaries.get(model, {}).get("long_context") or {}
+        if summary.get("long_context"):
+            tables[model] = summary["long_context"]
+    return tables
+
+
+def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: dict, flagged: list[str]) -> dict:
+    """verdict.json's variants.<variant>: each suite, the judge and speed against the base, the decision, why,
+    what it rests on, recovery, what to run next, and what the report shows beside it."""
+    results, p = evidence.results, params.verdict
+    suites = results[variant]
+    n_a = not_applicable(evidence.summaries, list(params.suites))
+    n_a = {"base": n_a.get("base", {}), variant: n_a.get(variant, {})}
+    skipped = {**n_a["base"], **n_a[variant]}
+    compared = [suite for suite in sorted(suites) if suite in results["base"] and suite not in skipped]
+    suite_verdicts = [compare_suite(results["base"][suite], suites[suite], variant=variant, suite=suite,
+                                    margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
+                                    seed=p.seed, floor_ceiling=p.floor_ceiling)
+                      for suite in compared if not is_perplexity(results["base"][suite])]
+    unsandboxed = {v.suite: [m for m in ("base", variant) if f"{m}/{v.suite}" in flagged] for v in suite_verdicts}
+    for v in suite_verdicts:
+        if unsandboxed[v.suite]:
+            v.reasons.insert(0, _unsandboxed_reason(unsandboxed[v.suite], v.suite))
+    perplexity = {suite: compare_perplexity(results["base"][suite], suites[suite], variant=variant, suite=suite,
+                                            margin=p.perplexity_margin_for(suite), confidence=p.confidence)
+                  for suite in compared if is_perplexity(results["base"][suite])}
+    judged = judge_verdict(evidence.judge.get(variant), params)
+    extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
+    if judged and judged["counted"]:
+        extra.append(("judge", judged["decision"]))
+    speed = speed_verdict(speeds, variant, p)
+    if speed and speed.get("counted"):
+        extra.append(("speed at batch 1", NO_GO))  # speed can stop a variant, never pass one
+    decision, reasons = overall(suite_verdicts, extra)
+    for suite in sorted(suites):  # a result run without isolation that no suite comparison above shows
+        if f"{variant}/{suite}" in flagged and suite not in unsandboxed:
+            reasons.insert(0, _unsandboxed_reason([variant], suite))
+    if speed and speed.get("counted"):
+        reasons.append(f"slower than the base at batch 1: {speed['reason']}")
+    steps = next_steps(variant, suite_verdicts, perplexity, judged, evidence.summaries, params)
+    return {
+        "decision": decision,
+        "why": why_in_brief(decision, suite_verdicts, perplexity, judged, speed, steps),
+        "coverage": suite_coverage(variant, decision, params, results, n_a, suite_verdicts, perplexity, judged),
+        "recovery": average_recovery(suite_verdicts),
+        "reasons": reasons,
+        "next_steps": steps,
+        "suites": {v.suite: {**v.to_dict(), "unsandboxed": unsandboxed[v.suite]} for v in suite_verdicts},
+        "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()},
+        "not_applicable": skipped,
+        "judge": judged,
+        "quant": evidence.quant.get(variant),
+        "kl": evidence.kl.get(variant),
+        "speed": speed,
+        **({} if variant in speeds and "base" in speeds else {"speed_commands": speed_commands(variant, speeds, p)}),
+        "serving": evidence.serving.get(variant),
+        # "GO, 1.5× tokens/s, 2.0× KV capacity" (pipeline/verdict/speed.py)
+        "capacity_line": capacity_line(decision, speeds.get(variant), speeds.get("base")),
+    }
+
+
+def method_comparisons(results: dict, quant: dict[str, dict | None], confidence: float) -> list[dict]:
+    """AWQ against round-to-nearest at the same group size (the contrast of the AWQ paper, Lin et al.
+    2023), on every perplexity suite both ran: AWQ's perplexity relative to RTN's, paired per document.
+    Shown, not counted: the verdict compares each variant with the base."""
+    quant = {name: quant.get(name) or {} for name in results if name != "base"}
+    rows = []
+    for awq, q in quant.items():
+        for rtn, r in quant.items():
+            if q.get("method") != "awq" or r.get("method") != "rtn" or q.get("group_size") != r.get("group_size"):
+                continue
+            for suite in sorted(set(results[awq]) & set(results[rtn])):
+                if not (is_perplexity(results[awq][suite]) and is_perplexity(results[rtn][suite])):
+                    continue
+                c = compare_perplexity(results[rtn][suite], results[awq][suite], variant=awq, suite=suite,
+                                       margin=1.0, confidence=confidence)
+                if not c.counted:
+                    continue
+                winner = awq if c.ci_high < 0 else rtn if c.ci_low > 0 else None
+                rows.append({"awq": awq, "rtn": rtn, "suite": suite, "n": c.n, "awq_ppl": c.variant_ppl,
+                             "rtn_ppl": c.base_ppl, "change": c.change, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                             "better": winner, "group_size": q.get("group_size")})
+    return rows
+
+
+def suite_score(items: dict) -> dict:
+    """A model's score on one suite: mean score over its items, or perplexity over all its tokens."""
+    n = len(items)
+    if is_perplexity(items):
+        tokens = sum(i["n_tokens"] for i in items.values())
+        return {"n": n, "perplexity": math.exp(-sum(i["loglikelihood"] for i in items.values()) / tokens) if tokens else None}
+    return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None}
+
+
+def speed_commands(variant: str, speeds: dict, p) -> list[str]:
+    """What measures the speed the verdict lacks: `quantize bench` of the base and the variant (whichever has no
+    bench.json), on the deployment engine when verdict.speed_engine names it, then the report again."""
+    engine = f" --engine {p.speed_engine}" if p.speed_engine else ""
+    return [f"quantize bench models/{model}{engine}" for model in ("base", variant) if model not in speeds] + \
+        ["quantize report"]
+
+
+FAIL_ON = ("no-go", "inconclusive", "incomplete")  # each fails what the one before it does, and more
+
+
+def failing(verdict: dict, fail_on: str | None) -> dict[str, str]:
+    """{variant: why} for each variant that trips the gate: 'no-go' fails a NO-GO; 'inconclusive' also an
+    INCONCLUSIVE (anything but GO); 'incomplete' also a GO whose decision rests on fewer suites than the base ran."""
+    if not fail_on:
+        return {}
+    failed = {}
+    for name, v in verdict["variants"].items():
+        if v["decision"] == NO_GO or (v["decision"] == INCONCLUSIVE and fail_on != "no-go"):
+            failed[name] = v["decision"]
+        elif fail_on == "incomplete" and not v["coverage"]["complete"]:
+            failed[name] = f"{v['decision']}, incomplete: {incomplete_why(v['coverage'])}"
+    return failed
+
+
+def metrics(verdict: dict) -> dict:
+    """Flat numbers for `dvc metrics show`."""
+    flat = {}
+    for variant, data in verdict["variants"].items():
+        flat[variant] = {"go": data["decision"] == GO}
+        for suite, s in data["suites"].items():
+            flat[variant][suite] = {"score": s["variant_score"], "delta": s["delta"],
+                                    "ci_low": s["ci_low"], "ci_high": s["ci_high"]}
+        for suite, s in data.get("perplexity", {}).items():
+            flat[variant][suite] = {"perplexity": s["variant_ppl"], "change": s["change"],
+                                    "ci_low": s["ci_low"], "ci_high": s["ci_high"]}
+    return flat

@@ -1,0 +1,157 @@
+"""Right/wrong and scored suites: the variant against the base on the same items, paired.
+
+For right/wrong items the interval of the change in accuracy is Tango's score interval for a paired
+difference of proportions, with a continuity correction (pipeline/verdict/intervals.py): it keeps its
+coverage at every n, zero flips included, where the percentile bootstrap it replaces gave [0, 0] and a
+GO on 10 unchanged items. An exact McNemar test gives the p-value. Partial-credit scores in [0, 1] get a
+Student-t interval never narrower than Tango's for no change; other scores keep the paired bootstrap.
+GO when the interval's lower end clears minus the margin, NO-GO when its upper end falls below it, else
+INCONCLUSIVE with the items that would likely settle it; a suite too small to ever show a GO says how
+many items it needs (`compare_suite`). Each decision also comes as one sentence a reviewer can check
+(`decision_sentence`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from pipeline.verdict.figures import points, share
+from pipeline.verdict.intervals import (GO, INCONCLUSIVE, NO_GO, PARTIAL_CREDIT, TANGO, UNINFORMATIVE, decide,
+                                        items_to_settle, mcnemar_exact, min_items_for_go, paired_bootstrap,
+                                        partial_credit_interval, tango_interval, tango_items_to_settle)
+
+
+@dataclass
+class SuiteVerdict:
+    variant: str
+    suite: str
+    n: int
+    base_score: float
+    variant_score: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    recovery: float | None
+    right_to_wrong: list[str]
+    wrong_to_right: list[str]
+    p_value: float | None
+    margin: float
+    decision: str
+    counted: bool
+    reasons: list[str] = field(default_factory=list)
+    items_to_settle: int | None = None
+    interval: str = ""  # how ci_low / ci_high were computed
+    min_items_for_go: int | None = None  # fewest paired items with which a GO is possible at all
+    sentence: str = ""  # the decision in one sentence a reviewer can check
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *, variant: str, suite: str,
+                  margin: float, confidence: float = 0.95, iterations: int = 2000, seed: int = 0,
+                  floor_ceiling: float = 0.05) -> SuiteVerdict:
+    """base_items / variant_items: result lines keyed by item id (the DESIGN.md contract).
+    Scores in [0, 1] (right/wrong, or partial credit): Tango's interval; other scores: the bootstrap."""
+    ids = sorted(set(base_items) & set(variant_items))
+    base = np.array([base_items[i]["score"] for i in ids], dtype=float)
+    var = np.array([variant_items[i]["score"] for i in ids], dtype=float)
+    deltas = var - base
+    bounded = bool(ids) and bool(((base >= 0) & (base <= 1) & (var >= 0) & (var <= 1)).all())
+    binary = bool(ids) and bool(np.isin(base, (0.0, 1.0)).all() and np.isin(var, (0.0, 1.0)).all())
+    if binary:
+        low, high = tango_interval(int((deltas > 0).sum()), int((deltas < 0).sum()), len(ids), confidence)
+        method = TANGO
+    elif bounded:
+        low, high = partial_credit_interval(deltas, confidence)
+        method = PARTIAL_CREDIT
+    else:
+        low, high = paired_bootstrap(deltas, iterations, confidence, seed)
+        method = f"percentile bootstrap ({iterations} resamples of the items, seed {seed})"
+    base_right = [bool(base_items[i]["correct"]) for i in ids]
+    var_right = [bool(variant_items[i]["correct"]) for i in ids]
+    r2w = [i for i, b, v in zip(ids, base_right, var_right) if b and not v]
+    w2r = [i for i, b, v in zip(ids, base_right, var_right) if v and not b]
+    base_score = float(base.mean()) if len(ids) else float("nan")
+    var_score = float(var.mean()) if len(ids) else float("nan")
+    reasons, counted = [], True
+    fewest = min_items_for_go(margin, confidence) if bounded else None
+    if not ids:
+        decision, counted = INCONCLUSIVE, False
+        reasons.append("no paired items: the variant and the base answered different items")
+    else:
+        decision = decide(low, high, margin)
+        unmatched = len(set(base_items) ^ set(variant_items))
+        if unmatched:
+            reasons.append(f"{unmatched} items answered by only one model were left out")
+        if floor_ceiling > 0 and (base_score <= floor_ceiling or base_score >= 1 - floor_ceiling):
+            counted = False
+            where = "floor" if base_score <= floor_ceiling else "ceiling"
+            reasons.append(f"the base model scores {share(base_score)}, at the {where}: this suite tells little "
+                           "about the variant, so it is shown but not counted")
+        if fewest and len(ids) < fewest and decision != NO_GO:
+            no_flip_low, _ = tango_interval(0, 0, len(ids), confidence)
+            reasons.append(f"too few items to ever show a GO: with {len(ids)} paired items even no flip at all "
+                           f"leaves the interval's lower end at {points(no_flip_low)} points, below "
+                           f"{points(-margin)}; a GO needs at least {fewest} paired items")
+    verdict = SuiteVerdict(
+        variant=variant, suite=suite, n=len(ids), base_score=base_score, variant_score=var_score,
+        delta=var_score - base_score if ids else float("nan"), ci_low=low, ci_high=high,
+        confidence=confidence, recovery=(var_score / base_score) if ids and base_score > 0 else None,
+        right_to_wrong=r2w, wrong_to_right=w2r,
+        p_value=mcnemar_exact(len(r2w), len(w2r)) if binary and ids else None,
+        margin=margin, decision=decision if counted else UNINFORMATIVE if ids else INCONCLUSIVE,
+        counted=counted, reasons=reasons, interval=method if ids else "", min_items_for_go=fewest,
+    )
+    if decision == INCONCLUSIVE and ids and counted:
+        if binary:
+            verdict.items_to_settle = tango_items_to_settle(int((deltas > 0).sum()), int((deltas < 0).sum()),
+                                                            len(ids), margin, confidence)
+        else:
+            verdict.items_to_settle = items_to_settle(deltas, margin, confidence)
+            if fewest and verdict.items_to_settle and verdict.delta > -margin:
+                verdict.items_to_settle = max(verdict.items_to_settle, fewest)
+        if verdict.items_to_settle and verdict.items_to_settle != fewest:
+            reasons.append(f"about {verdict.items_to_settle} paired items at these flip rates would likely settle it")
+    verdict.sentence = decision_sentence(verdict, binary)
+    return verdict
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def decision_sentence(v: SuiteVerdict, binary: bool = True) -> str:
+    """The decision in one sentence a reviewer can check: the suite, the paired counts, the
+    interval (which method, its ends), the margin and what follows."""
+    if not v.n:
+        return f"{v.suite}: {v.decision}: the variant and the base share no item, so nothing can be compared."
+    head = f"{v.suite}: {v.decision}" + ("" if v.counted else " (not counted: the base scores "
+                                         f"{share(v.base_score)}, at the {'floor' if v.base_score < 0.5 else 'ceiling'})")
+    if binary:
+        facts = (f"on {v.n} paired items the variant turned {_count(len(v.right_to_wrong), 'right answer')} wrong "
+                 f"and {_count(len(v.wrong_to_right), 'wrong answer')} right")
+    else:
+        facts = f"on {v.n} paired items ({'partial-credit scores' if v.min_items_for_go else 'scores'})"
+    facts += (f" ({share(v.base_score)} -> {share(v.variant_score)}, a change of {points(v.delta)} points); "
+              f"{v.interval} puts the change at [{points(v.ci_low)}, {points(v.ci_high)}] points with "
+              f"{v.confidence:.0%} confidence")
+    bound = f"{points(-v.margin)} points (the margin for {v.suite})"
+    side = decide(v.ci_low, v.ci_high, v.margin)
+    if side == GO:
+        end = f"entirely above {bound}, so any drop is within the margin"
+    elif side == NO_GO:
+        end = f"entirely below {bound}, so the variant is worse by more than the margin"
+    else:
+        end = f"which straddles {bound}, so the evidence settles nothing"
+        notes = []
+        if v.min_items_for_go and v.n < v.min_items_for_go:
+            notes.append(f"below {v.min_items_for_go} items not even zero flips could show a GO")
+        if v.items_to_settle and v.items_to_settle != v.min_items_for_go:
+            notes.append(f"about {v.items_to_settle} paired items at these flip rates would settle it")
+        if notes:
+            end += f" ({'; '.join(notes)})"
+    return f"{head}: {facts}, {end}."
