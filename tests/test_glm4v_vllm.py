@@ -1,6 +1,6 @@
 """GLM-4.1V / 4.5V (Glm4v, Glm4vMoe) on the engine it ships on, checked on the CPU.
 
-- serving claims come only from runs recorded on the GPU machine (engines/support.py);
+- serving claims come only from runs recorded on the GPU machine (checkpoints/serving.py);
 - a MoE gets FP8 experts vLLM's fused MoE accepts (dynamic per-token activations), the rest static;
 - a quantized vision checkpoint whose ignore list vLLM would not match under its own names is refused;
 - VQA through the vLLM engine: the rendered text (image markup in place) and the images reach the server's
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_PARAMS, read_jsonl
-from pipeline.engines import support
+from pipeline.checkpoints import serving as support
 from pipeline.errors import UserError
 from tiny import save_tiny_glm4v, save_tiny_glm4v_moe
 

@@ -77,7 +77,7 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
     recipe would skip them unless they load as one Linear per expert."""
     from transformers import CONFIG_MAPPING
 
-    from pipeline.quantize import compat
+    from pipeline.checkpoints import linear_experts
 
     if not config.get("model_type"):
         raise UserError(f"{config_json.path(model_dir)}: no model_type; restore the config.json that came with "
@@ -88,12 +88,12 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
         raise UserError(f"{model_dir}: transformers does not know model_type {model_type!r} ({arch}); "
                         "upgrade transformers, or resave the checkpoint in a supported architecture")
     experts = config_json.routed_experts(config)
-    if experts and not compat.loads_linearized(model_type):
+    if experts and not linear_experts.loads_linearized(model_type):
         raise UserError(
             f"{model_dir}: {arch} keeps its {experts} routed experts as fused 3-D tensors, which "
             f"llm-compressor cannot load as one Linear per expert (model_type {model_type!r} has no "
             "linearization mapping), so they would stay unquantized; register one in "
-            "pipeline/quantize/compat.py EXTRA_LINEARIZED_MOE"
+            "pipeline/checkpoints/linear_experts.py EXTRA_LINEARIZED_MOE"
         )
     return arch
 

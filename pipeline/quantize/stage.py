@@ -22,7 +22,7 @@ from pathlib import Path
 from pipeline.checkpoints import config_json
 from pipeline.checkpoints.loading import load_model, meta_model
 from pipeline.checkpoints.serving_names import finish_config
-from pipeline.engines.support import serving_support
+from pipeline.checkpoints.serving import serving_support
 from pipeline.errors import UserError
 from pipeline.formats.quant_json import write_quant_json
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size

@@ -237,7 +237,7 @@ def _judge_verdict(path: Path, params: Params) -> dict | None:
 def _serving(model_dir: Path) -> dict | None:
     """Where the variant is served: read off its config.json against the runs recorded now (a run recorded after
     the variant was built counts), else its quant.json's record."""
-    from pipeline.engines.support import serving_support
+    from pipeline.checkpoints.serving import serving_support
 
     try:
         if config_json.present(model_dir):
