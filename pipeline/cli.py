@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from pipeline import cli_quantize
+from pipeline import cli_quantize, methods
 from pipeline.cli_common import (PARAMS_OPTION, checked_model, free_gpu_of_idle_servers, load_params,
                                  refuse_overlap, stage)
 from pipeline.engines import engine_names
@@ -19,7 +19,7 @@ from pipeline.errors import UserError
 from pipeline.params import with_overrides
 
 app = typer.Typer(
-    help="Quantize an LLM (AWQ W4A16, FP8 W8A8) and prove it against the FP16 base. "
+    help=f"Quantize an LLM (methods: {methods.names()}) and prove each variant against the FP16 base. "
          "Every option defaults from params.yaml in the current directory.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
@@ -119,11 +119,9 @@ def calib(
     typer.echo(result.summary())
 
 
-# the quantize subcommands (pipeline/cli_quantize.py), here to keep the order of `quantize --help`
-app.command()(cli_quantize.awq)
-app.command()(cli_quantize.fp8)
-app.command()(cli_quantize.rtn)
-app.command("variant")(cli_quantize.build_variant)
+# the quantize subcommands (pipeline/cli_quantize.py: one per method of pipeline/methods/, then `variant`), here to
+# keep the order of `quantize --help`
+cli_quantize.register(app)
 
 
 @app.command("eval")

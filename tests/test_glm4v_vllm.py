@@ -28,7 +28,7 @@ ARCHS = {"Glm": "GlmForCausalLM", "Glm4": "Glm4ForCausalLM", "Glm4v": "Glm4vForC
 
 def _config(arch: str, kind: str, kv: str, moe: bool) -> dict:
     """config.json's quantization_config as the pipeline writes it for each variant kind."""
-    from pipeline.quantize import fp8
+    from pipeline.methods import fp8
 
     config = {"architectures": [arch]}
     if kind == "base":
@@ -72,7 +72,7 @@ def test_every_serves_claim_has_a_recorded_run_behind_it():
 
 
 def test_moe_fp8_default_is_a_scheme_vllms_fused_moe_takes():
-    from pipeline.quantize import fp8
+    from pipeline.methods import fp8
 
     groups = fp8.config_groups("static", moe=True)
     dense, experts = groups["group_0"], groups["experts"]
@@ -92,12 +92,12 @@ def test_moe_fp8_default_is_a_scheme_vllms_fused_moe_takes():
 
 @pytest.fixture(scope="module")
 def moe_variants(tmp_path_factory, tiny_calib):
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
 
     root = tmp_path_factory.mktemp("glm4v-moe")
     base = save_tiny_glm4v_moe(root / "base")
-    fp8.run(base, root / "fp8", tiny_calib / "calib.jsonl")
-    awq.run(base, root / "awq", tiny_calib / "calib.jsonl", batch_size=8, n_grid=4)
+    quantize_run(base, root / "fp8", tiny_calib / "calib.jsonl", "fp8")
+    quantize_run(base, root / "awq", tiny_calib / "calib.jsonl", "awq", batch_size=8, n_grid=4)
     return {"base": base, "fp8": root / "fp8", "awq": root / "awq"}
 
 
