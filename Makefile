@@ -31,6 +31,7 @@ demo: install sandbox-deps
 	$(BIN)/quantize show-verdict
 
 test: install system-deps
+	$(BIN)/ruff check .
 	$(BIN)/pytest -q --timeout 900
 
 # bubblewrap: the code suite runs model-written code only inside it (without it, `quantize eval`

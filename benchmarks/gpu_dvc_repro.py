@@ -14,7 +14,8 @@ from /tmp/vsite), then runs `dvc repro` there. A call that reaches --budget seco
 (SIGINT, as a cut would) and the next call runs `dvc repro` again: DVC skips the finished stages, the eval
 caches skip the scored items. The run holding the GPU is a small process of this script's (QUANTIZE_RUN_PID)
 that outlives a cut call by --grace seconds, so the vLLM servers of a cut call serve the next call's stages if
-the machine keeps processes between calls (and restart, counted, if it does not); it ends with the run. Every stage appends its wall time and engine start to a log
+the machine keeps processes between calls (and restart, counted, if it does not); it ends with the run. Every stage
+appends its wall time and engine start to a log
 (QUANTIZE_STAGE_LOG, written by pipeline/cli.py); each call writes $OUT/gpu_dvc_repro.json:
 
     stages: [{name, wall_s, engine_start_s, attempts, server_starts}]   (a cut stage's attempts add up)

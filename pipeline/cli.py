@@ -157,10 +157,12 @@ def bench(
     model_dir: Path = typer.Argument(..., help="Checkpoint to benchmark (models/base or models/<variant>)"),
     engine: Optional[str] = typer.Option(None, help=f"{engine_names(described=True)} (default: params bench.engine, else engine.name)"),
     concurrency: Optional[str] = typer.Option(None, help="Requests in flight, comma-separated (default: params bench.concurrency)"),
-    request_rates: Optional[str] = typer.Option(None, "--request-rates", help="Requests/s with Poisson arrivals, comma-separated; server engines only (default: params bench.request_rates)"),
+    request_rates: Optional[str] = typer.Option(None, "--request-rates", help="Requests/s with Poisson arrivals, comma-separated; "
+                                                "server engines only (default: params bench.request_rates)"),
     input_len: Optional[int] = typer.Option(None, help="Prompt tokens of the fixed workload (default: params bench.input_len)"),
     output_len: Optional[int] = typer.Option(None, help="Output tokens of the fixed workload (default: params bench.output_len)"),
-    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations for the real-length workload (default: params calib.out/holdout.jsonl if bench.holdout)"),
+    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations for the real-length workload (default: params "
+                                           "calib.out/holdout.jsonl if bench.holdout)"),
     out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<model dir name>/bench.json)"),
     params_file: Path = PARAMS_OPTION,
 ):

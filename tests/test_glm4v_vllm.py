@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_PARAMS, read_jsonl
+from conftest import read_jsonl
 from pipeline.checkpoints import serving as support
 from pipeline.errors import UserError
 from tiny import save_tiny_glm4v, save_tiny_glm4v_moe
