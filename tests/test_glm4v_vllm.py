@@ -43,6 +43,19 @@ def _config(arch: str, kind: str, kv: str, moe: bool) -> dict:
     return config
 
 
+def test_a_w4a16_checkpoint_naming_an_activation_order_is_not_shown_by_the_plain_w4a16_runs():
+    """GPTQ writes AWQ's tensors with `actorder: weight` in config.json, which vLLM reads: until a run with that
+    config is recorded, it is "not shown" with the command to try, never served on AWQ's evidence."""
+    config = _config(ARCHS["Glm"], "awq", "none", moe=False)
+    assert support.support_from_config(config)["vllm"]["serves"]
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "weight"
+    assert support.scheme(config) == "w4a16-actorder-weight"
+    entry = support.support_from_config(config)["vllm"]
+    assert entry["status"] == "not shown" and not entry["serves"] and "try: vllm serve DIR" in entry["how"]
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = None  # written as null
+    assert support.scheme(config) == "w4a16"
+
+
 def test_every_serves_claim_has_a_recorded_run_behind_it():
     """Glm, Glm4, Glm4v, Glm4vMoe x base, AWQ, RTN, FP8 static, FP8 dynamic x per-head / per-tensor KV."""
     repo = Path(__file__).resolve().parent.parent
