@@ -1,6 +1,6 @@
 """Checks a checkpoint directory before any stage loads it, from config.json and the weight
 files' headers only (no tensor data is read): every stage that takes a checkpoint (resave of an
-HF directory, awq, fp8, eval, kl, judge, bench, export) calls `check` first.
+HF directory, quantize, eval, kl, judge, bench, export) calls `check` first.
 
 A directory is refused, with the file at fault and the fix, when it is missing, has no
 config.json or one that is not valid JSON, names an architecture transformers cannot build, has

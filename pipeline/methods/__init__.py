@@ -28,7 +28,7 @@ _BY_NAME = {method.NAME: method for method in METHODS}
 
 
 def names(quote: bool = False) -> str:
-    """'awq, fp8 or rtn' (quote: "'awq', 'fp8' or 'rtn'"), for messages and help texts."""
+    """The registered names, e.g. 'awq, fp8 or rtn' (quote: "'awq', 'fp8' or 'rtn'"), for messages and help texts."""
     shown = [repr(name) if quote else name for name in _BY_NAME]
     return ", ".join(shown[:-1]) + " or " + shown[-1] if len(shown) > 1 else "".join(shown)
 
