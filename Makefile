@@ -31,6 +31,7 @@ demo: install sandbox-deps
 	$(BIN)/quantize show-verdict
 
 test: install system-deps
+	$(BIN)/ruff check .
 	$(BIN)/pytest -q --timeout 900
 
 # After `make demo`: its report becomes the committed example (reports/example/), with screenshots of the first

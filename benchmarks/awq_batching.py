@@ -51,7 +51,7 @@ def main() -> None:
 
     from pipeline.kl import holdout_texts
     from pipeline.checkpoints.loading import load_for_inference
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     sequences = holdout_texts(tokenizer, args.calib / "holdout.jsonl", args.max_tokens, args.sequences)
@@ -60,7 +60,7 @@ def main() -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         out = args.root / f"awq-b{batch}"
         started = time.perf_counter()
-        result = awq.run(args.model, out, args.calib / "calib.jsonl", group_size=args.group_size,
+        result = quantize_run(args.model, out, args.calib / "calib.jsonl", "awq", group_size=args.group_size,
                          batch_size=batch, n_grid=args.n_grid)
         seconds = time.perf_counter() - started
         variant = load_for_inference(out, torch.float32).eval()

@@ -39,18 +39,17 @@ def llmc_direct(model_dir: Path, blocks, batch: int, n_grid: int, group: int, ou
     from llmcompressor.core import active_session
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.quantize.awq import recipe
+    from pipeline.methods import awq
     from pipeline.quantize.calibrate import calibration_dataset
-    from pipeline.quantize.mappings import mappings_for
     from pipeline.quantize.compat import patch_cpu_pin_memory
-    from pipeline.quantize.stage import _copy_side_files, _set_dtype
+    from pipeline.quantize.stage import _copy_side_files, _set_dtype, read_target
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = json.loads((model_dir / "config.json").read_text())
+    settings = awq.Params(method="awq", group_size=group, n_grid=n_grid, search="forward")
     patch_cpu_pin_memory()  # without an accelerator llm-compressor's pin_memory raises; a no-op there
     started, cpu_started = time.perf_counter(), time.process_time()
     oneshot(model=model, processor=AutoTokenizer.from_pretrained(model_dir), dataset=calibration_dataset(blocks),
-            recipe=recipe(group, False, mappings_for(config["architectures"][0], config), n_grid, search="forward"),
+            recipe=awq.recipe(settings, read_target(model_dir)).modifiers,
             num_calibration_samples=len(blocks), max_seq_length=len(blocks[0]), batch_size=batch,
             shuffle_calibration_samples=False)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
@@ -81,7 +80,7 @@ def main() -> None:
     from pipeline.formats.calib_blocks import read_blocks
     from pipeline.kl import holdout_texts
     from pipeline.checkpoints.loading import load_for_inference
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
 
     args.root.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -98,7 +97,7 @@ def main() -> None:
         out = args.root / name
         shutil.rmtree(out, ignore_errors=True)
         if name.startswith("ours"):
-            info = awq.run(args.model, out, args.calib / "calib.jsonl", group_size=args.group_size, batch_size=batch,
+            info = quantize_run(args.model, out, args.calib / "calib.jsonl", "awq", group_size=args.group_size, batch_size=batch,
                            n_grid=args.n_grid, search=search).info
             seconds, cpu_seconds = info["seconds"]["calibrate"], info["seconds"]["oneshot_cpu"]
         else:

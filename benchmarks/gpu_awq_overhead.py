@@ -29,15 +29,15 @@ def direct(model_dir: Path, blocks: list[list[int]], group: int) -> float:
     from llmcompressor.core import active_session
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.quantize.awq import recipe
-    from pipeline.quantize.mappings import mappings_for
+    from pipeline.methods import awq
+    from pipeline.quantize.stage import read_target
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda")
-    config = json.loads((model_dir / "config.json").read_text())
+    modifiers = awq.recipe(awq.Params(method="awq", group_size=group), read_target(model_dir)).modifiers
     data = Dataset.from_dict({"input_ids": blocks, "attention_mask": [[1] * len(b) for b in blocks]})
     started = time.perf_counter()
     oneshot(model=model, processor=AutoTokenizer.from_pretrained(model_dir), dataset=data,
-            recipe=recipe(group, False, mappings_for("GlmForCausalLM", config)),
+            recipe=modifiers,
             num_calibration_samples=len(blocks), max_seq_length=len(blocks[0]), batch_size=1,
             shuffle_calibration_samples=False)
     seconds = time.perf_counter() - started
@@ -48,9 +48,9 @@ def direct(model_dir: Path, blocks: list[list[int]], group: int) -> float:
 
 
 def ours(model_dir: Path, calib: Path, out: Path, group: int) -> float:
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
 
-    return awq.run(model_dir, out, calib, group_size=group, batch_size=1).info["seconds"]["calibrate"]
+    return quantize_run(model_dir, out, calib, "awq", group_size=group, batch_size=1).info["seconds"]["calibrate"]
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """AWQ calibration speed, side by side in one process: llm-compressor's `oneshot` at its defaults
 (batch 1, n_grid 20), llm-compressor at our batch size, and our stage (`awq.run`: the X^T X search
-of pipeline/quantize/awq_gram.py), plus our stage with llm-compressor's own search (its overhead).
+of pipeline/methods/awq_gram.py), plus our stage with llm-compressor's own search (its overhead).
 
 Same random GLM-4-9B-shaped layers (GlmForCausalLM, bf16; time does not depend on the values),
 same random calibration blocks (128 x 512 tokens), same recipe (W4A16 g128 asymmetric, our GLM
@@ -173,20 +173,21 @@ def llmc_direct(model_dir: Path, blocks: list[list[int]], batch: int, n_grid: in
     from llmcompressor.core import active_session
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.quantize.awq import recipe
+    from pipeline.methods import awq
     from pipeline.quantize.calibrate import calibration_dataset
-    from pipeline.quantize.mappings import mappings_for
     from pipeline.quantize.compat import patch_cpu_pin_memory
+    from pipeline.quantize.stage import read_target
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=work_dtype()).to(device())
-    config = json.loads((model_dir / "config.json").read_text())
+    settings = awq.Params(method="awq", group_size=group, n_grid=n_grid, search="forward")
+    modifiers = awq.recipe(settings, read_target(model_dir)).modifiers
     patch_cpu_pin_memory()  # without an accelerator llm-compressor's pin_memory raises; a no-op there
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     _sync()
     started = time.perf_counter()
     oneshot(model=model, processor=AutoTokenizer.from_pretrained(model_dir), dataset=calibration_dataset(blocks),
-            recipe=recipe(group, False, mappings_for("GlmForCausalLM", config), n_grid, search="forward"),
+            recipe=modifiers,
             num_calibration_samples=len(blocks), max_seq_length=len(blocks[0]), batch_size=batch,
             shuffle_calibration_samples=False)
     _sync()
@@ -205,9 +206,9 @@ def llmc_direct(model_dir: Path, blocks: list[list[int]], batch: int, n_grid: in
 
 def ours(model_dir: Path, calib: Path, out: Path, batch: int, n_grid: int, group: int, search: str,
          placement: str = "auto") -> dict:
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
 
-    info = awq.run(model_dir, out, calib, group_size=group, batch_size=batch, n_grid=n_grid, search=search,
+    info = quantize_run(model_dir, out, calib, "awq", group_size=group, batch_size=batch, n_grid=n_grid, search=search,
                    placement=placement).info
     errors = info["verify"]["layer_error"]["relative"]
     return {"calibrate_s": info["seconds"]["calibrate"], "peak_gpu_bytes": info.get("peak_gpu_bytes_calibrate"),
@@ -236,12 +237,12 @@ def reference_io(model_dir: Path, probe_blocks: list[list[int]]):
 
 
 def plan_only(args, root: Path) -> None:
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
 
     model_dir = write_config_only(root, args.layers, args.arch, args.tiny)
     calib = write_blocks(root, args.blocks, args.seq_len, _vocab(model_dir))
     started = time.perf_counter()
-    layout = awq.run(model_dir, root / "plan-out", calib, group_size=args.group, batch_size=args.batch,
+    layout = quantize_run(model_dir, root / "plan-out", calib, "awq", group_size=args.group, batch_size=args.batch,
                      n_grid=args.n_grid, plan_only=True)
     print(layout.summary())
     print(f"(plan and probe took {time.perf_counter() - started:.0f} s)")

@@ -14,7 +14,8 @@ from /tmp/vsite), then runs `dvc repro` there. A call that reaches --budget seco
 (SIGINT, as a cut would) and the next call runs `dvc repro` again: DVC skips the finished stages, the eval
 caches skip the scored items. The run holding the GPU is a small process of this script's (QUANTIZE_RUN_PID)
 that outlives a cut call by --grace seconds, so the vLLM servers of a cut call serve the next call's stages if
-the machine keeps processes between calls (and restart, counted, if it does not); it ends with the run. Every stage appends its wall time and engine start to a log
+the machine keeps processes between calls (and restart, counted, if it does not); it ends with the run. Every stage
+appends its wall time and engine start to a log
 (QUANTIZE_STAGE_LOG, written by pipeline/cli.py); each call writes $OUT/gpu_dvc_repro.json:
 
     stages: [{name, wall_s, engine_start_s, attempts, server_starts}]   (a cut stage's attempts add up)
@@ -91,10 +92,10 @@ class Run:
                           max_model_len=512, batch_size=8, device_memory_gib=1.0, non_kv_memory_gib=0.01)
             params["model"]["dtype"] = "float16"
             params["calib"].update(seq_len=64, num_blocks=8, holdout=8)
-            for variant in params["variants"].values():
-                if variant["method"] in ("awq", "rtn"):
+            for variant in params["variants"].values():  # the tiny Glm is 64 wide: every grouped method at 32
+                if "group_size" in variant:
                     variant.update(group_size=32)
-                if variant["method"] == "awq":
+                if "n_grid" in variant:  # AWQ's scale candidates
                     variant.update(n_grid=4, batch_size=8)
             for name, suite in params["suites"].items():
                 suite["limit"] = 2

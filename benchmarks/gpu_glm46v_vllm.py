@@ -71,7 +71,7 @@ def models() -> dict[str, Path]:
 def build() -> dict:
     import torch
 
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
     from tiny import save_tiny_glm4v_moe
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
@@ -89,12 +89,12 @@ def build() -> dict:
     free_gpu()
     blocks = calib_blocks(16, 64 if TINY else 256, 380)  # token ids inside the tokenizer
     if "fp8" not in built:
-        step(results, "build", "FP8 W8A8 (static dense, dynamic experts) + FP8 KV per head", lambda: fp8.run(
-            paths["base"], paths["fp8"], blocks, batch_size=16).info)
+        step(results, "build", "FP8 W8A8 (static dense, dynamic experts) + FP8 KV per head", lambda: quantize_run(
+            paths["base"], paths["fp8"], blocks, "fp8", batch_size=16).info)
     free_gpu()
     if "awq" not in built:
-        step(results, "build", "AWQ W4A16 (group size auto: 64, 10944 = 64 x 171)", lambda: awq.run(
-            paths["base"], paths["awq"], blocks, group_size=32 if TINY else "auto", batch_size=16,
+        step(results, "build", "AWQ W4A16 (group size auto: 64, 10944 = 64 x 171)", lambda: quantize_run(
+            paths["base"], paths["awq"], blocks, "awq", group_size=32 if TINY else "auto", batch_size=16,
             n_grid=4 if TINY else 20).info)
     free_gpu()
     return results
@@ -251,7 +251,7 @@ def train_vqa(path: Path, steps: int, device: str) -> dict:
 
 def agreement() -> dict:
     from pipeline import evaluate
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     root = ROOT / "trained"
@@ -260,8 +260,8 @@ def agreement() -> dict:
     if not (root / "awq" / "config.json").exists():  # a rerun goes straight to the comparison
         step(results, "agreement", "train Glm4v on easy-VQA", lambda: train_vqa(base, 20 if TINY else 400, device))
         blocks = calib_blocks(16, 64 if TINY else 256, 380)
-        step(results, "agreement", "FP8", lambda: fp8.run(base, root / "fp8", blocks, batch_size=16).summary())
-        step(results, "agreement", "AWQ", lambda: awq.run(base, root / "awq", blocks, group_size="auto", batch_size=16,
+        step(results, "agreement", "FP8", lambda: quantize_run(base, root / "fp8", blocks, "fp8", batch_size=16).summary())
+        step(results, "agreement", "AWQ", lambda: quantize_run(base, root / "awq", blocks, "awq", group_size="auto", batch_size=16,
                                                           n_grid=4 if TINY else 20).summary())
     free_gpu()
     for name in ("base", "awq", "fp8"):

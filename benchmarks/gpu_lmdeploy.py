@@ -92,7 +92,7 @@ def export_exactness(variant: Path, exported: Path) -> dict:
 
 def agreement() -> dict:
     from pipeline import calib, evaluate
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
     from test_verdict_real import TASK_UTILS, TASK_YAML, train_copy_model
     from tiny import save_tiny_glm, save_tiny_llama
 
@@ -109,7 +109,7 @@ def agreement() -> dict:
             cal = root / f"{arch}-calib"
             calib.run(REPO / "calib_data" / "support_logs.jsonl", cal, base, seq_len=128, num_blocks=16, holdout=8)
             variant = root / f"{arch}-awq"
-            awq.run(base, variant, cal / "calib.jsonl", group_size=128, batch_size=16)
+            quantize_run(base, variant, cal / "calib.jsonl", "awq", group_size=128, batch_size=16)
             models[arch] = (base, variant)
             return {"base": str(base), "awq": str(variant)}
         step(results, f"{arch}: train + AWQ", make)
@@ -133,7 +133,7 @@ def serving() -> dict:
 
     from benchmarks.gpu_quantize import build_model, write_blocks
     from pipeline import bench, calib
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
 
     root = Path("/tmp/serving")
     root.mkdir(parents=True, exist_ok=True)
@@ -144,11 +144,11 @@ def serving() -> dict:
     holdout = root / "calib-text"
     step(results, "holdout prompts", lambda: calib.run(REPO / "calib_data" / "support_logs.jsonl", holdout,
                                                        models["base"], seq_len=256, num_blocks=4, holdout=64).summary())
-    step(results, "AWQ (16 x 512 calibration)", lambda: awq.run(
-        models["base"], models.setdefault("awq-w4a16", root / "awq"), blocks, group_size=128, batch_size=16).summary())
+    step(results, "AWQ (16 x 512 calibration)", lambda: quantize_run(
+        models["base"], models.setdefault("awq-w4a16", root / "awq"), blocks, "awq", group_size=128, batch_size=16).summary())
     if "--fp8" in sys.argv:  # lmdeploy 0.18 cannot serve it (export refuses, see README): only the refusal to see
-        step(results, "FP8", lambda: fp8.run(models["base"], models.setdefault("fp8-w8a8", root / "fp8"),
-                                             blocks).summary())
+        step(results, "FP8", lambda: quantize_run(models["base"], models.setdefault("fp8-w8a8", root / "fp8"),
+                                             blocks, "fp8").summary())
     if "--no-bench" not in sys.argv:
         for name, model in models.items():
             step(results, f"bench {name} (lmdeploy)", lambda m=model: bench.run(
@@ -205,7 +205,7 @@ def judge_through_lmdeploy() -> dict:
     """`quantize judge` with lmdeploy writing the answers and judging (the small trained Llama and its AWQ)."""
     from pipeline import calib, judge
     from pipeline.params import JudgeParams
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
     from test_verdict_real import train_copy_model
 
     root = Path("/tmp/judge")
@@ -213,7 +213,7 @@ def judge_through_lmdeploy() -> dict:
     base = train_copy_model(root / "base", steps=300, device="cuda", lr=1e-3, **SMALL)
     calib.run(REPO / "calib_data" / "support_logs.jsonl", root / "calib", base, seq_len=128, num_blocks=16, holdout=8)
     variant = root / "awq"
-    awq.run(base, variant, root / "calib" / "calib.jsonl", group_size=128, batch_size=16)
+    quantize_run(base, variant, root / "calib" / "calib.jsonl", "awq", group_size=128, batch_size=16)
     settings = JudgeParams(backend="lmdeploy", limit=8, max_new_tokens=32, judge_max_new_tokens=16)
     step(results, "judge, lmdeploy answers and judge", lambda: judge.run(
         variant, base, root / "calib" / "holdout.jsonl", root / "out", settings, name="lmdeploy",

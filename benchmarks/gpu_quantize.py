@@ -96,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
 
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -110,9 +110,9 @@ def main() -> None:
             out = root / f"{args.arch}-{method}-b{batch}"
             started = time.perf_counter()
             if method == "awq":
-                result = awq.run(model, out, calib, group_size=128, batch_size=batch)
+                result = quantize_run(model, out, calib, "awq", group_size=128, batch_size=batch)
             else:
-                result = fp8.run(model, out, calib, batch_size=batch)
+                result = quantize_run(model, out, calib, "fp8", batch_size=batch)
             wall = time.perf_counter() - started
             info = result.info
             rows.append({"method": method, "batch": batch, "wall_s": round(wall, 1), **info["seconds"],

@@ -86,7 +86,7 @@ def glm9b_models() -> dict[str, Path]:
 def build() -> dict:
     from benchmarks.gpu_quantize import build_model
     from pipeline import calib
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     models = glm9b_models()
@@ -100,11 +100,11 @@ def build() -> dict:
     step(results, "build", "holdout prompts", lambda: calib.run(
         REPO / "calib_data" / "support_logs.jsonl", ROOT / "calib-text", models["base"], seq_len=128,
         num_blocks=4, holdout=64).summary())
-    step(results, "build", "FP8 W8A8 + FP8 KV per head", lambda: fp8.run(
-        models["base"], models["fp8-w8a8"], blocks, batch_size=16).summary())
+    step(results, "build", "FP8 W8A8 + FP8 KV per head", lambda: quantize_run(
+        models["base"], models["fp8-w8a8"], blocks, "fp8", batch_size=16).summary())
     free_gpu()
-    step(results, "build", "AWQ W4A16 g128 (16 x 512 calibration)", lambda: awq.run(
-        models["base"], models["awq-w4a16"], blocks, group_size=32 if TINY else 128, batch_size=16,
+    step(results, "build", "AWQ W4A16 g128 (16 x 512 calibration)", lambda: quantize_run(
+        models["base"], models["awq-w4a16"], blocks, "awq", group_size=32 if TINY else 128, batch_size=16,
         n_grid=4 if TINY else 20).summary())
     return results
 
@@ -239,7 +239,7 @@ def kv_scales() -> dict:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.quantize import fp8
+    from pipeline.quantize.stage import run as quantize_run
     from tiny import save_tiny_glm
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
@@ -256,7 +256,7 @@ def kv_scales() -> dict:
     save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
     blocks = calib_blocks(16, 256, 380)
     per_head = ROOT / "kv-fp8-per-head"
-    step(results, "kv-scales", "FP8 stage (per-head KV)", lambda: fp8.run(base, per_head, blocks, batch_size=16).summary())
+    step(results, "kv-scales", "FP8 stage (per-head KV)", lambda: quantize_run(base, per_head, blocks, "fp8", batch_size=16).summary())
     tensors = load_file(per_head / "model.safetensors")
     written = {name: tensors[name].float().flatten().tolist() for name in tensors if name.endswith(("k_scale", "v_scale"))}
     results["checkpoint scales"] = written
@@ -325,7 +325,7 @@ def overhead() -> dict:
 
 def agreement() -> dict:
     from pipeline import evaluate
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
     from test_verdict_real import train_copy_model
     from tiny import save_tiny_glm
 
@@ -342,8 +342,8 @@ def agreement() -> dict:
         train_copy_model(base, build=save_tiny_glm, steps=30 if TINY else 300, device="cpu" if TINY else "cuda",
                          lr=1e-3, **shape)
         blocks = calib_blocks(16, 128, 380)
-        awq.run(base, root / "glm-awq", blocks, group_size=64 if TINY else 128, batch_size=16, n_grid=4 if TINY else 20)
-        fp8.run(base, root / "glm-fp8", blocks, batch_size=16)
+        quantize_run(base, root / "glm-awq", blocks, "awq", group_size=64 if TINY else 128, batch_size=16, n_grid=4 if TINY else 20)
+        quantize_run(base, root / "glm-fp8", blocks, "fp8", batch_size=16)
         models.update(base=base, awq=root / "glm-awq", fp8=root / "glm-fp8")
         return {k: str(v) for k, v in models.items()}
 

@@ -75,7 +75,7 @@ def token_perplexity(results_file: Path) -> float:
 def main() -> None:
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 300
     from pipeline import calib, evaluate, kl
-    from pipeline.quantize import fp8
+    from pipeline.quantize.stage import run as quantize_run
 
     ROOT.mkdir(parents=True, exist_ok=True)
     base = ROOT / "base"
@@ -87,14 +87,17 @@ def main() -> None:
     holdout = data / "holdout.jsonl"
     variants = {"base": base}
     for name, settings in (("mixed", {"activations": "static"}), ("dynamic", {"activations": "dynamic"})):
-        variants[name] = fp8.run(base, ROOT / name, data / "calib.jsonl", **settings).out
+        variants[name] = quantize_run(base, ROOT / name, data / "calib.jsonl", "fp8", **settings).out
     # every Linear static: the recipe the dense default would give a MoE (vLLM refuses it at load)
+    from dataclasses import replace
+
+    from pipeline.methods import fp8
+    from pipeline.methods.recipe import Recipe
     from pipeline.quantize import stage
 
-    variants["static"] = stage.run(method="fp8", scheme="FP8 W8A8 (static activations everywhere)",
-                                     recipe=fp8.recipe("static", "per-head", moe=False), model_dir=base,
-                                     out=ROOT / "static", calib=data / "calib.jsonl", batch_size=32,
-                                     details={"activations": "static everywhere"}).out
+    dense = fp8.recipe(fp8.Params(method="fp8", activations="static"), replace(stage.read_target(base), moe=False))
+    static = Recipe(dense.modifiers, "FP8 W8A8 (static activations everywhere)", {"activations": "static everywhere"})
+    variants["static"] = stage.quantize(fp8, static, base, ROOT / "static", data / "calib.jsonl", batch_size=32).out
     rows = {}
     for name, model in variants.items():
         summary = evaluate.run(model, suite="ppl-chat", task="quant_ppl_chat", variant=name,

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from pipeline import cli_quantize
+from pipeline import cli_quantize, methods
 from pipeline.cli_common import (BUILD, PARAMS_OPTION, SERVE, WORK_SECONDS, checked_model, load_params,
                                  make_room_on_gpu, refuse_overlap, stage, warm_run_servers, warm_server, working)
 from pipeline.engines import engine_names
@@ -19,7 +19,7 @@ from pipeline.errors import UserError
 from pipeline.params import with_overrides
 
 app = typer.Typer(
-    help="Quantize an LLM (AWQ W4A16, FP8 W8A8) and prove it against the FP16 base. "
+    help=f"Quantize an LLM (methods: {methods.names()}) and prove each variant against the FP16 base. "
          "Every option defaults from params.yaml in the current directory.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
@@ -121,11 +121,9 @@ def calib(
     typer.echo(result.summary())
 
 
-# the quantize subcommands (pipeline/cli_quantize.py), here to keep the order of `quantize --help`
-app.command()(cli_quantize.awq)
-app.command()(cli_quantize.fp8)
-app.command()(cli_quantize.rtn)
-app.command("variant")(cli_quantize.build_variant)
+# the quantize subcommands (pipeline/cli_quantize.py: one per method of pipeline/methods/, then `variant`), here to
+# keep the order of `quantize --help`
+cli_quantize.register(app)
 
 
 @app.command("eval")
@@ -176,10 +174,12 @@ def bench(
     model_dir: Path = typer.Argument(..., help="Checkpoint to benchmark (models/base or models/<variant>)"),
     engine: Optional[str] = typer.Option(None, help=f"{engine_names(described=True)} (default: params bench.engine, else engine.name)"),
     concurrency: Optional[str] = typer.Option(None, help="Requests in flight, comma-separated (default: params bench.concurrency)"),
-    request_rates: Optional[str] = typer.Option(None, "--request-rates", help="Requests/s with Poisson arrivals, comma-separated; server engines only (default: params bench.request_rates)"),
+    request_rates: Optional[str] = typer.Option(None, "--request-rates", help="Requests/s with Poisson arrivals, comma-separated; "
+                                                "server engines only (default: params bench.request_rates)"),
     input_len: Optional[int] = typer.Option(None, help="Prompt tokens of the fixed workload (default: params bench.input_len)"),
     output_len: Optional[int] = typer.Option(None, help="Output tokens of the fixed workload (default: params bench.output_len)"),
-    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations for the real-length workload (default: params calib.out/holdout.jsonl if bench.holdout)"),
+    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations for the real-length workload (default: params "
+                                           "calib.out/holdout.jsonl if bench.holdout)"),
     out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<model dir name>/bench.json)"),
     params_file: Path = PARAMS_OPTION,
 ):

@@ -1,4 +1,5 @@
-"""params.yaml schema: every stage's defaults, validated at load.
+"""params.yaml schema: every stage's defaults, validated at load (a variant's: its method's module in
+pipeline/methods/, whose section params.yaml's `variants` entries are).
 
 A bad file stops with the key's dotted path (and its line), what is wrong and what is allowed, e.g.
 ``params.yaml: variants.awq-w4a16.group_size: 100 does not divide 576 (hidden size of models/base)``.
@@ -10,50 +11,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import typing
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pipeline import engines, safe_yaml
+from pipeline import engines, methods, safe_yaml
 from pipeline.errors import UserError
 from pipeline.params_checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
                                     check_moved_keys, check_suite_models)
-from pipeline.params_errors import BoolGiven, format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
+from pipeline.params_errors import format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
+from pipeline.params_section import SafePath, Section
 
 DEFAULT_PARAMS = Path("params.yaml")
 SEED_MAX = 2**32 - 1  # numpy and torch take seeds below 2**32
 MAX_NEW_TOKENS = 32768  # per answer: engines preallocate the KV cache for prompt + new tokens
 MAX_TIMEOUT_S = 3600.0
 MAX_CALIB_TOKENS = 1 << 24  # seq_len x num_blocks: every block is held in memory while packing
-
-
-def _accepts_bool(annotation) -> bool:
-    if annotation is bool or annotation in (dict, list, typing.Any):
-        return True
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return True  # a section: its own fields are checked
-    return any(_accepts_bool(arg) for arg in typing.get_args(annotation))
-
-
-def _holds_bool(value) -> bool:
-    if isinstance(value, bool):
-        return True
-    if isinstance(value, dict):
-        return any(isinstance(v, bool) for v in value.values())
-    return isinstance(value, list) and any(isinstance(v, bool) for v in value)
-
-
-def _no_nul(path: Path) -> Path:
-    if "\0" in str(path):
-        raise ValueError("holds a NUL character; give a plain path")
-    return path
-
-
-SafePath = Annotated[Path, AfterValidator(_no_nul)]
 
 
 def _registered_engine(value):
@@ -66,22 +41,6 @@ def _registered_engine(value):
 
 
 EngineName = Annotated[str, BeforeValidator(_registered_engine)]
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_as_number(cls, data):
-        """pydantic reads true as 1: `batch_size: true` is a mistake, not a batch of one."""
-        if isinstance(data, dict) and any(isinstance(v, bool) or isinstance(v, (list, dict)) for v in data.values()):
-            data = dict(data)
-            for key, value in data.items():
-                field = cls.model_fields.get(key) if isinstance(key, str) else None
-                if field is not None and not _accepts_bool(field.annotation) and _holds_bool(value):
-                    data[key] = BoolGiven(value)  # fails its field's validation: reported there
-        return data
 
 
 class ModelParams(Section):
@@ -121,44 +80,8 @@ class CalibParams(Section):
         return patterns
 
 
-def group_size_allowed(value):
-    if value != "auto" and (value < 16 or value > 256 or value & (value - 1)):
-        raise ValueError(f"{value} is not one of auto, 16, 32, 64, 128, 256")
-    return value
-
-
-class AwqParams(Section):
-    method: Literal["awq"]
-    group_size: int | Literal["auto"] = "auto"
-    symmetric: bool = False
-    batch_size: int = Field(32, ge=1, le=4096)
-    n_grid: int = Field(20, ge=3, le=100)  # AWQ scale candidates per layer group (llm-compressor divides by n_grid - 2)
-    # how each candidate is scored: "gram" computes llm-compressor's loss from X^T X where a mapping's
-    # output is one Linear's (pipeline/quantize/awq_gram.py); "forward" is llm-compressor's own search
-    search: Literal["gram", "forward"] = "gram"
-
-    _power_of_two = field_validator("group_size")(lambda value: group_size_allowed(value))
-
-
-class Fp8Params(Section):
-    method: Literal["fp8"]
-    activations: Literal["static", "dynamic"] = "static"
-    kv: Literal["per-head", "per-tensor", "none"] = "per-head"
-    batch_size: int = Field(32, ge=1, le=4096)  # calibration blocks per forward pass (scales only)
-
-
-class RtnParams(Section):
-    """Round-to-nearest W4A16: AWQ's quantizer without its smoothing (the AWQ paper's baseline)."""
-
-    method: Literal["rtn"]
-    group_size: int | Literal["auto"] = "auto"
-    symmetric: bool = False
-    batch_size: int = Field(32, ge=1, le=4096)  # blocks per forward pass (the per-layer check)
-
-    _power_of_two = field_validator("group_size")(lambda value: group_size_allowed(value))
-
-
-VariantParams = Annotated[Union[AwqParams, Fp8Params, RtnParams], Field(discriminator="method")]
+# a variant's section is its method's (pipeline/methods/: fields, bounds and help live in the method's module)
+VariantParams = Annotated[Union[methods.sections()], Field(discriminator="method")]
 
 
 class SuiteParams(Section):

@@ -182,7 +182,7 @@ def check_against_model(params, path: Path | str = DEFAULT_PARAMS, lines: dict[t
     """Checks that need the base checkpoint (group size vs layer widths), when it exists and its config.json
     reads (a broken checkpoint is the stage's to refuse, with its own message)."""
     from pipeline.checkpoints import config_json
-    from pipeline.quantize.plan import group_size_problem
+    from pipeline.methods.int4 import group_size_problem
 
     if not config_json.present(params.model.base_dir):
         return
@@ -193,7 +193,7 @@ def check_against_model(params, path: Path | str = DEFAULT_PARAMS, lines: dict[t
     if config_json.hidden_size(config) is None:
         return
     for name, variant in params.variants.items():
-        if getattr(variant, "group_size", "auto") != "auto":  # awq and rtn
+        if getattr(variant, "group_size", "auto") != "auto":  # the int4 methods (pipeline/methods/int4.py)
             try:
                 problem = group_size_problem(config, variant.group_size, params.model.base_dir)
             except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError):

@@ -1,8 +1,8 @@
 """How a params problem is told: each at its key and line in params.yaml (format_error), or as the
 CLI flag that set it (with_overrides, which validates a section again with a stage's flags applied).
 
-pipeline/params.py holds the schema; this module knows pydantic's error shapes and says them in the
-file's terms: FILE:LINE: dotted.key: what is wrong and what to write.
+pipeline/params.py holds the schema (a variant's section: its method's module, pipeline/methods/); this module
+knows pydantic's error shapes and says them in the file's terms: FILE:LINE: dotted.key: what is wrong and what to write.
 """
 
 from __future__ import annotations
@@ -11,14 +11,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from pipeline import methods
 from pipeline.errors import UserError
-
-
-class BoolGiven:
-    """Stands in for a true/false written where a number belongs, so the error is reported at its key."""
-
-    def __init__(self, value) -> None:
-        self.value = value
+from pipeline.params_section import BoolGiven
 
 
 JSON_KINDS = {"dict": "a mapping", "list": "a list", "str": "text", "int": "a number", "float": "a number",
@@ -38,7 +33,7 @@ def clean_loc(loc: tuple) -> tuple[str, ...]:
     for i, part in enumerate(parts):
         if part.startswith(tags) or part in ("int", "float", "str", "bool", "none", "is-instance[Path]", "lax-or-strict"):
             continue
-        if part in ("awq", "fp8", "rtn") and i == 2 and parts[0] == "variants":  # the discriminated union's member
+        if i == 2 and parts[0] == "variants" and methods.is_method(part):  # the discriminated union's member
             continue
         kept.append(part)
     return tuple(kept)
@@ -57,16 +52,18 @@ def message_for(err: dict) -> str:
     if kind == "literal_error":
         return f"{str(repr(given))[:80]} is not allowed; {message.lower()}"
     if kind == "union_tag_invalid":
-        return f"method {given.get('method')!r} is not one of 'awq', 'fp8', 'rtn'" if isinstance(given, dict) else message
+        return f"method {given.get('method')!r} is not one of {methods.names(quote=True)}" if isinstance(given, dict) \
+            else message
     if kind == "union_tag_not_found":
-        return "needs a method: awq, fp8 or rtn (e.g. method: awq)"
+        return f"needs a method: {methods.names()} (e.g. method: {methods.METHODS[0].NAME})"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         if given is None:
             return "is empty (null); give it settings, or delete the line to take the defaults"
         return f"must be a mapping of settings (key: value), not {kind_of(given)}"
     if kind == "missing":
         return "required key missing; add it"
-    if isinstance(given, (int, float)) and not isinstance(given, bool):  # bounds: say what was given
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and not message.startswith(str(given)):
+        # bounds: say what was given
         shown = repr(given) if len(repr(given)) <= 40 else f"a {len(str(abs(int(given))))}-digit number"
         return f"{message} (got {shown})"
     return message

@@ -61,11 +61,11 @@ def tiny_calib(tmp_path_factory, tiny_llama) -> Path:
 @pytest.fixture(scope="session")
 def tiny_variants(tmp_path_factory, tiny_llama, tiny_calib) -> dict[str, Path]:
     """AWQ and FP8 variants of the tiny Llama, built once for every test that needs them."""
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
 
     root = tmp_path_factory.mktemp("variants")
-    awq.run(tiny_llama, root / "awq-w4a16", tiny_calib / "calib.jsonl", group_size=32, batch_size=8, n_grid=4)
-    fp8.run(tiny_llama, root / "fp8-w8a8", tiny_calib / "calib.jsonl")
+    quantize_run(tiny_llama, root / "awq-w4a16", tiny_calib / "calib.jsonl", "awq", group_size=32, batch_size=8, n_grid=4)
+    quantize_run(tiny_llama, root / "fp8-w8a8", tiny_calib / "calib.jsonl", "fp8")
     return {"awq-w4a16": root / "awq-w4a16", "fp8-w8a8": root / "fp8-w8a8"}
 
 

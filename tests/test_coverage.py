@@ -182,7 +182,7 @@ def test_one_number_format_per_kind_of_figure(tmp_path):
     parser.feed(out.html.read_text())
     columns = {"suite-table": {3: SHARE, 4: SHARE, 5: POINTS, 6: rf"\[{POINTS}, {POINTS}\]", 7: POINTS, 8: rf"{SHARE}|–"},  # no recovery when the base scores 0
                "perplexity-table": {4: PPL, 5: PPL, 6: RELATIVE, 7: rf"\[{RELATIVE}, {RELATIVE}\]", 8: RELATIVE, 9: SHARE},
-               "kl-table": {2: KL, 3: KL, 4: KL, 5: SHARE}, "awq-rtn-table": {3: PPL, 4: PPL, 5: RELATIVE}}
+               "kl-table": {2: KL, 3: KL, 4: KL, 5: SHARE}, "method-table": {5: PPL, 6: PPL, 7: RELATIVE}}
     for table, formats in columns.items():
         rows = [r for r in parser.tables[table][1:] if len(r) > max(formats)]
         assert rows, table

@@ -183,21 +183,21 @@ def test_a_large_checkpoint_is_hashed_once_per_file_signature(tmp_path, tiny_lla
     import os
     import shutil
 
-    from pipeline import eval_cache
+    from pipeline.checkpoints import fingerprint
 
     model = tmp_path / "model"
     shutil.copytree(tiny_llama, model)
-    monkeypatch.setattr(eval_cache, "MEMO_MIN_BYTES", 0)
+    monkeypatch.setattr(fingerprint, "MEMO_MIN_BYTES", 0)
     monkeypatch.setenv("QUANTIZE_FINGERPRINT_DIR", str(tmp_path / "memo"))
-    first = eval_cache.model_fingerprint(model)
+    first = fingerprint.model_fingerprint(model)
     [memo] = (tmp_path / "memo").glob("*.json")
     memo.write_text(json.dumps({**json.loads(memo.read_text()), "fingerprint": "remembered"}))
-    assert eval_cache.model_fingerprint(model) == "remembered"  # not hashed again
+    assert fingerprint.model_fingerprint(model) == "remembered"  # not hashed again
     weights = model / "model.safetensors"
     st = weights.stat()
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
-    changed = eval_cache.model_fingerprint(model)
+    changed = fingerprint.model_fingerprint(model)
     assert changed not in ("remembered", first)

@@ -74,10 +74,10 @@ def awq_config(modules_to_not_convert: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def glm_awq(tmp_path_factory, tiny_calib):
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
 
     root = tmp_path_factory.mktemp("glm-awq")
-    awq.run(save_tiny_glm(root / "base"), root / "awq", tiny_calib / "calib.jsonl", group_size=GROUP,
+    quantize_run(save_tiny_glm(root / "base"), root / "awq", tiny_calib / "calib.jsonl", "awq", group_size=GROUP,
             batch_size=8, n_grid=4)
     return root / "awq"
 
@@ -140,9 +140,9 @@ def test_glm_awq_export_is_chatglm_with_qkv_stacked_along_the_output_dim(glm_awq
 
 
 def test_symmetric_variant_exports_with_zero_points_8(tiny_llama, tiny_calib, tmp_path):
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
 
-    awq.run(tiny_llama, tmp_path / "awq", tiny_calib / "calib.jsonl", group_size=GROUP, symmetric=True,
+    quantize_run(tiny_llama, tmp_path / "awq", tiny_calib / "calib.jsonl", "awq", group_size=GROUP, symmetric=True,
             batch_size=8, n_grid=4)
     export.run(tmp_path / "awq", tmp_path / "lmdeploy")
     source, exported = read_tensors(tmp_path / "awq"), read_tensors(tmp_path / "lmdeploy")

@@ -1,6 +1,6 @@
 """GLM-4.1V / 4.5V (Glm4v, Glm4vMoe) on the engine it ships on, checked on the CPU.
 
-- serving claims come only from runs recorded on the GPU machine (engines/support.py);
+- serving claims come only from runs recorded on the GPU machine (checkpoints/serving.py);
 - a MoE gets FP8 experts vLLM's fused MoE accepts (dynamic per-token activations), the rest static;
 - a quantized vision checkpoint whose ignore list vLLM would not match under its own names is refused;
 - VQA through the vLLM engine: the rendered text (image markup in place) and the images reach the server's
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_PARAMS, read_jsonl
-from pipeline.engines import support
+from conftest import read_jsonl
+from pipeline.checkpoints import serving as support
 from pipeline.errors import UserError
 from tiny import save_tiny_glm4v, save_tiny_glm4v_moe
 
@@ -28,7 +28,7 @@ ARCHS = {"Glm": "GlmForCausalLM", "Glm4": "Glm4ForCausalLM", "Glm4v": "Glm4vForC
 
 def _config(arch: str, kind: str, kv: str, moe: bool) -> dict:
     """config.json's quantization_config as the pipeline writes it for each variant kind."""
-    from pipeline.quantize import fp8
+    from pipeline.methods import fp8
 
     config = {"architectures": [arch]}
     if kind == "base":
@@ -41,6 +41,19 @@ def _config(arch: str, kind: str, kv: str, moe: bool) -> dict:
                  "kv_cache_scheme": fp8.kv_cache_scheme(kv)}
     config["quantization_config"] = {"quant_method": "compressed-tensors", **quant}
     return config
+
+
+def test_a_w4a16_checkpoint_naming_an_activation_order_is_not_shown_by_the_plain_w4a16_runs():
+    """GPTQ writes AWQ's tensors with `actorder: weight` in config.json, which vLLM reads: until a run with that
+    config is recorded, it is "not shown" with the command to try, never served on AWQ's evidence."""
+    config = _config(ARCHS["Glm"], "awq", "none", moe=False)
+    assert support.support_from_config(config)["vllm"]["serves"]
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "weight"
+    assert support.scheme(config) == "w4a16-actorder-weight"
+    entry = support.support_from_config(config)["vllm"]
+    assert entry["status"] == "not shown" and not entry["serves"] and "try: vllm serve DIR" in entry["how"]
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = None  # written as null
+    assert support.scheme(config) == "w4a16"
 
 
 def test_every_serves_claim_has_a_recorded_run_behind_it():
@@ -72,7 +85,7 @@ def test_every_serves_claim_has_a_recorded_run_behind_it():
 
 
 def test_moe_fp8_default_is_a_scheme_vllms_fused_moe_takes():
-    from pipeline.quantize import fp8
+    from pipeline.methods import fp8
 
     groups = fp8.config_groups("static", moe=True)
     dense, experts = groups["group_0"], groups["experts"]
@@ -92,12 +105,12 @@ def test_moe_fp8_default_is_a_scheme_vllms_fused_moe_takes():
 
 @pytest.fixture(scope="module")
 def moe_variants(tmp_path_factory, tiny_calib):
-    from pipeline.quantize import awq, fp8
+    from pipeline.quantize.stage import run as quantize_run
 
     root = tmp_path_factory.mktemp("glm4v-moe")
     base = save_tiny_glm4v_moe(root / "base")
-    fp8.run(base, root / "fp8", tiny_calib / "calib.jsonl")
-    awq.run(base, root / "awq", tiny_calib / "calib.jsonl", batch_size=8, n_grid=4)
+    quantize_run(base, root / "fp8", tiny_calib / "calib.jsonl", "fp8")
+    quantize_run(base, root / "awq", tiny_calib / "calib.jsonl", "awq", batch_size=8, n_grid=4)
     return {"base": base, "fp8": root / "fp8", "awq": root / "awq"}
 
 

@@ -14,8 +14,6 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 UV = Path(sys.executable).with_name("uv")
 # (extras, torch already on the machine, what must come with it)

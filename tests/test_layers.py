@@ -3,12 +3,18 @@
 Every import counts, also those inside functions (a lazy import is still a dependency). The layers,
 bottom to top (README, "Architecture"):
 
-    foundation  errors, outputs, safe_yaml, console
-    formats     pipeline.formats.*            (one reader/writer per file format, the chat renderer)
-    libraries   params, verdict.* (every decision rule), sandbox, bwrap, long_context, likelihood, eval_cache, checkpoints.* (but resave),
-                engines.*, quantize.* (but the awq / fp8 / rtn stages)
-    stages      calib, checkpoints.resave, quantize.awq / fp8 / rtn, evaluate, kl, judge, bench, report
-    cli         pipeline.cli, pipeline.cli_* (its commands and what they share)
+    foundation   pipeline, errors, outputs, safe_yaml, console, runs (the run a process belongs to), imports (the
+                 package's own import graph)
+    formats      pipeline.formats.*            (one reader/writer per file format, the chat renderer)
+    checkpoints  pipeline.checkpoints.* (but resave: a stage)    (a checkpoint on disk: config, headers, loading,
+                 where it is served, its fingerprint)
+    engines      pipeline.engines.*, long_context (the vLLM engine asks it the model's context length)
+    settings     params, params_section, params_errors, params_checks, pipeline.methods.* (every params.yaml
+                 section, a method's included: params.py validates `variants` with the method registry)
+    libraries    verdict.* (every decision rule), eval_cache, likelihood, sandbox, bwrap, profiles, quantize.* (but stage)
+    stages       calib, checkpoints.resave, quantize.stage, evaluate, kl, judge, bench, report
+    cli          pipeline.cli, pipeline.cli_* (its commands and what they share; cli_launcher: the `quantize`
+                 command, cli_forkserver: the run's warm interpreter)
 
 A module may import modules of its own layer or below; a stage imports no other stage.
 """
@@ -20,11 +26,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
 
-FOUNDATION = {"pipeline", "pipeline.errors", "pipeline.outputs", "pipeline.safe_yaml", "pipeline.console"}
-STAGES = {"pipeline.calib": "calib", "pipeline.checkpoints.resave": "resave", "pipeline.quantize.awq": "awq",
-          "pipeline.quantize.fp8": "fp8", "pipeline.quantize.rtn": "rtn", "pipeline.evaluate": "eval",
-          "pipeline.kl": "kl", "pipeline.judge": "judge", "pipeline.bench": "bench", "pipeline.report": "report"}
-LAYER_NAMES = ["foundation", "formats", "libraries", "stages", "cli"]
+FOUNDATION = {"pipeline", "pipeline.errors", "pipeline.outputs", "pipeline.safe_yaml", "pipeline.console", "pipeline.runs",
+              "pipeline.imports"}
+STAGES = {"pipeline.calib": "calib", "pipeline.checkpoints.resave": "resave", "pipeline.quantize.stage": "quantize",
+          "pipeline.evaluate": "eval", "pipeline.kl": "kl", "pipeline.judge": "judge", "pipeline.bench": "bench",
+          "pipeline.report": "report"}
+SETTINGS = {"pipeline.params", "pipeline.params_section", "pipeline.params_errors", "pipeline.params_checks"}
+LAYER_NAMES = ["foundation", "formats", "checkpoints", "engines", "settings", "libraries", "stages", "cli"]
 
 
 def module_name(path: Path) -> str:
@@ -70,16 +78,26 @@ def stage_of(name: str) -> str | None:
     return None
 
 
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
 def layer_of(name: str) -> int:
     if name == "pipeline.cli" or name.startswith("pipeline.cli_"):
-        return 4
+        return LAYER_NAMES.index("cli")
     if stage_of(name):
-        return 3
+        return LAYER_NAMES.index("stages")
     if name in FOUNDATION:
-        return 0
-    if name.startswith("pipeline.formats"):
-        return 1
-    return 2
+        return LAYER_NAMES.index("foundation")
+    if _in(name, "pipeline.formats"):
+        return LAYER_NAMES.index("formats")
+    if _in(name, "pipeline.checkpoints"):
+        return LAYER_NAMES.index("checkpoints")
+    if _in(name, "pipeline.engines") or name == "pipeline.long_context":
+        return LAYER_NAMES.index("engines")
+    if name in SETTINGS or _in(name, "pipeline.methods"):
+        return LAYER_NAMES.index("settings")
+    return LAYER_NAMES.index("libraries")
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -159,3 +177,15 @@ def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
 ])
 def test_cycle_finder_finds_cycles(bad, expected):
     assert cycles(bad) == expected
+
+
+@pytest.mark.parametrize("importer, imported", [
+    ("pipeline.checkpoints.headers", "pipeline.quantize.compat"),  # the four of issue 34, each moved down
+    ("pipeline.checkpoints.export", "pipeline.engines.support"),
+    ("pipeline.engines.shared", "pipeline.eval_cache"),
+    ("pipeline.params_checks", "pipeline.quantize.plan"),
+    ("pipeline.methods.awq", "pipeline.quantize.stage"),
+])
+def test_the_layers_rank_these_imports_as_upward(importer, imported):
+    """The layering is fine enough to see each import issue 34 found running up (and a method reaching for the stage)."""
+    assert layer_of(imported) > layer_of(importer)

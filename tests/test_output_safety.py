@@ -233,20 +233,21 @@ def test_stale_temp_outputs_are_removed_only_when_provably_a_dead_runs(tmp_path)
 
 _HANG_IN_VERIFY = """
 import sys, time
-from pipeline.quantize import awq, verify
+from pipeline.quantize import verify
+from pipeline.quantize.stage import run
 
 def hang(*args, **kwargs):
     print("verifying", flush=True)
     time.sleep(600)
 
 verify.verify = hang  # stands still where `quantize awq` was killed in the report: save done, verify running
-awq.run(sys.argv[1], sys.argv[2], sys.argv[3], group_size=32, batch_size=8, n_grid=4)
+run(sys.argv[1], sys.argv[2], sys.argv[3], "awq", group_size=32, batch_size=8, n_grid=4)
 """
 
 
 @pytest.mark.slow
 def test_awq_killed_during_verify_leaves_a_temp_dir_the_next_run_removes(tiny_llama, tiny_calib, tmp_path):
-    from pipeline.quantize import awq
+    from pipeline.quantize.stage import run as quantize_run
 
     out = tmp_path / "models" / "awq"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
@@ -265,7 +266,7 @@ def test_awq_killed_during_verify_leaves_a_temp_dir_the_next_run_removes(tiny_ll
     leftovers = [p for p in out.parent.iterdir() if p.name.startswith(f".awq.tmp-{proc.pid}-")]
     assert len(leftovers) == 1 and (leftovers[0] / "model.safetensors").exists() and not out.exists()
 
-    awq.run(tiny_llama, out, tiny_calib / "calib.jsonl", group_size=32, batch_size=8, n_grid=4)
+    quantize_run(tiny_llama, out, tiny_calib / "calib.jsonl", "awq", group_size=32, batch_size=8, n_grid=4)
     assert sorted(p.name for p in out.parent.iterdir()) == ["awq"]
     assert (out / "quant.json").exists()
 

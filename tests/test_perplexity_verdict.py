@@ -145,10 +145,11 @@ def test_report_counts_perplexity_suites_and_compares_awq_with_rtn(tmp_path):
     assert variants["fp8-w8a8"]["perplexity"]["ppl-book"]["counted"] and variants["fp8-w8a8"]["suites"] == {}
     [comparison] = out.verdict["method_comparisons"]
     assert comparison["better"] == "awq-w4a16" and comparison["ci_high"] < 0 and comparison["suite"] == "ppl-book"
-    assert comparison["change"] == pytest.approx(comparison["awq_ppl"] / comparison["rtn_ppl"] - 1)
+    assert (comparison["variant"], comparison["against"]) == ("awq-w4a16", "rtn-w4a16")  # pipeline/methods/awq.py
+    assert comparison["change"] == pytest.approx(comparison["variant_ppl"] / comparison["against_ppl"] - 1)
     assert out.verdict["metrics"]["awq-w4a16"]["ppl-book"]["change"] > 0.05
     html = out.html.read_text()
-    assert 'id="perplexity-table"' in html and 'id="awq-rtn-table"' in html
+    assert 'id="perplexity-table"' in html and 'id="method-table"' in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # document text escaped
     assert html.count('<th scope="row">ppl-book</th><td>fp8-w8a8</td>') == 1
 

@@ -73,10 +73,11 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     assert out.returncode == 0, out.stdout + out.stderr
     planned = [l.removeprefix("Running stage '").removesuffix("':") for l in out.stdout.splitlines()
                if l.startswith("Running stage")]
-    models = ["base", "awq-w4a16", "fp8-w8a8", "rtn-w4a16"]
+    gpu = yaml.safe_load(profiles.stored("gpu-h200", "params.yaml").read_text())
+    models = ["base", *gpu["variants"]]
     in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "kl@"))]
     served = [i for i, s in enumerate(planned) if s.startswith(("evaluate@", "judge@", "bench@"))]
-    assert len(in_process) == 6 and max(in_process) < min(served)
+    assert len(in_process) == 2 * len(gpu["variants"]) and max(in_process) < min(served)
     assert [s for s in planned if s.startswith("evaluate@")] == [f"evaluate@{m}" for m in models]  # every suite each
     # each server starts (warm) as soon as its checkpoint exists: base's right after resave, before calibration;
     # a variant's right after its quantize stage

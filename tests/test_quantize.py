@@ -6,7 +6,8 @@ import torch
 from conftest import read_tensors
 
 from pipeline.errors import UserError
-from pipeline.quantize import awq, plan
+from pipeline.methods import int4
+from pipeline.quantize.stage import run as quantize_run
 
 
 tensors = read_tensors
@@ -80,19 +81,19 @@ def test_fp8_checkpoint_really_quantizes_activations_when_loaded(tiny_variants):
 
 def test_group_size_that_does_not_divide_is_refused_before_loading(tmp_path, tiny_llama, tiny_calib):
     with pytest.raises(UserError, match=r"128 does not divide 64 \(hidden size of .*\); use 64"):
-        awq.run(tiny_llama, tmp_path / "out", tiny_calib / "calib.jsonl", group_size=128)
+        quantize_run(tiny_llama, tmp_path / "out", tiny_calib / "calib.jsonl", "awq", group_size=128)
     assert not (tmp_path / "out").exists()
 
 
 def test_auto_group_size_follows_the_model():
     config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
               "num_attention_heads": 9, "head_dim": 64}
-    assert plan.choose_group_size(config, "auto", "m") == 64
+    assert int4.choose_group_size(config, "auto", "m") == 64
     glm4_9b = {**config, "hidden_size": 4096, "intermediate_size": 13696, "num_attention_heads": 32, "head_dim": 128}
-    assert plan.choose_group_size(glm4_9b, "auto", "m") == 128
-    assert plan.choose_group_size({**glm4_9b, "intermediate_size": 1040}, "auto", "m") == 16
+    assert int4.choose_group_size(glm4_9b, "auto", "m") == 128
+    assert int4.choose_group_size({**glm4_9b, "intermediate_size": 1040}, "auto", "m") == 16
     with pytest.raises(UserError, match="no group size"):
-        plan.choose_group_size({**glm4_9b, "intermediate_size": 1000}, "auto", "m")
+        int4.choose_group_size({**glm4_9b, "intermediate_size": 1000}, "auto", "m")
 
 
 def test_unsupported_architecture_is_refused(tmp_path, tiny_llama, tiny_calib):
@@ -104,7 +105,7 @@ def test_unsupported_architecture_is_refused(tmp_path, tiny_llama, tiny_calib):
     config["architectures"] = ["MysteryForCausalLM"]
     (odd / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="AWQ has no smoothing mappings for MysteryForCausalLM; supported: .*GlmForCausalLM"):
-        awq.run(odd, tmp_path / "out", tiny_calib / "calib.jsonl")
+        quantize_run(odd, tmp_path / "out", tiny_calib / "calib.jsonl", "awq")
 
 
 def test_cpu_pin_memory_is_a_no_op():

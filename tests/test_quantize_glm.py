@@ -14,7 +14,8 @@ import torch
 from conftest import read_tensors
 
 from pipeline.errors import UserError
-from pipeline.quantize import awq, fp8, plan, verify
+from pipeline.quantize import plan, verify
+from pipeline.quantize.stage import run as quantize_run
 from tiny import save_tiny_glm, save_tiny_glm4, save_tiny_glm4v, save_tiny_glm4v_moe
 
 LAYERS = 2
@@ -86,7 +87,7 @@ def recording_smoothing(records: dict[str, Smoothed]):
     """Spies on the real AWQ smoothing step (our GramAWQModifier's, which hands the mappings it does
     not score from X^T X to llm-compressor's own): for every mapping smoothed, keeps the resolved
     balance layers and the smooth layer's weight before and after the step."""
-    from pipeline.quantize.awq_gram import GramAWQModifier
+    from pipeline.methods.awq_gram import GramAWQModifier
 
     original = GramAWQModifier._apply_smoothing
 
@@ -120,8 +121,8 @@ def built(request, tmp_path_factory, tiny_calib) -> Built:
     calib = tiny_calib / "calib.jsonl"  # same tokenizer as the tiny GLMs
     smoothing: dict[str, Smoothed] = {}
     with recording_smoothing(smoothing):
-        awq.run(base, root / "awq", calib, batch_size=8, n_grid=4)
-    fp8.run(base, root / "fp8", calib)
+        quantize_run(base, root / "awq", calib, "awq", batch_size=8, n_grid=4)
+    quantize_run(base, root / "fp8", calib, "fp8")
     return Built(arch, base, root / "awq", root / "fp8", smoothing)
 
 
@@ -203,7 +204,7 @@ def test_awq_smoothed_every_intended_mapping(built):
 def test_mappings_match_text_modules_only(built):
     """Text-only calibration never runs the vision tower, so AWQ would not smooth it anyway: the
     patterns themselves must exclude it, for calibration sets that carry images."""
-    from pipeline.quantize.mappings import mappings_for
+    from pipeline.methods.awq_mappings import mappings_for
     from pipeline.checkpoints.loading import load_model
 
     names = [name for name, _ in load_model(built.base, torch.float32).named_modules()]
@@ -271,7 +272,7 @@ def test_without_gqa_v_proj_is_smoothed_into_o_proj(tmp_path, tiny_calib):
     base = save_tiny_glm(tmp_path / "base", num_key_value_heads=4)
     records: dict[str, Smoothed] = {}
     with recording_smoothing(records):
-        awq.run(base, tmp_path / "awq", tiny_calib / "calib.jsonl", batch_size=8, n_grid=4)
+        quantize_run(base, tmp_path / "awq", tiny_calib / "calib.jsonl", "awq", batch_size=8, n_grid=4)
     rescaled = []
     for i in range(LAYERS):
         record = records[f"model.layers.{i}.self_attn.v_proj"]
@@ -333,20 +334,22 @@ def test_moe_whose_experts_cannot_be_linearized_is_refused_before_loading(tmp_pa
         "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
         "text_config": {"num_experts": 8, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4},
     })
-    for method in (awq, fp8):
+    from pipeline import methods
+
+    for method in methods.METHODS:  # every registered method: the check is the stage's, before any recipe runs
         with pytest.raises(UserError, match=r"Qwen3VLMoeForConditionalGeneration keeps its 8 routed experts as fused"):
-            method.run(model_dir, tmp_path / "out", tiny_calib / "calib.jsonl")
+            quantize_run(model_dir, tmp_path / "out", tiny_calib / "calib.jsonl", method.NAME)
     assert not (tmp_path / "out").exists()
 
 
 def test_unknown_model_type_is_refused_before_loading(tmp_path, tiny_calib):
     model_dir = _config_only(tmp_path, {"architectures": ["MysteryForCausalLM"], "model_type": "mystery"})
     with pytest.raises(UserError, match=r"transformers does not know model_type 'mystery' \(MysteryForCausalLM\)"):
-        fp8.run(model_dir, tmp_path / "out", tiny_calib / "calib.jsonl")
+        quantize_run(model_dir, tmp_path / "out", tiny_calib / "calib.jsonl", "fp8")
 
 
 def test_glm_group_size_that_does_not_divide_is_refused_before_loading(tmp_path, tiny_calib):
     base = save_tiny_glm4v_moe(tmp_path / "base")
     (base / "model.safetensors").unlink()  # nothing to load: the check must come first
     with pytest.raises(UserError, match=r"64 does not divide 32 \(MoE intermediate size of .*\); use 32"):
-        awq.run(base, tmp_path / "out", tiny_calib / "calib.jsonl", group_size=64)
+        quantize_run(base, tmp_path / "out", tiny_calib / "calib.jsonl", "awq", group_size=64)

@@ -13,7 +13,8 @@ import torch
 from conftest import read_tensors
 
 from pipeline.errors import UserError
-from pipeline.quantize import awq, plan, stage
+from pipeline.quantize import plan, stage
+from pipeline.quantize.stage import run as quantize_run
 from tiny import save_tiny_glm, save_tiny_glm4v_moe
 
 
@@ -58,8 +59,8 @@ def test_offloaded_run_with_llm_compressors_search_writes_the_same_checkpoint(ar
     else:
         base, default = tiny_glm, tmp_path / "default"
         settings = dict(batch_size=8, n_grid=4)
-        awq.run(base, default, calib, **settings)
-    result = awq.run(base, tmp_path / "offload", calib, placement="offload", search="forward", **settings)
+        quantize_run(base, default, calib, "awq", **settings)
+    result = quantize_run(base, tmp_path / "offload", calib, "awq", placement="offload", search="forward", **settings)
     assert_same_checkpoint(default, tmp_path / "offload")
     info = result.info
     assert info["placement"] == "offload" and info["search"] == "forward"
@@ -72,10 +73,10 @@ def test_moe_experts_all_calibrated_and_a_starved_expert_fails_the_run(tmp_path,
     calib = tiny_calib / "calib.jsonl"
     experts = "model.language_model.layers.1.mlp.experts"
     with pytest.raises(UserError, match=rf"2 MoE experts saw no calibration tokens.*{experts}\.2, {experts}\.3;"):
-        awq.run(starved_moe, tmp_path / "routed-only", calib, batch_size=8, n_grid=3, calibrate_all_experts=False)
+        quantize_run(starved_moe, tmp_path / "routed-only", calib, "awq", batch_size=8, n_grid=3, calibrate_all_experts=False)
     assert not (tmp_path / "routed-only").exists()
 
-    info = awq.run(starved_moe, tmp_path / "all", calib, batch_size=8, n_grid=3).info
+    info = quantize_run(starved_moe, tmp_path / "all", calib, "awq", batch_size=8, n_grid=3).info
     tokens = info["calibration"]["tokens"]
     layer = info["experts"]["layers"][experts]
     assert layer["experts"] == 4 and layer["tokens_seen"] == {"min": tokens, "max": tokens}
@@ -87,7 +88,7 @@ def test_moe_experts_all_calibrated_and_a_starved_expert_fails_the_run(tmp_path,
 
 
 def test_plan_reports_layers_memory_and_probe_time_and_writes_nothing(tmp_path, starved_moe, tiny_calib):
-    layout = awq.run(starved_moe, tmp_path / "out", tiny_calib / "calib.jsonl", batch_size=8, n_grid=3,
+    layout = quantize_run(starved_moe, tmp_path / "out", tiny_calib / "calib.jsonl", "awq", batch_size=8, n_grid=3,
                      plan_only=True)
     assert isinstance(layout, stage.Plan) and not (tmp_path / "out").exists()
     i = layout.info
@@ -133,7 +134,7 @@ def test_auto_placement_keeps_the_model_on_the_device_only_when_it_fits(free, ex
 
 def test_gram_loss_is_the_output_error_of_the_linear():
     """The identity the X^T X search rests on: sum over tokens of ||x (W_q - W)^T||^2 = sum(E G * E)."""
-    from pipeline.quantize.awq_gram import _gram_update
+    from pipeline.methods.awq_gram import _gram_update
 
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(3, 50, 24, generator=generator)

@@ -260,7 +260,7 @@ def test_an_unknown_engine_lists_the_choices(tmp_path, tiny_llama, monkeypatch):
 def test_every_variant_records_which_engines_serve_it_only_from_recorded_runs(tiny_variants, tiny_llama, tmp_path):
     """quant.json, the report and `quantize export` say the same thing: a Llama was never served on the GPU
     machine, so nothing claims it is; each "not shown" gives the command to try."""
-    from pipeline.engines.support import serving_support
+    from pipeline.checkpoints.serving import serving_support
 
     fp8 = json.loads((tiny_variants["fp8-w8a8"] / "quant.json").read_text())["serving"]
     awq = json.loads((tiny_variants["awq-w4a16"] / "quant.json").read_text())["serving"]

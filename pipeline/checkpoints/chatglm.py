@@ -51,7 +51,8 @@ from pathlib import Path
 import torch
 
 from pipeline.checkpoints import config_json
-from pipeline.checkpoints.streaming import MAX_SHARD_BYTES, OutTensor, Piece, SafetensorsSource, TensorSource, carry_files, check_shapes, whole, write_checkpoint
+from pipeline.checkpoints.streaming import (MAX_SHARD_BYTES, OutTensor, Piece, SafetensorsSource, TensorSource, carry_files,
+                                            check_shapes, whole, write_checkpoint)
 from pipeline.errors import UserError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

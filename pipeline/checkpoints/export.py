@@ -301,7 +301,7 @@ def _awq_scheme(model_dir: Path, quant: dict) -> Scheme:
 
 
 def _fp8_refusal(model_dir: Path, quant: dict) -> str:
-    from pipeline.engines.support import support_from_config
+    from pipeline.checkpoints.serving import support_from_config
 
     config = config_json.read(model_dir)
     return f"{model_dir}: {support_from_config(config)['lmdeploy']['how']}: vllm serve {model_dir}"

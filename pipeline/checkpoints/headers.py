@@ -1,6 +1,6 @@
 """Checks a checkpoint directory before any stage loads it, from config.json and the weight
 files' headers only (no tensor data is read): every stage that takes a checkpoint (resave of an
-HF directory, awq, fp8, eval, kl, judge, bench, export) calls `check` first.
+HF directory, quantize, eval, kl, judge, bench, export) calls `check` first.
 
 A directory is refused, with the file at fault and the fix, when it is missing, has no
 config.json or one that is not valid JSON, names an architecture transformers cannot build, has
@@ -184,7 +184,7 @@ def _meta_model(model_dir: Path, config):
     from transformers.conversion_mapping import get_model_conversion_mapping
 
     from pipeline.checkpoints.loading import auto_model_class
-    from pipeline.quantize import compat
+    from pipeline.checkpoints import linear_experts
 
     auto = auto_model_class(config)
     model_cls = auto._model_mapping.get(type(config), None)
@@ -202,7 +202,7 @@ def _meta_model(model_dir: Path, config):
                             f"restore the config.json that came with the weights, or {REBUILD}") from None
     layout = contextlib.nullcontext()
     if config_json.routed_experts(config.to_dict()) and _linearized(config.model_type):
-        layout = compat.linearized_experts(model_cls, config.model_type)  # as oneshot.load_model loads it
+        layout = linear_experts.linearized_experts(model_cls, config.model_type)  # as oneshot.load_model loads it
     with layout:
         try:
             with torch.device("meta"):
@@ -220,10 +220,10 @@ def _meta_model(model_dir: Path, config):
 
 def _linearized(model_type: str) -> bool:
     """Whether the loader splits this MoE's experts into Linears (llm-compressor's mapping, when installed)."""
-    from pipeline.quantize import compat
+    from pipeline.checkpoints import linear_experts
 
     try:
-        return compat.loads_linearized(model_type)
+        return linear_experts.loads_linearized(model_type)
     except ImportError:  # no llm-compressor (the `quantize` extra): transformers' own layout
         return False
 

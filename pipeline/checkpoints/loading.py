@@ -35,15 +35,15 @@ def meta_model(model_dir: Path | str):
 
 def load_model(model_dir: Path, dtype, **kwargs):
     """The checkpoint as transformers builds it; MoE routed experts as one Linear per expert
-    where llm-compressor knows how (see compat.load_linearized)."""
+    where llm-compressor knows how (see linear_experts.load_linearized)."""
     config = config_json.load(model_dir)
     auto = auto_model_class(config)
     if config_json.routed_experts(config.to_dict()):
-        from pipeline.quantize import compat
+        from pipeline.checkpoints import linear_experts
 
-        if compat.loads_linearized(config.model_type):
+        if linear_experts.loads_linearized(config.model_type):
             model_cls = auto._model_mapping[type(config)]
-            return compat.load_linearized(model_cls, model_dir, config.model_type, dtype=dtype, **kwargs)
+            return linear_experts.load_linearized(model_cls, model_dir, config.model_type, dtype=dtype, **kwargs)
     return auto.from_pretrained(model_dir, dtype=dtype, **kwargs)
 
 

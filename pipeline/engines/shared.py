@@ -58,9 +58,9 @@ def registry_dir() -> Path:
 # ---------------------------------------------------------------- keys
 
 def content_fingerprint(model_dir: Path | str, registry: Path | None = None) -> str:
-    """The checkpoint's content hash (eval_cache.model_fingerprint: config and weights; a large checkpoint is
+    """The checkpoint's content hash (checkpoints/fingerprint.py: config and weights; a large checkpoint is
     hashed once per run, not in every stage)."""
-    from pipeline.eval_cache import model_fingerprint
+    from pipeline.checkpoints.fingerprint import model_fingerprint
 
     return model_fingerprint(Path(model_dir).resolve())
 

@@ -1,4 +1,5 @@
-"""Quantization stages: AWQ W4A16 and FP8 W8A8 (+ FP8 KV cache), built on llm-compressor."""
+"""The quantize stage (stage.py) and what it runs on: the plan, llm-compressor's calibration, verification. The
+methods it runs are registered in pipeline/methods/ (one module each)."""
 
 
 def require_llmcompressor() -> None:

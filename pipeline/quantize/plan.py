@@ -1,5 +1,6 @@
-"""What a quantization run will do, decided from config.json before any weight is loaded:
-the architecture's support, the group size, and what is left in full precision and why."""
+"""What a quantization run will do, decided from config.json before any weight is loaded: the architecture's
+support, what is left in full precision and why, the decoder layers, the memory on the device and the host, and
+where the model is placed (the group size: pipeline/methods/int4.py)."""
 
 from __future__ import annotations
 
@@ -9,38 +10,12 @@ from pathlib import Path
 from pipeline.checkpoints import config_json
 from pipeline.errors import UserError
 
-GROUP_SIZES = (128, 64, 32, 16)
-
 # (pattern, reason): modules left in full precision.
 IGNORE = [
     ("lm_head", "output head: small, and its error goes straight into every logit"),
     ("re:.*visual.*", "vision tower: kept in full precision by design"),
     ("re:.*mlp\\.gate$", "MoE router: tiny, and routing is sensitive to error"),
 ]
-
-
-def group_size_problem(config: dict, group_size: int, model_dir: Path | str) -> str | None:
-    widths = config_json.linear_input_widths(config)
-    for what, width in widths.items():
-        if width % group_size:
-            fits = [g for g in GROUP_SIZES if all(w % g == 0 for w in widths.values())]
-            hint = f"; use {fits[0]}" if fits else ""
-            return f"{group_size} does not divide {width} ({what} of {model_dir}){hint}"
-    return None
-
-
-def choose_group_size(config: dict, requested: int | str, model_dir: Path | str) -> int:
-    """128 unless the model needs smaller; an explicit size that does not fit is refused."""
-    if requested == "auto":
-        for size in GROUP_SIZES:
-            if group_size_problem(config, size, model_dir) is None:
-                return size
-        widths = ", ".join(f"{k} {v}" for k, v in config_json.linear_input_widths(config).items())
-        raise UserError(f"{model_dir}: no group size in {GROUP_SIZES} divides the layer widths ({widths})")
-    problem = group_size_problem(config, int(requested), model_dir)
-    if problem:
-        raise UserError(f"group_size: {problem}")
-    return int(requested)
 
 
 def ignore_patterns() -> list[str]:
@@ -77,7 +52,7 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
     recipe would skip them unless they load as one Linear per expert."""
     from transformers import CONFIG_MAPPING
 
-    from pipeline.quantize import compat
+    from pipeline.checkpoints import linear_experts
 
     if not config.get("model_type"):
         raise UserError(f"{config_json.path(model_dir)}: no model_type; restore the config.json that came with "
@@ -88,12 +63,12 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
         raise UserError(f"{model_dir}: transformers does not know model_type {model_type!r} ({arch}); "
                         "upgrade transformers, or resave the checkpoint in a supported architecture")
     experts = config_json.routed_experts(config)
-    if experts and not compat.loads_linearized(model_type):
+    if experts and not linear_experts.loads_linearized(model_type):
         raise UserError(
             f"{model_dir}: {arch} keeps its {experts} routed experts as fused 3-D tensors, which "
             f"llm-compressor cannot load as one Linear per expert (model_type {model_type!r} has no "
             "linearization mapping), so they would stay unquantized; register one in "
-            "pipeline/quantize/compat.py EXTRA_LINEARIZED_MOE"
+            "pipeline/checkpoints/linear_experts.py EXTRA_LINEARIZED_MOE"
         )
     return arch
 
@@ -145,22 +120,26 @@ def footprint(model) -> dict:
 
 
 def working_set_bytes(config: dict, kind: str, tokens: int, batch_tokens: int, dtype_bytes: int,
-                      awq: bool) -> int:
+                      state: str = "none") -> int:
     """A rough upper estimate of the device memory one decoder layer's calibration needs beyond its
-    weights: the batch's activations through the widest projection, and for AWQ the cached inputs
-    of the attention (replayed per scale candidate), its outputs, and the float32 Gram matrices of
-    the single-Linear mappings. `plan --probe` measures the real figure."""
+    weights: the batch's activations through the widest projection, plus what the method holds per layer
+    (its CALIBRATION_STATE, pipeline/methods/): "activation-cache" (AWQ), the cached inputs of the attention (replayed per
+    scale candidate), its outputs, and the float32 Gram matrices of the single-Linear mappings;
+    "hessians" (GPTQ), one float32 in x in matrix per quantized Linear. `--plan`'s probe measures the real figure."""
     text = config_json.text_section(config)
     hidden = text["hidden_size"]
     experts = int(kind.split(", ")[1].split()[0]) if "experts" in kind else 0
     inner = (text.get("moe_intermediate_size") or text.get("intermediate_size") or 4 * hidden) if experts \
         else (text.get("intermediate_size") or 4 * hidden)
     activations = batch_tokens * (4 * hidden + 3 * 2 * inner) * dtype_bytes
-    if not awq:
-        return activations
-    cached = 3 * tokens * hidden * dtype_bytes
-    grams = 4 * (hidden ** 2 + (max(experts, 1) + 1) * inner ** 2)
-    return activations + cached + grams
+    if state == "activation-cache":
+        cached = 3 * tokens * hidden * dtype_bytes
+        grams = 4 * (hidden ** 2 + (max(experts, 1) + 1) * inner ** 2)
+        return activations + cached + grams
+    if state == "hessians":  # attention's four Linears read `hidden`; each MLP (or expert) two at hidden, one at inner
+        mlps = (experts + 1) if experts else 1
+        return activations + 4 * (4 * hidden ** 2 + mlps * (2 * hidden ** 2 + inner ** 2))
+    return activations
 
 
 def host_bytes(params: int, dtype_bytes: int, tokens: int, hidden: int, layers: int, probe_tokens: int,

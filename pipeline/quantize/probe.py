@@ -43,7 +43,7 @@ def build(model_dir: Path, dtype, device: str):
     import torch
 
     from pipeline.checkpoints.loading import auto_model_class
-    from pipeline.quantize import compat
+    from pipeline.checkpoints import linear_experts
 
     config = probe_config(model_dir)
     model_cls = auto_model_class(config)._model_mapping[type(config)]
@@ -51,8 +51,8 @@ def build(model_dir: Path, dtype, device: str):
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            if config_json.routed_experts(config.to_dict()) and compat.loads_linearized(config.model_type):
-                model = compat.build_linearized(model_cls, config)
+            if config_json.routed_experts(config.to_dict()) and linear_experts.loads_linearized(config.model_type):
+                model = linear_experts.build_linearized(model_cls, config)
             else:
                 model = model_cls(config)
     finally:

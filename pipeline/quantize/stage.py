@@ -1,7 +1,9 @@
-"""Shared driver for every quantization method: plan, load, calibrate with llm-compressor, save, verify.
+"""The quantize stage (`quantize variant NAME`, `quantize awq|fp8|rtn|...`): any registered method
+(pipeline/methods/), run the same way: read the checkpoint's config and the calibration blocks, plan, load,
+calibrate with llm-compressor, save, verify, describe in quant.json.
 
-A method module (awq.py, fp8.py) only builds its recipe (a list of modifiers) and its
-`quant.json` description; everything else happens here, the same way for each method.
+A method module builds only its recipe (llm-compressor modifiers, the scheme in words, its settings for
+quant.json) from its params section and the checkpoint's description (`Target`); everything else happens here.
 
 Placement: a model that fits on the accelerator with its calibration working set is moved there
 whole (fastest); a larger one stays on the host and llm-compressor's sequential pipeline brings one
@@ -19,14 +21,16 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline import methods
+from pipeline.checkpoints import config_json, headers
 from pipeline.checkpoints.loading import load_model, meta_model
+from pipeline.checkpoints.serving import serving_support
 from pipeline.checkpoints.serving_names import finish_config
-from pipeline.engines.support import serving_support
 from pipeline.errors import UserError
 from pipeline.formats.quant_json import write_quant_json
+from pipeline.methods.recipe import Recipe, Target
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
-from pipeline.quantize import plan
+from pipeline.quantize import compat, plan
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +202,10 @@ def _host_total_bytes() -> int | None:
         return None
 
 
-def make_plan(*, method: str, recipe: list, model_dir: Path, config: dict, blocks: list[list[int]],
-              batch_size: int, work_dtype, placement: str, probe_tokens: int) -> Plan:
-    """The static plan, from config.json and a model built on the meta device (no weight read)."""
+def make_plan(*, method, model_dir: Path, config: dict, blocks: list[list[int]], batch_size: int, work_dtype,
+              placement: str, probe_tokens: int) -> Plan:
+    """The static plan, from config.json and a model built on the meta device (no weight read); `method` (its
+    module, pipeline/methods/) says what it holds per layer while calibrating."""
     import torch
 
     meta = meta_model(model_dir)
@@ -208,13 +213,13 @@ def make_plan(*, method: str, recipe: list, model_dir: Path, config: dict, block
     quantized = len(plan.expected_quantized(meta))
     dtype_bytes = torch.empty((), dtype=work_dtype).element_size()
     tokens, batch_tokens = len(blocks) * len(blocks[0]), min(batch_size, len(blocks)) * len(blocks[0])
-    is_awq = any("AWQ" in type(m).__name__ for m in recipe)
     kinds = {}
     for kind, k in shape["kinds"].items():
         experts = plan._experts_in(meta.get_submodule(k["first"]))
         quantized += k["count"] * experts * 3  # fused experts load as gate/up/down Linears per expert
         kinds[kind] = {**k, "bytes": k["params"] * dtype_bytes,
-                       "working_bytes": plan.working_set_bytes(config, kind, tokens, batch_tokens, dtype_bytes, is_awq)}
+                       "working_bytes": plan.working_set_bytes(config, kind, tokens, batch_tokens, dtype_bytes,
+                                                                 method.CALIBRATION_STATE)}
     weights = shape["params"] * dtype_bytes
     working = max(k["working_bytes"] for k in kinds.values()) if kinds else 0
     on_gpu = torch.cuda.is_available()
@@ -230,7 +235,7 @@ def make_plan(*, method: str, recipe: list, model_dir: Path, config: dict, block
                            offload=chosen == "offload")
     del meta
     return Plan({
-        "method": method, "model_dir": str(model_dir), "architecture": config_json.architecture(config, model_dir),
+        "method": method.NAME, "model_dir": str(model_dir), "architecture": config_json.architecture(config, model_dir),
         "layers": shape["layers"], "kinds": kinds, "params": shape["params"], "other_params": shape["other_params"],
         "quantized_linears": quantized, "weights_bytes": weights, "dtype": str(work_dtype).removeprefix("torch."),
         "blocks": len(blocks), "seq_len": len(blocks[0]), "tokens": tokens, "batch_size": min(batch_size, len(blocks)),
@@ -278,127 +283,246 @@ def _execution_device(on_gpu: bool) -> str:
     return "cuda" if on_gpu else "cpu"
 
 
-def run(*, method: str, scheme: str, recipe: list, model_dir: Path, out: Path, calib: Path,
-        batch_size: int, details: dict,
-        placement: str = "auto", plan_only: bool = False, calibrate_all_experts: bool = True,
-        experts_need_data: bool = True) -> QuantResult | Plan:
-    """placement: auto | device | offload (see the module docstring). plan_only: print the plan with
-    a one-layer probe's expected time and return it; nothing is loaded or written.
-    calibrate_all_experts: False only to show what it prevents (experts left without tokens).
-    experts_need_data: False where the recipe gives the experts scales that need no calibration tokens
-    (FP8 with dynamic expert activations), so an expert the router never chose fails nothing."""
+def run(model_dir: Path, out: Path, calib: Path, settings, *, placement: str = "auto", plan_only: bool = False,
+        calibrate_all_experts: bool = True, **overrides) -> QuantResult | Plan:
+    """Quantize `model_dir` into `out` with one method. settings: the method's params section (params.yaml
+    `variants.<name>`; its `method` picks the module in pipeline/methods/) or a method's name (its defaults);
+    `overrides` (e.g. group_size=64) replace fields and are validated again. calib: a calib.jsonl of token blocks.
+    placement: auto | device | offload (see the module docstring). plan_only: print the plan with a one-layer
+    probe's expected time and return it; nothing is loaded or written. calibrate_all_experts: False only to show
+    what it prevents (experts left without tokens)."""
+    from pipeline.params_errors import with_overrides
+
+    if isinstance(settings, str):
+        method = methods.method(settings)
+        settings = with_overrides(method.Params, method=method.NAME, **overrides)
+    else:
+        method = methods.method(settings.method)
+        settings = with_overrides(settings, **overrides)
+    compat.quiet_cpu_warning()  # before llm-compressor is imported (the recipe imports it)
+    model_dir = Path(model_dir)
+    target = read_target(model_dir)  # every check below runs before any weight is loaded
+    recipe = method.recipe(settings, target)
+    recipe.details = {"architecture": target.architecture, **recipe.details}
+    headers.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
+    return quantize(method, recipe, model_dir, out, calib, batch_size=settings.batch_size, placement=placement,
+                    plan_only=plan_only, calibrate_all_experts=calibrate_all_experts)
+
+
+def read_target(model_dir: Path) -> Target:
+    """The checkpoint as a method sees it, from config.json: refused here, before any weight loads, when
+    transformers cannot build it or its experts would stay unquantized."""
+    config = headers.check_config(model_dir)
+    architecture = plan.check_architecture(config, model_dir)
+    return Target(model_dir=model_dir, config=config, architecture=architecture,
+                  moe=config_json.routed_experts(config) > 0, ignore=tuple(plan.ignore_patterns()))
+
+
+@dataclass
+class Inputs:
+    """What a run reads before it loads the model: the calibration blocks, the held-out blocks for the
+    per-layer check, the tokenizer and the dtypes (calibrated in fp32 on a CPU, saved in the base's dtype)."""
+    model_dir: Path
+    calib: Path
+    batch_size: int
+    calibrate_all_experts: bool
+    blocks: list[list[int]]
+    digest: str
+    probe_blocks: list[list[int]]
+    probe_source: str
+    tokenizer: object
+    config: dict
+    base_dtype: object
+    work_dtype: object
+    on_gpu: bool
+
+
+def read_inputs(model_dir: Path, calib: Path, batch_size: int, calibrate_all_experts: bool) -> Inputs:
     import torch
 
-    from pipeline.quantize import verify
-    from pipeline.quantize.calibrate import calibrate, needs_data
-    from pipeline.quantize.compat import patch_cpu_pin_memory, quiet_cpu_warning
+    blocks, digest, held = read_calibration(calib)
+    tokenizer = _tokenizer(model_dir)
+    probe_blocks, probe_source = check_blocks(held, tokenizer, blocks)
+    on_gpu = torch.cuda.is_available()
+    config = config_json.read(model_dir)
+    base_dtype = getattr(torch, config_json.dtype(config))
+    # fp16 matmuls are slow on CPUs: calibrate in fp32 there, save in the base checkpoint's dtype.
+    return Inputs(model_dir, Path(calib), batch_size, calibrate_all_experts, blocks, digest, probe_blocks, probe_source,
+                  tokenizer, config, base_dtype, base_dtype if on_gpu else torch.float32, on_gpu)
 
-    quiet_cpu_warning()
+
+def quantize(method, recipe: Recipe, model_dir: Path, out: Path, calib: Path, *, batch_size: int,
+             placement: str = "auto", plan_only: bool = False, calibrate_all_experts: bool = True) -> QuantResult | Plan:
+    """One method's recipe, run the same way for every method: plan, load, calibrate, save, verify, describe."""
+    from pipeline.quantize.compat import patch_cpu_pin_memory
+
     if placement not in plan.PLACEMENTS:
         raise UserError(f"placement {placement!r}: use one of {', '.join(plan.PLACEMENTS)}")
     watch = Stopwatch()
     model_dir, out = Path(model_dir), Path(out)
-    blocks, calib_digest, held = read_calibration(calib)
-    tokenizer = _tokenizer(model_dir)
-    probe_blocks, probe_source = check_blocks(held, tokenizer, blocks)
+    inputs = read_inputs(model_dir, calib, batch_size, calibrate_all_experts)
     patch_cpu_pin_memory()
-    on_gpu = torch.cuda.is_available()
-    # fp16 matmuls are slow on CPUs: calibrate in fp32 there, save in the base checkpoint's dtype.
-    config = config_json.read(model_dir)
-    base_dtype = getattr(torch, config_json.dtype(config))
-    work_dtype = base_dtype if on_gpu else torch.float32
-    layout = make_plan(method=method, recipe=recipe, model_dir=model_dir, config=config, blocks=blocks,
-                       batch_size=batch_size, work_dtype=work_dtype, placement=placement,
-                       probe_tokens=sum(len(b) for b in probe_blocks))
+    layout = make_plan(method=method, model_dir=model_dir, config=inputs.config, blocks=inputs.blocks,
+                       batch_size=batch_size, work_dtype=inputs.work_dtype, placement=placement,
+                       probe_tokens=sum(len(b) for b in inputs.probe_blocks))
     if plan_only:
-        layout = add_probe(layout, recipe, model_dir, tokenizer, blocks, batch_size, work_dtype)
-        return layout
+        return add_probe(layout, recipe.modifiers, model_dir, inputs.tokenizer, inputs.blocks, batch_size,
+                         inputs.work_dtype)
     print(layout.summary(), flush=True)
-    offload = layout.info["placement"] == "offload"
-    device = _execution_device(on_gpu)
-    model = load_model(model_dir, work_dtype)
+    loaded = load(inputs, layout.info["placement"] == "offload", watch)
+    run = calibrate_loaded(method, recipe, loaded, inputs, watch)
+    with atomic_dir(out, "quantize", {"base checkpoint": model_dir, "calibration file": calib}) as tmp:
+        saved = save(loaded, inputs, tmp, watch)
+        verification = check(loaded, run, inputs, tmp)
+        info = describe(method, recipe, layout, inputs, run, saved, verification, tmp, watch)
+        write_quant_json(tmp, info)
+    return QuantResult(out, info)
+
+
+@dataclass
+class Loaded:
+    """The model as calibration receives it, and what was read off it before calibration changed it."""
+    model: object
+    device: str
+    offload: bool
+    expected: list[str]  # the plan: every Linear outside the ignore list
+    reference: list  # each decoder layer's inputs and outputs on the held-out blocks (verify.capture_layer_io)
+    seconds: float
+
+
+def load(inputs: Inputs, offload: bool, watch: Stopwatch) -> Loaded:
+    from pipeline.quantize import verify
+
+    device = _execution_device(inputs.on_gpu)
+    model = load_model(inputs.model_dir, inputs.work_dtype)
     if offload:
         from compressed_tensors.offload import set_onload_device
 
         set_onload_device(model, device)  # weights stay on the host; each module comes to the device to run
-    elif on_gpu:
+    elif inputs.on_gpu:
         model.to(device)
-    load_s = watch.seconds
-    expected = plan.expected_quantized(model)
-    reference = verify.capture_layer_io(model, probe_blocks, device)
-    print(f"{method}: calibrating on {len(blocks)} blocks x {len(blocks[0])} tokens, "
-          f"batch {batch_size}, {'GPU' if on_gpu else 'CPU (small budget: set calib.num_blocks for more)'}"
-          f"{', one layer at a time from the host' if offload else ''}")
+    seconds = watch.seconds
+    return Loaded(model, device, offload, plan.expected_quantized(model),
+                  verify.capture_layer_io(model, inputs.probe_blocks, device), seconds)
+
+
+@dataclass
+class CalibrationRun:
+    calibrated: object  # calibrate.Calibrated: oneshot's times, per-layer figures, MoE expert counts
+    experts: dict | None  # verify.check_experts: tokens each expert saw (None without routed experts)
+    quantized: dict[str, str]  # module name -> class, every module that now carries a weight scheme
+    peak_gpu_bytes: int | None
+    seconds: float
+    load_s: float  # loading before it, for quant.json's times
+
+
+def calibrate_loaded(method, recipe: Recipe, loaded: Loaded, inputs: Inputs, watch: Stopwatch) -> CalibrationRun:
+    """llm-compressor's oneshot with the method's modifiers (calibrate.py), timed, on the loaded model."""
+    import torch
+
+    from pipeline.quantize import verify
+    from pipeline.quantize.calibrate import calibrate, needs_data
+
+    blocks, on_gpu = inputs.blocks, inputs.on_gpu
+    what = "calibrating" if method.NEEDS_CALIBRATION else "quantizing (no calibration data shapes the weights)"
+    print(f"{method.NAME}: {what} on {len(blocks)} blocks x {len(blocks[0])} tokens, batch {inputs.batch_size}, "
+          f"{'GPU' if on_gpu else 'CPU (small budget: set calib.num_blocks for more)'}"
+          f"{', one layer at a time from the host' if loaded.offload else ''}")
     if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    calibrated = calibrate(model, tokenizer, blocks, recipe, batch_size, calibrate_all_experts=calibrate_all_experts)
-    peak_calibrate = max(calibrated.layers["overall_peak_gpu_bytes"], torch.cuda.max_memory_allocated()) if on_gpu else None
-    experts = verify.check_experts(calibrated.experts, needs_data(recipe) and experts_need_data)
-    calibrate_s = watch.seconds - load_s
-    quantized = _quantized_modules(model)
-    _set_dtype(model, base_dtype, work_dtype)
-    with atomic_dir(out, "quantize", {"base checkpoint": model_dir, "calibration file": calib}) as tmp:
-        model.save_pretrained(tmp, save_compressed=True)
-        _copy_side_files(model_dir, tmp)
-        config_added = finish_config(tmp)  # keys vLLM reads, and an ignore entry in vLLM's names
-        save_s = watch.seconds - load_s - calibrate_s
-        del model
-        _free(on_gpu)
-        if on_gpu:
-            torch.cuda.reset_peak_memory_stats()
-        verification = verify.verify(tmp, model_dir, expected, quantized, reference, work_dtype, offload=offload)
-        verification["layer_error"]["blocks_from"] = probe_source
-        if experts is not None:
-            verification["experts"] = experts
-        seconds = calibrated.layers["seconds"]
-        info = {
-            "method": method,
-            "scheme": scheme,
-            **details,
-            "ignored": plan.ignore_reasons(),
-            "quantized_modules": len(quantized),
-            "calibration": {
-                "source": str(calib),
-                "sha256": calib_digest,
-                "blocks": len(blocks),
-                "seq_len": len(blocks[0]),
-                "tokens": len(blocks) * len(blocks[0]),
-                "batch_size": batch_size,
-                "calibrate_all_experts": calibrate_all_experts,
-            },
-            "device": "cuda" if on_gpu else "cpu",
-            "placement": layout.info["placement"],
-            "placement_why": layout.info["placement_why"],
-            "threads": torch.get_num_threads(),
-            "seconds": {"load": round(load_s, 2), "calibrate": round(calibrate_s, 2),
-                        "save": round(save_s, 2), "verify": round(watch.seconds - load_s - calibrate_s - save_s, 2),
-                        "total": round(watch.seconds, 2),
-                        # llm-compressor's oneshot alone: wall and this process's CPU time
-                        "oneshot": round(calibrated.seconds, 2), "oneshot_cpu": round(calibrated.cpu_seconds, 2)},
-            "layers": {
-                "seconds": list(seconds.values()),
-                "mean_s": round(sum(seconds.values()) / max(len(seconds), 1), 3),
-                "before_s": round(calibrated.before_layers_s, 2),
-                "after_s": round(calibrated.after_layers_s, 2),
-                "peak_gpu_bytes": list(calibrated.layers["peak_gpu_bytes"].values()) if on_gpu else None,
-            },
-            "peak_rss_bytes": _peak_rss_bytes(),
-            # calibration: about one layer and its activations when offloaded; verify reloads the variant
-            "peak_gpu_bytes_calibrate": peak_calibrate,
-            "peak_gpu_bytes_verify": torch.cuda.max_memory_allocated() if on_gpu else None,
-            "peak_gpu_bytes": max(peak_calibrate, torch.cuda.max_memory_allocated()) if on_gpu else None,
+    calibrated = calibrate(loaded.model, inputs.tokenizer, blocks, recipe.modifiers, inputs.batch_size,
+                           calibrate_all_experts=inputs.calibrate_all_experts)
+    peak = max(calibrated.layers["overall_peak_gpu_bytes"], torch.cuda.max_memory_allocated()) if on_gpu else None
+    experts = verify.check_experts(calibrated.experts, needs_data(recipe.modifiers) and recipe.experts_need_tokens)
+    return CalibrationRun(calibrated, experts, _quantized_modules(loaded.model), peak, watch.seconds - loaded.seconds,
+                          loaded.seconds)
+
+
+@dataclass
+class Saved:
+    config_added: object  # finish_config: the keys written into config.json for vLLM
+    seconds: float
+
+
+def save(loaded: Loaded, inputs: Inputs, tmp: Path, watch: Stopwatch) -> Saved:
+    """The variant, compressed, with the base's side files and the config keys vLLM reads; then the calibrated
+    model is dropped (verify reloads the variant from disk)."""
+    import torch
+
+    started = watch.seconds
+    _set_dtype(loaded.model, inputs.base_dtype, inputs.work_dtype)
+    loaded.model.save_pretrained(tmp, save_compressed=True)
+    _copy_side_files(inputs.model_dir, tmp)
+    config_added = finish_config(tmp)  # keys vLLM reads, and an ignore entry in vLLM's names
+    saved = Saved(config_added, watch.seconds - started)
+    loaded.model = None
+    _free(inputs.on_gpu)
+    if inputs.on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    return saved
+
+
+def check(loaded: Loaded, run: CalibrationRun, inputs: Inputs, tmp: Path) -> dict:
+    """verify.verify on the written variant: the plan, vision tensors, reload and generate, per-layer error."""
+    from pipeline.quantize import verify
+
+    verification = verify.verify(tmp, inputs.model_dir, loaded.expected, run.quantized, loaded.reference,
+                                 inputs.work_dtype, offload=loaded.offload)
+    verification["layer_error"]["blocks_from"] = inputs.probe_source
+    if run.experts is not None:
+        verification["experts"] = run.experts
+    return verification
+
+
+def describe(method, recipe: Recipe, layout: Plan, inputs: Inputs, run: CalibrationRun, saved: Saved,
+             verification: dict, tmp: Path, watch: Stopwatch) -> dict:
+    """quant.json: the method and its settings, what was ignored and why, calibration, times, memory, size,
+    verification and where the variant is served."""
+    import torch
+
+    blocks = inputs.blocks
+    info = {"method": method.NAME, "scheme": recipe.scheme, **recipe.details, "ignored": plan.ignore_reasons(),
+            "quantized_modules": len(run.quantized),
+            "calibration": {"source": str(inputs.calib), "sha256": inputs.digest, "blocks": len(blocks),
+                            "seq_len": len(blocks[0]), "tokens": len(blocks) * len(blocks[0]),
+                            "batch_size": inputs.batch_size, "calibrate_all_experts": inputs.calibrate_all_experts},
+            "device": "cuda" if inputs.on_gpu else "cpu", "placement": layout.info["placement"],
+            "placement_why": layout.info["placement_why"], "threads": torch.get_num_threads(),
+            "seconds": _seconds(run.load_s, run, saved, watch), "layers": _layer_figures(run, inputs.on_gpu),
+            "peak_rss_bytes": _peak_rss_bytes(), **_peak_gpu(run, inputs.on_gpu),
             "plan": {key: layout.info[key] for key in ("device_bytes", "host_bytes", "weights_bytes", "device_free_bytes")},
-            "size_bytes": dir_size(tmp),
-            "base_size_bytes": dir_size(model_dir),
-            "verify": verification,
-            "config_added": config_added,
-            "serving": serving_support(tmp),  # which engines can serve it, and why not
-        }
-        for modifier in recipe:  # e.g. the AWQ search: mappings and seconds by how each was scored
-            if hasattr(modifier, "search_report"):
-                info["search_report"] = modifier.search_report()
-        if calibrated.experts is not None:
-            info["experts"] = {"layers": calibrated.experts["layers"], "routed": calibrated.experts["routed"]}
-        write_quant_json(tmp, info)
-    return QuantResult(out, info)
+            "size_bytes": dir_size(tmp), "base_size_bytes": dir_size(inputs.model_dir), "verify": verification,
+            "config_added": saved.config_added, "serving_format": method.SERVING_FORMAT,
+            "serving": serving_support(tmp)}  # which engines can serve it, and why not
+    for modifier in recipe.modifiers:  # e.g. the AWQ search: mappings and seconds by how each was scored
+        if hasattr(modifier, "search_report"):
+            info["search_report"] = modifier.search_report()
+    if run.calibrated.experts is not None:
+        info["experts"] = {"layers": run.calibrated.experts["layers"], "routed": run.calibrated.experts["routed"]}
+    return info
+
+
+def _seconds(loaded_s: float, run: CalibrationRun, saved: Saved, watch: Stopwatch) -> dict:
+    total = watch.seconds
+    return {"load": round(loaded_s, 2), "calibrate": round(run.seconds, 2), "save": round(saved.seconds, 2),
+            "verify": round(total - loaded_s - run.seconds - saved.seconds, 2), "total": round(total, 2),
+            # llm-compressor's oneshot alone: wall and this process's CPU time
+            "oneshot": round(run.calibrated.seconds, 2), "oneshot_cpu": round(run.calibrated.cpu_seconds, 2)}
+
+
+def _layer_figures(run: CalibrationRun, on_gpu: bool) -> dict:
+    layers, calibrated = run.calibrated.layers, run.calibrated
+    seconds = layers["seconds"]
+    return {"seconds": list(seconds.values()), "mean_s": round(sum(seconds.values()) / max(len(seconds), 1), 3),
+            "before_s": round(calibrated.before_layers_s, 2), "after_s": round(calibrated.after_layers_s, 2),
+            "peak_gpu_bytes": list(layers["peak_gpu_bytes"].values()) if on_gpu else None}
+
+
+def _peak_gpu(run: CalibrationRun, on_gpu: bool) -> dict:
+    """Calibration: about one layer and its activations when offloaded; verify reloads the variant."""
+    import torch
+
+    verify_peak = torch.cuda.max_memory_allocated() if on_gpu else None
+    return {"peak_gpu_bytes_calibrate": run.peak_gpu_bytes, "peak_gpu_bytes_verify": verify_peak,
+            "peak_gpu_bytes": max(run.peak_gpu_bytes, verify_peak) if on_gpu else None}

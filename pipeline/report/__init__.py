@@ -115,7 +115,7 @@ def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: l
 def _serving(model_dir: Path) -> dict | None:
     """Where the variant is served: read off its config.json against the runs recorded now (a run recorded after
     the variant was built counts), else its quant.json's record."""
-    from pipeline.engines.support import serving_support
+    from pipeline.checkpoints.serving import serving_support
 
     try:
         if config_json.present(model_dir):

@@ -174,26 +174,38 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
 
 
 def method_comparisons(results: dict, quant: dict[str, dict | None], confidence: float) -> list[dict]:
-    """AWQ against round-to-nearest at the same group size (the contrast of the AWQ paper, Lin et al.
-    2023), on every perplexity suite both ran: AWQ's perplexity relative to RTN's, paired per document.
-    Shown, not counted: the verdict compares each variant with the base."""
+    """Each method against those it declares in COMPARED_WITH (pipeline/methods/: AWQ against round-to-nearest,
+    the contrast of the AWQ paper, Lin et al. 2023), variants at the same group size, on every perplexity suite
+    both ran: the variant's perplexity relative to the other's, paired per document. Shown, not counted: the
+    verdict compares each variant with the base."""
+    from pipeline import methods
+
     quant = {name: quant.get(name) or {} for name in results if name != "base"}
     rows = []
-    for awq, q in quant.items():
-        for rtn, r in quant.items():
-            if q.get("method") != "awq" or r.get("method") != "rtn" or q.get("group_size") != r.get("group_size"):
-                continue
-            for suite in sorted(set(results[awq]) & set(results[rtn])):
-                if not (is_perplexity(results[awq][suite]) and is_perplexity(results[rtn][suite])):
+    for method, other, why in methods.comparisons():
+        for variant, q in quant.items():
+            for against, r in quant.items():
+                if q.get("method") != method or r.get("method") != other or q.get("group_size") != r.get("group_size"):
                     continue
-                c = compare_perplexity(results[rtn][suite], results[awq][suite], variant=awq, suite=suite,
-                                       margin=1.0, confidence=confidence)
-                if not c.counted:
-                    continue
-                winner = awq if c.ci_high < 0 else rtn if c.ci_low > 0 else None
-                rows.append({"awq": awq, "rtn": rtn, "suite": suite, "n": c.n, "awq_ppl": c.variant_ppl,
-                             "rtn_ppl": c.base_ppl, "change": c.change, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                             "better": winner, "group_size": q.get("group_size")})
+                rows += _compared(results, variant, against, confidence,
+                                  {"method": method, "against_method": other, "why": why,
+                                   "group_size": q.get("group_size")})
+    return rows
+
+
+def _compared(results: dict, variant: str, against: str, confidence: float, row: dict) -> list[dict]:
+    rows = []
+    for suite in sorted(set(results[variant]) & set(results[against])):
+        if not (is_perplexity(results[variant][suite]) and is_perplexity(results[against][suite])):
+            continue
+        c = compare_perplexity(results[against][suite], results[variant][suite], variant=variant, suite=suite,
+                               margin=1.0, confidence=confidence)
+        if not c.counted:
+            continue
+        better = variant if c.ci_high < 0 else against if c.ci_low > 0 else None
+        rows.append({"variant": variant, "against": against, **row, "suite": suite, "n": c.n,
+                     "variant_ppl": c.variant_ppl, "against_ppl": c.base_ppl, "change": c.change,
+                     "ci_low": c.ci_low, "ci_high": c.ci_high, "better": better})
     return rows
 
 

@@ -10,7 +10,8 @@ export` all read `support_from_config`, so the three always say the same thing; 
 it from config.json, so a run recorded later shows there without rebuilding the variant.
 
 Schemes: `none` (bf16/fp16), `w4a16` (compressed-tensors pack-quantized: AWQ and RTN write the same
-format), `w4a16-autoawq` (`quantize export --engine lmdeploy`), `fp8-static` (per-channel weights,
+format), `w4a16-actorder-weight` (the same tensors, config.json naming an activation order, as GPTQ writes it),
+`w4a16-autoawq` (`quantize export --engine lmdeploy`), `fp8-static` (per-channel weights,
 static per-tensor activations), `fp8-dynamic` (dynamic per-token activations everywhere),
 `fp8-static+dynamic-experts` (the MoE default: experts dynamic, the rest static). KV: `per-head`,
 `per-tensor` or `none`.
@@ -87,7 +88,9 @@ def scheme(config: dict) -> str:
     fmt = quant.get("format")
     groups = [g for g in (quant.get("config_groups") or {}).values() if isinstance(g, dict)]
     if fmt == "pack-quantized":
-        return "w4a16"
+        # a column order the engine must know of (GPTQ's activation ordering) is a key no AWQ/RTN run covers
+        orders = sorted({str((g.get("weights") or {}).get("actorder")) for g in groups} - {"None"})
+        return "w4a16" + "".join(f"-actorder-{order}" for order in orders)
     if fmt in ("float-quantized", "naive-quantized") and _weights_bits(groups) == 8:
         if any((g.get("weights") or {}).get("strategy") == "block" for g in groups):
             return "fp8-block"

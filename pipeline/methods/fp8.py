@@ -1,4 +1,4 @@
-"""`quantize fp8`: FP8 W8A8 (static or dynamic activations) with an FP8 KV cache.
+"""FP8 W8A8 (static or dynamic activations) with an FP8 KV cache (per KV head by default).
 
 MoE models get a second scheme for their experts (routed and shared): per-channel FP8 weights with
 dynamic per-token FP8 activations, while attention and dense MLPs keep the section's `activations`.
@@ -18,11 +18,46 @@ Why, from evidence:
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Literal
 
-from pipeline.checkpoints import config_json, headers
-from pipeline.params import Fp8Params, with_overrides
-from pipeline.quantize import compat, plan, stage
+from pydantic import Field
+
+from pipeline.methods.recipe import BatchSize, Recipe, Target
+from pipeline.params_section import Section
+
+NAME = "fp8"
+SUMMARY = "FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."
+DEFAULT_VARIANT = "fp8-w8a8"
+NEEDS_CALIBRATION = True  # static activation scales and the KV-cache scales come from the calibration tokens
+CALIBRATION_STATE = "none"
+SERVING_FORMAT = "compressed-tensors float-quantized (FP8 W8A8, FP8 KV-cache scales)"
+COMPARED_WITH: dict[str, str] = {}
+
+
+class Params(Section):
+    """`variants.<name>` with `method: fp8`."""
+
+    method: Literal["fp8"]
+    activations: Literal["static", "dynamic"] = Field("static", description="static (one calibrated scale per "
+                                                      "tensor) or dynamic (per token, at run time)")
+    kv: Literal["per-head", "per-tensor", "none"] = Field("per-head", description="FP8 KV-cache scales: per-head, "
+                                                           "per-tensor, or none (KV cache unquantized)")
+    batch_size: BatchSize = 32  # scales only
+
+
+def recipe(settings: Params, target: Target) -> Recipe:
+    """Every Linear outside the ignore list at `activations`; a MoE's experts with dynamic activations."""
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    modifiers = [QuantizationModifier(config_groups=config_groups(settings.activations, target.moe),
+                                      kv_cache_scheme=kv_cache_scheme(settings.kv), ignore=list(target.ignore))]
+    details = {"activations": settings.activations, "kv_cache": settings.kv}
+    if target.moe:
+        details["expert_scheme"] = {"activations": "dynamic", "weights": "per-channel", "why": EXPERT_SCHEME_WHY}
+    # dynamic expert scales come from each token at serving time: an expert calibration never routed to is sound
+    return Recipe(modifiers, scheme_name(settings.activations, settings.kv, target.moe), details,
+                  experts_need_tokens=not target.moe)
+
 
 KV_STRATEGY = {"per-head": "attn_head", "per-tensor": "tensor", "none": None}
 # MoE expert Linears (routed experts once linearized, and the shared expert), in compressed-tensors' target
@@ -32,18 +67,6 @@ EXPERT_SCHEME_WHY = ("MoE experts (routed and shared): per-channel FP8 weights w
                      "the FP8 scheme vLLM's fused MoE serves besides block and per-tensor FP8 (static per-tensor "
                      "activations with per-channel weights are refused at load), the one GLM's own FP8 releases "
                      "use (dynamic activations), and one that needs no calibration tokens per expert")
-
-
-def recipe(activations: str, kv: str, moe: bool = False) -> list:
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-
-    return [
-        QuantizationModifier(
-            config_groups=config_groups(activations, moe),
-            kv_cache_scheme=kv_cache_scheme(kv),
-            ignore=plan.ignore_patterns(),
-        )
-    ]
 
 
 def _fp8() -> dict:
@@ -72,24 +95,3 @@ def kv_cache_scheme(kv: str) -> dict | None:
 def scheme_name(activations: str, kv: str, moe: bool) -> str:
     experts = ", MoE experts dynamic" if moe and activations != "dynamic" else ""
     return f"FP8 W8A8 ({activations} activations{experts}), KV cache {'FP8 ' + kv if kv != 'none' else 'unquantized'}"
-
-
-def run(model_dir: Path, out: Path, calib: Path, settings: Fp8Params | None = None, *, placement: str = "auto",
-        plan_only: bool = False, calibrate_all_experts: bool = True, **overrides) -> stage.QuantResult | stage.Plan:
-    """settings: the variant's params section (defaults in params.py); `overrides` replace fields and are
-    validated again. plan_only: print what the run needs and how long it should take, write nothing."""
-    s = with_overrides(settings or Fp8Params(method="fp8"), **overrides)
-    compat.quiet_cpu_warning()
-    config = headers.check_config(model_dir)  # every check below runs before any weight is loaded
-    arch = plan.check_architecture(config, model_dir)
-    headers.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
-    moe = config_json.routed_experts(config) > 0
-    details = {"architecture": arch, "activations": s.activations, "kv_cache": s.kv}
-    if moe:
-        details["expert_scheme"] = {"activations": "dynamic", "weights": "per-channel", "why": EXPERT_SCHEME_WHY}
-    return stage.run(
-        method="fp8", scheme=scheme_name(s.activations, s.kv, moe), recipe=recipe(s.activations, s.kv, moe),
-        model_dir=model_dir, out=out, calib=calib, batch_size=s.batch_size, details=details,
-        placement=placement, plan_only=plan_only, calibrate_all_experts=calibrate_all_experts,
-        experts_need_data=not moe,  # dynamic expert scales come from each token at serving time
-    )
