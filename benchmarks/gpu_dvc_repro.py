@@ -448,27 +448,29 @@ class Run:
         return out
 
     def report(self) -> dict:
+        """$OUT/gpu_dvc_repro.json (the figures), $OUT/report/ (the page and the verdict the run rendered, links
+        followed) and $OUT/run.tar.gz (the stage log, the DVC logs, the servers' logs, every bench.json and results
+        summary, params.yaml and dvc.lock): few files, as the GPU machine sends back at most eight."""
+        import tarfile
+
         figures = self.figures()
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "gpu_dvc_repro.json").write_text(json.dumps(figures, indent=1))
-        for path in [self.stage_log, self.project / "reports" / "verdict.json",
-                     *sorted((self.project / "results").glob("*/bench.json"))]:
-            if path.exists():
-                name = path.name if path.parent.name in ("reports", self.work.name) else f"{path.parent.name}-{path.name}"
-                (OUT / name).write_bytes(path.read_bytes())
-        if self.state["calls"]:
-            last = Path(self.state["calls"][-1]["log"])
-            if last.exists():
-                (OUT / last.name).write_bytes(last.read_bytes()[-100_000:])
-        report = OUT / "report"  # the page and the verdict the run rendered (links followed)
+        report = OUT / "report"
         for name in ("index.html", "verdict.json"):
             page = self.project / "reports" / name
             if page.exists():
                 report.mkdir(parents=True, exist_ok=True)
                 (report / name).write_bytes(page.read_bytes())
-        for log in sorted((self.project / "results").glob("*/vllm-server.log")):
-            (OUT / "logs").mkdir(parents=True, exist_ok=True)
-            (OUT / "logs" / f"{log.parent.name}-vllm-server.log").write_bytes(log.read_bytes()[-400_000:])
+        results = self.project / "results"
+        kept = [self.stage_log, self.project / "params.yaml", self.project / "dvc.lock",
+                *(Path(c["log"]) for c in self.state["calls"]), *sorted(results.glob("*/*.json")),
+                *sorted(results.glob("*/*.log")), *sorted((self.project / ".cache" / "forkserver").glob("*.log"))]
+        with tarfile.open(OUT / "run.tar.gz", "w:gz") as bundle:
+            for path in kept:
+                if path.is_file():
+                    bundle.add(path, arcname=str(path.relative_to(self.work if self.work in path.parents else
+                                                                   path.parent.parent)))
         return figures
 
 

@@ -51,8 +51,9 @@ def cuda_driver_loaded(maps: str | None = None) -> bool:
     return "libcuda.so" in maps
 
 
-def preload(modules=PRELOAD) -> list[str]:
-    """Imports the modules it can; returns those that failed (an optional package missing)."""
+def preload(modules=PRELOAD) -> tuple[list[str], str | None]:
+    """Imports the modules it can, in order: (those that failed: an optional package missing, the first module whose
+    import loaded the CUDA driver, after which nothing more is imported)."""
     import importlib
 
     missing = []
@@ -61,18 +62,21 @@ def preload(modules=PRELOAD) -> list[str]:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a module a stage may never need: that stage imports it itself
             missing.append(name)
-    return missing
+        if cuda_driver_loaded():
+            return missing, name
+    return missing, None
 
 
 def serve(path: Path, owner_pid: int, owner_started: int | None) -> int:
     lock = path.with_suffix(".starting")
     try:
         began = time.perf_counter()
-        missing = preload()
-        refusal = _why_not_fork()
+        missing, culprit = preload()
+        refusal = _why_not_fork() or (f"importing {culprit} loaded the CUDA driver" if culprit else None)
         print(f"preloaded in {time.perf_counter() - began:.1f} s; not found: {missing or 'none'}", flush=True)
-        if refusal:
+        if refusal:  # the run's later commands run in their own processes; none starts another server
             print(f"not serving: {refusal}", flush=True)
+            path.with_suffix(".refused").write_text(refusal + "\n")
             return 0
         listener = _listen(path)
     finally:

@@ -102,6 +102,8 @@ def _start_forkserver(key: str, path: Path, owner_pid: int, owner_started: int |
     """Starts the run's fork server, detached (it outlives this stage and ends with the run); one per key:
     a lock file keeps two stages from starting two."""
     lock = path.with_suffix(".starting")
+    if path.with_suffix(".refused").exists():
+        return  # this run's server found it could not fork safely (pipeline/cli_forkserver.py says why in its log)
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 from pipeline.checkpoints.fingerprint import model_fingerprint  # noqa: F401  (what the cache is keyed by)
