@@ -514,7 +514,8 @@ def print_table(figures: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("action", choices=["run", "report", "reset"])
+    parser.add_argument("action", choices=["setup", "run", "report", "reset"],
+                        help="setup: only set the run up (the random base, bytecode), e.g. in the call that unpacks vLLM")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds of dvc repro in this call")
     parser.add_argument("--tiny", action="store_true", help="CPU check: tiny Glm, tests/openai_server.py as vLLM")
     parser.add_argument("--suite-limit", type=int, default=None, help="items per suite (default: every item)")
@@ -532,12 +533,15 @@ def main() -> None:
         print(f"removed {work}")
         return
     run = Run(work, args.tiny)
-    if args.action == "run":
+    if args.action in ("setup", "run"):
         started = time.perf_counter()
         preflight(args.tiny)
         if run.state["setup_s"] is None:
             run.setup(args.suite_limit, share=not args.no_share)
             print(f"set up {run.project} in {run.state['setup_s']} s", flush=True)
+        if args.action == "setup":
+            print("state: set up; `run` starts dvc repro")
+            return
         if run.state["done"]:
             print("state: done (nothing to run; `reset` starts over)")
         else:
