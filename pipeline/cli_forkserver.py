@@ -7,8 +7,8 @@ descriptors), resets signal handlers and random seeds, and runs `pipeline.cli` a
 server sends the launcher the child's pid, then its exit status. A launcher that goes away (killed) takes its
 child with it. The server ends when its run ends (the owner process is gone), after IDLE_S without a command,
 or at once, before serving anything, when preloading left it unable to fork safely: a second thread of
-Python's own, or the CUDA driver loaded (a forked child cannot use CUDA that its parent initialized; the
-launcher then runs commands in their own processes, as without a server).
+Python's own, or a preloaded module that asked torch.cuda anything at import (a forked child cannot use CUDA
+that its parent initialized; the launcher then runs commands in their own processes, as without a server).
 """
 
 from __future__ import annotations
@@ -41,29 +41,59 @@ PRELOAD = ("torch", "numpy", "pandas", "scipy.stats", "transformers", "transform
            "pipeline.engines.vllm", "pipeline.verdict")
 
 
-def cuda_driver_loaded(maps: str | None = None) -> bool:
-    """Whether libcuda (the CUDA driver, which torch loads only when something first uses CUDA) is mapped in."""
-    if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            return True  # cannot tell: do not fork
-    return "libcuda.so" in maps
+# torch.cuda's entry points that initialize CUDA (or its driver) when called: a call while preloading makes the
+# server refuse to fork (a child cannot use CUDA its parent initialized)
+CUDA_ENTRY_POINTS = ("is_available", "device_count", "init", "_lazy_init", "current_device", "set_device",
+                     "get_device_properties", "get_device_capability", "get_device_name", "is_bf16_supported",
+                     "mem_get_info", "synchronize")
+
+
+def cuda_initialized() -> bool:
+    """Whether torch (when imported) has initialized CUDA in this process."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def _watch_cuda_calls(calls: list):
+    """Counts every call of torch.cuda's entry points (each still runs); returns what undoes it. (Importing torch
+    maps the CUDA libraries but initializes nothing; a module that asks torch.cuda anything at import may.)"""
+    import torch
+
+    originals = {name: getattr(torch.cuda, name) for name in CUDA_ENTRY_POINTS if hasattr(torch.cuda, name)}
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return function(*args, **kwargs)
+        return call
+
+    for name, function in originals.items():
+        setattr(torch.cuda, name, counted(name, function))
+    return lambda: [setattr(torch.cuda, name, function) for name, function in originals.items()]
 
 
 def preload(modules=PRELOAD) -> tuple[list[str], str | None]:
     """Imports the modules it can, in order: (those that failed: an optional package missing, the first module whose
-    import loaded the CUDA driver, after which nothing more is imported)."""
+    import asked torch.cuda anything or initialized CUDA, after which nothing more is imported)."""
     import importlib
 
-    missing = []
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a module a stage may never need: that stage imports it itself
-            missing.append(name)
-        if cuda_driver_loaded():
-            return missing, name
+    missing, calls = [], []
+    try:
+        undo = _watch_cuda_calls(calls)
+    except ImportError:  # no torch: nothing can touch CUDA through it
+        undo = None
+    try:
+        for name in modules:
+            asked = len(calls)
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a module a stage may never need: that stage imports it itself
+                missing.append(name)
+            if len(calls) > asked or cuda_initialized():
+                return missing, name
+    finally:
+        if undo is not None:
+            undo()
     return missing, None
 
 
@@ -72,7 +102,8 @@ def serve(path: Path, owner_pid: int, owner_started: int | None) -> int:
     try:
         began = time.perf_counter()
         missing, culprit = preload()
-        refusal = _why_not_fork() or (f"importing {culprit} loaded the CUDA driver" if culprit else None)
+        refusal = _why_not_fork() or (f"importing {culprit} asked torch.cuda (CUDA may be initialized)" if culprit
+                                      else None)
         print(f"preloaded in {time.perf_counter() - began:.1f} s; not found: {missing or 'none'}", flush=True)
         if refusal:  # the run's later commands run in their own processes; none starts another server
             print(f"not serving: {refusal}", flush=True)
@@ -93,8 +124,8 @@ def serve(path: Path, owner_pid: int, owner_started: int | None) -> int:
 def _why_not_fork() -> str | None:
     if threading.active_count() > 1:
         return f"{threading.active_count()} Python threads after preloading"
-    if cuda_driver_loaded():
-        return "the CUDA driver was loaded while preloading"
+    if cuda_initialized():
+        return "CUDA was initialized while preloading"
     return None
 
 

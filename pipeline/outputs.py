@@ -372,6 +372,7 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
                 _pause(f"{stage}:linked-first")
     for old in out_dir.glob(f".{stage}-*"):  # earlier runs' folders; a running writer's own is left alone
         pid = old.name.removeprefix(f".{stage}-").split("-")[0]
-        if old != new and old.is_dir() and not old.is_symlink() and pid.isdigit() and \
+        # by name: tempfile.mkdtemp returns an absolute path since Python 3.12, `old` is relative to out_dir
+        if old.name != new.name and old.is_dir() and not old.is_symlink() and pid.isdigit() and \
                 old.lstat().st_uid == os.getuid() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
             shutil.rmtree(old, ignore_errors=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_params
-from pipeline.cli_forkserver import cuda_driver_loaded
+from pipeline.cli_forkserver import preload
 from pipeline.cli_launcher import LOG_DIR, forkserver_key, socket_dir
 from pipeline.runs import alive
 
@@ -122,10 +122,17 @@ def test_without_a_run_or_when_disabled_commands_run_in_their_own_process(projec
     assert not (project / LOG_DIR).exists()
 
 
-def test_a_warm_interpreter_that_loaded_the_cuda_driver_would_not_fork():
-    """A child forked after CUDA was initialized cannot use the GPU: the server refuses to serve then."""
-    assert cuda_driver_loaded("7f00-7f01 r-xp 0 00:00 0 /usr/lib/x86_64-linux-gnu/libcuda.so.580.65\n")
-    assert not cuda_driver_loaded("7f00-7f01 r-xp 0 00:00 0 /opt/torch/lib/libcudart.so.13\n")
+def test_a_warm_interpreter_whose_preloading_asked_cuda_anything_does_not_fork(tmp_path, monkeypatch):
+    """A child forked after CUDA was initialized cannot use the GPU: a module that asks torch.cuda anything when it
+    is imported (llm-compressor does: not preloaded) stops the preloading, and the server would refuse."""
+    (tmp_path / "asks_cuda.py").write_text("import torch\nGPU = torch.cuda.is_available()\n")
+    (tmp_path / "plain.py").write_text("import torch\nX = torch.zeros(1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert preload(("plain", "asks_cuda", "json")) == ([], "asks_cuda")
+    assert preload(("plain", "no_such_module_here")) == (["no_such_module_here"], None)
+    import torch
+
+    assert torch.cuda.is_available.__module__ == "torch.cuda"  # the watch is undone
 
 
 def test_the_server_is_keyed_by_the_run_and_the_environment_its_modules_saw(monkeypatch):

@@ -340,3 +340,21 @@ def test_report_killed_at_any_step_leaves_page_and_verdict_of_one_run(tmp_path, 
     assert json.loads(verdict)["variants"]["awq-w4a16"]["suites"]["math"]["margin"] == 0.25
     current = os.readlink(reports / ".report")
     assert sorted(p.name for p in reports.iterdir()) == sorted([".report", current, "index.html", "verdict.json"])
+
+
+def test_the_report_pair_survives_a_relative_folder_and_an_absolute_temp_path(tmp_path, monkeypatch):
+    """Python 3.12's tempfile.mkdtemp returns an absolute path even for a relative `dir`: the run's own folder must
+    not be taken for an earlier run's and removed (seen on the H200, Python 3.12: every link of the report dangled)."""
+    import os
+    import tempfile
+
+    from pipeline import outputs
+
+    monkeypatch.chdir(tmp_path)
+    real = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: os.path.abspath(real(*a, **k)))
+    for run in ("first", "second"):
+        outputs.write_pair("reports", {"index.html": f"{run} page", "verdict.json": f"{run} verdict"}, "report")
+        assert (tmp_path / "reports" / "index.html").read_text() == f"{run} page"
+        assert (tmp_path / "reports" / "verdict.json").read_text() == f"{run} verdict"
+    assert len(list((tmp_path / "reports").glob(".report-*"))) == 1  # the earlier run's folder went, this one stayed

@@ -2,7 +2,7 @@
 settings share one running `vllm serve` instead of starting their own (~90-125 s each on the H200).
 
 A registry directory (`QUANTIZE_SERVER_DIR`, default `.cache/servers` in the project) holds one JSON
-entry per running server, keyed by the checkpoint's content fingerprint and the server's command line
+entry per running server, keyed by the checkpoint's files (their stat signature) and the server's command line
 (engine settings, environment), so a checkpoint that changed gets a new key and never an old server's
 answers. The first stage that needs a key starts a small supervisor process (`python -m
 pipeline.engines.supervisor`), detached from the stage, which starts the server, waits for `/health`, writes
@@ -58,11 +58,13 @@ def registry_dir() -> Path:
 # ---------------------------------------------------------------- keys
 
 def content_fingerprint(model_dir: Path | str, registry: Path | None = None) -> str:
-    """The checkpoint's content hash (checkpoints/fingerprint.py: config and weights; a large checkpoint is
-    hashed once per run, not in every stage)."""
-    from pipeline.checkpoints.fingerprint import model_fingerprint
+    """What a server is keyed by for its checkpoint: the checkpoint files' stat signature (checkpoints/
+    fingerprint.py: names, sizes, modification times, inodes), which changes whenever a file is written again, so
+    a changed checkpoint never gets an old server's answers; read without hashing a byte (hashing GLM-4-9B's 18.8
+    GB cost a warm or served stage 12-20 s on the H200, 2026-12-02)."""
+    from pipeline.checkpoints.fingerprint import stat_signature
 
-    return model_fingerprint(Path(model_dir).resolve())
+    return stat_signature(Path(model_dir).resolve())[:16]
 
 
 def server_key(fingerprint: str, command: list[str], env: dict | None) -> str:
