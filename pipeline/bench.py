@@ -339,31 +339,16 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     (default: bench.engine, else engine.name). holdout: held-out conversations for the real-length
     workload (None: the fixed workload only). requests_per_level: requests per level as a multiple of
     the concurrency (at least 4 in all)."""
-    from pipeline.engines import STARTS, engine_names, engine_spec, engine_start_seconds, make_engine
+    from pipeline.engines import STARTS, engine_spec, engine_start_seconds, make_engine
 
-    starts_before = len(STARTS)
+    starts_before, watch = len(STARTS), Stopwatch()
     b, e = sections_with_overrides(settings or BenchParams, engine_settings or EngineParams, **overrides)
     engine = engine or b.engine or e.name
-    concurrency, input_len, output_len, request_rates = b.concurrency, b.input_len, b.output_len, b.request_rates
-    slo = b.slo.model_dump()
-    watch = Stopwatch()
     model_dir, out = Path(model_dir), Path(out)
     spec = engine_spec(engine)
     options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
-    from pipeline.checkpoints import headers
-
-    headers.check(model_dir, weights=spec.local_weights)  # openai: a running server holds the weights
-    if request_rates and spec.timing != "http":
-        raise UserError(f"bench.request_rates: request-rate sweeps need a server engine "
-                        f"({engine_names(where=lambda s: s.timing == 'http')}), "
-                        f"not {engine}; set bench.request_rates: [] or --engine vllm")
-    from pipeline.long_context import context_length
-
-    context = context_length(model_dir)
-    if context is not None and input_len + output_len > context:
-        raise UserError(f"--input-len {input_len} + --output-len {output_len} exceed {model_dir}'s "
-                        f"{context}-token context; choose shorter lengths")
-    options["batch_size"] = max(max(concurrency), options.get("batch_size", 1))
+    context = _checked(model_dir, b, spec, engine)
+    options["batch_size"] = max(max(b.concurrency), options.get("batch_size", 1))
     if spec.starts_server:
         options.setdefault("log_path", out.with_name(out.stem + ".vllm.log"))
     device = "cuda" if _cuda() else "cpu"
@@ -373,38 +358,10 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     try:
         quiet_wait = _quiet_gpu(lm) if spec.starts_server else 0.0
         timer = HttpTiming(lm, vllm_extras=spec.starts_server) if spec.timing == "http" else lm
-        loads = [fixed_workload(timer.encode, input_len, output_len)]
-        if holdout is not None:
-            loads.append(holdout_workload(timer, Path(holdout), output_len, context))
-        workloads = {}
-        for load in loads:
-            # warm-up on this workload's own shapes: kernels autotune on the first new size (seen:
-            # a 4 s first request of AWQ on lmdeploy with 800-token prompts after a 128-token warm-up)
-            timer.timed_generate(*load.take(1), 1)
-            levels, rates = [], []
-            for c in concurrency:
-                levels.append(sweep_level(timer, load, c, max(4, b.requests_per_level * c), slo))
-                log.info(f"  {load.name} c={c}: {levels[-1]['output_tokens_per_s']:.1f} tok/s, "
-                         f"TTFT p50 {levels[-1]['ttft_p50_ms']:.0f} ms")
-            for rate in request_rates if load.name == "fixed" else ():  # open loop on the fixed lengths only
-                rates.append(rate_level(timer, load, rate, max(8, round(rate * b.rate_seconds)), slo))
-                log.info(f"  {load.name} {rate:g} req/s: {rates[-1]['output_tokens_per_s']:.1f} tok/s, "
-                         f"TTFT p50 {rates[-1]['ttft_p50_ms']:.0f} ms")
-            workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), "levels": levels, "rates": rates}
-        batch1 = next(l for l in workloads["fixed"]["levels"] if l["concurrency"] == min(concurrency))
-        kv_bytes = lm.kv_dtype_bytes() if hasattr(lm, "kv_dtype_bytes") else _engine_dtype_bytes(lm)
-        summary = {
-            "model_dir": str(model_dir), "engine": engine, "engine_info": describe_engine(lm, engine, options),
-            "device": device_name() if spec.local_weights else f"served at {options.get('base_url')}",
-            # how the model is split over devices (engines without tensor parallelism: one device)
-            "parallel": getattr(lm, "parallel", None) or {"tensor_parallel_size": 1},
-            "versions": versions(), "date": time.strftime("%Y-%m-%d"), "input_len": input_len,
-            "output_len": output_len, "slo": slo or None, "workloads": workloads,
-            # tensor parallel: each of the GPUs reads its share of the weights, so the bandwidth adds up
-            "roofline": roofline(lm, model_dir, batch1, bandwidth * (getattr(lm, "parallel", None) or {}).get(
-                "tensor_parallel_size", 1), kv_bytes) if bandwidth else None,
-        }
-        summary["capacity"] = engine_capacity(lm, model_dir, summary, workloads["fixed"], slo, context, options)
+        workloads = _sweep(timer, b, holdout, context)
+        summary = _summary(lm, model_dir, engine, spec, options, b, workloads, bandwidth)
+        summary["capacity"] = engine_capacity(lm, model_dir, summary, workloads["fixed"], b.slo.model_dump(), context,
+                                              options)
         summary["engine_start_s"] = engine_start_seconds(starts_before)
         summary["waited_for_other_starts_s"] = round(quiet_wait, 2)
     finally:
@@ -412,6 +369,66 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     summary["seconds"] = round(watch.seconds, 2)
     write_json(out, summary)
     return BenchResult(out, summary, watch.seconds)
+
+
+def _checked(model_dir: Path, b: BenchParams, spec, engine: str) -> int | None:
+    """Refused before any work: a checkpoint no engine could load, a request-rate sweep on an in-process engine,
+    a workload longer than the model's context. Returns the context length."""
+    from pipeline.checkpoints import headers
+    from pipeline.engines import engine_names
+    from pipeline.long_context import context_length
+
+    headers.check(model_dir, weights=spec.local_weights)  # openai: a running server holds the weights
+    if b.request_rates and spec.timing != "http":
+        raise UserError(f"bench.request_rates: request-rate sweeps need a server engine "
+                        f"({engine_names(where=lambda s: s.timing == 'http')}), "
+                        f"not {engine}; set bench.request_rates: [] or --engine vllm")
+    context = context_length(model_dir)
+    if context is not None and b.input_len + b.output_len > context:
+        raise UserError(f"--input-len {b.input_len} + --output-len {b.output_len} exceed {model_dir}'s "
+                        f"{context}-token context; choose shorter lengths")
+    return context
+
+
+def _sweep(timer, b: BenchParams, holdout: Path | None, context: int | None) -> dict:
+    """Each workload (fixed lengths; the held-out prompts' real lengths) at every concurrency, and the fixed one
+    at every request rate."""
+    slo = b.slo.model_dump()
+    loads = [fixed_workload(timer.encode, b.input_len, b.output_len)]
+    if holdout is not None:
+        loads.append(holdout_workload(timer, Path(holdout), b.output_len, context))
+    workloads = {}
+    for load in loads:
+        # warm-up on this workload's own shapes: kernels autotune on the first new size (seen:
+        # a 4 s first request of AWQ on lmdeploy with 800-token prompts after a 128-token warm-up)
+        timer.timed_generate(*load.take(1), 1)
+        levels, rates = [], []
+        for c in b.concurrency:
+            levels.append(sweep_level(timer, load, c, max(4, b.requests_per_level * c), slo))
+            log.info(f"  {load.name} c={c}: {levels[-1]['output_tokens_per_s']:.1f} tok/s, "
+                     f"TTFT p50 {levels[-1]['ttft_p50_ms']:.0f} ms")
+        for rate in b.request_rates if load.name == "fixed" else ():  # open loop on the fixed lengths only
+            rates.append(rate_level(timer, load, rate, max(8, round(rate * b.rate_seconds)), slo))
+            log.info(f"  {load.name} {rate:g} req/s: {rates[-1]['output_tokens_per_s']:.1f} tok/s, "
+                     f"TTFT p50 {rates[-1]['ttft_p50_ms']:.0f} ms")
+        workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), "levels": levels, "rates": rates}
+    return workloads
+
+
+def _summary(lm, model_dir: Path, engine: str, spec, options: dict, b: BenchParams, workloads: dict,
+             bandwidth: float | None) -> dict:
+    batch1 = next(level for level in workloads["fixed"]["levels"] if level["concurrency"] == min(b.concurrency))
+    kv_bytes = lm.kv_dtype_bytes() if hasattr(lm, "kv_dtype_bytes") else _engine_dtype_bytes(lm)
+    parallel = getattr(lm, "parallel", None) or {"tensor_parallel_size": 1}  # engines without tensor parallelism
+    return {
+        "model_dir": str(model_dir), "engine": engine, "engine_info": describe_engine(lm, engine, options),
+        "device": device_name() if spec.local_weights else f"served at {options.get('base_url')}",
+        "parallel": parallel, "versions": versions(), "date": time.strftime("%Y-%m-%d"), "input_len": b.input_len,
+        "output_len": b.output_len, "slo": b.slo.model_dump() or None, "workloads": workloads,
+        # tensor parallel: each of the GPUs reads its share of the weights, so the bandwidth adds up
+        "roofline": roofline(lm, model_dir, batch1, bandwidth * parallel.get("tensor_parallel_size", 1), kv_bytes)
+        if bandwidth else None,
+    }
 
 
 def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, context: int | None,

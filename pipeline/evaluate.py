@@ -18,7 +18,6 @@ so the verdict pairs the models per document.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import math
@@ -27,11 +26,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pipeline import likelihood, sandbox
+from pipeline import sandbox
 from pipeline.checkpoints import config_json
-from pipeline.engines import Completion, Engine, GenRequest, capability, engine_names
+from pipeline.engines import Engine, capability, engine_names
 from pipeline.errors import UserError
-from pipeline.eval_cache import GenerationCache, model_fingerprint, score_key
+from pipeline.eval_cache import GenerationCache, model_fingerprint
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
 from pipeline.params import EngineParams, SuiteParams, sections_with_overrides
@@ -41,129 +40,9 @@ log = logging.getLogger(__name__)
 
 
 def _lm_class():
-    from lm_eval.api.model import LM
-
-    class PipelineLM(LM):
-        """Presents any Engine to lm-eval. Generations and token scores go through the resume cache
-        one finished item at a time (or per engine call, for an engine that cannot report each).
-        on_items(n): n more requests to answer (cached ones included); on_done(n): n of them answered.
-        Generations are reported one by one by every engine (hf rows as they stop, the openai and vLLM
-        answers as they arrive, lmdeploy's requests as they finish); token scores per engine call of
-        batch_size requests, since the rows of one forward pass all finish together."""
-
-        def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_done=None, task: str = "",
-                     on_items=None):
-            super().__init__()
-            self.engine, self.cache, self.chunk, self.task = engine, cache, chunk, task
-            self.on_done, self.on_items = on_done or (lambda n: None), on_items or (lambda n: None)
-            self.stats: dict[str, Completion] = {}
-            self.documents: dict[str, tuple[float, int]] = {}  # rolling requests: text -> (log-likelihood, tokens)
-            # wall time inside the engine and what it produced, this run (cached items excluded):
-            # per-item seconds are latencies, which overlap on an engine that runs requests concurrently
-            self.generate_seconds, self.generated_items, self.generated_tokens = 0.0, 0, 0
-            self.scored_requests, self.scored_tokens = 0, 0
-            self.first_request_at: float | None = None  # when lm-eval, done building the task, first asked
-            self.MULTIMODAL = bool(getattr(engine, "accepts_images", False))  # lm-eval refuses image tasks otherwise
-
-        @property
-        def tokenizer_name(self) -> str:
-            return str(getattr(self.engine, "model_dir", self.engine.name))
-
-        def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
-            tokenizer = getattr(self.engine, "tokenizer", None)
-            if not add_generation_prompt and getattr(tokenizer, "chat_template", None):
-                # lm-eval continues a final assistant turn (a task's gen_prefix), as HFLM does
-                return tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=False,
-                                                     continue_final_message=True)
-            return self.engine.apply_chat_template(chat_history)
-
-        def generate_until(self, requests) -> list[str]:
-            from pipeline.engines.vision import request_from_lm_eval
-
-            self._asked()
-            gen = [request_from_lm_eval(request.args) for request in requests]
-            todo = [r for r in gen if self.cache.get(r) is None]
-            self.on_items(len(gen))
-            self.on_done(len(gen) - len(todo))  # read back from the cache
-            reports_each = "on_done" in inspect.signature(self.engine.generate).parameters
-            for start in range(0, len(todo), self.chunk):
-                part = todo[start:start + self.chunk]
-                started = time.perf_counter()
-                if reports_each:  # each row cached as it finishes: a kill loses only unfinished rows
-                    completions = self.engine.generate(part, on_done=lambda i, c, part=part: self._finished(part[i], c))
-                else:
-                    completions = self.engine.generate(part)
-                    answered = [(r, c) for r, c in zip(part, completions) if not c.error]
-                    self.cache.put_many([r for r, _ in answered], [c for _, c in answered])
-                    self.on_done(len(answered))
-                self.generate_seconds += time.perf_counter() - started
-                self.generated_items += len(part)
-                self.generated_tokens += sum(c.n_tokens for c in completions)
-                failed = [c.error for c in completions if c.error]
-                if failed:  # a request the engine gave up on is not a wrong answer: stop, keep what finished
-                    raise UserError(f"engine {self.engine.name}: {len(failed)} of {len(part)} requests failed (the "
-                                    f"first: {failed[0]}); the finished ones are cached, rerun the same command to "
-                                    "resume once the engine answers")
-            done = [self.cache.get(r) for r in gen]
-            for request, completion in zip(gen, done):
-                self.stats[request.prompt] = completion
-            return [c.text for c in done]
-
-        def _finished(self, request: GenRequest, completion: Completion) -> None:
-            if completion.error:  # never cached: a rerun asks again
-                return
-            self.cache.put(request, completion)
-            self.on_done(1)
-
-        # ------------------------------------------------------------ likelihoods (pipeline/likelihood.py)
-
-        def _asked(self) -> None:
-            if self.first_request_at is None:
-                from pipeline.engines import STARTS
-
-                self.first_request_at, self.starts_at_first_request = time.perf_counter(), len(STARTS)
-
-        def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-            self._asked()
-            likelihood.require_scoring(self.engine)
-            token_requests = likelihood.loglikelihood_requests(
-                self.engine.tokenizer, [r.args[:2] for r in requests], self.engine.max_length, f"task {self.task}")
-            return self._scores(token_requests)
-
-        def loglikelihood_rolling(self, requests) -> list[float]:
-            self._asked()
-            likelihood.require_scoring(self.engine)
-            documents = [likelihood.rolling_windows(self.engine.tokenizer, r.args[0], self.engine.max_length)
-                         for r in requests]
-            scores = iter(self._scores([w for d in documents for w in d.windows]))
-            totals = []
-            for request, document in zip(requests, documents):
-                total = sum(next(scores)[0] for _ in document.windows)
-                self.documents[request.args[0]] = (total, document.n_tokens)
-                totals.append(total)
-            return totals
-
-        def _scores(self, token_requests: list[likelihood.TokenRequest]) -> list[tuple[float, bool]]:
-            """Scores from the cache, the rest from the engine longest first, cached per engine call."""
-            keys = [score_key(*r) for r in token_requests]
-            todo: dict[str, likelihood.TokenRequest] = {}
-            for key, request in zip(keys, token_requests):
-                if self.cache.get_score(key) is None:
-                    todo.setdefault(key, request)
-            pending = list(todo.items())
-            self.on_items(len(token_requests))
-            self.on_done(len(token_requests) - len(pending))  # cached, or the same request twice
-            order = likelihood.longest_first([r for _, r in pending])
-            for start in range(0, len(order), self.chunk):
-                part = [pending[i] for i in order[start:start + self.chunk]]
-                started = time.perf_counter()
-                scores = self.engine.token_logprobs([r for _, r in part])
-                self.generate_seconds += time.perf_counter() - started
-                self.scored_requests += len(part)
-                self.scored_tokens += sum(len(r[1]) for _, r in part)
-                self.cache.put_scores([k for k, _ in part], scores, [len(r[1]) for _, r in part])
-                self.on_done(len(part))
-            return [self.cache.get_score(key) for key in keys]
+    """lm-eval's view of our engine (pipeline/lm_eval_model.py), imported when a suite first runs: lm-eval is a
+    heavy import a stage that keeps every suite as it is never needs."""
+    from pipeline.lm_eval_model import PipelineLM
 
     return PipelineLM
 

@@ -321,13 +321,7 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
     out_dir = Path(out_dir)
     current = out_dir / f".{stage}"
     encoded = {name: text.encode("utf-8") for name, text in files.items()}  # fails before any write
-    problems = [p for name in files if (p := _pair_link_problem(out_dir, stage, name, f".{stage}/{name}"))]
-    if current.exists() or current.is_symlink():
-        target = os.readlink(current) if current.is_symlink() else ""
-        ours = target.startswith(f".{stage}-") and "/" not in target
-        record = read_stage_record(current) if ours else None
-        if not ours or (current.exists() and (record is None or record["stage"] != stage)):
-            problems.append(f"{current} is not a link to a folder of a previous {stage} run")
+    problems = _pair_problems(out_dir, stage, files, current)
     if problems:
         raise UserError(f"{out_dir}: " + "; ".join(problems) + f"; {stage} writes only files it wrote before: "
                         "move them away or choose another --out")
@@ -370,7 +364,24 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
             os.replace(tmp, path)
             if index == 0:
                 _pause(f"{stage}:linked-first")
-    for old in out_dir.glob(f".{stage}-*"):  # earlier runs' folders; a running writer's own is left alone
+    _remove_earlier_runs(out_dir, stage, new)
+
+
+def _pair_problems(out_dir: Path, stage: str, files: dict[str, str], current: Path) -> list[str]:
+    """Why write_pair must not write here: a NAME or `.STAGE` that is not such a link of an earlier run."""
+    problems = [p for name in files if (p := _pair_link_problem(out_dir, stage, name, f".{stage}/{name}"))]
+    if current.exists() or current.is_symlink():
+        target = os.readlink(current) if current.is_symlink() else ""
+        ours = target.startswith(f".{stage}-") and "/" not in target
+        record = read_stage_record(current) if ours else None
+        if not ours or (current.exists() and (record is None or record["stage"] != stage)):
+            problems.append(f"{current} is not a link to a folder of a previous {stage} run")
+    return problems
+
+
+def _remove_earlier_runs(out_dir: Path, stage: str, new: Path) -> None:
+    """Earlier runs' folders go; a running writer's own is left alone."""
+    for old in out_dir.glob(f".{stage}-*"):
         pid = old.name.removeprefix(f".{stage}-").split("-")[0]
         # by name: tempfile.mkdtemp returns an absolute path since Python 3.12, `old` is relative to out_dir
         if old.name != new.name and old.is_dir() and not old.is_symlink() and pid.isdigit() and \

@@ -189,3 +189,11 @@ def test_cycle_finder_finds_cycles(bad, expected):
 def test_the_layers_rank_these_imports_as_upward(importer, imported):
     """The layering is fine enough to see each import issue 34 found running up (and a method reaching for the stage)."""
     assert layer_of(imported) > layer_of(importer)
+
+
+def test_no_function_is_over_60_lines():
+    """Code an engineer can read at a glance: a function that grows past 60 lines is split by concern."""
+    long = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
+    assert not long, long

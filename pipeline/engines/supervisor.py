@@ -20,96 +20,122 @@ from pathlib import Path
 from pipeline.engines.shared import POLL_S, alive, forget, live_leases, read_entry, start_time, write_entry
 
 
-def supervise(spec: dict) -> int:
-    from pipeline.engines.http import get_ok
-    from pipeline.engines.server import _die_with_parent
+class Supervisor:
+    """One server's life: started, waited for until /health answers, then watched until it must stop."""
 
-    registry, key = Path(spec["registry"]), spec["key"]
-    me = {"supervisor_pid": os.getpid(), "supervisor_started": start_time(os.getpid())}
-    entry = {**{k: spec[k] for k in ("key", "port", "log", "model_path", "owner_pid", "owner_started", "owner",
-                                     "idle_timeout")}, **me, "state": "starting", "command": spec["command"],
-             "last_used": time.time()}
-    stopping = {"now": False}
+    def __init__(self, spec: dict):
+        self.spec, self.registry, self.key = spec, Path(spec["registry"]), spec["key"]
+        self.entry = {**{k: spec[k] for k in ("key", "port", "log", "model_path", "owner_pid", "owner_started",
+                                              "owner", "idle_timeout")},
+                      "supervisor_pid": os.getpid(), "supervisor_started": start_time(os.getpid()),
+                      "state": "starting", "command": spec["command"], "last_used": time.time()}
+        self.stopping = {"now": False}
+        self.proc: subprocess.Popen | None = None
 
-    def on_term(*_):
-        stopping["now"] = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    with open(spec["log"], "ab") as log:
-        log.write(f"$ {' '.join(spec['command'])}\n".encode())
-        log.flush()
-        try:
-            proc = subprocess.Popen(spec["command"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **spec["env"]}, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
-        except FileNotFoundError:
-            write_entry(registry, key, {**entry, "state": "failed", "error": (
-                f"command {spec['command'][0]!r} not found; install it (pip install -e '.[vllm]') or set "
-                "engine.server_command to how you start it")})
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stop_entry asks with SIGTERM
+            signal.signal(sig, lambda *_: self.stopping.update(now=True))
+        if not self.start_server():
             return 3
-    entry.update(server_pid=proc.pid, server_started=start_time(proc.pid))
-    write_entry(registry, key, entry)
+        began = time.monotonic()
+        failure = self.wait_ready()
+        if failure:
+            self.write(state="failed", error=failure)
+            return 3
+        self.write(state="ready")
+        _note(self.spec["log"], f"server ready after {time.monotonic() - began:.1f} s", "")
+        return self.watch()
 
-    def stop_server() -> None:
+    def write(self, **changes) -> None:
+        self.entry.update(changes)
+        write_entry(self.registry, self.key, self.entry)
+
+    def start_server(self) -> bool:
+        from pipeline.engines.server import _die_with_parent
+
+        spec = self.spec
+        with open(spec["log"], "ab") as log:
+            log.write(f"$ {' '.join(spec['command'])}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(spec["command"], stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env={**os.environ, **spec["env"]},
+                                             start_new_session=True, preexec_fn=_die_with_parent)
+            except FileNotFoundError:
+                self.write(state="failed", error=(
+                    f"command {spec['command'][0]!r} not found; install it (pip install -e '.[vllm]') or set "
+                    "engine.server_command to how you start it"))
+                return False
+        self.write(server_pid=self.proc.pid, server_started=start_time(self.proc.pid))
+        return True
+
+    def stop_server(self) -> None:
         for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
+                os.killpg(self.proc.pid, sig)
             try:
-                proc.wait(timeout=wait)
+                self.proc.wait(timeout=wait)
                 break
             except subprocess.TimeoutExpired:
                 continue
 
-    def owner_alive() -> bool:
-        return alive(spec["owner_pid"], spec["owner_started"])
+    def owner_alive(self) -> bool:
+        return alive(self.spec["owner_pid"], self.spec["owner_started"])
 
-    began = time.monotonic()
-    deadline = began + float(spec["start_timeout"])
-    while not get_ok(f"http://127.0.0.1:{spec['port']}/health", timeout=2.0):
-        if proc.poll() is not None:
-            write_entry(registry, key, {**entry, "state": "failed",
-                                         "error": f"exited with code {proc.returncode} while starting"})
-            return 3
-        if stopping["now"] or not owner_alive() or time.monotonic() > deadline:
-            stop_server()
-            write_entry(registry, key, {**entry, "state": "failed", "error": "start abandoned (the stage or run "
-                                         "that asked for it is gone, or engine.start_timeout passed)"})
-            return 3
-        time.sleep(POLL_S)
-    entry["state"] = "ready"
-    write_entry(registry, key, entry)
-    _note(spec["log"], f"server ready after {time.monotonic() - began:.1f} s", "")
-    idle_since = None
-    while True:
-        if stopping["now"]:  # stop_entry asked (its caller holds the lock and forgets the entry)
-            _note(spec["log"], "asked to stop")
-            stop_server()
-            return 0
-        if proc.poll() is not None:
-            reason = f"the server exited with code {proc.returncode}"
-        elif not owner_alive():
-            reason = f"its run ({spec['owner']}) ended"
-        elif live_leases(registry, key):
-            idle_since, reason = None, None
-        elif idle_since is None:
-            idle_since, reason = time.monotonic(), None
-        elif spec["idle_timeout"] is not None and time.monotonic() - idle_since >= float(spec["idle_timeout"]):
-            reason = f"idle for {spec['idle_timeout']:g} s (engine.server_idle_timeout)"
-        else:
-            reason = None
-        if reason:
-            with _try_locked(registry, stopping) as held:
-                if held and reason.startswith("idle") and live_leases(registry, key):
-                    idle_since = None  # a stage attached while we waited for the lock
-                    continue
-                _note(spec["log"], reason)
-                stop_server()
-                current = read_entry(registry, key)
-                if held and current and current.get("supervisor_pid") == os.getpid():
-                    forget(registry, key)
-            return 0
-        time.sleep(POLL_S)
+    def wait_ready(self) -> str | None:
+        """None once /health answers; else why the start failed (the server is stopped then)."""
+        from pipeline.engines.http import get_ok
+
+        deadline = time.monotonic() + float(self.spec["start_timeout"])
+        while not get_ok(f"http://127.0.0.1:{self.spec['port']}/health", timeout=2.0):
+            if self.proc.poll() is not None:
+                return f"exited with code {self.proc.returncode} while starting"
+            if self.stopping["now"] or not self.owner_alive() or time.monotonic() > deadline:
+                self.stop_server()
+                return ("start abandoned (the stage or run that asked for it is gone, or engine.start_timeout "
+                        "passed)")
+            time.sleep(POLL_S)
+        return None
+
+    def watch(self) -> int:
+        """Until the server must stop: asked to (stop_entry), it died, its run ended, or it sat idle too long."""
+        idle_since = None
+        while True:
+            if self.stopping["now"]:  # stop_entry asked (its caller holds the lock and forgets the entry)
+                _note(self.spec["log"], "asked to stop")
+                self.stop_server()
+                return 0
+            reason, idle_since = self.why_stop(idle_since)
+            if reason:
+                with _try_locked(self.registry, self.stopping) as held:
+                    if held and reason.startswith("idle") and live_leases(self.registry, self.key):
+                        idle_since = None  # a stage attached while we waited for the lock
+                        continue
+                    _note(self.spec["log"], reason)
+                    self.stop_server()
+                    current = read_entry(self.registry, self.key)
+                    if held and current and current.get("supervisor_pid") == os.getpid():
+                        forget(self.registry, self.key)
+                return 0
+            time.sleep(POLL_S)
+
+    def why_stop(self, idle_since: float | None) -> tuple[str | None, float | None]:
+        idle_timeout = self.spec["idle_timeout"]
+        if self.proc.poll() is not None:
+            return f"the server exited with code {self.proc.returncode}", idle_since
+        if not self.owner_alive():
+            return f"its run ({self.spec['owner']}) ended", idle_since
+        if live_leases(self.registry, self.key):
+            return None, None
+        if idle_since is None:
+            return None, time.monotonic()
+        if idle_timeout is not None and time.monotonic() - idle_since >= float(idle_timeout):
+            return f"idle for {idle_timeout:g} s (engine.server_idle_timeout)", idle_since
+        return None, idle_since
+
+
+def supervise(spec: dict) -> int:
+    return Supervisor(spec).run()
 
 
 @contextlib.contextmanager

@@ -143,8 +143,16 @@ def first_screen(verdict: dict, base: dict, human_size) -> dict:
             "speed_commands": [c for c in v.get("speed_commands") or [] if c.startswith("quantize bench models/")
                                and not c.startswith("quantize bench models/base")],
         })
+    base_bench = sorted({c for v in verdict["variants"].values() for c in v.get("speed_commands") or []
+                         if c.startswith("quantize bench models/base")})
+    return {"columns": columns, "rows": rows, "not_counted": _not_counted(verdict), "base_bench": base_bench,
+            "forest": forest_plot(columns, rows), "forest_narrow": forest_plot_narrow(columns, rows)}
+
+
+def _not_counted(verdict: dict) -> list[tuple[str, str]]:
+    """(suite, why) of every suite shown but not counted for some variant, the first reason given for each."""
     not_counted = []
-    for name, v in verdict["variants"].items():
+    for v in verdict["variants"].values():
         for suite, s in v["suites"].items():
             if not s["counted"]:
                 not_counted.append((suite, "base at the floor or ceiling" if s["decision"] == "UNINFORMATIVE"
@@ -161,10 +169,7 @@ def first_screen(verdict: dict, base: dict, human_size) -> dict:
     seen = {}
     for suite, why in not_counted:
         seen.setdefault(suite, why)
-    base_bench = sorted({c for v in verdict["variants"].values() for c in v.get("speed_commands") or []
-                         if c.startswith("quantize bench models/base")})
-    return {"columns": columns, "rows": rows, "not_counted": sorted(seen.items()), "base_bench": base_bench,
-            "forest": forest_plot(columns, rows), "forest_narrow": forest_plot_narrow(columns, rows)}
+    return sorted(seen.items())
 
 
 def _forest_marks(columns: list[tuple[str, str]], rows: list[dict]) -> tuple[list, list, float, float]:

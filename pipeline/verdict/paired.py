@@ -62,41 +62,16 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
     deltas = var - base
     bounded = bool(ids) and bool(((base >= 0) & (base <= 1) & (var >= 0) & (var <= 1)).all())
     binary = bool(ids) and bool(np.isin(base, (0.0, 1.0)).all() and np.isin(var, (0.0, 1.0)).all())
-    if binary:
-        low, high = tango_interval(int((deltas > 0).sum()), int((deltas < 0).sum()), len(ids), confidence)
-        method = TANGO
-    elif bounded:
-        low, high = partial_credit_interval(deltas, confidence)
-        method = PARTIAL_CREDIT
-    else:
-        low, high = paired_bootstrap(deltas, iterations, confidence, seed)
-        method = f"percentile bootstrap ({iterations} resamples of the items, seed {seed})"
+    low, high, method = _interval(deltas, binary, bounded, len(ids), confidence, iterations, seed)
     base_right = [bool(base_items[i]["correct"]) for i in ids]
     var_right = [bool(variant_items[i]["correct"]) for i in ids]
     r2w = [i for i, b, v in zip(ids, base_right, var_right) if b and not v]
     w2r = [i for i, b, v in zip(ids, base_right, var_right) if v and not b]
     base_score = float(base.mean()) if len(ids) else float("nan")
     var_score = float(var.mean()) if len(ids) else float("nan")
-    reasons, counted = [], True
     fewest = min_items_for_go(margin, confidence) if bounded else None
-    if not ids:
-        decision, counted = INCONCLUSIVE, False
-        reasons.append("no paired items: the variant and the base answered different items")
-    else:
-        decision = decide(low, high, margin)
-        unmatched = len(set(base_items) ^ set(variant_items))
-        if unmatched:
-            reasons.append(f"{unmatched} items answered by only one model were left out")
-        if floor_ceiling > 0 and (base_score <= floor_ceiling or base_score >= 1 - floor_ceiling):
-            counted = False
-            where = "floor" if base_score <= floor_ceiling else "ceiling"
-            reasons.append(f"the base model scores {share(base_score)}, at the {where}: this suite tells little "
-                           "about the variant, so it is shown but not counted")
-        if fewest and len(ids) < fewest and decision != NO_GO:
-            no_flip_low, _ = tango_interval(0, 0, len(ids), confidence)
-            reasons.append(f"too few items to ever show a GO: with {len(ids)} paired items even no flip at all "
-                           f"leaves the interval's lower end at {points(no_flip_low)} points, below "
-                           f"{points(-margin)}; a GO needs at least {fewest} paired items")
+    decision, counted, reasons = _decide(ids, base_items, variant_items, low, high, margin, base_score, floor_ceiling,
+                                         fewest, confidence)
     verdict = SuiteVerdict(
         variant=variant, suite=suite, n=len(ids), base_score=base_score, variant_score=var_score,
         delta=var_score - base_score if ids else float("nan"), ci_low=low, ci_high=high,
@@ -107,17 +82,61 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
         counted=counted, reasons=reasons, interval=method if ids else "", min_items_for_go=fewest,
     )
     if decision == INCONCLUSIVE and ids and counted:
-        if binary:
-            verdict.items_to_settle = tango_items_to_settle(int((deltas > 0).sum()), int((deltas < 0).sum()),
-                                                            len(ids), margin, confidence)
-        else:
-            verdict.items_to_settle = items_to_settle(deltas, margin, confidence)
-            if fewest and verdict.items_to_settle and verdict.delta > -margin:
-                verdict.items_to_settle = max(verdict.items_to_settle, fewest)
-        if verdict.items_to_settle and verdict.items_to_settle != fewest:
-            reasons.append(f"about {verdict.items_to_settle} paired items at these flip rates would likely settle it")
+        _items_to_settle(verdict, deltas, binary, margin, confidence, fewest)
     verdict.sentence = decision_sentence(verdict, binary)
     return verdict
+
+
+def _interval(deltas, binary: bool, bounded: bool, n: int, confidence: float, iterations: int,
+              seed: int) -> tuple[float, float, str]:
+    """The paired change's interval and its method: Tango's for right/wrong items, the partial-credit one for
+    other scores in [0, 1], else the bootstrap."""
+    if binary:
+        low, high = tango_interval(int((deltas > 0).sum()), int((deltas < 0).sum()), n, confidence)
+        return low, high, TANGO
+    if bounded:
+        low, high = partial_credit_interval(deltas, confidence)
+        return low, high, PARTIAL_CREDIT
+    low, high = paired_bootstrap(deltas, iterations, confidence, seed)
+    return low, high, f"percentile bootstrap ({iterations} resamples of the items, seed {seed})"
+
+
+def _decide(ids: list[str], base_items: dict, variant_items: dict, low: float, high: float, margin: float,
+            base_score: float, floor_ceiling: float, fewest: int | None,
+            confidence: float) -> tuple[str, bool, list[str]]:
+    """(decision, counted, reasons) of a suite's paired interval against its margin."""
+    reasons, counted = [], True
+    if not ids:
+        return INCONCLUSIVE, False, ["no paired items: the variant and the base answered different items"]
+    decision = decide(low, high, margin)
+    unmatched = len(set(base_items) ^ set(variant_items))
+    if unmatched:
+        reasons.append(f"{unmatched} items answered by only one model were left out")
+    if floor_ceiling > 0 and (base_score <= floor_ceiling or base_score >= 1 - floor_ceiling):
+        counted = False
+        where = "floor" if base_score <= floor_ceiling else "ceiling"
+        reasons.append(f"the base model scores {share(base_score)}, at the {where}: this suite tells little "
+                       "about the variant, so it is shown but not counted")
+    if fewest and len(ids) < fewest and decision != NO_GO:
+        no_flip_low, _ = tango_interval(0, 0, len(ids), confidence)
+        reasons.append(f"too few items to ever show a GO: with {len(ids)} paired items even no flip at all "
+                       f"leaves the interval's lower end at {points(no_flip_low)} points, below "
+                       f"{points(-margin)}; a GO needs at least {fewest} paired items")
+    return decision, counted, reasons
+
+
+def _items_to_settle(verdict: SuiteVerdict, deltas, binary: bool, margin: float, confidence: float,
+                     fewest: int | None) -> None:
+    """An INCONCLUSIVE suite's paired items that would likely settle it, and the reason saying so."""
+    if binary:
+        verdict.items_to_settle = tango_items_to_settle(int((deltas > 0).sum()), int((deltas < 0).sum()),
+                                                        verdict.n, margin, confidence)
+    else:
+        verdict.items_to_settle = items_to_settle(deltas, margin, confidence)
+        if fewest and verdict.items_to_settle and verdict.delta > -margin:
+            verdict.items_to_settle = max(verdict.items_to_settle, fewest)
+    if verdict.items_to_settle and verdict.items_to_settle != fewest:
+        verdict.reasons.append(f"about {verdict.items_to_settle} paired items at these flip rates would likely settle it")
 
 
 def _count(number: int, noun: str) -> str:
