@@ -55,13 +55,19 @@ def direct_imports(name: str) -> set[str]:
     return found
 
 
+# params.py and the method registry validate settings: their values are in a suite's digest already, and what
+# their code imports (a method's search, its mappings) computes no suite's results
+SETTINGS = ("pipeline.params", "pipeline.methods")
+
+
 @lru_cache(maxsize=None)
-def closure(name: str) -> tuple[str, ...]:
-    """`name` and every module of the package it imports, transitively (packages' __init__ included), sorted."""
+def closure(name: str, stop: tuple[str, ...] = SETTINGS) -> tuple[str, ...]:
+    """`name` and every module of the package it imports, transitively (packages' __init__ included), sorted; the
+    modules under `stop` (by prefix) are not followed."""
     seen, todo = set(), [name]
     while todo:
         current = todo.pop()
-        if current in seen or module_path(current) is None:
+        if current in seen or module_path(current) is None or (current != name and current.startswith(stop)):
             continue
         seen.add(current)
         parts = current.split(".")

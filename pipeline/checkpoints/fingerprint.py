@@ -19,12 +19,13 @@ def _hashed_files(model_dir: Path) -> list[Path]:
 
 
 def stat_signature(model_dir: Path) -> str:
-    """A hash of the checkpoint files' names, sizes, modification times and inodes: changes whenever a file is
-    written again (in place: its time; replaced: its inode), without reading a byte. Not the ctime: DVC changes
-    it when it links a stage's output into its cache, which changes no content."""
+    """A hash of the checkpoint files' names, sizes, modification and change times and inodes: changes whenever a
+    file is written again (in place, even with its modification time put back: its change time; replaced: its
+    inode), without reading a byte. DVC changes the change time once, when it links a stage's output into its
+    cache, before any later stage reads it."""
     stats = [(path.name, path.stat()) for path in _hashed_files(model_dir)]
-    return hashlib.sha256("\n".join(f"{n}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}" for n, st in stats)
-                          .encode()).hexdigest()
+    return hashlib.sha256("\n".join(f"{n}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+                                     for n, st in stats).encode()).hexdigest()
 
 
 def _file_digest(path: Path) -> bytes:
