@@ -4,7 +4,7 @@
 
 Opens REPORT_DIR/index.html in Debian's chromium (headless, through playwright, no network) and writes
 REPORT_DIR/first-screen-1280x800.png and REPORT_DIR/first-screen-390x844.png: what a reviewer sees first
-on a laptop and on a phone. `make report-screenshots` runs it on reports/example after
+on a laptop and on a phone. `make example-report` runs it on reports/example after
 `cp reports/index.html reports/verdict.json reports/example/` (README: "The demo").
 """
 
