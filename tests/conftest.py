@@ -116,3 +116,14 @@ def bwrap_missing(monkeypatch, tmp_path):
     yield
     monkeypatch.undo()
     sandbox.bwrap_problem.cache_clear()
+
+
+@pytest.fixture
+def run():
+    """A process standing for the run that holds the GPU (`dvc repro`), named by QUANTIZE_RUN_PID in tests."""
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()

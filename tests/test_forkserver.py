@@ -26,14 +26,6 @@ def project(tmp_path):
     return tmp_path
 
 
-@pytest.fixture
-def run():
-    proc = subprocess.Popen(["sleep", "600"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 def quantize(project, run, *args, env=None, wait=True):
     full = {**os.environ, "QUANTIZE_RUN_PID": str(run.pid), "QUANTIZE_STAGE_LOG": str(project / "stages.jsonl"),
             **(env or {})}
@@ -57,6 +49,15 @@ def server_up(project, seconds=120.0) -> Path:
     raise AssertionError(f"no fork server came up: {logs}")
 
 
+def forked_child(project, marker: str) -> int:
+    """The pid of the child the fork server made for the command whose arguments hold `marker`."""
+    log = next((project / LOG_DIR).glob("*.log"))
+    deadline = time.monotonic() + 60
+    while marker not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return int(log.read_text().split(" child ")[-1].split(":")[0])
+
+
 def records(project) -> list[dict]:
     return [json.loads(line) for line in (project / "stages.jsonl").read_text().splitlines()]
 
@@ -76,11 +77,7 @@ def test_a_runs_commands_fork_from_its_warm_interpreter_and_end_as_their_own_pro
 
     proc = quantize(project, run, "eval", str(tiny_llama), "--suite", "math", "--limit", "40", "--out", "slow",
                     wait=False)
-    log = next((project / LOG_DIR).glob("*.log"))
-    deadline = time.monotonic() + 60
-    while "--out slow" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    child = int(log.read_text().split(" child ")[-1].split(":")[0])
+    child = forked_child(project, "--out slow")
     assert alive(child, None)
     proc.send_signal(signal.SIGKILL)  # the launcher killed: its command must not run on without it
     proc.wait()
@@ -103,10 +100,7 @@ def test_a_signal_to_the_launcher_reaches_the_forked_command(project, run, tiny_
     server_up(project)
     proc = quantize(project, run, "eval", str(tiny_llama), "--suite", "math", "--limit", "600", "--out", "cut",
                     wait=False)
-    log = next((project / LOG_DIR).glob("*.log"))
-    deadline = time.monotonic() + 60
-    while "--out cut" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    forked_child(project, "--out cut")
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)  # what a cut `dvc repro` does to its stage
     out, err = proc.communicate(timeout=60)

@@ -44,31 +44,11 @@ def modules() -> dict[str, Path]:
     return {module_name(path): path for path in PACKAGE.rglob("*.py")}
 
 
-def imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """The pipeline modules `path` imports, anywhere in it."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in known:
-                target = target.rsplit(".", 1)[0] if "." in target else ""
-            if target and target != name:
-                found.add(target)
-    return found
-
-
 def graph() -> dict[str, set[str]]:
-    found = modules()
-    return {name: imports(path, name, set(found)) for name, path in found.items()}
+    """Every module's imports of the package (pipeline/imports.py reads them from the source, lazy ones included)."""
+    from pipeline.imports import direct_imports
+
+    return {name: direct_imports(name) for name in modules()}
 
 
 def stage_of(name: str) -> str | None:

@@ -30,15 +30,6 @@ def registry(tmp_path, monkeypatch):
         shared.stop_entry(folder, key, entry, wait=10)
 
 
-@pytest.fixture
-def run():
-    """A process standing for the run that holds the GPU (`dvc repro`)."""
-    proc = subprocess.Popen(["sleep", "600"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 def stage(model, log, *flags, env=None, hold=False):
     """Runs a stage; returns its report (and, with hold, the still-running process)."""
     args = [*STAGE, str(model), str(log), *flags, *(["--hold"] if hold else [])]
