@@ -247,7 +247,7 @@ def kl(
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "kl.json"
     refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    make_room_on_gpu(p, "kl", [base, variant_dir], factor=1.5)
+    make_room_on_gpu("kl", [base, variant_dir], factor=1.5)
     with working():
         result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine)
     typer.echo(result.summary_line())

@@ -145,7 +145,7 @@ def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
         log.info(f"{what}: stopped {len(stopped)} idle vLLM server(s) to free the GPU for an in-process model")
 
 
-def make_room_on_gpu(p, what: str, models: list[Path], factor: float) -> None:
+def make_room_on_gpu(what: str, models: list[Path], factor: float) -> None:
     """Before a stage loads models in-process on the GPU: idle servers go when the GPU has less free memory than
     `factor` x the models' weights (the stage's peak: measured on the H200, AWQ ~1.5x, FP8 ~2.3x of a 9B
     checkpoint, KL both models plus logits)."""

@@ -70,7 +70,7 @@ def _quantize(name: str, params_file: Path, variant: Optional[str], flags: dict,
     model, out = model or p.model.base_dir, out or Path("models") / (variant or method.DEFAULT_VARIANT)
     refuse_overlap(out, replaces="quantize", base_checkpoint=model, calibration_file=_calibration_file(p, calib))
     if not plan:
-        make_room_on_gpu(p, f"quantize {method.NAME}", [model], factor=2.5)
+        make_room_on_gpu(f"quantize {method.NAME}", [model], factor=2.5)
     with _calibration_blocks(p, calib, model) as blocks:
         with working():
             result = quantize_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)

@@ -298,9 +298,10 @@ def _lines_and_summary(lm, results: dict, *, suite: str, task: str, variant: str
 
 # ------------------------------------------------------------------ what a suite's results were computed from
 
-# engine settings that change how a run is carried out, never what it answers
+# engine settings that change how a run is carried out, never what it answers (the KV pool's size stays in: the
+# long-context ladder skips lengths the served KV cache cannot hold)
 OPERATIONAL = {"log_path", "progress", "share_server", "server_idle_timeout", "max_servers", "start_timeout",
-               "timeout", "retries", "max_response_bytes", "warm_servers", "build_memory_fraction"}
+               "timeout", "retries", "max_response_bytes"}
 
 
 @lru_cache(maxsize=None)
