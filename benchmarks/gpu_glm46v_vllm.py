@@ -249,105 +249,79 @@ def train_vqa(path: Path, steps: int, device: str) -> dict:
     return {"steps": steps, "loss_first": round(losses[0], 3), "loss_last10": round(sum(losses[-10:]) / 10, 4)}
 
 
-def agreement() -> dict:
-    from pipeline import evaluate
+def train() -> dict:
+    """The trained base, its FP8 and its AWQ under ROOT/trained (GPU if there is one, else the CPU: the same
+    models, carried to the GPU machine, let `agreement` start at the comparison)."""
+    import torch
+
     from pipeline.quantize.stage import run as quantize_run
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     root = ROOT / "trained"
     base = root / "base"
-    device = "cpu" if TINY else "cuda"
-    if not (root / "awq" / "config.json").exists():  # a rerun goes straight to the comparison
-        step(results, "agreement", "train Glm4v on easy-VQA", lambda: train_vqa(base, 20 if TINY else 400, device))
-        blocks = calib_blocks(16, 64 if TINY else 256, 380)
-        step(results, "agreement", "FP8", lambda: quantize_run(base, root / "fp8", blocks, "fp8", batch_size=16).summary())
-        step(results, "agreement", "AWQ", lambda: quantize_run(base, root / "awq", blocks, "awq", group_size="auto", batch_size=16,
-                                                          n_grid=4 if TINY else 20).summary())
-    free_gpu()
-    for name in ("base", "awq", "fp8"):
-        model = root / name
-        if not (model / "config.json").exists():
-            continue
-
-        def both(m=model, n=name):
-            outputs, scores = {}, {}
-            for engine in ("hf", "vllm"):
-                options = {"batch_size": 64, "dtype": "bfloat16"}
-                if engine == "vllm":
-                    options.update(**SERVER, max_model_len=512, gpu_memory_utilization=0.3,
-                                   log_path=ROOT / f"trained-{n}.vllm.log",
-                                   server_args=[] if TINY else ["--enforce-eager"])
-                out = root / f"vqa-{n}-{engine}"
-                summary = evaluate.run(m, suite="vqa", task="quant_vqa", variant=n, out_dir=out, engine=engine,
-                                       limit=8 if TINY else None, **options).summary
-                outputs[engine] = {json.loads(l)["id"]: json.loads(l)["output"] for l in
-                                   (out / "vqa.jsonl").read_text().splitlines()}
-                scores[engine] = summary["score"]
-                free_gpu()
-            same = sum(outputs["hf"][i] == outputs["vllm"].get(i) for i in outputs["hf"])
-            return {"items": len(outputs["hf"]), "identical": same, "agreement": same / len(outputs["hf"]),
-                    "score_hf": scores["hf"], "score_vllm": scores["vllm"]}
-        step(results, "agreement", f"{name}: VQA hf vs vLLM", both)
-    step(results, "agreement", "base: where hf and vLLM part", lambda: diagnose(base))
-    keep(*(ROOT / f"trained-{n}.vllm.log" for n in ("base", "awq", "fp8")))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    step(results, "train", f"train Glm4v on easy-VQA ({device})", lambda: train_vqa(base, 20 if TINY else 400, device))
+    blocks = calib_blocks(16, 64 if TINY else 256, 380)
+    step(results, "train", "FP8", lambda: quantize_run(base, root / "fp8", blocks, "fp8", batch_size=16).summary())
+    step(results, "train", "AWQ", lambda: quantize_run(base, root / "awq", blocks, "awq", group_size="auto",
+                                                      batch_size=16, n_grid=4 if TINY else 20).summary())
     return results
 
 
-def diagnose(model: Path, items: int = 3) -> dict:
-    """What each engine is given, item by item: the prompt token ids vLLM reports against ours, the image grid and
-    pixel values of our PIL image processor against the checkpoint's own (transformers') processor, and whether the
-    hf engine answers the same at batch 1 as in the batched run (results/vqa-base-hf)."""
-    import httpx
-    import transformers
+# vLLM configurations the trained models are served under: --enforce-eager (fast starts) with vLLM as it ships
+# and with the settings our engine adds for known defects (pipeline/engines/vllm_defects.py), and vLLM's
+# default compiled mode with them (what the gpu-h200 profile runs)
+AGREEMENT_RUNS = {
+    "eager-shipped": {"server_args": ["--enforce-eager"], "defect_workarounds": False},
+    "eager-pipeline": {"server_args": ["--enforce-eager"], "defect_workarounds": True},
+    "compiled-pipeline": {"server_args": [], "defect_workarounds": True},
+}
+AGREEMENT_PLAN = {"base": list(AGREEMENT_RUNS), "awq": ["eager-pipeline", "compiled-pipeline"],
+                  "fp8": ["eager-pipeline", "compiled-pipeline"]}
 
+
+def agreement(names: list[str]) -> dict:
+    """Greedy VQA answers of the trained Glm4v and its AWQ and FP8 through the hf engine and through vLLM
+    (`quantize eval --suite vqa`'s code, 100 items), item by item, per vLLM configuration. Resumable: what a
+    call measured is kept in ROOT/agreement-state.json and skipped by the next."""
+    state_file = ROOT / "agreement-state.json"
+    results: dict = json.loads(state_file.read_text()) if state_file.exists() else {"date": time.strftime("%Y-%m-%d")}
+    root = ROOT / "trained"
+    if not (root / "awq" / "config.json").exists():  # models trained elsewhere and carried: the comparison
+        results.update(train())
+    free_gpu()
+    for name in names:
+        model = root / name
+        hf = _vqa_outputs(model, name, "hf", {})
+        for run in AGREEMENT_PLAN[name]:
+            key = f"{name}: VQA hf vs vLLM {run}"
+            if "identical" in (results.get(key) or {}):
+                continue
+            step(results, "agreement", key, lambda m=model, n=name, r=run: _agree(hf, *_vqa_outputs(m, n, r, AGREEMENT_RUNS[r])))
+            state_file.write_text(json.dumps(results, indent=1, default=str))
+            keep(ROOT / f"trained-{name}-{run}.vllm.log")
+    return results
+
+
+def _vqa_outputs(model: Path, name: str, run: str, vllm: dict) -> tuple[dict, float]:
     from pipeline import evaluate
-    from pipeline.engines.vision import ImagePrompter, image_data_url, load_image_processor
-    from pipeline.engines.vllm import VLLMEngine
 
-    sys.path.insert(0, str(REPO / "evals" / "vqa"))
-    import utils as vqa_utils
+    options = {"batch_size": 64, "dtype": "bfloat16"}
+    if run != "hf":
+        options.update(**SERVER, max_model_len=512, gpu_memory_utilization=0.3, **vllm,
+                       log_path=ROOT / f"trained-{name}-{run}.vllm.log")
+    out = ROOT / "trained" / f"vqa-{name}-{run}"
+    summary = evaluate.run(model, suite="vqa", task="quant_vqa", variant=name, out_dir=out,
+                           engine="hf" if run == "hf" else "vllm", limit=8 if TINY else None, **options).summary
+    free_gpu()
+    lines = [json.loads(line) for line in (out / "vqa.jsonl").read_text().splitlines()]
+    return {line["id"]: line["output"] for line in lines}, summary["score"]
 
-    root = model.parent
-    rows = [json.loads(l) for l in (root / "vqa-base-hf" / "vqa.jsonl").read_text().splitlines()][:items]
-    docs = {str(d["id"]): d for d in vqa_utils.load_easy_vqa()["test"]}
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
-    prompter, found = ImagePrompter(model, tokenizer), {}
-    official = None
-    try:
-        official = transformers.AutoImageProcessor.from_pretrained(model)
-    except Exception as exc:  # noqa: BLE001 - the torch processor needs torchvision
-        found["official_processor"] = f"not loaded: {exc}"[:200]
-    engine = VLLMEngine(model, **SERVER, max_model_len=512, gpu_memory_utilization=0.3, dtype="bfloat16",
-                        server_args=[] if TINY else ["--enforce-eager"], log_path=ROOT / "diagnose.vllm.log")
-    try:
-        per_item = []
-        for row in rows:
-            images = vqa_utils.doc_to_image(docs.get(str(row["id"])) or docs[str(row["id"]).rsplit("-", 1)[-1]])
-            ours = prompter.encode([row["prompt"]], [images])
-            body = {"model": engine.served_model, "max_tokens": 4, "temperature": 0, "return_token_ids": True,
-                    "messages": [{"role": "user", "content": [{"type": "text", "text": row["prompt"]}] + [
-                        {"type": "image_url", "image_url": {"url": image_data_url(i)}} for i in images]}]}
-            answer = httpx.post(engine.server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
-            ids = answer.get("prompt_token_ids") or answer["choices"][0].get("prompt_token_ids")
-            item = {"prompt_ids_equal": ids == ours["input_ids"][0].tolist() if ids else None,
-                    "prompt_tokens": [len(ours["input_ids"][0]), (answer.get("usage") or {}).get("prompt_tokens")]}
-            if official is not None:
-                theirs = official(images=images, return_tensors="pt")
-                item["grid_equal"] = theirs["image_grid_thw"].tolist() == ours["image_grid_thw"].tolist()
-                if theirs["pixel_values"].shape == ours["pixel_values"].shape:
-                    item["pixel_max_abs_diff"] = float((theirs["pixel_values"] - ours["pixel_values"]).abs().max())
-            per_item.append(item)
-        found["items"] = per_item
-    finally:
-        engine.close()
-    load_image_processor(model)  # ours loads (the check above would have failed first otherwise)
-    evaluate.run(model, suite="vqa", task="quant_vqa", variant="base-b1", out_dir=root / "vqa-base-hf-b1", engine="hf",
-                 batch_size=1, dtype="bfloat16", limit=8 if TINY else None)
-    one = {json.loads(l)["id"]: json.loads(l)["output"] for l in (root / "vqa-base-hf-b1" / "vqa.jsonl").read_text().splitlines()}
-    batched = {json.loads(l)["id"]: json.loads(l)["output"] for l in (root / "vqa-base-hf" / "vqa.jsonl").read_text().splitlines()}
-    found["hf_batch1_equals_batched"] = sum(one[i] == batched.get(i) for i in one)
-    found["items_compared"] = len(one)
-    return found
+
+def _agree(hf: tuple[dict, float], outputs: dict, score: float) -> dict:
+    same = sum(hf[0][i] == outputs.get(i) for i in hf[0])
+    return {"items": len(hf[0]), "identical": same, "agreement": same / len(hf[0]), "score_hf": hf[1],
+            "score_vllm": score}
 
 
 def print_table(results: dict) -> None:
@@ -383,8 +357,10 @@ if __name__ == "__main__":  # vLLM starts worker processes: the guard is require
         print_table(build())
     elif part == "serve":
         print_table(serve(_list("--models", ",".join(VARIANTS))))
+    elif part == "train":
+        print_table(train())
     elif part == "agreement":
-        print_table(agreement())
+        print_table(agreement(_list("--models", "base,awq,fp8")))
     elif part == "check":
         print_table(check(_list("--models", "fp8,awq")))
     else:

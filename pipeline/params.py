@@ -239,6 +239,9 @@ class EngineParams(Section):
     server_command: list[str] = ["vllm", "serve"]  # how to start vLLM (another interpreter: [python3, -m, vllm.entrypoints.cli.main, serve])
     server_env: dict[str, str] = {}  # extra environment for the server only (e.g. PYTHONPATH of its own install)
     server_args: list[str] = []  # further `vllm serve` flags, passed as given
+    # vllm: add the settings that avoid known vLLM defects hitting the checkpoint (pipeline/engines/vllm_defects.py,
+    # e.g. GLM-4.1V's image positions under --enforce-eager); false: vLLM as it ships (the report still names them)
+    defect_workarounds: bool = True
     start_timeout: float = Field(900.0, gt=0, le=7200)  # seconds for the server to answer /health
     # one server per checkpoint and settings for the whole `dvc repro` (pipeline/engines/shared.py): stages
     # attach to the server an earlier stage started; false: every stage starts and stops its own

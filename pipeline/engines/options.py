@@ -34,6 +34,7 @@ def vllm(e) -> dict:
             "non_kv_memory_gib": e.non_kv_memory_gib, "device_memory_gib": e.device_memory_gib,
             "timeout": max(e.timeout, 600.0), "retries": min(e.retries, 1),
             "max_response_bytes": e.max_response_bytes, "enable_expert_parallel": e.enable_expert_parallel,
+            "defect_workarounds": e.defect_workarounds,
             "dtype": e.dtype if e.dtype != "float32" else None}
 
 

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.checkpoints import config_json
-from pipeline.engines import replies
+from pipeline.engines import replies, vllm_defects
 from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.gpu_memory import GIB, device_memory_bytes
 from pipeline.engines.http import FatalError, RetryableError, get_ok
@@ -107,7 +107,9 @@ def server_args(model_dir: Path, port: int | None, settings: dict) -> list[str]:
         args.append("--enable-expert-parallel")
     if is_multimodal(model_dir):
         args += ["--chat-template", PASSTHROUGH_TEMPLATE, "--chat-template-content-format", "string"]
-    return args + [str(a) for a in settings.get("server_args") or []]
+    user_args = [str(a) for a in settings.get("server_args") or []]
+    args += vllm_defects.server_args(config_json.read(model_dir), user_args, settings.get("defect_workarounds", True))
+    return args + user_args
 
 
 def server_command_for(model_dir: Path, server_command: list[str], settings: dict) -> list[str]:
@@ -166,7 +168,7 @@ class VLLMEngine:
     name = "vllm"
     SETTINGS = ("tensor_parallel_size", "enable_expert_parallel", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype", "server_args",
-                "kv_cache_memory", "non_kv_memory_gib", "device_memory_gib")
+                "kv_cache_memory", "non_kv_memory_gib", "device_memory_gib", "defect_workarounds")
 
     def __init__(self, model_dir: Path | str, *, batch_size: int = 64, server_command: list[str] | None = None,
                  server_env: dict | None = None, start_timeout: float = 900.0, log_path: Path | str | None = None,
@@ -294,9 +296,15 @@ class VLLMEngine:
                 "tensor_parallel_size": int(self.settings.get("tensor_parallel_size", 1)),
                 "enable_expert_parallel": bool(self.settings.get("enable_expert_parallel")),
                 "accepts_images": self.accepts_images,
+                "defects": self.defects(),
                 "server_start_seconds": round(self.server.start_seconds or 0.0, 1),
                 "server_attached": not getattr(self.server, "started", True),  # shared: started by an earlier stage
                 "log": str(self.server.log_path)}
+
+    def defects(self) -> list[dict]:
+        """The known vLLM defects this checkpoint is exposed to, each with whether the server avoids it
+        (pipeline/engines/vllm_defects.py); needs no server."""
+        return vllm_defects.described(config_json.read(self.model_dir), self.settings.get("defect_workarounds", True))
 
     @property
     def start_seconds(self) -> float:
