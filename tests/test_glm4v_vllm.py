@@ -185,6 +185,12 @@ def test_vqa_through_the_vllm_engine_equals_hf(build, tmp_path):
     assert "--enable-expert-parallel" in argv
     summary = json.loads((tmp_path / "vllm" / "vqa.json").read_text())
     assert summary["engine"] == "vllm"
+    defects = [(d["key"], d["avoided"]) for d in summary.get("engine_defects") or []]
+    if build is save_tiny_glm4v:  # GLM-4.1V layout: the setting that avoids vLLM's M-RoPE defect reaches the server
+        assert json.loads(argv[argv.index("--compilation-config") + 1]) == {"custom_ops": ["-rotary_embedding"]}
+        assert defects == [("vllm-mrope-gptj", True)]
+    else:  # GLM-4.5V / 4.6V: not hit, nothing added
+        assert "--compilation-config" not in argv and defects == []
 
 
 def test_text_suites_run_on_a_vision_model_through_the_vllm_engine_as_on_hf(tmp_path):

@@ -21,7 +21,10 @@ RESULT_LINE = {"id": "result id", "score": "number", "correct": "flag"}
 # a perplexity suite's line: one document, its summed log-likelihood and its token count (no right/wrong)
 DOCUMENT_LINE = {"id": "result id", "score": "number", "correct": ("flag", None), "loglikelihood": "number",
                  "n_tokens": "count"}
-SUMMARY = {"status?": ("text", None), "reason?": ("text", None),
+ENGINE_DEFECT = {"key": "text", "avoided": "flag", "what?": "text", "when?": "text", "avoided_by?": "text",
+                 "upstream?": "text", "evidence?": "text"}  # pipeline/engines/vllm_defects.py: Defect.summary
+SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None),
+           "engine_defects?": [ENGINE_DEFECT],
            "long_context?": {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
                              "lengths_skipped?": [{"length": "count", "reason": "text"}]}}
 COMMAND = "quantize eval models/{model} --suite {suite}"  # what writes them again

@@ -296,17 +296,37 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
               "tpot": latency_chart(speed, "tpot_ms_stats", "time per output token")}
     sections = [("coverage", "What each decision rests on"), ("decisions", "Each decision in full"),
                 ("suites", "Accuracy suites"), ("perplexity", "Perplexity"), ("long-context", "Long context"),
+                ("engines", "Engines"),
                 ("flipped", "Flipped items"), ("items", "Every item"), ("judge", "Judge"), ("kl", "Drift (KL)"),
                 ("speed", "Serving speed"), ("serving", "Where served"), ("size", "Size"),
                 ("calibration", "Calibration data"), ("environment", "Environment")]
-    shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get("long_context"))}
+    lines = engine_lines(verdict)
+    shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get("long_context")),
+             "engines": bool(lines)}
     sections = [(anchor, title) for anchor, title in sections if shown.get(anchor, True)]
     return env.get_template("template.html").render(
         verdict=verdict, rows=rows, screen=screen, items_by_suite=items_by_suite, charts=charts,
         perplexity_rows=perplexity_rows, documents_by_suite=document_rows(results, perplexity_suites),
         calib=calib, base=base, params=params.model_dump(mode="json"), decision_class=DECISION_CLASS,
-        toc=toc(verdict, sections), serving_engines=SERVING_ENGINES, **_suite_anchors(verdict, rows, perplexity_rows),
+        toc=toc(verdict, sections), serving_engines=SERVING_ENGINES, engine_lines=lines,
+        **_suite_anchors(verdict, rows, perplexity_rows),
     )
+
+
+def engine_lines(verdict: dict) -> list[dict]:
+    """The report's Engines section: suites that met no engine defect grouped by the engines that scored them,
+    then each suite that met one, on its own line (verdict.json's `engines`, pipeline/verdict/engines.py)."""
+    grouped: dict[tuple, list[str]] = {}
+    lines = []
+    for note in verdict.get("engines") or []:
+        if note["defects"]:
+            alike = all(len(set(d["models"].values())) == 1 for d in note["defects"])  # every model avoided, or none
+            lines.append({"suites": [note["suite"]], "engines": note["engines"],
+                          "paired": len(note["engines"]) == 1 and alike, "defects": note["defects"]})
+        else:
+            grouped.setdefault(tuple(note["engines"]), []).append(note["suite"])
+    return [{"suites": suites, "engines": list(engines), "paired": len(engines) == 1, "defects": []}
+            for engines, suites in grouped.items()] + lines
 
 
 def _suite_anchors(verdict: dict, rows: list[dict], perplexity_rows: list[dict]) -> dict:

@@ -85,6 +85,8 @@ def suite_coverage(variant: str, decision: str, params: Params, results: dict, n
 
 
 def _not_counted_why(v, kind: str) -> str:
+    if v.reasons and v.reasons[0].startswith("NOT PAIRED"):
+        return v.reasons[0]
     if kind == "perplexity":
         return v.reasons[-1] if v.reasons else "too few paired documents for an interval"
     floor = [r for r in v.reasons if "at the floor" in r or "at the ceiling" in r]

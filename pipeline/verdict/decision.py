@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pipeline.params import Params
 from pipeline.verdict.coverage import incomplete_why, suite_coverage
+from pipeline.verdict.engines import engine_notes, unpaired_why
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
 from pipeline.verdict.judge import judge_verdict
 from pipeline.verdict.next_steps import next_steps, why_in_brief
@@ -102,6 +103,7 @@ def decide(evidence: Evidence, params: Params) -> dict:
         "variants": variants,
         "base": {"suites": base_suites},
         "long_context": long_context_tables(results, evidence.summaries),
+        "engines": engine_notes(evidence.summaries, list(params.suites)),
         "method_comparisons": method_comparisons(results, evidence.quant, p.confidence),
         "speed": speeds,
         "params_sha256": params.digest(),
@@ -138,6 +140,10 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     perplexity = {suite: compare_perplexity(results["base"][suite], suites[suite], variant=variant, suite=suite,
                                             margin=p.perplexity_margin_for(suite), confidence=p.confidence)
                   for suite in compared if is_perplexity(results["base"][suite])}
+    for v in [*suite_verdicts, *perplexity.values()]:  # scored on different engines: shown, not counted
+        if why := unpaired_why(evidence.summaries, variant, v.suite):
+            v.counted = False
+            v.reasons.insert(0, why)
     judged = judge_verdict(evidence.judge.get(variant), params)
     extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
     if judged and judged["counted"]:
