@@ -12,8 +12,11 @@ One part per device call (each must end within 10 minutes); the machine keeps /t
                                                  # --suite vqa`, both through the vLLM engine
     python benchmarks/gpu_glm46v_vllm.py check   # vLLM's own view (offline LLM): quant method and dtype of every
                                                  # visual.* linear, and the KV scales per head
-    python benchmarks/gpu_glm46v_vllm.py agreement  # a small Glm4v trained on easy-VQA, AWQ and FP8 of it: greedy
-                                                    # VQA answers through hf and through vLLM, item by item
+    python benchmarks/gpu_glm46v_vllm.py train   # a small Glm4v trained on easy-VQA, its AWQ and FP8 (GPU or CPU;
+                                                 # trained on the CPU and carried, `agreement` starts at the comparison)
+    python benchmarks/gpu_glm46v_vllm.py agreement [--models base,awq,fp8]  # greedy VQA answers through hf and
+                                                 # through vLLM, item by item, per vLLM configuration (AGREEMENT_RUNS:
+                                                 # eager as shipped, eager and compiled with our defect settings)
 
 The quantization stack runs in this process (PYTHONPATH=/tmp/site); vLLM with its own PYTHONPATH (VLLM_SITE,
 /tmp/vsite). Each part prints a table last and writes $OUT/<part>.json; `serve` also writes
