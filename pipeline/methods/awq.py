@@ -22,6 +22,9 @@ CALIBRATION_STATE = "activation-cache"  # per layer: the attention's cached inpu
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16)"
 COMPARED_WITH = {"rtn": "the contrast the AWQ paper draws: the same int4 quantizer without AWQ's smoothing"}
 SEARCHES = ("gram", "forward")
+# the X^T X search scores several scale candidates at once, stacked (awq_gram.py): at most this many bytes of them
+# on the device at a time, about five float32 copies of the weight per candidate (at least one candidate per pass)
+SEARCH_PASS_BYTES = 4 << 30
 
 
 class Params(Section):
@@ -52,9 +55,11 @@ def recipe(settings: Params, target: Target) -> Recipe:
         raise UserError(f"{target.model_dir}: AWQ has no smoothing mappings for {target.architecture}; supported: "
                         + ", ".join(supported_architectures()))
     group = int4.choose_group_size(target.config, settings.group_size, target.model_dir)
-    smoothing = GramAWQModifier if settings.search == "gram" else AWQModifier
+    smoothing = (GramAWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid,
+                                 search_pass_bytes=SEARCH_PASS_BYTES) if settings.search == "gram"
+                 else AWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid))
     modifiers = [
-        smoothing(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid),
+        smoothing,
         QuantizationModifier(config_groups={"group_0": {"targets": ["Linear"],
                                                         "weights": int4.weights(group, settings.symmetric)}},
                              ignore=list(target.ignore)),

@@ -63,6 +63,100 @@ def _tf32():
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
+
+
+def _candidate_scales(x_mean: torch.Tensor, w_mean: torch.Tensor | None, ratio: float, duo: bool) -> torch.Tensor:
+    """One grid candidate's per-channel scales, by llm-compressor's formula (AWQModifier._compute_best_scale)."""
+    if duo:
+        scales = (x_mean.pow(ratio) / (w_mean.pow(1 - ratio) + 1e-4)).clamp(min=1e-4)
+    else:
+        scales = x_mean.pow(ratio).clamp(min=1e-4).view(-1)
+    scales = scales / (scales.max() * scales.min()).sqrt()
+    scales[torch.isinf(scales)] = 1
+    scales[torch.isnan(scales)] = 1
+    return scales
+
+
+def _stackable(scheme) -> bool:
+    """Schemes whose quantization parameters are per row (or per group of a row), from the weight alone: stacking
+    candidates along the rows then quantizes each exactly as alone. A global scale (TENSOR_GROUP) spans them all."""
+    from compressed_tensors.quantization import QuantizationStrategy
+
+    return scheme.strategy in (QuantizationStrategy.GROUP, QuantizationStrategy.CHANNEL) and not scheme.dynamic \
+        and scheme.actorder is None
+
+
+def _candidates_per_pass(weight: torch.Tensor, candidates: int, pass_bytes: int) -> int:
+    """As many as fit in `pass_bytes` at about five float32 copies of the weight each (scaled, quantized, error,
+    error @ G, their product), at least one."""
+    return max(1, min(candidates, pass_bytes // (5 * 4 * weight.numel())))
+
+
+def _gram_loss(error: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """sum over the rows e of e G e^T, per leading index of `error` (candidates, rows, in)."""
+    flat = error.reshape(-1, error.shape[-1])
+    return ((flat @ gram) * flat).view(error.shape[0], -1).sum(dim=1)
+
+
+def _quantize_stacked(weight: torch.Tensor, scales: torch.Tensor, scheme) -> torch.Tensor:
+    """Q(W * s) / s for each row of `scales` (candidates, in), in llm-compressor's steps and dtypes: W * s stored in
+    the weight's dtype, min-max qparams per row group (memoryless_minmax, as AWQ's search observes), fake-quantized,
+    divided by s and stored in the weight's dtype again. Returns (candidates, out, in) in the weight's dtype."""
+    from compressed_tensors.quantization import fake_quantize
+
+    from llmcompressor.observers.base import Observer
+
+    out, width = weight.shape
+    scaled = (weight.unsqueeze(0) * scales.unsqueeze(1)).to(weight.dtype).view(-1, width)
+    observer = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=scheme)
+    observer(scaled)
+    qparams = observer.get_qparams()
+    quantized = fake_quantize(scaled, qparams["scale"], qparams["zero_point"], scheme)
+    del scaled
+    return (quantized.view(-1, out, width) / scales.unsqueeze(1)).to(weight.dtype)
+
+
+def _stacked_losses(weight: torch.Tensor, scales: torch.Tensor, gram: torch.Tensor, tokens: int, scheme,
+                    per_pass: int) -> list[float]:
+    """Every candidate's loss sum(E G * E) / (tokens * out), `per_pass` candidates stacked per pass; one
+    device-to-host transfer at the end."""
+    reference = weight.float()
+    sums = []
+    for start in range(0, scales.shape[0], per_pass):
+        error = _quantize_stacked(weight, scales[start:start + per_pass], scheme).float().sub_(reference)
+        sums.append(_gram_loss(error, gram))
+        del error
+    return [total / (tokens * weight.shape[0]) for total in torch.cat(sums).tolist()]
+
+
+def _losses_one_by_one(layer, weight: torch.Tensor, candidates: list[torch.Tensor], gram: torch.Tensor, tokens: int,
+                       scheme) -> list[float]:
+    """The search before issue 36, kept for comparison (GramAWQModifier.stacked_search=False) and for schemes that
+    do not stack: each candidate written into the layer, observed and fake-quantized through it, scored alone."""
+    from compressed_tensors.quantization import forward_quantize
+    from compressed_tensors.utils import patch_attrs
+
+    from llmcompressor.modifiers.quantization.calibration import observe, update_qparams
+    from llmcompressor.observers.base import Observer
+    from llmcompressor.observers.helpers import fuse_weight_observers
+
+    reference, losses = weight.float(), []
+    observer = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=scheme)
+    with patch_attrs([layer], "weight_observer", [observer]):
+        fuse_weight_observers(layer)
+        for scales in candidates:
+            view = scales.view(1, -1)
+            layer.weight.data.copy_(weight * view)
+            layer.weight_observer.delete_statistics(check_fused=False)
+            observe([layer], "weight")
+            update_qparams([layer], "weight", only_update_onload=True)
+            quantized = (forward_quantize(layer, layer.weight, "weight", scheme) / view).to(layer.weight.dtype)
+            error = quantized.float() - reference
+            losses.append(_gram_loss(error.unsqueeze(0), gram).item() / (tokens * error.shape[0]))
+            del quantized, error
+    return losses
+
+
 class GramAWQModifier(AWQModifier):
     """AWQModifier whose single-Linear mappings are searched from X^T X (see the module docstring)."""
 
@@ -75,6 +169,10 @@ class GramAWQModifier(AWQModifier):
     _use_gram: bool = PrivateAttr(default=True)
     # mappings smoothed and seconds spent, by how they were searched (kept after finalize: the run reports it)
     _searched: dict = PrivateAttr(default_factory=lambda: {"gram": [0, 0.0], "forward": [0, 0.0]})
+    # score the grid candidates stacked, a few passes per mapping (False: one at a time, the search before issue 36),
+    # at most this many bytes of them at once (awq.recipe passes awq.SEARCH_PASS_BYTES)
+    stacked_search: bool = True
+    search_pass_bytes: int = 1 << 30
 
     @staticmethod
     def _gram_eligible(mapping) -> bool:
@@ -187,54 +285,34 @@ class GramAWQModifier(AWQModifier):
 
     def _best_scales_from_gram(self, mapping, gram: torch.Tensor, tokens: int,
                                original: torch.Tensor) -> torch.Tensor:
-        """llm-compressor's _compute_best_scale with the loss sum(E G * E) / (tokens * out)."""
-        from compressed_tensors.quantization import forward_quantize
-        from compressed_tensors.utils import patch_attrs
-
-        from llmcompressor.modifiers.quantization.calibration import observe, update_qparams
-        from llmcompressor.observers.base import Observer
-        from llmcompressor.observers.helpers import fuse_weight_observers
-
+        """llm-compressor's _compute_best_scale with the loss sum(E G * E) / (tokens * out): every grid candidate
+        scaled, quantized and scored in a few passes of stacked candidates (_stacked_losses), one transfer of the
+        losses at the end. `stacked_search=False`, or a scheme this path does not cover, takes the search one
+        candidate at a time through the layer's own observer (_losses_one_by_one, the search before issue 36)."""
         layer = mapping.parent
         device = layer.weight.device
-        gram = gram.to(device)
+        scheme = layer.quantization_scheme.weights
         x_sum, count = self._smooth_activation_stats[mapping.smooth_name]
         x_mean = x_sum.to(device) / count.to(device)
-        if self.duo_scaling:
-            w_mean = self._compute_layer_means(mapping.balance_layers).to(device)
-        scheme = layer.quantization_scheme.weights
-        reference = original.to(device).float()
-        best_error, best_scales, initial_error = float("inf"), None, None
-        observer = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=scheme)
-        with patch_attrs([layer], "weight_observer", [observer]), _tf32():
-            fuse_weight_observers(layer)
-            for ratio, use_duo_scaling in self._get_grid_search_params():
-                if use_duo_scaling:
-                    scales = (x_mean.pow(ratio) / (w_mean.pow(1 - ratio) + 1e-4)).clamp(min=1e-4)
-                else:
-                    scales = x_mean.pow(ratio).clamp(min=1e-4).view(-1)
-                scales = scales / (scales.max() * scales.min()).sqrt()
-                scales[torch.isinf(scales)] = 1
-                scales[torch.isnan(scales)] = 1
-                view = scales.view(1, -1).to(device)
-                layer.weight.data.copy_(original.to(device) * view)
-                layer.weight_observer.delete_statistics(check_fused=False)
-                observe([layer], "weight")
-                update_qparams([layer], "weight", only_update_onload=True)
-                quantized = (forward_quantize(layer, layer.weight, "weight", scheme) / view).to(layer.weight.dtype)
-                error = quantized.float() - reference
-                loss = ((error @ gram) * error).sum().item() / (tokens * error.shape[0])
-                del quantized, error
-                if initial_error is None:
-                    initial_error = loss
-                if loss < best_error:
-                    best_error, best_scales = loss, scales.clone()
-        if best_scales is None:
+        w_mean = self._compute_layer_means(mapping.balance_layers).to(device) if self.duo_scaling else None
+        candidates = [_candidate_scales(x_mean, w_mean, ratio, duo) for ratio, duo in self._get_grid_search_params()]
+        weight, gram = original.to(device), gram.to(device)
+        with _tf32():
+            if self.stacked_search and _stackable(scheme):
+                losses = _stacked_losses(weight, torch.stack(candidates), gram, tokens, scheme,
+                                         _candidates_per_pass(weight, len(candidates), self.search_pass_bytes))
+            else:
+                losses = _losses_one_by_one(layer, weight, candidates, gram, tokens, scheme)
+        best = None
+        for index, loss in enumerate(losses):  # the first strict minimum, as llm-compressor keeps it
+            if loss < (losses[best] if best is not None else float("inf")):
+                best = index
+        if best is None:
             raise RuntimeError(f"AWQ: no finite loss in the scale search for {mapping.smooth_name}")
         self._error_metrics.append({"layer_name": mapping.smooth_name, "parent_name": mapping.parent_name,
-                                    "initial_error": initial_error, "best_error": best_error,
-                                    "reduction": best_error / initial_error if initial_error > 0 else 1.0})
-        return best_scales.detach().cpu()
+                                    "initial_error": losses[0], "best_error": losses[best],
+                                    "reduction": losses[best] / losses[0] if losses[0] > 0 else 1.0})
+        return candidates[best].detach().cpu()
 
     def on_finalize(self, state, **kwargs) -> bool:
         self._grams.clear()
