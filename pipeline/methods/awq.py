@@ -25,6 +25,9 @@ SEARCHES = ("gram", "forward")
 # the X^T X search scores several scale candidates at once, stacked (awq_gram.py): at most this many bytes of them
 # on the device at a time, about five float32 copies of the weight per candidate (at least one candidate per pass)
 SEARCH_PASS_BYTES = 4 << 30
+# and ranks every candidate by a bfloat16 estimate of its loss, then scores this many of the best again in float32 and
+# keeps the best of those (the exhaustive search's choice unless it ranks below them; benchmarks/awq_profile.py checks)
+RESCORED_CANDIDATES = 3
 
 
 class Params(Section):
@@ -56,7 +59,8 @@ def recipe(settings: Params, target: Target) -> Recipe:
                         + ", ".join(supported_architectures()))
     group = int4.choose_group_size(target.config, settings.group_size, target.model_dir)
     smoothing = (GramAWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid,
-                                 search_pass_bytes=SEARCH_PASS_BYTES) if settings.search == "gram"
+                                 search_pass_bytes=SEARCH_PASS_BYTES, rescored_candidates=RESCORED_CANDIDATES)
+                 if settings.search == "gram"
                  else AWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid))
     modifiers = [
         smoothing,
