@@ -8,8 +8,9 @@ apart), the propagation pass, the activations between layers (llm-compressor's I
 host <-> device moves when they wait on the host), per mapping: the reference and per-candidate forward passes
 (llm-compressor's search), quantizing the candidates (observe, qparams, fake-quantize), the loss (llm-compressor's
 MSE, or E G E^T), the rest of the mapping (candidate scales, smoothing, bookkeeping), and the final quantization
-(QuantizationModifier's weight qparams at the end of each layer). `old_path()` selects the code before issue 36
-(one-by-one X^T X search, activations between layers on the host) for a before/after comparison.
+(QuantizationModifier's weights: llm-compressor runs it data-free after the layers, so it falls in 'pipeline,
+other'). `old_path()` selects the code before issue 36
+(one-by-one float32 X^T X search, exhaustive forward search, activations between layers on the host) for a before/after comparison.
 
 Used by benchmarks/awq_profile.py (CPU) and benchmarks/gpu_awq_speed.py (H200).
 """
@@ -128,7 +129,6 @@ def profiled():
     import compressed_tensors.quantization as ct_quantization
     import llmcompressor.modifiers.quantization.calibration as calibration
     import llmcompressor.modifiers.transform.awq.base as awq_base
-    from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.utils.hooks import HooksMixin
     from llmcompressor.pipelines.cache import IntermediatesCache
     from llmcompressor.pipelines.sequential.helpers import Subgraph
@@ -150,7 +150,6 @@ def profiled():
     profile.wrap(awq_base.AWQModifier, "_compute_loss", "loss (MSE of the outputs)")
     profile.wrap(awq_gram, "_quantize_stacked", "quantize candidates")
     profile.wrap(awq_gram, "_gram_loss", "loss (E G E^T)")
-    profile.wrap(QuantizationModifier, "on_sequential_epoch_end", "final quantization (weight qparams)")
     _time_calibration(profile)
     try:
         yield profile
@@ -186,7 +185,7 @@ def old_path():
         built = recipe(settings, target)
         for modifier in built.modifiers:
             if hasattr(modifier, "stacked_search"):
-                modifier.stacked_search = False
+                modifier.stacked_search, modifier.ranking_share = False, 0.0
         return built
 
     def old_calibrate(*args, **kwargs):
@@ -204,7 +203,7 @@ def rows(profile: Profile, layers: int) -> list[dict]:
             "calls_per_layer": profile.calls[(mapping, phase)] / layers}
            for (mapping, phase), seconds in sorted(profile.seconds.items())]
     accounted = sum(profile.seconds.values())
-    out.append({"mapping": LAYER, "phase": "pipeline, other (tracing, data, hooks, saving no part)",
+    out.append({"mapping": LAYER, "phase": "pipeline, other (tracing, data, the final weight quantization)",
                 "s_per_layer": (profile.total - accounted) / layers, "calls_per_layer": 0})
     return out
 
@@ -222,3 +221,24 @@ def table(columns: dict[str, list[dict]], unit: str) -> str:
     totals = [f"**{sum(r['s_per_layer'] for r in rs):.3f}**" for rs in columns.values()]
     lines.append(f"| all | per layer, in all | {' | '.join(totals)} |")
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def ranked_forward(share: float = 0.25):
+    """Our stage with the attention's forward search ranked on `share` of the batches, the best 3 rescored on all
+    (GramAWQModifier.ranking_share; off by default, see pipeline/methods/awq.py)."""
+    import pipeline.methods.awq as awq
+
+    recipe = awq.recipe
+
+    def ranked_recipe(settings, target):
+        built = recipe(settings, target)
+        for modifier in built.modifiers:
+            if hasattr(modifier, "ranking_share"):
+                modifier.ranking_share = share
+        return built
+    awq.recipe = ranked_recipe
+    try:
+        yield
+    finally:
+        awq.recipe = recipe

@@ -28,6 +28,11 @@ SEARCH_PASS_BYTES = 4 << 30
 # and ranks every candidate by a bfloat16 estimate of its loss, then scores this many of the best again in float32 and
 # keeps the best of those (the exhaustive search's choice unless it ranks below them; benchmarks/awq_profile.py checks)
 RESCORED_CANDIDATES = 3
+# llm-compressor's forward search (the attention mapping, whose output passes a softmax) can rank every candidate on a
+# share of the calibration batches, then rescore the best RESCORED_CANDIDATES on all of them (GramAWQModifier.
+# ranking_share). Off (0): on a tiny Glm with 8 x 64 tokens, ranked on 2 blocks, it kept another attention scale than
+# the exhaustive search (tests/test_quantize_scale.py); benchmarks/gpu_awq_speed.py measures it as `ours-ranked`.
+RANKING_SHARE = 0.0
 
 
 class Params(Section):
@@ -59,7 +64,8 @@ def recipe(settings: Params, target: Target) -> Recipe:
                         + ", ".join(supported_architectures()))
     group = int4.choose_group_size(target.config, settings.group_size, target.model_dir)
     smoothing = (GramAWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid,
-                                 search_pass_bytes=SEARCH_PASS_BYTES, rescored_candidates=RESCORED_CANDIDATES)
+                                 search_pass_bytes=SEARCH_PASS_BYTES, rescored_candidates=RESCORED_CANDIDATES,
+                                 ranking_share=RANKING_SHARE)
                  if settings.search == "gram"
                  else AWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid))
     modifiers = [

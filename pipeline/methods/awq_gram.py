@@ -208,6 +208,12 @@ class GramAWQModifier(AWQModifier):
     search_pass_bytes: int = 1 << 30
     # candidates scored again exactly after the bfloat16 estimate ranked them all (0: every one scored exactly)
     rescored_candidates: int = 0
+    # llm-compressor's forward search (the attention): candidates ranked on this share of the calibration batches
+    # (at least one), the best `rescored_candidates` scored again on all of them (0: every candidate on all)
+    ranking_share: float = 0.0
+    _batch_limit: int | None = PrivateAttr(default=None)  # forward passes over the first this many batches only
+    _grid_override: list | None = PrivateAttr(default=None)  # the shortlist the rescoring pass searches
+    _ranking_losses: list | None = PrivateAttr(default=None)  # each candidate's loss in the ranking pass
 
     @staticmethod
     def _gram_eligible(mapping) -> bool:
@@ -286,6 +292,47 @@ class GramAWQModifier(AWQModifier):
             super()._apply_smoothing(model)
         finally:
             self._resolved_mappings, self._smooth_activation_stats = resolved, stats
+
+    def _run_samples(self, module) -> list[torch.Tensor]:
+        if self._batch_limit is None:
+            return super()._run_samples(module)
+        cache = self._parent_args_cache[module]
+        outputs = [module(**cache.fetch(index)) for index in range(min(self._batch_limit, len(cache)))]
+        return [output[0] if isinstance(output, tuple) else output for output in outputs]
+
+    def _get_grid_search_params(self) -> list[tuple[float, bool]]:
+        return self._grid_override if self._grid_override is not None else super()._get_grid_search_params()
+
+    def _compute_loss(self, fp16_outputs, int_w_outputs) -> float:
+        loss = super()._compute_loss(fp16_outputs, int_w_outputs)  # over the batches both have (zip)
+        if self._ranking_losses is not None:
+            self._ranking_losses.append(loss)
+        return loss
+
+    def _compute_best_scale(self, mapping, fp16_outputs, orig_layer_weights):
+        """llm-compressor's search, in two passes when `ranking_share` leaves batches out: every candidate scored on
+        the first share of the batches (ranking; its choice discarded), then llm-compressor's own search over the
+        `rescored_candidates` best of them, on every batch: the choice is made on the full loss, so it equals the
+        exhaustive search's whenever the exhaustive best ranks among them."""
+        import math
+
+        grid = super()._get_grid_search_params()
+        ranked_on = max(1, math.ceil(len(fp16_outputs) * self.ranking_share))
+        if self.ranking_share <= 0 or ranked_on >= len(fp16_outputs) or not 0 < self.rescored_candidates < len(grid):
+            return super()._compute_best_scale(mapping, fp16_outputs, orig_layer_weights)
+        self._batch_limit, self._ranking_losses = ranked_on, []
+        try:
+            super()._compute_best_scale(mapping, fp16_outputs, orig_layer_weights)
+        finally:
+            losses, self._batch_limit, self._ranking_losses = self._ranking_losses, None, None
+        self._error_metrics.pop()  # the ranking pass's entry; the rescoring pass adds the real one
+        finite = [i for i in range(len(grid)) if math.isfinite(losses[i])]
+        self._grid_override = [grid[i] for i in sorted(sorted(finite, key=lambda i: (losses[i], i))
+                                                        [:self.rescored_candidates])] or grid
+        try:
+            return super()._compute_best_scale(mapping, fp16_outputs, orig_layer_weights)
+        finally:
+            self._grid_override = None
 
     def _smooth_from_gram(self, model, mapping) -> None:
         from compressed_tensors.utils import align_modules, update_offload_parameter
