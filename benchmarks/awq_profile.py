@@ -17,6 +17,7 @@ awq_profile.json into $OUT if set.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -65,21 +66,14 @@ def profile_run(name: str, model_dir: Path, calib: Path, out: Path, args) -> dic
     from pipeline.quantize.stage import run as quantize_run
 
     shutil.rmtree(out, ignore_errors=True)
-    with (awq_phases.old_path() if name == "before" else _nothing()), awq_phases.profiled() as profile:
+    variant = {"before": awq_phases.old_path, "ranked": awq_phases.ranked_forward}.get(name, contextlib.nullcontext)
+    with variant(), awq_phases.profiled() as profile:
         info = quantize_run(model_dir, out, calib, "awq", group_size=args.group, batch_size=args.batch,
                             n_grid=args.n_grid).info
     errors = info["verify"]["layer_error"]["relative"]
     return {"rows": awq_phases.rows(profile, args.layers), "total_s": profile.total,
             "layer_error_mean": sum(errors) / len(errors), "layer_error_max": max(errors),
             "oneshot_cpu_s": info["seconds"]["oneshot_cpu"], "oneshot_s": info["seconds"]["oneshot"]}
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main() -> None:
@@ -91,26 +85,29 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--n-grid", type=int, default=20)
     parser.add_argument("--group", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=1, help="before/after pairs, alternating order")
+    parser.add_argument("--runs", type=int, default=1, help="rounds of every config, alternating order")
+    parser.add_argument("--configs", default="before,after",
+                        help="before (the code before issue 36), after (the defaults now), ranked (after, plus the "
+                             "attention's search ranked on a quarter of the batches: awq_phases.ranked_forward)")
     parser.add_argument("--root", type=Path, default=Path("/tmp/awq-profile"))
     args = parser.parse_args()
     import torch
 
     from awq_phases import table
-    from conftest import read_tensors
     from gpu_awq_speed import write_blocks
 
     args.root.mkdir(parents=True, exist_ok=True)
     model_dir, shapes = build(args.root, args.layers, args.width_divisor)
     calib = write_blocks(args.root, args.blocks, args.seq_len, shapes["vocab_size"])
-    results: dict[str, list[dict]] = {"before": [], "after": []}
+    configs = args.configs.split(",")
+    results: dict[str, list[dict]] = {name: [] for name in configs}
     for run in range(args.runs):
-        for name in (("before", "after") if run % 2 == 0 else ("after", "before")):
+        for name in (configs if run % 2 == 0 else configs[::-1]):
             results[name].append(profile_run(name, model_dir, calib, args.root / f"out-{name}", args))
             print(json.dumps({"config": name, "run": run, **{k: v for k, v in results[name][-1].items() if k != "rows"}}),
                   flush=True)
-    before, after = read_tensors(args.root / "out-before"), read_tensors(args.root / "out-after")
-    differ = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
+    identical = {f"{name} vs {configs[0]}": same_checkpoint(args.root / f"out-{configs[0]}", args.root / f"out-{name}")
+                 for name in configs[1:]}
     unit = "GPU s" if torch.cuda.is_available() else "CPU s"
     print(f"\nAWQ W4A16 g{args.group} asym, n_grid {args.n_grid}, {args.blocks} x {args.seq_len} tokens, batch {args.batch}, "
           f"random GlmForCausalLM, {args.layers} layers, hidden {shapes['hidden_size']}, intermediate "
@@ -122,12 +119,23 @@ def main() -> None:
         totals = ", ".join(f"{r['total_s']:.1f}" for r in rs)
         print(f"{name}: calibration {totals} {unit}; layer error mean / max "
               f"{rs[-1]['layer_error_mean']:.5f} / {rs[-1]['layer_error_max']:.5f}")
-    print("checkpoints before / after: " + ("bit-identical" if not differ and len(before) == len(after)
-                                             else f"{len(differ)} of {len(before)} tensors differ, e.g. {differ[:3]}"))
+    for pair, differ in identical.items():
+        print(f"checkpoints {pair}: " + ("bit-identical" if not differ else f"{len(differ)} tensors differ, e.g. {differ[:3]}"))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "awq_profile.json").write_text(json.dumps(
             {"args": {**vars(args), "root": str(args.root)}, "shapes": shapes, "results": results,
-             "identical_checkpoints": not differ}, indent=1))
+             "identical_checkpoints": {pair: not differ for pair, differ in identical.items()}}, indent=1))
+
+
+def same_checkpoint(a: Path, b: Path) -> list[str]:
+    """The tensors that differ between two checkpoints (none: bit-identical)."""
+    import torch
+
+    from conftest import read_tensors
+
+    first, second = read_tensors(a), read_tensors(b)
+    return [k for k in sorted(set(first) | set(second))
+            if k not in first or k not in second or not torch.equal(first[k], second[k])]
 
 
 if __name__ == "__main__":

@@ -220,3 +220,34 @@ def test_search_now_writes_the_checkpoint_the_search_before_wrote(tmp_path, tiny
 
 def read_calibration_blocks(calib: Path) -> list:
     return [json.loads(line) for line in calib.read_text().splitlines() if line.strip()]
+
+
+def test_ranked_forward_search_ranks_on_a_share_and_rescores_on_all(tmp_path, tiny_glm, tiny_calib, monkeypatch):
+    """The attention's two-pass search (GramAWQModifier.ranking_share, off by default): every candidate on the first
+    quarter of the batches, then the shortlist on all of them. Shortlisting 19 of 20 leaves out only the worst-ranked
+    candidate, so the checkpoint is the exhaustive search's: the two passes leave no trace of their own (weights,
+    grid, metrics)."""
+    from pipeline.methods import awq
+    from pipeline.methods.awq_gram import GramAWQModifier
+
+    calib, settings = tiny_calib / "calib.jsonl", dict(batch_size=2, n_grid=20)  # 8 blocks: 4 batches
+    quantize_run(tiny_glm, tmp_path / "exhaustive", calib, "awq", **settings)
+    recipe, passes = awq.recipe, []
+    original = GramAWQModifier._run_samples
+
+    def counted(self, module):
+        outputs = original(self, module)
+        passes.append(len(outputs))
+        return outputs
+
+    def ranked(section, target):
+        built = recipe(section, target)
+        built.modifiers[0].ranking_share, built.modifiers[0].rescored_candidates = 0.25, 19
+        return built
+    monkeypatch.setattr(awq, "recipe", ranked)
+    monkeypatch.setattr(GramAWQModifier, "_run_samples", counted)
+    quantize_run(tiny_glm, tmp_path / "ranked", calib, "awq", **settings)
+    assert_same_checkpoint(tmp_path / "exhaustive", tmp_path / "ranked")
+    per_layer = [1] + [1] * 20 + [4] * 19  # reference on all 4 batches, 20 candidates on 1, the shortlist on all 4
+    per_layer[0] = 4
+    assert passes == per_layer * 2  # two decoder layers, one attention mapping each

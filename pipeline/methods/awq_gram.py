@@ -325,6 +325,8 @@ class GramAWQModifier(AWQModifier):
             super()._compute_best_scale(mapping, fp16_outputs, orig_layer_weights)
         finally:
             losses, self._batch_limit, self._ranking_losses = self._ranking_losses, None, None
+            for layer, weight in orig_layer_weights.items():  # the pass leaves its last candidate in the layers, and
+                layer.weight.data = weight.clone()           # the next computes its weight means from them
         self._error_metrics.pop()  # the ranking pass's entry; the rescoring pass adds the real one
         finite = [i for i in range(len(grid)) if math.isfinite(losses[i])]
         self._grid_override = [grid[i] for i in sorted(sorted(finite, key=lambda i: (losses[i], i))
