@@ -141,7 +141,8 @@ def profiled():
     profile.wrap(IntermediatesCache, "fetch", "activations between layers (fetch)")
     profile.wrap(IntermediatesCache, "update", "activations between layers (store)")
     _wrap_mappings(profile)
-    profile.wrap(awq_base.AWQModifier, "_run_samples", _run_samples_phase(profile))
+    # our subclass's _run_samples (its ranking pass runs the first batches only, without llm-compressor's)
+    profile.wrap(awq_gram.GramAWQModifier, "_run_samples", _run_samples_phase(profile))
     for owner in (awq_base, calibration):
         profile.wrap(owner, "observe", "quantize candidates")
         profile.wrap(owner, "update_qparams", "quantize candidates")

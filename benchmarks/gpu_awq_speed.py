@@ -1,5 +1,6 @@
 """AWQ calibration speed, side by side in one process (issue 36): llm-compressor's `oneshot` at its defaults
-(batch 1, n_grid 20) called directly, llm-compressor at our batch size, our stage as it was before issue 36
+(batch 1, n_grid 20) called directly (`default`; llm-compressor at our batch size is `llmc-batch`, on request with
+--configs), our stage as it was before issue 36
 (`ours-before`: the one-by-one X^T X search, activations between layers on the host; benchmarks/awq_phases.py
 `old_path()`), our stage now (`ours`: X^T X candidates ranked by a bfloat16 estimate and the best 3 rescored in
 float32, stacked on the GPU, activations kept on the device), and `ours-ranked`: that plus the attention's forward
@@ -12,10 +13,10 @@ mappings, duo scaling). Each run at two depths (4 and 8 layers): the per-layer c
 deep depth each variant's per-layer relative output error on two blocks is measured the same way
 for all (our verify: reload the saved checkpoint, feed each layer the base's inputs), and the KL
 (base || variant) per token on the same two blocks through the whole model. Then, unless --no-profile,
-`ours-before` and `ours` once more at the shallow depth with every phase timed per mapping (awq_phases.py;
-synchronised, so a little slower than the timed runs).
+`ours-before`, `ours` and `ours-ranked` once more at the shallow depth with every phase timed per mapping
+(awq_phases.py; synchronised, so a little slower than the timed runs).
 
-    python benchmarks/gpu_awq_speed.py                      # the comparison, ~7-8 min on one H200 (--no-profile: ~1 min less)
+    python benchmarks/gpu_awq_speed.py                      # the comparison, ~7 min on one H200 (--no-profile: ~1.5 min less)
     python benchmarks/gpu_awq_speed.py --layers 40 --plan-only   # our --plan for a 40-layer model
     python benchmarks/gpu_awq_speed.py --tiny               # tiny shapes, CPU: checks the script
 
@@ -67,7 +68,7 @@ CONFIGS = {
     "ours-forward": ("quantize awq, llm-compressor's search", "ours", "forward", "auto"),
     "ours-offload": ("quantize awq, offloaded (a layer at a time)", "ours", "gram", "offload"),
 }
-DEFAULT_CONFIGS = "default,llmc-batch,ours-before,ours,ours-ranked"
+DEFAULT_CONFIGS = "default,ours-before,ours,ours-ranked"  # llmc-batch, ours-forward, ours-offload on request
 
 
 def device() -> str:
@@ -300,7 +301,7 @@ def main() -> None:
                         help="with --plan-only: GLM-4-9B shapes, or GLM-4.5V/4.6V (106B MoE) widths")
     parser.add_argument("--root", type=Path, default=Path("/tmp/awq-speed"))
     parser.add_argument("--no-profile", dest="profile", action="store_false",
-                        help="skip the per-mapping phase profile of ours-before and ours at the shallow depth")
+                        help="skip the per-mapping phase profile of ours-before, ours and ours-ranked at the shallow depth")
     args = parser.parse_args()
     if args.tiny:
         args.blocks, args.seq_len, args.group = min(args.blocks, 16), min(args.seq_len, 64), 32
@@ -365,7 +366,7 @@ def run_config(args, name: str, model_dir: Path, calib: Path, blocks, depth: int
 
 def run_depths(args, configs: list[str], depths: list[int]) -> tuple[dict, dict]:
     """Every configuration at every depth (order alternating), and at the shallow depth the phase profile of
-    ours-before and ours (unless --no-profile)."""
+    ours-before, ours and ours-ranked (unless --no-profile)."""
     times: dict[str, dict[int, dict]] = {c: {} for c in configs}
     profile = {}
     for number, depth in enumerate(depths):
@@ -389,11 +390,11 @@ def run_depths(args, configs: list[str], depths: list[int]) -> tuple[dict, dict]
 
 
 def profile_phases(args, model_dir: Path, calib: Path, depth: int) -> dict:
-    """ours-before and ours with every phase timed per mapping (benchmarks/awq_phases.py)."""
+    """ours-before, ours and ours-ranked with every phase timed per mapping (benchmarks/awq_phases.py)."""
     import awq_phases
 
     profile = {}
-    for name in ("ours-before", "ours"):
+    for name in ("ours-before", "ours", "ours-ranked"):
         with awq_phases.profiled() as clock:
             ours(model_dir, calib, args.root / "out-profile", args.batch, args.n_grid, args.group, CONFIGS[name][2])
         profile[name] = awq_phases.rows(clock, depth)

@@ -31,7 +31,8 @@ RESCORED_CANDIDATES = 3
 # llm-compressor's forward search (the attention mapping, whose output passes a softmax) can rank every candidate on a
 # share of the calibration batches, then rescore the best RESCORED_CANDIDATES on all of them (GramAWQModifier.
 # ranking_share). Off (0): on a tiny Glm with 8 x 64 tokens, ranked on 2 blocks, it kept another attention scale than
-# the exhaustive search (tests/test_quantize_scale.py); benchmarks/gpu_awq_speed.py measures it as `ours-ranked`.
+# the exhaustive search (benchmarks/awq_profile.py --configs after,ranked); benchmarks/gpu_awq_speed.py measures it
+# on GLM-4-9B's shapes as `ours-ranked`.
 RANKING_SHARE = 0.0
 
 
