@@ -30,9 +30,9 @@ SEARCH_PASS_BYTES = 4 << 30
 RESCORED_CANDIDATES = 3
 # llm-compressor's forward search (the attention mapping, whose output passes a softmax) can rank every candidate on a
 # share of the calibration batches, then rescore the best RESCORED_CANDIDATES on all of them (GramAWQModifier.
-# ranking_share). Off (0): on a tiny Glm with 8 x 64 tokens, ranked on 2 blocks, it kept another attention scale than
-# the exhaustive search (benchmarks/awq_profile.py --configs after,ranked); benchmarks/gpu_awq_speed.py measures it
-# on GLM-4-9B's shapes as `ours-ranked`.
+# ranking_share). Off (0): it kept other scales than the exhaustive search, and on the demo model raised the KL from
+# the base by +0.0005 [+0.0002, +0.0008] (benchmarks/results/awq_profile_cpu.md); benchmarks/gpu_awq_speed.py
+# measures it on GLM-4-9B's shapes as `ours-ranked`.
 RANKING_SHARE = 0.0
 
 

@@ -39,8 +39,9 @@ def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_siz
     `calibrate_all_experts` runs every MoE expert on every token (only the routed ones contribute
     to the layer's output), so no expert is left without statistics. `activations_device`: where the
     activations between decoder layers wait (None: llm-compressor's default, the host; the execution
-    device when the model and they fit there, which spares copying every layer's inputs and outputs
-    across the bus twice per layer; the values are the same either way)."""
+    device when the model and they fit there, which spares moving every layer's activations across
+    the bus three times per layer: in for each of its two passes, out after the second; the values
+    are the same either way)."""
     import time
 
     from llmcompressor import oneshot
