@@ -294,7 +294,7 @@ def main() -> None:
     parser.add_argument("--n-grid", type=int, default=20)
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"any of {', '.join(CONFIGS)}")
-    parser.add_argument("--tiny", action="store_true", help="tiny GLM shapes and 16 x 64 tokens: a CPU check")
+    parser.add_argument("--tiny", action="store_true", help="tiny GLM shapes, 16 x 64 tokens, batch 4: a CPU check")
     parser.add_argument("--layers", type=int, default=40, help="with --plan-only: depth of the model planned")
     parser.add_argument("--plan-only", action="store_true", help="print our stage's --plan (one-layer probe) and stop")
     parser.add_argument("--arch", choices=["glm", "glm4v-moe"], default="glm",
@@ -306,6 +306,7 @@ def main() -> None:
     if args.tiny:
         args.blocks, args.seq_len, args.group = min(args.blocks, 16), min(args.seq_len, 64), 32
         args.depths = "1,2" if args.depths == "4,8" else args.depths
+        args.batch = min(args.batch, 4)  # several batches, so ours-ranked's ranking pass runs
     args.root.mkdir(parents=True, exist_ok=True)
     if args.plan_only:
         return plan_only(args, args.root)
