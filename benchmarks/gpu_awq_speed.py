@@ -335,6 +335,8 @@ def main() -> None:
               f"{slopes['ours'] / slopes['llmc-batch'] - 1:+.1%} per layer")
     identical = {f"{other} vs ours": compare_checkpoints(args.root, deep, other, times)
                  for other in ("ours-before", "ours-ranked", "ours-offload") if other in configs and "ours" in configs}
+    for leftover in args.root.glob(f"out-*-{deep}"):
+        shutil.rmtree(leftover, ignore_errors=True)
     if profile:
         from awq_phases import table
 
