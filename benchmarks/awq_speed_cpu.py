@@ -5,7 +5,10 @@ SmolLM2-135M (the demo base, `quantize fetch-demo` + `resave`), the demo's calib
 
 - llm-compressor's `oneshot` at its defaults (batch 1), called directly;
 - llm-compressor at our batch size;
-- our stage (`awq.run`, X^T X search), and our stage with llm-compressor's search.
+- our stage (`awq.run`, X^T X search), and our stage with llm-compressor's search;
+- `ours-before`: our stage with the X^T X search as it was before issue 36 (benchmarks/awq_phases.old_path);
+- `ours-ranked`: our stage with the attention's search ranked on a quarter of the batches (awq_phases.ranked_forward;
+  needs --batch small enough for 2+ batches, e.g. 4).
 
 Quality: per-token KL(base || variant) on held-out conversations (mean per sequence, 95 % bootstrap
 interval) and each run's paired difference from the default's (an interval containing 0: within the
@@ -19,6 +22,7 @@ steady where the wall time moves by tens of percent with the other jobs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests"))
 
 
 def llmc_direct(model_dir: Path, blocks, batch: int, n_grid: int, group: int, out: Path) -> tuple[float, float]:
@@ -76,6 +81,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
+    import awq_phases
     from awq_batching import bootstrap, per_sequence_kl
     from pipeline.formats.calib_blocks import read_blocks
     from pipeline.kl import holdout_texts
@@ -91,14 +97,19 @@ def main() -> None:
     labels = {"default": ("llm-compressor oneshot", 1, "forward"),
               "llmc-batch": ("llm-compressor oneshot", args.batch, "forward"),
               "ours": ("quantize awq (awq.run)", args.batch, "gram"),
-              "ours-forward": ("quantize awq, llm-compressor's search", args.batch, "forward")}
+              "ours-forward": ("quantize awq, llm-compressor's search", args.batch, "forward"),
+              "ours-before": ("quantize awq before issue 36", args.batch, "gram"),
+              "ours-ranked": ("quantize awq, attention ranked on 1/4 of the batches", args.batch, "gram")}
     for name in args.configs.split(","):
         who, batch, search = labels[name]
         out = args.root / name
         shutil.rmtree(out, ignore_errors=True)
         if name.startswith("ours"):
-            info = quantize_run(args.model, out, args.calib / "calib.jsonl", "awq", group_size=args.group_size, batch_size=batch,
-                           n_grid=args.n_grid, search=search).info
+            variant = {"ours-before": awq_phases.old_path, "ours-ranked": awq_phases.ranked_forward}.get(
+                name, contextlib.nullcontext)
+            with variant():
+                info = quantize_run(args.model, out, args.calib / "calib.jsonl", "awq", group_size=args.group_size,
+                                    batch_size=batch, n_grid=args.n_grid, search=search).info
             seconds, cpu_seconds = info["seconds"]["calibrate"], info["seconds"]["oneshot_cpu"]
         else:
             seconds, cpu_seconds = llmc_direct(args.model, blocks, batch, args.n_grid, args.group_size, out)
@@ -125,6 +136,14 @@ def main() -> None:
         speedup = rows[reference]["cpu_s"] / row["cpu_s"]
         print(f"| {row['who']} | {row['batch']} | {row['search']} | {row['calibrate_s']} | {row['cpu_s']} | {speedup:.2f}x | "
               f"{row['kl_mean']:.4f} [{row['kl_low']:.4f}, {row['kl_high']:.4f}] | {change} |")
+    for other in ("ours-before", "ours-ranked"):
+        if "ours" in rows and other in rows:
+            from conftest import read_tensors
+
+            a, b = read_tensors(args.root / "ours"), read_tensors(args.root / other)
+            differ = [k for k in a if k not in b or not torch.equal(a[k], b[k])]
+            print(f"ours vs {other} checkpoint: " + ("bit-identical" if not differ and len(a) == len(b)
+                                                     else f"{len(differ)} of {len(a)} tensors differ, e.g. {differ[:3]}"))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "awq_speed_cpu.json").write_text(json.dumps({"rows": rows, "kl": kls}, indent=1))
 

@@ -161,3 +161,93 @@ def test_engine_tensor_parallel_size_is_validated_and_reaches_lmdeploy_only(tmp_
     variants = {"awq-w4a16": {**TINY_PARAMS["variants"]["awq-w4a16"], "search": "fast"}}
     with pytest.raises(UserError, match=r"variants.awq-w4a16.search: 'fast' is not allowed"):
         params.load(write_params(tmp_path, {**TINY_PARAMS, "variants": {**TINY_PARAMS["variants"], **variants}}))
+
+
+def _quantized_linear(out: int, width: int, group: int):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+    from compressed_tensors.quantization import apply_quantization_config
+
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=False, strategy="group", group_size=group)
+    layer = torch.nn.Linear(width, out, bias=False)
+    apply_quantization_config(torch.nn.Sequential(layer), QuantizationConfig(
+        config_groups={"g": QuantizationScheme(targets=["Linear"], weights=args)}))
+    return layer, args
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ranked_search_chooses_what_every_candidate_in_float32_chooses(seed):
+    """The X^T X search since issue 36 ranks the grid by a bfloat16 estimate and rescores the best 3 in float32.
+    Against the search before (every candidate scored in float32, one at a time through the layer's observer):
+    the stacked float32 losses are the same numbers, the estimates within 1e-3, and the choice the same."""
+    from pipeline.methods import awq_gram
+
+    generator = torch.Generator().manual_seed(seed)
+    layer, scheme = _quantized_linear(96, 256, 64)
+    x = torch.randn(2000, 256, generator=generator) * (torch.rand(256, generator=generator) * 4) ** 2  # outlier channels
+    gram, weight = x.T @ x, layer.weight.detach().clone()
+    x_mean, w_mean = x.abs().mean(0), weight.abs().mean(0)
+    candidates = [awq_gram._candidate_scales(x_mean, w_mean, 0.0, False)] + \
+        [awq_gram._candidate_scales(x_mean, w_mean, i / 18, True) for i in range(19)]
+    before = awq_gram._losses_one_by_one(layer, weight, candidates, gram, 2000, scheme)
+    stacked = torch.stack(candidates)
+    exhaustive, every = awq_gram._ranked_then_rescored(weight, stacked, gram, 2000, scheme, 7, rescored=0)
+    assert exhaustive == before and every == dict(enumerate(before))
+    estimates, exact = awq_gram._ranked_then_rescored(weight, stacked, gram, 2000, scheme, 1, rescored=3)
+    assert len(exact) == 3 and all(exact[i] == before[i] for i in exact)
+    assert estimates == pytest.approx(before, rel=1e-3) and estimates != before
+    assert min(exact, key=lambda i: (exact[i], i)) == min(range(20), key=lambda i: (before[i], i))
+
+
+def test_search_now_writes_the_checkpoint_the_search_before_wrote(tmp_path, tiny_glm, tiny_calib, monkeypatch):
+    """End to end at llm-compressor's n_grid 20 on a tiny Glm (four calibration batches: the attention's candidates
+    ranked on one, the best 3 rescored on all): the ranked, rescored searches write the checkpoint the exhaustive
+    ones (stacked_search=False, ranking_share=0: the code before issue 36) write."""
+    from pipeline.methods import awq
+
+    calib, settings = tiny_calib / "calib.jsonl", dict(batch_size=2, n_grid=20)
+    quantize_run(tiny_glm, tmp_path / "now", calib, "awq", **settings)
+    recipe = awq.recipe
+
+    def before(section, target):
+        built = recipe(section, target)
+        built.modifiers[0].stacked_search, built.modifiers[0].ranking_share = False, 0.0
+        return built
+    monkeypatch.setattr(awq, "recipe", before)
+    quantize_run(tiny_glm, tmp_path / "before", calib, "awq", **settings)
+    assert_same_checkpoint(tmp_path / "now", tmp_path / "before")
+    assert len(read_calibration_blocks(calib)) > settings["batch_size"]  # so the ranking pass did leave batches out
+
+
+def read_calibration_blocks(calib: Path) -> list:
+    return [json.loads(line) for line in calib.read_text().splitlines() if line.strip()]
+
+
+def test_ranked_forward_search_ranks_on_a_share_and_rescores_on_all(tmp_path, tiny_glm, tiny_calib, monkeypatch):
+    """The attention's two-pass search (GramAWQModifier.ranking_share, off by default): every candidate on the first
+    quarter of the batches, then the shortlist on all of them. Shortlisting 19 of 20 leaves out only the worst-ranked
+    candidate, so the checkpoint is the exhaustive search's: the two passes leave no trace of their own (weights,
+    grid, metrics)."""
+    from pipeline.methods import awq
+    from pipeline.methods.awq_gram import GramAWQModifier
+
+    calib, settings = tiny_calib / "calib.jsonl", dict(batch_size=2, n_grid=20)  # 8 blocks: 4 batches
+    quantize_run(tiny_glm, tmp_path / "exhaustive", calib, "awq", **settings)
+    recipe, passes = awq.recipe, []
+    original = GramAWQModifier._run_samples
+
+    def counted(self, module):
+        outputs = original(self, module)
+        passes.append(len(outputs))
+        return outputs
+
+    def ranked(section, target):
+        built = recipe(section, target)
+        built.modifiers[0].ranking_share, built.modifiers[0].rescored_candidates = 0.25, 19
+        return built
+    monkeypatch.setattr(awq, "recipe", ranked)
+    monkeypatch.setattr(GramAWQModifier, "_run_samples", counted)
+    quantize_run(tiny_glm, tmp_path / "ranked", calib, "awq", **settings)
+    assert_same_checkpoint(tmp_path / "exhaustive", tmp_path / "ranked")
+    per_layer = [1] + [1] * 20 + [4] * 19  # reference on all 4 batches, 20 candidates on 1, the shortlist on all 4
+    per_layer[0] = 4
+    assert passes == per_layer * 2  # two decoder layers, one attention mapping each

@@ -22,6 +22,18 @@ CALIBRATION_STATE = "activation-cache"  # per layer: the attention's cached inpu
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16)"
 COMPARED_WITH = {"rtn": "the contrast the AWQ paper draws: the same int4 quantizer without AWQ's smoothing"}
 SEARCHES = ("gram", "forward")
+# the X^T X search scores several scale candidates at once, stacked (awq_gram.py): at most this many bytes of them
+# on the device at a time, about five float32 copies of the weight per candidate (at least one candidate per pass)
+SEARCH_PASS_BYTES = 4 << 30
+# and ranks every candidate by a bfloat16 estimate of its loss, then scores this many of the best again in float32 and
+# keeps the best of those (the exhaustive search's choice unless it ranks below them; benchmarks/awq_profile.py checks)
+RESCORED_CANDIDATES = 3
+# llm-compressor's forward search (the attention mapping, whose output passes a softmax) can rank every candidate on a
+# share of the calibration batches, then rescore the best RESCORED_CANDIDATES on all of them (GramAWQModifier.
+# ranking_share). Off (0): it kept other scales than the exhaustive search, and on the demo model raised the KL from
+# the base by +0.0005 [+0.0002, +0.0008] (benchmarks/results/awq_profile_cpu.md); benchmarks/gpu_awq_speed.py
+# measures it on GLM-4-9B's shapes as `ours-ranked`.
+RANKING_SHARE = 0.0
 
 
 class Params(Section):
@@ -52,9 +64,13 @@ def recipe(settings: Params, target: Target) -> Recipe:
         raise UserError(f"{target.model_dir}: AWQ has no smoothing mappings for {target.architecture}; supported: "
                         + ", ".join(supported_architectures()))
     group = int4.choose_group_size(target.config, settings.group_size, target.model_dir)
-    smoothing = GramAWQModifier if settings.search == "gram" else AWQModifier
+    smoothing = (GramAWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid,
+                                 search_pass_bytes=SEARCH_PASS_BYTES, rescored_candidates=RESCORED_CANDIDATES,
+                                 ranking_share=RANKING_SHARE)
+                 if settings.search == "gram"
+                 else AWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid))
     modifiers = [
-        smoothing(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid),
+        smoothing,
         QuantizationModifier(config_groups={"group_0": {"targets": ["Linear"],
                                                         "weights": int4.weights(group, settings.symmetric)}},
                              ignore=list(target.ignore)),

@@ -33,11 +33,15 @@ def needs_data(recipe: list) -> bool:
 
 
 def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_size: int,
-              calibrate_all_experts: bool = True) -> Calibrated:
+              calibrate_all_experts: bool = True, activations_device: str | None = None) -> Calibrated:
     """llm-compressor's oneshot with its default (independent -> sequential) pipeline: each decoder
     layer is calibrated in turn, brought onto the accelerator first if the model sits on the host.
     `calibrate_all_experts` runs every MoE expert on every token (only the routed ones contribute
-    to the layer's output), so no expert is left without statistics."""
+    to the layer's output), so no expert is left without statistics. `activations_device`: where the
+    activations between decoder layers wait (None: llm-compressor's default, the host; the execution
+    device when the model and they fit there, which spares moving every layer's activations across
+    the bus three times per layer: in for each of its two passes, out after the second; the values
+    are the same either way)."""
     import time
 
     from llmcompressor import oneshot
@@ -63,6 +67,7 @@ def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_siz
             batch_size=min(batch_size, len(blocks)),
             shuffle_calibration_samples=False,
             moe_calibrate_all_experts=calibrate_all_experts,
+            **({"sequential_offload_device": activations_device} if activations_device else {}),
         )
         ended, cpu_ended = time.perf_counter(), time.process_time()
     finally:

@@ -79,20 +79,24 @@ def make_plan(*, method, model_dir: Path, config: dict, blocks: list[list[int]],
     for kind, k in shape["kinds"].items():
         experts = plan._experts_in(meta.get_submodule(k["first"]))
         quantized += k["count"] * experts * 3  # fused experts load as gate/up/down Linears per expert
+        # plus what the method's search holds at once beyond that (AWQ: its stacked scale candidates)
         kinds[kind] = {**k, "bytes": k["params"] * dtype_bytes,
                        "working_bytes": plan.working_set_bytes(config, kind, tokens, batch_tokens, dtype_bytes,
-                                                                 method.CALIBRATION_STATE)}
+                                                                 method.CALIBRATION_STATE)
+                       + getattr(method, "SEARCH_PASS_BYTES", 0)}
     weights = shape["params"] * dtype_bytes
     working = max(k["working_bytes"] for k in kinds.values()) if kinds else 0
     on_gpu = torch.cuda.is_available()
     free = torch.cuda.mem_get_info()[0] if on_gpu else None
-    chosen, why = plan.choose_placement(placement, weights, working, free)
+    hidden = config_json.text_section(config)["hidden_size"]
+    # whole-model placement keeps the activations between layers on the device too (stage.calibrate_loaded)
+    between = plan.between_layers_bytes(tokens, hidden, dtype_bytes)
+    chosen, why = plan.choose_placement(placement, weights, working + between, free)
     if chosen == "offload" or not on_gpu:
         largest = max((k["bytes"] + k["working_bytes"] for k in kinds.values()), default=0)
         device_bytes = largest + shape["other_params"] * dtype_bytes if on_gpu else None
     else:
-        device_bytes = weights + working
-    hidden = config_json.text_section(config)["hidden_size"]
+        device_bytes = weights + working + between
     host = plan.host_bytes(shape["params"], dtype_bytes, tokens, hidden, shape["layers"], probe_tokens,
                            offload=chosen == "offload")
     del meta

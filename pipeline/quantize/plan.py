@@ -142,6 +142,12 @@ def working_set_bytes(config: dict, kind: str, tokens: int, batch_tokens: int, d
     return activations
 
 
+def between_layers_bytes(tokens: int, hidden: int, dtype_bytes: int) -> int:
+    """The sequential pipeline's activations between decoder layers: a layer's inputs, its outputs and the
+    position embeddings beside them (on the host, or on the device when the whole model sits there)."""
+    return 3 * tokens * hidden * dtype_bytes
+
+
 def host_bytes(params: int, dtype_bytes: int, tokens: int, hidden: int, layers: int, probe_tokens: int,
                offload: bool) -> int:
     """Host memory: the weights (all of them with offloading; with the model on the device they pass
@@ -149,7 +155,7 @@ def host_bytes(params: int, dtype_bytes: int, tokens: int, hidden: int, layers: 
     pipeline keeps them on the host), the verify stage's per-layer reference inputs and outputs, and
     ~2 GB of libraries."""
     weights = params * dtype_bytes
-    between_layers = 3 * tokens * hidden * dtype_bytes
+    between_layers = between_layers_bytes(tokens, hidden, dtype_bytes)
     reference = 2 * probe_tokens * hidden * 4 * layers * 2
     return weights + between_layers + reference + (2 << 30)
 

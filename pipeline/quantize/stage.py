@@ -303,8 +303,10 @@ def calibrate_loaded(method, recipe: Recipe, loaded: Loaded, inputs: Inputs, wat
     if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    # the whole model on the accelerator: the activations between layers stay there too (the plan counts them)
     calibrated = calibrate(loaded.model, inputs.tokenizer, blocks, recipe.modifiers, inputs.batch_size,
-                           calibrate_all_experts=inputs.calibrate_all_experts)
+                           calibrate_all_experts=inputs.calibrate_all_experts,
+                           activations_device=loaded.device if on_gpu and not loaded.offload else None)
     peak = max(calibrated.layers["overall_peak_gpu_bytes"], torch.cuda.max_memory_allocated()) if on_gpu else None
     experts = verify.check_experts(calibrated.experts, needs_data(recipe.modifiers) and recipe.experts_need_tokens)
     return CalibrationRun(calibrated, experts, _quantized_modules(loaded.model), peak, watch.seconds - loaded.seconds,
