@@ -34,7 +34,7 @@ DEFAULTS = {
              "start_timeout": 900.0, "share_server": True, "server_idle_timeout": None, "max_servers": 1,
              "kv_cache_memory": "auto", "non_kv_memory_gib": 4.0, "device_memory_gib": None,
              "timeout": 600.0, "retries": 1, "max_response_bytes": 16777216, "enable_expert_parallel": False,
-             "dtype": None},
+             "defect_workarounds": True, "dtype": None},
     "lmdeploy": {"batch_size": 32, "max_batch_tokens": 65536, "dtype": "float32", "threads": 0,
                  "tensor_parallel_size": 1},
     "openai": {"base_url": None, "model": "served", "api_key_env": None, "concurrency": 8, "timeout": 120.0,
@@ -48,7 +48,7 @@ EVERY_SETTING = dict(
     enable_prefix_caching=False, max_num_batched_tokens=2048, max_num_seqs=16,
     server_command=["python3", "-m", "vllm"], server_env={"A": "1"}, server_args=["--x"], start_timeout=60,
     share_server=False, server_idle_timeout=10, max_servers=2, kv_cache_memory="planned", non_kv_memory_gib=2.5,
-    device_memory_gib=80, base_url="http://h:1/v1", model="m",
+    device_memory_gib=80, defect_workarounds=False, base_url="http://h:1/v1", model="m",
     api_key_env="KEY", prompt_format="chat", concurrency=3, timeout=700, retries=5, max_response_bytes=2048)
 CHANGED = {
     "hf": {"batch_size": 7, "max_batch_tokens": 999, "dtype": "bfloat16", "threads": 3},
@@ -58,7 +58,7 @@ CHANGED = {
              "server_args": ["--x"], "start_timeout": 60.0, "share_server": False, "server_idle_timeout": 10.0,
              "max_servers": 2, "kv_cache_memory": "planned", "non_kv_memory_gib": 2.5, "device_memory_gib": 80.0,
              "timeout": 700.0, "retries": 1, "max_response_bytes": 2048,
-             "enable_expert_parallel": True, "dtype": "bfloat16"},
+             "enable_expert_parallel": True, "defect_workarounds": False, "dtype": "bfloat16"},
     "lmdeploy": {"batch_size": 7, "max_batch_tokens": 999, "dtype": "bfloat16", "threads": 3,
                  "tensor_parallel_size": 2},
     "openai": {"base_url": "http://h:1/v1", "model": "m", "api_key_env": "KEY", "concurrency": 3, "timeout": 700.0,
