@@ -81,7 +81,7 @@ def test_every_serves_claim_has_a_recorded_run_behind_it():
                     else:
                         assert entry["status"] in ("not shown", "refused", "cannot")
                         assert "try:" in entry["how"] or entry["status"] in ("refused", "cannot")
-    assert shown >= 9  # Glm and Glm4vMoe: base, AWQ, RTN (same format), FP8 (Glm static, Glm4vMoe the MoE default)
+    assert shown >= 13  # Glm, Glm4v and Glm4vMoe: base, AWQ, RTN (same format), FP8 (static; Glm4vMoe the MoE default)
 
 
 def test_moe_fp8_default_is_a_scheme_vllms_fused_moe_takes():

@@ -42,6 +42,9 @@ _GLM = "GlmForCausalLM"
 _GLM4V_MOE = "Glm4vMoeForConditionalGeneration"
 _GLM46V = "benchmarks/results/gpu_glm46v_vllm.json"
 _README_MOE = "README: vLLM on the H200, GLM-4.5V layout (2 text layers, 8 experts top-2, --enforce-eager)"
+_GLM4V = "Glm4vForConditionalGeneration"
+_GLM4V_VQA = "benchmarks/results/gpu_glm4v_vqa_agreement.json"
+_GLM4V_NOTE = "with the rotary custom op off (vllm#42016): as vLLM ships, eager, its image positions rotate wrongly"
 SHOWN: tuple[Run, ...] = (
     # GLM-4-9B shapes, random weights, one H200 (and TP 2 on two), vLLM 0.24.0
     Run("vllm", "0.24.0", _GLM, "none", "none", True, "2026-11-30", "benchmarks/results/gpu_vllm_bench_base.json"),
@@ -66,6 +69,12 @@ SHOWN: tuple[Run, ...] = (
     Run("vllm", "0.24.0", _GLM4V_MOE, "fp8-static+dynamic-experts", "per-head", True, "2026-12-01", _GLM46V,
         "CutlassFP8ScaledMM (dense, static), VLLM_CUTLASS FP8 MoE (experts, dynamic); 8 KV scales per layer "
         "reach the attention; vision tower unquantized in vLLM"),
+    # the GLM-4.1V layout (Glm4v, dense text tower), a small model trained on easy-VQA and its variants from our
+    # stages, `vllm serve` eager and compiled with the engine's defect setting (pipeline/engines/vllm_defects.py):
+    # all 100 VQA answers of each equal to the hf engine's, 2026-12-02
+    Run("vllm", "0.24.0", _GLM4V, "none", "none", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE),
+    Run("vllm", "0.24.0", _GLM4V, "w4a16", "none", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE),
+    Run("vllm", "0.24.0", _GLM4V, "fp8-static", "per-head", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE),
     # lmdeploy 0.18.0's PyTorch engine (TurboMind cannot run on that CUDA 13 image)
     Run("lmdeploy", "0.18.0", _GLM, "none", "none", True, "2026-11-30", "benchmarks/results/gpu_bench_glm4_9b_base.json",
         "after `quantize export --engine lmdeploy` (ChatGLM names)"),
