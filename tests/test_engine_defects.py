@@ -107,8 +107,12 @@ def test_the_report_says_vqa_on_vllm_is_paired_and_comparable_when_every_model_a
     _suite(results, "v", "vqa", [1] * 150 + [0] * 50, "vllm", _defect(avoided=True))
     _suite(results, "base", "math", [1] * 150 + [0] * 50, "vllm")
     _suite(results, "v", "math", [1] * 150 + [0] * 50, "vllm")
-    out = report.run(results, tmp_path / "reports", _params("v"), models_dir=tmp_path / "models")
+    (results / "w").mkdir()  # a variant that did not run vqa: not counted among the models that scored it
+    (results / "w" / "vqa.json").write_text(json.dumps({"suite": "vqa", "engine": "hf", "status": "not run", "n": 0}))
+    _suite(results, "w", "math", [1] * 150 + [0] * 50, "vllm")
+    out = report.run(results, tmp_path / "reports", _params("v", "w"), models_dir=tmp_path / "models")
     [vqa] = [note for note in out.verdict["engines"] if note["suite"] == "vqa"]
+    assert vqa["models"] == ["base", "v"] and vqa["engines"] == ["vllm"]
     assert vqa["comparable_with_hf"] and vqa["defects"][0]["avoided"]
     html = " ".join(out.html.read_text().split())
     assert "<b>math</b>: scored on vllm for the base and every variant alike" in html

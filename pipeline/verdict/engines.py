@@ -40,7 +40,8 @@ def engine_notes(summaries: dict[str, dict[str, dict]], suites: list[str]) -> li
     notes = []
     for suite in suites:
         scored = {model: by_suite[suite] for model, by_suite in summaries.items()
-                  if (by_suite.get(suite) or {}).get("engine") and by_suite[suite].get("status") != "not applicable"}
+                  if (by_suite.get(suite) or {}).get("engine")
+                  and by_suite[suite].get("status") not in ("not applicable", "not run")}  # scored: items behind it
         if not scored:
             continue
         defects: dict[str, dict] = {}
