@@ -115,8 +115,8 @@ def test_the_report_says_vqa_on_vllm_is_paired_and_comparable_when_every_model_a
     assert vqa["models"] == ["base", "v"] and vqa["engines"] == ["vllm"]
     assert vqa["comparable_with_hf"] and vqa["defects"][0]["avoided"]
     html = " ".join(out.html.read_text().split())
-    assert "<b>math</b>: scored on vllm for the base and every variant alike" in html
-    assert "<b>vqa</b>: scored on vllm for the base and every variant alike, so each verdict compares the two " \
-           "on the same engine (paired)" in html
+    assert "<b>math</b>: scored on vllm (every model): the base and each variant alike" in html
+    assert "<b>vqa</b>: scored on vllm (base, v): the base and each variant alike, so each verdict compares the " \
+           "two on the same engine (paired)" in html
     assert "Avoided for every model" in html and "comparable with the hf engine's" in html
     assert "not comparable" not in html

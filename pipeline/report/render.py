@@ -318,15 +318,17 @@ def engine_lines(verdict: dict) -> list[dict]:
     then each suite that met one, on its own line (verdict.json's `engines`, pipeline/verdict/engines.py)."""
     grouped: dict[tuple, list[str]] = {}
     lines = []
+    every = sorted({model for note in verdict.get("engines") or [] for model in note["models"]})
     for note in verdict.get("engines") or []:
+        models = "every model" if note["models"] == every else ", ".join(note["models"])
         if note["defects"]:
             alike = all(len(set(d["models"].values())) == 1 for d in note["defects"])  # every model avoided, or none
-            lines.append({"suites": [note["suite"]], "engines": note["engines"],
+            lines.append({"suites": [note["suite"]], "engines": note["engines"], "models": models,
                           "paired": len(note["engines"]) == 1 and alike, "defects": note["defects"]})
         else:
-            grouped.setdefault(tuple(note["engines"]), []).append(note["suite"])
-    return [{"suites": suites, "engines": list(engines), "paired": len(engines) == 1, "defects": []}
-            for engines, suites in grouped.items()] + lines
+            grouped.setdefault((tuple(note["engines"]), models), []).append(note["suite"])
+    return [{"suites": suites, "engines": list(engines), "models": models, "paired": len(engines) == 1, "defects": []}
+            for (engines, models), suites in grouped.items()] + lines
 
 
 def _suite_anchors(verdict: dict, rows: list[dict], perplexity_rows: list[dict]) -> dict:
