@@ -289,9 +289,8 @@ def _lines_and_summary(lm, results: dict, *, suite: str, task: str, variant: str
         **_speed(lines, lm),
         "cache": {"path": str(lm.cache.path), "lines_dropped": lm.cache.dropped},
     }
-    defects = getattr(lm.engine, "defects", None)
-    if defects is not None and defects():  # known engine defects this checkpoint meets, and whether avoided
-        summary["engine_defects"] = defects()
+    if defects := getattr(lm.engine, "defects", lambda: [])():  # known engine defects it met (vllm), and if avoided
+        summary["engine_defects"] = defects
     if lines and all("loglikelihood" in line for line in lines):  # a perplexity suite: per token, over all documents
         tokens = sum(line["n_tokens"] for line in lines)
         summary.update(metric="perplexity", tokens=tokens,
