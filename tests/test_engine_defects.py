@@ -94,7 +94,7 @@ def test_a_suite_scored_differently_for_base_and_variant_is_shown_not_counted(tm
     assert mixed["coverage"]["suites"]["vqa"]["state"] == "not counted"
     assert mixed["coverage"]["suites"]["vqa"]["why"].startswith("NOT PAIRED")
     [vqa] = [note for note in verdict["engines"] if note["suite"] == "vqa"]
-    assert vqa["engines"] == ["vllm"] and not vqa["comparable_with_hf"]
+    assert vqa["engines"] == ["vllm"] and not vqa["comparable_with_hf"] and not vqa["paired"]
     assert vqa["defects"][0]["models"] == {"alike": True, "base": True, "hf-side": False}
     html = out.html.read_text()
     assert 'id="engines"' in html and "NOT PAIRED" in html
@@ -113,7 +113,7 @@ def test_the_report_says_vqa_on_vllm_is_paired_and_comparable_when_every_model_a
     out = report.run(results, tmp_path / "reports", _params("v", "w"), models_dir=tmp_path / "models")
     [vqa] = [note for note in out.verdict["engines"] if note["suite"] == "vqa"]
     assert vqa["models"] == ["base", "v"] and vqa["engines"] == ["vllm"]
-    assert vqa["comparable_with_hf"] and vqa["defects"][0]["avoided"]
+    assert vqa["comparable_with_hf"] and vqa["paired"] and vqa["defects"][0]["avoided"]
     html = " ".join(out.html.read_text().split())
     assert "<b>math</b>: scored on vllm (every model): the base and each variant alike" in html
     assert "<b>vqa</b>: scored on vllm (base, v): the base and each variant alike, so each verdict compares the " \

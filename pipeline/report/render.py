@@ -322,13 +322,12 @@ def engine_lines(verdict: dict) -> list[dict]:
     for note in verdict.get("engines") or []:
         models = "every model" if note["models"] == every else ", ".join(note["models"])
         if note["defects"]:
-            alike = all(len(set(d["models"].values())) == 1 for d in note["defects"])  # every model avoided, or none
             lines.append({"suites": [note["suite"]], "engines": note["engines"], "models": models,
-                          "paired": len(note["engines"]) == 1 and alike, "defects": note["defects"]})
+                          "paired": note["paired"], "defects": note["defects"]})
         else:
-            grouped.setdefault((tuple(note["engines"]), models), []).append(note["suite"])
-    return [{"suites": suites, "engines": list(engines), "models": models, "paired": len(engines) == 1, "defects": []}
-            for (engines, models), suites in grouped.items()] + lines
+            grouped.setdefault((tuple(note["engines"]), models, note["paired"]), []).append(note["suite"])
+    return [{"suites": suites, "engines": list(engines), "models": models, "paired": paired, "defects": []}
+            for (engines, models, paired), suites in grouped.items()] + lines
 
 
 def _suite_anchors(verdict: dict, rows: list[dict], perplexity_rows: list[dict]) -> dict:

@@ -53,6 +53,8 @@ def engine_notes(summaries: dict[str, dict[str, dict]], suites: list[str]) -> li
         for entry in defects.values():
             entry["avoided"] = all(entry["models"].values())
         engines = sorted({s["engine"] for s in scored.values()})
+        alike = all(len(set(e["models"].values())) == 1 for e in defects.values())  # each defect: all avoided, or none
         notes.append({"suite": suite, "engines": engines, "models": sorted(scored), "defects": list(defects.values()),
+                      "paired": len(engines) == 1 and alike,
                       "comparable_with_hf": all(e["avoided"] for e in defects.values())})
     return notes
