@@ -9,6 +9,8 @@ of the width: hidden 1024, intermediate 3456 (3424 rounded up to a multiple of t
 128, 2 KV heads.
 
     OMP_NUM_THREADS=1 python benchmarks/awq_profile.py [--layers 2] [--blocks 16] [--seq-len 512] [--runs 1]
+    python benchmarks/awq_profile.py --width-divisor 1 --blocks 128 --batch 16 --kernels 40   # GLM-4-9B widths (a GPU);
+                                            # then the last config under torch.profiler: its 40 costliest operators
 
 Prints the markdown table (CPU seconds per layer on a CPU, synchronised wall seconds on a GPU) and writes
 awq_profile.json into $OUT if set.
@@ -90,6 +92,8 @@ def main() -> None:
                         help="before (the code before issue 36), after (the defaults now), ranked (after, plus the "
                              "attention's search ranked on a quarter of the batches: awq_phases.ranked_forward)")
     parser.add_argument("--root", type=Path, default=Path("/tmp/awq-profile"))
+    parser.add_argument("--kernels", type=int, default=0,
+                        help="then the last config once more under torch.profiler: its N costliest operators")
     args = parser.parse_args()
     import torch
 
@@ -121,10 +125,25 @@ def main() -> None:
               f"{rs[-1]['layer_error_mean']:.5f} / {rs[-1]['layer_error_max']:.5f}")
     for pair, differ in identical.items():
         print(f"checkpoints {pair}: " + ("bit-identical" if not differ else f"{len(differ)} tensors differ, e.g. {differ[:3]}"))
+    if args.kernels:
+        print(kernel_table(configs[-1], model_dir, calib, args))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "awq_profile.json").write_text(json.dumps(
             {"args": {**vars(args), "root": str(args.root)}, "shapes": shapes, "results": results,
              "identical_checkpoints": {pair: not differ for pair, differ in identical.items()}}, indent=1))
+
+
+def kernel_table(name: str, model_dir: Path, calib: Path, args) -> str:
+    """One more run of `name` under torch.profiler: its `args.kernels` costliest operators by device time (CPU time
+    without a GPU), the whole run's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        profile_run(name, model_dir, calib, args.root / f"out-{name}-kernels", args)
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return f"\n{name} under torch.profiler, by {key}:\n" + prof.key_averages().table(sort_by=key, row_limit=args.kernels)
 
 
 def same_checkpoint(a: Path, b: Path) -> list[str]:

@@ -16,7 +16,7 @@ for all (our verify: reload the saved checkpoint, feed each layer the base's inp
 `ours-before`, `ours` and `ours-ranked` once more at the shallow depth with every phase timed per mapping
 (awq_phases.py; synchronised, so a little slower than the timed runs).
 
-    python benchmarks/gpu_awq_speed.py                      # the comparison, ~7 min on one H200 (--no-profile: ~1.5 min less)
+    python benchmarks/gpu_awq_speed.py                      # the comparison, ~3.5 min on one H200 (--no-profile: ~1 min less)
     python benchmarks/gpu_awq_speed.py --layers 40 --plan-only   # our --plan for a 40-layer model
     python benchmarks/gpu_awq_speed.py --tiny               # tiny shapes, CPU: checks the script
 

@@ -199,9 +199,9 @@ def test_ranked_search_chooses_what_every_candidate_in_float32_chooses(seed):
 
 
 def test_search_now_writes_the_checkpoint_the_search_before_wrote(tmp_path, tiny_glm, tiny_calib, monkeypatch):
-    """End to end at llm-compressor's n_grid 20 on a tiny Glm (four calibration batches: the attention's candidates
-    ranked on one, the best 3 rescored on all): the ranked, rescored searches write the checkpoint the exhaustive
-    ones (stacked_search=False, ranking_share=0: the code before issue 36) write."""
+    """End to end at llm-compressor's n_grid 20 on a tiny Glm: the X^T X search as it is now (candidates stacked,
+    ranked by the bfloat16 estimate, the best 3 rescored in float32) writes the checkpoint the search before issue 36
+    (stacked_search=False: every candidate one by one in float32) writes."""
     from pipeline.methods import awq
 
     calib, settings = tiny_calib / "calib.jsonl", dict(batch_size=2, n_grid=20)
@@ -251,3 +251,28 @@ def test_ranked_forward_search_ranks_on_a_share_and_rescores_on_all(tmp_path, ti
     per_layer = [1] + [1] * 20 + [4] * 19  # reference on all 4 batches, 20 candidates on 1, the shortlist on all 4
     per_layer[0] = 4
     assert passes == per_layer * 2  # two decoder layers, one attention mapping each
+
+
+def test_search_curves_record_every_forward_search_without_changing_the_choice(tmp_path, tiny_glm, tiny_calib):
+    """benchmarks/awq_search_curves.py: recording the forward searches' losses (and the X^T X proxy beside them)
+    leaves the checkpoint as a plain run writes it; one record per attention mapping, the winner the first minimum."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from awq_search_curves import local_minima, record_searches
+
+    calib, settings = tiny_calib / "calib.jsonl", dict(batch_size=2, n_grid=20)
+    quantize_run(tiny_glm, tmp_path / "plain", calib, "awq", **settings)
+    records: list[dict] = []
+    restore = record_searches(records)
+    try:
+        quantize_run(tiny_glm, tmp_path / "recorded", calib, "awq", **settings)
+    finally:
+        restore()
+    assert_same_checkpoint(tmp_path / "plain", tmp_path / "recorded")
+    assert [r["mapping"].rsplit(".", 1)[-1] for r in records] == ["input_layernorm"] * 2  # Glm: 2 layers
+    for record in records:
+        assert len(record["exact"]) == len(record["proxy"]) == 20
+        assert record["winner"] == min(range(20), key=lambda i: (record["exact"][i], i))
+        assert 0 <= record["winner_rank_in_proxy"] < 20
+    assert local_minima([9.0, 3.0, 2.0, 4.0, 1.0]) == [2, 4] and local_minima([9.0, 1.0, 2.0, 3.0]) == [1]
