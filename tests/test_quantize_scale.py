@@ -276,3 +276,60 @@ def test_search_curves_record_every_forward_search_without_changing_the_choice(t
         assert record["winner"] == min(range(20), key=lambda i: (record["exact"][i], i))
         assert 0 <= record["winner_rank_in_proxy"] < 20
     assert local_minima([9.0, 3.0, 2.0, 4.0, 1.0]) == [2, 4] and local_minima([9.0, 1.0, 2.0, 3.0]) == [1]
+
+
+def test_moe_attention_inputs_wait_with_the_activations(tmp_path, starved_moe, tiny_calib, monkeypatch):
+    """With the whole model on the accelerator, AWQ's cached inputs of the attention stay there with the activations
+    between layers; llm-compressor would put an MoE model's on the host (offload_device "cpu") and fetch them once
+    per scale candidate. On this CPU the run is asked for that placement of the activations ("cpu"): the modifier
+    keeps nothing apart, and the checkpoint is the default run's."""
+    import torch
+
+    import pipeline.quantize.calibrate as calibrate_module
+
+    calib, settings = tiny_calib / "calib.jsonl", dict(batch_size=8, n_grid=3)
+    quantize_run(starved_moe, tmp_path / "default", calib, "awq", **settings)
+    original, seen = calibrate_module.calibrate, []
+
+    def with_activations_device(model, tokenizer, blocks, recipe, batch_size, **kwargs):
+        result = original(model, tokenizer, blocks, recipe, batch_size, **{**kwargs, "activations_device": "cpu"})
+        seen.extend(modifier.offload_device for modifier in recipe if hasattr(modifier, "offload_device"))
+        return result
+    monkeypatch.setattr(calibrate_module, "calibrate", with_activations_device)
+    quantize_run(starved_moe, tmp_path / "kept", calib, "awq", **settings)
+    assert seen == [None]
+    assert_same_checkpoint(tmp_path / "default", tmp_path / "kept")
+
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+
+    named = AWQModifier(offload_device=torch.device("cpu"))  # a recipe's own choice is kept
+    calibrate_module.keep_cached_inputs_with_activations([named])
+    assert named.offload_device == torch.device("cpu")
+
+
+def test_x_t_x_mappings_do_not_walk_the_model(tmp_path, starved_moe, tiny_calib, monkeypatch):
+    """Each X^T X mapping (129 per GLM-4.6V layer) costs the same whatever the model's depth: none of them walks the
+    model's modules (llm-compressor's calibration_forward_context(model) did, once per mapping: 10 -> 47 ms per
+    mapping from 4 to 16 layers, benchmarks/awq_mapping_overhead.py). Counted as calls of the whole model's
+    `train` (the context's eval switch) while the searches run."""
+    from pipeline.methods.awq_gram import GramAWQModifier
+
+    walks, smoothing = [], []
+    train, smooth = torch.nn.Module.train, GramAWQModifier._smooth_from_gram
+
+    def counted_train(module, mode=True):
+        if smoothing and type(module).__name__ == "Glm4vMoeForConditionalGeneration":
+            walks.append(mode)
+        return train(module, mode)
+
+    def counted_smooth(self, model, mapping):
+        smoothing.append(mapping.smooth_name)
+        try:
+            return smooth(self, model, mapping)
+        finally:
+            smoothing.pop()
+    monkeypatch.setattr(torch.nn.Module, "train", counted_train)
+    monkeypatch.setattr(GramAWQModifier, "_smooth_from_gram", counted_smooth)
+    info = quantize_run(starved_moe, tmp_path / "out", tiny_calib / "calib.jsonl", "awq", batch_size=8, n_grid=3).info
+    assert info["search_report"]["gram"]["mappings"] >= 6  # dense up -> down, 4 experts' and the shared expert's
+    assert walks == []

@@ -32,6 +32,19 @@ def needs_data(recipe: list) -> bool:
     return any(getattr(modifier, "requires_calibration_data", False) for modifier in recipe)
 
 
+def keep_cached_inputs_with_activations(recipe: list) -> None:
+    """AWQ's cached inputs of each searched module (replayed once per scale candidate: 21 times per layer at n_grid
+    20) stay on the execution device with the activations between layers. llm-compressor's default for an MoE model
+    is the host (AWQModifier.offload_device), which moves a layer's attention inputs across the bus 21 times; a
+    modifier whose recipe names its own offload_device keeps it. The values are the same either way; the device
+    memory is in `--plan`'s working set (plan.working_set_bytes)."""
+    from llmcompressor.sentinel import Sentinel
+
+    for modifier in recipe:
+        if getattr(modifier, "offload_device", None) == Sentinel("not_provided"):
+            modifier.offload_device = None
+
+
 def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_size: int,
               calibrate_all_experts: bool = True, activations_device: str | None = None) -> Calibrated:
     """llm-compressor's oneshot with its default (independent -> sequential) pipeline: each decoder
@@ -41,13 +54,15 @@ def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_siz
     activations between decoder layers wait (None: llm-compressor's default, the host; the execution
     device when the model and they fit there, which spares moving every layer's activations across
     the bus three times per layer: in for each of its two passes, out after the second; the values
-    are the same either way)."""
+    are the same either way), and AWQ's cached inputs wait there too (keep_cached_inputs_with_activations)."""
     import time
 
     from llmcompressor import oneshot
 
     from pipeline.quantize.monitor import ExpertCounter, LayerTimer
 
+    if activations_device:
+        keep_cached_inputs_with_activations(recipe)
     timer, counter = LayerTimer(model), ExpertCounter(model)
     started, cpu_started = time.perf_counter(), time.process_time()
     first_input: list[float] = []
