@@ -333,3 +333,24 @@ def test_x_t_x_mappings_do_not_walk_the_model(tmp_path, starved_moe, tiny_calib,
     info = quantize_run(starved_moe, tmp_path / "out", tiny_calib / "calib.jsonl", "awq", batch_size=8, n_grid=3).info
     assert info["search_report"]["gram"]["mappings"] >= 6  # dense up -> down, 4 experts' and the shared expert's
     assert walks == []
+
+
+@pytest.mark.parametrize("placement", ["device", "offload"])
+def test_plan_probe_keeps_the_activations_where_the_run_will(placement, tmp_path, starved_moe, tiny_calib, monkeypatch):
+    """`--plan`'s probe and the run ask calibrate.activations_device the same question (the activations between
+    layers, and AWQ's cached inputs, stay on the GPU when the whole model is there): a probe that left them on the host
+    would time ~0.5 s per GLM-4-9B layer of transfers the run does not make. Both calls are recorded here."""
+    import pipeline.quantize.calibrate as calibrate_module
+
+    asked, original = [], calibrate_module.activations_device
+
+    def recorded(device, on_gpu, offload):
+        asked.append(offload)
+        return original(device, on_gpu, offload)
+    monkeypatch.setattr(calibrate_module, "activations_device", recorded)
+    settings = dict(batch_size=8, n_grid=3, placement=placement)
+    quantize_run(starved_moe, tmp_path / "plan", tiny_calib / "calib.jsonl", "awq", plan_only=True, **settings)
+    quantize_run(starved_moe, tmp_path / "run", tiny_calib / "calib.jsonl", "awq", **settings)
+    assert asked == [placement == "offload"] * 2
+    assert original("cuda:0", True, False) == "cuda:0"
+    assert original("cuda:0", True, True) is None and original("cpu", False, False) is None

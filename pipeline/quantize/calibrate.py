@@ -32,6 +32,13 @@ def needs_data(recipe: list) -> bool:
     return any(getattr(modifier, "requires_calibration_data", False) for modifier in recipe)
 
 
+def activations_device(device: str, on_gpu: bool, offload: bool) -> str | None:
+    """Where calibrate() keeps the activations between layers (its `activations_device`): on the execution device
+    when the whole model is there, else llm-compressor's default (None: the host). The run and `--plan`'s probe
+    both ask here, so that the probe times what the run will do."""
+    return device if on_gpu and not offload else None
+
+
 def keep_cached_inputs_with_activations(recipe: list) -> None:
     """AWQ's cached inputs of each searched module (replayed once per scale candidate: 21 times per layer at n_grid
     20) stay on the execution device with the activations between layers. llm-compressor's default for an MoE model

@@ -68,10 +68,11 @@ def run(recipe: list, model_dir: Path, tokenizer, blocks: list[list[int]], batch
     import torch
     from llmcompressor.core import active_session
 
-    from pipeline.quantize.calibrate import calibrate
+    from pipeline.quantize.calibrate import activations_device, calibrate
 
     on_gpu = torch.cuda.is_available()
-    model = build(model_dir, dtype, "cuda" if on_gpu else "cpu")
+    device = "cuda" if on_gpu else "cpu"
+    model = build(model_dir, dtype, device)
     if placement == "offload":
         model.to("cpu")
     if on_gpu:
@@ -81,7 +82,8 @@ def run(recipe: list, model_dir: Path, tokenizer, blocks: list[list[int]], batch
     kinds = {name: plan.layer_kind(layer) for name, layer in plan.decoder_layers(model)}
     layer_params = sum(sum(p.numel() for p in layer.parameters()) for _, layer in plan.decoder_layers(model))
     try:
-        result = calibrate(model, tokenizer, blocks, [copy.deepcopy(m) for m in recipe], batch_size)
+        result = calibrate(model, tokenizer, blocks, [copy.deepcopy(m) for m in recipe], batch_size,
+                           activations_device=activations_device(device, on_gpu, placement == "offload"))
     finally:
         del model
         active_session().reset()
