@@ -297,9 +297,11 @@ def test_a_suite_whose_items_are_all_cached_starts_no_server(tmp_path, tiny_llam
     monkeypatch.chdir(tmp_path)
     first = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "ppl-book", "--out", "r"])
     assert first.exit_code == 0, first.output
-    assert json.loads((tmp_path / "r" / "ppl-book.json").read_text())["engine_start_s"] > 0
+    assert json.loads((tmp_path / "r" / "ppl-book.json").read_text())["engine_start_s"] > 0.2  # a server start
     write_params(tmp_path, {**TINY_PARAMS, "engine": {**engine, "server_args": ["--fail-start"]}})
     again = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "ppl-book", "--out", "r"])
     assert again.exit_code == 0, again.output
     summary = json.loads((tmp_path / "r" / "ppl-book.json").read_text())
-    assert summary["engine_start_s"] == 0 and not summary.get("kept") and summary["n"] == 2
+    # no server: one that could not start any more did not fail the run; what is left of engine_start_s is making
+    # the engine object (its tokenizer: milliseconds, 0.01 s once on a loaded machine), far below a server start
+    assert summary["engine_start_s"] < 0.2 and not summary.get("kept") and summary["n"] == 2
