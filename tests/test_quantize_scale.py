@@ -337,17 +337,17 @@ def test_x_t_x_mappings_do_not_walk_the_model(tmp_path, starved_moe, tiny_calib,
 
 @pytest.mark.parametrize("placement", ["device", "offload"])
 def test_plan_probe_keeps_the_activations_where_the_run_will(placement, tmp_path, starved_moe, tiny_calib, monkeypatch):
-    """`--plan`'s probe and the run ask calibrate.activations_device the same question (the activations between
+    """`--plan`'s probe and the run ask calibrate.activations_device_for the same question (the activations between
     layers, and AWQ's cached inputs, stay on the GPU when the whole model is there): a probe that left them on the host
     would time ~0.5 s per GLM-4-9B layer of transfers the run does not make. Both calls are recorded here."""
     import pipeline.quantize.calibrate as calibrate_module
 
-    asked, original = [], calibrate_module.activations_device
+    asked, original = [], calibrate_module.activations_device_for
 
     def recorded(device, on_gpu, offload):
         asked.append(offload)
         return original(device, on_gpu, offload)
-    monkeypatch.setattr(calibrate_module, "activations_device", recorded)
+    monkeypatch.setattr(calibrate_module, "activations_device_for", recorded)
     settings = dict(batch_size=8, n_grid=3, placement=placement)
     quantize_run(starved_moe, tmp_path / "plan", tiny_calib / "calib.jsonl", "awq", plan_only=True, **settings)
     quantize_run(starved_moe, tmp_path / "run", tiny_calib / "calib.jsonl", "awq", **settings)

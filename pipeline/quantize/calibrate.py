@@ -32,7 +32,7 @@ def needs_data(recipe: list) -> bool:
     return any(getattr(modifier, "requires_calibration_data", False) for modifier in recipe)
 
 
-def activations_device(device: str, on_gpu: bool, offload: bool) -> str | None:
+def activations_device_for(device: str, on_gpu: bool, offload: bool) -> str | None:
     """Where calibrate() keeps the activations between layers (its `activations_device`): on the execution device
     when the whole model is there, else llm-compressor's default (None: the host). The run and `--plan`'s probe
     both ask here, so that the probe times what the run will do."""

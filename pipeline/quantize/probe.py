@@ -68,7 +68,7 @@ def run(recipe: list, model_dir: Path, tokenizer, blocks: list[list[int]], batch
     import torch
     from llmcompressor.core import active_session
 
-    from pipeline.quantize.calibrate import activations_device, calibrate
+    from pipeline.quantize.calibrate import activations_device_for, calibrate
 
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
@@ -83,7 +83,7 @@ def run(recipe: list, model_dir: Path, tokenizer, blocks: list[list[int]], batch
     layer_params = sum(sum(p.numel() for p in layer.parameters()) for _, layer in plan.decoder_layers(model))
     try:
         result = calibrate(model, tokenizer, blocks, [copy.deepcopy(m) for m in recipe], batch_size,
-                           activations_device=activations_device(device, on_gpu, placement == "offload"))
+                           activations_device=activations_device_for(device, on_gpu, placement == "offload"))
     finally:
         del model
         active_session().reset()

@@ -293,7 +293,7 @@ def calibrate_loaded(method, recipe: Recipe, loaded: Loaded, inputs: Inputs, wat
     import torch
 
     from pipeline.quantize import verify
-    from pipeline.quantize.calibrate import activations_device, calibrate, needs_data
+    from pipeline.quantize.calibrate import activations_device_for, calibrate, needs_data
 
     blocks, on_gpu = inputs.blocks, inputs.on_gpu
     what = "calibrating" if method.NEEDS_CALIBRATION else "quantizing (no calibration data shapes the weights)"
@@ -306,7 +306,7 @@ def calibrate_loaded(method, recipe: Recipe, loaded: Loaded, inputs: Inputs, wat
     # the whole model on the accelerator: the activations between layers stay there too (the plan counts them)
     calibrated = calibrate(loaded.model, inputs.tokenizer, blocks, recipe.modifiers, inputs.batch_size,
                            calibrate_all_experts=inputs.calibrate_all_experts,
-                           activations_device=activations_device(loaded.device, on_gpu, loaded.offload))
+                           activations_device=activations_device_for(loaded.device, on_gpu, loaded.offload))
     peak = max(calibrated.layers["overall_peak_gpu_bytes"], torch.cuda.max_memory_allocated()) if on_gpu else None
     experts = verify.check_experts(calibrated.experts, needs_data(recipe.modifiers) and recipe.experts_need_tokens)
     return CalibrationRun(calibrated, experts, _quantized_modules(loaded.model), peak, watch.seconds - loaded.seconds,
