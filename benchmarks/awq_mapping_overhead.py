@@ -76,6 +76,7 @@ def main() -> None:
           "calibration before / now s | checkpoints |\n|---|---|---|---|---|---|")
     for before, now in zip(rows[::2], rows[1::2]):
         differ = same_checkpoint(args.root / f"out-before-{now['depth']}", args.root / f"out-now-{now['depth']}")
+        now["identical_to_before"] = not differ
         print(f"| {now['depth']} | {now['mappings']} | {before['gram_s']:.2f} ({before['ms_per_mapping']:.1f}) | "
               f"{now['gram_s']:.2f} ({now['ms_per_mapping']:.1f}) | {before['calibrate_s']:.1f} / "
               f"{now['calibrate_s']:.1f} | {'bit-identical' if not differ else f'{len(differ)} tensors differ'} |")

@@ -16,7 +16,7 @@ random bf16 weights; 128 x 512 calibration tokens, batch 16, W4A16 (group size a
 calibrated on every token (our default). Each configuration at two depths; the per-MoE-layer cost is the slope.
 Then both once more at the shallow depth with every phase timed per mapping (benchmarks/awq_phases.py).
 
-    python benchmarks/gpu_awq_moe.py               # ~5 min on one H200
+    python benchmarks/gpu_awq_moe.py               # ~3.5 min on one H200
     python benchmarks/gpu_awq_moe.py --tiny        # tiny MoE on the CPU (activations "kept" on the CPU): checks the script
 
 Prints a table; writes gpu_awq_moe.json into $OUT if set.
@@ -76,7 +76,7 @@ def build(root: Path, layers: int, tiny: bool) -> Path:
     return out
 
 
-def run(name: str, model: Path, calib: Path, out: Path, args, profiled: bool = False) -> dict:
+def run(name: str, model: Path, depth: int, calib: Path, out: Path, args, profiled: bool = False) -> dict:
     import awq_phases
     from pipeline.quantize.stage import run as quantize_run
 
@@ -88,7 +88,7 @@ def run(name: str, model: Path, calib: Path, out: Path, args, profiled: bool = F
            "search": info.get("search_report"), "peak_gpu_bytes": info.get("peak_gpu_bytes_calibrate"),
            "layer_error_mean": sum(errors) / len(errors), "layer_error_max": max(errors)}
     if profiled:
-        row["profile"] = experts_together(awq_phases.rows(clock, int(model.name.split("-")[1])))
+        row["profile"] = experts_together(awq_phases.rows(clock, depth))
     print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
     return row
 
@@ -130,10 +130,10 @@ def main() -> None:
         model = build(args.root, depth, args.tiny)
         calib = write_blocks(args.root, args.blocks, args.seq_len, 380)  # ids inside the test tokenizer's vocabulary
         for name in (CONFIGS if number % 2 == 0 else CONFIGS[::-1]):
-            times[name][depth] = run(name, model, calib, args.root / f"out-{name}-{depth}", args)
+            times[name][depth] = run(name, model, depth, calib, args.root / f"out-{name}-{depth}", args)
     shallow, deep = depths[0], depths[-1]
     identical = not same_checkpoint(args.root / f"out-ours-{deep}", args.root / f"out-host-cache-{deep}")
-    profile = {name: run(name, build(args.root, shallow, args.tiny), args.root / "calib.jsonl",
+    profile = {name: run(name, build(args.root, shallow, args.tiny), shallow, args.root / "calib.jsonl",
                          args.root / "out-profile", args, profiled=True)["profile"] for name in CONFIGS}
     slopes = {name: (t[deep]["calibrate_s"] - t[shallow]["calibrate_s"]) / (deep - shallow) for name, t in times.items()}
     print(f"\nAWQ W4A16 (group auto), n_grid {args.n_grid}, {args.blocks} x {args.seq_len} tokens, batch {args.batch}, "
