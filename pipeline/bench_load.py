@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,33 +153,18 @@ class HttpTiming:
             body |= {"ignore_eos": True, "min_tokens": output_len, "return_token_ids": True}
         return body
 
-    def _one(self, client, prompt: list[int], output_len: int) -> Timing:
-        """One streamed request, timed chunk by chunk; a chunk that is not what the API specifies
-        (pipeline/engines/replies.py: stream_chunk) makes it a failed request, with the reason."""
-        from pipeline.engines.http import FatalError, Limits, RetryableError, stream_events
-        from pipeline.engines.replies import BadReply, stream_chunk
+    async def _one(self, http, prompt: list[int], output_len: int) -> Timing:
+        """One streamed request, timed chunk by chunk, the whole of it within one wall-clock deadline; a chunk
+        that is not what the API specifies (pipeline/engines/replies.py: stream_chunk) makes it a failed request,
+        with the reason."""
+        from pipeline.engines.http import FatalError, Limits, RetryableError, within
 
         limits = Limits(deadline=max(600.0, self.engine.limits.deadline if hasattr(self.engine, "limits") else 600.0),
                         max_bytes=256 << 20)
         started = time.perf_counter()
-        first = last = None
-        itl, n_tokens, usage = [], 0, None
-        url = self.engine.base_url + "/completions"
+        seen = {"first": None, "last": None, "itl": [], "n": 0, "usage": None}
         try:
-            for arrived, event in stream_events(client, url, self._body(prompt, output_len), self.engine.headers,
-                                                limits):
-                count, total = stream_chunk(event, output_len)
-                usage = total if total is not None else usage
-                if not count:
-                    continue
-                if first is None:
-                    first = arrived
-                else:
-                    itl.append(arrived - last)
-                last = arrived
-                n_tokens += count
-                if self.vllm_extras and n_tokens > output_len:  # counted by id: never more than asked
-                    raise BadReply("choices[0].token_ids", f"{output_len} tokens in all", n_tokens)
+            await within(limits, self._consume(http, prompt, output_len, limits, seen), "stream not finished")
         except (RetryableError, FatalError) as exc:
             done = time.perf_counter()
             return Timing(ttft=done - started, seconds=done - started, n_tokens=0, input_tokens=len(prompt),
@@ -189,36 +172,66 @@ class HttpTiming:
         done = time.perf_counter()
         if self.progress:
             self.progress(1)
-        if usage and not self.vllm_extras:
-            n_tokens = usage
-        return Timing(ttft=(first or done) - started, seconds=done - started, n_tokens=n_tokens,
-                      input_tokens=len(prompt), itl=itl)
+        n_tokens = seen["usage"] if seen["usage"] and not self.vllm_extras else seen["n"]
+        return Timing(ttft=(seen["first"] or done) - started, seconds=done - started, n_tokens=n_tokens,
+                      input_tokens=len(prompt), itl=seen["itl"])
+
+    async def _consume(self, http, prompt: list[int], output_len: int, limits, seen: dict) -> None:
+        from pipeline.engines.http import stream_events
+        from pipeline.engines.replies import BadReply, stream_chunk
+
+        url = self.engine.base_url + "/completions"
+        async for arrived, event in stream_events(http, url, self._body(prompt, output_len), self.engine.headers,
+                                                  limits):
+            count, total = stream_chunk(event, output_len)
+            seen["usage"] = total if total is not None else seen["usage"]
+            if not count:
+                continue
+            if seen["first"] is None:
+                seen["first"] = arrived
+            else:
+                seen["itl"].append(arrived - seen["last"])
+            seen["last"] = arrived
+            seen["n"] += count
+            if self.vllm_extras and seen["n"] > output_len:  # counted by id: never more than asked
+                raise BadReply("choices[0].token_ids", f"{output_len} tokens in all", seen["n"])
 
     def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int | None,
                        rate: float | None = None, seed: int = 0) -> list[Timing]:
-        import httpx
+        """Closed loop (`concurrency` in flight, the next sent as one finishes) or open loop (Poisson arrivals of
+        `rate` per second, each sent when it arrives, however many are in flight): one event loop, a connection of
+        its own for every request in flight (pipeline/engines/http.py: client)."""
+        import asyncio
 
         jobs = list(zip(prompts, output_tokens))
-        limits = httpx.Limits(max_connections=len(jobs) + 4, max_keepalive_connections=len(jobs) + 4)
-        with httpx.Client(limits=limits) as client:
-            if rate is None:
-                with ThreadPoolExecutor(max(1, concurrency)) as pool:
-                    return list(pool.map(lambda job: self._one(client, *job), jobs))
-            # Poisson arrivals: exponential gaps; every request gets its own thread when it arrives
-            rng = random.Random(seed)
-            results: list[Timing | None] = [None] * len(jobs)
-            threads = []
+        return asyncio.run(self._timed(jobs, concurrency, rate, seed))
+
+    async def _timed(self, jobs: list[tuple[list[int], int]], concurrency: int | None, rate: float | None,
+                     seed: int) -> list[Timing]:
+        import asyncio
+
+        from pipeline.engines.http import client
+
+        width = len(jobs) if rate is not None else max(1, concurrency or 1)
+        gate = asyncio.Semaphore(width)
+        due = _arrivals(len(jobs), rate, seed) if rate is not None else [0.0] * len(jobs)
+        async with client(width + 4) as http:
             start = time.perf_counter()
-            due = 0.0
-            for index, job in enumerate(jobs):
-                if index:
-                    due += rng.expovariate(rate)
-                delay = start + due - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                thread = threading.Thread(target=lambda i=index, j=job: results.__setitem__(i, self._one(client, *j)))
-                thread.start()
-                threads.append(thread)
-            for thread in threads:
-                thread.join()
-            return results
+
+            async def one(job: tuple[list[int], int], at: float) -> Timing:
+                await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+                async with gate:
+                    return await self._one(http, *job)
+
+            return list(await asyncio.gather(*(one(job, at) for job, at in zip(jobs, due))))
+
+
+def _arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the start at which each of n requests arrives: a Poisson process of `rate` per second."""
+    rng = random.Random(seed)
+    due, at = [], 0.0
+    for index in range(n):
+        if index:
+            at += rng.expovariate(rate)
+        due.append(at)
+    return due

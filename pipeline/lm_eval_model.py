@@ -25,7 +25,12 @@ class PipelineLM(LM):
     on_items(n): n more requests to answer (cached ones included); on_done(n): n of them answered.
     Generations are reported one by one by every engine (hf rows as they stop, the openai and vLLM
     answers as they arrive, lmdeploy's requests as they finish); token scores per engine call of
-    batch_size requests, since the rows of one forward pass all finish together."""
+    batch_size requests, since the rows of one forward pass all finish together.
+
+    An engine that keeps its own requests in flight (a server engine: `in_flight`, pipeline/engines/inflight.py)
+    is handed every request of a call at once, and caches each answer and score as it arrives: it keeps
+    `in_flight` requests at the server until the last, where handing it `chunk` at a time would let each chunk's
+    stragglers hold the next chunk back (waves)."""
 
     def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_done=None, task: str = "",
                  on_items=None):
@@ -62,8 +67,9 @@ class PipelineLM(LM):
         self.on_items(len(gen))
         self.on_done(len(gen) - len(todo))  # read back from the cache
         reports_each = "on_done" in inspect.signature(self.engine.generate).parameters
-        for start in range(0, len(todo), self.chunk):
-            part = todo[start:start + self.chunk]
+        size = self._part_size(len(todo))
+        for start in range(0, len(todo), size):
+            part = todo[start:start + size]
             started = time.perf_counter()
             if reports_each:  # each row cached as it finishes: a kill loses only unfinished rows
                 completions = self.engine.generate(part, on_done=lambda i, c, part=part: self._finished(part[i], c))
@@ -84,6 +90,10 @@ class PipelineLM(LM):
         for request, completion in zip(gen, done):
             self.stats[request.prompt] = completion
         return [c.text for c in done]
+
+    def _part_size(self, todo: int) -> int:
+        """Requests per engine call: all of them for an engine that keeps its own in flight, else `chunk`."""
+        return max(1, todo) if getattr(self.engine, "in_flight", None) else self.chunk
 
     def _finished(self, request: GenRequest, completion: Completion) -> None:
         if completion.error:  # never cached: a rerun asks again
@@ -119,6 +129,11 @@ class PipelineLM(LM):
             totals.append(total)
         return totals
 
+    def _scored(self, pending: tuple[str, likelihood.TokenRequest], score: tuple[float, bool]) -> None:
+        key, request = pending
+        self.cache.put_scores([key], [score], [len(request[1])])
+        self.on_done(1)
+
     def _scores(self, token_requests: list[likelihood.TokenRequest]) -> list[tuple[float, bool]]:
         """Scores from the cache, the rest from the engine longest first, cached per engine call."""
         keys = [score_key(*r) for r in token_requests]
@@ -130,14 +145,19 @@ class PipelineLM(LM):
         self.on_items(len(token_requests))
         self.on_done(len(token_requests) - len(pending))  # cached, or the same request twice
         order = likelihood.longest_first([r for _, r in pending])
-        for start in range(0, len(order), self.chunk):
-            part = [pending[i] for i in order[start:start + self.chunk]]
+        size = self._part_size(len(order))
+        for start in range(0, len(order), size):
+            part = [pending[i] for i in order[start:start + size]]
             started = time.perf_counter()
-            scores = self.engine.token_logprobs([r for _, r in part])
+            if getattr(self.engine, "in_flight", None):  # each score cached as it arrives
+                self.engine.token_logprobs([r for _, r in part], on_done=lambda i, score, part=part: self._scored(
+                    part[i], score))
+            else:
+                scores = self.engine.token_logprobs([r for _, r in part])
+                self.cache.put_scores([k for k, _ in part], scores, [len(r[1]) for _, r in part])
+                self.on_done(len(part))
             self.generate_seconds += time.perf_counter() - started
             self.scored_requests += len(part)
             self.scored_tokens += sum(len(r[1]) for _, r in part)
-            self.cache.put_scores([k for k, _ in part], scores, [len(r[1]) for _, r in part])
-            self.on_done(len(part))
         return [self.cache.get_score(key) for key in keys]
 

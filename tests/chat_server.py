@@ -8,6 +8,7 @@ the request body returning the reply text). Actions:
   ("429", retry_after_seconds)      rate limited, with a Retry-After header
   ("malformed", None)               HTTP 200 whose body is not JSON
   ("length", text)                  a good body with finish_reason "length" (cut off)
+  ("redirect", url)                 HTTP 307 to url (a moved endpoint)
   ("edit", fn)                      the good body as a dict, passed through fn(body) -> what is sent as JSON
                                     (Python's json: NaN and Infinity as those literals, a lone surrogate
                                     as its "\\ud800" escape): a reply that breaks the API on purpose
@@ -97,6 +98,8 @@ class ChatServer:
                     self._send(429, b'{"error": "rate limited"}', {"Retry-After": str(value)})
                 elif kind == "malformed":
                     self._send(200, b'{"choices": [{"message": ')
+                elif kind == "redirect":
+                    self._send(307, b"", {"Location": str(value)})
                 elif kind == "length":
                     self._send(200, completion_body(str(value), finish_reason="length"))
                 elif kind == "edit":

@@ -9,10 +9,19 @@ greedy decoding, `stream` (server-sent events, one token per event), vLLM's `ret
 plus `/health`, `/version` and `/v1/models`. The answers are the model's own, computed with
 transformers' forward pass, so a test can compare them with the hf engine's.
 
-Faults on cue (`server.fault`): ("drip", seconds_per_byte) sends the answer one byte at a time,
-("huge", n_bytes) sends an oversized answer. Replies that break the API on purpose (`server.edits`): each
-/v1/completions request takes the next function from the list (none left: the reply as it is) and sends
-fn(reply) as JSON; a streamed request sends fn(event) for each of its events.
+Faults on cue (`server.fault`, every completion request): ("drip", seconds_per_byte) sends the answer one byte
+at a time, ("dribble_headers", seconds_per_byte) sends the status line and headers so, ("huge", n_bytes) sends
+an oversized answer. Faults for the next requests, one each (`server.faults`, a list): "drop" (the answer is
+computed, counted out of the running ones, and never sent: the connection stays open), "never" (the request is
+accepted and never read or answered), "close" (the request is read and the connection closed with no reply, as
+a kept-alive connection closed under a request). `server.latency` seconds are added to every completion,
+outside the model's lock, so requests run side by side as on a batching server. `/metrics` reports, as vLLM's
+Prometheus page does, `vllm:num_requests_running` (requests being answered) and `vllm:num_requests_waiting`
+(requests waiting for the model); run as a script the server also logs vLLM's periodic stats line
+(`Running: N reqs, Waiting: M reqs`, every --log-stats-interval seconds, the most seen since the last line).
+Replies that break the API on purpose (`server.edits`): each /v1/completions request takes the next function
+from the list (none left: the reply as it is) and sends fn(reply) as JSON; a streamed request sends fn(event)
+for each of its events.
 
 Run as a script it takes `vllm serve`'s command line (`MODEL --host H --port P --served-model-name N
 ...`; other flags are recorded, not used) so the vLLM engine's process handling can be tested on a
@@ -117,7 +126,14 @@ class CompletionsServer:
         self.fault: tuple[str, float] | None = None
         self.edits: list = []  # functions of a reply (or streamed event), one per completion request
         self.die_after: int | None = None  # exit the whole process at this completion request (a crashed engine)
+        self.faults: list[str] = []  # "drop" / "never" / "close", one per completion request, in order
+        self.latency = 0.0  # seconds added to every completion, outside the model's lock
+        self.running = self.waiting = 0  # as vLLM's /metrics counts them
+        self.peak_running = 0  # most running at once since the last stats line
+        self.max_running = 0  # most running at once, ever
+        self.hold = threading.Event()  # set at exit: releases the handlers of dropped and never-answered requests
         self._lock = threading.Lock()
+        ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's backlog: a burst of connections is not refused
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -131,8 +147,29 @@ class CompletionsServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.hold.set()
         self._server.shutdown()
         self._server.server_close()
+
+    def metrics(self) -> str:
+        labels = f'{{engine="0",model_name="{self.served_name}"}}'
+        return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{labels} {float(self.running)}\n"
+                f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{labels} {float(self.waiting)}\n")
+
+    def stats_line(self) -> str:
+        """vLLM's periodic stats line (its LoggingStatLogger), with the most requests running since the last one."""
+        with self._lock:
+            running, self.peak_running = max(self.peak_running, self.running), self.running
+        return (f"(APIServer pid=1) INFO [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg "
+                f"generation throughput: 0.0 tokens/s, Running: {running} reqs, Waiting: {self.waiting} reqs, GPU KV "
+                "cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+
+    def _count(self, running: int = 0, waiting: int = 0) -> None:
+        with self._lock:
+            self.running += running
+            self.waiting += waiting
+            self.peak_running = max(self.peak_running, self.running)
+            self.max_running = max(self.max_running, self.running)
 
     def serve_forever(self) -> None:
         self._server.serve_forever()
@@ -141,6 +178,8 @@ class CompletionsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # connections kept alive between requests, as uvicorn (vLLM's server) keeps them
+
             def log_message(self, *args):
                 pass
 
@@ -149,12 +188,23 @@ class CompletionsServer:
                     return self._send(200, b"")
                 if self.path == "/version":
                     return self._json(200, {"version": VERSION})
+                if self.path == "/metrics":
+                    return self._send(200, server.metrics().encode(), "text/plain; version=0.0.4")
                 if self.path == "/v1/models":
                     return self._json(200, {"data": [{"id": server.served_name, "object": "model"}]})
                 self._json(404, {"error": "not found"})
 
             def do_POST(self):
+                with server._lock:
+                    fault = server.faults.pop(0) if server.faults and self.path.endswith("/completions") else None
+                if fault == "never":  # accepted, never read nor answered
+                    server.hold.wait(600)
+                    self.close_connection = True
+                    return
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if fault == "close":  # the connection closed under the request: no reply at all
+                    self.close_connection = True
+                    return
                 try:
                     body = json.loads(raw)
                 except ValueError:
@@ -178,22 +228,32 @@ class CompletionsServer:
                     if body.get("stream"):
                         self._stream(body, edit)
                     else:
-                        self._complete(body, edit)
+                        self._complete(body, edit, drop=fault == "drop")
                 except (BrokenPipeError, ConnectionResetError):
-                    pass
+                    self.close_connection = True
 
-            def _complete(self, body, edit=lambda reply: reply):
+            def _complete(self, body, edit=lambda reply: reply, drop: bool = False):
                 model = server.model
                 ids = model.tokens(body["prompt"])
-                tokens = list(model.stream(ids, int(body.get("max_tokens") or 16), bool(body.get("ignore_eos")),
-                                           int(body.get("min_tokens") or 0)))
+                server._count(running=1)
+                try:
+                    time.sleep(server.latency)
+                    tokens = self._generate(ids, body)
+                    if body.get("prompt_logprobs") is not None:
+                        prompt_logprobs = model.prompt_logprobs(ids)
+                finally:
+                    server._count(running=-1)
+                if drop:  # computed, counted out, never sent: the client waits on an open connection
+                    server.hold.wait(600)
+                    self.close_connection = True
+                    return
                 text = model.tokenizer.decode([t for t in tokens if t not in model.eos], skip_special_tokens=True)
                 choice = {"index": 0, "text": text, "finish_reason": "length" if len(tokens) >= int(
                     body.get("max_tokens") or 16) and tokens[-1] not in model.eos else "stop"}
                 if body.get("return_token_ids"):
                     choice["token_ids"], choice["prompt_token_ids"] = tokens, ids
                 if body.get("prompt_logprobs") is not None:
-                    choice["prompt_logprobs"] = model.prompt_logprobs(ids)
+                    choice["prompt_logprobs"] = prompt_logprobs
                 payload = edit({"id": "cmpl-test", "object": "text_completion", "model": server.served_name,
                                 "choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens)}})
                 data = json.dumps(payload).encode()
@@ -201,6 +261,15 @@ class CompletionsServer:
                     pad = " " * int(server.fault[1])
                     payload["choices"][0]["text"] += pad
                     data = json.dumps(payload).encode()
+                if server.fault and server.fault[0] == "dribble_headers":
+                    head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                            "\r\n").encode()
+                    for byte in head:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(float(server.fault[1]))
+                    self.wfile.write(data)
+                    return
                 if server.fault and server.fault[0] == "drip":
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -212,6 +281,23 @@ class CompletionsServer:
                         time.sleep(float(server.fault[1]))
                     return
                 self._send(200, data)
+
+            def _generate(self, ids: list[int], body: dict) -> list[int]:
+                """The model's tokens (one request at a time: the others count as waiting meanwhile)."""
+                server._count(running=-1, waiting=1)  # queued for the model, as vLLM's waiting ones
+                started = False
+                try:
+                    tokens = []
+                    for token in server.model.stream(ids, int(body.get("max_tokens") or 16), bool(body.get("ignore_eos")),
+                                                     int(body.get("min_tokens") or 0)):
+                        if not started:
+                            server._count(running=1, waiting=-1)
+                            started = True
+                        tokens.append(token)
+                    return tokens
+                finally:
+                    if not started:
+                        server._count(running=1, waiting=-1)
 
             def _chat(self, body):
                 """vLLM's chat path with content format `string` and the server's chat template."""
@@ -256,6 +342,7 @@ class CompletionsServer:
                 ids = model.tokens(body["prompt"])
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
                 self.end_headers()
                 count = 0
                 for token in model.stream(ids, int(body.get("max_tokens") or 16), bool(body.get("ignore_eos")),
@@ -271,6 +358,7 @@ class CompletionsServer:
                                       "usage": {"prompt_tokens": len(ids), "completion_tokens": count}}))
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
+                self.close_connection = True  # no Content-Length: the end of the stream is the end of the connection
 
             def _event(self, event):
                 self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
@@ -279,9 +367,9 @@ class CompletionsServer:
             def _json(self, code, payload):
                 self._send(code, json.dumps(payload).encode())
 
-            def _send(self, code: int, payload: bytes):
+            def _send(self, code: int, payload: bytes, content_type: str = "application/json"):
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
@@ -317,6 +405,14 @@ def log_start_figures(model: TinyModel, args, seconds: float) -> None:
           f"{tokens / max_len:.2f}x", flush=True)
 
 
+def _log_stats(server: CompletionsServer, interval: float) -> None:
+    """vLLM logs its stats line every VLLM_LOG_STATS_INTERVAL seconds while it has had work since the last one."""
+    while True:
+        time.sleep(interval)
+        if server.peak_running or server.running or server.waiting:
+            print(server.stats_line(), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`vllm serve`'s command line: MODEL --host H --port P --served-model-name N [other flags recorded]."""
     parser = argparse.ArgumentParser()
@@ -336,6 +432,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-cache-tokens", type=int, default=None, help="pretend the KV pool holds this many tokens")
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="the KV pool's bytes (vLLM's flag)")
     parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to sleep before listening")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every completion, side by side")
+    parser.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between vLLM's stats lines")
     args, rest = parser.parse_known_args(argv)
     model = args.model or args.serve
     if args.record:
@@ -346,8 +444,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(3)
     started = time.perf_counter()
     server = CompletionsServer(model, args.served_model_name, args.port, chat_template=args.chat_template)
-    server.die_after = args.die_after
+    server.die_after, server.latency = args.die_after, args.latency
     log_start_figures(server.model, args, time.perf_counter() - started)
+    threading.Thread(target=_log_stats, args=(server, args.log_stats_interval), daemon=True).start()
     time.sleep(args.start_delay)
     print(f"listening on {server.base_url}", flush=True)
     server.serve_forever()

@@ -125,12 +125,12 @@ def test_bad_prompt_logprobs_are_retried_then_stop_the_likelihood_suite(server, 
     from pipeline.engines.vllm import prompt_logprobs
 
     pairs = [([1, 40, 41, 42], [43, 44])]
-    [good] = prompt_logprobs(vllm_client, pairs, 1)
+    [good] = prompt_logprobs(vllm_client, pairs)
     server.edits[:] = [edit]  # once: the retry is scored as if nothing happened
-    assert prompt_logprobs(vllm_client, pairs, 1) == [good]
+    assert prompt_logprobs(vllm_client, pairs) == [good]
     server.edits[:] = [edit, edit]
     with pytest.raises(UserError) as info:  # a likelihood without an answer cannot be scored: the stage stops
-        prompt_logprobs(vllm_client, pairs, 1)
+        prompt_logprobs(vllm_client, pairs)
     assert "prompt_logprobs failed: gave up after 2 attempts: malformed reply: choices[0].prompt_logprobs" in str(info.value)
     assert named in str(info.value)
 
@@ -140,7 +140,7 @@ def test_no_prompt_logprobs_at_all_says_the_server_may_be_too_old(server, vllm_c
 
     server.edits[:] = [in_choice(prompt_logprobs=None)]
     with pytest.raises(UserError, match="no prompt_logprobs in its answer; it may be too old"):
-        prompt_logprobs(vllm_client, [([1, 40], [41])], 1)
+        prompt_logprobs(vllm_client, [([1, 40], [41])])
 
 
 # ---------------------------------------------------------------- bench's streamed chunks

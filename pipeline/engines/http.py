@@ -1,22 +1,29 @@
-"""HTTP to OpenAI-compatible servers, bounded: one total deadline per attempt and a cap on bytes.
+"""HTTP to OpenAI-compatible servers, bounded: one wall-clock deadline per attempt and a cap on bytes.
 
-httpx's timeouts are idle timeouts: a server that sends one byte a second keeps a request alive
-forever under `timeout=2`. Here every attempt has a wall-clock deadline checked between chunks (and
-each read waits at most until that deadline), and a response larger than `max_bytes` is dropped
-unread. Both raise `RetryableError`, like a timeout or a 5xx; a 4xx other than 408/409/429 raises
-`FatalError` (asking again will not help). The caller decides about retries.
+httpx's timeouts are idle timeouts: a server that sends one byte a second (of its headers or of its body) keeps
+a request alive forever under `timeout=2`. Here every attempt runs on an asyncio event loop under one wall-clock
+deadline, from connecting through the response headers to the last byte (`within`: the attempt is cancelled
+when it passes), and a response larger than `max_bytes` is dropped unread. Both raise `RetryableError`, like a
+timeout, a lost connection or a 5xx; a redirect and a 4xx other than 408/409/429 raise `FatalError` (asking again
+will not help: a redirect names where the server moved, the setting to change). The caller decides about retries.
 
-`post_json` returns one JSON body; `stream_events` yields server-sent events (`data: {...}` lines)
-with the time each arrived, which is what `quantize bench` times TTFT and inter-token latency by.
+`post_json` returns one JSON body; `stream_events` yields server-sent events (`data: {...}` lines) with the
+time each arrived, which is what `quantize bench` times TTFT and inter-token latency by. Both are coroutines on
+an `httpx.AsyncClient` made by `client(n)`, whose pool holds n connections: a caller never has more requests in
+flight than connections (pipeline/engines/inflight.py: more callers than connections is where httpcore's pool
+loses requests, encode/httpcore#1110).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 class RetryableError(Exception):
@@ -26,53 +33,76 @@ class RetryableError(Exception):
 
 
 class FatalError(Exception):
-    """A client error (4xx other than 408, 409, 429): not retried."""
+    """A client error (4xx other than 408, 409, 429) or a redirect: not retried."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    deadline: float = 120.0  # seconds for one whole attempt: connect, send, every byte of the answer
+    deadline: float = 120.0  # seconds for one whole attempt: connect, send, headers, every byte of the answer
     max_bytes: int = 8 << 20  # a larger answer is dropped (a runaway or hostile server)
 
 
-def _timeout(remaining: float):
+def client(connections: int):
+    """An AsyncClient whose pool keeps `connections` connections, all of them kept alive between requests (a
+    surplus keep-alive connection closed under a queued request is what encode/httpcore#1110 hangs on). No
+    redirect is followed: a redirect is reported (FatalError) with where it points."""
     import httpx
 
-    remaining = max(0.001, remaining)
-    return httpx.Timeout(remaining, connect=min(remaining, 30.0))
+    n = max(1, int(connections))
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                             timeout=httpx.Timeout(None), follow_redirects=False)
+
+
+async def within(limits: Limits, attempt: Awaitable[T], what: str = "no complete answer") -> T:
+    """The attempt, cancelled at the wall-clock deadline (RetryableError), whatever stage it is in: connecting,
+    waiting for or reading the headers, reading the body."""
+    try:
+        return await asyncio.wait_for(attempt, limits.deadline)
+    except asyncio.TimeoutError:
+        raise RetryableError(f"{what} within {limits.deadline:g} s") from None
 
 
 def _check_status(response, body: bytes) -> None:
-    if response.status_code == 429:
+    code = response.status_code
+    if code == 429:
         raise RetryableError("HTTP 429 (rate limited)", _retry_after(response.headers.get("retry-after")))
-    if response.status_code >= 500 or response.status_code in (408, 409):
-        raise RetryableError(f"HTTP {response.status_code}: {body[:200].decode('utf-8', 'replace')}")
-    if response.status_code >= 400:
-        raise FatalError(f"HTTP {response.status_code}: {body[:200].decode('utf-8', 'replace')}")
+    if 300 <= code < 400:
+        where = response.headers.get("location")
+        if where:
+            raise FatalError(f"HTTP {code} redirect to {_quoted(where)}: the server moved; point the base URL at that "
+                             "address")
+        raise FatalError(f"HTTP {code} redirect without a Location header: check the base URL")
+    if code >= 500 or code in (408, 409):
+        raise RetryableError(f"HTTP {code}: {body[:200].decode('utf-8', 'replace')}")
+    if code >= 400:
+        raise FatalError(f"HTTP {code}: {body[:200].decode('utf-8', 'replace')}")
 
 
-def _read_capped(response, started: float, limits: Limits) -> bytes:
+async def _read_capped(response, limits: Limits) -> bytes:
     chunks, total = [], 0
-    for chunk in response.iter_bytes():
+    async for chunk in response.aiter_bytes():
         total += len(chunk)
         if total > limits.max_bytes:
             raise RetryableError(f"answer larger than {limits.max_bytes} bytes; dropped")
         chunks.append(chunk)
-        if time.monotonic() - started > limits.deadline:
-            raise RetryableError(f"no complete answer within {limits.deadline:g} s")
     return b"".join(chunks)
 
 
-def post_json(client, url: str, body: dict, headers: dict, limits: Limits) -> dict:
-    """POST `body`, return the parsed JSON answer (HTTP 200) or raise Retryable/FatalError."""
+async def post_json(http, url: str, body: dict, headers: dict, limits: Limits,
+                    on_headers: Callable[[], None] | None = None) -> dict:
+    """POST `body`, return the parsed JSON answer (HTTP 200) or raise Retryable/FatalError; the whole attempt
+    within limits.deadline. on_headers() is called when the response's headers have arrived (the server is
+    answering: pipeline/engines/inflight.py tells a request being answered from one the server lost)."""
     import httpx
 
-    started = time.monotonic()
+    async def attempt() -> tuple[object, bytes]:
+        async with http.stream("POST", url, json=body, headers=headers) as response:
+            if on_headers is not None:
+                on_headers()
+            return response, await _read_capped(response, limits)
+
     try:
-        with client.stream("POST", url, json=body, headers=headers, timeout=_timeout(limits.deadline)) as response:
-            raw = _read_capped(response, started, limits)
-    except httpx.TimeoutException:
-        raise RetryableError(f"no complete answer within {limits.deadline:g} s") from None
+        response, raw = await within(limits, attempt())
     except httpx.TransportError as exc:
         raise RetryableError(f"connection failed: {type(exc).__name__}: {exc}") from None
     _check_status(response, raw)
@@ -85,24 +115,22 @@ def post_json(client, url: str, body: dict, headers: dict, limits: Limits) -> di
     return data
 
 
-def stream_events(client, url: str, body: dict, headers: dict, limits: Limits) -> Iterator[tuple[float, dict]]:
-    """POST with `stream: true`; yields (perf_counter at arrival, event) for each `data:` JSON event
-    until `data: [DONE]`. Raises Retryable/FatalError like post_json."""
+async def stream_events(http, url: str, body: dict, headers: dict, limits: Limits) -> AsyncIterator[tuple[float, dict]]:
+    """POST with `stream: true`; yields (perf_counter at arrival, event) for each `data:` JSON event until
+    `data: [DONE]`. Raises Retryable/FatalError like post_json. The caller holds the deadline: it consumes the
+    whole stream inside `within` (a deadline checked between events would let dribbled headers through)."""
     import httpx
 
-    started = time.monotonic()
     total = 0
     try:
-        with client.stream("POST", url, json=body, headers=headers, timeout=_timeout(limits.deadline)) as response:
+        async with http.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
-                _check_status(response, _read_capped(response, started, limits))
-            for line in response.iter_lines():
+                _check_status(response, await _read_capped(response, limits))
+            async for line in response.aiter_lines():
                 arrived = time.perf_counter()
                 total += len(line) + 1
                 if total > limits.max_bytes:
                     raise RetryableError(f"stream larger than {limits.max_bytes} bytes; dropped")
-                if time.monotonic() - started > limits.deadline:
-                    raise RetryableError(f"stream not finished within {limits.deadline:g} s")
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -117,8 +145,6 @@ def stream_events(client, url: str, body: dict, headers: dict, limits: Limits) -
                 if event.get("error"):
                     raise RetryableError(f"server error in stream: {_quoted(event['error'])}")
                 yield arrived, event
-    except httpx.TimeoutException:
-        raise RetryableError(f"stream not finished within {limits.deadline:g} s") from None
     except httpx.TransportError as exc:
         raise RetryableError(f"connection failed: {type(exc).__name__}: {exc}") from None
 
@@ -142,6 +168,6 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def _quoted(value, limit: int = 200) -> str:
-    """A server's own error message, quoted in ours: cut, and writable as UTF-8 (a lone surrogate replaced)."""
+    """A server's own text, quoted in ours: cut, and writable as UTF-8 (a lone surrogate replaced)."""
     text = (value if isinstance(value, str) else repr(value))[:limit]
     return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)

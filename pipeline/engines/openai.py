@@ -16,8 +16,11 @@ The server must pass that text through unchanged: the vLLM engine starts vLLM wi
 chat template and string content format (`pipeline/engines/vllm.py`), and vLLM, finding one image
 placeholder in the text per image, adds none of its own.
 
-Requests run on a thread pool. Every attempt has a total deadline and a cap on response bytes
-(`pipeline/engines/http.py`); timeouts, connection errors, HTTP 5xx, 429 (honouring Retry-After),
+Requests run on one asyncio event loop with `concurrency` of them in flight (pipeline/engines/inflight.py: a
+pool of exactly that many connections, the next request sent the moment one finishes; with a `load` probe, as
+the vLLM engine sets, a request the server lost is noticed within seconds and asked again). Every attempt has
+a wall-clock deadline from connect to the last byte and a cap on response bytes (`pipeline/engines/http.py`);
+timeouts, connection errors, HTTP 5xx, 429 (honouring Retry-After),
 malformed JSON and, when asked, cut-off answers (finish_reason "length") are retried with
 exponential backoff and jitter, and so is a reply whose fields are not what the API specifies
 (pipeline/engines/replies.py: every field read is checked for type and range: the choice's text, its
@@ -31,11 +34,11 @@ error message.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -43,6 +46,7 @@ from pipeline.checkpoints import config_json
 from pipeline.engines.base import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
 from pipeline.engines import replies
 from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
+from pipeline.engines.inflight import LOST_AFTER_S, POLL_S, LoadProbe, Runner, Tracker
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
@@ -74,6 +78,9 @@ class OpenAIEngine:
         self.backoff, self.retry_on_length, self.temperature = backoff, retry_on_length, temperature
         self.extra_body = dict(extra_body or {})  # server-specific request fields (vLLM: return_token_ids ...)
         self.model_dir = Path(model_dir) if model_dir else None
+        self.load: LoadProbe | None = None  # the server's own count of requests it holds (vLLM: /metrics)
+        self.lost_after, self.poll = LOST_AFTER_S, POLL_S  # the watchdog's (pipeline/engines/inflight.py)
+        self.peak_in_flight = 0  # most requests in flight at once in a generate() call
         self.tokenizer, self.eos_ids, self.vocab_size = None, set(), None
         if prompt_format != "chat":
             if self.model_dir is None or not config_json.present(self.model_dir):
@@ -124,48 +131,56 @@ class OpenAIEngine:
     def close(self) -> None:
         pass  # one HTTP client per generate() call: nothing held between calls
 
+    @property
+    def in_flight(self) -> int:
+        """Requests this engine keeps in flight itself: callers hand it every request at once (no waves)."""
+        return self.concurrency
+
+    def runner(self, attempt, lost) -> Runner:
+        """A Runner over this engine's server: `concurrency` in flight, the lost-request watchdog when `load`
+        (a probe of the server's own count of requests it holds) is set."""
+        return Runner(attempt, lost, self.concurrency, load=self.load, server=self.base_url, lost_after=self.lost_after,
+                      poll=self.poll)
+
     def generate(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
         """on_done(index, completion), if given, is called (in this thread) for each request as its
         answer arrives, while the others are still in flight."""
-        import httpx
-
-        with httpx.Client() as client, ThreadPoolExecutor(self.concurrency) as pool:
-            if on_done is None:
-                return list(pool.map(lambda r: self._complete(client, r), requests))
-            futures = {pool.submit(self._complete, client, r): i for i, r in enumerate(requests)}
-            results: list[Completion | None] = [None] * len(requests)
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                on_done(futures[future], results[futures[future]])
-            return results
+        runner = self.runner(self._complete, lambda request, why: Completion("", 0, 0.0, error=why))
+        completions = runner.run(requests, on_done)
+        self.peak_in_flight = max(self.peak_in_flight, runner.peak)
+        return completions
 
     def _is_chat(self, request: GenRequest) -> bool:
         return self.prompt_format == "chat" or bool(getattr(request, "images", None))
 
-    def _complete(self, client, request: GenRequest) -> Completion:
+    async def _complete(self, http, request: GenRequest, tracker: Tracker | None = None) -> Completion:
         started = time.perf_counter()
         body = self._body(request)
         try:
-            choice = self.call(client, body, chat=self._is_chat(request))
+            choice = await self.call(http, body, chat=self._is_chat(request), tracker=tracker)
         except (FatalError, RetryableError) as exc:
             return Completion("", 0, time.perf_counter() - started, error=str(exc))
         return self._completion(request, choice, time.perf_counter() - started)
 
-    def call(self, client, body: dict, chat: bool | None = None, read: Callable[[dict], T] | None = None) -> T:
+    async def call(self, http, body: dict, chat: bool | None = None, read: Callable[[dict], T] | None = None,
+                   tracker: Tracker | None = None) -> T:
         """POST to this engine's endpoint with retries; what `read` makes of the answer (default: its first
         choice, every field checked, pipeline/engines/replies.py), or Retryable/FatalError (messages
         scrubbed of the key) once retries are spent. A reply `read` refuses (BadReply) is retried as a
-        timeout is."""
+        timeout is. tracker: the watchdog's view of this request (pipeline/engines/inflight.py)."""
         last_error, last_retry_after = "no attempt made", None
         chat = self.prompt_format == "chat" if chat is None else chat
         url = self.base_url + ("/chat/completions" if chat else "/completions")
         read = read or (lambda data: self._read_choice(data, body, chat))
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self._delay(attempt, last_retry_after))
+                await asyncio.sleep(self._delay(attempt, last_retry_after))
             last_retry_after = None
+            if tracker is not None:
+                tracker.sending()
             try:
-                return read(post_json(client, url, body, self.headers, self.limits))
+                return read(await post_json(http, url, body, self.headers, self.limits,
+                                            on_headers=tracker.answered if tracker is not None else None))
             except RetryableError as exc:
                 last_error, last_retry_after = self._redact(str(exc)), exc.retry_after
             except FatalError as exc:

@@ -33,7 +33,6 @@ other checkpoint with the model's dtype.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.checkpoints import config_json
@@ -41,6 +40,7 @@ from pipeline.engines import replies, vllm_defects
 from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.gpu_memory import GIB, device_memory_bytes
 from pipeline.engines.http import FatalError, RetryableError, get_ok
+from pipeline.engines.inflight import vllm_load
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.engines.server import ServerProcess, free_port
 from pipeline.engines.vision import IMAGE_PLACEHOLDER, image_markup, is_multimodal, render_images
@@ -220,6 +220,7 @@ class VLLMEngine:
                                         start_timeout=launch["start_timeout"]).start()
         try:
             self.client.base_url = self.server.base_url + "/v1"
+            self.client.load = vllm_load(self.server.base_url)  # the lost-request watchdog asks the server itself
             self.version = self._version()
         except BaseException:
             self.server.stop()
@@ -243,6 +244,16 @@ class VLLMEngine:
     @property
     def served_model(self) -> str:
         return SERVED_NAME
+
+    @property
+    def in_flight(self) -> int:
+        """Requests kept in flight (engine.batch_size): callers hand every request at once, the client keeps this
+        many at the server until the last (pipeline/engines/inflight.py)."""
+        return self.batch_size
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self.client.peak_in_flight
 
     @property
     def max_length(self) -> int:
@@ -278,12 +289,13 @@ class VLLMEngine:
             raise UserError(f"the vLLM server died (exit code {proc.returncode}); the end of {self.server.log_path}:\n"
                             f"{self.server.log_tail()}")
 
-    def token_logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+    def token_logprobs(self, requests: list[tuple[list[int], list[int]]], on_done=None) -> list[tuple[float, bool]]:
         """Sum of log P(continuation | context) and whether every continuation token is the argmax,
-        from vLLM's prompt_logprobs (log-probability and rank of each prompt token)."""
+        from vLLM's prompt_logprobs (log-probability and rank of each prompt token); on_done(index, score) as
+        each arrives (all requests go out at once, batch_size of them in flight)."""
         self.start()
         try:
-            return prompt_logprobs(self.client, requests, self.batch_size)
+            return prompt_logprobs(self.client, requests, on_done)
         except UserError:
             self._raise_if_dead()
             raise
@@ -365,18 +377,18 @@ class VLLMEngine:
 
 
 def prompt_logprobs(client: OpenAIEngine, requests: list[tuple[list[int], list[int]]],
-                    concurrency: int) -> list[tuple[float, bool]]:
-    """VLLMEngine.token_logprobs through `client`: one request per (context, continuation), its reply's
-    prompt_logprobs checked entry by entry (pipeline/engines/replies.py: a malformed one is asked again,
-    then a UserError, for a likelihood a server gave no answer to cannot be scored)."""
-    import httpx
+                    on_done=None) -> list[tuple[float, bool]]:
+    """VLLMEngine.token_logprobs through `client` (its in-flight count and watchdog): one request per (context,
+    continuation), its reply's prompt_logprobs checked entry by entry (pipeline/engines/replies.py: a malformed
+    one is asked again, then a UserError, for a likelihood a server gave no answer to cannot be scored)."""
 
-    def one(http, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+    async def one(http, request: tuple[list[int], list[int]], tracker) -> tuple[float, bool]:
+        context, continuation = request
         ids = list(context) + list(continuation)
         body = {"model": client.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
         try:
-            scored = client.call(http, body, chat=False,
-                                 read=lambda data: replies.prompt_logprobs(data, ids, len(context)))
+            scored = await client.call(http, body, chat=False, tracker=tracker,
+                                       read=lambda data: replies.prompt_logprobs(data, ids, len(context)))
         except (RetryableError, FatalError) as exc:
             raise UserError(f"vLLM server at {client.base_url}: prompt_logprobs failed: {exc}") from None
         if scored is None:
@@ -384,8 +396,13 @@ def prompt_logprobs(client: OpenAIEngine, requests: list[tuple[list[int], list[i
                             "old (vLLM >= 0.24 returns them)")
         return scored
 
-    with httpx.Client() as http, ThreadPoolExecutor(max(1, concurrency)) as pool:
-        return list(pool.map(lambda r: one(http, *r), requests))
+    def lost(request, why: str):
+        raise UserError(f"vLLM server at {client.base_url}: prompt_logprobs failed: {why}")
+
+    runner = client.runner(one, lost)
+    scores = runner.run(requests, on_done)
+    client.peak_in_flight = max(client.peak_in_flight, runner.peak)
+    return scores
 
 
 def wait_gone(url: str, seconds: float = 10.0) -> bool:

@@ -174,7 +174,7 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
         from pipeline.console import progress
 
         engine = make_engine(engine_name, model_dir, **engine_options)
-        chunk = engine_options["batch_size"]
+        chunk = len(todo) if getattr(engine, "in_flight", None) else engine_options["batch_size"]  # a server: all at once
         try:
             with progress(f"judge: {label} answers", len(todo), "answers") as advance:
                 for start in range(0, len(todo), chunk):

@@ -7,6 +7,7 @@ order: a rerun asks nothing; a failed request is not cached and is asked again n
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 from dataclasses import dataclass
@@ -97,41 +98,65 @@ class Judge:
         return Ask(key, [{"role": "user", "content": content}])
 
     def judge(self, asks: list[Ask]) -> dict[str, dict]:
-        """key -> {"raw", "parsed", "attempts", "error"} for every ask."""
+        """key -> {"raw", "parsed", "attempts", "error"} for every ask. An engine that keeps its own requests in
+        flight (a server: `in_flight`) gets every ask at once; each finished judgment is cached as it arrives."""
         from pipeline.console import progress
 
         results = {a.key: self.cache.get(a.key) for a in asks if self.cache.get(a.key)}
         todo = list({a.key: a for a in asks if a.key not in results}.values())
         with progress(f"judge ({self.mode})", len(todo), "judgments") as advance:
-            for start in range(0, len(todo), self.chunk):
-                part = todo[start:start + self.chunk]
-                done = self._judge_chunk(part)
-                self.cache.put_many([done[a.key] for a in part if done[a.key]["error"] is None])
-                results.update(done)
-                advance(len(part))
+            size = (len(todo) if getattr(self.engine, "in_flight", None) else self.chunk) if todo else 1
+            for start in range(0, len(todo), size):
+                results.update(self._judge_part(todo[start:start + size], advance))
         return results
 
-    def _judge_chunk(self, asks: list[Ask]) -> dict[str, dict]:
-        first = self._generate([a.messages for a in asks])
-        results = {a.key: self._record(a.key, c, attempts=1) for a, c in zip(asks, first)}
-        retry = [(a, c) for a, c in zip(asks, first) if results[a.key]["error"] is None
-                 and results[a.key]["parsed"] is None]
-        if retry:
-            again = self._generate([a.messages + [{"role": "assistant", "content": c.text},
-                                                  {"role": "user", "content": REMINDER[self.mode]}]
-                                    for a, c in retry])
-            for (ask, old), new in zip(retry, again):
-                record = self._record(ask.key, new, attempts=2)
-                record["raw_first"] = old.text
-                if old.replaced:
-                    record["replaced"] = record.get("replaced", 0) + old.replaced
-                results[ask.key] = record
+    def _judge_part(self, asks: list[Ask], advance) -> dict[str, dict]:
+        """Every ask judged; an unparsable reply asked once more with a reminder. Each judgment is cached (and
+        counted) when it is final: parsed at once, or after its second attempt."""
+        results: dict[str, dict] = {}
+
+        def final(record: dict) -> None:
+            results[record["key"]] = record
+            if record["error"] is None:
+                self.cache.put_many([record])
+            advance(1)
+
+        retry: list[tuple[Ask, Completion]] = []
+
+        def first_done(i: int, completion: Completion) -> None:
+            record = self._record(asks[i].key, completion, attempts=1)
+            if record["error"] is None and record["parsed"] is None:
+                retry.append((asks[i], completion))
+            else:
+                final(record)
+
+        self._generate([a.messages for a in asks], first_done)
+        again_for = list(retry)
+
+        def second_done(i: int, completion: Completion) -> None:
+            ask, old = again_for[i]
+            record = self._record(ask.key, completion, attempts=2)
+            record["raw_first"] = old.text
+            if old.replaced:
+                record["replaced"] = record.get("replaced", 0) + old.replaced
+            final(record)
+
+        if again_for:
+            self._generate([a.messages + [{"role": "assistant", "content": c.text},
+                                          {"role": "user", "content": REMINDER[self.mode]}] for a, c in again_for],
+                           second_done)
         return results
 
-    def _generate(self, conversations: list[list[dict]]) -> list[Completion]:
+    def _generate(self, conversations: list[list[dict]], on_done: Callable[[int, Completion], None]) -> None:
+        """Each answer passed to on_done(index, completion) as it finishes (at the end of the call, in order, for
+        an engine that cannot report each)."""
         requests = [GenRequest(self.engine.apply_chat_template(m), self.max_new_tokens) for m in conversations]
         self.requests += len(requests)
-        return self.engine.generate(requests)
+        if "on_done" in inspect.signature(self.engine.generate).parameters:
+            self.engine.generate(requests, on_done=on_done)
+            return
+        for index, completion in enumerate(self.engine.generate(requests)):
+            on_done(index, completion)
 
     def _record(self, key: str, completion: Completion, attempts: int) -> dict:
         if completion.error:
