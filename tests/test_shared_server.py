@@ -89,6 +89,22 @@ def test_a_changed_checkpoint_gets_a_new_server_never_the_old_ones_answers(tmp_p
     assert list(shared.entries(registry)) == [after["key"]]
 
 
+def test_a_file_linked_again_by_dvcs_cache_keeps_the_runs_server(tmp_path, tiny_llama, registry, run):
+    """DVC links a later output whose content equals a cached file (a variant's tokenizer.json, equal to the base's)
+    to that file's inode: the base file's link count and change time change, its content does not. The server
+    the run keeps for the base is attached to, not stopped and started again (seen on the H200: a 68 s restart)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    before, _ = stage(model, tmp_path / "a.log", env=env)
+    changed_before = (model / "config.json").stat().st_ctime_ns
+    time.sleep(0.05)
+    os.link(model / "config.json", tmp_path / "variant-config.json")  # what DVC's cache does
+    assert (model / "config.json").stat().st_ctime_ns != changed_before
+    after, _ = stage(model, tmp_path / "b.log", env=env)
+    assert not after["started"] and after["key"] == before["key"] and after["server_pid"] == before["server_pid"]
+
+
 def test_a_killed_stage_outside_a_run_leaves_no_server(tmp_path, tiny_llama, registry):
     report, proc = stage(tiny_llama, tmp_path / "a.log", hold=True)
     assert report["started"] and report["owner"] == "this stage"

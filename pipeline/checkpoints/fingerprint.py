@@ -19,12 +19,14 @@ def _hashed_files(model_dir: Path) -> list[Path]:
 
 
 def stat_signature(model_dir: Path) -> str:
-    """A hash of the checkpoint files' names, sizes, modification and change times and inodes: changes whenever a
-    file is written again (in place, even with its modification time put back: its change time; replaced: its
-    inode), without reading a byte. DVC changes the change time once, when it links a stage's output into its
-    cache, before any later stage reads it."""
+    """A hash of the checkpoint files' names, sizes, modification times and inodes: changes whenever a file is
+    written again (in place: its modification time; replaced: its inode), without reading a byte. Not the change
+    time: DVC's cache links every output whose content equals a file already cached to that file's inode, so a
+    later stage's output (a variant's tokenizer.json, equal to the base's) changes the base file's link count and
+    with it its change time; keyed by that, the run's server for the base looked like another checkpoint's and
+    was stopped and started again (seen on the H200, 2026-12-02; tests/test_shared_server.py)."""
     stats = [(path.name, path.stat()) for path in _hashed_files(model_dir)]
-    return hashlib.sha256("\n".join(f"{n}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    return hashlib.sha256("\n".join(f"{n}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
                                      for n, st in stats).encode()).hexdigest()
 
 
