@@ -45,6 +45,8 @@ def stages(stage_log: Path) -> list[dict]:
     rows, previous_end = [], None
     for line in stage_log.read_text().splitlines():
         r = json.loads(line)
+        if r.get("event") == "begin":  # a stage's start (pipeline/cli_common.py); its end line follows
+            continue
         began = r["ended_at"] - (r["wall_s"] or 0.0)
         gap = began - previous_end if previous_end is not None else 0.0
         previous_end = r["ended_at"]

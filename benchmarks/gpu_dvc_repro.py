@@ -221,7 +221,7 @@ class Run:
     # ------------------------------------------------------------ one call
 
     def call(self, budget: float, targets: list[str], grace: float) -> str:
-        started = time.perf_counter()
+        started, began_at = time.perf_counter(), time.time()
         cmd = [sys.executable, "-m", "dvc", "repro", *targets]
         log = self.work / f"dvc-{len(self.state['calls']) + 1}.log"
         holder = self.hold(budget + grace)
@@ -252,7 +252,8 @@ class Run:
         else:
             self.release()
             self.wait_servers_gone()
-        self.state["calls"].append({"dvc_repro_s": round(wall, 1), "outcome": outcome, "log": str(log)})
+        self.state["calls"].append({"dvc_repro_s": round(wall, 1), "outcome": outcome, "log": str(log),
+                                    "began_at": round(began_at, 2), "ended_at": round(began_at + wall, 2)})
         if outcome == "cut":
             self.state["cuts"] += 1
         self.state["done"] = outcome == "done"
@@ -307,10 +308,14 @@ class Run:
         stages = self.stage_figures(records)
         wall = sum(c["dvc_repro_s"] for c in self.state["calls"])
         start = sum(s["engine_start_s"] for s in stages.values())
-        work = sum(s["work_s"] for s in stages.values())
+        work = sum(s["work_s"] + s["ahead_work_s"] for s in stages.values())  # ahead of a stage or in it
         suites = self.suite_figures(stages)
         servers = self.server_figures()
+        stalls, lost = self.stall_figures(records)
+        ahead_work = sum(s["ahead_work_s"] for s in stages.values())
         return {
+            "batch_size": self.batch_size(), "stalls": stalls, "lost_requests": lost,
+            "ahead_work_s": round(ahead_work, 1),
             "date": time.strftime("%Y-%m-%d"), "tiny": self.tiny, "done": self.state["done"],
             "stages": list(stages.values()), "wall_s": round(wall, 1),
             # engine start visible in the wall time: what stages waited for a model to load or a server to be
@@ -331,32 +336,69 @@ class Run:
         }
 
     def stage_figures(self, records: list[dict]) -> dict[str, dict]:
-        """Per stage (a cut stage's attempts add up): its process's wall time, engine start (waits), work, and
-        the time DVC took between the previous stage's end and this one's start (hashing, locking, checks)."""
+        """Per stage, every attempt: its process's wall time, engine start (waits), work, and the time DVC took
+        between the previous stage's end and this one's start (hashing, locking, checks). A cut attempt that could
+        not record its end (killed) counts from its start to the end of the call that cut it (`cut_attempts`).
+        Work started ahead of the stage (pipeline/ahead.py) is counted apart: `ahead_*`, each job's wall and work."""
         stages: dict[str, dict] = {}
-        previous_end = None
+        previous_end, open_begins = None, {}
         for r in records:
             name = r.get("stage") or " ".join(r["command"])
-            s = stages.setdefault(name, {"name": name, "wall_s": 0.0, "engine_start_s": 0.0, "work_s": 0.0,
-                                         "dvc_gap_s": 0.0, "attempts": 0, "server_starts": 0,
-                                         "server_attaches": 0, "finished": False})
+            s = stages.setdefault(name, self._new_stage(name))
+            if r.get("event") == "begin":
+                if not r.get("ahead"):
+                    open_begins.setdefault(name, []).append(r["began_at"])
+                continue
+            starts = sum(e.get("server") == "started" for e in r.get("engines", []))
+            if r.get("ahead"):
+                s["ahead_jobs"] += 1
+                s["ahead_wall_s"] = round(s["ahead_wall_s"] + (r.get("wall_s") or 0.0), 2)
+                s["ahead_work_s"] = round(s["ahead_work_s"] + (r.get("work_s") or 0.0), 2)
+                s["server_starts"] += starts
+                continue
+            if open_begins.get(name):
+                open_begins[name].pop()
+            s["attempt_walls_s"].append(round(r.get("wall_s") or 0.0, 2))
             s["wall_s"] = round(s["wall_s"] + (r.get("wall_s") or 0.0), 2)
             s["engine_start_s"] = round(s["engine_start_s"] + (r.get("engine_start_s") or 0.0), 2)
             s["work_s"] = round(s["work_s"] + (r.get("work_s") or 0.0), 2)
+            s["ahead_wait_s"] = round(s["ahead_wait_s"] + (r.get("ahead_wait_s") or 0.0), 2)
             began = (r.get("ended_at") or 0.0) - (r.get("wall_s") or 0.0)
             if previous_end is not None and r.get("ended_at") and 0 <= began - previous_end < 120:
                 s["dvc_gap_s"] = round(s["dvc_gap_s"] + began - previous_end, 2)  # the same call's DVC time
             previous_end = r.get("ended_at")
             s["attempts"] += 1
-            s["server_starts"] += sum(e.get("server") == "started" for e in r.get("engines", []))
+            s["server_starts"] += starts
             s["server_attaches"] += sum(e.get("server") == "attached" for e in r.get("engines", []))
             s["exited_0"] = s.get("exited_0", False) or r.get("exit") == 0
+        self._cut_attempts(stages, open_begins)
         # finished: recorded in dvc.lock. A stage whose command ended but whose outputs DVC had not yet hashed and
         # recorded when the cut came is run again by the next `dvc repro`, as DVC must: it is not finished.
         locked = self.locked_stages()
         for name, s in stages.items():
             s["finished"] = name in locked
         return stages
+
+    @staticmethod
+    def _new_stage(name: str) -> dict:
+        return {"name": name, "wall_s": 0.0, "engine_start_s": 0.0, "work_s": 0.0, "dvc_gap_s": 0.0, "attempts": 0,
+                "attempt_walls_s": [], "cut_attempts": 0, "server_starts": 0, "server_attaches": 0,
+                "ahead_wait_s": 0.0, "ahead_jobs": 0, "ahead_wall_s": 0.0, "ahead_work_s": 0.0, "finished": False}
+
+    def _cut_attempts(self, stages: dict, open_begins: dict) -> None:
+        """A begin without its end: the stage was killed by a cut; it ran until the end of the call it began in."""
+        calls = [c for c in self.state["calls"] if c.get("began_at")]
+        for name, begins in open_begins.items():
+            for began in begins:
+                call = next((c for c in calls if c["began_at"] - 1 <= began <= c["ended_at"]), None)
+                if call is None:
+                    continue
+                wall = round(call["ended_at"] - began, 2)
+                s = stages[name]
+                s["attempt_walls_s"].append(wall)
+                s["wall_s"] = round(s["wall_s"] + wall, 2)
+                s["attempts"] += 1
+                s["cut_attempts"] += 1
 
     def suite_figures(self, stages: dict) -> list[dict]:
         """Per model and suite, from its results/<model>/<suite>.json: items, time split, items/s."""
@@ -440,15 +482,41 @@ class Run:
                 "note": "fixed costs, quantization, KL and bench as measured; suites and judge scaled by items"}
 
     def server_figures(self) -> dict:
-        """Per model: each server start's duration, from the supervisor's note in the server's log."""
+        """Per model: each server start's duration (the supervisor's note in the server's log) and the most requests
+        it held, from its own periodic stats lines (vLLM's `Running: N reqs, Waiting: M reqs`, every 10 s)."""
         import re
 
         out = {}
         for log in sorted((self.project / "results").glob("*/vllm-server.log")):
             text = log.read_text(errors="replace")
             starts = [float(m) for m in re.findall(r"\[quantize\] server ready after ([0-9.]+) s", text)]
-            out[log.parent.name] = {"starts_s": starts, "commands": text.count("\n$ ") + text.startswith("$ ")}
+            loads = [(int(r), int(w)) for r, w in re.findall(r"Running: (\d+) reqs, Waiting: (\d+) reqs", text)]
+            out[log.parent.name] = {"starts_s": starts, "starts": len(starts),
+                                    "commands": text.count("\n$ ") + text.startswith("$ "),
+                                    "peak_in_flight": max((r for r, _ in loads), default=0),
+                                    "peak_waiting": max((w for _, w in loads), default=0),
+                                    "stats_lines": len(loads)}
         return out
+
+    def batch_size(self) -> int | None:
+        """engine.batch_size of the run: the requests its engine keeps in flight."""
+        try:
+            import yaml
+
+            return int(yaml.safe_load((self.project / "params.yaml").read_text())["engine"]["batch_size"])
+        except (OSError, KeyError, TypeError, ValueError):
+            return None
+
+    @staticmethod
+    def stall_figures(records: list[dict]) -> tuple[list[dict], list[dict]]:
+        """(stalls: every wait on an idle server longer than 30 s; lost: every time the watchdog asked again what a
+        server had lost, pipeline/engines/inflight.py), from the stage log (each process records its own)."""
+        seen = {}
+        for r in records:
+            for stall in r.get("stalls") or []:
+                seen[(stall["server"], stall["at"])] = {**stall, "stage": r.get("stage"), "ahead": r.get("ahead")}
+        lost = sorted(seen.values(), key=lambda stall: stall["at"])
+        return [stall for stall in lost if stall["idle_s"] > 30], lost
 
     def report(self) -> dict:
         """$OUT/gpu_dvc_repro.json (the figures), $OUT/report/ (the page and the verdict the run rendered, links
@@ -497,18 +565,22 @@ def preflight(tiny: bool) -> None:
 
 
 def print_table(figures: dict) -> None:
-    print("\n| stage | wall s | work s | engine start s | DVC before s | attempts |\n|---|---|---|---|---|---|")
+    print("\n| stage | wall s | work s | ahead work s | engine start s | DVC before s | attempts (cut) |\n"
+          "|---|---|---|---|---|---|---|")
     for s in figures["stages"]:
-        print(f"| {s['name']} | {s['wall_s']:.0f} | {s['work_s']:.0f} | {s['engine_start_s']:.1f} | "
-              f"{s['dvc_gap_s']:.1f} | {s['attempts']} |")
+        print(f"| {s['name']} | {s['wall_s']:.0f} | {s['work_s']:.0f} | {s.get('ahead_work_s', 0):.0f} | "
+              f"{s['engine_start_s']:.1f} | {s['dvc_gap_s']:.1f} | {s['attempts']} ({s.get('cut_attempts', 0)}) |")
     fixed = figures["fixed_cost_per_model_suite"]
     if fixed:
         print("\nfixed cost per (model, suite): " + ", ".join(f"{m} {f['per_suite_s']:.2f} s" for m, f in fixed.items()))
-    print(f"server starts: {figures['server_starts']} "
-          + ", ".join(f"{m} {v['starts_s']}" for m, v in figures["servers"].items()))
+    print(f"server starts: {figures['server_starts']} " + ", ".join(
+        f"{m} {v['starts_s']} (peak {v.get('peak_in_flight', 0)} running)" for m, v in figures["servers"].items()))
+    print(f"batch_size {figures.get('batch_size')}; stalls over 30 s: {len(figures.get('stalls') or [])}; requests "
+          f"asked again after a server lost them: {sum(x['requests'] for x in figures.get('lost_requests') or [])}")
     ratio = figures["wall_over_work"]
     print(f"\nwhole matrix: {figures['wall_s']:.0f} s of dvc repro over {len(figures['calls'])} call(s), work "
-          f"{figures['work_s']:.0f} s (wall / work {ratio or 0:.2f}), engine start visible {figures['engine_start_s']:.0f} s "
+          f"{figures['work_s']:.0f} s (of it ahead of its stage {figures.get('ahead_work_s', 0):.0f} s; wall / work "
+          f"{ratio or 0:.2f}), engine start visible {figures['engine_start_s']:.0f} s "
           f"({(figures['engine_start_fraction'] or 0):.1%}), DVC between stages {figures['dvc_between_stages_s']:.0f} s, "
           f"cut and resumed {figures['resumed']} time(s); setup {figures['setup_s']} s (bytecode {figures['bytecode_s']} s)")
     if figures["projection_full_size"]:

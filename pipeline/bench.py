@@ -251,12 +251,14 @@ def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, 
 
 
 def _quiet_gpu(lm) -> float:
-    """A server engine's server up, and no other server of the run still starting: a start's compilation and
-    CUDA-graph capture load the GPU the timings are taken on (pipeline/engines/shared.py). Seconds waited."""
+    """A server engine's server up, no other server of the run still starting (a start's compilation and CUDA-graph
+    capture load the GPU the timings are taken on: pipeline/engines/shared.py), no job of the run scoring ahead of
+    its stage (pipeline/ahead.py). Seconds waited."""
+    from pipeline import ahead
     from pipeline.engines import shared
 
     lm.start()
-    return shared.wait_until_started()
+    return shared.wait_until_started() + ahead.wait_quiet()  # and no evaluation or judging working ahead
 
 
 def _cuda() -> bool:

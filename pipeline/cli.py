@@ -12,8 +12,9 @@ from typing import Optional
 import typer
 
 from pipeline import cli_quantize, methods
-from pipeline.cli_common import (BUILD, PARAMS_OPTION, SERVE, WORK_SECONDS, checked_model, load_params,
-                                 make_room_on_gpu, refuse_overlap, stage, warm_run_servers, warm_server, working)
+from pipeline.cli_common import (BUILD, PARAMS_OPTION, SERVE, WORK_SECONDS, checked_model, collecting_ahead, load_params,
+                                 make_room_on_gpu, refuse_overlap, stage, start_ahead, warm_run_servers, warm_server,
+                                 working)
 from pipeline.engines import engine_names
 from pipeline.errors import UserError
 from pipeline.params import with_overrides
@@ -139,7 +140,7 @@ def eval_(
 ):
     """Run suites through lm-eval; write one result line per item and a summary per suite. Resumes if killed;
     a suite whose settings, engine, checkpoint and code did not change since its results were written is kept."""
-    from pipeline import evaluate
+    from pipeline import ahead, evaluate
 
     from pipeline.engines import engine_spec
 
@@ -153,15 +154,19 @@ def eval_(
     out_dir = out or Path("results") / model_dir.name
     refuse_overlap(out_dir, checkpoint=model_dir)
     checked_model(model_dir, weights=spec.local_weights)  # openai: a server holds the weights; the dir gives the tokenizer
-    warm_run_servers(p, SERVE)
     if settings is None:
-        result = evaluate.run_model(model_dir, p, out_dir=out_dir, engine=engine)
+        with collecting_ahead("eval", model_dir, p, params_file) as mine:
+            if not mine:
+                return
+            result = evaluate.run_model(model_dir, p, out_dir=out_dir, engine=engine, skip_missing_data=ahead.in_job())
+            ahead.finished("eval", model_dir, complete=not result.skipped)
         WORK_SECONDS[0] += sum(one.summary.get("work_seconds") or 0.0 for one in result.suites
                                if not one.summary.get("kept"))
         for one in result.suites:
             typer.echo(one.summary_line())
         typer.echo(result.summary_line())
         return
+    warm_run_servers(p, SERVE)
     result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
                           engine=engine)
     WORK_SECONDS[0] += result.summary.get("work_seconds") or 0.0
@@ -213,6 +218,7 @@ def bench(
     out = out or Path("results") / model_dir.name / "bench.json"
     refuse_overlap(out, checkpoint=model_dir, held_out_prompts=holdout)
     warm_run_servers(p, SERVE)
+    start_ahead(p, params_file)  # the others' evaluation starts now, not after this stage: it waits for a quiet GPU
     with working():
         result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
     typer.echo(result.summary_line())
@@ -229,6 +235,9 @@ def warm(
     p = load_params(params_file)
     checked_model(model_dir)
     typer.echo(f"warm: {warm_server(p, model_dir, BUILD)}")
+    started = start_ahead(p, params_file)
+    if started:
+        typer.echo(f"warm: started ahead of their stages: {', '.join(started)} (engine.score_ahead)")
 
 
 @app.command()
@@ -282,9 +291,14 @@ def judge(
         else None
     refuse_overlap(out_dir, variant_checkpoint=variant_dir, base_checkpoint=base, prompts=prompts,
                     judge_checkpoint=judge_model)
-    warm_run_servers(p, SERVE)
-    with working():
-        result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
+    with collecting_ahead("judge", variant_dir, p, params_file) as mine:
+        if not mine:
+            return
+        with working():
+            result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
+        from pipeline import ahead
+
+        ahead.finished("judge", variant_dir, complete=True)
     typer.echo(result.summary_line())
     for reason in result.summary["reasons"]:
         typer.echo(f"  {reason}")

@@ -28,6 +28,7 @@ def stage(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         code = 1
+        _record_begin()
         try:
             result = func(*args, **kwargs)
             code = 0
@@ -45,6 +46,29 @@ def stage(func):
 
 
 WORK_SECONDS = [0.0]  # what this command spent working (quantizing, scoring, judging, benchmarking ...)
+AHEAD_WAIT = [0.0]  # what this stage spent waiting for the job working ahead of it (pipeline/ahead.py)
+
+
+@contextlib.contextmanager
+def collecting_ahead(kind: str, model_dir: Path, p, params_file: Path):
+    """A whole-model evaluate or judge stage's work. In a stage: the run's servers are warmed and, for the other
+    models, their work started ahead of their stages (pipeline/ahead.py); then a job working ahead of this stage is
+    waited for (its results are then current and kept); yields True. In a job: yields whether the work is its own
+    (False: its stage or another job has it, nothing to do); the job ends with the run."""
+    from pipeline import ahead
+
+    if not ahead.in_job():
+        warm_run_servers(p, SERVE)
+        start_ahead(p, params_file, exclude=(kind, model_dir))
+    with ahead.owned(kind, model_dir, wait=not ahead.in_job()) as waited:
+        if waited is None:
+            typer.echo(f"{kind}: {model_dir} is being worked on by its stage or another job: nothing to do here")
+            yield False
+            return
+        AHEAD_WAIT[0] += waited
+        if ahead.in_job():
+            ahead.end_with_the_run()
+        yield True
 
 
 @contextlib.contextmanager
@@ -62,6 +86,32 @@ def working():
         WORK_SECONDS[0] += max(0.0, time.perf_counter() - began - engine_start_seconds(before))
 
 
+def _append_stage_log(line: dict) -> None:
+    import os
+
+    path = os.environ.get("QUANTIZE_STAGE_LOG")
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
+    except OSError as exc:
+        logging.getLogger("pipeline.cli").warning(f"QUANTIZE_STAGE_LOG={path}: cannot append ({exc.strerror})")
+
+
+def _record_begin() -> None:
+    """{"event": "begin", "stage", "command", "began_at"}: a stage cut before it could record its end (SIGKILL)
+    still counts, from here to the end of the call that cut it (benchmarks/gpu_dvc_repro.py)."""
+    import os
+    import time
+
+    if os.environ.get("QUANTIZE_STAGE_LOG"):
+        started = os.environ.get("QUANTIZE_STAGE_STARTED")  # the `quantize` launcher's start, in a forked stage
+        _append_stage_log({"event": "begin", "stage": os.environ.get("DVC_STAGE") or os.environ.get("QUANTIZE_AHEAD"),
+                           "ahead": bool(os.environ.get("QUANTIZE_AHEAD")), "command": sys.argv[1:],
+                           "began_at": round(float(started) if started else time.time(), 3)})
+
+
 def _record_stage(code: int) -> None:
     """{"stage" (DVC's stage name, under dvc repro), "command", "wall_s" (since the process started, imports
     included; in a fork of the run's warm interpreter, since the `quantize` launcher started), "engine_start_s"
@@ -70,8 +120,7 @@ def _record_stage(code: int) -> None:
     import os
     import time
 
-    path = os.environ.get("QUANTIZE_STAGE_LOG")
-    if not path:
+    if not os.environ.get("QUANTIZE_STAGE_LOG"):
         return
     from pipeline.engines import STARTS, engine_start_seconds
 
@@ -85,18 +134,18 @@ def _record_stage(code: int) -> None:
             wall = float(Path("/proc/uptime").read_text().split()[0]) - started
     except (OSError, ValueError):
         wall = None
-    line = {"stage": os.environ.get("DVC_STAGE"), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,
+    from pipeline.engines.inflight import PEAK_IN_FLIGHT, STALLS
+
+    ahead_of = os.environ.get("QUANTIZE_AHEAD")  # a job working ahead of this stage (pipeline/ahead.py)
+    line = {"stage": os.environ.get("DVC_STAGE") or ahead_of, "ahead": bool(ahead_of),
+            "ahead_wait_s": round(AHEAD_WAIT[0], 2), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,
             "engine_start_s": engine_start_seconds(), "engines": [{**s, "seconds": round(s["seconds"], 2)}
                                                                    for s in STARTS],
             "work_s": round(WORK_SECONDS[0], 2),
             "forked": bool(os.environ.get("QUANTIZE_STAGE_STARTED")),  # from the run's warm interpreter
+            "in_flight": dict(PEAK_IN_FLIGHT), "stalls": list(STALLS),  # pipeline/engines/inflight.py
             "exit": code, "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "ended_at": round(time.time(), 3)}
-    try:
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(json.dumps(line) + "\n")
-    except OSError as exc:
-        log_warning = logging.getLogger("pipeline.cli")
-        log_warning.warning(f"QUANTIZE_STAGE_LOG={path}: cannot append ({exc.strerror})")
+    _append_stage_log(line)
 
 
 def load_params(path: Path) -> params_mod.Params:
@@ -199,6 +248,31 @@ def warm_server(p, model_dir: Path, phase: str, name: str | None = None) -> str:
         return "not started: its server is up or starting already, or engine.max_servers are up"
     log.info(f"started the vLLM server of {name} in the background (engine.warm_servers)")
     return f"started the vLLM server of {model_dir} in the background (key {key})"
+
+
+def start_ahead(p, params_file: Path, exclude: tuple[str, Path] | None = None) -> list[str]:
+    """engine.score_ahead, inside a run: for the base and every variant whose server is up or starting, start its
+    evaluation, and for every variant whose server and the base's are, its judging (a base-judged pairwise judge
+    on that engine), in the background (pipeline/ahead.py), but `exclude` (the work this stage does itself). Jobs
+    use servers already up or starting only: none starts a server, so the GPU's room is what warm left it.
+    Returns what it started, e.g. ["eval base", "judge awq-w4a16"]."""
+    from pipeline import ahead
+    from pipeline.engines import capability, shared
+    from pipeline.outputs import STAGE_RECORD
+
+    e = p.engine
+    if not (e.score_ahead and capability(e.name, "starts_server")) or ahead.in_job():
+        return []
+    served = {Path(entry.get("model_path") or "") for entry in shared.entries().values()}
+    base = Path(p.model.base_dir)
+    models = [base] + [Path("models") / name for name in p.variants]
+    jobs = [("eval", m) for m in models if (m / STAGE_RECORD).is_file() and m.resolve() in served]
+    judging = (capability(p.judge.backend, "starts_server") and p.judge.model == "base" and base.resolve() in served
+               and (p.calib.out / "holdout.jsonl").is_file())
+    jobs += [("judge", m) for kind, m in list(jobs) if judging and m != base]
+    skip = (exclude[0], Path(exclude[1]).resolve()) if exclude else None
+    return [f"{kind} {m.name}" for kind, m in jobs
+            if (kind, m.resolve()) != skip and ahead.start(kind, m, params_file)]
 
 
 def _room_for_a_server(e, phase: str) -> bool:

@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -361,6 +361,7 @@ class ModelEvalResult:
     model_dir: Path
     suites: list[EvalResult]
     seconds: float
+    skipped: list[str] = field(default_factory=list)  # left for the stage: their data not written yet
 
     def summary_line(self) -> str:
         states = [r.summary.get("status") or ("kept" if r.summary.get("kept") else "scored") for r in self.suites]
@@ -370,12 +371,14 @@ class ModelEvalResult:
 
 
 def run_model(model_dir: Path | str, params, *, out_dir: Path | str, engine: str | None = None,
-              variant: str | None = None) -> ModelEvalResult:
+              variant: str | None = None, skip_missing_data: bool = False) -> ModelEvalResult:
     """Every suite of params.yaml on one model, in one process with one engine (`quantize eval MODEL`, the
     evaluate stage of dvc.yaml): a suite whose `suites.<name>.models` leaves this model out is recorded as
     not run (and why); a suite whose results were written from the same inputs is kept as it is (only a
     suite whose settings, engine, checkpoint, code or data changed is scored again, from the resume cache
-    where its items are unchanged); the engine is made once, when the first suite needs it."""
+    where its items are unchanged); the engine is made once, when the first suite needs it. skip_missing_data (a
+    job working ahead of its stage, pipeline/ahead.py): a suite whose options name a file not written yet (ppl-chat
+    before the calib stage) is left for the stage, not recorded."""
     watch, model_dir, out_dir = Stopwatch(), Path(model_dir), Path(out_dir)
     variant, engine = variant or model_dir.name, engine or params.engine.name
     options = params.engine.options(engine)
@@ -383,17 +386,26 @@ def run_model(model_dir: Path | str, params, *, out_dir: Path | str, engine: str
         options["log_path"] = out_dir / "vllm-server.log"
     shared = SharedEngine(engine, model_dir, options)
     done: list[EvalResult] = []
+    skipped: list[str] = []
     try:
         for name, settings in params.suites.items():
             if settings.models is not None and variant not in settings.models:
                 done.append(_not_run(out_dir, suite=name, task=settings.task, variant=variant, model_dir=model_dir,
                                      engine=engine, models=settings.models))
                 continue
+            if skip_missing_data and _files_not_yet_written(settings):
+                skipped.append(name)
+                continue
             done.append(run(model_dir, settings, params.engine, suite=name, variant=variant, out_dir=out_dir,
                             engine=engine, shared=shared, keep_current=True))
     finally:
         shared.close()
-    return ModelEvalResult(model_dir, done, watch.seconds)
+    return ModelEvalResult(model_dir, done, watch.seconds, skipped)
+
+
+def _files_not_yet_written(s: SuiteParams) -> list[str]:
+    """The files a suite's options name that do not exist (yet): option values that are paths (they hold a '/')."""
+    return [v for v in s.options.values() if isinstance(v, str) and "/" in v and not Path(v).exists()]
 
 
 def _speed(lines: list[dict], lm) -> dict:

@@ -262,6 +262,9 @@ class EngineParams(Section):
     # while stages that load a model on the GPU in-process (quantize, kl) may still come, early starts leave at
     # least this fraction of the GPU's memory free
     build_memory_fraction: float = Field(0.5, ge=0, le=1)
+    # inside a run, start each model's evaluation (and each variant's judging) in the background as soon as its
+    # server is up, the stage collecting the results when DVC reaches it (pipeline/ahead.py; needs warm_servers)
+    score_ahead: bool = False
     # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
     base_url: str | None = None
     model: str | None = None  # the served model's name
@@ -282,6 +285,9 @@ class EngineParams(Section):
             raise ValueError("warm_servers: true needs share_server: true and kv_cache_memory: planned (a server that "
                              "sizes its KV pool by profiling must start with the GPU to itself); set both, or "
                              "warm_servers: false")
+        if self.score_ahead and not self.warm_servers:
+            raise ValueError("score_ahead: true needs warm_servers: true (work starts ahead of its stage on a server "
+                             "started ahead of it); set both, or score_ahead: false")
         return self
 
     def options(self, engine: str) -> dict:

@@ -37,6 +37,7 @@ I, R = TypeVar("I"), TypeVar("R")
 # every wait on a server that held none of this process's outstanding requests, as the watchdog ended it:
 # {"server", "idle_s", "requests", "at"}; QUANTIZE_STAGE_LOG's `stalls` (pipeline/cli_common.py)
 STALLS: list[dict] = []
+PEAK_IN_FLIGHT: dict[str, int] = {}  # server -> most of this process's requests in flight there at once
 LOST_AFTER_S = 10.0  # seconds of an idle server (and no reply) before its outstanding requests count as lost
 POLL_S = 1.0
 MAX_LOST = 3  # times one request is asked again after the server lost it
@@ -121,6 +122,7 @@ class Runner(Generic[I, R]):
             tracker.task = asyncio.create_task(self.attempt(http, item, tracker))
             self.out.add(tracker)
             self.peak = max(self.peak, len(self.out))
+            PEAK_IN_FLIGHT[self.server] = max(PEAK_IN_FLIGHT.get(self.server, 0), self.peak)
             try:
                 result = await tracker.task
                 self.last_reply = time.monotonic()
