@@ -128,6 +128,7 @@ class CompletionsServer:
         self.die_after: int | None = None  # exit the whole process at this completion request (a crashed engine)
         self.faults: list[str] = []  # "drop" / "never" / "close", one per completion request, in order
         self.latency = 0.0  # seconds added to every completion, outside the model's lock
+        self.fake_tokens: int | None = None  # answer with this many of the prompt's ids, the model not run (load tests)
         self.running = self.waiting = 0  # as vLLM's /metrics counts them
         self.peak_running = 0  # most running at once since the last stats line
         self.max_running = 0  # most running at once, ever
@@ -238,7 +239,8 @@ class CompletionsServer:
                 server._count(running=1)
                 try:
                     time.sleep(server.latency)
-                    tokens = self._generate(ids, body)
+                    tokens = self._generate(ids, body) if server.fake_tokens is None else [
+                        ids[i % len(ids)] for i in range(min(server.fake_tokens, int(body.get("max_tokens") or 16)))]
                     if body.get("prompt_logprobs") is not None:
                         prompt_logprobs = model.prompt_logprobs(ids)
                 finally:
@@ -433,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="the KV pool's bytes (vLLM's flag)")
     parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to sleep before listening")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every completion, side by side")
+    parser.add_argument("--fake-tokens", type=int, default=None, help="answer with this many prompt ids, no model run")
     parser.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between vLLM's stats lines")
     args, rest = parser.parse_known_args(argv)
     model = args.model or args.serve
@@ -444,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(3)
     started = time.perf_counter()
     server = CompletionsServer(model, args.served_model_name, args.port, chat_template=args.chat_template)
-    server.die_after, server.latency = args.die_after, args.latency
+    server.die_after, server.latency, server.fake_tokens = args.die_after, args.latency, args.fake_tokens
     log_start_figures(server.model, args, time.perf_counter() - started)
     threading.Thread(target=_log_stats, args=(server, args.log_stats_interval), daemon=True).start()
     time.sleep(args.start_delay)

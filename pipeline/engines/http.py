@@ -1,17 +1,21 @@
 """HTTP to OpenAI-compatible servers, bounded: one wall-clock deadline per attempt and a cap on bytes.
 
-httpx's timeouts are idle timeouts: a server that sends one byte a second (of its headers or of its body) keeps
-a request alive forever under `timeout=2`. Here every attempt runs on an asyncio event loop under one wall-clock
-deadline, from connecting through the response headers to the last byte (`within`: the attempt is cancelled
-when it passes), and a response larger than `max_bytes` is dropped unread. Both raise `RetryableError`, like a
-timeout, a lost connection or a 5xx; a redirect and a 4xx other than 408/409/429 raise `FatalError` (asking again
-will not help: a redirect names where the server moved, the setting to change). The caller decides about retries.
+Idle timeouts (httpx's, aiohttp's sock_read) are not deadlines: a server that sends one byte a second, of its
+headers or of its body, keeps a request alive forever under `timeout=2`. Here every attempt runs on an asyncio event
+loop under one wall-clock deadline, from connecting through the response headers to the last byte (`within`: the
+attempt is cancelled when it passes), and a response larger than `max_bytes` is dropped unread. Both raise
+`RetryableError`, like a lost connection or a 5xx; a redirect and a 4xx other than 408/409/429 raise `FatalError`
+(asking again will not help: a redirect names where the server moved, the setting to change). The caller decides
+about retries.
 
 `post_json` returns one JSON body; `stream_events` yields server-sent events (`data: {...}` lines) with the
 time each arrived, which is what `quantize bench` times TTFT and inter-token latency by. Both are coroutines on
-an `httpx.AsyncClient` made by `client(n)`, whose pool holds n connections: a caller never has more requests in
-flight than connections (pipeline/engines/inflight.py: more callers than connections is where httpcore's pool
-loses requests, encode/httpcore#1110).
+an aiohttp session made by `client(n)`, whose connector holds n connections: a caller never has more requests in
+flight than connections (pipeline/engines/inflight.py). aiohttp, not httpx's AsyncClient: at 256 requests in
+flight httpx's pool took ~10x longer per request than aiohttp's connector on the same server
+(benchmarks/client_inflight.py; its O(requests x connections) bookkeeping), and a thread pool over httpx's sync
+client holds at most its pool's connections in flight and can hang a request until its timeout
+(encode/httpcore#1110).
 """
 
 from __future__ import annotations
@@ -43,14 +47,13 @@ class Limits:
 
 
 def client(connections: int):
-    """An AsyncClient whose pool keeps `connections` connections, all of them kept alive between requests (a
-    surplus keep-alive connection closed under a queued request is what encode/httpcore#1110 hangs on). No
-    redirect is followed: a redirect is reported (FatalError) with where it points."""
-    import httpx
+    """An aiohttp session whose connector keeps `connections` connections alive between requests; no redirect is
+    followed (post_json reports it, FatalError, with where it points). Use it as `async with client(n) as http`."""
+    import aiohttp
 
-    n = max(1, int(connections))
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                             timeout=httpx.Timeout(None), follow_redirects=False)
+    connector = aiohttp.TCPConnector(limit=max(1, int(connections)), limit_per_host=0, ttl_dns_cache=None)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                 auto_decompress=True, skip_auto_headers=("User-Agent",))
 
 
 async def within(limits: Limits, attempt: Awaitable[T], what: str = "no complete answer") -> T:
@@ -63,11 +66,11 @@ async def within(limits: Limits, attempt: Awaitable[T], what: str = "no complete
 
 
 def _check_status(response, body: bytes) -> None:
-    code = response.status_code
+    code = response.status
     if code == 429:
-        raise RetryableError("HTTP 429 (rate limited)", _retry_after(response.headers.get("retry-after")))
+        raise RetryableError("HTTP 429 (rate limited)", _retry_after(response.headers.get("Retry-After")))
     if 300 <= code < 400:
-        where = response.headers.get("location")
+        where = response.headers.get("Location")
         if where:
             raise FatalError(f"HTTP {code} redirect to {_quoted(where)}: the server moved; point the base URL at that "
                              "address")
@@ -80,7 +83,7 @@ def _check_status(response, body: bytes) -> None:
 
 async def _read_capped(response, limits: Limits) -> bytes:
     chunks, total = [], 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.content.iter_chunked(1 << 16):
         total += len(chunk)
         if total > limits.max_bytes:
             raise RetryableError(f"answer larger than {limits.max_bytes} bytes; dropped")
@@ -88,23 +91,27 @@ async def _read_capped(response, limits: Limits) -> bytes:
     return b"".join(chunks)
 
 
+def _connection_failed(exc: Exception) -> RetryableError:
+    return RetryableError(f"connection failed: {type(exc).__name__}: {exc}")
+
+
 async def post_json(http, url: str, body: dict, headers: dict, limits: Limits,
                     on_headers: Callable[[], None] | None = None) -> dict:
     """POST `body`, return the parsed JSON answer (HTTP 200) or raise Retryable/FatalError; the whole attempt
     within limits.deadline. on_headers() is called when the response's headers have arrived (the server is
     answering: pipeline/engines/inflight.py tells a request being answered from one the server lost)."""
-    import httpx
+    import aiohttp
 
     async def attempt() -> tuple[object, bytes]:
-        async with http.stream("POST", url, json=body, headers=headers) as response:
+        async with http.post(url, json=body, headers=headers, allow_redirects=False) as response:
             if on_headers is not None:
                 on_headers()
             return response, await _read_capped(response, limits)
 
     try:
         response, raw = await within(limits, attempt())
-    except httpx.TransportError as exc:
-        raise RetryableError(f"connection failed: {type(exc).__name__}: {exc}") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise _connection_failed(exc) from None
     _check_status(response, raw)
     try:
         data = json.loads(raw)
@@ -115,22 +122,32 @@ async def post_json(http, url: str, body: dict, headers: dict, limits: Limits,
     return data
 
 
+async def _lines(response, limits: Limits) -> AsyncIterator[tuple[float, str]]:
+    """The body's lines as they arrive (any length), with the time each was complete; over max_bytes: dropped."""
+    pending, total = b"", 0
+    async for chunk in response.content.iter_any():
+        arrived = time.perf_counter()
+        total += len(chunk)
+        if total > limits.max_bytes:
+            raise RetryableError(f"stream larger than {limits.max_bytes} bytes; dropped")
+        *complete, pending = (pending + chunk).split(b"\n")
+        for line in complete:
+            yield arrived, line.rstrip(b"\r").decode("utf-8", "replace")
+    if pending:
+        yield time.perf_counter(), pending.decode("utf-8", "replace")
+
+
 async def stream_events(http, url: str, body: dict, headers: dict, limits: Limits) -> AsyncIterator[tuple[float, dict]]:
     """POST with `stream: true`; yields (perf_counter at arrival, event) for each `data:` JSON event until
     `data: [DONE]`. Raises Retryable/FatalError like post_json. The caller holds the deadline: it consumes the
     whole stream inside `within` (a deadline checked between events would let dribbled headers through)."""
-    import httpx
+    import aiohttp
 
-    total = 0
     try:
-        async with http.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
+        async with http.post(url, json=body, headers=headers, allow_redirects=False) as response:
+            if response.status != 200:
                 _check_status(response, await _read_capped(response, limits))
-            async for line in response.aiter_lines():
-                arrived = time.perf_counter()
-                total += len(line) + 1
-                if total > limits.max_bytes:
-                    raise RetryableError(f"stream larger than {limits.max_bytes} bytes; dropped")
+            async for arrived, line in _lines(response, limits):
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -145,8 +162,8 @@ async def stream_events(http, url: str, body: dict, headers: dict, limits: Limit
                 if event.get("error"):
                     raise RetryableError(f"server error in stream: {_quoted(event['error'])}")
                 yield arrived, event
-    except httpx.TransportError as exc:
-        raise RetryableError(f"connection failed: {type(exc).__name__}: {exc}") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise _connection_failed(exc) from None
 
 
 def get_ok(url: str, timeout: float = 2.0) -> bool:

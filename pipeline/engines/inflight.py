@@ -6,10 +6,11 @@ connections (httpx's default), so 256 threads had at most ~100 requests in fligh
 `Running: 100-102 reqs` at engine.batch_size 256), and a thread queued for a connection can hang until its read
 timeout when the pool closes a connection it has already handed to it (encode/httpcore#1110: several threads
 per connection, surplus keep-alive connections closed). Here one loop runs every request of a call, a semaphore
-holds `concurrency` of them in flight, and the client's pool keeps exactly that many connections alive
+holds `concurrency` of them in flight, and an aiohttp connector keeps exactly that many connections alive
 (pipeline/engines/http.py: client), so every request has a connection of its own from send to last byte, and
 the next request goes out the moment one finishes (no waves). vLLM's own `vllm bench serve` client and lm-eval's
-`local-completions` keep their requests in flight the same way.
+`local-completions` keep their requests in flight the same way (asyncio and aiohttp); the clients side by side:
+benchmarks/client_inflight.py.
 
 Lost requests. A request whose reply the server dropped, whose connection the server accepted and never read,
 or that fell between a closing keep-alive connection and the next request waits, without this, for its whole
@@ -137,10 +138,10 @@ class Runner(Generic[I, R]):
 
     async def _guard(self) -> None:
         """The watchdog: cancels (for _ask to send again) the requests a server that holds nothing has lost."""
-        import httpx
+        from pipeline.engines.http import client
 
         idle_since = None  # when the server was first seen holding nothing, with requests of ours unanswered
-        async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as probe_http:  # its own connection: the pool is busy
+        async with client(1) as probe_http:  # its own connection: the requests' pool is busy
             while True:
                 await asyncio.sleep(self.poll)
                 waiting = [t for t in self.out if t.sent_at is not None and not t.answering]
@@ -172,15 +173,16 @@ def vllm_load(base_url: str) -> LoadProbe:
     url = base_url.rstrip("/") + "/metrics"
 
     async def probe(http) -> int | None:
-        import httpx
+        import aiohttp
 
         try:
-            response = await http.get(url)
-        except httpx.HTTPError:
+            async with http.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as response:
+                if response.status != 200:
+                    return None
+                text = await response.text()
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, UnicodeDecodeError):
             return None
-        if response.status_code != 200:
-            return None
-        found = METRIC.findall(response.text)
+        found = METRIC.findall(text)
         if not found:
             return None
         try:
