@@ -542,7 +542,26 @@ class Run:
                 if path.is_file():
                     bundle.add(path, arcname=str(path.relative_to(self.work if self.work in path.parents else
                                                                    path.parent.parent)))
+        if self.state["done"]:  # xz on ~50 MB of results takes a while: once, at the end
+            self.report_inputs(OUT / "report_inputs.tar.xz")
         return figures
+
+    def report_inputs(self, out: Path) -> None:
+        """Everything `quantize report` reads, with paths as in the project (results/*/*.json and *.jsonl, each
+        model's quant.json, config.json and stage record, the calibration's stats.json, params.yaml, dvc.lock), xz
+        compressed: kept in the repo, it lets the GPU example report be rendered again on the CPU when the report
+        changes (benchmarks/report_bundle.py)."""
+        import tarfile
+
+        project = self.project
+        paths = [*sorted((project / "results").glob("*/*.json")), *sorted((project / "results").glob("*/*.jsonl")),
+                 *sorted(p for m in sorted((project / "models").glob("*")) for p in
+                         (m / "quant.json", m / "config.json", m / ".stage.json")),
+                 project / "calib_data" / "build" / "stats.json", project / "params.yaml", project / "dvc.lock"]
+        with tarfile.open(out, "w:xz", preset=6) as bundle:
+            for path in paths:
+                if path.is_file():
+                    bundle.add(path, arcname=str(path.relative_to(project)))
 
 
 NEEDED = {"dvc": "benchmarks/gpu_dvc_wheels.sh (.device/dvc-wheels)", "typer": "benchmarks/gpu_dvc_wheels.sh",
