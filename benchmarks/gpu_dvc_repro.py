@@ -565,18 +565,20 @@ class Run:
 
 
 NEEDED = {"dvc": "benchmarks/gpu_dvc_wheels.sh (.device/dvc-wheels)", "typer": "benchmarks/gpu_dvc_wheels.sh",
+          "aiohttp": "the image", 
           "scipy": "benchmarks/gpu_dvc_wheels.sh --scipy (.device-scipy, a call of its own)",
           "httpx": "wheels.sh (device notes)", "jinja2": "the image", "yaml": "the image",
           "lm_eval": "wheels.sh (device notes)", "llmcompressor": "wheels.sh (device notes)",
           "math_verify": "wheels.sh (device notes)"}
 
 
-def preflight(tiny: bool) -> None:
-    """Everything the run needs is importable, and vLLM is unpacked: one message listing what is not, exit 2."""
+def preflight(tiny: bool, vllm: bool = True) -> None:
+    """Everything the run needs is importable, and (vllm) vLLM is unpacked: one message listing what is not, exit 2.
+    `setup` needs no vLLM: it can run in the call that carries the first parts."""
     import importlib.util
 
     missing = [f"{name} (from {where})" for name, where in NEEDED.items() if importlib.util.find_spec(name) is None]
-    if not tiny and not (Path(VSITE) / "vllm").is_dir():
+    if vllm and not tiny and not (Path(VSITE) / "vllm").is_dir():
         missing.append(f"vLLM in {VSITE} (the five .vllm-k parts of the team's device notes)")
     if missing:
         print("cannot run: missing " + "; ".join(missing), file=sys.stderr)
@@ -629,7 +631,7 @@ def main() -> None:
     run = Run(work, args.tiny)
     if args.action in ("setup", "run"):
         started = time.perf_counter()
-        preflight(args.tiny)
+        preflight(args.tiny, vllm=args.action == "run")
         if run.state["setup_s"] is None:
             run.setup(args.suite_limit, share=not args.no_share)
             print(f"set up {run.project} in {run.state['setup_s']} s", flush=True)
