@@ -565,7 +565,7 @@ class Run:
 
 
 NEEDED = {"dvc": "benchmarks/gpu_dvc_wheels.sh (.device/dvc-wheels)", "typer": "benchmarks/gpu_dvc_wheels.sh",
-          "aiohttp": "the image", 
+          "aiohttp": "the image",
           "scipy": "benchmarks/gpu_dvc_wheels.sh --scipy (.device-scipy, a call of its own)",
           "httpx": "wheels.sh (device notes)", "jinja2": "the image", "yaml": "the image",
           "lm_eval": "wheels.sh (device notes)", "llmcompressor": "wheels.sh (device notes)",
