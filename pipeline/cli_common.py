@@ -134,7 +134,7 @@ def _record_stage(code: int) -> None:
             wall = float(Path("/proc/uptime").read_text().split()[0]) - started
     except (OSError, ValueError):
         wall = None
-    from pipeline.engines.inflight import PEAK_IN_FLIGHT, STALLS
+    from pipeline.engines import PEAK_IN_FLIGHT, STALLS
 
     ahead_of = os.environ.get("QUANTIZE_AHEAD")  # a job working ahead of this stage (pipeline/ahead.py)
     line = {"stage": os.environ.get("DVC_STAGE") or ahead_of, "ahead": bool(ahead_of),

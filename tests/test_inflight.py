@@ -14,7 +14,8 @@ import pytest
 
 from openai_server import CompletionsServer
 from pipeline.engines import GenRequest
-from pipeline.engines.inflight import STALLS, vllm_load
+from pipeline.engines import STALLS
+from pipeline.engines.inflight import vllm_load
 
 
 def engine_for(model_dir, server, **options):

@@ -88,6 +88,11 @@ def engine_spec(name: str, what: str = "engine") -> EngineSpec:
 # (vllm), or an attach to a server an earlier stage of the run started (vllm, shared: seconds near 0).
 # Stages write the sum as `engine_start_s` in their outputs; the CLI adds it to QUANTIZE_STAGE_LOG.
 STARTS: list[dict] = []
+# Every wait on a server that held none of this process's outstanding requests, as the lost-request watchdog ended it
+# ({"server", "idle_s", "requests", "at"}), and per server the most of this process's requests in flight there at
+# once (pipeline/engines/inflight.py). Stages write both in QUANTIZE_STAGE_LOG.
+STALLS: list[dict] = []
+PEAK_IN_FLIGHT: dict[str, int] = {}
 
 
 def engine_start_seconds(since: int = 0) -> float:

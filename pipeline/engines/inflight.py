@@ -33,12 +33,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generic, TypeVar
 
+from pipeline.engines import PEAK_IN_FLIGHT, STALLS
+
 I, R = TypeVar("I"), TypeVar("R")
 
-# every wait on a server that held none of this process's outstanding requests, as the watchdog ended it:
-# {"server", "idle_s", "requests", "at"}; QUANTIZE_STAGE_LOG's `stalls` (pipeline/cli_common.py)
-STALLS: list[dict] = []
-PEAK_IN_FLIGHT: dict[str, int] = {}  # server -> most of this process's requests in flight there at once
 LOST_AFTER_S = 10.0  # seconds of an idle server (and no reply) before its outstanding requests count as lost
 POLL_S = 1.0
 MAX_LOST = 3  # times one request is asked again after the server lost it
