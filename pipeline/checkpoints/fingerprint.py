@@ -18,15 +18,18 @@ def _hashed_files(model_dir: Path) -> list[Path]:
             if path.suffix in {".json", ".safetensors", ".jinja"} and path.name != "source.json"]
 
 
-def stat_signature(model_dir: Path) -> str:
-    """A hash of the checkpoint files' names, sizes, modification times and inodes: changes whenever a file is
-    written again (in place: its modification time; replaced: its inode), without reading a byte. Not the change
-    time: DVC's cache links every output whose content equals a file already cached to that file's inode, so a
-    later stage's output (a variant's tokenizer.json, equal to the base's) changes the base file's link count and
-    with it its change time; keyed by that, the run's server for the base looked like another checkpoint's and
-    was stopped and started again (seen on the H200, 2026-12-02; tests/test_shared_server.py)."""
+def stat_signature(model_dir: Path, change_time: bool = True) -> str:
+    """A hash of the checkpoint files' names, sizes, modification times and inodes, and (change_time) their change
+    times: changes whenever a file is written again (in place: its modification time, or its change time when the
+    modification time was put back; replaced: its inode), without reading a byte. What keys a content hash
+    (model_fingerprint's memo) takes the change time. What keys a running server (pipeline/engines/shared.py) does
+    not: DVC's cache links every output whose content equals a file already cached to that file's inode, so a later
+    stage's output (a variant's tokenizer.json, equal to the base's) changes the base file's link count and with it
+    its change time; keyed by that, the run's server for the base looked like another checkpoint's and was stopped
+    and started again (seen on the H200, 2026-12-02; tests/test_shared_server.py)."""
     stats = [(path.name, path.stat()) for path in _hashed_files(model_dir)]
     return hashlib.sha256("\n".join(f"{n}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+                                     + (f":{st.st_ctime_ns}" if change_time else "")
                                      for n, st in stats).encode()).hexdigest()
 
 

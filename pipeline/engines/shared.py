@@ -59,12 +59,13 @@ def registry_dir() -> Path:
 
 def content_fingerprint(model_dir: Path | str, registry: Path | None = None) -> str:
     """What a server is keyed by for its checkpoint: the checkpoint files' stat signature (checkpoints/
-    fingerprint.py: names, sizes, modification times, inodes), which changes whenever a file is written again, so
+    fingerprint.py: names, sizes, modification times, inodes; not change times, which DVC's cache links change),
+    which changes whenever a file is written again, so
     a changed checkpoint never gets an old server's answers; read without hashing a byte (hashing GLM-4-9B's 18.8
     GB cost a warm or served stage 12-20 s on the H200, 2026-12-02)."""
     from pipeline.checkpoints.fingerprint import stat_signature
 
-    return stat_signature(Path(model_dir).resolve())[:16]
+    return stat_signature(Path(model_dir).resolve(), change_time=False)[:16]
 
 
 def server_key(fingerprint: str, command: list[str], env: dict | None) -> str:
