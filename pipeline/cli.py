@@ -108,6 +108,7 @@ def calib(
 ):
     """Turn support logs into calibration token blocks and held-out judge prompts."""
     from pipeline import calib as calib_stage
+    from pipeline.outputs import counted
 
     p = load_params(params_file)
     settings = with_overrides(p.calib, redact=redact)
@@ -117,7 +118,8 @@ def calib(
         result = calib_stage.run(source, out, model, settings, strict=strict)
     bad = result.stats["dropped"].get("bad record", 0)
     if bad:
-        typer.secho(f"skipped {bad} bad records:\n  " + "\n  ".join(result.stats["bad_records_first_10"]), fg="yellow", err=True)
+        typer.secho(f"skipped {counted(bad, 'bad record')}:\n  " + "\n  ".join(result.stats["bad_records_first_10"]),
+                    fg="yellow", err=True)
     typer.echo(result.summary())
 
 

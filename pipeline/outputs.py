@@ -326,6 +326,11 @@ def dir_size(path: Path | str) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 record", "2 records" (`plural` for a noun that does not take -s)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def human_size(n_bytes: int) -> str:
     size = float(n_bytes)
     for unit in ("B", "KB", "MB", "GB"):

@@ -270,6 +270,15 @@ def test_cli_default_mode_skips_and_lists_bad_records(tmp_path, cli_args):
                                              "(any case)" for i in range(10)]
 
 
+def test_one_bad_record_is_counted_in_the_singular(tmp_path, cli_args, tiny_llama):
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:100] + ['{"text": 1}'] + LOGS[100:200])
+    result = cli(cli_args(source))
+    assert result.exit_code == 0 and "skipped 1 bad record:\n" in result.output, result.output
+    assert "kept 200 of 201 records (dropped 1 bad record)" in result.output
+    with pytest.raises(UserError, match=r"f.jsonl: 1 of 2 records is bad \(50% > calib.max_bad_fraction 5%\)"):
+        run(write_lines(tmp_path / "f.jsonl", LOGS[:1] + ["{"]), tmp_path / "out2", tiny_llama)
+
+
 def test_cli_strict_fails_where_default_mode_succeeds(tmp_path, cli_args):
     source = write_lines(tmp_path / "f.jsonl", LOGS[:100] + ['{"text": 1}'] + LOGS[100:200])
     result = cli(cli_args(source, "--strict"))
@@ -552,7 +561,7 @@ def test_split_never_shares_a_conversation_and_output_is_deterministic(tmp_path,
     for name in ("calib.jsonl", "holdout.jsonl", "calib_conversations.jsonl", "stats.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert first.stats["dropped"] == {"bad record": 1, "duplicate": 5, "near-duplicate": 3}
-    assert "kept 60 of 69 records (dropped 1 bad record, 5 duplicate, 3 near-duplicate)" in first.summary()
+    assert "kept 60 of 69 records (dropped 1 bad record, 5 duplicates, 3 near-duplicates)" in first.summary()
     held = {json.dumps(r["messages"][0]) for r in read_jsonl(tmp_path / "a" / "holdout.jsonl")}
     used = {json.dumps(r["messages"][0]) for r in read_jsonl(tmp_path / "a" / "calib_conversations.jsonl")}
     assert len(held) == 6 and len(used) == 54 and not held & used
@@ -638,3 +647,17 @@ def test_a_json_array_with_a_trailing_comma_is_refused_by_the_stage(tmp_path, ti
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert f"{source}:21:" in result.output and "a comma after the last record" in result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text, encoding, expected", [
+    ('{"text": "¿Dónde está mi pedido?"}\n', "utf-16-le", "UTF-16-LE"),
+    ('{"turns": [{"role": "user", "content": "我的包裹在哪里？请帮我查一下订单"}]}\n', "utf-16-le", "UTF-16-LE"),
+    ('{"turns": [{"role": "user", "content": "我的包裹在哪里？请帮我查一下订单"}]}\n', "utf-16-be", "UTF-16-BE"),
+    ('{"text": "hi"}\n', "utf-16", "UTF-16"),
+    ('{"text": "我的包裹在哪里？"}\n', "utf-8", None),
+])
+def test_utf16_is_named_with_or_without_a_byte_order_mark(text, encoding, expected):
+    from pipeline.errors import not_utf8
+
+    assert not_utf8((text * 50).encode(encoding)) == expected
+    assert not_utf8(b"\x00" * 4096) is None and not_utf8(bytes(range(256)) * 16) is None  # not text at all

@@ -36,7 +36,7 @@ from pipeline.errors import UserError
 from pipeline.formats.calib_blocks import blocks_text, is_blocks_file, read_blocks
 from pipeline.formats.conversations import MAX_LINE_BYTES, Conversation, to_conversation
 from pipeline.formats.holdout import write_holdout
-from pipeline.outputs import Stopwatch, atomic_dir
+from pipeline.outputs import Stopwatch, atomic_dir, counted
 from pipeline.params import CalibParams, with_overrides
 
 __all__ = [  # the stage, and the names other code uses as calib.X
@@ -57,14 +57,15 @@ class CalibResult:
 
     def summary(self) -> str:
         s = self.stats
-        dropped = ", ".join(f"{n} {why}" for why, n in s["dropped"].items())
+        dropped = ", ".join(counted(n, why) if why in ("duplicate", "near-duplicate", "bad record") else f"{n} {why}"
+                            for why, n in s["dropped"].items())
         controls = s["control_characters_removed"]
         removed = (f", {controls} control characters removed (the first at "
                    f"{s['control_characters_first_10'][0].rsplit(': ', 1)[0]})") if controls else ""
         return (
-            f"calib: wrote {self.out} ({s['blocks']} blocks x {s['seq_len']} tokens, "
-            f"{s['holdout']} holdout prompts; kept {s['records_kept']} of {s['records_in']} records"
-            f"{f' (dropped {dropped})' if dropped else ''}, {sum(s['redactions'].values())} redactions{removed}) "
+            f"calib: wrote {self.out} ({counted(s['blocks'], 'block')} x {s['seq_len']} tokens, "
+            f"{counted(s['holdout'], 'holdout prompt')}; kept {s['records_kept']:,} of {counted(s['records_in'], 'record')}"
+            f"{f' (dropped {dropped})' if dropped else ''}, {counted(sum(s['redactions'].values()), 'redaction')}{removed}) "
             f"in {self.seconds:.1f} s"
         )
 

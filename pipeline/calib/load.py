@@ -15,6 +15,7 @@ from pipeline.calib.dedup import near_duplicates, normalised
 from pipeline.formats.conversations import BadRecord, Conversation, OnlySystemTurns, iter_records, to_conversation
 from pipeline.calib.redact import redact
 from pipeline.errors import UserError
+from pipeline.outputs import counted
 
 BAD_RECORDS_LISTED = 10
 
@@ -149,7 +150,7 @@ def _check_usable(path: Path, stats: CalibStats, conversations: list[Conversatio
                         "the conversations' user and assistant turns with their system prompt")
     check_skipped(path, stats, max_bad_fraction)
     if not conversations:  # calib.max_bad_fraction 1: every record may be bad, but one must be usable
-        raise UserError(f"{path}: none of its {stats.records_in} records can be used; fix them:\n"
+        raise UserError(f"{path}: none of its {counted(stats.records_in, 'record')} can be used; fix them:\n"
                         + _listed(stats.bad_records, stats.dropped["bad record"]))
 
 
@@ -166,11 +167,12 @@ def check_skipped(path: Path, stats: CalibStats, max_bad_fraction: float, model_
     skipped = bad + rejected
     if skipped / stats.records_in <= max_bad_fraction:
         return
-    why = "are bad" if not rejected else \
-        f"were skipped ({bad} bad, {rejected} rejected by the chat template of {model_dir})"
+    one = skipped == 1
+    why = ("is bad" if one else "are bad") if not rejected else \
+        f"{'was' if one else 'were'} skipped ({bad} bad, {rejected} rejected by the chat template of {model_dir})"
     listed = f":\n{_listed(stats.bad_records, bad)}" if bad else ""
     raise UserError(
-        f"{path}: {skipped} of {stats.records_in} records {why} "
+        f"{path}: {skipped} of {counted(stats.records_in, 'record')} {why} "
         f"({skipped / stats.records_in:.0%} > calib.max_bad_fraction {max_bad_fraction:.0%}); "
         f"fix them, or raise calib.max_bad_fraction in params.yaml{listed}"
     )

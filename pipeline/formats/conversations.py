@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import UserError
+from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, not_utf8
 
 MAX_LINE_BYTES = 8 << 20  # a longer line is a broken export, not a conversation
 ROLE_ALIASES = {
@@ -72,15 +72,21 @@ def _check_readable(path: Path) -> None:
 
 
 def _open_binary(path: Path):
-    """Plain or gzip by content (not by name); UTF-16 is refused up front with its fix."""
+    """Plain or gzip by content (not by name)."""
     try:
         with open(path, "rb") as probe:
             head = probe.read(2)
-        if head in (b"\xff\xfe", b"\xfe\xff"):
-            raise UserError(f"{path}:1: the file is UTF-16 encoded; re-export it as UTF-8")
         return gzip.open(path, "rb") if head == b"\x1f\x8b" else open(path, "rb")
     except OSError as exc:
         raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+
+
+def _refuse_utf16(path: Path, head: bytes) -> None:
+    """UTF-16, with a byte-order mark or without one (every other byte 0), is refused up front with its fix."""
+    encoding = not_utf8(head)
+    if encoding is not None:
+        how = "" if encoding == "UTF-16" else " without a byte-order mark (every other byte is 0)"
+        raise UserError(f"{path}:1: the file is {encoding} encoded{how}; re-export it as UTF-8")
 
 
 def _bounded_lines(handle) -> Iterator[tuple[bytes | None, int]]:
@@ -140,6 +146,7 @@ def iter_records(path: Path) -> Iterator[tuple[str, object]]:
     number = 0
     with _open_binary(path) as handle:
         try:
+            _refuse_utf16(path, handle.peek(UTF16_SAMPLE_BYTES)[:UTF16_SAMPLE_BYTES])
             for number, (raw, size) in enumerate(_bounded_lines(handle), start=1):
                 where = f"{path}:{number}"
                 try:
@@ -161,6 +168,7 @@ def _read_text(path: Path) -> str:
         except (OSError, EOFError, zlib.error) as exc:
             raise UserError(f"{path}: the gzip data is corrupt or truncated ({exc}); "
                             "compress the file again") from None
+    _refuse_utf16(path, data[:UTF16_SAMPLE_BYTES])
     try:
         return data.decode("utf-8").lstrip("\ufeff")
     except UnicodeDecodeError as exc:
