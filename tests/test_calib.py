@@ -661,3 +661,89 @@ def test_utf16_is_named_with_or_without_a_byte_order_mark(text, encoding, expect
 
     assert not_utf8((text * 50).encode(encoding)) == expected
     assert not_utf8(b"\x00" * 4096) is None and not_utf8(bytes(range(256)) * 16) is None  # not text at all
+
+
+# ---------------------------------------------------------------- streaming (issue 46 item 5)
+
+def _synthetic(path, count: int, seed: int = 0):
+    """`count` distinct conversations of ~2 KB (random words), each 7th one followed later by a near-duplicate
+    (one word changed) 1,500 records on, across the loader's batches."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["".join(rng.choices("bcdfghklmnprstvz", k=3)) + rng.choice("aeiou") for _ in range(3000)]
+    rows, near = [], {}
+    for i in range(count):
+        turns = [{"role": "user" if t % 2 == 0 else "agent", "content": " ".join(rng.choices(words, k=55))}
+                 for t in range(6)]
+        rows.append({"turns": turns})
+        if i % 7 == 0:
+            near[i + 1500] = {"turns": [dict(t) for t in turns]}
+            near[i + 1500]["turns"][2]["content"] += " extra"
+        if i in near:
+            rows.append(near.pop(i))
+    return write_lines(path, rows)
+
+
+def test_near_duplicates_are_found_across_batches_and_far_apart(tmp_path):
+    from pipeline.calib.load import DEDUP_BATCH
+
+    source = _synthetic(tmp_path / "f.jsonl", 2 * DEDUP_BATCH + 100)
+    planted = sum(1 for i in range(2 * DEDUP_BATCH + 100) if i % 7 == 0 and i + 1500 < 2 * DEDUP_BATCH + 100)
+    conversations, stats = load(source)
+    assert stats.dropped == {"near-duplicate": planted} and planted > 50
+    assert len(conversations) == 2 * DEDUP_BATCH + 100
+
+
+def test_calib_memory_does_not_grow_with_the_input(tmp_path, tiny_llama):
+    """What the stage holds while it reads, de-duplicates, splits, renders and writes: a scratch store on disk
+    (pipeline/calib/store.py), not the conversations. Python's allocations (numpy's included: the MinHash matrix
+    of one chunk is most of them) for a 6x larger file stay about the same (they were ~7x the input before: 50 MB
+    of logs took 0.9 GB). benchmarks/calib_memory.py measures the whole process at 50 MB, 200 MB and 1 GB."""
+    peaks = {}
+    for count in (500, 3000):
+        source = _synthetic(tmp_path / f"{count}.jsonl", count, seed=count)
+        tracemalloc.start()
+        try:
+            run(source, tmp_path / f"out{count}", tiny_llama, seq_len=64, num_blocks=8, holdout=4)
+            peaks[count] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    grown = peaks[3000] - peaks[500]  # for 5 MB more of input: ~35 MB before, when it held the conversations
+    assert (tmp_path / "3000.jsonl").stat().st_size > 5 << 20 and grown < 0.2 * peaks[500], peaks
+    assert not list(tmp_path.glob("**/quantize-calib-*"))
+
+
+def test_the_scratch_store_is_removed_when_the_stage_fails(tmp_path, tiny_llama, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    with pytest.raises(UserError, match="calibration set too small"):
+        run(write_lines(tmp_path / "f.jsonl", LOGS[:20]), tmp_path / "out", tiny_llama, num_blocks=10_000)
+    assert not list((tmp_path / "scratch").iterdir()) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", [
+    "\ufeff[\r\n  " + json.dumps(TURNS) + ",\r\n  " + json.dumps({"prompt": "a ü 😀", "response": "b"}) + "\r\n]\r\n",
+    '[1, 22, 333, {"text": "x"}, 4444]',
+    "[" + ", ".join(json.dumps({"text": f"record {i} " + "é" * i}) for i in range(40)) + "]",
+    '[{"text": "a"},\n {"text": }]', '[{"text": "a"} {"text": "b"}]', '[{"text": "a"}]\n[]', '[{"text": "a"},\n  ]',
+    '  {"text": "a"}', '[{"text": "unterminated]', '[{"text": "a"},\n' + "[" * 3000 + "]" * 3000 + "]",
+])
+def test_a_json_array_reads_the_same_a_few_bytes_at_a_time(tmp_path, monkeypatch, text):
+    """.json arrays are read a chunk at a time (a window over the file, not the whole file): the records, their
+    FILE:LINE:COLUMN and every error are those of one read."""
+    from pipeline.formats import conversations
+
+    path = make_file(tmp_path, "f.json", text.encode("utf-8"))
+
+    def read():
+        try:
+            return list(conversations.iter_records(path))
+        except UserError as exc:
+            return str(exc)
+
+    whole = read()
+    monkeypatch.setattr(conversations, "JSON_CHUNK", 3)
+    assert read() == whole
