@@ -64,4 +64,5 @@ system-deps:
 	  { echo "make test needs Debian's chromium and bubblewrap: sudo apt-get install chromium bubblewrap"; exit 1; }
 
 clean-demo:
-	rm -rf models results calib_data/build reports/index.html reports/verdict.json reports/.report reports/.report-*
+	rm -rf models results calib_data/build reports/index.html reports/verdict.json reports/.report reports/.report-* \
+	  .cache/logs $(STAGE_TIMES)
