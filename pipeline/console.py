@@ -32,7 +32,7 @@ LIBRARIES = ("transformers", "datasets", "lm_eval", "lm-eval", "llmcompressor", 
              "httpx", "urllib3", "filelock", "fsspec", "torch", "numexpr")
 LOG_DIR = Path(".cache") / "logs"  # in the project (git-ignored): each DVC stage's log, by stage name
 OUTPUT_ENV = "QUANTIZE_STAGE_OUTPUT"  # "terminal": a DVC stage writes everything to the terminal, as outside DVC
-_state: dict = {"quiet": False, "configured": False, "terminal": None, "log": None}
+_state: dict = {"quiet": False, "configured": False, "terminal": None, "log": None, "console": None}
 
 
 def setup(verbosity: int = 0, quiet: bool = False) -> None:
@@ -49,7 +49,9 @@ def setup(verbosity: int = 0, quiet: bool = False) -> None:
         if getattr(handler, "_quantize", False):
             root.removeHandler(handler)
     terminal = _state["terminal"]
-    handler = RichHandler(console=Console(file=terminal) if terminal else Console(stderr=True), show_time=False,
+    if terminal is not None and _state.get("console") is None:
+        _state["console"] = Console(file=terminal)  # one: the stage's warnings print above its bar, not into it
+    handler = RichHandler(console=_state.get("console") or Console(stderr=True), show_time=False,
                           show_path=verbosity > 0, markup=False, rich_tracebacks=False)
     handler.setFormatter(logging.Formatter("%(message)s"))
     handlers = [handler]
@@ -150,11 +152,15 @@ def progress(description: str, total: int | None, unit: str = "items") -> Iterat
     from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn, TimeRemainingColumn
 
-    console = Console(file=_state["terminal"]) if _state["terminal"] is not None else Console(stderr=True)
+    console = _state.get("console") or Console(stderr=True)
     disable = _state["quiet"] or not console.is_terminal
     counts = [DownloadColumn()] if unit == "bytes" else [MofNCompleteColumn(), TextColumn(unit)]
     columns = [TextColumn("{task.description}"), BarColumn(), *counts, TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=True, disable=disable) as bar:
+    # rich shows what is written to sys.stdout and sys.stderr above the bar while it runs; inside dvc repro those
+    # are the stage's log, and stay so
+    logged = _state["terminal"] is not None
+    with Progress(*columns, console=console, transient=True, disable=disable, redirect_stdout=not logged,
+                  redirect_stderr=not logged) as bar:
         task = bar.add_task(description, total=total)
         yield _Advance(bar, task)
 

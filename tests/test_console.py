@@ -99,3 +99,42 @@ def test_outside_dvc_or_asked_for_a_stage_writes_everything_to_the_terminal(tmp_
         done = run_stage(tmp_path, **env)
         assert done.returncode == 0 and "a library print" in done.stdout and "C-level chatter" in done.stderr
         assert not (tmp_path / ".cache" / "logs").exists()
+
+
+BAR = ("import sys\n"
+       "from pipeline import console\n"
+       "console.setup(0)\n"
+       "from tqdm import tqdm\n"
+       "with console.progress('quantize: calibrating', 3, 'decoder layers') as advance:\n"
+       "    for _ in tqdm(range(3), desc='Applying quantization config', disable=False): pass\n"
+       "    print('a library print while the bar runs')\n"
+       "    advance(3)\n"
+       "console.summary('x: did it in 0.1 s')\n")
+
+
+def test_on_a_terminal_the_bar_runs_and_what_libraries_write_meanwhile_stays_in_the_log(tmp_path):
+    """rich shows what is written to stdout and stderr above a running bar: inside dvc repro that is the log's."""
+    import pty
+
+    master, slave = pty.openpty()
+    environ = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    child = subprocess.Popen([sys.executable, "-c", BAR], stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path,
+                             env={**environ, "PYTHONPATH": str(REPO), "DVC_STAGE": "quantize@awq-w4a16",
+                                  "TERM": "xterm"})
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    assert child.wait(timeout=60) == 0
+    os.close(master)
+    terminal = shown.decode(errors="replace")
+    assert "quantize: calibrating" in terminal and terminal.rstrip().endswith("x: did it in 0.1 s"), terminal
+    assert "Applying quantization config" not in terminal and "a library print" not in terminal, terminal
+    log = (tmp_path / ".cache" / "logs" / "quantize@awq-w4a16.log").read_text()
+    assert "a library print while the bar runs" in log and "Applying quantization config" in log
