@@ -25,10 +25,16 @@ EXTRA ?= vllm
 gpu-install:
 	$(PY) -m pip install -e '.[$(EXTRA)]' "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
 
+# One line per stage (pipeline/cli_repro.py runs dvc repro without DVC's own progress lines; each stage's
+# libraries write to .cache/logs/<stage>.log), the verdict, and the demo's wall and CPU time (QUANTIZE_STAGE_LOG:
+# what each command cost, pipeline/cli_common.py).
+STAGE_TIMES := .cache/demo-commands.jsonl
 demo: install sandbox-deps
-	$(BIN)/quantize fetch-demo
-	@start=$$(date +%s); $(BIN)/dvc repro && echo "dvc repro: $$(( $$(date +%s) - start )) s"
-	$(BIN)/quantize show-verdict
+	@started=$$(date +%s.%N); mkdir -p .cache; rm -f $(STAGE_TIMES); \
+	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/quantize fetch-demo && \
+	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/python -m pipeline.cli_repro && \
+	$(BIN)/quantize show-verdict; status=$$?; \
+	$(BIN)/python -m pipeline.cli_repro --times $(STAGE_TIMES) $$started; exit $$status
 
 test: install system-deps
 	$(BIN)/ruff check .
@@ -58,4 +64,5 @@ system-deps:
 	  { echo "make test needs Debian's chromium and bubblewrap: sudo apt-get install chromium bubblewrap"; exit 1; }
 
 clean-demo:
-	rm -rf models results calib_data/build reports/index.html reports/verdict.json reports/.report reports/.report-*
+	rm -rf models results calib_data/build reports/index.html reports/verdict.json reports/.report reports/.report-* \
+	  .cache/logs $(STAGE_TIMES)

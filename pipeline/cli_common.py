@@ -9,6 +9,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,8 +24,11 @@ PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", help="Parameter fi
 
 
 def stage(func):
-    """Turns UserError into a clean message and exit code 2; with QUANTIZE_STAGE_LOG set, appends what the
-    stage cost to that file (one JSON line: _record_stage)."""
+    """Turns UserError into a clean message and exit code 2; inside dvc repro, where the stage's output goes to its
+    log (pipeline/console.py), any other failure into one line naming the log (the traceback is there) and exit
+    code 1; with QUANTIZE_STAGE_LOG set, appends what the stage cost to that file (one JSON line: _record_stage)."""
+    from pipeline import console
+
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         code = 1
@@ -35,11 +39,20 @@ def stage(func):
             return result
         except UserError as exc:
             code = exc.exit_code
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            console.error(f"error: {exc}")
             raise typer.Exit(exc.exit_code) from None
         except typer.Exit as exc:
             code = exc.exit_code
             raise
+        except Exception as exc:
+            if console.log_path() is None:
+                raise  # the traceback on the terminal, as Python prints it
+            import traceback
+
+            traceback.print_exc()  # into the log
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            console.error(f"error: {os.environ.get('DVC_STAGE') or 'quantize'} failed: {type(exc).__name__}: {first}")
+            raise typer.Exit(1) from None
         finally:
             _record_stage(code)
     return wrapper
@@ -116,7 +129,7 @@ def _record_stage(code: int) -> None:
     """{"stage" (DVC's stage name, under dvc repro), "command", "wall_s" (since the process started, imports
     included; in a fork of the run's warm interpreter, since the `quantize` launcher started), "engine_start_s"
     (model loads and server starts, and waits for a server another stage or warm started; 0 for an attach to
-    one that was up), "engines", "work_s" (working: `working`), "exit"}."""
+    one that was up), "engines", "work_s" (working: `working`), "cpu_s" (_cpu_seconds), "exit"}."""
     import os
     import time
 
@@ -141,11 +154,20 @@ def _record_stage(code: int) -> None:
             "ahead_wait_s": round(AHEAD_WAIT[0], 2), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,
             "engine_start_s": engine_start_seconds(), "engines": [{**s, "seconds": round(s["seconds"], 2)}
                                                                    for s in STARTS],
-            "work_s": round(WORK_SECONDS[0], 2),
+            "work_s": round(WORK_SECONDS[0], 2), "cpu_s": _cpu_seconds(),
             "forked": bool(os.environ.get("QUANTIZE_STAGE_STARTED")),  # from the run's warm interpreter
             "in_flight": dict(PEAK_IN_FLIGHT), "stalls": list(STALLS),  # pipeline/engines/inflight.py
             "exit": code, "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "ended_at": round(time.time(), 3)}
     _append_stage_log(line)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user and system) this process and the children it waited for used: in a fork of the run's
+    warm interpreter, since the fork."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 2)
 
 
 def load_params(path: Path) -> params_mod.Params:

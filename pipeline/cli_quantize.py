@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from pipeline import methods
+from pipeline import console, methods
 from pipeline import params as params_mod
 from pipeline.cli_common import PARAMS_OPTION, load_params, make_room_on_gpu, refuse_overlap, stage, working
 from pipeline.errors import UserError
@@ -74,7 +74,7 @@ def _quantize(name: str, params_file: Path, variant: Optional[str], flags: dict,
     with _calibration_blocks(p, calib, model) as blocks:
         with working():
             result = quantize_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)
-    typer.echo(result.summary())
+    console.summary(result.summary())
 
 
 def _variant_settings(p: params_mod.Params, variant: Optional[str], method: str):

@@ -1,27 +1,38 @@
-"""What a stage shows the user while it works: one logging setup and one kind of progress bar.
+"""What a stage shows the user while it works: one logging setup, one kind of progress bar, one summary line.
 
 `setup(verbosity)` is called once by the CLI (`-v` for debug detail, `--quiet` for warnings and
 errors only): messages go to stderr through Python's logging (rich formatting on a terminal), Python
 warnings are routed into it, and the chatter of the libraries underneath (transformers, datasets,
 lm-eval, llm-compressor) is held back to warnings unless `-v`. Stage modules log through
-`logging.getLogger(__name__)` and never print; the CLI prints each stage's one-line summary on stdout.
+`logging.getLogger(__name__)` and never print; the CLI prints each stage's one-line summary (`summary`).
+
+Inside `dvc repro` (DVC_STAGE set; not with -v, nor with QUANTIZE_STAGE_OUTPUT=terminal) a stage keeps the
+terminal to itself and its libraries: everything written to its standard output and error, by Python or by a
+library's C code or a child process, goes to the stage's log file (LOG_DIR/<stage>.log, written afresh each
+run), with the stage's own detail lines (plans, per-suite lines, lists); the terminal gets the stage's progress
+bar, its warnings, its one-line summary, and on failure the error with the log's path (`error`).
 
 `progress(description, total)` is a context manager giving an `advance(n)` callable: a rich bar on
-stderr that moves per item (per request, per judgment, per sequence, per byte), transient on a
-terminal, silent when stderr is not one or with `--quiet` (and so are the libraries' tqdm bars).
+the terminal that moves per item (per request, per judgment, per sequence, per byte), transient,
+silent when the terminal is not one or with `--quiet` (and so are the libraries' tqdm bars).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import sys
 import warnings
+from pathlib import Path
 from typing import Callable, Iterator
 
 LIBRARIES = ("transformers", "datasets", "lm_eval", "lm-eval", "llmcompressor", "compressed_tensors", "accelerate",
              "httpx", "urllib3", "filelock", "fsspec", "torch", "numexpr")
-_state = {"quiet": False, "configured": False}
+LOG_DIR = Path(".cache") / "logs"  # in the project (git-ignored): each DVC stage's log, by stage name
+OUTPUT_ENV = "QUANTIZE_STAGE_OUTPUT"  # "terminal": a DVC stage writes everything to the terminal, as outside DVC
+_state: dict = {"quiet": False, "configured": False, "terminal": None, "log": None, "console": None}
 
 
 def setup(verbosity: int = 0, quiet: bool = False) -> None:
@@ -30,38 +41,106 @@ def setup(verbosity: int = 0, quiet: bool = False) -> None:
     from rich.logging import RichHandler
 
     level = logging.WARNING if quiet else logging.DEBUG if verbosity > 0 else logging.INFO
+    stage = os.environ.get("DVC_STAGE")
+    if stage and verbosity == 0 and os.environ.get(OUTPUT_ENV) != "terminal" and _state["terminal"] is None:
+        _to_stage_log(stage)
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_quantize", False):
             root.removeHandler(handler)
-    handler = RichHandler(console=Console(stderr=True), show_time=False, show_path=verbosity > 0,
-                          markup=False, rich_tracebacks=False)
-    handler._quantize = True
+    terminal = _state["terminal"]
+    if terminal is not None and _state.get("console") is None:
+        _state["console"] = Console(file=terminal)  # one: the stage's warnings print above its bar, not into it
+    handler = RichHandler(console=_state.get("console") or Console(stderr=True), show_time=False,
+                          show_path=verbosity > 0, markup=False, rich_tracebacks=False)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    root.addHandler(handler)
+    handlers = [handler]
+    if terminal is not None:  # the terminal: the stage's own warnings; the log: everything at info and above
+        handler.setLevel(logging.WARNING)
+        handler.addFilter(lambda record: record.name.startswith("pipeline"))
+        to_log = logging.StreamHandler(sys.stderr)
+        to_log.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handlers.append(to_log)
+    for one in handlers:
+        one._quantize = True
+        root.addHandler(one)
     root.setLevel(level)
     for name in LIBRARIES:
-        logging.getLogger(name).setLevel(logging.DEBUG if verbosity > 1 else logging.WARNING)
+        logging.getLogger(name).setLevel(logging.DEBUG if verbosity > 1 else logging.INFO if terminal else logging.WARNING)
     logging.captureWarnings(True)  # warnings.warn(...) -> logger "py.warnings" -> the handler above
     warnings.simplefilter("default")
-    _silence_loguru(level)
-    if quiet or (verbosity == 0 and not Console(stderr=True).is_terminal):  # -v keeps them
+    _silence_loguru(level, keep_info=terminal is not None)
+    if quiet or terminal is not None or (verbosity == 0 and not Console(stderr=True).is_terminal):  # -v keeps them
         # the libraries' tqdm bars (llm-compressor's grid search, transformers' loading) would write a line
         # per update into a log; ours are silent there too. tqdm reads TQDM_* when a bar is made.
         os.environ.setdefault("TQDM_DISABLE", "1")
     _state.update(quiet=quiet, configured=True)
 
 
-def _silence_loguru(level: int) -> None:
-    """llm-compressor logs through loguru to stderr at INFO: keep its warnings, drop its chatter."""
+def _to_stage_log(stage: str) -> None:
+    """Standard output and error (the descriptors: whatever writes them) go to the stage's log from here on; the
+    terminal stays reachable through _state["terminal"] (standard error's) and _state["summary"] (standard
+    output's)."""
+    path = LOG_DIR / (stage.replace("/", "_").replace(" ", "_") + ".log")
     try:
-        import sys
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(path, "w", encoding="utf-8")
+    except OSError:
+        return  # no log there: the stage writes to the terminal, as outside DVC
+    terminal = {fd: os.dup(fd) for fd in (1, 2)}
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    for fd in (1, 2):
+        os.dup2(log.fileno(), fd)
+    log.close()
+    _state.update(log=path, terminal=_stream(terminal[2]), summary=_stream(terminal[1]))
 
+
+def _stream(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=True), encoding="utf-8", errors="backslashreplace",
+                            line_buffering=True)
+
+
+def log_path() -> Path | None:
+    """The stage's log, when its output goes there (inside dvc repro)."""
+    return _state["log"]
+
+
+def summary(line: str) -> None:
+    """The stage's one-line summary: on standard output, and inside dvc repro on the terminal and in the log."""
+    import typer
+
+    if _state["terminal"] is None:
+        typer.echo(line)
+        return
+    print(line, file=sys.stdout, flush=True)
+    print(line, file=_state["summary"], flush=True)
+
+
+def error(message: str) -> None:
+    """A failure: on standard error (red), and inside dvc repro on the terminal with the log's path."""
+    import typer
+
+    if _state["terminal"] is None:
+        typer.secho(message, fg=typer.colors.RED, err=True)
+        return
+    print(message, file=sys.stderr, flush=True)
+    where = f"(the stage's whole output: {_state['log']})"
+    typer.secho(f"{message}\n{where}" if len(message) + len(where) > 150 or "\n" in message else f"{message} {where}",
+                fg=typer.colors.RED, file=_state["terminal"])
+
+
+def _silence_loguru(level: int, keep_info: bool = False) -> None:
+    """llm-compressor logs through loguru to stderr at INFO: keep its warnings, drop its chatter (keep_info: the
+    stage's log takes it)."""
+    try:
         from loguru import logger
     except ImportError:
         return
     logger.remove()
-    logger.add(sys.stderr, level="INFO" if level <= logging.DEBUG else "WARNING", format="{level}: {message}")
+    logger.add(sys.stderr, level="INFO" if level <= logging.DEBUG or keep_info else "WARNING",
+               format="{level}: {message}")
 
 
 @contextlib.contextmanager
@@ -73,11 +152,15 @@ def progress(description: str, total: int | None, unit: str = "items") -> Iterat
     from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn, TimeRemainingColumn
 
-    console = Console(stderr=True)
+    console = _state.get("console") or Console(stderr=True)
     disable = _state["quiet"] or not console.is_terminal
     counts = [DownloadColumn()] if unit == "bytes" else [MofNCompleteColumn(), TextColumn(unit)]
     columns = [TextColumn("{task.description}"), BarColumn(), *counts, TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=True, disable=disable) as bar:
+    # rich shows what is written to sys.stdout and sys.stderr above the bar while it runs; inside dvc repro those
+    # are the stage's log, and stay so
+    logged = _state["terminal"] is not None
+    with Progress(*columns, console=console, transient=True, disable=disable, redirect_stdout=not logged,
+                  redirect_stderr=not logged) as bar:
         task = bar.add_task(description, total=total)
         yield _Advance(bar, task)
 

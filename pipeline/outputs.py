@@ -32,6 +32,12 @@ STAGE_RECORD = ".stage.json"
 # What stages wrote into their outputs before the provenance record existed: such a folder is not replaced.
 LEGACY_RECORDS = ("source.json", "quant.json", "export.json", "stats.json")
 FULL_HASH_BYTES = 256 << 20  # larger input files are fingerprinted by size and modification time
+# What the writers below add to a NAME they write: atomic_dir's temp dir `.NAME.tmp-PID-XXXXXXXX` is the longest
+# (write_atomic's `.NAME.tmp-PID` and the `.NAME.old-PID` a replacement moves aside are shorter).
+PID_DIGITS = 7  # Linux process ids stay below 2**22 = 4194304
+TEMP_RANDOM = 8  # the random part tempfile.mkdtemp appends
+TEMP_NAME_EXTRA = len(".") + len(".tmp-") + PID_DIGITS + len("-") + TEMP_RANDOM
+DEFAULT_NAME_MAX = 255  # bytes in one file name, when the file system does not say (ext4, xfs, btrfs: 255)
 
 
 def _overlap(out: Path, source: Path) -> str | None:
@@ -46,12 +52,69 @@ def _overlap(out: Path, source: Path) -> str | None:
     return None
 
 
+def name_max(folder: Path | str) -> int:
+    """Bytes one file name may have on the file system that holds `folder` (or would: its nearest existing
+    ancestor)."""
+    folder = Path(os.path.abspath(folder))
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return DEFAULT_NAME_MAX
+
+
+def longest_name(folder: Path | str, suffix: str = "") -> int:
+    """Bytes a NAME written into `folder` (as NAME+suffix) may have: the file system's limit less what the writers
+    add for their temporary names (TEMP_NAME_EXTRA) and the suffix."""
+    return name_max(folder) - TEMP_NAME_EXTRA - len(os.fsencode(suffix))
+
+
+def name_problem(name: str, folder: Path | str, suffix: str = "") -> str | None:
+    """Why `name` (+ suffix) cannot be written into `folder` on this file system, else None."""
+    size, limit, most = len(os.fsencode(name)), longest_name(folder, suffix), name_max(folder)
+    if size <= limit:
+        return None
+    added = f"{suffix} and the writers' temporary names (.NAME{suffix}.tmp-PID-XXXXXXXX)" if suffix \
+        else "the writers' temporary names (.NAME.tmp-PID-XXXXXXXX)"
+    return (f"is {size} bytes long, over the {limit} a name in {Path(folder).as_posix()}/ may have here (the file "
+            f"system takes {most} bytes, and {added} add {most - limit}); shorten it")
+
+
+def path_problem(path: Path | str) -> str | None:
+    """Why the folder or file `path` cannot be written atomically on this file system (a part of it too long; the
+    last one with the writers' temporary names counted), else None."""
+    path = Path(path)
+    for index, part in enumerate(path.parts):
+        if part in (path.anchor, ".", ".."):
+            continue
+        parent, size = Path(*path.parts[:index]) if index else Path("."), len(os.fsencode(part))
+        if index == len(path.parts) - 1:
+            problem = name_problem(part, parent)
+        else:
+            problem = f"is {size} bytes long, over the {name_max(parent)} the file system allows for one name" \
+                if size > name_max(parent) else None
+        if problem:
+            return f"its part {shown_name(part)} {problem}"
+    return None
+
+
+def shown_name(name: str, limit: int = 40) -> str:
+    """A name for a message: whole when short, else its start."""
+    return repr(name) if len(name) <= limit else f"{name[:limit - 3]!r}..."
+
+
 def check_out(out: Path | str, inputs: dict[str, Path | str | None], *, option: str = "--out",
               replaces: str | None = None) -> None:
-    """Refuses, before any work, an output path that is, contains or lies inside an input (the
+    """Refuses, before any work, an output path that cannot be written on this file system (a name too long,
+    temporary names counted: `path_problem`), one that is, contains or lies inside an input (the
     stage would overwrite, delete or change what it reads), and with `replaces` (the stage's name)
     an existing directory that stage may not replace (`check_replaceable`)."""
     out = Path(out)
+    if (problem := path_problem(out)) is not None:
+        from pipeline.errors import UserError
+
+        raise UserError(f"{option} {shown_name(str(out), 80)}: {problem}")
     collisions = []
     for label, source in inputs.items():
         if source is None or str(source) == "demo":
@@ -261,6 +324,11 @@ def dir_size(path: Path | str) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 record", "2 records" (`plural` for a noun that does not take -s)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def human_size(n_bytes: int) -> str:

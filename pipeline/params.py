@@ -22,7 +22,7 @@ from pipeline.errors import UserError
 from pipeline.params_checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
                                     check_moved_keys, check_suite_models)
 from pipeline.params_errors import format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
-from pipeline.params_section import SafePath, Section
+from pipeline.params_section import OutPath, SafePath, Section
 
 DEFAULT_PARAMS = Path("params.yaml")
 SEED_MAX = 2**32 - 1  # numpy and torch take seeds below 2**32
@@ -45,13 +45,13 @@ EngineName = Annotated[str, BeforeValidator(_registered_engine)]
 
 class ModelParams(Section):
     source: str = Field("demo", min_length=1)
-    base_dir: SafePath = Path("models/base")
+    base_dir: OutPath = Path("models/base")
     dtype: Literal["float16", "bfloat16"] = "float16"
 
 
 class CalibParams(Section):
     source: SafePath = Path("calib_data/support_logs.jsonl")
-    out: SafePath = Path("calib_data/build")
+    out: OutPath = Path("calib_data/build")
     seq_len: int = Field(256, ge=16, le=32768)
     num_blocks: int = Field(32, ge=1, le=16384)
     holdout: int = Field(32, ge=0, le=10000)
@@ -342,14 +342,21 @@ class Params(Section):
 
     @field_validator("variants", "suites")
     @classmethod
-    def _safe_names(cls, entries: dict) -> dict:
+    def _safe_names(cls, entries: dict, info) -> dict:
+        """Each name a folder (models/<variant>, results/<variant>) or file (results/<model>/<suite>.jsonl) can be
+        given on this file system, with the temporary names the writers make of it (pipeline/outputs.py)."""
         import re
 
+        from pipeline.outputs import name_problem, shown_name
+
+        folder, suffix = (Path("models"), "") if info.field_name == "variants" else (Path("results") / "base", ".jsonl")
         for name in entries:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) or name == "base":
                 raise ValueError(
-                    f"name {name!r} must be letters, digits, '-', '_' or '.', and not 'base'"
+                    f"name {shown_name(name)} must be letters, digits, '-', '_' or '.', and not 'base'"
                 )
+            if (problem := name_problem(name, folder, suffix)) is not None:
+                raise ValueError(f"name {shown_name(name)} {problem}")
         return entries
 
     def variant(self, name: str) -> VariantParams:

@@ -69,12 +69,35 @@ def message_for(err: dict) -> str:
     return message
 
 
+def key_as_written(err: dict, lines: dict[tuple, int] | None) -> tuple[tuple[str, ...], str] | None:
+    """A mapping key YAML read as true/false, a number or null (`true:`, `1:`, `~:`) where a name belongs: its path
+    with the key as written in the file, and what to do; None for any other error."""
+    if err["type"] != "string_type" or err["loc"][-1:] != ("[key]",):
+        return None
+    import yaml
+
+    parent, value = clean_loc(err["loc"][:-2]), err["input"]
+    for where in lines or {}:
+        if where[:-1] == parent and len(where) == len(parent) + 1:
+            try:
+                read = yaml.safe_load(where[-1])
+            except yaml.YAMLError:
+                continue
+            if read == value and type(read) is type(value):
+                text = where[-1]
+                return where, (f"YAML reads this key as {kind_of(value)}, not as a name; quote it ('{text}':) or "
+                               "rename it")
+    return parent + (str(value),), f"YAML reads this key as {kind_of(value)}, not as a name; quote it or rename it"
+
+
 def format_error(path: Path, exc: ValidationError, lines: dict[tuple, int] | None = None) -> str:
     """One line per problem: FILE:LINE: dotted.key: what is wrong and what to write."""
     by_loc: dict[tuple, list[str]] = {}
     for err in exc.errors():
         message = message_for(err)
         loc = clean_loc(err["loc"])
+        if (written := key_as_written(err, lines)) is not None:
+            loc, message = written
         if message not in by_loc.setdefault(loc, []):
             by_loc[loc].append(message)
     out = []

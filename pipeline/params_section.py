@@ -43,7 +43,18 @@ def _no_nul(path: Path) -> Path:
     return path
 
 
+def _writable_name(path: Path) -> Path:
+    from pipeline.outputs import path_problem
+
+    if (problem := path_problem(path)) is not None:
+        raise ValueError(problem)
+    return path
+
+
 SafePath = Annotated[Path, AfterValidator(_no_nul)]
+# a folder a stage writes (atomically: pipeline/outputs.py): every part a name this file system takes, the last one
+# with the writers' temporary names
+OutPath = Annotated[Path, AfterValidator(_no_nul), AfterValidator(_writable_name)]
 
 
 class Section(BaseModel):

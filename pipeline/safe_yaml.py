@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from pipeline.errors import UserError
+from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, not_utf8
 
 MAX_FILE_BYTES = 1 << 20  # a settings file; params.yaml is about 5 KB
 MAX_EXPANDED_NODES = 10_000  # scalars, lists and mappings, each alias counted as what it stands for
@@ -145,8 +145,10 @@ def _read_text(path: Path, what: str) -> str:
     if len(data) > MAX_FILE_BYTES:
         raise UserError(f"{path}: over {MAX_FILE_BYTES >> 20} MB, too large for {what}; "
                         "is it the right file?")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise UserError(f"{path}:1: the file is UTF-16 encoded; save it as UTF-8")
+    encoding = not_utf8(data[:UTF16_SAMPLE_BYTES])
+    if encoding is not None:
+        how = "" if encoding == "UTF-16" else " without a byte-order mark (every other byte is 0)"
+        raise UserError(f"{path}:1: the file is {encoding} encoded{how}; save it as UTF-8")
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:

@@ -134,6 +134,9 @@ PARAMS_CASES = [
     ("bytes that are not UTF-8", sub("  base_dir: models/base", "  base_dir: models/base # caf\udcff").encode(
         "utf-8", "surrogateescape"), ["params.yaml:3: bytes that are not UTF-8 (0xff); save the file as UTF-8"]),
     ("UTF-16", BASE_PARAMS.encode("utf-16"), ["params.yaml:1: the file is UTF-16 encoded; save it as UTF-8"]),
+    ("UTF-16 without BOM", BASE_PARAMS.encode("utf-16-le"),
+     ["params.yaml:1: the file is UTF-16-LE encoded without a byte-order mark (every other byte is 0); save it as "
+      "UTF-8"]),
     ("a NUL byte", sub("  source: tiny-hf", "  source: tiny\x00hf"), ["params.yaml:2: character #x0000", "delete it"]),
     ("a directory", None, ["params.yaml: is a directory; pass a params.yaml"]),
     ("no such file", None, ["nothere.yaml: no such file; pass --params with an existing params.yaml"]),
@@ -236,6 +239,11 @@ PARAMS_CASES = [
      ["params.yaml:13: variants.awq-w4a16.group_size: 1024 is not one of auto, 16, 32, 64, 128"]),
     ("a regex that does not compile", sub("  holdout: 4", "  holdout: 4\n  redact_patterns: ['((']"),
      ["params.yaml:10: calib.redact_patterns: '((' is not a valid regex"]),
+    ("a variant named true", sub("  fp8-w8a8:", "  true:"),
+     ["params.yaml:14: variants.true: YAML reads this key as true/false, not as a name; quote it ('true':) or "
+      "rename it"]),
+    ("a suite named 1", sub("  math:\n    task", "  1:\n    task"),
+     ["params.yaml:17: suites.1: YAML reads this key as a number, not as a name; quote it ('1':)"]),
     ("a suite named base", sub("  math:\n    task", "  base:\n    task"),
      ["params.yaml:16: suites: name 'base' must be letters, digits"]),
     ("a suite without a task", sub("    task: quant_gsm8k\n", ""),
@@ -400,7 +408,12 @@ CALIB_CASES = [
     ("UTF-16 BE with BOM", writer("u16be.jsonl", b"\xfe\xff" + lines(TURNS).decode().encode("utf-16-be")), False,
      ["{p}/u16be.jsonl:1: the file is UTF-16 encoded"]),
     ("UTF-16 without BOM", writer("u16.jsonl", lines(TURNS, TURNS).decode().encode("utf-16-le")), False,
-     ["{p}/u16.jsonl: ", "records are bad", "invalid JSON"]),
+     ["{p}/u16.jsonl:1: the file is UTF-16-LE encoded without a byte-order mark (every other byte is 0); re-export it "
+      "as UTF-8"]),
+    ("UTF-16 BE without BOM, gzipped", writer("u16be.jsonl.gz", gzip.compress(lines(*LOGS[:5]).decode().encode(
+        "utf-16-be"))), False, ["{p}/u16be.jsonl.gz:1: the file is UTF-16-BE encoded without a byte-order mark"]),
+    ("UTF-16 .json without BOM", writer("u16le.json", json.dumps(LOGS[:3]).encode("utf-16-le")), False,
+     ["{p}/u16le.json:1: the file is UTF-16-LE encoded without a byte-order mark"]),
     ("UTF-16 .json", writer("u16.json", json.dumps([TURNS]).encode("utf-16")), False,
      ["{p}/u16.json:1: the file is UTF-16 encoded"]),
     ("Latin-1 bytes", writer("latin1.jsonl", '{"text": "café crème"}\n'.encode("latin-1") * 3), False,

@@ -1,4 +1,5 @@
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -164,3 +165,60 @@ def test_a_bad_flag_value_exits_2_naming_the_flag(tmp_path):
                        (["awq", "--group-size", "100"], "--group-size 100: ")):
         result = CliRunner().invoke(app, [*args, "--params", str(path)])
         assert result.exit_code == 2 and flag in result.output and "Traceback" not in result.output, result.output
+
+
+# ---------------------------------------------------------------- names that must become folders (issue 46 item 4)
+
+def test_a_name_the_file_system_cannot_hold_with_the_writers_temp_names_is_refused_with_the_limit(tmp_path, monkeypatch):
+    from pipeline.outputs import TEMP_NAME_EXTRA, longest_name, name_max
+
+    monkeypatch.chdir(tmp_path)
+    limit = longest_name("models")
+    assert limit == name_max("models") - TEMP_NAME_EXTRA
+    for length in (300, 250, limit + 1):  # 300 died in os.stat, 250 after quantizing (models/.NAME.tmp-...)
+        settings = {**TINY_PARAMS, "variants": {"a" * length: {"method": "rtn"}}}
+        with pytest.raises(UserError) as err:
+            params.load(write_params(tmp_path, settings))
+        assert "variants: name 'aaaa" in str(err.value) and f"is {length} bytes long, over the {limit} a name in " \
+            f"models/ may have here (the file system takes {name_max('models')} bytes" in str(err.value)
+    suite = {"task": "quant_gsm8k"}
+    with pytest.raises(UserError, match=rf"suites: name 's+'\.\.\. is {limit - 5} bytes long, over the {limit - 6}"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "suites": {"s" * (limit - 5): suite}}))
+    with pytest.raises(UserError, match=rf"model.base_dir: its part 'b+'\.\.\. is {limit + 1} bytes long"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "model": {"base_dir": "models/" + "b" * (limit + 1)}}))
+    with pytest.raises(UserError, match=r"calib.out: its part 'é+'\.\.\. is 300 bytes long, over the"):  # bytes, not characters
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "calib": {"out": "calib_data/" + "é" * 150}}))
+
+
+def test_the_longest_name_accepted_is_written_atomically_by_a_process_with_the_largest_pid(tmp_path, monkeypatch):
+    from pipeline import outputs
+
+    monkeypatch.chdir(tmp_path)
+    longest = "v" * outputs.longest_name("models")
+    p = params.load(write_params(tmp_path, {**TINY_PARAMS, "variants": {**TINY_PARAMS["variants"],
+                                                                         longest: {"method": "rtn"}}}))
+    assert longest in p.variants
+    monkeypatch.setattr(outputs.os, "getpid", lambda: 10 ** outputs.PID_DIGITS - 1)  # every pid's digits
+    for _ in range(2):  # the second replaces the first: the .old-PID name too
+        with outputs.atomic_dir(Path("models") / longest, "quantize") as tmp:
+            assert len(tmp.name) == outputs.name_max("models")  # the temp dir's name at the file system's limit
+            (tmp / "config.json").write_text("{}")
+    outputs.write_atomic(Path("results") / longest / "kl.json", "{}")
+    assert (Path("models") / longest / "config.json").is_file()
+
+
+def test_quantize_refuses_a_name_too_long_before_any_work(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    name = "w" * 250
+    write_params(tmp_path, {**TINY_PARAMS, "variants": {**TINY_PARAMS["variants"], name: {"method": "rtn"}}})
+    result = CliRunner().invoke(app, ["variant", name])
+    assert result.exit_code == 2 and "is 250 bytes long, over the" in result.output, result.output
+    write_params(tmp_path)
+    result = CliRunner().invoke(app, ["rtn", "--out", f"models/{name}"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--out 'models/ww" in result.output and f": its part '{'w' * 37}'... is 250 bytes long" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing made, not even models/

@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.calib.dedup import NEAR_DUPLICATE_JACCARD, WordIds, jaccard, near_duplicates, normalised, shingles
-from pipeline.calib.load import CalibStats, _letters, check_skipped, load_conversations
-from pipeline.calib.pack import (
-    _load_tokenizer, holdout_prompt, pack, render, split, token_counts_and_stream,
-)
+from pipeline.calib.load import CalibStats, _letters, check_skipped, load_conversations, read_conversations
+from pipeline.calib.pack import _load_tokenizer, calibration_stream, held_out, holdout_prompt, pack, render
 from pipeline.calib.redact import redact
+from pipeline.calib.store import ConversationStore
+from pipeline.console import progress
 from pipeline.errors import UserError
 from pipeline.formats.calib_blocks import blocks_text, is_blocks_file, read_blocks
 from pipeline.formats.conversations import MAX_LINE_BYTES, Conversation, to_conversation
 from pipeline.formats.holdout import write_holdout
-from pipeline.outputs import Stopwatch, atomic_dir
+from pipeline.outputs import Stopwatch, atomic_dir, counted
 from pipeline.params import CalibParams, with_overrides
 
 __all__ = [  # the stage, and the names other code uses as calib.X
@@ -57,44 +57,37 @@ class CalibResult:
 
     def summary(self) -> str:
         s = self.stats
-        dropped = ", ".join(f"{n} {why}" for why, n in s["dropped"].items())
+        dropped = ", ".join(counted(n, why) if why in ("duplicate", "near-duplicate", "bad record") else f"{n} {why}"
+                            for why, n in s["dropped"].items())
         controls = s["control_characters_removed"]
         removed = (f", {controls} control characters removed (the first at "
                    f"{s['control_characters_first_10'][0].rsplit(': ', 1)[0]})") if controls else ""
         return (
-            f"calib: wrote {self.out} ({s['blocks']} blocks x {s['seq_len']} tokens, "
-            f"{s['holdout']} holdout prompts; kept {s['records_kept']} of {s['records_in']} records"
-            f"{f' (dropped {dropped})' if dropped else ''}, {sum(s['redactions'].values())} redactions{removed}) "
+            f"calib: wrote {self.out} ({counted(s['blocks'], 'block')} x {s['seq_len']} tokens, "
+            f"{counted(s['holdout'], 'holdout prompt')}; kept {s['records_kept']:,} of {counted(s['records_in'], 'record')}"
+            f"{f' (dropped {dropped})' if dropped else ''}, {counted(sum(s['redactions'].values()), 'redaction')}{removed}) "
             f"in {self.seconds:.1f} s"
         )
-
-
-def _jsonl(rows) -> str:
-    return "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows)
 
 
 def _sorted(counts: dict) -> dict:
     return {key: counts[key] for key in sorted(counts) if counts[key]}
 
 
-def _render_all(tokenizer, conversations: list[Conversation], stats: CalibStats,
-                model_dir: Path) -> tuple[list[Conversation], list[str]]:
-    """The conversations the chat template accepts, and their rendered texts."""
-    from pipeline.console import progress
-
-    rendered = []
-    with progress("calib: chat template", len(conversations), "conversations") as advance:
-        for conversation in conversations:
-            rendered.append((conversation, render(tokenizer, conversation)))
-            advance(1)
-    kept = [(c, text) for c, text in rendered if text is not None]
-    rejected = len(rendered) - len(kept)
-    if rejected and not kept:
+def _render_all(tokenizer, store: ConversationStore, held: list[Conversation], stats: CalibStats, model_dir: Path,
+                needed: int) -> tuple[int, int, list[int]]:
+    """(calibration conversations the chat template accepted, their tokens in all, the first `needed` tokens of
+    their concatenation); those it rejects are counted as dropped."""
+    count = store.kept - len(held)
+    with progress("calib: chat template", count, "conversations") as advance:
+        accepted, rejected, tokens, stream = calibration_stream(tokenizer, store, {bytes.fromhex(c.key) for c in held},
+                                                                needed, advance)
+    if rejected and not accepted:
         raise UserError(f"{model_dir}: the chat template rejected every conversation; check the template in "
                         "tokenizer_config.json or chat_template.jinja")
     stats.dropped["rejected by chat template"] += rejected
     stats.kept -= rejected
-    return [c for c, _ in kept], [text for _, text in kept]
+    return accepted, tokens, stream
 
 
 def _file_sha256(path: Path) -> str:
@@ -139,44 +132,70 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
         strict: bool = False, **overrides) -> CalibResult:
     """settings: params.yaml `calib` (defaults in params.py; its source and out are the CLI's defaults,
     the paths given here are what runs); `overrides` (e.g. seq_len=64, redact=False) replace fields and
-    are validated again. strict: stop at the first bad record instead of skipping it."""
+    are validated again. strict: stop at the first bad record instead of skipping it. Streams: what it has read
+    waits in a scratch store on disk (pipeline/calib/store.py), so its memory does not grow with the file."""
     s = with_overrides(settings or CalibParams(), **overrides)
-    watch, phases, lap = Stopwatch(), {}, time.perf_counter()
-
-    def phase(name: str) -> None:
-        nonlocal lap
-        now = time.perf_counter()
-        phases[name], lap = now - lap, now
-
     source, out, model_dir = Path(source), Path(out), Path(model_dir)
-    conversations, stats = load_conversations(
-        source, strict=strict, max_bad_fraction=s.max_bad_fraction,
-        do_redact=s.redact, extra_patterns=s.redact_patterns,
-    )
-    phase("read+redact+dedup")
-    if s.holdout and not any(m["role"] == "user" for c in conversations for m in c.messages):
-        raise UserError(f"{source}: no record has a user turn, so none can be held out for the judge, kl, bench and "
-                        f"ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or set "
-                        "calib.holdout: 0 to calibrate on this text alone")
-    calib_set, held = split(conversations, s.holdout)
-    phase("split")
-    tokenizer = _load_tokenizer(model_dir)
-    phase("load tokenizer")
-    calib_set, texts = _render_all(tokenizer, calib_set, stats, model_dir)
-    check_skipped(source, stats, s.max_bad_fraction, model_dir)
-    conversation_tokens, stream = token_counts_and_stream(tokenizer, texts, s.seq_len * s.num_blocks)
-    blocks = pack(stream, s.seq_len, s.num_blocks, source)
-    phase("render+pack")
-    summary = _summary(source, stats, do_redact=s.redact, calib_set=len(calib_set), held=len(held), seq_len=s.seq_len,
-                       blocks=blocks, conversation_tokens=conversation_tokens,
-                       chat_template=bool(getattr(tokenizer, "chat_template", None)))
+    watch, phases = Stopwatch(), _Phases()
+    with ConversationStore() as store:
+        with progress("calib: reading", _readable_size(source), "bytes") as advance:
+            stats = read_conversations(source, store, strict=strict, max_bad_fraction=s.max_bad_fraction,
+                                       do_redact=s.redact, extra_patterns=s.redact_patterns, advance=advance)
+        phases("read+redact+dedup")
+        if s.holdout and not store.any_user_turn():
+            raise UserError(f"{source}: no record has a user turn, so none can be held out for the judge, kl, bench "
+                            f"and ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or set "
+                            "calib.holdout: 0 to calibrate on this text alone")
+        held = held_out(store, s.holdout)
+        phases("split")
+        tokenizer = _load_tokenizer(model_dir)
+        phases("load tokenizer")
+        calib_set, conversation_tokens, stream = _render_all(tokenizer, store, held, stats, model_dir,
+                                                             s.seq_len * s.num_blocks)
+        check_skipped(source, stats, s.max_bad_fraction, model_dir)
+        blocks = pack(stream, s.seq_len, s.num_blocks, source)
+        phases("render+pack")
+        summary = _summary(source, stats, do_redact=s.redact, calib_set=calib_set, held=len(held),
+                           seq_len=s.seq_len, blocks=blocks, conversation_tokens=conversation_tokens,
+                           chat_template=bool(getattr(tokenizer, "chat_template", None)))
+        _write(out, source, model_dir, store, held, blocks, summary)
+        phases("write")
+    return CalibResult(out, summary, watch.seconds, phases.seconds)
+
+
+class _Phases:
+    """Seconds per phase: phases(name) ends the phase begun at the last call (or at creation)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.lap = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self.lap = now - self.lap, now
+
+
+def _readable_size(source: Path) -> int | None:
+    """The bytes the reading bar counts to: the file's size; unknown (None) for gzip, whose decompressed bytes
+    it counts."""
+    try:
+        with open(source, "rb") as handle:
+            return None if handle.read(2) == b"\x1f\x8b" else source.stat().st_size
+    except OSError:
+        return None  # the reader says what is wrong
+
+
+def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, held: list[Conversation],
+           blocks: list[list[int]], summary: dict) -> None:
+    """The stage's files, into a temp folder that replaces `out` whole (pipeline/outputs.py atomic_dir)."""
     blocks_file = blocks_text(blocks)
     summary["blocks_sha256"] = hashlib.sha256(blocks_file.encode()).hexdigest()
+    held_keys = {bytes.fromhex(c.key) for c in held}
     with atomic_dir(out, "calib", {"source": source, "tokenizer checkpoint": model_dir}) as tmp:
         (tmp / "calib.jsonl").write_text(blocks_file, encoding="utf-8")
-        (tmp / "calib_conversations.jsonl").write_text(
-            _jsonl({"where": c.where, "messages": c.messages} for c in calib_set), encoding="utf-8")
+        with open(tmp / "calib_conversations.jsonl", "wb") as handle:
+            for key, _, offset, length, _ in store.by_hash():
+                if key not in held_keys:
+                    handle.write(store.line(offset, length))
         write_holdout(tmp / "holdout.jsonl", [holdout_prompt(c) for c in held])
         (tmp / "stats.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    phase("write")
-    return CalibResult(out, summary, watch.seconds, phases)

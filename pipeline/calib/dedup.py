@@ -6,7 +6,6 @@ checked with the exact Jaccard.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import re
 import unicodedata
@@ -49,10 +48,15 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(normalised(text).encode("utf-8")).hexdigest()
 
 
+WORD_IDS_KEPT = 1 << 17  # words whose ids are remembered (a log's vocabulary grows with its size; ids are recomputed)
+
+
 class WordIds(dict):
-    """Stable 64-bit id per word (Python's str hash changes per process)."""
+    """Stable 64-bit id per word (Python's str hash changes per process); remembers at most WORD_IDS_KEPT."""
 
     def __missing__(self, word: str) -> int:
+        if len(self) >= WORD_IDS_KEPT:
+            self.clear()
         value = self[word] = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
         return value
 
@@ -84,6 +88,7 @@ def minhash_signatures(shingle_sets: list[np.ndarray]) -> np.ndarray:
         hashed += MINHASH_OFFSETS[:, None]
         starts = np.cumsum([0] + [len(s) for s in shingle_sets[first:last - 1]])
         signatures[first:last] = np.minimum.reduceat(hashed, starts, axis=1).T
+        del hashed  # before the next chunk's is made: one (hashes x shingles) matrix at a time
         first = last
     return signatures
 
@@ -93,25 +98,60 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return common / (len(a) + len(b) - common)
 
 
+def band_keys(signature: np.ndarray) -> list[bytes]:
+    """The LSH bucket keys of one signature: its band's number and that band's LSH_ROWS hashes."""
+    return [bytes([band]) + signature[band * LSH_ROWS:(band + 1) * LSH_ROWS].tobytes() for band in range(LSH_BANDS)]
+
+
+class NearDuplicates:
+    """Near-duplicate detection one conversation at a time, in input order, against the conversations kept before
+    (held by a pipeline/calib/store.py ConversationStore, not in memory): `prepare` a batch's texts (MinHash in one
+    numpy pass), then `check` each in order and store it (`store.add_kept` with the returned band keys, or
+    `store.add_dropped`) before the next is checked."""
+
+    def __init__(self, store) -> None:
+        self.store, self.word_ids = store, WordIds()
+
+    def prepare(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """(word 3-gram hashes, MinHash signature or None when the text has no words) per text."""
+        sets = [shingles(text.split(), self.word_ids) for text in texts]
+        with_shingles = [i for i, s in enumerate(sets) if len(s)]
+        signatures = minhash_signatures([sets[i] for i in with_shingles])
+        prepared: list[tuple[np.ndarray, np.ndarray | None]] = [(s, None) for s in sets]
+        for row, index in enumerate(with_shingles):
+            prepared[index] = (sets[index], signatures[row])
+        return prepared
+
+    def check(self, shingle_set: np.ndarray, signature: np.ndarray | None) -> tuple[bool, list[bytes]]:
+        """(whether it overlaps a kept conversation's word 3-grams by >= NEAR_DUPLICATE_JACCARD, the buckets it
+        joins when kept: those not yet holding LSH_BUCKET_CAP)."""
+        if signature is None:
+            return False, []
+        keys = band_keys(signature)
+        members = self.store.bucket_members(keys)
+        candidates = sorted({row for rows in members.values() for row in rows})
+        for _, other_signature, other_set in self.store.candidates(candidates) if candidates else ():
+            if (other_signature == signature).mean() >= MINHASH_PREFILTER and \
+                    jaccard(shingle_set, other_set) >= NEAR_DUPLICATE_JACCARD:
+                return True, []
+        return False, [key for key in keys if len(members.get(key, ())) < LSH_BUCKET_CAP]
+
+
 def near_duplicates(texts: list[str]) -> list[bool]:
     """True for each text whose word 3-grams overlap an earlier kept text's by >= NEAR_DUPLICATE_JACCARD.
     Input order decides which of a pair is kept, so the result is deterministic."""
-    word_ids = WordIds()
-    sets = [shingles(text.split(), word_ids) for text in texts]
-    with_shingles = [i for i, s in enumerate(sets) if len(s)]
-    signatures = minhash_signatures([sets[i] for i in with_shingles])
-    buckets: dict[tuple[int, bytes], list[int]] = collections.defaultdict(list)  # band key -> signature rows
-    dropped = [False] * len(texts)
-    for row, index in enumerate(with_shingles):
-        keys = [(band, signatures[row, band * LSH_ROWS:(band + 1) * LSH_ROWS].tobytes()) for band in range(LSH_BANDS)]
-        candidates = sorted({other for key in keys for other in buckets.get(key, ())})
-        if candidates:
-            agreement = (signatures[candidates] == signatures[row]).mean(axis=1)
-            likely = [other for other, share in zip(candidates, agreement) if share >= MINHASH_PREFILTER]
-            if any(jaccard(sets[index], sets[with_shingles[other]]) >= NEAR_DUPLICATE_JACCARD for other in likely):
-                dropped[index] = True
-                continue
-        for key in keys:
-            if len(buckets[key]) < LSH_BUCKET_CAP:
-                buckets[key].append(row)
+    from pipeline.calib.store import ConversationStore
+    from pipeline.formats.conversations import Conversation
+
+    dropped = []
+    with ConversationStore() as store:
+        finder = NearDuplicates(store)
+        for index, (shingle_set, signature) in enumerate(finder.prepare(texts)):
+            near, keys = finder.check(shingle_set, signature)
+            key = index.to_bytes(8, "big")
+            if near:
+                store.add_dropped(key)
+            else:
+                store.add_kept(Conversation([], "text", str(index)), key, signature, shingle_set, keys)
+            dropped.append(near)
     return dropped

@@ -11,12 +11,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.calib.dedup import near_duplicates, normalised
+from pipeline.calib.dedup import NearDuplicates, normalised
 from pipeline.formats.conversations import BadRecord, Conversation, OnlySystemTurns, iter_records, to_conversation
 from pipeline.calib.redact import redact
+from pipeline.calib.store import ConversationStore
 from pipeline.errors import UserError
+from pipeline.outputs import counted
 
 BAD_RECORDS_LISTED = 10
+DEDUP_BATCH = 1024  # conversations whose MinHash signatures are computed in one numpy pass
 
 
 @dataclass
@@ -79,66 +82,99 @@ def _redacted_message(message: str, where: str, do_redact: bool, extra: list[re.
     return where + redact(message[len(where):], collections.Counter(), extra)
 
 
-def _read_unique(path: Path, stats: CalibStats, *, strict: bool, do_redact: bool,
-                 extra: list[re.Pattern]) -> tuple[list[Conversation], list[str]]:
-    """Valid, redacted conversations without exact duplicates, and the normalised text of their
-    non-system turns (for near-duplicates: a long shared system prompt would make all texts alike)."""
-    conversations, texts, seen = [], [], set()
-    for where, record in iter_records(path):
-        stats.records_in += 1
-        try:
-            if isinstance(record, BadRecord):
-                raise record
-            conversation = to_conversation(record, where)
-        except BadRecord as exc:
-            if isinstance(exc, OnlySystemTurns):
-                stats.only_system += 1
-                stats.only_system_first = stats.only_system_first or where
-            _note_bad(stats, _redacted_message(str(exc), where, do_redact, extra), strict)
+def _record(where: str, record, stats: CalibStats, *, strict: bool, do_redact: bool,
+            extra: list[re.Pattern]) -> Conversation | None:
+    """The record as a checked, redacted conversation; None (counted, listed) when it is bad."""
+    stats.records_in += 1
+    try:
+        if isinstance(record, BadRecord):
+            raise record
+        conversation = to_conversation(record, where)
+    except BadRecord as exc:
+        if isinstance(exc, OnlySystemTurns):
+            stats.only_system += 1
+            stats.only_system_first = stats.only_system_first or where
+        _note_bad(stats, _redacted_message(str(exc), where, do_redact, extra), strict)
+        return None
+    _note_removed(stats, conversation)
+    stats.shapes[conversation.shape] += 1
+    if do_redact:
+        for message in conversation.messages:
+            message["content"] = redact(message["content"], stats.redactions, extra)
+    return conversation
+
+
+def _read_unique(path: Path, stats: CalibStats, store: ConversationStore, *, strict: bool, do_redact: bool,
+                 extra: list[re.Pattern], advance=None) -> None:
+    """Reads the file into `store`: valid, redacted conversations without exact duplicates (identical normalised
+    text) or near-duplicates (the normalised text of their non-system turns: a long shared system prompt would make
+    all texts alike), a batch of DEDUP_BATCH at a time."""
+    finder, batch, batch_keys = NearDuplicates(store), [], set()
+    for where, record in iter_records(path, advance):
+        conversation = _record(where, record, stats, strict=strict, do_redact=do_redact, extra=extra)
+        if conversation is None:
             continue
-        _note_removed(stats, conversation)
-        stats.shapes[conversation.shape] += 1
-        if do_redact:
-            for message in conversation.messages:
-                message["content"] = redact(message["content"], stats.redactions, extra)
         words = [normalised(m["content"]) for m in conversation.messages]
-        conversation.key = hashlib.sha256(" ".join(w for w in words if w).encode("utf-8")).hexdigest()
-        if conversation.key in seen:
+        key = hashlib.sha256(" ".join(w for w in words if w).encode("utf-8")).digest()
+        if key in batch_keys or store.seen(key):
             stats.dropped["duplicate"] += 1
             continue
-        seen.add(conversation.key)
-        conversations.append(conversation)
-        texts.append(" ".join(w for w, m in zip(words, conversation.messages) if w and m["role"] != "system"))
-    return conversations, texts
+        conversation.key = key.hex()
+        batch_keys.add(key)
+        batch.append((conversation, key, " ".join(w for w, m in zip(words, conversation.messages)
+                                                  if w and m["role"] != "system")))
+        if len(batch) == DEDUP_BATCH:
+            _settle(batch, finder, store, stats)
+            batch, batch_keys = [], set()
+    _settle(batch, finder, store, stats)
 
 
-def _count_kept(stats: CalibStats, conversations: list[Conversation]) -> None:
-    for conversation in conversations:
-        stats.turns += len(conversation.messages)
-        for message in conversation.messages:
-            stats.roles[message["role"]] += 1
-            letters, non_latin = _letters(message["content"])
-            stats.letters += letters
-            stats.non_latin_letters += non_latin
-    stats.kept = stats.conversations = len(conversations)
+def _settle(batch: list, finder: NearDuplicates, store: ConversationStore, stats: CalibStats) -> None:
+    """Each conversation of the batch, in input order, dropped as a near-duplicate of one kept before or kept."""
+    for (conversation, key, _), (shingle_set, signature) in zip(batch, finder.prepare([t for *_, t in batch])):
+        near, band_keys = finder.check(shingle_set, signature)
+        if near:
+            stats.dropped["near-duplicate"] += 1
+            store.add_dropped(key)
+            continue
+        store.add_kept(conversation, key, signature, shingle_set, band_keys)
+        _count_kept(stats, conversation)
+
+
+def _count_kept(stats: CalibStats, conversation: Conversation) -> None:
+    stats.turns += len(conversation.messages)
+    for message in conversation.messages:
+        stats.roles[message["role"]] += 1
+        letters, non_latin = _letters(message["content"])
+        stats.letters += letters
+        stats.non_latin_letters += non_latin
+    stats.kept += 1
+    stats.conversations += 1
+
+
+def read_conversations(path: Path, store: ConversationStore, *, strict: bool, max_bad_fraction: float,
+                       do_redact: bool, extra_patterns: list[str], advance=None) -> CalibStats:
+    """Reads, checks and redacts the file into `store`, dropping duplicates and near-duplicates; fails on too many
+    bad records. advance(n): n more bytes read (a progress bar)."""
+    stats = CalibStats()
+    path = Path(path)
+    extra = [re.compile(p) for p in extra_patterns]
+    _read_unique(path, stats, store, strict=strict, do_redact=do_redact, extra=extra, advance=advance)
+    _check_usable(path, stats, store.kept, max_bad_fraction)
+    return stats
 
 
 def load_conversations(path: Path, *, strict: bool, max_bad_fraction: float, do_redact: bool,
                        extra_patterns: list[str]) -> tuple[list[Conversation], CalibStats]:
-    """Read, check, redact, and drop duplicates and near-duplicates; fails on too many bad records."""
-    stats = CalibStats()
-    path = Path(path)
-    extra = [re.compile(p) for p in extra_patterns]
-    conversations, texts = _read_unique(path, stats, strict=strict, do_redact=do_redact, extra=extra)
-    _check_usable(path, stats, conversations, max_bad_fraction)
-    near = near_duplicates(texts)
-    stats.dropped["near-duplicate"] += sum(near)
-    conversations = [c for c, dropped in zip(conversations, near) if not dropped]
-    _count_kept(stats, conversations)
-    return conversations, stats
+    """read_conversations, the kept conversations returned in input order (for a small file: they are held in
+    memory)."""
+    with ConversationStore() as store:
+        stats = read_conversations(path, store, strict=strict, max_bad_fraction=max_bad_fraction,
+                                   do_redact=do_redact, extra_patterns=extra_patterns)
+        return list(store.by_input_order()), stats
 
 
-def _check_usable(path: Path, stats: CalibStats, conversations: list[Conversation], max_bad_fraction: float) -> None:
+def _check_usable(path: Path, stats: CalibStats, usable: int, max_bad_fraction: float) -> None:
     """Refuses a file from which nothing (or too little) can be used, saying what is missing."""
     if stats.records_in == 0:
         raise UserError(f"{path}:1: no records (the file holds only blank lines or an empty array); "
@@ -148,8 +184,8 @@ def _check_usable(path: Path, stats: CalibStats, conversations: list[Conversatio
                         f"messages (from {stats.only_system_first} on), nothing to calibrate on or hold out; export "
                         "the conversations' user and assistant turns with their system prompt")
     check_skipped(path, stats, max_bad_fraction)
-    if not conversations:  # calib.max_bad_fraction 1: every record may be bad, but one must be usable
-        raise UserError(f"{path}: none of its {stats.records_in} records can be used; fix them:\n"
+    if not usable:  # calib.max_bad_fraction 1: every record may be bad, but one must be usable
+        raise UserError(f"{path}: none of its {counted(stats.records_in, 'record')} can be used; fix them:\n"
                         + _listed(stats.bad_records, stats.dropped["bad record"]))
 
 
@@ -166,11 +202,12 @@ def check_skipped(path: Path, stats: CalibStats, max_bad_fraction: float, model_
     skipped = bad + rejected
     if skipped / stats.records_in <= max_bad_fraction:
         return
-    why = "are bad" if not rejected else \
-        f"were skipped ({bad} bad, {rejected} rejected by the chat template of {model_dir})"
+    one = skipped == 1
+    why = ("is bad" if one else "are bad") if not rejected else \
+        f"{'was' if one else 'were'} skipped ({bad} bad, {rejected} rejected by the chat template of {model_dir})"
     listed = f":\n{_listed(stats.bad_records, bad)}" if bad else ""
     raise UserError(
-        f"{path}: {skipped} of {stats.records_in} records {why} "
+        f"{path}: {skipped} of {counted(stats.records_in, 'record')} {why} "
         f"({skipped / stats.records_in:.0%} > calib.max_bad_fraction {max_bad_fraction:.0%}); "
         f"fix them, or raise calib.max_bad_fraction in params.yaml{listed}"
     )

@@ -8,23 +8,66 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.calib.dedup import content_hash
-from pipeline.formats.conversations import Conversation
+from pipeline.calib.store import ConversationStore
 from pipeline.errors import UserError
+from pipeline.formats.conversations import Conversation
+
+TOKENIZE_BATCH = 512  # rendered conversations tokenized at once
 
 # ---------------------------------------------------------------- split and pack
 
-def split(conversations: list[Conversation], holdout: int) -> tuple[list[Conversation], list[Conversation]]:
-    """Deterministic: the `holdout` conversations with a user turn and the smallest content hashes
-    are held out; the rest, in hash order, calibrate."""
-    ranked = sorted(conversations, key=lambda c: c.key or content_hash(c.text()))
-    held_ids: set[int] = set()
-    for conversation in ranked:
-        if len(held_ids) == holdout:
+def held_out(store: ConversationStore, holdout: int) -> list[Conversation]:
+    """Deterministic: the `holdout` conversations with a user turn and the smallest content hashes; the rest, in
+    hash order, calibrate (`calibration_stream`)."""
+    held = []
+    for key, has_user, offset, length, shape in store.by_hash():
+        if len(held) == holdout:
             break
-        if any(m["role"] == "user" for m in conversation.messages):
-            held_ids.add(id(conversation))
-    held = [c for c in ranked if id(c) in held_ids]
-    return [c for c in ranked if id(c) not in held_ids], held
+        if has_user:
+            held.append(store.conversation(key, offset, length, shape))
+    return held
+
+
+def calibration_stream(tokenizer, store: ConversationStore, held: set[bytes], needed: int,
+                       advance) -> tuple[int, int, int, list[int]]:
+    """Every calibration conversation (hash order, the held-out ones left out) rendered with the chat template
+    and tokenized: (conversations the template accepted, those it rejected (marked in the store), their tokens in
+    all, the first `needed` tokens of their concatenation). Tokenizes TOKENIZE_BATCH texts at a time through the
+    fast (Rust) tokenizer, which uses every core; holds one batch."""
+    accepted = rejected = total = 0
+    stream: list[int] = []
+    batch: list[str] = []
+    for key, _, offset, length, shape in store.by_hash():
+        if key in held:
+            continue
+        advance(1)
+        text = render(tokenizer, store.conversation(key, offset, length, shape))
+        if text is None:
+            store.reject(key)
+            rejected += 1
+            continue
+        accepted += 1
+        batch.append(text)
+        if len(batch) == TOKENIZE_BATCH:
+            total += _tokenize(tokenizer, batch, stream, needed)
+            batch = []
+    total += _tokenize(tokenizer, batch, stream, needed)
+    return accepted, rejected, total, stream
+
+
+def _tokenize(tokenizer, texts: list[str], stream: list[int], needed: int) -> int:
+    """Tokens of all texts; the first of them extend `stream` up to `needed`."""
+    if not texts:
+        return 0
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        ids = [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+    else:
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    for row in ids:
+        if len(stream) < needed:
+            stream.extend(row[:needed - len(stream)])
+    return sum(len(row) for row in ids)
 
 
 def holdout_prompt(conversation: Conversation) -> dict:
@@ -47,24 +90,6 @@ def render(tokenizer, conversation: Conversation) -> str | None:
     if conversation.shape == "text" or not has_template(tokenizer):
         return conversation.text()
     return render_chat(tokenizer, conversation.messages)
-
-
-def token_counts_and_stream(tokenizer, texts: list[str], needed: int) -> tuple[int, list[int]]:
-    """Total tokens of all texts, and the first `needed` (or all) tokens of their concatenation.
-    Batches through the fast (Rust) tokenizer, which uses every core."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    total, stream = 0, []
-    for first in range(0, len(texts), 512):
-        batch = texts[first:first + 512]
-        if backend is not None:
-            ids = [encoding.ids for encoding in backend.encode_batch(batch, add_special_tokens=False)]
-        else:
-            ids = tokenizer(batch, add_special_tokens=False)["input_ids"]
-        for row in ids:
-            total += len(row)
-            if len(stream) < needed:
-                stream.extend(row)
-    return total, stream[:needed]
 
 
 def pack(stream: list[int], seq_len: int, num_blocks: int, source: Path) -> list[list[int]]:

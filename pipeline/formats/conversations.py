@@ -4,6 +4,8 @@ conversations, turns with role aliases, prompt/response, instruction/output, pla
 on its own and normalised to a `Conversation`. A record that cannot be used comes as a `BadRecord`
 whose message says where it is and how to fix it; a file that cannot be read at all is a UserError.
 
+A file is read a line (in a .json array, a record) at a time, never whole; a record over MAX_LINE_BYTES is refused.
+
 A message quotes a value from the record (a role, a key) only whole and short (QUOTE_MAX
 characters), never cut, so that redaction (pipeline/calib/load.py) sees all of it: a long value is
 described by its length instead.
@@ -17,15 +19,16 @@ turns only (`OnlySystemTurns`: nothing to calibrate on or hold out).
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from pipeline.errors import UserError
+from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, not_utf8
 
 MAX_LINE_BYTES = 8 << 20  # a longer line is a broken export, not a conversation
 ROLE_ALIASES = {
@@ -72,15 +75,21 @@ def _check_readable(path: Path) -> None:
 
 
 def _open_binary(path: Path):
-    """Plain or gzip by content (not by name); UTF-16 is refused up front with its fix."""
+    """Plain or gzip by content (not by name)."""
     try:
         with open(path, "rb") as probe:
             head = probe.read(2)
-        if head in (b"\xff\xfe", b"\xfe\xff"):
-            raise UserError(f"{path}:1: the file is UTF-16 encoded; re-export it as UTF-8")
         return gzip.open(path, "rb") if head == b"\x1f\x8b" else open(path, "rb")
     except OSError as exc:
         raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+
+
+def _refuse_utf16(path: Path, head: bytes) -> None:
+    """UTF-16, with a byte-order mark or without one (every other byte 0), is refused up front with its fix."""
+    encoding = not_utf8(head)
+    if encoding is not None:
+        how = "" if encoding == "UTF-16" else " without a byte-order mark (every other byte is 0)"
+        raise UserError(f"{path}:1: the file is {encoding} encoded{how}; re-export it as UTF-8")
 
 
 def _bounded_lines(handle) -> Iterator[tuple[bytes | None, int]]:
@@ -130,17 +139,23 @@ def _parse_line(raw: bytes | None, size: int, where: str) -> object:
                         "make the line one plain JSON object or remove it") from None
 
 
-def iter_records(path: Path) -> Iterator[tuple[str, object]]:
-    """Yields (FILE:LINE, parsed JSON or BadRecord) for every record of the file."""
+def iter_records(path: Path, advance: Callable[[int], None] | None = None) -> Iterator[tuple[str, object]]:
+    """Yields (FILE:LINE, parsed JSON or BadRecord) for every record of the file, one line (a .json array: one
+    record) at a time. advance(n), when given: n more bytes of the file (as read: decompressed) are done."""
     path = Path(path)
     _check_readable(path)
     if path.name.endswith((".json", ".json.gz")):
         yield from _iter_json_array(path)
+        if advance is not None:
+            advance(path.stat().st_size)
         return
     number = 0
     with _open_binary(path) as handle:
         try:
+            _refuse_utf16(path, handle.peek(UTF16_SAMPLE_BYTES)[:UTF16_SAMPLE_BYTES])
             for number, (raw, size) in enumerate(_bounded_lines(handle), start=1):
+                if advance is not None:
+                    advance(size)
                 where = f"{path}:{number}"
                 try:
                     record = _parse_line(raw, size, where)
@@ -154,59 +169,125 @@ def iter_records(path: Path) -> Iterator[tuple[str, object]]:
                             "truncated: compress it again or pass the plain .jsonl") from None
 
 
-def _read_text(path: Path) -> str:
-    with _open_binary(path) as handle:
+JSON_CHUNK = 1 << 20  # bytes of a .json array read at a time
+WHITESPACE = re.compile(r"[ \t\r\n]*")
+
+
+class _JsonWindow:
+    """A .json file's text, decoded a chunk at a time: `text` holds what was read and not yet dropped (`compact`),
+    with the lines and the column before it counted, and lines counted up to `mark` as positions are named
+    (`line_col`), so that FILE:LINE:COLUMN costs no rescan."""
+
+    def __init__(self, path: Path, handle) -> None:
+        self.path, self.handle = path, handle
+        self.text, self.pending, self.eof, self.first = "", b"", False, True
+        self.lines_before = self.column_before = self.newline_bytes = 0
+        self.mark, self.mark_lines, self.mark_last = 0, 0, -1  # position, newlines before it, the last one's index
+
+    def more(self) -> bool:
+        """Appends the next chunk's text; False at the end of the file."""
+        if self.eof:
+            return False
         try:
-            data = handle.read()
+            chunk = self.handle.read(JSON_CHUNK)
         except (OSError, EOFError, zlib.error) as exc:
-            raise UserError(f"{path}: the gzip data is corrupt or truncated ({exc}); "
+            raise UserError(f"{self.path}: the gzip data is corrupt or truncated ({exc}); "
                             "compress the file again") from None
-    try:
-        return data.decode("utf-8").lstrip("\ufeff")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise UserError(f"{path}:{line}: bytes are not UTF-8; re-export the file as UTF-8") from None
+        data, self.eof = self.pending + chunk, not chunk
+        if self.first:
+            _refuse_utf16(self.path, data[:UTF16_SAMPLE_BYTES])
+        try:
+            text, used = codecs.utf_8_decode(data, "strict", self.eof)
+        except UnicodeDecodeError as exc:
+            line = self.newline_bytes + data.count(b"\n", 0, exc.start) + 1
+            raise UserError(f"{self.path}:{line}: bytes are not UTF-8; re-export the file as UTF-8") from None
+        self.newline_bytes += data.count(b"\n", 0, used)
+        self.pending = data[used:]
+        self.text += text.lstrip("\ufeff") if self.first else text
+        self.first = False
+        return True
+
+    def skip_whitespace(self, position: int) -> int:
+        """The first position at or after `position` that is not whitespace (len(text) at the end of the file)."""
+        while True:
+            end = WHITESPACE.match(self.text, position).end()
+            if end < len(self.text) or not self.more():
+                return end
+
+    def line_col(self, position: int) -> str:
+        """LINE:COLUMN of `position`."""
+        if position < self.mark:  # behind the mark (an error's earlier position): count again from the start
+            self.mark, self.mark_lines, self.mark_last = 0, 0, -1
+        newlines = self.text.count("\n", self.mark, position)
+        if newlines:
+            self.mark_last = self.text.rfind("\n", self.mark, position)
+        self.mark, self.mark_lines = position, self.mark_lines + newlines
+        column = position - self.mark_last if self.mark_last >= 0 else self.column_before + position + 1
+        return f"{self.lines_before + self.mark_lines + 1}:{column}"
+
+    def compact(self, position: int) -> int:
+        """Drops the text before `position` once it is a chunk long; returns where `position` is then."""
+        if position < JSON_CHUNK:
+            return position
+        self.line_col(position)
+        self.lines_before += self.mark_lines
+        self.column_before = position - self.mark_last - 1 if self.mark_last >= 0 else self.column_before + position
+        self.text = self.text[position:]
+        self.mark, self.mark_lines, self.mark_last = 0, 0, -1
+        return 0
+
+    def record(self, decoder: json.JSONDecoder, position: int) -> tuple[object, int]:
+        """The JSON value at `position` and where it ends, reading on while it may be cut off by the window."""
+        while True:
+            try:
+                value, end = decoder.raw_decode(self.text, position)
+                if end < len(self.text) or not self.more():  # a number at the window's end may go on
+                    return value, end
+            except json.JSONDecodeError as exc:
+                if len(self.text) - position <= MAX_LINE_BYTES and self.more():
+                    continue
+                line = self.lines_before + exc.lineno
+                column = self.column_before + exc.colno if exc.lineno == 1 else exc.colno
+                raise UserError(f"{self.path}:{line}: invalid JSON ({exc.msg.removesuffix(' at')} at column {column}); "
+                                "a .json file must be one valid array, so fix it there (or use .jsonl)") from None
+            except (ValueError, RecursionError) as exc:
+                raise UserError(f"{self.path}:{self.line_col(position)}: JSON that cannot be loaded ({str(exc)[:100]}); "
+                                "fix the record there (or use .jsonl, where a bad record is skipped)") from None
 
 
 def _iter_json_array(path: Path) -> Iterator[tuple[str, object]]:
-    """Records of a JSON array, each named FILE:LINE:COLUMN where it starts."""
-    text = _read_text(path)
-    decoder, whitespace = json.JSONDecoder(), re.compile(r"[ \t\r\n]*")
-    position = whitespace.match(text, 0).end()
-    if position == len(text):
-        raise UserError(f"{path}:1: the file holds only whitespace; a .json file must hold an array of records")
-    if text[position] != "[":
-        raise UserError(f"{path}:{_line_col(text, position)}: the top level is not an array; "
-                        "a .json file must hold an array of records (or use .jsonl, one record per line)")
-    position = whitespace.match(text, position + 1).end()
-    while not text.startswith("]", position):
-        try:
-            record, end = decoder.raw_decode(text, position)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
-                            "a .json file must be one valid array, so fix it there (or use .jsonl)") from None
-        except (ValueError, RecursionError) as exc:
-            raise UserError(f"{path}:{_line_col(text, position)}: JSON that cannot be loaded ({str(exc)[:100]}); "
-                            "fix the record there (or use .jsonl, where a bad record is skipped)") from None
-        yield f"{path}:{_line_col(text, position)}", record
-        position = whitespace.match(text, end).end()
-        if text.startswith(",", position):
-            comma, position = position, whitespace.match(text, position + 1).end()
-            if text.startswith("]", position):  # JSON allows none; a lenient writer's slip, or a record lost
-                raise UserError(f"{path}:{_line_col(text, comma)}: a comma after the last record, before ']'; JSON "
-                                "allows none there: delete it (or, if a record is missing after it, restore it)")
-        elif not text.startswith("]", position):
-            raise UserError(f"{path}:{_line_col(text, position)}: expected ',' or ']' after a record; "
-                            "fix the array there")
-    after = whitespace.match(text, position + 1).end()
-    if after < len(text):
-        raise UserError(f"{path}:{_line_col(text, after)}: text after the closing ']'; "
-                        "a .json file must hold exactly one array")
+    """Records of a JSON array, each named FILE:LINE:COLUMN where it starts; read a chunk at a time, so a large
+    file is never held whole."""
+    with _open_binary(path) as handle:
+        window, decoder = _JsonWindow(path, handle), json.JSONDecoder()
+        position = window.skip_whitespace(0)
+        if position == len(window.text):
+            raise UserError(f"{path}:1: the file holds only whitespace; a .json file must hold an array of records")
+        if window.text[position] != "[":
+            raise UserError(f"{path}:{window.line_col(position)}: the top level is not an array; "
+                            "a .json file must hold an array of records (or use .jsonl, one record per line)")
+        position = window.skip_whitespace(position + 1)
+        while not window.text.startswith("]", position):
+            record, end = window.record(decoder, position)
+            yield f"{path}:{window.line_col(position)}", record
+            position = _after_record(window, path, window.compact(end))
+        after = window.skip_whitespace(position + 1)
+        if after < len(window.text):
+            raise UserError(f"{path}:{window.line_col(after)}: text after the closing ']'; "
+                            "a .json file must hold exactly one array")
 
 
-def _line_col(text: str, position: int) -> str:
-    line = text.count("\n", 0, position) + 1
-    return f"{line}:{position - text.rfind(chr(10), 0, position)}"
+def _after_record(window: _JsonWindow, path: Path, end: int) -> int:
+    """Past the ',' after the record that ends at `end`: where the next record (or the closing ']') starts."""
+    position = window.skip_whitespace(end)
+    if window.text.startswith(",", position):
+        comma, position = position, window.skip_whitespace(position + 1)
+        if window.text.startswith("]", position):  # JSON allows none; a lenient writer's slip, or a record lost
+            raise UserError(f"{path}:{window.line_col(comma)}: a comma after the last record, before ']'; JSON "
+                            "allows none there: delete it (or, if a record is missing after it, restore it)")
+    elif not window.text.startswith("]", position):
+        raise UserError(f"{path}:{window.line_col(position)}: expected ',' or ']' after a record; fix the array there")
+    return position
 
 
 # ---------------------------------------------------------------- shapes

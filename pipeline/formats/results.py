@@ -3,7 +3,8 @@ summary. Written by `quantize eval` (pipeline/evaluate.py), read by `quantize re
 
 A line holds at least `id`, `score` and `correct` (true/false); a perplexity suite's line is one
 document with its summed `loglikelihood` and `n_tokens` (`correct` null). The summary names the
-suite, metric and score, or `status: not applicable` with a `reason` (an empty .jsonl beside it).
+suite, metric and score, or `status: not applicable` (or `not run`) with a `reason`, and a .jsonl of no items
+beside it: one blank line, not an empty file, which `dvc repro` would warn about as if something had failed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("te
            "long_context?": {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
                              "lengths_skipped?": [{"length": "count", "reason": "text"}]}}
 COMMAND = "quantize eval models/{model} --suite {suite}"  # what writes them again
+NO_ITEMS = "\n"  # a suite not run (or not applicable): no item; not an empty file (DVC: "WARNING: ... is empty")
 
 
 def lines_path(out_dir: Path | str, suite: str) -> Path:
@@ -39,7 +41,7 @@ def write_results(out_dir: Path | str, suite: str, lines: list[dict], summary: d
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = lines_path(out_dir, suite)
-    write_atomic(path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    write_atomic(path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines) or NO_ITEMS)
     write_json(out_dir / f"{suite}.json", summary)
     return path
 

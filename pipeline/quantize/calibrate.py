@@ -61,16 +61,26 @@ def calibrate(model, tokenizer, blocks: list[list[int]], recipe: list, batch_siz
     activations between decoder layers wait (None: llm-compressor's default, the host; the execution
     device when the model and they fit there, which spares moving every layer's activations across
     the bus three times per layer: in for each of its two passes, out after the second; the values
-    are the same either way), and AWQ's cached inputs wait there too (keep_cached_inputs_with_activations)."""
-    import time
-
+    are the same either way), and AWQ's cached inputs wait there too (keep_cached_inputs_with_activations).
+    A progress bar counts the decoder layers done."""
     from llmcompressor import oneshot
 
+    from pipeline.console import progress
+    from pipeline.quantize import plan
     from pipeline.quantize.monitor import ExpertCounter, LayerTimer
 
     if activations_device:
         keep_cached_inputs_with_activations(recipe)
-    timer, counter = LayerTimer(model), ExpertCounter(model)
+    with progress("quantize: calibrating", len(plan.decoder_layers(model)) or None, "decoder layers") as advance:
+        return _calibrate(oneshot, model, tokenizer, blocks, recipe, batch_size, calibrate_all_experts,
+                          activations_device, LayerTimer(model, advance), ExpertCounter(model))
+
+
+def _calibrate(oneshot, model, tokenizer, blocks, recipe, batch_size, calibrate_all_experts, activations_device,
+               timer, counter) -> Calibrated:
+    """calibrate's run of oneshot, timed per layer (`timer`) and per expert (`counter`)."""
+    import time
+
     started, cpu_started = time.perf_counter(), time.process_time()
     first_input: list[float] = []
     first_hook = timer.layers[0][1].register_forward_pre_hook(

@@ -27,11 +27,13 @@ class LayerTimer:
     modifier), AWQ's or GPTQ's per-layer work in between included; and the peak device memory
     allocated meanwhile (CUDA only)."""
 
-    def __init__(self, model):
+    def __init__(self, model, layer_done=None):
+        """layer_done(1): called when a layer is done (the next one entered for the first time)."""
         import torch
 
         self.cuda = torch.cuda.is_available()
         self.layers = plan.decoder_layers(model)
+        self.layer_done, self.entered = layer_done, set()
         self.seconds = {name: 0.0 for name, _ in self.layers}
         self.peak_bytes = {name: 0 for name, _ in self.layers}
         self.overall_peak = 0
@@ -63,6 +65,10 @@ class LayerTimer:
         def hook(module, args):
             if self._current == name:
                 return
+            if name not in self.entered:
+                if self.entered and self.layer_done is not None:
+                    self.layer_done(1)
+                self.entered.add(name)
             self._sync()
             self._close_visit()
             if self.cuda:
