@@ -92,8 +92,10 @@ def test_decision_against_half_minus_margin_and_unreliable_judge():
 
 
 def test_length_bias_is_the_correlation_with_length_difference():
-    assert scoring.correlation([10, 20, 30, 40], [0, 0.5, 0.5, 1]) > 0.9
-    assert scoring.correlation([1, 1, 1], [0, 1, 0.5]) is None
+    from scipy.stats import pearsonr
+
+    assert judge_rule.correlation([10, 20, 30, 40], [0, 0.5, 0.5, 1]) == pytest.approx(pearsonr([10, 20, 30, 40], [0, 0.5, 0.5, 1])[0])
+    assert judge_rule.correlation([1, 1, 1], [0, 1, 0.5]) is None
 
 
 def test_answers_with_braces_do_not_break_the_prompt():
