@@ -368,12 +368,13 @@ def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(t
     from conftest import TINY_PARAMS, with_variants
     from pipeline import report
     from pipeline.params import Params
-    from test_report import judge_summary, write_results
+    from report_fixture import write_judge
+    from test_report import judge_pairs, write_results
 
     results = tmp_path / "results"
     for name in ("base", "v"):
         write_results(results, name, [1] * 120 + [0] * 80)
-    (results / "v" / "judge.json").write_text(json.dumps(judge_summary(replaced_characters=3)))
+    write_judge(results / "v", judge_pairs(), replaced_characters=3)
     params = Params.model_validate(with_variants(TINY_PARAMS, "v"))
     report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
     html = unescape((tmp_path / "reports" / "index.html").read_text(encoding="utf-8"))

@@ -103,6 +103,15 @@ def bell_mccaffrey_df(tokens: np.ndarray) -> float:
     return min(found)
 
 
+def relative_change(log_ratio: float) -> float:
+    """exp(log_ratio) - 1; inf past what a float holds (the upper end of an interval over two or three documents
+    that disagree wildly can reach beyond e^709)."""
+    try:
+        return math.expm1(log_ratio)
+    except OverflowError:
+        return math.inf
+
+
 def decide_perplexity(ci_low: float, ci_high: float, margin: float) -> str:
     """GO when even the interval's upper end stays below the margin, NO-GO when its lower end is above it."""
     if ci_high < margin:
@@ -135,7 +144,7 @@ def compare_perplexity(base_items: dict[str, dict], variant_items: dict[str, dic
                                  margin, INCONCLUSIVE, counted=False, worse_documents=0, reasons=reasons)
     total = tokens.sum()
     estimate, low, high = ratio_interval(base_ll - var_ll, tokens, confidence)  # per-token rise in NLL
-    change, ci_low, ci_high = math.expm1(estimate), math.expm1(low), math.expm1(high)
+    change, ci_low, ci_high = relative_change(estimate), relative_change(low), relative_change(high)
     decision = decide_perplexity(ci_low, ci_high, margin)
     verdict = PerplexityVerdict(
         variant=variant, suite=suite, n=len(ids), tokens=int(total),
