@@ -1,9 +1,10 @@
 """Result lines: `results/<model>/<suite>.jsonl` (one JSON object per item) and its `<suite>.json`
 summary. Written by `quantize eval` (pipeline/evaluate.py), read by `quantize report`.
 
-A line holds at least `id`, `score` and `correct` (true/false); a perplexity suite's line is one
-document with its summed `loglikelihood` and `n_tokens` (`correct` null). The summary names the
-suite, metric and score, or `status: not applicable` with a `reason` (an empty .jsonl beside it).
+A line holds at least `id`, `score` (in [0, 1]) and `correct` (true exactly when the score is 1); a
+perplexity suite's line is one document with its summed `loglikelihood` (at most 0) and `n_tokens` (at
+least 1; `correct` null). The verdict is computed from these lines; the summary names the suite, metric
+and score, or `status: not applicable` with a `reason` (an empty .jsonl beside it).
 """
 
 from __future__ import annotations
