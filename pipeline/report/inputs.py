@@ -132,7 +132,8 @@ def _recomputed(path: Path, params, read_lines, **tolerance) -> dict | None:
     lines = read_lines(_lines_beside(path, command), summary)
     figures, unchecked = summary_figures(path.name, summary, lines, params)
     agree(path, summary, {k: v for k, v in figures.items() if k not in unchecked}, len(lines), command, **tolerance)
-    return {**figures, **summary} if path.name == "kl.json" else {**summary, **figures}
+    keep_own = summary.keys() if path.name == "kl.json" else ()
+    return {**summary, **{key: value for key, value in figures.items() if key not in keep_own}}
 
 
 def _lines_beside(path: Path, command: str) -> Path:

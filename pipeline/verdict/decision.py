@@ -43,7 +43,8 @@ def summary_figures(name: str, summary: dict, lines: list[dict], params: Params)
     """The figures a stage's summary states (judge.json, kl.json), recomputed from its lines (judge.jsonl, kl.jsonl),
     and those of them the summary's own values are not comparable with: a pairwise judge's interval at another
     confidence than params.yaml's verdict.confidence (recomputed at this one), a reference judge's bootstrap interval
-    (judge.json does not record its resamples and seed). The report shows these figures, never the summary's."""
+    (judge.json does not record its resamples and seed). The report checks the summary against them and shows the
+    judge's figures from here, kl.json's own once they agree (pipeline/report/inputs.py)."""
     p = params.verdict
     if name == "kl.json":
         return kl_figures(lines), ()
