@@ -386,6 +386,8 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
             if (v.get("judge") or {}).get("sentence"):
                 lines.append(f"  {v['judge']['sentence']}")
             lines += [f"  to settle {step['text']}" for step in v.get("next_steps") or []]
+        for name, missing in (verdict.get("variants_without_results") or {}).items():  # no decision: named, with what to run
+            lines.append(f"{name}: {missing['state']}: {missing['why']}; run {', then '.join(missing['commands'])}")
     except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"{path}: not a verdict written by `quantize report`; rerun `quantize report`") from None
     typer.echo("\n".join(lines))

@@ -3,7 +3,8 @@
 On held-out conversations (never used for calibration) both models score the same tokens;
 per token we take KL(base || variant) and whether their top-1 tokens agree, the figures
 llama.cpp's perplexity tool reports for its quantizations. Cheap, label-free, and sensitive
-long before benchmark accuracy moves.
+long before benchmark accuracy moves. Each sequence's per-token values go to kl.jsonl beside
+kl.json (pipeline/formats/kl_lines.py), from which the report recomputes the summary.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from pipeline.checkpoints import config_json
 from pipeline.errors import UserError
+from pipeline.formats.kl_lines import lines_path, write_kl_lines
 from pipeline.outputs import Stopwatch, write_json
 from pipeline.params import EngineParams, KlParams, sections_with_overrides
 
@@ -181,5 +183,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
         "top1_agreement": float(agree.float().mean()), "device": device, "dtype": dtype,
         "models_resident": resident, "seconds": round(watch.seconds, 2),
     }
-    write_json(out, summary)
+    lengths = [len(s) for s in sequences]  # the scored positions, sequence after sequence
+    write_kl_lines(lines_path(out), [(k.tolist(), int(a.sum())) for k, a in zip(kl.split(lengths), agree.split(lengths))])
+    write_json(out, summary)  # last: a summary beside its lines
     return KLResult(Path(out), summary)

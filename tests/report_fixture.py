@@ -22,6 +22,48 @@ def _write_lines(path: Path, lines: list[dict], summary: dict) -> None:
     path.with_suffix(".json").write_text(json.dumps(summary))
 
 
+def judge_line(i: int, outcome: str, consistent: bool | None = True, length_diff: int = 0, control: str | None = None) -> dict:
+    """One pair of judge.jsonl as `quantize judge` writes it (the fields the figures use)."""
+    line = {"id": f"p{i}", "prompt": f"prompt {i}", "base_answer": "b", "variant_answer": "v", "judgments": [],
+            "outcome": outcome, "consistent": None if outcome == "unjudged" else consistent,
+            "unjudged_reason": "unparsable verdict" if outcome == "unjudged" else None, "length_diff": length_diff}
+    if control:
+        line["control"] = {"judgments": [], "outcome": control, "consistent": None if control == "unjudged" else True,
+                           "unjudged_reason": None}
+    return line
+
+
+def write_judge(folder: Path, lines: list[dict], **overrides) -> dict:
+    """judge.jsonl of these lines and the judge.json `quantize judge` writes beside them (its figures from the lines,
+    pipeline/verdict/judge.py), with `overrides` on top; returns the summary."""
+    from pipeline.verdict.judge import pairwise_figures
+
+    figures = pairwise_figures(lines, any("control" in line for line in lines), confidence=0.95)
+    summary = {"mode": "pairwise", "judge": "tiny judge", "weak_judge": False, "confidence": 0.95, **figures, **overrides}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "judge.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (folder / "judge.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def write_kl(folder: Path, kl_mean: float, top1: float, sequences: int = 4, tokens: int = 64, seed: int = 0) -> dict:
+    """kl.jsonl of `sequences` sequences of per-token KL near `kl_mean` (exponential, as KL's long tail) with top-1
+    agreement near `top1`, and kl.json's figures from them (pipeline/verdict/drift.py); returns the summary."""
+    from pipeline.formats.kl_lines import write_kl_lines
+    from pipeline.verdict.drift import kl_figures
+
+    rng = np.random.default_rng(seed)
+    per_sequence = [(list(rng.exponential(kl_mean, size=tokens).astype(np.float32).tolist()),
+                     int(round(top1 * tokens))) for _ in range(sequences)]
+    folder.mkdir(parents=True, exist_ok=True)
+    write_kl_lines(folder / "kl.jsonl", per_sequence)
+    from pipeline.formats.kl_lines import read_kl_lines
+
+    summary = kl_figures(read_kl_lines(folder / "kl.jsonl"))
+    (folder / "kl.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
     """Writes root/results and root/models; returns (results, models, params dict)."""
     from test_bench import bench_summary
@@ -55,11 +97,7 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
             {"suite": "vqa", "status": "not applicable", "n": 0, "score": None,
              "reason": f"LlamaForCausalLM has no vision tower {XSS}"}))
     for model in ("awq-w4a16", "fp8-w8a8"):
-        (results / model / "judge.json").write_text(json.dumps(
-            {"mode": "pairwise", "judge": f"models/base {XSS}", "weak_judge": True, "n": 0, "wins": 0, "ties": 0,
-             "losses": 0, "unjudged": 1, "win_rate": None, "ci_low": None, "ci_high": None, "consistency": None,
-             "control_win_rate": None, "length_bias": None,
-             "seconds": 60.0}))
+        write_judge(results / model, [judge_line(0, "unjudged")], judge=f"models/base {XSS}", weak_judge=True, seconds=60.0)
     sizes = {"awq-w4a16": 112_000_000, "fp8-w8a8": 170_000_000, "rtn-w4a16": 112_000_000}
     # served by: shown (the run), refused (the engine's error), not tried (the command), as engines/support.py says
     shown = {"serves": True, "status": "shown", "version": "0.24.0", "date": "2026-11-30",
@@ -71,8 +109,7 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
     servings = {"awq-w4a16": {"vllm": shown, "lmdeploy": untried}, "fp8-w8a8": {"vllm": shown, "lmdeploy": refused},
                 "rtn-w4a16": {"vllm": shown, "lmdeploy": untried}}
     for i, (model, size) in enumerate(sizes.items()):
-        (results / model / "kl.json").write_text(json.dumps(
-            {"tokens": 2048, "kl_mean": 0.05 * (i + 1), "kl_p99": 0.5, "kl_max": 1.0, "top1_agreement": 0.86 - 0.1 * i}))
+        write_kl(results / model, kl_mean=0.05 * (i + 1), top1=0.86 - 0.1 * i, sequences=8, tokens=256, seed=i)
         method = model.split("-")[0]
         (models / model).mkdir(parents=True, exist_ok=True)
         (models / model / "quant.json").write_text(json.dumps({

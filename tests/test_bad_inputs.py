@@ -18,6 +18,8 @@ import pytest
 
 from conftest import REPO
 from pipeline import methods
+from pipeline.verdict.judge import pairwise_figures
+from report_fixture import judge_line
 
 # ---------------------------------------------------------------- the driver
 
@@ -564,10 +566,31 @@ def good_lines(n: int = 20) -> list[dict]:
     return [result_line(i, i % 2 == 0) for i in range(n)]
 
 
-KL = {"sequences": 4, "tokens": 100, "kl_mean": 0.1, "kl_p99": 0.5, "kl_max": 1.0, "top1_agreement": 0.9}
-JUDGE = {"mode": "pairwise", "judge": "j", "weak_judge": False, "n": 10, "wins": 4, "ties": 2, "losses": 4,
-         "unjudged": 0, "win_rate": 0.5, "ci_low": 0.3, "ci_high": 0.7, "consistency": 0.9, "control_win_rate": 0.5,
-         "length_bias": None, "noise_floor": 0.0}
+def document_line(i: int, **overrides) -> dict:
+    """A perplexity suite's line: one document, its summed log-likelihood and its token count."""
+    return {"id": f"book-{i}", "suite": "ppl-book", "variant": "v", "prompt": f"document {i}", "target": "", "output": "",
+            "score": 20.0, "correct": None, "loglikelihood": -30.0 - i, "n_tokens": 10, "seconds": None, **overrides}
+
+
+def good_documents(n: int = 8, **overrides) -> list[dict]:
+    return [document_line(i, **overrides) for i in range(n)]
+
+
+def with_document(number: int, line) -> bytes:
+    rows = good_documents()
+    rows[number - 1] = line
+    return jsonl(rows)
+
+
+# kl.jsonl's sequences (per-token KL, top-1 agreeing tokens) and the kl.json they give; judge.jsonl's pairs (4 wins,
+# 2 ties, one of them the two orders disagreeing, 4 losses, a control run) and the judge.json they give
+KL_SEQUENCES = [([0.01 * (i + 1) * (j % 5) for j in range(25)], 20 + i) for i in range(4)]
+KL_LINES = [{"sequence": i, "tokens": 25, "top1_agree": agree, "kl": kl} for i, (kl, agree) in enumerate(KL_SEQUENCES)]
+KL = {"sequences": 4, "tokens": 100, "kl_mean": 0.05, "kl_p99": 0.16, "kl_max": 0.16, "top1_agreement": 0.86}
+JUDGE_LINES = [judge_line(i, outcome, consistent=i != 5, length_diff=i, control="tie")
+               for i, outcome in enumerate(["win"] * 4 + ["tie"] * 2 + ["loss"] * 4)]
+JUDGE = {"mode": "pairwise", "judge": "j", "weak_judge": False, "confidence": 0.95,
+         **pairwise_figures(JUDGE_LINES, True, confidence=0.95)}
 LEVEL = {"concurrency": 1, "tpot_ms": 10.0, "ttft_p50_ms": 50.0, "output_tokens_per_s": 100.0, "memory_bytes": 1000}
 BENCH = {"engine": "hf", "device": "cpu", "date": "2026-12-01", "input_len": 8, "output_len": 8,
          "workloads": {"fixed": {"levels": [LEVEL]}}, "roofline": {"fraction_of_bound": 0.5, "bound_tokens_per_s": 200.0}}
@@ -603,10 +626,73 @@ def but(base: dict, **changes) -> bytes:
 
 
 V_MATH, B_MATH = "results/awq-w4a16/math.jsonl", "results/base/math.jsonl"
+V_BOOK, B_BOOK = "results/awq-w4a16/ppl-book.jsonl", "results/base/ppl-book.jsonl"
+KL_LINES_PATH, JUDGE_LINES_PATH = "results/awq-w4a16/kl.jsonl", "results/awq-w4a16/judge.jsonl"
+KL_FIX, JUDGE_FIX = "run `quantize kl models/awq-w4a16` again", "run `quantize judge models/awq-w4a16` again"
 KL_PATH, JUDGE_PATH, BENCH_PATH = "results/awq-w4a16/kl.json", "results/awq-w4a16/judge.json", "results/base/bench.json"
 QUANT_PATH, STATS_PATH = "models/awq-w4a16/quant.json", "calib_data/build/stats.json"
 RESULT_FIX = "run `quantize eval models/awq-w4a16 --suite math` again to rewrite it"
-# (id, file under the case dir, its bytes (None: make it a directory), expected pieces)
+# Issue 46: values outside their domain, and summaries that disagree with their lines; each was shown as it was
+# (exit 0) or ended in a traceback before
+DOMAIN_CASES = [
+    ("a code item scoring -1 (shown as -10 %)", V_MATH, with_line(3, result_line(2, False, score=-1)),
+     [f"{V_MATH}:3: score: expected a number in [0, 1], found -1", RESULT_FIX]),
+    ("score 2, correct", V_MATH, with_line(3, result_line(2, True, score=2)),
+     [f"{V_MATH}:3: score: expected a number in [0, 1], found 2"]),
+    ("score 0.5, correct", V_MATH, with_line(3, result_line(2, True, score=0.5)),
+     [f"{V_MATH}:3: correct: true with score 0.5: an item is correct exactly when it scores 1", RESULT_FIX]),
+    ("score 1, not correct", B_MATH, with_line(2, result_line(1, False, score=1.0)),
+     [f"{B_MATH}:2: correct: false with score 1: an item is correct exactly when it scores 1"]),
+    ("a document of 0 tokens (left the pairing)", V_BOOK, with_document(4, document_line(3, n_tokens=0)),
+     [f"{V_BOOK}:4: n_tokens: expected a whole number >= 1, found 0", "quantize eval models/awq-w4a16 --suite ppl-book"]),
+    ("loglikelihood 1e308 (OverflowError)", B_BOOK, with_document(2, document_line(1, loglikelihood=1e308)),
+     [f"{B_BOOK}:2: loglikelihood: 1e+308 is above 0: a log-likelihood is the log of a probability, at most 0"]),
+    ("every base document at -1e308 (ValueError: NaN)", B_BOOK, jsonl(good_documents(loglikelihood=-1e308)),
+     [f"{B_BOOK}:1: loglikelihood: -1e+308 over 10 tokens is -1e+307 per token, below -700",
+      "run `quantize eval models/base --suite ppl-book` again"]),
+    ("a log-likelihood of 400 digits", V_BOOK, with_document(2, '{"id": "book-1", "score": 1, "correct": null, '
+                                                              '"loglikelihood": -1' + "0" * 400 + ', "n_tokens": 10}'),
+     [f"{V_BOOK}:2: loglikelihood: expected a finite number, found a number"]),
+    ("2^60 tokens in a document", V_BOOK, with_document(2, document_line(1, n_tokens=2 ** 60)),
+     [f"{V_BOOK}:2: n_tokens: 1.15e+18 tokens in one document, more than a float counts exactly"]),
+    ("judge.json: 4 wins, 0 losses, an interval of [-3, -2]", JUDGE_PATH, but(JUDGE, ci_low=-3, ci_high=-2),
+     [f"{JUDGE_PATH}:1: ci_low: -3 is not a win rate (in [0, 1])", JUDGE_FIX]),
+    ("judge.json: an interval its pairs do not give", JUDGE_PATH, but(JUDGE, ci_low=0.1, ci_high=0.2),
+     [f"{JUDGE_PATH}:1: ci_low: 0.1 is not what the 10 lines of ", f"{JUDGE_LINES_PATH} give (0.218859)", JUDGE_FIX]),
+    ("judge.json: win_rate 7", JUDGE_PATH, but(JUDGE, win_rate=7),
+     [f"{JUDGE_PATH}: win_rate: expected a number in [0, 1] or null, found 7"]),
+    ("judge.json: more wins than its pairs hold", JUDGE_PATH, but(JUDGE, wins=5),
+     [f"{JUDGE_PATH}:1: wins: 5 is not what the 10 lines of ", f"{JUDGE_LINES_PATH} give (4)"]),
+    ("judge.json: length bias 1.5", JUDGE_PATH, but(JUDGE, length_bias=1.5),
+     [f"{JUDGE_PATH}: length_bias: expected a number in [-1, 1] or null, found 1.5"]),
+    ("judge.json without judge.jsonl", JUDGE_LINES_PATH, "<absent>",
+     [f"{JUDGE_LINES_PATH}: missing beside judge.json: the report recomputes judge.json's figures from these lines", JUDGE_FIX]),
+    ("judge.jsonl: an outcome that is none", JUDGE_LINES_PATH, jsonl([*JUDGE_LINES[:3], {**JUDGE_LINES[3], "outcome": "draw"}]),
+     [f"{JUDGE_LINES_PATH}:4: outcome: 'draw' is none of win, tie, loss, unjudged", JUDGE_FIX]),
+    ("judge.jsonl: a win whose orders disagree", JUDGE_LINES_PATH, jsonl([{**JUDGE_LINES[0], "consistent": False}]),
+     [f"{JUDGE_LINES_PATH}:1: outcome: a win whose two orders disagree"]),
+    ("judge.jsonl: a pair judged, consistent null", JUDGE_LINES_PATH, jsonl([{**JUDGE_LINES[0], "consistent": None}]),
+     [f"{JUDGE_LINES_PATH}:1: consistent: null with outcome win: null exactly when the pair is unjudged"]),
+    ("judge.jsonl: a line without its outcome", JUDGE_LINES_PATH, jsonl([{"id": "p0", "consistent": True}]),
+     [f"{JUDGE_LINES_PATH}:1: outcome: expected text, found nothing"]),
+    ("kl.json: kl_mean -0.5", KL_PATH, but(KL, kl_mean=-0.5),
+     [f"{KL_PATH}:1: kl_mean: -0.5 is negative: a KL divergence is >= 0", KL_FIX]),
+    ("kl.json: top1_agreement 1.5", KL_PATH, but(KL, top1_agreement=1.5),
+     [f"{KL_PATH}: top1_agreement: expected a number in [0, 1], found 1.5"]),
+    ("kl.json: a mean its lines do not give", KL_PATH, but(KL, kl_mean=0.2),
+     [f"{KL_PATH}:1: kl_mean: 0.2 is not what the 4 lines of ", f"{KL_LINES_PATH} give (0.05)", KL_FIX]),
+    ("kl.json without kl.jsonl", KL_LINES_PATH, "<absent>", [f"{KL_LINES_PATH}: missing beside kl.json"]),
+    ("kl.jsonl: a negative KL", KL_LINES_PATH, jsonl([KL_LINES[0], {**KL_LINES[1], "kl": [-0.5] + KL_LINES[1]["kl"][1:]}]),
+     [f"{KL_LINES_PATH}:2: kl[0]: -0.5 is negative: a KL divergence is >= 0", KL_FIX]),
+    ("kl.jsonl: more agreeing tokens than tokens", KL_LINES_PATH, jsonl([{**KL_LINES[0], "top1_agree": 26}]),
+     [f"{KL_LINES_PATH}:1: top1_agree: 26 of 25 tokens: an agreement above 1"]),
+    ("kl.jsonl: a value short", KL_LINES_PATH, jsonl([{**KL_LINES[0], "kl": KL_LINES[0]["kl"][1:]}]),
+     [f"{KL_LINES_PATH}:1: kl: 24 values for 25 tokens: one value a token"]),
+    ("kl.jsonl: a NaN", KL_LINES_PATH, jsonl(['{"sequence": 0, "tokens": 1, "top1_agree": 1, "kl": [NaN]}']),
+     [f"{KL_LINES_PATH}:1: kl[0]: expected a finite number, found nan"]),
+    ("kl.jsonl empty", KL_LINES_PATH, b"", [f"{KL_LINES_PATH}: no sequence"]),
+]
+# (id, file under the case dir, its bytes (None: make it a directory; "<absent>": delete it), expected pieces)
 RESULT_CASES = [
     ("bytes that are not UTF-8", V_MATH, encoded_line(3, b'{"id": "q2", "output": "caf\xe9", "score": 1.0, "correct": true}'),
      [f"{V_MATH}:3: bytes that are not UTF-8 (0xe9)", RESULT_FIX]),
@@ -621,17 +707,17 @@ RESULT_CASES = [
     ("a missing correct", V_MATH, with_line(2, {"id": "q1", "score": 1.0}),
      [f"{V_MATH}:2: correct: expected true or false, found nothing (the key is missing)"]),
     ("a missing score", B_MATH, with_line(7, {"id": "q6", "correct": True}),
-     [f"{B_MATH}:7: score: expected a finite number, found nothing"]),
+     [f"{B_MATH}:7: score: expected a number in [0, 1], found nothing"]),
     ("a JSON array line", V_MATH, with_line(6, [result_line(5, True)]),
      [f"{V_MATH}:6: a result line must be a JSON object, not an array"]),
     ("a string line", V_MATH, with_line(6, '"q5"'), [f"{V_MATH}:6: a result line must be a JSON object, not text"]),
     ("a null line", V_MATH, with_line(6, "null"), [f"{V_MATH}:6: a result line must be a JSON object, not null"]),
     ("score as text", V_MATH, with_line(8, result_line(7, True, score="1.0")),
-     [f"{V_MATH}:8: score: expected a finite number, found text"]),
+     [f"{V_MATH}:8: score: expected a number in [0, 1], found text"]),
     ("score NaN", V_MATH, with_line(8, '{"id": "q7", "score": NaN, "correct": true}'),
-     [f"{V_MATH}:8: score: expected a finite number, found nan"]),
+     [f"{V_MATH}:8: score: expected a number in [0, 1], found nan"]),
     ("score Infinity", V_MATH, with_line(8, '{"id": "q7", "score": -Infinity, "correct": true}'),
-     [f"{V_MATH}:8: score: expected a finite number, found -inf"]),
+     [f"{V_MATH}:8: score: expected a number in [0, 1], found -inf"]),
     ("correct as text", V_MATH, with_line(9, result_line(8, True, correct="yes")),
      [f"{V_MATH}:9: correct: expected true or false, found text"]),
     ("correct as 1", V_MATH, with_line(9, result_line(8, True, correct=1)),
@@ -670,7 +756,7 @@ RESULT_CASES = [
     ("judge.json judged without an interval", JUDGE_PATH, but(JUDGE, ci_low=None),
      [f"{JUDGE_PATH}: ci_low: expected a finite number when n is 10, found null"]),
     ("judge.json consistency as text", JUDGE_PATH, but(JUDGE, consistency="high"),
-     [f"{JUDGE_PATH}: consistency: expected a finite number or null, found text"]),
+     [f"{JUDGE_PATH}: consistency: expected a number in [0, 1] or null, found text"]),
     ("bench.json without workloads", BENCH_PATH, but(BENCH, workloads="<missing>"),
      [f"{BENCH_PATH}: workloads: expected an object, found nothing", "quantize bench models/base"]),
     ("bench.json without levels", BENCH_PATH, but(BENCH, workloads={"fixed": {"levels": []}}),
@@ -678,7 +764,7 @@ RESULT_CASES = [
     ("bench.json TTFT as text", BENCH_PATH, but(BENCH, workloads={"fixed": {"levels": [{**LEVEL, "ttft_p50_ms": "50"}]}}),
      [f"{BENCH_PATH}: workloads.fixed.levels[0].ttft_p50_ms: expected a number >= 0, found text"]),
     ("bench.json concurrency 0", BENCH_PATH, but(BENCH, workloads={"fixed": {"levels": [{**LEVEL, "concurrency": 0}]}}),
-     [f"{BENCH_PATH}: workloads.fixed.levels[0].concurrency: expected a whole number >= 1, found a number"]),
+     [f"{BENCH_PATH}: workloads.fixed.levels[0].concurrency: expected a whole number >= 1, found 0"]),
     ("bench.json percentiles without p99", BENCH_PATH,
      but(BENCH, workloads={"fixed": {"levels": [{**LEVEL, "ttft_ms": {"median": 5.0, "p90": 6.0}}]}}),
      [f"{BENCH_PATH}: workloads.fixed.levels[0].ttft_ms.p99: expected a number >= 0, found nothing"]),
@@ -701,6 +787,7 @@ RESULT_CASES = [
     ("calib stats.json share as text", STATS_PATH, but(STATS, non_latin_share="none"),
      [f"{STATS_PATH}: non_latin_share: expected a finite number, found text"]),
     ("a 70 MB kl.json", KL_PATH, b" " * (70 << 20), [f"{KL_PATH}: over 64 MB, not a summary this pipeline writes"]),
+    *DOMAIN_CASES,
 ]
 
 
@@ -713,13 +800,16 @@ def build_results(root: Path) -> None:
     for model in ("base", "awq-w4a16"):
         (root / "results" / model).mkdir(parents=True)
         (root / "results" / model / "math.jsonl").write_bytes(jsonl(good_lines()))
+        (root / "results" / model / "ppl-book.jsonl").write_bytes(jsonl(good_documents()))
     files = {KL_PATH: KL, JUDGE_PATH: JUDGE, BENCH_PATH: BENCH, "results/awq-w4a16/bench.json": BENCH,
              QUANT_PATH: QUANT, STATS_PATH: STATS, "results/base/long_context.json": LONG,
              "results/base/math.json": {"status": "ok"}}
     for name, data in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(json.dumps(data))
-    (root / "params.yaml").write_text(BASE_PARAMS)
+    (root / KL_LINES_PATH).write_bytes(jsonl(KL_LINES))
+    (root / JUDGE_LINES_PATH).write_bytes(jsonl(JUDGE_LINES))
+    (root / "params.yaml").write_text(sub("    max_new_tokens: 8\n", "    max_new_tokens: 8\n  ppl-book:\n    task: quant_ppl_book\n"))
 
 
 def report_args(root: Path) -> list:
@@ -746,7 +836,7 @@ def test_quantize_report_refuses_every_bad_result_file_and_keeps_the_last_report
         target.parent.mkdir(parents=True, exist_ok=True)
         if data is None:
             target.mkdir()
-        else:
+        elif data != "<absent>":
             target.write_bytes(data)
         before = snapshot(root)
         assert_refused(invoke(report_args(root)), expected, case)

@@ -14,7 +14,7 @@ from pipeline import report
 from pipeline.params import Params
 from pipeline.verdict.coverage import SHIPPED_SUITES
 from pipeline.verdict.recovery import average_recovery
-from report_fixture import demo_like
+from report_fixture import demo_like, write_kl
 from test_bad_inputs import assert_refused, invoke, snapshot
 from test_report import write_results
 
@@ -69,7 +69,8 @@ def test_fail_on_incomplete_fails_a_go_that_rests_on_fewer_suites_than_the_base_
         if model != "fp8-w8a8":
             _code_results(tmp_path / "results", model, scores)
         write_results(tmp_path / "results", model, scores)
-    write_params(tmp_path, TINY_PARAMS)
+    evaluated = {name: TINY_PARAMS["variants"][name] for name in ("awq-w4a16", "fp8-w8a8")}
+    write_params(tmp_path, {**TINY_PARAMS, "variants": evaluated})  # a variant without results fails too: below
     monkeypatch.chdir(tmp_path)
     passed = invoke(["report", "--fail-on", "inconclusive"])
     assert passed.exit_code == 0, passed.output  # both GO
@@ -90,8 +91,7 @@ def test_a_report_with_no_variant_to_decide_exits_2_names_what_it_ignored_and_wr
     write_results(results, "base", [1] * 120 + [0] * 80)
     write_results(results, "awq-w4a16 (copy)", [1] * 120 + [0] * 80)  # a copy: ignored, never a variant
     (results / "fp8-w8a8").mkdir()  # a variant of params.yaml with nothing to compare yet
-    (results / "fp8-w8a8" / "kl.json").write_text(json.dumps({"tokens": 8, "kl_mean": 0.1, "kl_p99": 0.2, "kl_max": 0.3,
-                                                              "top1_agreement": 0.9}))
+    write_kl(results / "fp8-w8a8", kl_mean=0.1, top1=0.9)
     write_params(tmp_path, TINY_PARAMS)
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)

@@ -104,8 +104,11 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     for model in ("base", "awq-w4a16", "fp8-w8a8", "rtn-w4a16"):
         for suite in ("ppl-chat", "ppl-book", "ppl-math", "ppl-code"):
             assert [line["n_tokens"] > 0 for line in read_jsonl(repo / "results" / model / f"{suite}.jsonl")] == [True, True]
-    for variant in ("awq-w4a16", "fp8-w8a8", "rtn-w4a16"):
-        assert json.loads((repo / "results" / variant / "kl.json").read_text())["tokens"] > 0
+    for variant in ("awq-w4a16", "fp8-w8a8", "rtn-w4a16"):  # the summary, and every token's KL it comes from
+        kl = json.loads((repo / "results" / variant / "kl.json").read_text())
+        sequences = read_jsonl(repo / "results" / variant / "kl.jsonl")
+        assert kl["tokens"] > 0 and len(sequences) == kl["sequences"]
+        assert sum(len(line["kl"]) for line in sequences) == kl["tokens"]
     for model in ("fp8-w8a8", "rtn-w4a16"):  # math and code do not run on these: recorded, with the key
         skipped = json.loads((repo / "results" / model / "math.json").read_text())
         assert skipped["status"] == "not run" and "suites.math.models" in skipped["reason"]

@@ -92,8 +92,10 @@ def test_decision_against_half_minus_margin_and_unreliable_judge():
 
 
 def test_length_bias_is_the_correlation_with_length_difference():
-    assert scoring.correlation([10, 20, 30, 40], [0, 0.5, 0.5, 1]) > 0.9
-    assert scoring.correlation([1, 1, 1], [0, 1, 0.5]) is None
+    from scipy.stats import pearsonr
+
+    assert judge_rule.correlation([10, 20, 30, 40], [0, 0.5, 0.5, 1]) == pytest.approx(pearsonr([10, 20, 30, 40], [0, 0.5, 0.5, 1])[0])
+    assert judge_rule.correlation([1, 1, 1], [0, 1, 0.5]) is None
 
 
 def test_answers_with_braces_do_not_break_the_prompt():
@@ -366,12 +368,13 @@ def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(t
     from conftest import TINY_PARAMS, with_variants
     from pipeline import report
     from pipeline.params import Params
-    from test_report import judge_summary, write_results
+    from report_fixture import write_judge
+    from test_report import judge_pairs, write_results
 
     results = tmp_path / "results"
     for name in ("base", "v"):
         write_results(results, name, [1] * 120 + [0] * 80)
-    (results / "v" / "judge.json").write_text(json.dumps(judge_summary(replaced_characters=3)))
+    write_judge(results / "v", judge_pairs(), replaced_characters=3)
     params = Params.model_validate(with_variants(TINY_PARAMS, "v"))
     report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
     html = unescape((tmp_path / "reports" / "index.html").read_text(encoding="utf-8"))

@@ -1,6 +1,7 @@
 import json
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -44,3 +45,27 @@ def test_one_model_at_a_time_gives_the_same_figures(tmp_path, tiny_llama, tiny_c
     for key in ("tokens", "kl_mean", "kl_p99", "kl_max", "top1_agreement"):
         assert one.summary[key] == both.summary[key], key
     assert kl.checkpoint_dtype(tiny_llama) == "float16"  # what a GPU run would use
+
+
+def test_kl_writes_every_tokens_value_and_the_summary_is_what_they_give(tmp_path, tiny_llama, tiny_calib):
+    """kl.jsonl beside kl.json: one line per sequence, one KL value per scored token (a float32 exactly), the
+    tokens whose top-1 agree; recomputed from it (pipeline/verdict/drift.py, float64), the summary's figures agree
+    with torch's float32 ones to rounding; float32 leaves no value below 0 by more than a few 1e-7, far inside
+    KL_ROUNDING. Peers: torch's quantile on the same values, and the copy's values all exactly 0."""
+    from pipeline.formats.kl_lines import KL_ROUNDING, read_kl_lines
+    from pipeline.verdict.drift import kl_figures
+
+    holdout = tiny_calib / "holdout.jsonl"
+    w4 = kl.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w4", 4), holdout, tmp_path / "w4" / "kl.json")
+    lines = read_kl_lines(tmp_path / "w4" / "kl.jsonl")
+    assert len(lines) == w4.summary["sequences"] and [line["sequence"] for line in lines] == list(range(len(lines)))
+    again = kl_figures(lines)
+    assert again["tokens"] == w4.summary["tokens"] and again["sequences"] == w4.summary["sequences"]
+    for key in ("kl_mean", "kl_p99", "kl_max", "top1_agreement"):
+        assert again[key] == pytest.approx(w4.summary[key], rel=1e-5, abs=1e-9), key
+    values = torch.tensor([v for line in lines for v in line["kl"]], dtype=torch.float32)
+    assert float(torch.quantile(values, 0.99)) == pytest.approx(again["kl_p99"], rel=1e-6)
+    assert float(values.min()) > -KL_ROUNDING / 100
+    copy = kl.run(tiny_llama, shutil.copytree(tiny_llama, tmp_path / "copy"), holdout, tmp_path / "copy.json")
+    assert {v for line in read_kl_lines(tmp_path / "copy.jsonl") for v in line["kl"]} == {0.0}
+    assert copy.summary["tokens"] == sum(line["tokens"] for line in read_kl_lines(tmp_path / "copy.jsonl"))

@@ -4,6 +4,7 @@ from html import unescape
 import pytest
 
 from conftest import TINY_PARAMS, with_variants, write_params
+from report_fixture import judge_line, write_judge
 from pipeline import report
 from pipeline.params import Params
 from pipeline.verdict.decision import failing
@@ -74,12 +75,11 @@ def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
     assert "\n  math: NO-GO: on 100 paired items the variant turned 50" in shown.output
 
 
-def judge_summary(**overrides):
-    summary = {"mode": "pairwise", "judge": "tiny judge", "weak_judge": False, "n": 40, "wins": 5, "ties": 10,
-               "losses": 25, "unjudged": 0, "win_rate": 0.25, "ci_low": 0.17, "ci_high": 0.33,
-               "consistency": 0.9, "control_win_rate": 0.5, "length_bias": 0.1}
-    summary.update(overrides)
-    return summary
+def judge_pairs(wins: int = 5, ties: int = 10, losses: int = 25, disagreeing: int = 4) -> list[dict]:
+    """judge.jsonl's pairs: `disagreeing` of the ties are pairs whose two orders disagreed; a control run at 50 %."""
+    outcomes = ["win"] * wins + ["tie"] * ties + ["loss"] * losses
+    return [judge_line(i, outcome, consistent=not (outcome == "tie" and i - wins < disagreeing), length_diff=i % 7,
+                       control="tie") for i, outcome in enumerate(outcomes)]
 
 
 def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
@@ -87,8 +87,8 @@ def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
     base = [1] * 120 + [0] * 80
     for name in ("base", "loses-judge", "shaky-judge"):
         write_results(results, name, base)
-    (results / "loses-judge" / "judge.json").write_text(json.dumps(judge_summary()))
-    (results / "shaky-judge" / "judge.json").write_text(json.dumps(judge_summary(consistency=0.3)))
+    write_judge(results / "loses-judge", judge_pairs())  # consistency 36 / 40
+    write_judge(results / "shaky-judge", judge_pairs(wins=2, ties=30, losses=8, disagreeing=28))  # 12 / 40
     params = Params.model_validate(with_variants(TINY_PARAMS, "loses-judge", "shaky-judge"))
     verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
     assert verdict["variants"]["loses-judge"]["judge"]["decision"] == "NO-GO"
@@ -100,7 +100,7 @@ def test_a_reliable_judge_counts_and_an_unreliable_one_does_not(tmp_path):
     assert 'id="judge-table"' in html and "the judge is unreliable" in html
     assert '<td class="cell nogo" id="cell-loses-judge-judge" data-decision="NO-GO"' in html  # a counted judge
     assert 'id="cell-shaky-judge-judge" data-decision=""' in html  # its column, but this judge is not counted
-    assert "win 25.0% [17.0%, 33.0%] / ≥ 45.0% · NO-GO</text>" in html
+    assert "win 25.0% [14.8%, 39.0%] / ≥ 45.0% · NO-GO</text>" in html  # Tango's interval, from the 40 pairs
     sentence = verdict["variants"]["loses-judge"]["judge"]["sentence"]
     assert sentence.startswith("judge: NO-GO: of 40 judged pairs the judge preferred the variant in 5, the base in 25")
     assert "entirely below 45.0% (50% - margin 5.0%)" in sentence and sentence in unescape(html)

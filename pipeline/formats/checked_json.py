@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
+from typing import Callable
 
 from pipeline.errors import UserError
 
 MAX_JSON_BYTES = 64 << 20  # a stage's summary is kilobytes; anything near this is not one
 
 CHECKS = {
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    # a float that is not inf or nan, or an int a float can hold (10**400 is valid JSON and would overflow)
+    "number": lambda v: ((isinstance(v, float) and math.isfinite(v))
+                         or (isinstance(v, int) and not isinstance(v, bool) and abs(v) <= sys.float_info.max)),
     "non-negative number": lambda v: CHECKS["number"](v) and v >= 0,
+    "share": lambda v: CHECKS["number"](v) and 0 <= v <= 1,  # a score, a rate, an agreement
+    "correlation": lambda v: CHECKS["number"](v) and -1 <= v <= 1,
     "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "positive count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
     "text": lambda v: isinstance(v, str),
@@ -29,8 +35,10 @@ CHECKS = {
     "any": lambda v: True,
     "result id": lambda v: (isinstance(v, str) and v != "") or (isinstance(v, int) and not isinstance(v, bool)),
 }
-DESCRIBED = {"number": "a finite number", "non-negative number": "a number >= 0", "count": "a whole number >= 0", "positive count": "a whole number >= 1",
+DESCRIBED = {"number": "a finite number", "non-negative number": "a number >= 0", "share": "a number in [0, 1]",
+             "correlation": "a number in [-1, 1]", "count": "a whole number >= 0", "positive count": "a whole number >= 1",
              "text": "text", "flag": "true or false", "result id": "a non-empty string or an integer", None: "null"}
+NUMERIC = ("number", "non-negative number", "share", "correlation", "count", "positive count")
 KINDS = {"dict": "an object", "list": "an array", "str": "text", "int": "a number", "float": "a number",
          "bool": "true/false", "NoneType": "null"}
 
@@ -43,6 +51,13 @@ def kind_of(value) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return KINDS.get(type(value).__name__, type(value).__name__)
+
+
+def _found(value, spec) -> str:
+    """What a value that does not fit spec is: a number of the right kind but out of its range is shown as itself
+    ("found 7", "found -0.5"), anything else by its kind ("found text")."""
+    numeric = spec in NUMERIC or (isinstance(spec, tuple) and any(s in NUMERIC for s in spec))
+    return f"{value:g}" if numeric and CHECKS["number"](value) else kind_of(value)
 
 
 def _describe(spec) -> str:
@@ -66,7 +81,7 @@ def check(value, spec, key: str = "") -> None:
             except Mismatch as exc:
                 if exc.args[0] != key and (deepest is None or len(exc.args[0]) > len(deepest.args[0])):
                     deepest = exc  # the right kind of container, wrong inside: say where
-        raise deepest or Mismatch(key, _describe(spec), kind_of(value))
+        raise deepest or Mismatch(key, _describe(spec), _found(value, spec))
     if spec is None:
         if value is not None:
             raise Mismatch(key, "null", kind_of(value))
@@ -94,7 +109,7 @@ def check(value, spec, key: str = "") -> None:
             check(value[name], sub, where)
         return
     if not CHECKS[spec](value):
-        raise Mismatch(key, _describe(spec), kind_of(value))
+        raise Mismatch(key, _describe(spec), _found(value, spec))
 
 
 def unpaired_surrogate(value, key: str = "") -> str | None:
@@ -180,3 +195,40 @@ def read_checked_json(path: Path, spec, command: str) -> dict | None:
         raise problem(path, "", f"{key}: holds an unpaired UTF-16 surrogate (a broken character) that no UTF-8 "
                                  "page can hold", command)
     return data
+
+
+def read_checked_lines(path: Path, spec_of: Callable[[dict], object], command: str, what: str = "line"):
+    """(":LINE", object) for each non-blank line of a JSON Lines file, each an object checked against
+    spec_of(object); the first line that is not is a UserError naming the file, the line and the key."""
+    path = Path(path)
+    text = decode(path, read_bytes(path, command), command)
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f":{number}"
+        item = parse(path, line, where, command)
+        if not isinstance(item, dict):
+            raise problem(path, where, f"a {what} must be a JSON object, not {kind_of(item)}", command)
+        try:
+            check(item, spec_of(item))
+        except Mismatch as exc:
+            key, expected, found = exc.args
+            raise problem(path, where, f"{key}: expected {expected}, found {found}", command) from None
+        if "\\ud" in line.lower() and (key := unpaired_surrogate(item)) is not None:
+            raise problem(path, where, f"{key}: holds an unpaired UTF-16 surrogate (a broken character) that no "
+                                       "UTF-8 page can hold", command)
+        yield where, item
+
+
+def key_line(path: Path, key: str) -> str:
+    """":LINE" of the first line of a JSON file that holds `"key":` (a summary written with one key a line),
+    "" when none does: where a reader points at a value it refuses."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    needle = json.dumps(key) + ":"
+    for number, line in enumerate(text.splitlines(), start=1):
+        if needle in line:
+            return f":{number}"
+    return ""

@@ -1,10 +1,11 @@
 """Result lines: `results/<model>/<suite>.jsonl` (one JSON object per item) and its `<suite>.json`
 summary. Written by `quantize eval` (pipeline/evaluate.py), read by `quantize report`.
 
-A line holds at least `id`, `score` and `correct` (true/false); a perplexity suite's line is one
-document with its summed `loglikelihood` and `n_tokens` (`correct` null). The summary names the
-suite, metric and score, or `status: not applicable` (or `not run`) with a `reason`, and a .jsonl of no items
-beside it: one blank line, not an empty file, which `dvc repro` would warn about as if something had failed.
+A line holds at least `id`, `score` (in [0, 1]) and `correct` (true exactly when the score is 1); a
+perplexity suite's line is one document with its summed `loglikelihood` (at most 0) and `n_tokens` (at
+least 1; `correct` null). The verdict is computed from these lines; the summary names the suite, metric
+and score, or `status: not applicable` (or `not run`) with a `reason`, and a .jsonl of no items beside it:
+one blank line, not an empty file, which `dvc repro` would warn about as if something had failed.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import json
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.formats.checked_json import (
-    Mismatch, check, decode, fix_command, kind_of, parse, problem, read_bytes, read_checked_json, unpaired_surrogate,
-)
+from pipeline.formats.checked_json import fix_command, problem, read_checked_json, read_checked_lines
 from pipeline.outputs import write_atomic, write_json
 
-RESULT_LINE = {"id": "result id", "score": "number", "correct": "flag"}
+RESULT_LINE = {"id": "result id", "score": "share", "correct": "flag"}  # the item's share of credit; right or wrong
 # a perplexity suite's line: one document, its summed log-likelihood and its token count (no right/wrong)
 DOCUMENT_LINE = {"id": "result id", "score": "number", "correct": ("flag", None), "loglikelihood": "number",
-                 "n_tokens": "count"}
+                 "n_tokens": "positive count"}
+MAX_NLL_PER_TOKEN = 700  # nats: e^700 ~ 1e304, near the largest float; real models score ~1-15 per token
+MAX_DOCUMENT_TOKENS = 2 ** 53  # a token count a float (numpy's sums) holds exactly
 ENGINE_DEFECT = {"key": "text", "avoided": "flag", "what?": "text", "when?": "text", "avoided_by?": "text",
                  "upstream?": "text", "evidence?": "text"}  # pipeline/engines/vllm_defects.py: Defect.summary
 SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None),
@@ -52,32 +53,42 @@ def read_summary(path: Path | str) -> dict | None:
 
 
 def read_lines(path: Path | str) -> dict[str, dict]:
-    """{item id: result line} of one results/<model>/<suite>.jsonl, every line checked; a duplicate id,
-    or a line that is not a result is a UserError naming the file and the line."""
+    """{item id: result line} of one results/<model>/<suite>.jsonl, every line checked, its values in their
+    domain included (`check_domain`); a duplicate id, or a line that is not a result is a UserError naming
+    the file and the line."""
     path = Path(path)
-    text = decode(path, read_bytes(path, COMMAND), COMMAND)
     items: dict[str, dict] = {}
-    first_line: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f":{number}"
-        item = parse(path, line, where, COMMAND)
-        if not isinstance(item, dict):
-            raise problem(path, where, f"a result line must be a JSON object, not {kind_of(item)}", COMMAND)
-        try:
-            check(item, DOCUMENT_LINE if "loglikelihood" in item else RESULT_LINE)
-        except Mismatch as exc:
-            key, expected, found = exc.args
-            raise problem(path, where, f"{key}: expected {expected}, found {found}", COMMAND) from None
-        if "\\ud" in line.lower() and (key := unpaired_surrogate(item)) is not None:
-            raise problem(path, where, f"{key}: holds an unpaired UTF-16 surrogate (a broken character) that no "
-                                       "UTF-8 page can hold", COMMAND)
+    first_line: dict[str, str] = {}
+    spec_of = lambda item: DOCUMENT_LINE if "loglikelihood" in item else RESULT_LINE  # noqa: E731
+    for where, item in read_checked_lines(path, spec_of, COMMAND, "result line"):
+        check_domain(path, where, item)
         item_id = str(item["id"])
         if item_id in first_line:
-            raise UserError(f"{path}:{number}: id {item_id[:80]!r} is already on line {first_line[item_id]}; "
+            raise UserError(f"{path}{where}: id {item_id[:80]!r} is already on line {first_line[item_id][1:]}; "
                             "each item must appear once: delete the duplicate line, or run "
                             f"`{fix_command(path, COMMAND)}` again into an empty results folder")
-        first_line[item_id] = number
+        first_line[item_id] = where
         items[item_id] = item
     return items  # empty for a suite that does not apply (its <suite>.json says why)
+
+
+def check_domain(path: Path, where: str, item: dict) -> None:
+    """What the types cannot say: a document's log-likelihood is at most 0 and leaves a perplexity that a float
+    holds (per token at least -MAX_NLL_PER_TOKEN); a right/wrong item is correct exactly when it scores 1
+    (`correct` is `score >= 1` as `quantize eval` writes it, the score a share in [0, 1])."""
+    if "loglikelihood" in item:
+        tokens, loglikelihood = item["n_tokens"], item["loglikelihood"]
+        if tokens > MAX_DOCUMENT_TOKENS:
+            raise problem(path, where, f"n_tokens: {tokens:.3g} tokens in one document, more than a float counts "
+                                       f"exactly ({MAX_DOCUMENT_TOKENS:.3g})", COMMAND)
+        if loglikelihood > 0:
+            raise problem(path, where, f"loglikelihood: {loglikelihood:g} is above 0: a log-likelihood is the log of "
+                                       "a probability, at most 0", COMMAND)
+        if -loglikelihood / tokens > MAX_NLL_PER_TOKEN:
+            raise problem(path, where, f"loglikelihood: {loglikelihood:g} over {tokens} tokens is "
+                                       f"{loglikelihood / tokens:.4g} per token, below -{MAX_NLL_PER_TOKEN}: a "
+                                       f"perplexity above e^{MAX_NLL_PER_TOKEN}, past what any model scores and what a "
+                                       "float holds", COMMAND)
+    elif item["correct"] != (item["score"] == 1):
+        raise problem(path, where, f"correct: {str(item['correct']).lower()} with score {item['score']:g}: an item is "
+                                   "correct exactly when it scores 1", COMMAND)

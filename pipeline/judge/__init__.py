@@ -26,13 +26,10 @@ them (`replaced_characters`) and the report says so.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
-
-import numpy as np
 
 from pipeline.checkpoints import config_json
 from pipeline.engines import Engine, GenRequest
@@ -41,11 +38,10 @@ from pipeline.eval_cache import GenerationCache, model_fingerprint
 from pipeline.formats.holdout import read_holdout
 from pipeline.judge.client import Ask, Judge, JudgmentCache
 from pipeline.judge.prompts import conversation_text
-from pipeline.judge.scoring import ORDERS, SCORE, combine, correlation, order_outcome
+from pipeline.judge.scoring import ORDERS, combine, order_outcome
 from pipeline.outputs import Stopwatch, write_atomic, write_json
 from pipeline.params import EngineParams, JudgeParams, VerdictParams, sections_with_overrides
-from pipeline.verdict.intervals import paired_bootstrap
-from pipeline.verdict.judge import decide_judge, explain_judge, judge_sentence, win_rate
+from pipeline.verdict.judge import decide_judge, explain_judge, judge_sentence, pairwise_figures, reference_figures
 
 
 @dataclass
@@ -242,7 +238,7 @@ def judge_pairwise(judge: Judge, records: list[dict], base_answers: list[str], v
             line["control"] = _pair_result([results[a.key] for a in ctrl[i]])
         line["length_diff"] = len(variant_answers[i]) - len(base_answers[i])
         lines.append(line)
-    return lines, _pairwise_summary(lines, control, **stats)
+    return lines, pairwise_figures(lines, control, **stats)
 
 
 def _pair_asks(judge: Judge, question: str, base: str, variant: str) -> list[Ask]:
@@ -268,24 +264,6 @@ def _pair_result(records: list[dict]) -> dict:
     return {"judgments": judgments, "outcome": outcome, "consistent": consistent, "unjudged_reason": reason}
 
 
-def _pairwise_summary(lines: list[dict], control: bool, *, confidence: float = 0.95, **_bootstrap) -> dict:
-    summary = win_rate([l["outcome"] for l in lines], confidence=confidence)
-    both = [l["consistent"] for l in lines if l["consistent"] is not None]
-    summary["consistency"] = sum(both) / len(both) if both else None
-    summary["unjudged_reasons"] = dict(Counter(l["unjudged_reason"] for l in lines if l["unjudged_reason"]))
-    judged = [l for l in lines if l["outcome"] in SCORE]
-    summary["length_bias"] = correlation([l["length_diff"] for l in judged], [SCORE[l["outcome"]] for l in judged])
-    summary["control_win_rate"] = summary["noise_floor"] = summary["control_consistency"] = None
-    if control:
-        ctrl = win_rate([l["control"]["outcome"] for l in lines], confidence=confidence)
-        both = [l["control"]["consistent"] for l in lines if l["control"]["consistent"] is not None]
-        summary["control_win_rate"] = ctrl["win_rate"]
-        summary["control_n"] = ctrl["n"]
-        summary["noise_floor"] = abs(ctrl["win_rate"] - 0.5) if ctrl["n"] else None
-        summary["control_consistency"] = sum(both) / len(both) if both else None
-    return summary
-
-
 def judge_reference(judge: Judge, records: list[dict], base_answers: list[str], variant_answers: list[str],
                     **stats) -> tuple[list[dict], dict]:
     questions = [conversation_text(r["messages"]) for r in records]
@@ -302,19 +280,4 @@ def judge_reference(judge: Judge, records: list[dict], base_answers: list[str], 
                       "unjudged_reason": None if r["parsed"] else
                       ("request failed" if r["error"] else "unparsable grade"),
                       "length_diff": len(variant_answers[i]) - len(base_answers[i])})
-    return lines, _reference_summary(lines, **stats)
-
-
-def _reference_summary(lines: list[dict], *, iterations: int, confidence: float, seed: int) -> dict:
-    graded = [l for l in lines if l["grade"]]
-    grades = np.array([l["grade"] for l in graded], dtype=float)
-    low, high = paired_bootstrap(grades, iterations, confidence, seed)
-    return {
-        "n": len(graded), "unjudged": len(lines) - len(graded),
-        "unjudged_reasons": dict(Counter(l["unjudged_reason"] for l in lines if l["unjudged_reason"])),
-        "mean_grade": float(grades.mean()) if len(grades) else None,
-        "ci_low": low if len(grades) else None, "ci_high": high if len(grades) else None,
-        "grades": {str(g): int((grades == g).sum()) for g in range(1, 6)},
-        "consistency": None,
-        "length_bias": correlation([l["length_diff"] for l in graded], list(grades)),
-    }
+    return lines, reference_figures(lines, **stats)

@@ -1,15 +1,12 @@
 """Reading a judge's replies: the strict [[A]]/[[B]]/[[C]] verdict and [[1]]-[[5]] grade parsers, one order's
-outcome from the variant's side, a pair's outcome from its two orders, and the length-bias correlation."""
+outcome from the variant's side and a pair's outcome from its two orders (the figures over all pairs: pipeline/verdict/judge.py)."""
 
 from __future__ import annotations
 
 import re
 
-import numpy as np
-
 VERDICT = re.compile(r"\[\[([ABC])\]\]")
 GRADE = re.compile(r"\[\[([1-5])\]\]")
-SCORE = {"win": 1.0, "tie": 0.5, "loss": 0.0}
 # The two orders of a pair: which side the variant's answer sits on.
 ORDERS = (("base-first", False), ("variant-first", True))
 
@@ -41,10 +38,3 @@ def combine(first: str | None, second: str | None) -> tuple[str, bool | None]:
     if first == second:
         return first, True
     return "tie", False
-
-
-def correlation(x: list[float], y: list[float]) -> float | None:
-    """Pearson correlation, None when undefined (fewer than 3 points or a constant series)."""
-    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
-        return None
-    return float(np.corrcoef(x, y)[0, 1])

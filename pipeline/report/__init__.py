@@ -87,14 +87,16 @@ class ReportResult:
     verdict: dict
 
     def summary(self) -> str:
-        overall = ", ".join(f"{v}: {d['decision']}" for v, d in self.verdict["variants"].items())
+        overall = ", ".join([*(f"{v}: {d['decision']}" for v, d in self.verdict["variants"].items()),
+                             *(f"{v}: {m['state']}" for v, m in (self.verdict.get("variants_without_results") or {}).items())])
         return f"report: wrote {self.html} and {self.verdict_json} ({overall or 'no variants'})"
 
 
 def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: list[str]) -> Evidence:
     """Every file the verdict is decided from, each checked as it is read (a broken one is a UserError
     naming it): the result lines and <suite>.json summaries of `models` (base and the variants of
-    params.yaml), and per model its judge.json, kl.json, bench.json, quant.json and where it is served."""
+    params.yaml), and per model its judge.json and kl.json (each checked against, and the judge's figures
+    recomputed from, the .jsonl lines beside it), bench.json, quant.json and where it is served."""
     results = collect(results_dir, list(params.suites), models)
     summaries: dict[str, dict[str, dict]] = {}
     for model in models:
@@ -102,14 +104,16 @@ def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: l
             summary = result_files.read_summary(results_dir / model / f"{suite}.json")
             if summary is not None:
                 summaries.setdefault(model, {})[suite] = summary
+    inputs.long_context_from_lines(results_dir, results, summaries)
     variants = [name for name in results if name != "base"]
     return Evidence(
         results=results, summaries=summaries,
-        judge={v: found for v in variants if (found := _read_json(results_dir / v / "judge.json")) is not None},
-        kl={v: found for v in variants if (found := _read_json(results_dir / v / "kl.json")) is not None},
+        judge={v: found for v in variants if (found := inputs.read_judge(results_dir / v / "judge.json", params))},
+        kl={v: found for v in variants if (found := inputs.read_kl(results_dir / v / "kl.json", params)) is not None},
         bench={m: found for m in results if (found := _read_json(results_dir / m / "bench.json"))},
         quant={v: quant_json.read_quant_json(models_dir / v / "quant.json") for v in variants},
-        serving={v: _serving(models_dir / v) for v in variants})
+        serving={v: _serving(models_dir / v) for v in variants},
+        built={v: config_json.present(models_dir / v) for v in params.variants})
 
 
 def _serving(model_dir: Path) -> dict | None:

@@ -9,15 +9,20 @@ problem is a UserError naming the file, the line or key, and the command that wr
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 from pipeline.formats import quant_json, results
-from pipeline.formats.checked_json import CHECKS, kind_of, problem, read_checked_json
+from pipeline.formats.checked_json import CHECKS, key_line, kind_of, problem, read_checked_json
+from pipeline.formats.judge_lines import read_judge_lines
+from pipeline.formats.kl_lines import KL_ROUNDING, lines_path, read_kl_lines
 
 # ---------------------------------------------------------------- what the report uses of each file
 
 COUNT_OR_NULL = ("count", None)
 NUMBER_OR_NULL = ("number", None)
+SHARE_OR_NULL = ("share", None)  # a rate, an agreement: in [0, 1]
 DISTRIBUTION = ({"mean?": "non-negative number", "median": "non-negative number", "p90": "non-negative number",
                  "p99": "non-negative number"}, None)  # milliseconds (pipeline/bench.py: distribution)
 LEVEL_AT_RATE = {"output_tokens_per_s?": ("non-negative number", None), "ttft_ms?": DISTRIBUTION,
@@ -27,14 +32,15 @@ LEVEL = {**LEVEL_AT_RATE, "concurrency": "positive count", "tpot_ms?": ("non-neg
          "ttft_p50_ms": "non-negative number", "output_tokens_per_s": ("non-negative number", None),
          "memory_bytes?": COUNT_OR_NULL, "itl_ms?": DISTRIBUTION, "e2el_ms?": DISTRIBUTION}
 SCHEMAS = {  # file name -> (spec, command that writes it again)
-    "kl.json": ({"tokens": "count", "kl_mean": "number", "kl_p99": "number", "kl_max": "number",
-                 "top1_agreement": "number"}, "quantize kl models/{model}"),
+    "kl.json": ({"sequences?": "count", "tokens": "count", "kl_mean": "number", "kl_p99": "number", "kl_max": "number",
+                 "top1_agreement": "share"}, "quantize kl models/{model}"),
     "judge.json": ({"mode?": "text", "n?": COUNT_OR_NULL, "judge?": ("text", None), "weak_judge?": ("flag", None),
                     "wins?": COUNT_OR_NULL, "ties?": COUNT_OR_NULL, "losses?": COUNT_OR_NULL,
-                    "unjudged?": COUNT_OR_NULL, "win_rate?": NUMBER_OR_NULL, "ci_low?": NUMBER_OR_NULL,
-                    "ci_high?": NUMBER_OR_NULL, "consistency?": NUMBER_OR_NULL,
-                    "control_win_rate?": NUMBER_OR_NULL, "length_bias?": NUMBER_OR_NULL,
-                    "noise_floor?": NUMBER_OR_NULL}, "quantize judge models/{model}"),
+                    "unjudged?": COUNT_OR_NULL, "win_rate?": SHARE_OR_NULL, "ci_low?": NUMBER_OR_NULL,
+                    "ci_high?": NUMBER_OR_NULL, "consistency?": SHARE_OR_NULL, "confidence?": "share",
+                    "control_win_rate?": SHARE_OR_NULL, "length_bias?": ("correlation", None),
+                    "noise_floor?": SHARE_OR_NULL, "control_consistency?": SHARE_OR_NULL, "control_n?": COUNT_OR_NULL},
+                   "quantize judge models/{model}"),
     "bench.json": ({"engine": "text", "device": "text", "date?": ("text", None), "input_len": "count",
                     "output_len": "count", "engine_info?": ({"tensor_parallel_size?": COUNT_OR_NULL}, None),
                     "workloads": {"fixed": {"levels": [LEVEL], "rates?": ([LEVEL_AT_RATE], None)}},
@@ -82,11 +88,97 @@ def read_json(path: Path) -> dict | None:
 
 
 def _check_consistent(path: Path, data: dict, command: str) -> None:
-    """What a key-by-key check cannot see: a judged pairwise run must carry its win rate and interval."""
+    """What a key-by-key check cannot see: a judged pairwise run must carry its win rate and interval, the
+    interval a win rate's (in [0, 1])."""
     if path.name == "judge.json" and data.get("mode", "pairwise") == "pairwise" and data.get("n"):
         for key in ("win_rate", "ci_low", "ci_high"):
             if not CHECKS["number"](data.get(key)):
                 raise problem(path, "", f"{key}: expected a finite number when n is {data['n']}, found "
                                         f"{kind_of(data.get(key)) if key in data else 'nothing'}", command)
+            if not CHECKS["share"](data[key]):
+                raise problem(path, key_line(path, key), f"{key}: {data[key]:g} is not a win rate (in [0, 1])", command)
     if path.name == "bench.json" and not data["workloads"]["fixed"]["levels"]:
         raise problem(path, "", "workloads.fixed.levels: expected at least one level, found none", command)
+
+
+# ---------------------------------------------------------------- summaries recomputed from their lines
+
+def read_judge(path: Path, params) -> dict | None:
+    """A variant's judge.json with every figure recomputed from judge.jsonl beside it, the summary's own figures
+    checked against them (`agree`); None when there is no judge.json."""
+    return _recomputed(path, params, lambda lines_file, summary: read_judge_lines(lines_file, summary.get("mode", "pairwise")))
+
+
+def read_kl(path: Path, params) -> dict | None:
+    """A variant's kl.json, its figures checked against those recomputed from kl.jsonl beside it (float32 sums in
+    the stage, float64 here: agreeing to 1e-4 relative); None when there is no kl.json."""
+    return _recomputed(path, params, lambda lines_file, _: read_kl_lines(lines_file), rel_tol=1e-4, abs_tol=1e-7)
+
+
+def _recomputed(path: Path, params, read_lines, **tolerance) -> dict | None:
+    """The summary at `path` with the figures its lines give (pipeline/verdict/decision.py: summary_figures), after
+    checking each figure the summary states against them; None when the summary is absent. kl.json keeps its own
+    figures once they agree (to float32 rounding), so the page shows the digits `quantize kl` printed."""
+    from pipeline.verdict.decision import summary_figures
+
+    summary = read_json(path)
+    if summary is None:
+        return None
+    command = SCHEMAS[path.name][1]
+    for key in ("kl_mean", "kl_p99", "kl_max") if path.name == "kl.json" else ():
+        if summary[key] < -KL_ROUNDING:
+            raise problem(path, key_line(path, key), f"{key}: {summary[key]:g} is negative: a KL divergence is >= 0",
+                          command)
+    lines = read_lines(_lines_beside(path, command), summary)
+    figures, unchecked = summary_figures(path.name, summary, lines, params)
+    agree(path, summary, {k: v for k, v in figures.items() if k not in unchecked}, len(lines), command, **tolerance)
+    keep_own = summary.keys() if path.name == "kl.json" else ()
+    return {**summary, **{key: value for key, value in figures.items() if key not in keep_own}}
+
+
+def _lines_beside(path: Path, command: str) -> Path:
+    lines = lines_path(path)
+    if not lines.is_file():
+        raise problem(lines, "", f"missing beside {path.name}: the report recomputes {path.name}'s figures from "
+                                 f"these lines; {path.name} without them (copied alone, or written by an older "
+                                 "version) cannot be checked", command)
+    return lines
+
+
+def agree(path: Path, stored: dict, recomputed: dict, n_lines: int, command: str, *, rel_tol: float = 1e-9,
+          abs_tol: float = 1e-12) -> None:
+    """Each figure the summary at `path` states (those of `recomputed` it holds) must be what its lines give; the
+    first that is not is a UserError naming the summary's file, line and key, both values and the fix."""
+    for key, value in recomputed.items():
+        if key not in stored or _same(stored[key], value, rel_tol, abs_tol):
+            continue
+        raise problem(path, key_line(path, key), f"{key}: {_shown(stored[key])} is not what the {n_lines} lines of "
+                                                 f"{lines_path(path)} give ({_shown(value)}): the summary and its lines "
+                                                 "disagree, so neither is shown", command)
+
+
+def _same(a, b, rel_tol: float, abs_tol: float) -> bool:
+    if CHECKS["number"](a) and CHECKS["number"](b) and not (isinstance(a, int) and isinstance(b, int)):  # counts: exact
+        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
+    return a == b
+
+
+def _shown(value) -> str:
+    return f"{value:.6g}" if CHECKS["number"](value) else "null" if value is None else json.dumps(value)[:80]
+
+
+def long_context_from_lines(results_dir: Path, lines: dict, summaries: dict) -> None:
+    """The long-context table (score per length and needle depth) of each model's long_context.json, recomputed
+    from its long_context.jsonl (`lines`: {model: {suite: {id: line}}}; pipeline/long_context.py:
+    by_length_and_depth); an id that names no length and depth is a UserError naming the file and the id."""
+    from pipeline.long_context import ID, by_length_and_depth
+
+    for model, by_suite in summaries.items():
+        table, items = (by_suite.get("long_context") or {}).get("long_context"), lines.get(model, {}).get("long_context")
+        if not table or items is None:
+            continue
+        path = results.lines_path(results_dir / model, "long_context")
+        if bad := next((item_id for item_id in items if not ID.match(item_id)), None):
+            raise problem(path, "", f"id {bad[:80]!r} is not kind-length-dDEPTH-repeat, so its length and needle depth "
+                                    "are unknown", results.COMMAND)
+        table["by_length_and_depth"] = by_length_and_depth(list(items.values()))

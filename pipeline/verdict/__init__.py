@@ -5,7 +5,9 @@ INCONCLUSIVE lives in this package; the report stage reads the files and renders
                  interval, and the decision read off an interval (`decide`); GO, NO_GO, INCONCLUSIVE
     paired       right/wrong and scored suites: the variant against the base on the same items
     perplexity   perplexity suites: the ratio estimator's t interval, paired by document
-    judge        the judge's win rate and its decision (UNRELIABLE when it contradicts itself)
+    judge        the judge's win rate and its decision (UNRELIABLE when it contradicts itself); its figures
+                 from judge.jsonl's lines
+    drift        KL drift: kl.json's figures from kl.jsonl's per-token values
     speed        serving speed against the base, and what a variant buys in serving
     coverage     what a decision rests on: each suite decided, not counted, not run, not applicable or
                  not configured

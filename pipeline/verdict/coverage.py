@@ -10,7 +10,9 @@ params.yaml leaves out), and for the judge, one state, never silence:
     not configured  a suite the product ships that params.yaml does not name (the key to add)
 
 A variant's coverage is complete when every suite the base ran (with results, applicable) is decided for it;
-`quantize report --fail-on incomplete` fails a variant whose decision rests on fewer (pipeline/verdict/decision.py).
+`quantize report --fail-on incomplete` fails a variant whose decision rests on fewer (pipeline/verdict/decision.py),
+and a variant of params.yaml with no results at all: not built (no checkpoint) or not evaluated
+(`variants_without_results`).
 """
 
 from __future__ import annotations
@@ -132,3 +134,25 @@ def incomplete_why(coverage: dict) -> str:
     missing = [s for s in coverage["base_ran"] if coverage["suites"][s]["state"] != DECIDED]
     return (f"decided on {len(coverage['base_ran']) - len(missing)} of the {len(coverage['base_ran'])} suites the base "
             f"ran; " + "; ".join(f"{s} {LABELS[coverage['suites'][s]['state']]}" for s in missing))
+
+
+NOT_BUILT, NOT_EVALUATED = "not built", "not evaluated"
+
+
+def variants_without_results(variants: list[str], evaluated: list[str], built: dict[str, bool]) -> dict[str, dict]:
+    """verdict.json's `variants_without_results`: each variant of params.yaml that has no result of a suite of
+    params.yaml, so no decision: its state (not built: no checkpoint in models/; not evaluated), why, and the
+    commands that give it one."""
+    missing = {}
+    for variant in variants:
+        if variant in evaluated:
+            continue
+        evaluate = [f"quantize eval models/{variant}", "quantize report"]
+        if built.get(variant):
+            missing[variant] = {"state": NOT_EVALUATED, "commands": evaluate,
+                                "why": f"models/{variant} is built but no suite of params.yaml was run on it (dvc repro "
+                                       "evaluates the models its evaluate stage lists in dvc.yaml: add it there)"}
+        else:
+            missing[variant] = {"state": NOT_BUILT, "commands": [f"quantize variant {variant}", *evaluate],
+                                "why": f"no checkpoint in models/{variant} and no results: the variant was never built"}
+    return missing

@@ -12,10 +12,11 @@ import math
 from dataclasses import dataclass, field
 
 from pipeline.params import Params
-from pipeline.verdict.coverage import incomplete_why, suite_coverage
+from pipeline.verdict.coverage import incomplete_why, suite_coverage, variants_without_results
 from pipeline.verdict.engines import engine_notes, unpaired_why
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
-from pipeline.verdict.judge import judge_verdict
+from pipeline.verdict.drift import kl_figures
+from pipeline.verdict.judge import judge_verdict, pairwise_figures, reference_figures
 from pipeline.verdict.next_steps import next_steps, why_in_brief
 from pipeline.verdict.paired import SuiteVerdict, compare_suite
 from pipeline.verdict.perplexity import compare_perplexity
@@ -35,6 +36,23 @@ class Evidence:
     bench: dict[str, dict] = field(default_factory=dict)  # {model: bench.json}
     quant: dict[str, dict | None] = field(default_factory=dict)  # {variant: quant.json}
     serving: dict[str, dict | None] = field(default_factory=dict)  # {variant: where it is served}
+    built: dict[str, bool] = field(default_factory=dict)  # {variant of params.yaml: its checkpoint is in models/}
+
+
+def summary_figures(name: str, summary: dict, lines: list[dict], params: Params) -> tuple[dict, tuple[str, ...]]:
+    """The figures a stage's summary states (judge.json, kl.json), recomputed from its lines (judge.jsonl, kl.jsonl),
+    and those of them the summary's own values are not comparable with: a pairwise judge's interval at another
+    confidence than params.yaml's verdict.confidence (recomputed at this one), a reference judge's bootstrap interval
+    (judge.json does not record its resamples and seed). The report checks the summary against them and shows the
+    judge's figures from here, kl.json's own once they agree (pipeline/report/inputs.py)."""
+    p = params.verdict
+    if name == "kl.json":
+        return kl_figures(lines), ()
+    if summary.get("mode", "pairwise") != "pairwise":
+        return reference_figures(lines, iterations=p.bootstrap, confidence=p.confidence, seed=p.seed), ("ci_low", "ci_high")
+    figures = pairwise_figures(lines, any("control" in line for line in lines), confidence=p.confidence)
+    return {**figures, "confidence": p.confidence}, () if summary.get("confidence", p.confidence) == p.confidence else (
+        "ci_low", "ci_high", "confidence")
 
 
 def overall(suite_verdicts: list[SuiteVerdict], extra: list[tuple[str, str]] = ()) -> tuple[str, list[str]]:
@@ -107,6 +125,8 @@ def decide(evidence: Evidence, params: Params) -> dict:
         "method_comparisons": method_comparisons(results, evidence.quant, p.confidence),
         "speed": speeds,
         "params_sha256": params.digest(),
+        # variants of params.yaml with no result: named, never left out in silence (--fail-on incomplete fails them)
+        "variants_without_results": variants_without_results(list(params.variants), list(variants), evidence.built),
     }
 
 
@@ -237,7 +257,8 @@ FAIL_ON = ("no-go", "inconclusive", "incomplete")  # each fails what the one bef
 
 def failing(verdict: dict, fail_on: str | None) -> dict[str, str]:
     """{variant: why} for each variant that trips the gate: 'no-go' fails a NO-GO; 'inconclusive' also an
-    INCONCLUSIVE (anything but GO); 'incomplete' also a GO whose decision rests on fewer suites than the base ran."""
+    INCONCLUSIVE (anything but GO); 'incomplete' also a GO whose decision rests on fewer suites than the base ran,
+    and a variant of params.yaml without results (not built, not evaluated)."""
     if not fail_on:
         return {}
     failed = {}
@@ -246,6 +267,9 @@ def failing(verdict: dict, fail_on: str | None) -> dict[str, str]:
             failed[name] = v["decision"]
         elif fail_on == "incomplete" and not v["coverage"]["complete"]:
             failed[name] = f"{v['decision']}, incomplete: {incomplete_why(v['coverage'])}"
+    if fail_on == "incomplete":
+        for name, missing in (verdict.get("variants_without_results") or {}).items():
+            failed[name] = f"{missing['state']}: {missing['why']}; run {', then '.join(missing['commands'])}"
     return failed
 
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from pipeline.params import Params
 from pipeline.verdict.figures import share
-from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO, TANGO, decide, min_items_for_go, tango_interval
+from pipeline.verdict.intervals import (GO, INCONCLUSIVE, NO_GO, TANGO, decide, min_items_for_go, paired_bootstrap,
+                                        tango_interval)
 
 UNRELIABLE = "UNRELIABLE"
 WIN_RATE_INTERVAL = f"{TANGO} on wins against losses, halved and shifted by 0.5"
+SCORE = {"win": 1.0, "tie": 0.5, "loss": 0.0}  # a judged pair's outcome, from the variant's side
 
 
 def win_rate(outcomes: list[str], *, confidence: float = 0.95) -> dict:
@@ -31,6 +35,52 @@ def win_rate(outcomes: list[str], *, confidence: float = 0.95) -> dict:
         "n": judged, "wins": wins, "ties": ties, "losses": losses, "unjudged": counts["unjudged"],
         "win_rate": (wins + ties / 2) / judged if judged else None,
         "ci_low": low, "ci_high": high, "ci_method": WIN_RATE_INTERVAL,
+    }
+
+
+def correlation(x: list[float], y: list[float]) -> float | None:
+    """Pearson correlation, None when undefined (fewer than 3 points or a constant series)."""
+    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def pairwise_figures(lines: list[dict], control: bool, *, confidence: float = 0.95, **_bootstrap) -> dict:
+    """What a pairwise judge.json states about its pairs, from judge.jsonl's lines (each pair's `outcome`,
+    `consistent`, `length_diff`, and its `control` run's): the counts, the win rate and its interval,
+    position-swap consistency, the length bias and the control run's win rate (the noise floor)."""
+    summary = win_rate([line["outcome"] for line in lines], confidence=confidence)
+    both = [line["consistent"] for line in lines if line["consistent"] is not None]
+    summary["consistency"] = sum(both) / len(both) if both else None
+    summary["unjudged_reasons"] = dict(Counter(line["unjudged_reason"] for line in lines if line["unjudged_reason"]))
+    judged = [line for line in lines if line["outcome"] in SCORE]
+    summary["length_bias"] = correlation([line["length_diff"] for line in judged],
+                                         [SCORE[line["outcome"]] for line in judged])
+    summary["control_win_rate"] = summary["noise_floor"] = summary["control_consistency"] = None
+    if control:
+        ctrl = win_rate([line["control"]["outcome"] for line in lines], confidence=confidence)
+        both = [line["control"]["consistent"] for line in lines if line["control"]["consistent"] is not None]
+        summary["control_win_rate"] = ctrl["win_rate"]
+        summary["control_n"] = ctrl["n"]
+        summary["noise_floor"] = abs(ctrl["win_rate"] - 0.5) if ctrl["n"] else None
+        summary["control_consistency"] = sum(both) / len(both) if both else None
+    return summary
+
+
+def reference_figures(lines: list[dict], *, iterations: int, confidence: float, seed: int) -> dict:
+    """What a reference-mode judge.json states about its answers, from judge.jsonl's lines (each answer's
+    `grade` 1-5 or null): the counts, the mean grade with its bootstrap interval, the grades, the length bias."""
+    graded = [line for line in lines if line["grade"]]
+    grades = np.array([line["grade"] for line in graded], dtype=float)
+    low, high = paired_bootstrap(grades, iterations, confidence, seed)
+    return {
+        "n": len(graded), "unjudged": len(lines) - len(graded),
+        "unjudged_reasons": dict(Counter(line["unjudged_reason"] for line in lines if line["unjudged_reason"])),
+        "mean_grade": float(grades.mean()) if len(grades) else None,
+        "ci_low": low if len(grades) else None, "ci_high": high if len(grades) else None,
+        "grades": {str(g): int((grades == g).sum()) for g in range(1, 6)},
+        "consistency": None,
+        "length_bias": correlation([line["length_diff"] for line in graded], list(grades)),
     }
 
 

@@ -4,7 +4,8 @@ For right/wrong items the interval of the change in accuracy is Tango's score in
 difference of proportions, with a continuity correction (pipeline/verdict/intervals.py): it keeps its
 coverage at every n, zero flips included, where the percentile bootstrap it replaces gave [0, 0] and a
 GO on 10 unchanged items. An exact McNemar test gives the p-value. Partial-credit scores in [0, 1] get a
-Student-t interval never narrower than Tango's for no change; other scores keep the paired bootstrap.
+Student-t interval never narrower than Tango's for no change; other scores (plain data only: the report's
+reader refuses a result line scoring outside [0, 1]) keep the paired bootstrap.
 GO when the interval's lower end clears minus the margin, NO-GO when its upper end falls below it, else
 INCONCLUSIVE with the items that would likely settle it; a suite too small to ever show a GO says how
 many items it needs (`compare_suite`). Each decision also comes as one sentence a reviewer can check

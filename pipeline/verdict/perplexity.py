@@ -70,8 +70,9 @@ def ratio_interval(deltas: np.ndarray, tokens: np.ndarray, confidence: float) ->
     if m < 2:
         return estimate, float("nan"), float("nan")
     residuals = deltas - estimate * tokens
-    adjust = 1.0 / (1.0 - tokens / total)  # HC2: 1 / (1 - leverage)
-    se = math.sqrt(float((adjust * residuals ** 2).sum())) / total
+    with np.errstate(divide="ignore", invalid="ignore"):  # a leverage that rounds to 1: no interval (nan)
+        adjust = 1.0 / (1.0 - tokens / total)  # HC2: 1 / (1 - leverage)
+        se = math.sqrt(float((adjust * residuals ** 2).sum())) / total
     half = float(student_t.ppf(0.5 + confidence / 2, bell_mccaffrey_df(tokens))) * se
     return estimate, estimate - half, estimate + half
 
@@ -83,7 +84,11 @@ def bell_mccaffrey_df(tokens: np.ndarray) -> float:
     and to its tokens squared (each document its own per-token change). The smaller of the two is
     taken. Closed form in O(m): A's Gram matrix is diagonal plus rank two (tests check it against the
     dense eigenvalue computation); with equal documents it is exactly m - 1."""
-    n = np.asarray(tokens, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a leverage near 1: below
+        return _bell_mccaffrey_df(np.asarray(tokens, dtype=float))
+
+
+def _bell_mccaffrey_df(n: np.ndarray) -> float:
     total = n.sum()
     p = n / total
     a = 1.0 / (1.0 - p)
@@ -99,8 +104,19 @@ def bell_mccaffrey_df(tokens: np.ndarray) -> float:
         g = (u * a[:, None]).T @ u  # U' diag(a) U
         cross = float(np.trace(w @ g @ w @ g))
         square = float((a * a * s2 * s2).sum() + 2 * (a * a * s2 * e_diag).sum() + cross)
-        found.append(trace * trace / square)
-    return min(found)
+        found.append(trace * trace / square if square > 0 else math.nan)
+    # one document with nearly every token (leverage within ~1e-6 of 1) cancels the closed form's terms; the
+    # eigenvalues give 1 there, the least the degrees of freedom can be
+    return min(found) if all(math.isfinite(df) for df in found) else 1.0
+
+
+def relative_change(log_ratio: float) -> float:
+    """exp(log_ratio) - 1; inf past what a float holds (the upper end of an interval over two or three documents
+    that disagree wildly can reach beyond e^709)."""
+    try:
+        return math.expm1(log_ratio)
+    except OverflowError:
+        return math.inf
 
 
 def decide_perplexity(ci_low: float, ci_high: float, margin: float) -> str:
@@ -135,36 +151,49 @@ def compare_perplexity(base_items: dict[str, dict], variant_items: dict[str, dic
                                  margin, INCONCLUSIVE, counted=False, worse_documents=0, reasons=reasons)
     total = tokens.sum()
     estimate, low, high = ratio_interval(base_ll - var_ll, tokens, confidence)  # per-token rise in NLL
-    change, ci_low, ci_high = math.expm1(estimate), math.expm1(low), math.expm1(high)
-    decision = decide_perplexity(ci_low, ci_high, margin)
+    counted = not (math.isnan(low) or math.isnan(high))  # nan: a document whose leverage rounds to 1
+    change, ci_low, ci_high = relative_change(estimate), relative_change(low), relative_change(high)
     verdict = PerplexityVerdict(
         variant=variant, suite=suite, n=len(ids), tokens=int(total),
         base_ppl=math.exp(-base_ll.sum() / total), variant_ppl=math.exp(-var_ll.sum() / total),
         change=change, ci_low=ci_low, ci_high=ci_high, confidence=confidence, margin=margin,
-        decision=decision, counted=True, worse_documents=int((var_ll < base_ll).sum()), reasons=reasons,
+        decision=decide_perplexity(ci_low, ci_high, margin) if counted else INCONCLUSIVE, counted=counted,
+        worse_documents=int((var_ll < base_ll).sum()), reasons=reasons,
         recovery=math.exp((var_ll.sum() - base_ll.sum()) / total),
     )
-    ci = (f"{confidence:.0%} interval of the change in perplexity [{figures.relative(ci_low)}, "
-          f"{figures.relative(ci_high)}] over {len(ids)} documents")
-    if decision == GO:
-        reasons.append(f"{ci} lies below {figures.relative(margin)} (the margin): any rise is within the margin")
-    elif decision == NO_GO:
-        reasons.append(f"{ci} lies above {figures.relative(margin)} (the margin): perplexity rises by more than allowed")
-    else:
-        reasons.append(f"{ci} straddles {figures.relative(margin)} (the margin): not enough evidence either way")
-        gap = abs(math.log1p(margin) - estimate)
-        if gap > 0:
-            verdict.documents_to_settle = int(math.ceil(len(ids) * ((high - estimate) / gap) ** 2))
-            reasons.append(f"about {verdict.documents_to_settle} paired documents would likely settle it")
+    _explain(verdict, estimate, high)
     verdict.sentence = perplexity_sentence(verdict)
     return verdict
+
+
+def _explain(verdict: PerplexityVerdict, estimate: float, high: float) -> None:
+    """The reason for a perplexity suite's decision (its interval against the margin), and the paired documents
+    that would likely settle an open one."""
+    v, margin = verdict, verdict.margin
+    if not v.counted:
+        v.reasons.append(f"no interval: one of the {v.n} paired documents holds all but a float's rounding of the "
+                         "tokens, so the spread of the others cannot be told")
+        return
+    ci = (f"{v.confidence:.0%} interval of the change in perplexity [{figures.relative(v.ci_low)}, "
+          f"{figures.relative(v.ci_high)}] over {v.n} documents")
+    if v.decision == GO:
+        v.reasons.append(f"{ci} lies below {figures.relative(margin)} (the margin): any rise is within the margin")
+    elif v.decision == NO_GO:
+        v.reasons.append(f"{ci} lies above {figures.relative(margin)} (the margin): perplexity rises by more than allowed")
+    else:
+        v.reasons.append(f"{ci} straddles {figures.relative(margin)} (the margin): not enough evidence either way")
+        gap = abs(math.log1p(margin) - estimate)
+        if gap > 0 and math.isfinite((high - estimate) / gap):
+            v.documents_to_settle = int(math.ceil(v.n * ((high - estimate) / gap) ** 2))
+            v.reasons.append(f"about {v.documents_to_settle} paired documents would likely settle it")
 
 
 def perplexity_sentence(v: PerplexityVerdict) -> str:
     """A perplexity suite's decision in one sentence a reviewer can check: documents and tokens, both
     perplexities, the interval (which method, its ends), the margin and what follows."""
     if not v.counted:
-        return f"{v.suite}: {v.decision} (not counted): {v.n} paired documents, too few for an interval."
+        return f"{v.suite}: {v.decision} (not counted): " + (
+            f"{v.n} paired documents, too few for an interval." if v.n < 2 else f"{v.reasons[-1]}.")
     facts = (f"on {v.n} paired documents ({v.tokens:,} tokens) perplexity went {figures.perplexity(v.base_ppl)} -> "
              f"{figures.perplexity(v.variant_ppl)} ({figures.relative(v.change)}, higher in {v.worse_documents} of {v.n} "
              f"documents); a {v.interval} puts the change at [{figures.relative(v.ci_low)}, "
