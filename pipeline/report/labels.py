@@ -2,3 +2,6 @@
 
 DECISION_CLASS = {"GO": "go", "NO-GO": "nogo", "INCONCLUSIVE": "inconclusive", "UNINFORMATIVE": "uninformative",
                   "UNRELIABLE": "uninformative"}
+
+# a GO that rests on fewer suites than the base ran: its own colour, never a plain GO's (pipeline/verdict/headline.py)
+LABEL_CLASS = {"GO, incomplete": "go-incomplete"}

@@ -7,8 +7,12 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 import pipeline.verdict.figures as figures
-from pipeline.report.labels import DECISION_CLASS
-from pipeline.report.screen import SERVING_ENGINES, first_screen
+from pipeline.report.card import recovery_card
+from pipeline.report.deploy import SERVING_ENGINES, memory
+from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
+from pipeline.report.printable import printable
+from pipeline.report.screen import first_screen
+from pipeline.verdict.headline import headline, label
 
 TEMPLATE_DIR = Path(__file__).parent
 MAX_SHOWN_CHARS = 4000  # a 1 MB model output would drown the page; the JSONL has it whole
@@ -35,9 +39,10 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     env.filters.update(share=figures.share, points=figures.points, relative=figures.relative, ppl=figures.perplexity,
                        kl=figures.kl, seconds=figures.seconds, ms=figures.ms, ratio=figures.ratio, rate=figures.rate,
                        clip=clip, size=lambda b: human_size(b) if b else figures.MISSING)
-    rows = sorted((s for v in verdict["variants"].values() for s in v["suites"].values()),
-                  key=lambda s: s["suite"])
-    screen = first_screen(verdict, base, human_size)
+    screen = first_screen(verdict, base, human_size, params.verdict.speed_engine)  # every variant verdict.json names
+    view = reviewer_view(verdict, base, human_size)
+    verdict = decided_only(verdict)  # the sections below the first screen: each decided variant in full
+    rows = sorted((s for v in verdict["variants"].values() for s in v["suites"].values()), key=lambda s: s["suite"])
     perplexity_rows = sorted((s for v in verdict["variants"].values() for s in (v.get("perplexity") or {}).values()),
                              key=lambda s: s["suite"])
     perplexity_suites = {s["suite"] for s in perplexity_rows}
@@ -59,13 +64,45 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get("long_context")),
              "engines": bool(lines)}
     sections = [(anchor, title) for anchor, title in sections if shown.get(anchor, True)]
-    return env.get_template("template.html").render(
+    page = env.get_template("template.html").render(
         verdict=verdict, rows=rows, screen=screen, items_by_suite=items_by_suite, charts=charts,
         perplexity_rows=perplexity_rows, documents_by_suite=document_rows(results, perplexity_suites),
         calib=calib, base=base, params=params.model_dump(mode="json"), decision_class=DECISION_CLASS,
+        label=label, label_class=LABEL_CLASS, chart_captions=CHART_CAPTIONS,
+        results_read=bool(results),
+        flipped_total=sum(bool(it["flipped"]) for items in items_by_suite.values() for it in items),
         toc=toc(verdict, sections), serving_engines=SERVING_ENGINES, engine_lines=lines,
-        **_suite_anchors(verdict, rows, perplexity_rows),
+        **_suite_anchors(verdict, rows, perplexity_rows), **view,
     )
+    return printable(page)  # whatever the results hold: no control character but newline and tab
+
+
+CHART_CAPTIONS = {  # every chart of the speed section, captioned (the forest's caption is in the template)
+    "throughput": "Output tokens/s against requests in flight (max concurrency), a line per model: higher serves more.",
+    "ttft": "Time to first token per model and concurrency: a bar from the median to p99, a tick at p90 (ms, log scale).",
+    "tpot": "Time per output token per model and concurrency: a bar from the median to p99, a tick at p90 (ms, log scale)."}
+PRINT_MAX_ROWS = 200  # a collapsed section of more rows is not printed; the page says so and names the file
+
+
+def decided_only(verdict: dict) -> dict:
+    """The verdict with only the variants it decided (each with its suites and coverage): any other entry
+    verdict.json may hold (a variant not built, not evaluated) is on the first screen with its own label, and
+    has nothing to show in the sections that give a decision in full."""
+    decided = {name: v for name, v in verdict["variants"].items()
+               if isinstance(v.get("suites"), dict) and isinstance(v.get("coverage"), dict)}
+    return {**verdict, "variants": decided}
+
+
+def reviewer_view(verdict: dict, base: dict, human_size) -> dict:
+    """What the page shows beyond verdict.json's own figures: the headline (verdict.json's, or made from the
+    verdict of an older report), the model-card recovery table, each model's own memory, the base's size, and the
+    rows a collapsed section may hold and still print."""
+    speed = verdict.get("speed") or {}
+    quant = [v.get("quant") or {} for v in verdict["variants"].values()]
+    return {"headline": verdict.get("headline") or headline(verdict), "card": recovery_card(verdict),
+            "memory": {model: memory(row, human_size) for model, row in speed.items()},
+            "base_size": base.get("size_bytes") or next((q["base_size_bytes"] for q in quant if q.get("base_size_bytes")), None),
+            "print_max_rows": PRINT_MAX_ROWS}
 
 
 def engine_lines(verdict: dict) -> list[dict]:

@@ -3,29 +3,19 @@ where it is served and its speed; the suites shown but not counted; the forest p
 
 from __future__ import annotations
 
-import math
-
 import pipeline.verdict.figures as figures
+from pipeline.report.deploy import served_by, speed_state
 from pipeline.report.forest import forest_plot, forest_plot_narrow
-
-
-def _num(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _compact(value: float) -> str:
-    """900000 -> '900k', 1250000 -> '1.25M', 7000 -> '7.0k', 950 -> '950'."""
-    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= size:
-            return f"{value / size:.3g}{suffix}"
-    return f"{value:.0f}"
+from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
+from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_COUNTED, coverage_line
+from pipeline.verdict.headline import label, ordered
 
 
 def matrix_columns(verdict: dict) -> list[tuple[str, str]]:
     """The counted suites, as (kind, suite) in the order the matrix and forest show them: right/wrong
     suites, then perplexity suites, then the judge; a suite counted for any variant gets a column."""
     variants = verdict["variants"].values()
-    plain = sorted({s for v in variants for s, d in v["suites"].items() if d["counted"]})
+    plain = sorted({s for v in variants for s, d in (v.get("suites") or {}).items() if d["counted"]})
     ppl = sorted({s for v in variants for s, d in (v.get("perplexity") or {}).items() if d["counted"]})
     judge = [("judge", "judge")] if any((v.get("judge") or {}).get("counted") for v in variants) else []
     return [("suite", s) for s in plain] + [("perplexity", s) for s in ppl] + judge
@@ -35,7 +25,7 @@ def matrix_cell(variant: dict, kind: str, suite: str) -> dict | None:
     """One cell: the change in the suite's own unit, its interval, the recovery, the margin, the decision, and
     the interval as harm (worse is positive) over the margin, for the forest plot."""
     if kind == "suite":
-        s = variant["suites"].get(suite)
+        s = (variant.get("suites") or {}).get(suite)
         if not s or not s["counted"]:
             return None
         return {"change": f"{figures.points(s['delta'])} pts",
@@ -62,99 +52,79 @@ def matrix_cell(variant: dict, kind: str, suite: str) -> dict | None:
             "harm": (0.5 - s["win_rate"], 0.5 - s["ci_high"], 0.5 - s["ci_low"]), "margin_value": j["margin"]}
 
 
-SERVING_ENGINES = ("vllm", "lmdeploy")  # the engines a variant is deployed on; hf runs everything in-process
+def cell_note(variant: dict, suite: str) -> str:
+    """What a matrix cell says when the variant's decision does not count the suite: the state and the verdict's
+    own why (coverage.suites.<suite> of verdict.json), up to its first semicolon."""
+    entry = ((variant.get("coverage") or {}).get("suites") or {}).get(suite) or {}
+    state = entry.get("label") or entry.get("state") or "not decided"
+    why = str(entry.get("why") or "").split("; ")[0]
+    return f"{state}: {why}" if why else str(state)
 
 
-def served_by(serving, variant: str) -> list[dict]:
-    """Where the variant is served, one of three states per serving engine: shown (the run that showed it),
-    refused (the engine's error, one line), not tried (the command to try, with the variant's folder)."""
-    if not isinstance(serving, dict):
-        return []
-    rows = []
-    for engine in SERVING_ENGINES:
-        e = serving.get(engine)
-        if not isinstance(e, dict):
-            continue
-        how = str(e.get("how") or "").replace("DIR", f"models/{variant}")
-        status = e.get("status") or ("shown" if e.get("serves") else "not shown")
-        if e.get("serves"):
-            state, evidence = "shown", e.get("evidence")
-            detail = how + (f"; evidence: {evidence}" if evidence else "")
-        elif status in ("refused", "cannot"):
-            state, detail = "refused", how.split("; ")[0]
-        else:
-            state = "not tried"
-            detail = how.split("try: ", 1)[1] if "try: " in how else how
-        rows.append({"engine": engine, "state": state, "detail": detail})
-    return rows
+def recovery_note(variant: dict) -> dict:
+    """The average recovery as model cards give it (over the counted accuracy suites), or why there is none: the
+    accuracy suites the base ran that the decision does not count, by state ("math, code not run"); the verdict's
+    why for each is in its cell, the not-counted line and the coverage table."""
+    recovery = variant.get("recovery") or {}
+    if recovery.get("accuracy") is not None:
+        n = len(recovery.get("suites") or [])
+        return {"text": f"recovery {figures.share(recovery['accuracy'])}",
+                "note": f"average over {n} accuracy suite{'s' if n != 1 else ''} ({', '.join(recovery['suites'])})"}
+    coverage = variant.get("coverage") or {}
+    suites, perplexity = coverage.get("suites") or {}, variant.get("perplexity") or {}
+    by_state: dict[str, list[str]] = {}
+    for suite in coverage.get("base_ran") or []:
+        entry = suites.get(suite) or {}
+        if suite not in perplexity and entry.get("state") != DECIDED:
+            by_state.setdefault(str(entry.get("label") or entry.get("state")), []).append(suite)
+    why = "; ".join(f"{', '.join(names)} {state}" for state, names in by_state.items())
+    return {"text": "no recovery average", "note": f"no accuracy suite counted: {why}" if why else "no accuracy suite ran"}
 
 
-def first_screen(verdict: dict, base: dict, human_size) -> dict:
-    """What the first screen shows: per variant its decision, what it rests on and why in a few words, a cell
-    per counted suite, recovery, size, KL / top-1, where it is served, speed and capacity (or the command that
-    measures them); the suites shown but not counted."""
+def _row(name: str, v: dict, columns: list, speed: dict, base: dict, human_size, speed_engine: str | None) -> dict:
+    quant, kl = v.get("quant") or {}, v.get("kl")
+    size, base_size = quant.get("size_bytes"), base.get("size_bytes") or quant.get("base_size_bytes")
+    shown = label(v)
+    suites = (v.get("coverage") or {}).get("suites")
+    rests = coverage_line("", suites).strip().lstrip(": ") if suites else (v.get("why") or "")
+    return {
+        "name": name, "scheme": quant.get("scheme"), "decision": v.get("decision"), "label": shown,
+        "class": LABEL_CLASS.get(shown) or DECISION_CLASS.get(shown, "uninformative"), "why": v.get("why") or "",
+        # what it rests on, led by its label ("GO, incomplete on 4 perplexity suites; math, code not run")
+        "coverage": f"{shown} {rests}" if suites else shown, "rests": rests, "next_steps": v.get("next_steps") or [],
+        "recovery": recovery_note(v),
+        "cells": {f"{kind}:{suite}": matrix_cell(v, kind, suite) for kind, suite in columns},
+        "notes": {f"{kind}:{suite}": cell_note(v, suite) for kind, suite in columns},
+        "size": human_size(size) if size else None,
+        "size_share": f"{figures.share(size / base_size)} of base" if size and base_size else None,
+        "kl": (figures.kl(kl["kl_mean"]), figures.share(kl["top1_agreement"])) if kl else None,
+        "served": served_by(v.get("serving"), name), "speed": speed_state(name, v, speed, speed_engine, human_size),
+    }
+
+
+def first_screen(verdict: dict, base: dict, human_size, speed_engine: str | None = None) -> dict:
+    """What the first screen shows: per variant (GO first, then INCONCLUSIVE, then NO-GO) its decision as labelled
+    ("GO, incomplete" for a GO that rests on fewer suites than the base ran), what it rests on and why in a few
+    words, a cell per counted suite (or why not counted), recovery, size, KL / top-1, where it is served, speed
+    and capacity (or the command that measures them); the suites shown but not counted, with the verdict's why."""
     columns = matrix_columns(verdict)
     speed = verdict.get("speed") or {}
-    rows = []
-    for name, v in verdict["variants"].items():
-        quant, kl, row = v.get("quant") or {}, v.get("kl"), speed.get(name)
-        size = quant.get("size_bytes")
-        base_size = base.get("size_bytes") or quant.get("base_size_bytes")
-        speed_text, capacity_text = None, ""
-        if row:
-            rate = row.get("batch1_tokens_per_s")
-            cmp = v.get("speed") or {}
-            speed_text = f"{row['engine']}: " + (f"{figures.rate(rate)} tok/s at batch 1" if rate else "measured") + (
-                f", {figures.ratio(cmp['ratio'])} base" if cmp.get("comparable") else "")
-            cap = row.get("capacity") or {}
-            parts = []
-            if _num(cap.get("goodput_tok_s_per_gpu")):
-                parts.append(f"goodput {_compact(cap['goodput_tok_s_per_gpu'])} tok/s/GPU")
-            if _num(cap.get("kv_cache_tokens")):
-                parts.append(f"KV cache {_compact(cap['kv_cache_tokens'])} tokens")
-            if _num(cap.get("max_context_batch1")):
-                parts.append(f"context {_compact(cap['max_context_batch1'])} at batch 1")
-            capacity_text = " · ".join(parts) if parts else "capacity not measured"
-        recovery = v.get("recovery") or {}
-        rows.append({
-            "name": name, "scheme": quant.get("scheme"), "decision": v["decision"], "why": v.get("why") or "",
-            "coverage": (v.get("coverage") or {}).get("line") or "", "next_steps": v.get("next_steps") or [],
-            "recovery": (figures.share(recovery["accuracy"]), len(recovery.get("suites") or []))
-            if recovery.get("accuracy") is not None else None,
-            "cells": {f"{kind}:{suite}": matrix_cell(v, kind, suite) for kind, suite in columns},
-            "size": human_size(size) if size else None,
-            "size_share": f"{figures.share(size / base_size)} of base" if size and base_size else None,
-            "kl": (figures.kl(kl["kl_mean"]), figures.share(kl["top1_agreement"])) if kl else None,
-            "served": served_by(v.get("serving"), name), "speed": speed_text, "capacity": capacity_text,
-            # the variant's own bench (the base's, when missing too, heads the column once)
-            "speed_commands": [c for c in v.get("speed_commands") or [] if c.startswith("quantize bench models/")
-                               and not c.startswith("quantize bench models/base")],
-        })
-    base_bench = sorted({c for v in verdict["variants"].values() for c in v.get("speed_commands") or []
+    variants = verdict["variants"]
+    rows = [_row(name, variants[name], columns, speed, base, human_size, speed_engine) for name in ordered(variants)]
+    base_bench = sorted({c for v in variants.values() for c in v.get("speed_commands") or []
                          if c.startswith("quantize bench models/base")})
-    return {"columns": columns, "rows": rows, "not_counted": _not_counted(verdict), "base_bench": base_bench,
+    return {"columns": columns, "rows": rows, "not_counted": not_counted(verdict), "base_bench": base_bench,
             "forest": forest_plot(columns, rows), "forest_narrow": forest_plot_narrow(columns, rows)}
 
 
-def _not_counted(verdict: dict) -> list[tuple[str, str]]:
-    """(suite, why) of every suite shown but not counted for some variant, the first reason given for each."""
-    not_counted = []
-    for v in verdict["variants"].values():
-        for suite, s in v["suites"].items():
-            if not s["counted"]:
-                not_counted.append((suite, "base at the floor or ceiling" if s["decision"] == "UNINFORMATIVE"
-                                    else "no paired items"))
-        for suite, s in (v.get("perplexity") or {}).items():
-            if not s["counted"]:
-                not_counted.append((suite, "too few documents"))
-        j = v.get("judge")
-        if j and not j["counted"]:
-            not_counted.append(("judge", "unreliable" if j["decision"] == "UNRELIABLE" else "no pair judged"
-                                if not j["summary"].get("n") else "reference mode"))
-        for suite in v.get("not_applicable") or {}:
-            not_counted.append((suite, "not applicable"))
-    seen = {}
-    for suite, why in not_counted:
-        seen.setdefault(suite, why)
-    return sorted(seen.items())
-
+def not_counted(verdict: dict) -> list[dict]:
+    """Every suite shown but not counted (or not applicable) for some variant, with the verdict's own why
+    (coverage.suites.<suite>.why): {suite, why, variants}, variants with the same why named together."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for name in ordered(verdict["variants"]):
+        suites = (verdict["variants"][name].get("coverage") or {}).get("suites") or {}
+        for suite, entry in suites.items():
+            if entry.get("state") in (NOT_COUNTED, NOT_APPLICABLE):
+                why = str(entry.get("why") or entry.get("label") or entry.get("state"))
+                found.setdefault((suite, why), []).append(name)
+    return [{"suite": suite, "why": why, "variants": names} for (suite, why), names in sorted(found.items())]
