@@ -10,7 +10,7 @@ from pipeline.verdict.headline import ordered
 
 
 def recovery_card(verdict: dict) -> dict:
-    """{variants, rows: [{suite, base, cells: {variant: text}}], average: {variant: text}}, over the accuracy
+    """{variants, rows: [{suite, base, cells: {variant: text}}], average: {variant: text}, base_average}, over the accuracy
     suites counted for any variant; a variant without an average gets the visible reason instead."""
     variants = verdict.get("variants") or {}
     names = [n for n in ordered(variants) if "suites" in variants[n]]
@@ -31,7 +31,10 @@ def recovery_card(verdict: dict) -> dict:
         recovery = variants[name].get("recovery") or {}
         average[name] = (f"{figures.share(recovery.get('variant_mean'))} ({figures.share(recovery['accuracy'])})"
                          if recovery.get("accuracy") is not None else _none(variants[name]))
-    return {"variants": names, "rows": rows, "average": average}
+    over = {tuple((variants[n].get("recovery") or {}).get("suites") or ()) for n in names}
+    means = [(variants[n].get("recovery") or {}).get("base_mean") for n in names]
+    base_average = figures.share(means[0]) if len(over) == 1 and means and means[0] is not None else "–"
+    return {"variants": names, "rows": rows, "average": average, "base_average": base_average}
 
 
 def _none(entry: dict) -> str:
