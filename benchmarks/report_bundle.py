@@ -73,19 +73,23 @@ def _unpack(bundle: Path, into: Path) -> None:
 
 
 def render_bundle(bundle: Path, out_dir: Path) -> dict:
+    """The report stage run in the unpacked bundle, as in the project it came from (params.yaml's checks read
+    models/base there, not this checkout's)."""
+    import contextlib
+
     sys.path.insert(0, str(REPO))
     from pipeline import report
     from pipeline.params import load
 
-    with tempfile.TemporaryDirectory(prefix="report-bundle-") as tmp:
-        root = Path(tmp)
-        _unpack(bundle, root)
-        if not (root / "params.yaml").is_file() or not (root / "results").is_dir():
+    out_dir = out_dir.resolve()
+    with tempfile.TemporaryDirectory(prefix="report-bundle-") as tmp, contextlib.chdir(tmp):
+        _unpack(bundle.resolve(), Path(tmp))
+        if not Path("params.yaml").is_file() or not Path("results").is_dir():
             raise Refused(f"{bundle}: holds no params.yaml or no results/; make it with `report_bundle.py pack PROJECT`")
-        params = load(root / "params.yaml")
-        environment = root / "environment.json"
-        result = report.run(root / "results", out_dir, params, models_dir=root / "models",
-                            calib_stats=root / params.calib.out / "stats.json",
+        params = load(Path("params.yaml"))
+        environment = Path("environment.json")
+        result = report.run(Path("results"), out_dir, params, models_dir=Path("models"),
+                            calib_stats=Path(params.calib.out) / "stats.json",
                             environment=json.loads(environment.read_text()) if environment.is_file() else None)
     return result.verdict
 
@@ -101,8 +105,12 @@ def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_co
     stored = json.loads(verdict_file.read_text())
     for key in ("headline", "synthetic", "decisions"):
         stored.pop(key, None)
+    import contextlib
+
     config = json.loads(base_config.read_text()) if base_config else None
-    params = load(params_file)
+    params_file = params_file.resolve()
+    with tempfile.TemporaryDirectory() as elsewhere, contextlib.chdir(elsewhere):  # not this checkout's models/base
+        params = load(params_file)
     verdict = with_headline(stored, config, params.verdict.floor_ceiling)
     html = render_html(verdict=verdict, results={}, params=params, calib=None, base={}, human_size=human_size)
     write_pair(out_dir, {"index.html": html, "verdict.json": json.dumps(verdict, indent=2, default=str) + "\n"},
