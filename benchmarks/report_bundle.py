@@ -88,10 +88,20 @@ def render_bundle(bundle: Path, out_dir: Path) -> dict:
             raise Refused(f"{bundle}: holds no params.yaml or no results/; make it with `report_bundle.py pack PROJECT`")
         params = load(Path("params.yaml"))
         environment = Path("environment.json")
-        result = report.run(Path("results"), out_dir, params, models_dir=Path("models"),
+        result = report.run(Path("results"), Path("reports"), params, models_dir=Path("models"),
                             calib_stats=Path(params.calib.out) / "stats.json",
                             environment=json.loads(environment.read_text()) if environment.is_file() else None)
+        _publish(Path("reports"), out_dir)
     return result.verdict
+
+
+def _publish(rendered: Path, out_dir: Path) -> None:
+    """index.html and verdict.json as plain files in OUT_DIR (as the committed examples are kept, beside their
+    screenshots), replacing those there."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("index.html", "verdict.json"):
+        (out_dir / name).unlink(missing_ok=True)
+        (out_dir / name).write_bytes((rendered / name).read_bytes())
 
 
 def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_config: Path | None) -> dict:
@@ -113,8 +123,10 @@ def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_co
         params = load(params_file)
     verdict = with_headline(stored, config, params.verdict.floor_ceiling)
     html = render_html(verdict=verdict, results={}, params=params, calib=None, base={}, human_size=human_size)
-    write_pair(out_dir, {"index.html": html, "verdict.json": json.dumps(verdict, indent=2, default=str) + "\n"},
-               "report", {"verdict": verdict_file})
+    with tempfile.TemporaryDirectory() as tmp:
+        write_pair(tmp, {"index.html": html, "verdict.json": json.dumps(verdict, indent=2, default=str) + "\n"},
+                   "report", {"verdict": verdict_file})
+        _publish(Path(tmp), out_dir)
     return verdict
 
 
