@@ -67,6 +67,7 @@ def test_the_headline_opens_verdict_json_and_the_page_and_the_incomplete_go_is_l
     assert [(d["variant"], d["label"]) for d in verdict["decisions"]] == [
         ("fp8-w8a8", "GO, incomplete"), ("awq-w4a16", "NO-GO"), ("rtn-w4a16", "NO-GO")]
     assert verdict["decisions"][0]["rests_on"].startswith("GO, incomplete on 4 perplexity suites; math, code not run")
+    assert out.summary().endswith("(fp8-w8a8: GO, incomplete, awq-w4a16: NO-GO, rtn-w4a16: NO-GO)")  # `quantize report`
     page = unescape(out.html.read_text())
     assert page.index(verdict["headline"]) < page.index('id="toc"')  # the first line under the title
     assert 'class="tag go-incomplete" id="decision-fp8-w8a8">GO, incomplete<' in page  # the matrix

@@ -88,7 +88,7 @@ class ReportResult:
     verdict: dict
 
     def summary(self) -> str:
-        overall = ", ".join(f"{v}: {d['decision']}" for v, d in self.verdict["variants"].items())
+        overall = ", ".join(f"{d['variant']}: {d['label']}" for d in self.verdict.get("decisions") or [])
         return f"report: wrote {self.html} and {self.verdict_json} ({overall or 'no variants'})"
 
 
