@@ -263,6 +263,9 @@ def test_printed_each_figure_once_collapsed_sections_open_headers_whole_nothing_
     """Issue 43: printed to A4 and read back with pdftotext: the forest once, every chart captioned, collapsed
     sections printed open (those past the row limit named with their file instead), no header broken inside a
     word, no page ending with a table's caption or header."""
+    import json
+    import re
+
     from playwright.sync_api import sync_playwright
 
     from pipeline.report import render
@@ -282,9 +285,15 @@ def test_printed_each_figure_once_collapsed_sections_open_headers_whole_nothing_
         headers = [" ".join(" ".join(h).split()) for h in paper.evaluate(
             "[...document.querySelectorAll('thead tr')].filter(r => r.getClientRects().length)"
             ".map(r => [...r.children].map(c => c.textContent))")]
-        pdf = paper.pdf(format="A4")
+        pdf = _open(browser, html, 1280, 800, media="print").pdf(format="A4")  # printed from a laptop's window
         browser.close()
     pages = _pdf_text(pdf, tmp_path)
+    verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
+    squash = lambda t: re.sub(r"[\s-]", "", t)  # noqa: E731  pdftotext joins a line broken at a hyphen without it
+    first = squash(pages[0])
+    assert squash(verdict["headline"]) in first  # on paper too, the first page says what to ship and every decision
+    for d in verdict["decisions"]:  # (its label's tag, set smaller, comes out of pdftotext apart from its line)
+        assert squash(f"{d['variant']} {d['rests_on'][len(d['label']) + 1:]}") in first and squash(d["label"]) in first
     text = " ".join(" ".join(pages).split())
     assert text.count("variant · suite") == 1 and text.count("awq-w4a16 · ppl-chat") == 1  # the wide forest, once
     assert text.count("The forest: every counted suite") == 1
