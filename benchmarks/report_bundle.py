@@ -109,6 +109,7 @@ def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_co
     sys.path.insert(0, str(REPO))
     from pipeline.outputs import human_size, write_pair
     from pipeline.params import load
+    from pipeline.checkpoints.config_json import base_facts
     from pipeline.verdict.headline import with_headline
     from pipeline.report.render import render_html
 
@@ -121,7 +122,7 @@ def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_co
     params_file = params_file.resolve()
     with tempfile.TemporaryDirectory() as elsewhere, contextlib.chdir(elsewhere):  # not this checkout's models/base
         params = load(params_file)
-    verdict = with_headline(stored, config, params.verdict.floor_ceiling)
+    verdict = with_headline(stored, base_facts(config), params.verdict.floor_ceiling)
     html = render_html(verdict=verdict, results={}, params=params, calib=None, base={}, human_size=human_size)
     with tempfile.TemporaryDirectory() as tmp:
         write_pair(tmp, {"index.html": html, "verdict.json": json.dumps(verdict, indent=2, default=str) + "\n"},

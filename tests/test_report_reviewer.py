@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO, TINY_PARAMS, with_variants
 from pipeline import report
+from pipeline.checkpoints.config_json import base_facts
 from pipeline.errors import UserError
 from pipeline.outputs import human_size
 from pipeline.params import Params
@@ -149,10 +150,12 @@ def test_a_synthetic_base_is_said_first_and_ships_nothing(tmp_path):
     assert "with a 16-token vocabulary" in page and "math 5.0%" in page
     # a real vocabulary: the same scores are a language model's, not a guess; a made-up base says so whatever it scores
     base_suites = out.verdict["base"]["suites"]
-    assert synthetic(base_suites, {"vocab_size": 151552}, 0.05) is None
-    made_up = synthetic(base_suites, {"vocab_size": 151552, "synthetic_weights": "random bf16 weights"}, 0.05)
+    assert synthetic(base_suites, base_facts({"vocab_size": 151552}), 0.05) is None
+    made_up = synthetic(base_suites, base_facts({"vocab_size": 151552, "synthetic_weights": "random bf16 weights"}), 0.05)
     assert made_up["made_up"] and made_up["why"] == "the base's weights were made up by the run (random bf16 weights)"
     assert synthetic({"math": {"n": 20, "score": 0.3}, "ppl": {"n": 8, "perplexity": 9e5}}, {"vocab_size": 1000}, 0.05) is None
+    vlm = base_facts({"text_config": {"vocab_size": 151552}, "vision_config": {}})  # a VLM's vocabulary is its text tower's
+    assert vlm == {"vocab_size": 151552, "synthetic_weights": None}
 
 
 def test_no_control_character_reaches_the_page_whatever_the_results_hold(tmp_path):

@@ -139,7 +139,8 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     evidence = read_evidence(results_dir, models_dir, params, models)
     if not [name for name in evidence.results if name != "base"]:
         raise UserError(_nothing_to_decide(results_dir, params, models, ignored))
-    verdict = with_headline(decide(evidence, params), _base_config(models_dir), params.verdict.floor_ceiling)
+    verdict = with_headline(decide(evidence, params), config_json.base_facts(_base_config(models_dir)),
+                            params.verdict.floor_ceiling)
     if ignored:
         verdict["ignored_results"] = {str(results_dir / folder): why for folder, why in ignored.items()}
     verdict["metrics"] = metrics(verdict)

@@ -134,10 +134,11 @@ def decisions(verdict: dict) -> list[dict]:
     return rows
 
 
-def with_headline(verdict: dict, base_config: dict | None, floor: float) -> dict:
+def with_headline(verdict: dict, base: dict | None, floor: float) -> dict:
     """The verdict opening with what to ship: `headline`, `synthetic` when the base's accuracy figures mean nothing
-    (pipeline/verdict/synthetic.py: read off the base's scores and its config.json), and `decisions`."""
-    found = synthetic(verdict["base"]["suites"], base_config, floor)
+    (pipeline/verdict/synthetic.py: read off the base's scores and `base`, what its config.json says), and
+    `decisions`."""
+    found = synthetic(verdict["base"]["suites"], base, floor)
     verdict = {"headline": None, **({"synthetic": found} if found else {}), "decisions": None, **verdict}
     verdict["headline"], verdict["decisions"] = headline(verdict), decisions(verdict)
     return verdict

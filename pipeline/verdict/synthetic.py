@@ -1,5 +1,6 @@
 """A base whose accuracy figures mean nothing: weights the run made up (a random model built to time the
-pipeline, marked in its config.json) or a base at chance everywhere. verdict.json's `synthetic` says which and
+pipeline, marked in its config.json: `synthetic_weights`, pipeline/checkpoints/config_json.py) or a base at chance
+everywhere. verdict.json's `synthetic` says which and
 why, and the report opens with it ("timing only: these accuracy figures mean nothing"); the headline then ships
 nothing, whatever the paired tests say.
 
@@ -14,7 +15,6 @@ import math
 
 from pipeline.verdict import figures
 
-MARKER = "synthetic_weights"  # config.json key a builder of made-up weights sets to why (e.g. "random bf16 weights")
 CHANCE_SHARE = 0.5  # a base perplexity at or above half the vocabulary is a guess, not a language model
 
 
@@ -38,16 +38,14 @@ def at_chance(base_suites: dict, vocab_size: int | None, floor: float) -> str | 
     return text
 
 
-def synthetic(base_suites: dict, base_config: dict | None, floor: float) -> dict | None:
-    """verdict.json's `synthetic`: {short, why, made_up, at_chance} when the base's accuracy figures mean nothing, else None."""
-    config = base_config if isinstance(base_config, dict) else {}
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    vocab = config.get("vocab_size") or config.get("padded_vocab_size") or text_config.get("vocab_size")
-    made_up = config.get(MARKER)
+def synthetic(base_suites: dict, base: dict | None, floor: float) -> dict | None:
+    """verdict.json's `synthetic`: {short, why, made_up, at_chance} when the base's accuracy figures mean nothing,
+    else None. `base`: what its config.json says ({vocab_size, synthetic_weights}: config_json.base_facts)."""
+    base = base or {}
+    vocab, made_up = base.get("vocab_size"), base.get("synthetic_weights")
     chance = at_chance(base_suites, vocab if _number(vocab) else None, floor)
     if not made_up and not chance:
         return None
-    detail = f" ({made_up})" if isinstance(made_up, str) else ""
-    reasons = ([f"the base's weights were made up by the run{detail}"] if made_up else []) + ([chance] if chance else [])
+    reasons = ([f"the base's weights were made up by the run ({made_up})"] if made_up else []) + ([chance] if chance else [])
     short = "the base's weights were made up by the run" if made_up else "the base scores at chance everywhere"
     return {"short": short, "why": "; ".join(reasons), "made_up": bool(made_up), "at_chance": bool(chance)}
