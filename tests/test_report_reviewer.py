@@ -197,7 +197,8 @@ def test_a_variant_verdict_json_names_but_did_not_decide_is_shown_with_its_label
     verdict.pop("headline")
     html = unescape(render_html(verdict=verdict, results=report.collect(results, list(params["suites"])),
                                 params=Params.model_validate(params), calib=None, base={}, human_size=human_size))
-    assert 'id="brief-gptq-w4a16"><span class="tag uninformative">NOT BUILT</span>' in html
+    assert 'id="brief-gptq-w4a16"><span class="tag uninformative">NOT BUILT</span> <b>gptq-w4a16</b> <span ' \
+           'class="brief-rests">no models/gptq-w4a16: run `dvc repro`</span>' in html
     assert "; gptq-w4a16 NOT BUILT: no models/gptq-w4a16: run `dvc repro`." in html  # the headline, last
     assert 'id="detail-gptq-w4a16"' not in html  # nothing decided to show in full
 

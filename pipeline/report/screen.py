@@ -7,8 +7,8 @@ import pipeline.verdict.figures as figures
 from pipeline.report.deploy import served_by, speed_state
 from pipeline.report.forest import forest_plot, forest_plot_narrow
 from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
-from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_COUNTED, coverage_line
-from pipeline.verdict.headline import label, ordered
+from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_COUNTED
+from pipeline.verdict.headline import label, ordered, rests
 
 
 def matrix_columns(verdict: dict) -> list[tuple[str, str]]:
@@ -84,14 +84,12 @@ def recovery_note(variant: dict) -> dict:
 def _row(name: str, v: dict, columns: list, speed: dict, base: dict, human_size, speed_engine: str | None) -> dict:
     quant, kl = v.get("quant") or {}, v.get("kl")
     size, base_size = quant.get("size_bytes"), base.get("size_bytes") or quant.get("base_size_bytes")
-    shown = label(v)
-    suites = (v.get("coverage") or {}).get("suites")
-    rests = coverage_line("", suites).strip().lstrip(": ") if suites else (v.get("why") or "")
+    shown, suites = label(v), (v.get("coverage") or {}).get("suites")
     return {
         "name": name, "scheme": quant.get("scheme"), "decision": v.get("decision"), "label": shown,
         "class": LABEL_CLASS.get(shown) or DECISION_CLASS.get(shown, "uninformative"), "why": v.get("why") or "",
         # what it rests on, led by its label ("GO, incomplete on 4 perplexity suites; math, code not run")
-        "coverage": f"{shown} {rests}" if suites else shown, "rests": rests, "next_steps": v.get("next_steps") or [],
+        "coverage": f"{shown} {rests(v)}" if suites else shown, "rests": rests(v), "next_steps": v.get("next_steps") or [],
         "recovery": recovery_note(v),
         "cells": {f"{kind}:{suite}": matrix_cell(v, kind, suite) for kind, suite in columns},
         "notes": {f"{kind}:{suite}": cell_note(v, suite) for kind, suite in columns},

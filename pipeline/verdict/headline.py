@@ -63,10 +63,16 @@ def _missing(entry: dict) -> str:
     return "; ".join(f"{', '.join(names)} {state}" for state, names in by_state.items())
 
 
+def rests(entry: dict) -> str:
+    """What the decision rests on, without the decision: the coverage line ("on 4 perplexity suites; math, code
+    not run; ..."), or for an entry that decided nothing (not built, ...) its why."""
+    suites = (entry.get("coverage") or {}).get("suites")
+    return coverage_line("", suites).strip().lstrip(": ") if suites else str(entry.get("why") or entry.get("reason") or "")
+
+
 def _rests_on(entry: dict) -> str:
     """"4 perplexity suites" or "2 accuracy suites and the judge": the first part of the coverage line."""
-    line = coverage_line("", (entry.get("coverage") or {}).get("suites") or {})
-    return line.split(";")[0].removeprefix(" on ").strip()
+    return rests(entry).split(";")[0].removeprefix("on ")
 
 
 def phrase(entry: dict) -> str:
@@ -127,8 +133,7 @@ def decisions(verdict: dict) -> list[dict]:
     rows = []
     for name in ordered(variants):
         entry = variants[name]
-        suites = (entry.get("coverage") or {}).get("suites")
-        line = coverage_line(label(entry), suites) if suites else phrase(entry)
+        line = f"{label(entry)} {rests(entry)}" if (entry.get("coverage") or {}).get("suites") else phrase(entry)
         rows.append({"variant": name, "decision": entry.get("decision"), "label": label(entry), "rests_on": line,
                      "why": entry.get("why") or ""})
     return rows
