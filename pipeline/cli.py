@@ -350,8 +350,9 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
     try:
         verdict = json.loads(path.read_text(encoding="utf-8"))
         lines = [verdict["headline"]] if verdict.get("headline") else []  # what to ship, first
-        rests_on = {d["variant"]: d["rests_on"] for d in verdict.get("decisions") or []}  # "GO, incomplete on ..."
-        for name, v in verdict["variants"].items():
+        rests_on = {d["variant"]: d["rests_on"] for d in verdict.get("decisions") or []}  # "GO, incomplete on ...", GO first
+        for name, v in sorted(verdict["variants"].items(), key=lambda item: list(rests_on).index(item[0])
+                              if item[0] in rests_on else len(rests_on)):
             # the decision and what it rests on (a verdict.json before coverage existed: the decision alone)
             lines.append(f"{name}: {rests_on.get(name) or (v.get('coverage') or {}).get('line') or v['decision']}")
             for suite, s in v["suites"].items():
