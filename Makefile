@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install gpu-install system-deps sandbox-deps clean-demo example-report
+.PHONY: demo test install gpu-install system-deps sandbox-deps clean-demo example-report example-gpu-report
 
 # torch 2.13.0 is the CPU build these machines take from local disk (pyproject.toml pins no torch, so a
 # GPU machine keeps its CUDA build).
@@ -48,6 +48,14 @@ example-report: install system-deps
 	cp -L reports/index.html reports/verdict.json reports/example/
 	$(BIN)/python benchmarks/report_screenshots.py reports/example
 
+# The GPU example (reports/example-gpu/) re-rendered on the CPU from the stored copy of what the GPU run's report
+# read (benchmarks/report_bundle.py pack, on the GPU machine), with its screenshots.
+GPU_RESULTS ?= benchmarks/results/gpu_dvc_repro_full_results.tar.gz
+example-gpu-report: install system-deps
+	@test -f $(GPU_RESULTS) || { echo "$(GPU_RESULTS): no stored GPU results; on the GPU machine: python3 benchmarks/report_bundle.py pack /tmp/gpu-dvc/project \$$OUT/$$(basename $(GPU_RESULTS))"; exit 2; }
+	$(BIN)/python benchmarks/report_bundle.py render $(GPU_RESULTS) reports/example-gpu
+	$(BIN)/python benchmarks/report_screenshots.py reports/example-gpu
+
 # bubblewrap: the code suite runs model-written code only inside it (without it, `quantize eval`
 # refuses unless params.yaml says suites.code.allow_unsandboxed: true).
 sandbox-deps:
@@ -57,11 +65,11 @@ sandbox-deps:
 	    echo "(or, to run it without isolation, set suites.code.allow_unsandboxed: true in params.yaml and run: $(BIN)/quantize fetch-demo && $(BIN)/dvc repro)"; exit 1; }
 
 # Debian packages the tests use: chromium for the report's browser test (playwright's own
-# download needs a hub), bubblewrap for the code suite's sandbox.
+# download needs a hub), poppler-utils' pdftotext to read the printed report back, bubblewrap for the code suite's sandbox.
 system-deps:
-	@command -v chromium >/dev/null && command -v bwrap >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium bubblewrap >/dev/null) || \
-	  { echo "make test needs Debian's chromium and bubblewrap: sudo apt-get install chromium bubblewrap"; exit 1; }
+	@command -v chromium >/dev/null && command -v bwrap >/dev/null && command -v pdftotext >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium bubblewrap poppler-utils >/dev/null) || \
+	  { echo "make test needs Debian's chromium, bubblewrap and poppler-utils: sudo apt-get install chromium bubblewrap poppler-utils"; exit 1; }
 
 clean-demo:
 	rm -rf models results calib_data/build reports/index.html reports/verdict.json reports/.report reports/.report-* \

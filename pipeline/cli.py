@@ -369,10 +369,12 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
         raise UserError(f"{path}: no verdict yet; run `dvc repro` or `quantize report`")
     try:
         verdict = json.loads(path.read_text(encoding="utf-8"))
-        lines = []
-        for name, v in verdict["variants"].items():
+        lines = [verdict["headline"]] if verdict.get("headline") else []  # what to ship, first
+        rests_on = {d["variant"]: d["rests_on"] for d in verdict.get("decisions") or []}  # "GO, incomplete on ...", GO first
+        for name, v in sorted(verdict["variants"].items(), key=lambda item: list(rests_on).index(item[0])
+                              if item[0] in rests_on else len(rests_on)):
             # the decision and what it rests on (a verdict.json before coverage existed: the decision alone)
-            lines.append(f"{name}: {(v.get('coverage') or {}).get('line') or v['decision']}")
+            lines.append(f"{name}: {rests_on.get(name) or (v.get('coverage') or {}).get('line') or v['decision']}")
             for suite, s in v["suites"].items():
                 lines.append("  " + (s.get("sentence") or (
                     f"{suite}: base {s['base_score']:.1%} -> {s['variant_score']:.1%} "

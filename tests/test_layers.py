@@ -140,12 +140,14 @@ def test_no_layer_imports_one_above_it():
 def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
     """Every decision rule lives in pipeline/verdict/, which opens no file (the report hands it the evidence) and
     imports only the settings (params, and the method registry: which methods a method is compared with);
-    the report stage takes the decision from pipeline.verdict.decision, its number formats from figures, and
+    the report stage takes the decision from pipeline.verdict.decision, its words for the reviewer from headline
+    (what to ship, each variant's label) and coverage (each suite's state), its number formats from figures, and
     computes no statistic itself."""
     edges = graph()
     from_report = {target for name, targets in edges.items() if stage_of(name) == "report"
                    for target in targets if target.startswith("pipeline.verdict")}
-    assert from_report == {"pipeline.verdict.decision", "pipeline.verdict.figures"}
+    assert from_report == {"pipeline.verdict.decision", "pipeline.verdict.figures", "pipeline.verdict.headline",
+                           "pipeline.verdict.coverage"}
     outside = {f"{name} imports {target}" for name, targets in edges.items() if name.startswith("pipeline.verdict")
                for target in targets if not target.startswith("pipeline.verdict")
                and target not in ("pipeline", "pipeline.params", "pipeline.methods")}  # settings: the method registry

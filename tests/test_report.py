@@ -70,8 +70,9 @@ def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
     assert runner.invoke(app, ["report"]).exit_code == 0
     gated = runner.invoke(app, ["report", "--fail-on", "no-go"])
     assert gated.exit_code == 1 and "bad did not pass --fail-on no-go" in gated.output
-    shown = runner.invoke(app, ["show-verdict"])  # what `make demo` prints last: the decision sentences
-    assert shown.exit_code == 0 and shown.output.startswith("bad: NO-GO on 1 accuracy suite; ")  # and what it rests on
+    shown = runner.invoke(app, ["show-verdict"])  # what `make demo` prints last: what to ship, then the decisions
+    assert shown.exit_code == 0 and shown.output.startswith("Ship none: bad NO-GO on math.\n")  # verdict.json's headline
+    assert "\nbad: NO-GO on 1 accuracy suite; " in shown.output  # and what it rests on
     assert "\n  math: NO-GO: on 100 paired items the variant turned 50" in shown.output
 
 

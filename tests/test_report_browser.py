@@ -97,13 +97,15 @@ def test_first_screen_reads_on_a_laptop_a_phone_and_a4_paper(tmp_path):
         page = _open(browser, html, 1280, 800)
         assert page.evaluate("document.documentElement.scrollWidth") <= 1280  # no sideways scrolling
         assert page.evaluate(OVERFLOWING, 1280) == []
-        for selector in ("h1", "#toc", "#method", "#summary", "#forest", "#not-counted"):
+        for selector in ("h1", "#headline", "#toc", "#method", "#summary"):
             assert _inside(page.locator(selector).bounding_box()), selector
+        assert page.locator("#headline").inner_text() == verdict["headline"]
         colours = {}
+        decisions = {d["variant"]: d for d in verdict["decisions"]}
         for name, v in verdict["variants"].items():
-            assert page.locator(f"#decision-{name}").inner_text() == v["decision"]
+            assert page.locator(f"#decision-{name}").inner_text() == decisions[name]["label"]
             rests = page.locator(f"#coverage-{name}")
-            assert _inside(rests.bounding_box()) and rests.inner_text() == v["coverage"]["line"], name
+            assert _inside(rests.bounding_box()) and rests.inner_text() == decisions[name]["rests_on"], name
             card = page.locator(f"#variant-{name}")
             assert _inside(card.bounding_box()), name
             text = " ".join(card.inner_text().split())
@@ -114,7 +116,7 @@ def test_first_screen_reads_on_a_laptop_a_phone_and_a4_paper(tmp_path):
                 assert cell.get_attribute("data-decision") == s["decision"]
                 assert cell.inner_text().split("\n") == [f"{s['change'] * 100:+.1f}%",
                                                          f"[{s['ci_low'] * 100:+.1f}%, {s['ci_high'] * 100:+.1f}%]",
-                                                         f"recovery {s['recovery'] * 100:.1f}%"]
+                                                         f"recovery {s['recovery'] * 100:.1f}%", f"{s['n']} docs"]
                 colours.setdefault(s["decision"], set()).add(
                     cell.evaluate("c => getComputedStyle(c).backgroundColor"))
         assert all(len(c) == 1 for c in colours.values()) and len({*colours["GO"], *colours["NO-GO"],
@@ -123,19 +125,18 @@ def test_first_screen_reads_on_a_laptop_a_phone_and_a4_paper(tmp_path):
         assert fp8.startswith("GO on 4 perplexity suites; math, code not run;") and "vqa not applicable" in fp8
         # math and code sit at the floor: no column, named as not counted
         assert page.locator("#cell-awq-w4a16-math").count() == 0
-        assert "math (base at the floor or ceiling)" in page.locator("#not-counted").inner_text()
+        assert "math for awq-w4a16 (the base model scores 5.0%, at the floor)" in page.locator("#not-counted").inner_text()
         # speed and capacity where bench.json has them, the command that measures them where not
         assert "244 tok/s at batch 1" in page.locator("#row-fp8-w8a8").inner_text()
         assert "KV cache 900k tokens" in page.locator("#row-fp8-w8a8").inner_text()
         assert page.locator("#row-rtn-w4a16 .speed-command").all_inner_texts() == ["quantize bench models/rtn-w4a16"]
-        # served by: shown, refused and not tried, each with its run, its error or the command (as a tooltip here)
+        # served by: shown, refused and not tried, each with its run, its error or the command, in visible text
         served = page.locator("#row-fp8-w8a8 td.served .serve")
-        assert served.all_inner_texts() == ["vllm: shown", "lmdeploy: refused"]
-        assert "benchmarks/results/gpu_vllm_bench.json" in served.first.get_attribute("title")
-        assert served.last.get_attribute("title").startswith("lmdeploy 0.18 cannot serve FP8 W8A8: <script>")
+        assert served.all_inner_texts() == ["vllm: shown\ngpu_vllm_bench.json", "lmdeploy: refused\nlmdeploy 0.18 cannot serve FP8 W8A8"]
         untried = page.locator("#row-rtn-w4a16 td.served .serve").last
-        assert untried.inner_text() == "lmdeploy: not tried"
-        assert untried.get_attribute("title").startswith("quantize export models/rtn-w4a16 --engine lmdeploy")
+        assert untried.inner_text() == "lmdeploy: not tried\nquantize export models/rtn-w4a16 --engine lmdeploy, then …"
+        assert page.evaluate("document.querySelectorAll('body [title], body title').length") == 0  # no tooltip at all
+        assert "lmdeploy 0.18 cannot serve FP8 W8A8: <script>" in page.locator("#serving-table").inner_text()
         # the forest: one row per counted suite of every variant, labelled in the suite's own unit
         forest = page.locator("#forest text").all_text_contents()
         assert sum(" · ppl-" in t for t in forest) == 12
@@ -171,7 +172,7 @@ def test_first_screen_reads_on_a_laptop_a_phone_and_a4_paper(tmp_path):
             bench.unlink()
         bare = report.run(results, tmp_path / "bare", Params.model_validate(params), models_dir=models).html
         laptop = _open(browser, bare, 1280, 800)
-        for selector in ("#summary", "#forest", "#not-counted", "#col-speed"):
+        for selector in ("#summary", "#col-speed"):
             assert _inside(laptop.locator(selector).bounding_box()), selector
         assert laptop.locator("#col-speed code").inner_text() == "quantize bench models/base"
         for name in verdict["variants"]:
@@ -198,3 +199,110 @@ def test_first_screen_reads_on_a_laptop_a_phone_and_a4_paper(tmp_path):
         browser.close()
     assert pdf.startswith(b"%PDF") and pdf.count(b"/Type /Page\n") + pdf.count(b"/Type /Page>") + \
         pdf.count(b"/Type /Page/") >= 3
+
+
+def test_on_a_phone_the_first_screen_names_what_to_ship_and_every_decision_go_first(tmp_path):
+    """Issue 43: at 390 x 844, without scrolling: the headline, then every variant's decision (GO first, then
+    INCONCLUSIVE, then NO-GO) with what it rests on in words; the incomplete GO in a colour of its own."""
+    import json
+
+    from playwright.sync_api import sync_playwright
+
+    results, models, params = demo_like(tmp_path)
+    params["verdict"]["margins"]["perplexity"] = 0.16  # awq-w4a16's rise (~16%) straddles it: INCONCLUSIVE
+    html = report.run(results, tmp_path / "reports", Params.model_validate(params), models_dir=models).html
+    verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
+    assert [(d["variant"], d["label"]) for d in verdict["decisions"]] == [
+        ("fp8-w8a8", "GO, incomplete"), ("awq-w4a16", "INCONCLUSIVE"), ("rtn-w4a16", "NO-GO")]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        phone = _open(browser, html, 390, 844)
+        assert _inside(phone.locator("#headline").bounding_box(), 390, 844)
+        assert phone.locator("#headline").inner_text() == verdict["headline"]
+        tops = []
+        for d in verdict["decisions"]:
+            line = phone.locator(f"#brief-{d['variant']}")
+            assert _inside(line.bounding_box(), 390, 844), d["variant"]
+            assert " ".join(line.inner_text().split()) == f"{d['label']} {d['variant']} {d['rests_on'][len(d['label']) + 1:]}"
+            tops.append(line.bounding_box()["y"])
+        assert tops == sorted(tops)
+        tag = phone.locator("#brief-fp8-w8a8 .tag").evaluate("t => getComputedStyle(t).backgroundColor")
+        go = phone.locator("td.cell.go").first.evaluate("c => getComputedStyle(c).backgroundColor")
+        assert tag != go  # "GO, incomplete" never looks like a plain GO
+        laptop = _open(browser, html, 1280, 800)
+        assert laptop.locator("#brief").is_hidden()  # on a laptop the table's rows say it, in the same order
+        rows = laptop.locator("tbody.variant").evaluate_all("rows => rows.map(r => r.id)")
+        assert rows == [f"variant-{d['variant']}" for d in verdict["decisions"]]
+        browser.close()
+
+
+def _pdf_text(pdf: bytes, tmp_path) -> list[str]:
+    """The PDF read back as a printer's reader would: pdftotext, one string per page."""
+    import subprocess
+
+    assert shutil.which("pdftotext"), "poppler-utils is needed: apt-get install poppler-utils (make system-deps)"
+    path = tmp_path / "report.pdf"
+    path.write_bytes(pdf)
+    return subprocess.run(["pdftotext", str(path), "-"], capture_output=True, text=True, check=True).stdout.split("\f")
+
+
+# every word of every header cell on one line: a header that breaks, breaks between words (or after a hyphen)
+BROKEN_HEADER_WORDS = r"""[...document.querySelectorAll('th')].filter(e => e.getClientRects().length).flatMap(th => {
+    const out = [], walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      const node = walker.currentNode, words = /[^\s\-]+/g; let m;
+      while ((m = words.exec(node.data))) {
+        const r = document.createRange(); r.setStart(node, m.index); r.setEnd(node, m.index + m[0].length);
+        if (new Set([...r.getClientRects()].map(x => Math.round(x.top))).size > 1) out.push(m[0]);
+      }
+    }
+    return out; })"""
+
+
+def test_printed_each_figure_once_collapsed_sections_open_headers_whole_nothing_orphaned(tmp_path, monkeypatch):
+    """Issue 43: printed to A4 and read back with pdftotext: the forest once, every chart captioned, collapsed
+    sections printed open (those past the row limit named with their file instead), no header broken inside a
+    word, no page ending with a table's caption or header."""
+    import json
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    from pipeline.report import render
+
+    monkeypatch.setattr(render, "PRINT_MAX_ROWS", 15)  # math's 20 items pass it: not printed; code's 10 print
+    results, models, params = demo_like(tmp_path)
+    html = report.run(results, tmp_path / "reports", Params.model_validate(params), models_dir=models).html
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        paper = _open(browser, html, A4_CONTENT_PX, 1000, media="print")
+        assert paper.evaluate(BROKEN_HEADER_WORDS) == []
+        charts = paper.evaluate("[...document.querySelectorAll('svg.chart')].filter(s => s.getClientRects().length)"
+                                ".map(s => (s.closest('figure')?.querySelector('figcaption')?.textContent || '').trim())")
+        assert len(charts) == 4 and all(charts), charts  # the forest and the three speed charts, each captioned
+        captions = [" ".join(c.split()) for c in paper.evaluate(
+            "[...document.querySelectorAll('caption, figcaption')].filter(c => c.getClientRects().length).map(c => c.textContent)")]
+        headers = [" ".join(" ".join(h).split()) for h in paper.evaluate(
+            "[...document.querySelectorAll('thead tr')].filter(r => r.getClientRects().length)"
+            ".map(r => [...r.children].map(c => c.textContent))")]
+        pdf = _open(browser, html, 1280, 800, media="print").pdf(format="A4")  # printed from a laptop's window
+        browser.close()
+    pages = _pdf_text(pdf, tmp_path)
+    verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
+    squash = lambda t: re.sub(r"[\s-]", "", t)  # noqa: E731  pdftotext joins a line broken at a hyphen without it
+    first = squash(pages[0])
+    assert squash(verdict["headline"]) in first  # on paper too, the first page says what to ship and every decision
+    for d in verdict["decisions"]:  # (its label's tag, set smaller, comes out of pdftotext apart from its line)
+        assert squash(f"{d['variant']} {d['rests_on'][len(d['label']) + 1:]}") in first and squash(d["label"]) in first
+    text = " ".join(" ".join(pages).split())
+    assert text.count("variant · suite") == 1 and text.count("awq-w4a16 · ppl-chat") == 1  # the wide forest, once
+    assert text.count("The forest: every counted suite") == 1
+    assert "ppl-book: each document's perplexity under each model." in text and "document 7 <script>" in text
+    assert "code: each item's target and every model's answer" in text and "return 9" in text  # collapsed, printed
+    assert "math, every item: not printed: 20 rows, see results/*/math.jsonl." in text
+    assert "math: each item's target and every model's answer" not in text
+    assert "What the charts draw: time to first token" in text  # the charts' figures, in a table that prints
+    for number, page in enumerate(pages[:-1]):
+        tail = " ".join(" ".join(page.split("\n")[-40:]).split())
+        assert not any(tail.endswith(c) for c in captions), f"page {number + 1} ends with a caption"
+        assert not any(tail.endswith(h) for h in headers), f"page {number + 1} ends with a table's header"

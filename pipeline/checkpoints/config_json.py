@@ -177,6 +177,19 @@ def vocab_size(config: dict) -> int:
     return text_section(config).get("vocab_size") or config.get("padded_vocab_size") or 0
 
 
+def synthetic_weights(config: dict) -> str | None:
+    """Why the weights were made up (a random model built to time the pipeline sets `synthetic_weights` to it), or
+    None for weights that came from training."""
+    why = config.get("synthetic_weights")
+    return str(why) if why else None
+
+
+def base_facts(config: dict | None) -> dict:
+    """What the verdict asks of the base's config.json: its vocabulary and whether its weights were made up."""
+    config = config if isinstance(config, dict) else {}
+    return {"vocab_size": vocab_size(config) or None, "synthetic_weights": synthetic_weights(config)}
+
+
 def tied_embeddings(config: dict) -> bool:
     return bool(text_section(config).get("tie_word_embeddings", False))
 

@@ -24,6 +24,7 @@ from pipeline.outputs import human_size, write_pair
 from pipeline.params import Params
 from pipeline.report import inputs
 from pipeline.verdict.decision import Evidence, decide, metrics
+from pipeline.verdict.headline import with_headline
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def _git_revision() -> str | None:
         return None
 
 
-def environment() -> dict:
+def this_environment() -> dict:
     from importlib import metadata
 
     versions = {}
@@ -87,7 +88,7 @@ class ReportResult:
     verdict: dict
 
     def summary(self) -> str:
-        overall = ", ".join([*(f"{v}: {d['decision']}" for v, d in self.verdict["variants"].items()),
+        overall = ", ".join([*(f"{d['variant']}: {d['label']}" for d in self.verdict.get("decisions") or []),
                              *(f"{v}: {m['state']}" for v, m in (self.verdict.get("variants_without_results") or {}).items())])
         return f"report: wrote {self.html} and {self.verdict_json} ({overall or 'no variants'})"
 
@@ -130,7 +131,9 @@ def _serving(model_dir: Path) -> dict | None:
 
 
 def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_dir: Path | str = "models",
-        calib_stats: Path | str | None = None) -> ReportResult:
+        calib_stats: Path | str | None = None, environment: dict | None = None) -> ReportResult:
+    """`environment`: where the results were produced, when not here (a report re-rendered from a stored copy of
+    another machine's run: benchmarks/report_bundle.py)."""
     from pipeline.report.render import render_html
 
     results_dir, out_dir, models_dir = Path(results_dir), Path(out_dir), Path(models_dir)
@@ -140,11 +143,12 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     evidence = read_evidence(results_dir, models_dir, params, models)
     if not [name for name in evidence.results if name != "base"]:
         raise UserError(_nothing_to_decide(results_dir, params, models, ignored))
-    verdict = decide(evidence, params)
+    verdict = with_headline(decide(evidence, params), config_json.base_facts(_base_config(models_dir)),
+                            params.verdict.floor_ceiling)
     if ignored:
         verdict["ignored_results"] = {str(results_dir / folder): why for folder, why in ignored.items()}
     verdict["metrics"] = metrics(verdict)
-    verdict["environment"] = environment()
+    verdict["environment"] = environment or this_environment()
     base_quant = {"size_bytes": _dir_size_or_none(models_dir / "base")}
     calib = _read_json(Path(calib_stats)) if calib_stats else None
     html = render_html(verdict=verdict, results=evidence.results, params=params, calib=calib, base=base_quant,
@@ -159,6 +163,15 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
         raise UserError(f"{out_dir}: cannot write the report there ({exc.strerror}: {exc.filename}); "
                         "pass --out a writable directory") from None
     return ReportResult(out_dir / "index.html", out_dir / "verdict.json", verdict)
+
+
+def _base_config(models_dir: Path) -> dict | None:
+    """The base's config.json (its vocabulary, and whether a run made its weights up), or None without one."""
+    try:
+        return config_json.read(models_dir / "base") if config_json.present(models_dir / "base") else None
+    except (UserError, ValueError, OSError) as exc:
+        log.warning(f"report: not read for the synthetic-base check: {exc}")
+        return None
 
 
 def _nothing_to_decide(results_dir: Path, params: Params, models: list[str], ignored: dict[str, str]) -> str:

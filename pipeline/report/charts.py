@@ -62,8 +62,7 @@ def throughput_chart(speed: dict[str, dict]) -> Markup:
         cls = f"s{i % SERIES}"
         path = " ".join(f"{x(c):.1f},{y(v):.1f}" for c, v in points)
         parts.append(f'<polyline points="{path}" class="line {cls}"/>')
-        parts += [f'<circle cx="{x(c):.1f}" cy="{y(v):.1f}" r="3.5" class="pt {cls}"><title>{escape(name)}: '
-                  f'{v:,.0f} tok/s at {c}</title></circle>' for c, v in points]
+        parts += [f'<circle cx="{x(c):.1f}" cy="{y(v):.1f}" r="3.5" class="pt {cls}"/>' for c, v in points]
         ly = top + 14 + 18 * i
         parts.append(f'<line x1="{width - right + 12}" x2="{width - right + 32}" y1="{ly - 4}" y2="{ly - 4}" '
                      f'class="line {cls}"/><text x="{width - right + 38}" y="{ly}" class="lbl">{escape(name)}</text>')
@@ -102,9 +101,9 @@ def latency_chart(speed: dict[str, dict], metric: str, title: str) -> Markup:
         cls = f"s{names.index(name) % SERIES}"
         parts.append(f'<text x="{left - 8}" y="{yy + 4}" text-anchor="end" class="tick">{escape(name)} @{concurrency}'
                      f'</text>')
+        # the figures themselves are in the latency table under the charts, not in a tooltip
         parts.append(f'<line x1="{x(stats["median"]):.1f}" x2="{x(stats["p99"]):.1f}" y1="{yy}" y2="{yy}" '
-                     f'class="range {cls}"><title>{escape(name)} at {concurrency}: median {stats["median"]:.1f}, '
-                     f'p90 {stats["p90"]:.1f}, p99 {stats["p99"]:.1f} ms</title></line>')
+                     f'class="range {cls}"/>')
         parts.append(f'<circle cx="{x(stats["median"]):.1f}" cy="{yy}" r="3.5" class="pt {cls}"/>')
         parts.append(f'<line x1="{x(stats["p90"]):.1f}" x2="{x(stats["p90"]):.1f}" y1="{yy - 5}" y2="{yy + 5}" '
                      f'class="range {cls}"/>')

@@ -78,7 +78,7 @@ def speed_row(summary: dict) -> dict:
     }
 
 
-CAPACITY_FIELDS = ("kv_cache_tokens", "max_context_batch1", "weight_bytes", "goodput_tok_s_per_gpu")
+CAPACITY_FIELDS = ("kv_cache_tokens", "max_context_batch1", "weight_bytes", "kv_cache_bytes", "goodput_tok_s_per_gpu")
 
 
 def capacity_figures(found) -> dict | None:

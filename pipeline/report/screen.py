@@ -1,0 +1,128 @@
+"""The first screen: per variant its decision and what it rests on, a cell per counted suite, size, drift,
+where it is served and its speed; the suites shown but not counted; the forest plot."""
+
+from __future__ import annotations
+
+import pipeline.verdict.figures as figures
+from pipeline.report.deploy import served_by, speed_state
+from pipeline.report.forest import forest_plot, forest_plot_narrow
+from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
+from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_COUNTED
+from pipeline.verdict.headline import label, ordered, rests
+
+
+def matrix_columns(verdict: dict) -> list[tuple[str, str]]:
+    """The counted suites, as (kind, suite) in the order the matrix and forest show them: right/wrong
+    suites, then perplexity suites, then the judge; a suite counted for any variant gets a column."""
+    variants = verdict["variants"].values()
+    plain = sorted({s for v in variants for s, d in (v.get("suites") or {}).items() if d["counted"]})
+    ppl = sorted({s for v in variants for s, d in (v.get("perplexity") or {}).items() if d["counted"]})
+    judge = [("judge", "judge")] if any((v.get("judge") or {}).get("counted") for v in variants) else []
+    return [("suite", s) for s in plain] + [("perplexity", s) for s in ppl] + judge
+
+
+def matrix_cell(variant: dict, kind: str, suite: str) -> dict | None:
+    """One cell: the change in the suite's own unit, its interval, the recovery, the margin, the decision, and
+    the interval as harm (worse is positive) over the margin, for the forest plot."""
+    if kind == "suite":
+        s = (variant.get("suites") or {}).get(suite)
+        if not s or not s["counted"]:
+            return None
+        return {"change": f"{figures.points(s['delta'])} pts",
+                "interval": f"[{figures.points(s['ci_low'])}, {figures.points(s['ci_high'])}]",
+                "recovery": figures.share(s.get("recovery")), "margin": f"{figures.points(-s['margin'])} pts",
+                "decision": s["decision"], "n": f"{s['n']} items",
+                "harm": (-s["delta"], -s["ci_high"], -s["ci_low"]), "margin_value": s["margin"]}
+    if kind == "perplexity":
+        s = (variant.get("perplexity") or {}).get(suite)
+        if not s or not s["counted"]:
+            return None
+        return {"change": figures.relative(s["change"]),
+                "interval": f"[{figures.relative(s['ci_low'])}, {figures.relative(s['ci_high'])}]",
+                "recovery": figures.share(s.get("recovery")), "margin": figures.relative(s["margin"]),
+                "decision": s["decision"], "n": f"{s['n']} docs",
+                "harm": (s["change"], s["ci_low"], s["ci_high"]), "margin_value": s["margin"]}
+    j = variant.get("judge")
+    if not j or not j["counted"]:
+        return None
+    s = j["summary"]
+    return {"change": f"win {figures.share(s['win_rate'])}",
+            "interval": f"[{figures.share(s['ci_low'])}, {figures.share(s['ci_high'])}]", "recovery": None,
+            "margin": f"≥ {figures.share(0.5 - j['margin'])}", "decision": j["decision"], "n": f"{s['n']} pairs",
+            "harm": (0.5 - s["win_rate"], 0.5 - s["ci_high"], 0.5 - s["ci_low"]), "margin_value": j["margin"]}
+
+
+def cell_note(variant: dict, suite: str) -> str:
+    """What a matrix cell says when the variant's decision does not count the suite: the state and the verdict's
+    own why (coverage.suites.<suite> of verdict.json), up to its first semicolon."""
+    entry = ((variant.get("coverage") or {}).get("suites") or {}).get(suite) or {}
+    state = entry.get("label") or entry.get("state") or "not decided"
+    why = str(entry.get("why") or "").split("; ")[0]
+    return f"{state}: {why}" if why else str(state)
+
+
+def recovery_note(variant: dict) -> dict:
+    """The average recovery as model cards give it (over the counted accuracy suites), or why there is none: the
+    accuracy suites the base ran that the decision does not count, by state ("math, code not run"); the verdict's
+    why for each is in its cell, the not-counted line and the coverage table."""
+    recovery = variant.get("recovery") or {}
+    if recovery.get("accuracy") is not None:
+        n = len(recovery.get("suites") or [])
+        return {"text": f"recovery {figures.share(recovery['accuracy'])}",
+                "note": f"average over {n} accuracy suite{'s' if n != 1 else ''} ({', '.join(recovery['suites'])})"}
+    coverage = variant.get("coverage") or {}
+    suites, perplexity = coverage.get("suites") or {}, variant.get("perplexity") or {}
+    by_state: dict[str, list[str]] = {}
+    for suite in coverage.get("base_ran") or []:
+        entry = suites.get(suite) or {}
+        if suite not in perplexity and entry.get("state") != DECIDED:
+            by_state.setdefault(str(entry.get("label") or entry.get("state")), []).append(suite)
+    why = "; ".join(f"{', '.join(names)} {state}" for state, names in by_state.items())
+    return {"text": "no recovery average", "note": f"no accuracy suite counted: {why}" if why else "no accuracy suite ran"}
+
+
+def _row(name: str, v: dict, columns: list, speed: dict, base: dict, human_size, speed_engine: str | None) -> dict:
+    quant, kl = v.get("quant") or {}, v.get("kl")
+    size, base_size = quant.get("size_bytes"), base.get("size_bytes") or quant.get("base_size_bytes")
+    shown, suites = label(v), (v.get("coverage") or {}).get("suites")
+    return {
+        "name": name, "scheme": quant.get("scheme"), "decision": v.get("decision"), "label": shown,
+        "class": LABEL_CLASS.get(shown) or DECISION_CLASS.get(shown, "uninformative"), "why": v.get("why") or "",
+        # what it rests on, led by its label ("GO, incomplete on 4 perplexity suites; math, code not run")
+        "coverage": f"{shown} {rests(v)}" if suites else shown, "rests": rests(v), "next_steps": v.get("next_steps") or [],
+        "recovery": recovery_note(v),
+        "cells": {f"{kind}:{suite}": matrix_cell(v, kind, suite) for kind, suite in columns},
+        "notes": {f"{kind}:{suite}": cell_note(v, suite) for kind, suite in columns},
+        "size": human_size(size) if size else None,
+        "size_share": f"{figures.share(size / base_size)} of base" if size and base_size else None,
+        "kl": (figures.kl(kl["kl_mean"]), figures.share(kl["top1_agreement"])) if kl else None,
+        "served": served_by(v.get("serving"), name), "speed": speed_state(name, v, speed, speed_engine, human_size),
+    }
+
+
+def first_screen(verdict: dict, base: dict, human_size, speed_engine: str | None = None) -> dict:
+    """What the first screen shows: per variant (GO first, then INCONCLUSIVE, then NO-GO) its decision as labelled
+    ("GO, incomplete" for a GO that rests on fewer suites than the base ran), what it rests on and why in a few
+    words, a cell per counted suite (or why not counted), recovery, size, KL / top-1, where it is served, speed
+    and capacity (or the command that measures them); the suites shown but not counted, with the verdict's why."""
+    columns = matrix_columns(verdict)
+    speed = verdict.get("speed") or {}
+    variants = verdict["variants"]
+    rows = [_row(name, variants[name], columns, speed, base, human_size, speed_engine) for name in ordered(variants)]
+    base_bench = sorted({c for v in variants.values() for c in v.get("speed_commands") or []
+                         if c.startswith("quantize bench models/base")})
+    return {"columns": columns, "rows": rows, "not_counted": not_counted(verdict), "base_bench": base_bench,
+            "forest": forest_plot(columns, rows), "forest_narrow": forest_plot_narrow(columns, rows)}
+
+
+def not_counted(verdict: dict) -> list[dict]:
+    """Every suite shown but not counted (or not applicable) for some variant, with the verdict's own why
+    (coverage.suites.<suite>.why): {suite, why, variants}, variants with the same why named together."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for name in ordered(verdict["variants"]):
+        suites = (verdict["variants"][name].get("coverage") or {}).get("suites") or {}
+        for suite, entry in suites.items():
+            if entry.get("state") in (NOT_COUNTED, NOT_APPLICABLE):
+                why = str(entry.get("why") or entry.get("label") or entry.get("state"))
+                found.setdefault((suite, why), []).append(name)
+    return [{"suite": suite, "why": why, "variants": names} for (suite, why), names in sorted(found.items())]

@@ -1,0 +1,149 @@
+"""What to ship, in one sentence: verdict.json's `headline` (the report's first line, the first line `quantize
+show-verdict` prints) and `decisions` (each variant's label and what it rests on, in the order the page shows them).
+
+A GO whose decision rests on fewer suites than the base ran (`--fail-on incomplete` fails it) is labelled
+"GO, incomplete" everywhere, never a plain GO. Variants come GO first (complete, then incomplete), then
+INCONCLUSIVE, then NO-GO, then any other entry verdict.json holds (e.g. a variant not built), each group in the
+order verdict.json lists them.
+
+    Ship fp8-w8a8: GO, incomplete, on 4 perplexity suites (math, code not run); awq-w4a16 NO-GO on ppl-book.
+    Ship none: awq-w4a16 and rtn-w4a16 INCONCLUSIVE, not settled on ppl-code.
+
+Nothing here reads a file: it reads the verdict `decide` wrote (pipeline/verdict/decision.py) and the base's
+config.json the report stage hands it (whether the base is synthetic: pipeline/verdict/synthetic.py).
+"""
+
+from __future__ import annotations
+
+from pipeline.verdict.coverage import DECIDED, LABELS, coverage_line
+from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
+from pipeline.verdict.synthetic import synthetic
+
+GO_INCOMPLETE = "GO, incomplete"
+ORDER = (GO, GO_INCOMPLETE, INCONCLUSIVE, NO_GO)  # anything else (not built, not evaluated, ...) comes after
+SHIPPABLE = (GO, GO_INCOMPLETE)
+
+
+def label(entry: dict) -> str:
+    """The decision as the reviewer reads it: "GO, incomplete" for a GO that rests on fewer suites than the base
+    ran; any other entry's own decision (or state) as verdict.json gives it."""
+    decision = str(entry.get("decision") or entry.get("state") or "no decision")
+    if decision == GO and (entry.get("coverage") or {}).get("complete") is False:
+        return GO_INCOMPLETE
+    return decision
+
+
+def ordered(variants: dict) -> list[str]:
+    """The variants' names, GO first, then GO incomplete, INCONCLUSIVE, NO-GO and any other label."""
+    rank = {name: ORDER.index(label(v)) if label(v) in ORDER else len(ORDER) for name, v in variants.items()}
+    return sorted(variants, key=lambda name: rank[name])  # stable: verdict.json's order within a group
+
+
+def _counted(entry: dict) -> list[tuple[str, str]]:
+    """(suite, decision) of everything the variant's decision counted: suites, perplexity suites, the judge, speed."""
+    found = [(s, d.get("decision")) for part in ("suites", "perplexity")
+             for s, d in (entry.get(part) or {}).items() if isinstance(d, dict) and d.get("counted")]
+    judge = entry.get("judge") or {}
+    if judge.get("counted"):
+        found.append(("judge", judge.get("decision")))
+    if (entry.get("speed") or {}).get("counted"):
+        found.append(("speed at batch 1", NO_GO))
+    return found
+
+
+def _missing(entry: dict) -> str:
+    """The suites the base ran that the variant's decision does not rest on, by state: "math, code not run"."""
+    coverage = entry.get("coverage") or {}
+    suites = coverage.get("suites") or {}
+    by_state: dict[str, list[str]] = {}
+    for suite in coverage.get("base_ran") or []:
+        state = (suites.get(suite) or {}).get("state")
+        if state != DECIDED:
+            by_state.setdefault(LABELS.get(state, str(state)), []).append(suite)
+    return "; ".join(f"{', '.join(names)} {state}" for state, names in by_state.items())
+
+
+def rests(entry: dict) -> str:
+    """What the decision rests on, without the decision: the coverage line ("on 4 perplexity suites; math, code
+    not run; ..."), or for an entry that decided nothing (not built, ...) its why."""
+    suites = (entry.get("coverage") or {}).get("suites")
+    return coverage_line("", suites).strip().lstrip(": ") if suites else str(entry.get("why") or entry.get("reason") or "")
+
+
+def _rests_on(entry: dict) -> str:
+    """"4 perplexity suites" or "2 accuracy suites and the judge": the first part of the coverage line."""
+    return rests(entry).split(";")[0].removeprefix("on ")
+
+
+def phrase(entry: dict) -> str:
+    """What one variant's decision rests on, in the headline's words (without its name)."""
+    name = label(entry)
+    counted = _counted(entry)
+    if name in SHIPPABLE:
+        missing = _missing(entry)
+        return f"{name}, on {_rests_on(entry)} ({missing})" if missing else f"{name} on {_rests_on(entry)}"
+    if name == NO_GO:
+        return f"NO-GO on {', '.join(s for s, d in counted if d == NO_GO) or 'what it counted'}"
+    if name == INCONCLUSIVE:
+        open_ = [s for s, d in counted if d not in (GO, NO_GO)]
+        return f"INCONCLUSIVE, not settled on {', '.join(open_)}" if open_ else "INCONCLUSIVE, nothing counted"
+    why = entry.get("why") or entry.get("reason")
+    return f"{name}: {why}" if why else name
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _grouped(variants: dict, names: list[str]) -> list[str]:
+    """"awq-w4a16 and rtn-w4a16 NO-GO on ppl-chat": variants with the same phrase named together."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(phrase(variants[name]), []).append(name)
+    return [f"{_names(members)} {text}" for text, members in groups.items()]
+
+
+def headline(verdict: dict) -> str:
+    """One sentence a reviewer can act on: which variant to ship (or none) and what each decision rests on."""
+    variants = verdict.get("variants") or {}
+    names = ordered(variants)
+    if not names:
+        return "Ship none: no variant was decided."
+    synthetic = verdict.get("synthetic")
+    complete = [n for n in names if label(variants[n]) == GO]
+    ship = [] if synthetic else complete or [n for n in names if label(variants[n]) == GO_INCOMPLETE]
+    rest = [n for n in names if n not in ship]
+    if len(ship) == 1:
+        parts = [f"Ship {ship[0]}: {phrase(variants[ship[0]])}"]
+    elif ship:
+        parts = [f"Ship any of {_names(ship)}: " + "; ".join(_grouped(variants, ship))]
+    elif synthetic:
+        parts = [f"Ship none on this evidence: {synthetic.get('short') or synthetic.get('why')} (timing only: these "
+                 "accuracy figures mean nothing); as computed"]
+    else:
+        parts = ["Ship none"]
+    text = parts[0] + (": " if not ship and rest else "; " if rest else "") + "; ".join(_grouped(variants, rest))
+    return text.rstrip("; ") + "."
+
+
+def decisions(verdict: dict) -> list[dict]:
+    """verdict.json's `decisions`: per variant, in the page's order, its decision, its label and what it rests
+    on (the coverage line, led by the label)."""
+    variants = verdict.get("variants") or {}
+    rows = []
+    for name in ordered(variants):
+        entry = variants[name]
+        line = f"{label(entry)} {rests(entry)}" if (entry.get("coverage") or {}).get("suites") else phrase(entry)
+        rows.append({"variant": name, "decision": entry.get("decision"), "label": label(entry), "rests_on": line,
+                     "why": entry.get("why") or ""})
+    return rows
+
+
+def with_headline(verdict: dict, base: dict | None, floor: float) -> dict:
+    """The verdict opening with what to ship: `headline`, `synthetic` when the base's accuracy figures mean nothing
+    (pipeline/verdict/synthetic.py: read off the base's scores and `base`, what its config.json says), and
+    `decisions`."""
+    found = synthetic(verdict["base"]["suites"], base, floor)
+    verdict = {"headline": None, **({"synthetic": found} if found else {}), "decisions": None, **verdict}
+    verdict["headline"], verdict["decisions"] = headline(verdict), decisions(verdict)
+    return verdict
