@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from pipeline import sandbox
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint
 from pipeline.engines import Engine, capability, engine_names
 from pipeline.errors import UserError
 from pipeline.eval_cache import GenerationCache, model_fingerprint
@@ -166,7 +166,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
             options["log_path"] = Path(log_path) if log_path else out_dir / f"{suite}.vllm.log"  # beside the results
     else:
         engine, options = shared.name, shared.options
-    config_json.read(model_dir)  # a missing or broken config.json: one message naming it and the fix
+    checkpoint.open(model_dir)  # a missing or broken config.json: one message naming it and the fix (read once)
     inputs = suite_inputs(model_dir, suite, s, engine, options)
     if keep_current and (kept := _current(out_dir, suite, inputs)) is not None:
         return kept

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint
 from pipeline.errors import UserError
 from pipeline.formats.kl_lines import lines_path, write_kl_lines
 from pipeline.outputs import Stopwatch, write_json
@@ -122,7 +122,7 @@ def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], d
 
 def checkpoint_dtype(model_dir: Path) -> str:
     """The dtype the checkpoint's weights are meant to run in (config torch_dtype / dtype), float16 if unsaid."""
-    return config_json.dtype(config_json.read(model_dir))
+    return checkpoint.open(model_dir).dtype
 
 
 def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int) -> bool:
@@ -132,7 +132,7 @@ def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int,
 
     from pipeline.checkpoints.sizes import checkpoint_weight_bytes
 
-    vocab = config_json.vocab_size(config_json.read(base_dir))
+    vocab = checkpoint.open(base_dir).vocab_size
     weights = checkpoint_weight_bytes(Path(base_dir)) * dtype_bytes // 2  # the base's bytes at 2 per weight
     longest = max(len(s) for s in sequences)
     activations = 4 * batch_size * longest * vocab * 4  # logits, log-softmax and the exp, both models, float32

@@ -27,9 +27,9 @@ def suite():
 
 def context_length(model_dir: Path | str) -> int | None:
     """Positions the model was built for (config.json); None when the config does not say."""
-    from pipeline.checkpoints import config_json
+    from pipeline.checkpoints import checkpoint
 
-    return config_json.max_positions(config_json.read(model_dir))
+    return checkpoint.open(model_dir).max_positions
 
 
 def chars_per_token(model_dir: Path | str, sample_chars: int = 40_000) -> float:

@@ -181,13 +181,13 @@ def _dvc_stages(dvc_file: Path, data, lines: dict[tuple, int]) -> dict:
 def check_against_model(params, path: Path | str = DEFAULT_PARAMS, lines: dict[tuple, int] | None = None) -> None:
     """Checks that need the base checkpoint (group size vs layer widths), when it exists and its config.json
     reads (a broken checkpoint is the stage's to refuse, with its own message)."""
-    from pipeline.checkpoints import config_json
+    from pipeline.checkpoints import checkpoint, config_json
     from pipeline.methods.int4 import group_size_problem
 
     if not config_json.present(params.model.base_dir):
         return
     try:
-        config = config_json.read(params.model.base_dir)
+        config = checkpoint.open(params.model.base_dir).config
     except UserError:  # the stage that reads the checkpoint names the problem and the fix
         return
     if config_json.hidden_size(config) is None:

@@ -140,3 +140,36 @@ def test_no_other_module_reads_config_json_or_digs_out_text_config():
             if _reads_config_json(node):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: reads config.json")
     assert offenders == []
+
+
+def test_a_checkpoint_is_read_once_per_process_and_again_when_rewritten(tmp_path, monkeypatch):
+    """pipeline/checkpoints/checkpoint.py: the stages ask for the same checkpoint in many places; config.json is
+    parsed once for the process, each caller gets its own copy, and a rewritten file is read again."""
+    import os
+
+    from pipeline.checkpoints import checkpoint
+
+    model = write(tmp_path, json.dumps(TEXT))
+    reads = []
+    real_read = config_json.read
+    monkeypatch.setattr(config_json, "read", lambda d: reads.append(d) or real_read(d))
+    first, second = checkpoint.open(model), checkpoint.open(model)
+    assert len(reads) == 1 and first.config == second.config == TEXT
+    assert (first.architecture, first.vocab_size, first.dtype, first.max_positions) == (
+        "GlmForCausalLM", 151552, "bfloat16", 131072)
+    first.config["vocab_size"] = 1  # one caller's edit is not another's
+    assert checkpoint.open(model).vocab_size == 151552 and len(reads) == 1
+    stat = (model / "config.json").stat()
+    (model / "config.json").write_text(json.dumps({**TEXT, "vocab_size": 1000, "pad": "same length?"}))
+    os.utime(model / "config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # an editor that keeps the time
+    assert checkpoint.open(model).vocab_size == 1000 and len(reads) == 2
+    with pytest.raises(UserError, match="no config.json"):
+        checkpoint.open(tmp_path)
+
+
+def test_config_json_is_read_in_few_modules():
+    """One value per checkpoint (checkpoint.open), passed down: the file's reader is called from at most 5
+    modules (issue 44), not from each stage and engine."""
+    callers = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if "config_json.read(" in path.read_text() and path.name != "config_json.py")
+    assert len(callers) <= 5, callers

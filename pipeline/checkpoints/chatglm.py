@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint, config_json
 from pipeline.checkpoints.streaming import (MAX_SHARD_BYTES, OutTensor, Piece, SafetensorsSource, TensorSource, carry_files,
                                             check_shapes, whole, write_checkpoint)
 from pipeline.errors import UserError
@@ -332,7 +332,7 @@ def convert(source: Path, dest: Path, dtype: str = "bfloat16", max_shard_bytes: 
     if dtype not in DTYPES:
         raise UserError(f"dtype {dtype}: use one of {', '.join(DTYPES)}")
     source = Path(source)
-    config = config_json.read(source)
+    config = checkpoint.open(source).config
     config_file = config_json.path(source)
     check_supported(config, config_file)
     convention = rope_convention(source, config, config_file)

@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import chatglm, config_json, headers, streaming
+from pipeline.checkpoints import chatglm, checkpoint, config_json, headers, streaming
 from pipeline.checkpoints.streaming import OutTensor, Piece, whole
 from pipeline.checkpoints.lmdeploy_awq import AwqSource, Scheme, read_scheme
 from pipeline.errors import UserError
@@ -248,7 +248,7 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
     if engine not in ENGINES:
         raise UserError(f"--engine {engine}: supported engines: {', '.join(ENGINES)}")
     model_dir, out = Path(model_dir), Path(out)
-    config = config_json.read(model_dir)
+    config = checkpoint.open(model_dir).config
     if config.get("model_type") == "chatglm":
         _check_exportable(model_dir, config)
     if config.get("quantization_config"):
@@ -303,7 +303,7 @@ def _awq_scheme(model_dir: Path, quant: dict) -> Scheme:
 def _fp8_refusal(model_dir: Path, quant: dict) -> str:
     from pipeline.checkpoints.serving import support_from_config
 
-    config = config_json.read(model_dir)
+    config = checkpoint.open(model_dir).config
     return f"{model_dir}: {support_from_config(config)['lmdeploy']['how']}: vllm serve {model_dir}"
 
 

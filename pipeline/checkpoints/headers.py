@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass, field
+import dataclasses
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint, config_json
+from pipeline.checkpoints.checkpoint import Checkpoint
 from pipeline.checkpoints.config_json import REBUILD, one_line as _one_line
 from pipeline.errors import UserError
 
@@ -30,17 +31,6 @@ SAFE_INDEX = "model.safetensors.index.json"
 BIN_WEIGHTS = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 SHOWN = 5  # names listed per kind of mismatch; the count covers the rest
-
-
-@dataclass
-class Checkpoint:
-    """What the check found: the parsed config.json, the architecture and the weight files."""
-
-    path: Path
-    config: dict
-    architecture: str = ""
-    weight_files: list[Path] = field(default_factory=list)
-    tensors: int = 0
 
 
 # ---------------------------------------------------------------- weight files
@@ -313,25 +303,22 @@ def check_coverage(model_dir: Path, config, tensors: dict, config_dict: dict) ->
 def check_config(model_dir: Path | str) -> dict:
     """config.json parsed and accepted by transformers (known model_type, values of the right types);
     returns it as a dict. The weights are not looked at."""
-    model_dir = Path(model_dir)
-    config = config_json.read(model_dir)
-    config_json.load(model_dir, config)
-    return config
+    found = checkpoint.open(model_dir)
+    config_json.load(found.path, found.config)
+    return found.config
 
 
 def check(model_dir: Path | str, *, weights: bool = True) -> Checkpoint:
-    """Refuses, with the file and the fix, a checkpoint directory no stage could load as it says it
-    is; `weights=False` checks config.json only (an engine that loads nothing locally)."""
-    model_dir = Path(model_dir)
-    config_dict = config_json.read(model_dir)
-    config = config_json.load(model_dir, config_dict)
-    found = Checkpoint(model_dir, config_dict, config_json.architecture_or(config_dict, config.model_type))
+    """The checkpoint (pipeline/checkpoints/checkpoint.py), once it is refused, with the file and the fix, if no
+    stage could load it as it says it is; `weights=False` checks config.json only (an engine that loads nothing
+    locally)."""
+    found = checkpoint.open(model_dir)
+    config = config_json.load(found.path, found.config)
     if not weights:
         return found
-    found.weight_files = weight_files(model_dir)
-    tensors = read_headers(found.weight_files)
+    files = weight_files(found.path)
+    tensors = read_headers(files)
     if not tensors:
-        raise UserError(f"{found.weight_files[0]}: holds no tensors; copy the checkpoint's weights again, or {REBUILD}")
-    check_coverage(model_dir, config, tensors, config_dict)
-    found.tensors = len(tensors)
-    return found
+        raise UserError(f"{files[0]}: holds no tensors; copy the checkpoint's weights again, or {REBUILD}")
+    check_coverage(found.path, config, tensors, found.config)
+    return dataclasses.replace(found, weight_files=tuple(files), tensors=len(tensors))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint, config_json
 
 
 def auto_model_class(config):
@@ -52,7 +52,7 @@ def load_for_inference(model_dir: Path | str, dtype, device: str | None = None):
     costs minutes); None keeps them on the CPU."""
     model_dir = Path(model_dir)
     placement = {"device_map": device} if device else {}
-    if not config_json.is_compressed_tensors(config_json.read(model_dir)):
+    if not checkpoint.open(model_dir).is_compressed_tensors:
         return load_model(model_dir, dtype, **placement)
     import warnings
 

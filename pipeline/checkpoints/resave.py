@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import chatglm, config_json, headers
+from pipeline.checkpoints import chatglm, checkpoint, config_json, headers
 from pipeline.checkpoints.serving_names import finish_config
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
@@ -50,7 +50,7 @@ def detect(source: Path) -> str:
     if not config_json.present(source):
         raise UserError(f"{source}: no config.json; copy the config.json that came with the weights, or pass one of "
                         f"the supported sources: {SUPPORTED}")
-    config = config_json.read(source)
+    config = checkpoint.open(source).config
     if config.get("model_type") == "chatglm" or any(
         "ChatGLM" in arch for arch in config.get("architectures", [])
     ):

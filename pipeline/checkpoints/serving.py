@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint, config_json
 
 
 @dataclass(frozen=True)
@@ -194,4 +194,4 @@ def support_from_config(config: dict) -> dict[str, dict]:
 
 
 def serving_support(model_dir: Path | str) -> dict[str, dict]:
-    return support_from_config(config_json.read(model_dir))
+    return support_from_config(checkpoint.open(model_dir).config)

@@ -26,7 +26,7 @@ import json
 import re
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint, config_json
 
 # config keys GLM's releases carry that transformers does not write, on the text config: {model_type: {key: value}}
 RELEASE_KEYS = {"glm4v_moe_text": {"use_qk_norm": False}, "glm4_moe": {"use_qk_norm": False}}
@@ -144,7 +144,7 @@ def unquantized_linears(variant_dir: Path) -> list[str]:
 def check(variant_dir: Path) -> dict:
     """Refuses a variant whose ignore list vLLM would not match: a full-precision Linear (the vision tower,
     lm_head, a router) that vLLM would build quantized under its own names (this module)."""
-    config = config_json.read(variant_dir)
+    config = checkpoint.open(variant_dir).config
     keep = unquantized_linears(variant_dir)
     missed = vllm_unignored(config, keep)
     if missed:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint
 from pipeline.errors import UserError
 
 
 def kv_bytes_per_token(model_dir: Path, dtype_bytes: int = 2) -> int:
     """KV cache bytes one token of context adds: 2 (K and V) x layers x KV heads x head dim."""
-    layers, kv_heads, head_dim = config_json.kv_cache_shape(config_json.read(model_dir))
+    layers, kv_heads, head_dim = checkpoint.open(model_dir).kv_cache_shape
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
@@ -21,7 +21,7 @@ def checkpoint_weight_bytes(model_dir: Path) -> int:
     unless the config ties it to the output layer."""
     from safetensors import safe_open
 
-    tied = config_json.tied_embeddings(config_json.read(model_dir))
+    tied = checkpoint.open(model_dir).tied_embeddings
     total = 0
     for path in sorted(model_dir.glob("*.safetensors")):
         with safe_open(path, "pt") as handle:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import methods
-from pipeline.checkpoints import config_json, headers
+from pipeline.checkpoints import checkpoint, config_json, headers
 from pipeline.checkpoints.loading import load_model
 from pipeline.checkpoints.serving import serving_support
 from pipeline.checkpoints.serving_names import finish_config
@@ -216,8 +216,8 @@ def read_inputs(model_dir: Path, calib: Path, batch_size: int, calibrate_all_exp
     tokenizer = _tokenizer(model_dir)
     probe_blocks, probe_source = check_blocks(held, tokenizer, blocks)
     on_gpu = torch.cuda.is_available()
-    config = config_json.read(model_dir)
-    base_dtype = getattr(torch, config_json.dtype(config))
+    found = checkpoint.open(model_dir)  # parsed once for the process (pipeline/checkpoints/checkpoint.py)
+    config, base_dtype = found.config, getattr(torch, found.dtype)
     # fp16 matmuls are slow on CPUs: calibrate in fp32 there, save in the base checkpoint's dtype.
     return Inputs(model_dir, Path(calib), batch_size, calibrate_all_experts, blocks, digest, probe_blocks, probe_source,
                   tokenizer, config, base_dtype, base_dtype if on_gpu else torch.float32, on_gpu)

@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint, config_json
 from pipeline.errors import UserError
 from pipeline.formats import quant_json, results as result_files
 from pipeline.outputs import human_size, write_pair
@@ -168,7 +168,7 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
 def _base_config(models_dir: Path) -> dict | None:
     """The base's config.json (its vocabulary, and whether a run made its weights up), or None without one."""
     try:
-        return config_json.read(models_dir / "base") if config_json.present(models_dir / "base") else None
+        return checkpoint.base_config(models_dir)
     except (UserError, ValueError, OSError) as exc:
         log.warning(f"report: not read for the synthetic-base check: {exc}")
         return None
