@@ -547,22 +547,13 @@ class Run:
         return figures
 
     def report_inputs(self, out: Path) -> None:
-        """Everything `quantize report` reads, with paths as in the project (results/*/*.json and *.jsonl, each
-        model's quant.json, config.json and stage record, the calibration's stats.json, params.yaml, dvc.lock), xz
-        compressed: kept in the repo, it lets the GPU example report be rendered again on the CPU when the report
-        changes (benchmarks/report_bundle.py)."""
-        import tarfile
+        """Everything `quantize report` read, with paths as in the project, and the run's environment, xz
+        compressed (benchmarks/report_bundle.py pack): kept in the repo, it lets the GPU example report be
+        rendered again on the CPU when the report changes (`make example-gpu-report`)."""
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        from report_bundle import pack
 
-        project = self.project
-        paths = [*sorted((project / "results").glob("*/*.json")), *sorted((project / "results").glob("*/*.jsonl")),
-                 *sorted(p for m in sorted((project / "models").glob("*")) for p in
-                         (m / "quant.json", m / "config.json", m / ".stage.json")),
-                 project / "calib_data" / "build" / "stats.json", project / "params.yaml", project / "dvc.lock"]
-        with tarfile.open(out, "w:xz", preset=6) as bundle:
-            for path in paths:
-                if path.is_file():
-                    bundle.add(path, arcname=str(path.relative_to(project)))
-
+        pack(self.project, out)
 
 NEEDED = {"dvc": "benchmarks/gpu_dvc_wheels.sh (.device/dvc-wheels)", "typer": "benchmarks/gpu_dvc_wheels.sh",
           "aiohttp": "the image",

@@ -63,6 +63,9 @@ def build_model(root: Path, layers: int, arch: str = "glm") -> Path:
         return out
     started = time.perf_counter()
     model = _random_model(arch, layers)
+    # the report's line at the top: the weights are random, its accuracy figures time the pipeline only
+    # (config_json.synthetic_weights; resave carries the key into models/base)
+    model.config.synthetic_weights = f"random bf16 weights at {arch.upper()} shapes, {layers} layers (benchmarks/gpu_quantize.py)"
     model.save_pretrained(out)
     tiny_tokenizer().save_pretrained(out)  # only for verify's generate; ids stay in range
     del model

@@ -11,7 +11,7 @@ whether its weights were made up), the calibration stats (params.yaml's calib.ou
 
 `render` unpacks it into a temporary folder (refusing any member that is not a plain file under it), runs the report
 stage there with the bundle's params.yaml and the run's environment, and writes OUT_DIR/index.html and verdict.json;
-`make example-gpu-report` does it for reports/example-gpu from benchmarks/results/gpu_dvc_repro_full_results.tar.gz
+`make example-gpu-report` does it for reports/example-gpu from benchmarks/results/gpu_dvc_repro_full_inputs.tar.xz
 and takes the screenshots. From a verdict.json alone (the copy an older run left), the page is re-rendered from
 the verdict as it stands: its first screen and decisions in full, the per-item tables said to be absent.
 """
@@ -35,7 +35,8 @@ class Refused(Exception):
 
 
 def pack(project: Path, bundle: Path) -> list[str]:
-    """BUNDLE.tar.gz of what the report reads in PROJECT; returns the members written."""
+    """BUNDLE (.tar.gz, or .tar.xz by its suffix: a third of the size) of what the report reads in PROJECT; returns
+    the members written."""
     import io
 
     sys.path.insert(0, str(REPO))
@@ -46,7 +47,7 @@ def pack(project: Path, bundle: Path) -> list[str]:
     members = sorted({str(p.relative_to(project)) for pattern in (*PATTERNS, str(stats)) for p in project.glob(pattern)
                       if p.is_file() and not p.is_symlink()})
     verdict = project / "reports" / "verdict.json"
-    with tarfile.open(bundle, "w:gz") as out:
+    with tarfile.open(bundle, "w:xz" if bundle.suffix == ".xz" else "w:gz") as out:
         for member in members:
             out.add(project / member, arcname=member, recursive=False)
         if verdict.is_file():  # the run's own machine, packages and revision, not the re-rendering machine's
@@ -61,7 +62,7 @@ def pack(project: Path, bundle: Path) -> list[str]:
 def _unpack(bundle: Path, into: Path) -> None:
     """Every member a plain file under `into` (no absolute path, no '..', no link or device), else Refused."""
     try:
-        with tarfile.open(bundle, "r:gz") as archive:
+        with tarfile.open(bundle, "r:*") as archive:
             for member in archive.getmembers():
                 parts = Path(member.name).parts
                 if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
@@ -69,21 +70,26 @@ def _unpack(bundle: Path, into: Path) -> None:
                                   "make the bundle again with `report_bundle.py pack`")
             archive.extractall(into, filter="data")
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise Refused(f"{bundle}: not a readable .tar.gz ({exc}); make it with `report_bundle.py pack`") from None
+        raise Refused(f"{bundle}: not a readable .tar.gz or .tar.xz ({exc}); make it with `report_bundle.py pack`") from None
 
 
-def render_bundle(bundle: Path, out_dir: Path) -> dict:
+def render_bundle(bundle: Path, out_dir: Path, leave_out: tuple[str, ...] = ()) -> dict:
     """The report stage run in the unpacked bundle, as in the project it came from (params.yaml's checks read
-    models/base there, not this checkout's)."""
+    models/base there, not this checkout's). `leave_out`: globs of members removed first (what an older run wrote
+    in a form this report refuses, e.g. kl.json without its per-sequence kl.jsonl: the page then says not measured)."""
     import contextlib
 
     sys.path.insert(0, str(REPO))
     from pipeline import report
     from pipeline.params import load
 
-    out_dir = out_dir.resolve()
+    out_dir, bundle = out_dir.resolve(), bundle.resolve()  # before the chdir below
     with tempfile.TemporaryDirectory(prefix="report-bundle-") as tmp, contextlib.chdir(tmp):
-        _unpack(bundle.resolve(), Path(tmp))
+        _unpack(bundle, Path(tmp))
+        for pattern in leave_out:
+            for member in Path(tmp).glob(pattern):
+                member.unlink()
+                print(f"left out {member.relative_to(tmp)} (--leave-out {pattern})")
         if not Path("params.yaml").is_file() or not Path("results").is_dir():
             raise Refused(f"{bundle}: holds no params.yaml or no results/; make it with `report_bundle.py pack PROJECT`")
         params = load(Path("params.yaml"))
@@ -142,6 +148,8 @@ def main() -> int:
     r.add_argument("out_dir", type=Path)
     r.add_argument("--params", type=Path, default=None, help="with a verdict.json: the params.yaml it was decided under")
     r.add_argument("--base-config", type=Path, default=None, help="with a verdict.json: the base's config.json")
+    r.add_argument("--leave-out", action="append", default=[], metavar="GLOB",
+                   help="with a bundle: members not read (e.g. 'results/*/kl.json' from a run older than kl.jsonl)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from pipeline.errors import UserError
@@ -159,7 +167,7 @@ def main() -> int:
                 raise Refused("a verdict.json alone needs --params: the params.yaml it was decided under")
             verdict = render_verdict(args.source, args.out_dir, args.params, args.base_config)
         else:
-            verdict = render_bundle(args.source, args.out_dir)
+            verdict = render_bundle(args.source, args.out_dir, tuple(args.leave_out))
     except (Refused, UserError) as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -188,6 +188,9 @@ def _nothing_to_decide(results_dir: Path, params: Params, models: list[str], ign
 
 
 def _dir_size_or_none(path: Path) -> int | None:
+    """The checkpoint's size on disk, or None where its weights are not there (a copy of what the report reads,
+    as benchmarks/report_bundle.py keeps: the variants' quant.json then give the base's size they measured)."""
     from pipeline.outputs import dir_size
 
-    return dir_size(path) if path.exists() else None
+    has_weights = path.is_dir() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
+    return dir_size(path) if has_weights else None
