@@ -101,7 +101,7 @@ def test_outside_dvc_or_asked_for_a_stage_writes_everything_to_the_terminal(tmp_
         assert not (tmp_path / ".cache" / "logs").exists()
 
 
-BAR = ("import sys\n"
+TERMINAL_BAR = ("import sys\n"
        "from pipeline import console\n"
        "console.setup(0)\n"
        "from tqdm import tqdm\n"
@@ -118,7 +118,7 @@ def test_on_a_terminal_the_bar_runs_and_what_libraries_write_meanwhile_stays_in_
 
     master, slave = pty.openpty()
     environ = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
-    child = subprocess.Popen([sys.executable, "-c", BAR], stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path,
+    child = subprocess.Popen([sys.executable, "-c", TERMINAL_BAR], stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path,
                              env={**environ, "PYTHONPATH": str(REPO), "DVC_STAGE": "quantize@awq-w4a16",
                                   "TERM": "xterm"})
     os.close(slave)

@@ -219,7 +219,8 @@ def test_a_report_re_renders_from_a_stored_copy_of_what_it_reads(tmp_path):
                         environment={"machine": "the GPU machine", "generated": "then", "packages": {}})
     packed = _bundle("pack", str(project), str(tmp_path / "copy.tar.gz"), cwd=project)
     assert packed.returncode == 0, packed.stderr
-    assert "(20 result files)" in packed.stdout  # every result line, summary, quant.json; no weights
+    lines = sorted(results.glob("*/*.jsonl"))  # every result line (kl.jsonl included), summary, quant.json; no weights
+    assert f"({len(lines)} result files)" in packed.stdout and len(lines) >= 20
     rendered = _bundle("render", str(tmp_path / "copy.tar.gz"), str(tmp_path / "again"), cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     again = json.loads((tmp_path / "again" / "verdict.json").read_text())
