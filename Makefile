@@ -1,10 +1,10 @@
-# Two entry points: `make demo` (build, evaluate, report on the demo model) and `make test`.
+# Two entry points: `make demo` (build, evaluate, report on the demo model) and `make test`; `make docs` builds the docs site.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install gpu-install system-deps sandbox-deps clean-demo example-report example-gpu-report
+.PHONY: demo test docs install gpu-install system-deps sandbox-deps clean-demo example-report example-gpu-report
 
 # torch 2.13.0 is the CPU build these machines take from local disk (pyproject.toml pins no torch, so a
 # GPU machine keeps its CUDA build).
@@ -36,9 +36,19 @@ demo: install sandbox-deps
 	$(BIN)/quantize show-verdict; status=$$?; \
 	$(BIN)/python -m pipeline.cli_repro --times $(STAGE_TIMES) $$started; exit $$status
 
-test: install system-deps
+test: install system-deps docs
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q --timeout 900
+
+# The docs site (mkdocs.yml): the `docs` extra, then a strict build into site/ (every warning an error: a broken link
+# or anchor, a missing include). The reference pages are generated from the code at each build (tools/gen_docs.py).
+DOCS_STAMP := $(VENV)/.docs-extra
+$(DOCS_STAMP): pyproject.toml $(BIN)/quantize
+	$(BIN)/pip install -q -e '.[docs]' '$(CPU_TORCH)'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # not --quiet: it hides the warnings --strict counts
 
 # After `make demo`: its report becomes the committed example (reports/example/), with screenshots of the first
 # screen at 1280 x 800 and at 390 x 844 beside it (Debian's chromium, headless, no network).
