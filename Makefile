@@ -25,16 +25,16 @@ EXTRA ?= vllm
 gpu-install:
 	$(PY) -m pip install -e '.[$(EXTRA)]' "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
 
-# One line per stage (pipeline/cli_repro.py runs dvc repro without DVC's own progress lines; each stage's
+# One line per stage (pipeline/cli/repro.py runs dvc repro without DVC's own progress lines; each stage's
 # libraries write to .cache/logs/<stage>.log), the verdict, and the demo's wall and CPU time (QUANTIZE_STAGE_LOG:
-# what each command cost, pipeline/cli_common.py).
+# what each command cost, pipeline/cli/common.py).
 STAGE_TIMES := .cache/demo-commands.jsonl
 demo: install sandbox-deps
 	@started=$$(date +%s.%N); mkdir -p .cache; rm -f $(STAGE_TIMES); \
 	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/quantize fetch-demo && \
-	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/python -m pipeline.cli_repro && \
+	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/python -m pipeline.cli.repro && \
 	$(BIN)/quantize show-verdict; status=$$?; \
-	$(BIN)/python -m pipeline.cli_repro --times $(STAGE_TIMES) $$started; exit $$status
+	$(BIN)/python -m pipeline.cli.repro --times $(STAGE_TIMES) $$started; exit $$status
 
 test: install system-deps docs
 	$(BIN)/ruff check .

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 
 def per_sequence_kl(base, variant, sequences) -> list[float]:
-    from pipeline.kl import compare
+    from pipeline.stages.kl import compare
 
     return [compare(base, variant, [seq])[0].mean().item() for seq in sequences]
 
@@ -49,9 +49,9 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.kl import holdout_texts
+    from pipeline.stages.kl import holdout_texts
     from pipeline.checkpoints.loading import load_for_inference
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     sequences = holdout_texts(tokenizer, args.calib / "holdout.jsonl", args.max_tokens, args.sequences)

@@ -48,7 +48,7 @@ def context_per_mapping():
 
 def run(root: Path, depth: int, name: str) -> dict:
     from gpu_awq_speed import write_blocks
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
     from tiny import save_tiny_glm4v_moe
 
     model = root / f"moe-{depth}"

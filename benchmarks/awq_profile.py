@@ -65,7 +65,7 @@ def build(root: Path, layers: int, divisor: int) -> tuple[Path, dict]:
 
 def profile_run(name: str, model_dir: Path, calib: Path, out: Path, args) -> dict:
     import awq_phases
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     shutil.rmtree(out, ignore_errors=True)
     variant = {"before": awq_phases.old_path, "ranked": awq_phases.ranked_forward}.get(name, contextlib.nullcontext)

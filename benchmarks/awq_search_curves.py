@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("/tmp/awq-search-curves"))
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     records: list[dict] = []
     restore = record_searches(records)

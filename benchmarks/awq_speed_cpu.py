@@ -47,7 +47,7 @@ def llmc_direct(model_dir: Path, blocks, batch: int, n_grid: int, group: int, ou
     from pipeline.methods import awq
     from pipeline.quantize.calibrate import calibration_dataset
     from pipeline.quantize.compat import patch_cpu_pin_memory
-    from pipeline.quantize.stage import _copy_side_files, _set_dtype, read_target
+    from pipeline.stages.quantize import _copy_side_files, _set_dtype, read_target
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     settings = awq.Params(method="awq", group_size=group, n_grid=n_grid, search="forward")
@@ -84,9 +84,9 @@ def main() -> None:
     import awq_phases
     from awq_batching import bootstrap, per_sequence_kl
     from pipeline.formats.calib_blocks import read_blocks
-    from pipeline.kl import holdout_texts
+    from pipeline.stages.kl import holdout_texts
     from pipeline.checkpoints.loading import load_for_inference
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     args.root.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -104,7 +104,7 @@ def measure(source: Path, model: Path, code: Path, scratch: Path) -> dict:
 
     (scratch / "params.yaml").write_text(yaml.safe_dump(PARAMS))
     out = scratch / "build"
-    launcher = f"import sys; sys.path.insert(0, {str(code)!r}); from pipeline.cli import main; main()"
+    launcher = f"import sys; sys.path.insert(0, {str(code)!r}); from pipeline.cli.app import main; main()"
     command = [sys.executable, "-c", launcher, "--quiet", "calib", str(source), "--out", str(out), "--model", str(model),
                "--params", str(scratch / "params.yaml")]
     began = time.perf_counter()

@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--holdout", type=int, default=32)
     args = parser.parse_args()
 
-    from pipeline import calib
+    from pipeline.stages import calib
 
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer_dir, tokenizer_name = model_dir(args.model, Path(scratch))

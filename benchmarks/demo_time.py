@@ -2,7 +2,7 @@
 
     python benchmarks/demo_time.py [--keep DIR]       # clones this checkout's HEAD, runs `make demo` there
 
-Every stage appends what it cost to QUANTIZE_STAGE_LOG (pipeline/cli_common.py: its process's wall time from the
+Every stage appends what it cost to QUANTIZE_STAGE_LOG (pipeline/cli/common.py: its process's wall time from the
 `quantize` launcher's start, its work, its engine start (model loads), whether it forked from the run's warm
 interpreter); the time between one stage's end and the next one's start is DVC's (hashing outputs, checking
 deps, writing dvc.lock). Prints a table and writes benchmarks/results/demo_time.json:
@@ -45,7 +45,7 @@ def stages(stage_log: Path) -> list[dict]:
     rows, previous_end = [], None
     for line in stage_log.read_text().splitlines():
         r = json.loads(line)
-        if r.get("event") == "begin":  # a stage's start (pipeline/cli_common.py); its end line follows
+        if r.get("event") == "begin":  # a stage's start (pipeline/cli/common.py); its end line follows
             continue
         began = r["ended_at"] - (r["wall_s"] or 0.0)
         gap = began - previous_end if previous_end is not None else 0.0

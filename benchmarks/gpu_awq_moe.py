@@ -78,7 +78,7 @@ def build(root: Path, layers: int, tiny: bool) -> Path:
 
 def run(name: str, model: Path, depth: int, calib: Path, out: Path, args, profiled: bool = False) -> dict:
     import awq_phases
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     shutil.rmtree(out, ignore_errors=True)
     with configured(name, args.tiny), (awq_phases.profiled() if profiled else contextlib.nullcontext()) as clock:

@@ -30,7 +30,7 @@ def direct(model_dir: Path, blocks: list[list[int]], group: int) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.methods import awq
-    from pipeline.quantize.stage import read_target
+    from pipeline.stages.quantize import read_target
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda")
     modifiers = awq.recipe(awq.Params(method="awq", group_size=group), read_target(model_dir)).modifiers
@@ -48,7 +48,7 @@ def direct(model_dir: Path, blocks: list[list[int]], group: int) -> float:
 
 
 def ours(model_dir: Path, calib: Path, out: Path, group: int) -> float:
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     return quantize_run(model_dir, out, calib, "awq", group_size=group, batch_size=1).info["seconds"]["calibrate"]
 

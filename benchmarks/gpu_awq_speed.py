@@ -186,7 +186,7 @@ def llmc_direct(model_dir: Path, blocks: list[list[int]], batch: int, n_grid: in
     from pipeline.methods import awq
     from pipeline.quantize.calibrate import calibration_dataset
     from pipeline.quantize.compat import patch_cpu_pin_memory
-    from pipeline.quantize.stage import read_target
+    from pipeline.stages.quantize import read_target
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=work_dtype()).to(device())
     settings = awq.Params(method="awq", group_size=group, n_grid=n_grid, search="forward")
@@ -204,7 +204,7 @@ def llmc_direct(model_dir: Path, blocks: list[list[int]], batch: int, n_grid: in
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     if save_to is not None:
-        from pipeline.quantize.stage import _copy_side_files
+        from pipeline.stages.quantize import _copy_side_files
 
         model.save_pretrained(save_to, save_compressed=True)
         _copy_side_files(model_dir, save_to)  # the tokenizer, for verify's generate
@@ -221,7 +221,7 @@ def ours(model_dir: Path, calib: Path, out: Path, batch: int, n_grid: int, group
     import contextlib
 
     import awq_phases
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     variant = {"gram-before": awq_phases.old_path, "gram-ranked": awq_phases.ranked_forward}.get(search,
                                                                                                  contextlib.nullcontext)
@@ -245,7 +245,7 @@ def layer_error(variant: Path, reference, dtype) -> tuple[float, float]:
 def kl_from_base(model_dir: Path, variant: Path, probe_blocks: list[list[int]]) -> dict:
     """Per-token KL(base || variant) and top-1 agreement over the probe blocks, both models resident."""
     from pipeline.checkpoints.loading import load_for_inference
-    from pipeline.kl import compare
+    from pipeline.stages.kl import compare
 
     where = device() if device() == "cuda" else None
     base = load_for_inference(model_dir, work_dtype(), where).eval()
@@ -269,7 +269,7 @@ def reference_io(model_dir: Path, probe_blocks: list[list[int]]):
 
 
 def plan_only(args, root: Path) -> None:
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     model_dir = write_config_only(root, args.layers, args.arch, args.tiny)
     calib = write_blocks(root, args.blocks, args.seq_len, _vocab(model_dir))

@@ -16,7 +16,7 @@ caches skip the scored items. The run holding the GPU is a small process of this
 that outlives a cut call by --grace seconds, so the vLLM servers of a cut call serve the next call's stages if
 the machine keeps processes between calls (and restart, counted, if it does not); it ends with the run. Every stage
 appends its wall time and engine start to a log
-(QUANTIZE_STAGE_LOG, written by pipeline/cli.py); each call writes $OUT/gpu_dvc_repro.json:
+(QUANTIZE_STAGE_LOG, written by pipeline/cli/app.py); each call writes $OUT/gpu_dvc_repro.json:
 
     stages: [{name, wall_s, engine_start_s, attempts, server_starts}]   (a cut stage's attempts add up)
     wall_s, engine_start_s, engine_start_fraction: the whole matrix (dvc repro's time over all calls)
@@ -127,7 +127,7 @@ class Run:
         shutil.copytree(REPO, self.project, ignore=IGNORE)
         self.bin.mkdir(parents=True, exist_ok=True)
         wrapper = self.bin / "quantize"  # what dvc.yaml's commands call
-        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m pipeline.cli_launcher \"$@\"\n")
+        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m pipeline.cli.launcher \"$@\"\n")
         wrapper.chmod(0o755)
         sh([str(wrapper), "profile", "gpu-h200"], self.project,
            {k: v for k, v in self.env().items() if k != "QUANTIZE_STAGE_LOG"})  # not a stage of the run
@@ -339,7 +339,7 @@ class Run:
         """Per stage, every attempt: its process's wall time, engine start (waits), work, and the time DVC took
         between the previous stage's end and this one's start (hashing, locking, checks). A cut attempt that could
         not record its end (killed) counts from its start to the end of the call that cut it (`cut_attempts`).
-        Work started ahead of the stage (pipeline/ahead.py) is counted apart: `ahead_*`, each job's wall and work."""
+        Work started ahead of the stage (pipeline/scoring/ahead.py) is counted apart: `ahead_*`, each job's wall and work."""
         stages: dict[str, dict] = {}
         previous_end, open_begins = None, {}
         for r in records:

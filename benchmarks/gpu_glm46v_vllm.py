@@ -74,7 +74,7 @@ def models() -> dict[str, Path]:
 def build() -> dict:
     import torch
 
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
     from tiny import save_tiny_glm4v_moe
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
@@ -109,7 +109,8 @@ def serve(names: list[str]) -> dict:
     """Per variant one vLLM server (through VLLMEngine, as the stages start it), shared by `quantize bench` and
     `quantize eval --suite vqa` in this process: make_engine hands both the running engine."""
     import pipeline.engines as engines
-    from pipeline import bench, evaluate
+    from pipeline.stages import bench
+    from pipeline.stages import evaluate
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     table: dict = {"date": time.strftime("%Y-%m-%d"), "machine": "one H200" if not TINY else "CPU (tiny)",
@@ -145,7 +146,7 @@ def serve(names: list[str]) -> dict:
             step(results, "serve", f"{name}: quantize bench", lambda p=path, n=name: bench.run(
                 p, ROOT / f"bench-{n}.json", engine="vllm", concurrency=[1, 2] if TINY else [1, 16, 64],
                 input_len=16 if TINY else 128, output_len=8 if TINY else 128, requests_per_level=2,
-                request_rates=[], **SERVING, **SERVER).summary)
+                request_rates=[], **SERVING, **SERVER).figures)
             bench_json = ROOT / f"bench-{name}.json"
             if bench_json.exists():
                 levels = json.loads(bench_json.read_text())["workloads"]["fixed"]["levels"]
@@ -156,7 +157,7 @@ def serve(names: list[str]) -> dict:
                 keep(bench_json)
             summary = step(results, "serve", f"{name}: quantize eval --suite vqa", lambda p=path, n=name: evaluate.run(
                 p, suite="vqa", task="quant_vqa", variant=n, out_dir=ROOT / f"vqa-{n}", engine="vllm",
-                limit=8 if TINY else 100, max_new_tokens=8 if TINY else 16, **SERVING, **SERVER).summary)
+                limit=8 if TINY else 100, max_new_tokens=8 if TINY else 16, **SERVING, **SERVER).figures)
             vqa = results.get(f"{name}: quantize eval --suite vqa") or {}
             if "items_per_second" in vqa:
                 row["vqa"] = {k: vqa.get(k) for k in ("n", "score", "items_per_second", "generate_seconds")}
@@ -208,7 +209,7 @@ def train_vqa(path: Path, steps: int, device: str) -> dict:
 
     import torch
 
-    from pipeline import evaluate
+    from pipeline.stages import evaluate
     from pipeline.checkpoints.loading import load_model
     from pipeline.engines.vision import ImagePrompter
     from tiny import save_tiny_glm4v
@@ -257,7 +258,7 @@ def train() -> dict:
     models, carried to the GPU machine, let `agreement` start at the comparison)."""
     import torch
 
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     root = ROOT / "trained"
@@ -307,7 +308,7 @@ def agreement(names: list[str]) -> dict:
 
 
 def _vqa_outputs(model: Path, name: str, run: str, vllm: dict) -> tuple[dict, float]:
-    from pipeline import evaluate
+    from pipeline.stages import evaluate
 
     options = {"batch_size": 64, "dtype": "bfloat16"}
     if run != "hf":

@@ -52,7 +52,7 @@ def outputs(path: Path) -> dict[str, str]:
 
 
 def eval_both(model: Path, root: Path, suite: str, task: str, limit: int, max_new_tokens: int) -> dict:
-    from pipeline import evaluate
+    from pipeline.stages import evaluate
 
     runs = {}
     for engine in ("hf", "lmdeploy"):
@@ -91,8 +91,9 @@ def export_exactness(variant: Path, exported: Path) -> dict:
 
 
 def agreement() -> dict:
-    from pipeline import calib, evaluate
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages import calib
+    from pipeline.stages import evaluate
+    from pipeline.stages.quantize import run as quantize_run
     from test_verdict_real import TASK_UTILS, TASK_YAML, train_copy_model
     from tiny import save_tiny_glm, save_tiny_llama
 
@@ -132,8 +133,9 @@ def serving() -> dict:
     import torch
 
     from benchmarks.gpu_quantize import build_model, write_blocks
-    from pipeline import bench, calib
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages import bench
+    from pipeline.stages import calib
+    from pipeline.stages.quantize import run as quantize_run
 
     root = Path("/tmp/serving")
     root.mkdir(parents=True, exist_ok=True)
@@ -154,7 +156,7 @@ def serving() -> dict:
             step(results, f"bench {name} (lmdeploy)", lambda m=model: bench.run(
                 m, OUT / f"bench-{m.name}.json", engine="lmdeploy", concurrency=[1, 4, 16, 64], input_len=128,
                 output_len=256, requests_per_level=1, holdout=holdout / "holdout.jsonl",
-                batch_size=64).summary)
+                batch_size=64).figures)
     for name, model in models.items():
         for engine in ("hf", "lmdeploy"):
             step(results, f"math suite items/s, {name}, {engine}", lambda m=model, e=engine: math_items(m, root, e))
@@ -162,7 +164,7 @@ def serving() -> dict:
 
 
 def math_items(model: Path, root: Path, engine: str, tag: str = "") -> dict:
-    from pipeline import evaluate
+    from pipeline.stages import evaluate
 
     return evaluate.run(model, suite="math", task="quant_gsm8k", variant=model.name,
                         out_dir=root / f"math-{model.name}-{engine}{tag}", engine=engine, limit=128, max_new_tokens=128,
@@ -203,9 +205,10 @@ def hf_decodings() -> dict:
 
 def judge_through_lmdeploy() -> dict:
     """`quantize judge` with lmdeploy writing the answers and judging (the small trained Llama and its AWQ)."""
-    from pipeline import calib, judge
-    from pipeline.params import JudgeParams
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages import calib
+    from pipeline.stages import judge
+    from pipeline.settings.params import JudgeParams
+    from pipeline.stages.quantize import run as quantize_run
     from test_verdict_real import train_copy_model
 
     root = Path("/tmp/judge")
@@ -217,7 +220,7 @@ def judge_through_lmdeploy() -> dict:
     settings = JudgeParams(backend="lmdeploy", limit=8, max_new_tokens=32, judge_max_new_tokens=16)
     step(results, "judge, lmdeploy answers and judge", lambda: judge.run(
         variant, base, root / "calib" / "holdout.jsonl", root / "out", settings, name="lmdeploy",
-        batch_size=32).summary)
+        batch_size=32).figures)
     return results
 
 

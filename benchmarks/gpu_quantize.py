@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)

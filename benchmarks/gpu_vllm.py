@@ -85,8 +85,8 @@ def glm9b_models() -> dict[str, Path]:
 
 def build() -> dict:
     from benchmarks.gpu_quantize import build_model
-    from pipeline import calib
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages import calib
+    from pipeline.stages.quantize import run as quantize_run
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     models = glm9b_models()
@@ -112,7 +112,7 @@ def build() -> dict:
 # ---------------------------------------------------------------- bench
 
 def bench_all(names: list[str], rates: list[float]) -> dict:
-    from pipeline import bench
+    from pipeline.stages import bench
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     models = glm9b_models()
@@ -123,7 +123,7 @@ def bench_all(names: list[str], rates: list[float]) -> dict:
             models[n], ROOT / f"bench-{n}.json", engine="vllm", concurrency=[1, 16, 64] if not TINY else [1, 2],
             input_len=16 if TINY else 128, output_len=8 if TINY else 256, requests_per_level=2,
             holdout=holdout if holdout.exists() and not TINY else None, request_rates=rates, rate_seconds=1 if TINY else 8,
-            slo=slo, **SERVING, **SERVER).summary)  # the server's log: bench-<name>.vllm.log beside the JSON
+            slo=slo, **SERVING, **SERVER).figures)  # the server's log: bench-<name>.vllm.log beside the JSON
         free_gpu()
         keep(ROOT / f"bench-{name}.json", ROOT / f"bench-{name}.vllm.log")
     return results
@@ -239,7 +239,7 @@ def kv_scales() -> dict:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
     from tiny import save_tiny_glm
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
@@ -302,7 +302,7 @@ def overhead() -> dict:
     """TPOT at concurrency 1: `quantize bench` over HTTP (bench-base.json) against vLLM's offline engine."""
     from transformers import AutoTokenizer
 
-    from pipeline.bench import fixed_workload
+    from pipeline.stages.bench import fixed_workload
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     base = glm9b_models()["base"]
@@ -324,8 +324,8 @@ def overhead() -> dict:
 # ---------------------------------------------------------------- agreement on a real (trained) model
 
 def agreement() -> dict:
-    from pipeline import evaluate
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages import evaluate
+    from pipeline.stages.quantize import run as quantize_run
     from test_verdict_real import train_copy_model
     from tiny import save_tiny_glm
 
@@ -376,7 +376,7 @@ def agreement() -> dict:
 # ---------------------------------------------------------------- eval items/s
 
 def eval_speed(names: list[str]) -> dict:
-    from pipeline import evaluate
+    from pipeline.stages import evaluate
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     models = glm9b_models()
@@ -388,20 +388,20 @@ def eval_speed(names: list[str]) -> dict:
             step(results, "eval-speed", f"math items/s, {name}, {engine}", lambda m=models[name], e=engine, o=options:
                  evaluate.run(m, suite="math", task="quant_gsm8k", variant=m.name, out_dir=ROOT / f"eval-{m.name}-{e}",
                               engine=e, limit=8 if TINY else 128, max_new_tokens=8 if TINY else 128,
-                              log_path=ROOT / f"eval-{name}.vllm.log", **o).summary)
+                              log_path=ROOT / f"eval-{name}.vllm.log", **o).figures)
             free_gpu()
     return results
 
 
 def kl() -> dict:
-    from pipeline import kl as kl_stage
+    from pipeline.stages import kl as kl_stage
 
     results: dict = {"date": time.strftime("%Y-%m-%d")}
     models = glm9b_models()
     for name in ("fp8-w8a8", "awq-w4a16"):
         step(results, "kl", f"kl {name}", lambda n=name: kl_stage.run(
             models["base"], models[n], ROOT / "calib-text" / "holdout.jsonl", OUT / f"kl-{n}.json",
-            max_tokens=512, sequences=32).summary)
+            max_tokens=512, sequences=32).figures)
         free_gpu()
     return results
 

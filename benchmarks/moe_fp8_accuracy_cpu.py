@@ -74,8 +74,10 @@ def token_perplexity(results_file: Path) -> float:
 
 def main() -> None:
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 300
-    from pipeline import calib, evaluate, kl
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages import calib
+    from pipeline.stages import evaluate
+    from pipeline.stages import kl
+    from pipeline.stages.quantize import run as quantize_run
 
     ROOT.mkdir(parents=True, exist_ok=True)
     base = ROOT / "base"
@@ -93,7 +95,7 @@ def main() -> None:
 
     from pipeline.methods import fp8
     from pipeline.methods.recipe import Recipe
-    from pipeline.quantize import stage
+    from pipeline.stages import quantize as stage
 
     dense = fp8.recipe(fp8.Params(method="fp8", activations="static"), replace(stage.read_target(base), moe=False))
     static = Recipe(dense.modifiers, "FP8 W8A8 (static activations everywhere)", {"activations": "static everywhere"})

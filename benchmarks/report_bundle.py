@@ -40,7 +40,7 @@ def pack(project: Path, bundle: Path) -> list[str]:
     import io
 
     sys.path.insert(0, str(REPO))
-    from pipeline.params import load
+    from pipeline.settings.params import load
 
     params = load(project / "params.yaml")
     stats = Path(params.calib.out) / "stats.json"
@@ -80,8 +80,8 @@ def render_bundle(bundle: Path, out_dir: Path, leave_out: tuple[str, ...] = ()) 
     import contextlib
 
     sys.path.insert(0, str(REPO))
-    from pipeline import report
-    from pipeline.params import load
+    from pipeline.stages import report
+    from pipeline.settings.params import load
 
     out_dir, bundle = out_dir.resolve(), bundle.resolve()  # before the chdir below
     with tempfile.TemporaryDirectory(prefix="report-bundle-") as tmp, contextlib.chdir(tmp):
@@ -114,7 +114,7 @@ def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_co
     """index.html again from a stored verdict.json (its headline and decisions recomputed by this code)."""
     sys.path.insert(0, str(REPO))
     from pipeline.outputs import human_size, write_pair
-    from pipeline.params import load
+    from pipeline.settings.params import load
     from pipeline.checkpoints.config_json import base_facts
     from pipeline.verdict.headline import with_headline
     from pipeline.report.render import render_html

@@ -112,7 +112,7 @@ def main() -> None:
         budget = largest(files) + GB
         steps = [
             ("resave ChatGLM -> Glm (bf16 -> fp16)",
-             f"from pipeline.checkpoints import resave; print(resave.run({str(root / 'chatglm')!r}, "
+             f"from pipeline.stages import resave; print(resave.run({str(root / 'chatglm')!r}, "
              f"{str(root / 'glm')!r}, 'float16').summary())", root / "glm"),
             ("export Glm -> ChatGLM (lmdeploy)",
              f"from pipeline.checkpoints import export; print(export.run({str(root / 'glm')!r}, "

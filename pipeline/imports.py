@@ -57,7 +57,7 @@ def direct_imports(name: str) -> set[str]:
 
 # params.py and the method registry validate settings: their values are in a suite's digest already, and what
 # their code imports (a method's search, its mappings) computes no suite's results
-SETTINGS = ("pipeline.params", "pipeline.methods")
+SETTINGS = ("pipeline.settings.params", "pipeline.methods")
 
 
 @lru_cache(maxsize=None)

@@ -1,8 +1,8 @@
 """Which run a process belongs to, read from /proc: a run is the `dvc repro` (or `dvc exp run`) process a stage
 runs under, or the process QUANTIZE_RUN_PID names. The run's shared servers (pipeline/engines/shared.py) and
-its fork server (pipeline/cli_forkserver.py) live as long as it does.
+its fork server (pipeline/cli/forkserver.py) live as long as it does.
 
-Standard library only: the `quantize` launcher (pipeline/cli_launcher.py) asks before importing anything else.
+Standard library only: the `quantize` launcher (pipeline/cli/launcher.py) asks before importing anything else.
 """
 
 from __future__ import annotations

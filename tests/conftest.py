@@ -51,7 +51,7 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_calib(tmp_path_factory, tiny_llama) -> Path:
-    from pipeline import calib
+    from pipeline.stages import calib
 
     out = tmp_path_factory.mktemp("calib") / "build"
     calib.run(REPO / "calib_data" / "support_logs.jsonl", out, tiny_llama, seq_len=64, num_blocks=8, holdout=4)
@@ -61,7 +61,7 @@ def tiny_calib(tmp_path_factory, tiny_llama) -> Path:
 @pytest.fixture(scope="session")
 def tiny_variants(tmp_path_factory, tiny_llama, tiny_calib) -> dict[str, Path]:
     """AWQ and FP8 variants of the tiny Llama, built once for every test that needs them."""
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     root = tmp_path_factory.mktemp("variants")
     quantize_run(tiny_llama, root / "awq-w4a16", tiny_calib / "calib.jsonl", "awq", group_size=32, batch_size=8, n_grid=4)
@@ -111,7 +111,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def bwrap_missing(monkeypatch, tmp_path):
     """bubblewrap not on PATH, as on a fresh machine (the probe is cached: cleared before and after)."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    from pipeline import sandbox
+    from pipeline.scoring import sandbox
 
     sandbox.bwrap_problem.cache_clear()
     yield

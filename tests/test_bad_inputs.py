@@ -46,7 +46,7 @@ def _command():
     """The CLI as a click command, built once (typer rebuilds it on every CliRunner.invoke)."""
     import typer
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     return typer.main.get_command(app)
 
@@ -323,7 +323,7 @@ def test_every_command_refuses_every_params_mistake(tmp_path, monkeypatch):
 
 
 def test_repo_params_and_aliases_within_bounds_still_load(tmp_path):
-    from pipeline import params
+    from pipeline.settings import params
 
     assert params.load(REPO / "params.yaml").verdict.bootstrap == 2000
     shared = BASE_PARAMS.replace("  math:\n    task: quant_gsm8k\n    limit: 3\n    max_new_tokens: 8\n",

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import TINY_PARAMS, with_variants, write_params
-from pipeline import report
-from pipeline.cli import app
-from pipeline.params import Params
+from pipeline.stages import report
+from pipeline.cli.app import app
+from pipeline.settings.params import Params
 from test_report import write_results
 from tiny import tiny_tokenizer
 

@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 from conftest import REPO, read_jsonl, write_params
-from pipeline import calib
+from pipeline.stages import calib
 from pipeline.errors import UserError
 
 TURNS = {"turns": [{"role": "User", "content": "Where is my parcel?"}, {"role": "Agent", "content": "Let me check."}]}
@@ -56,7 +56,7 @@ def redactions_in(rows) -> dict:
 def cli(args):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from pipeline.checkpoints import chatglm, export, resave, streaming
+from pipeline.checkpoints import chatglm, export, streaming
+from pipeline.stages import resave
 from pipeline.errors import UserError
 from tiny import tiny_tokenizer
 

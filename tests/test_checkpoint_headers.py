@@ -170,7 +170,7 @@ def test_every_checkpoint_command_refuses_the_corpus_clean(project, kind, monkey
     from typer.testing import CliRunner
 
     import pipeline.engines
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     root, good, bad = project
     monkeypatch.chdir(root)

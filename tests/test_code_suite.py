@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from conftest import REPO, TINY_PARAMS, read_jsonl, with_variants, write_params
-from pipeline import evaluate
+from pipeline.stages import evaluate
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -268,7 +268,7 @@ def test_tiny_model_run_writes_two_failing_lines(tmp_path, tiny_llama):
     assert all(l["score"] == 0.0 and not l["correct"] for l in lines)  # random weights write no passing code
     assert "has_close_elements" in lines[0]["prompt"] and lines[0]["prompt"].startswith("<|im_start|>user\n")
     summary = json.loads((tmp_path / "code.json").read_text())
-    assert summary["metric"] == "pass@1" and summary["n"] == 2 and summary == result.summary
+    assert summary["metric"] == "pass@1" and summary["n"] == 2 and summary == result.figures
     assert summary["metrics"]["isolated,none"] == 1.0 and summary["sandbox"] == "bwrap"
     assert all(line["isolated"] is True for line in lines)
 
@@ -276,7 +276,7 @@ def test_tiny_model_run_writes_two_failing_lines(tmp_path, tiny_llama):
 def test_without_bubblewrap_eval_refuses_before_generating(tmp_path, tiny_llama, bwrap_missing, monkeypatch):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     write_params(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -292,7 +292,7 @@ def test_without_bubblewrap_eval_refuses_before_generating(tmp_path, tiny_llama,
 def test_allowed_unsandboxed_results_are_marked_in_lines_and_report(tmp_path, tiny_llama, bwrap_missing, monkeypatch):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     params = copy.deepcopy(with_variants(TINY_PARAMS, "copy"))
     params["suites"]["code"]["allow_unsandboxed"] = True
@@ -329,7 +329,7 @@ def test_make_demo_installs_bubblewrap_before_the_pipeline_runs():
 
 
 def test_allow_unsandboxed_is_a_validated_setting_off_by_default(tmp_path):
-    from pipeline import params
+    from pipeline.settings import params
     from pipeline.errors import UserError
 
     assert params.load(write_params(tmp_path)).suite("code").allow_unsandboxed is False

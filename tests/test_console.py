@@ -34,7 +34,7 @@ def test_verbose_keeps_the_library_bars():
 
 STAGE = ("import logging, os, sys, warnings\n"
          "from pipeline import console\n"
-         "from pipeline.cli_common import stage\n"
+         "from pipeline.cli.common import stage\n"
          "console.setup(0)\n"
          "from tqdm import tqdm\n"
          "for _ in tqdm(range(3), desc='grid search'): pass\n"

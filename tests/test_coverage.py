@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import TINY_PARAMS, write_params
-from pipeline import report
-from pipeline.params import Params
+from pipeline.stages import report
+from pipeline.settings.params import Params
 from pipeline.verdict.coverage import SHIPPED_SUITES
 from pipeline.verdict.recovery import average_recovery
 from report_fixture import demo_like, write_kl

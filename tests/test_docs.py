@@ -54,7 +54,8 @@ def test_generated_references_cover_the_code():
     sys.path.insert(0, str(REPO / "tools"))
     import gen_docs
 
-    from pipeline import methods, params
+    from pipeline import methods
+    from pipeline.settings import params
 
     page = gen_docs.params_page()
     for name, field in params.Params.model_fields.items():

@@ -1,4 +1,4 @@
-"""Each DVC stage's pipeline/ deps are the modules its command imports, derived from the source (tests/dvc_deps.py),
+"""Each DVC stage's pipeline/ deps are the modules its command imports, derived from the source (tools/dvc_deps.py),
 in dvc.yaml and in both profiles' dvc-stages.yaml; so editing a module reruns only the stages that import it."""
 
 import subprocess
@@ -8,7 +8,9 @@ import textwrap
 import pytest
 
 from conftest import REPO
-import dvc_deps
+
+sys.path.insert(0, str(REPO / "tools"))  # the generator lives beside the other tools, not among the tests
+import dvc_deps  # noqa: E402
 
 FILES = dvc_deps.DVC_FILES
 
@@ -36,7 +38,7 @@ def test_each_stage_lists_exactly_the_modules_its_command_imports(name, derived)
         extra, missing = sorted(set(have[stage]) - set(want)), sorted(set(want) - set(have[stage]))
         if extra or missing:
             problems.append(f"{stage}: listed but not imported {extra}; imported but not listed {missing}")
-    assert not problems, f"{name} (run `python -m tests.dvc_deps --write`):\n  " + "\n  ".join(problems)
+    assert not problems, f"{name} (run `python -m tools.dvc_deps --write`):\n  " + "\n  ".join(problems)
     assert dvc_deps.rewrite(text, derived[name]) == text  # the command would change nothing
 
 
@@ -44,12 +46,12 @@ def test_each_stage_lists_exactly_the_modules_its_command_imports(name, derived)
 def test_the_planner_and_the_methods_recipes_are_deps_of_the_quantize_stages_only(name, derived):
     """Editing the planner, the stage or AWQ's search reruns `quantize` only; every stage validates params.yaml
     with the method registry, so the methods' declarations (not their recipes' helpers) are everyone's deps."""
-    quantize_only = ["pipeline/quantize/plan.py", "pipeline/quantize/stage.py", "pipeline/quantize/verify.py",
+    quantize_only = ["pipeline/quantize/plan.py", "pipeline/stages/quantize.py", "pipeline/quantize/verify.py",
                      "pipeline/methods/awq_gram.py", "pipeline/methods/awq_mappings.py"]
     for stage, deps in derived[name].items():
         for path in quantize_only:
             assert covers(deps, path) == (stage == "quantize"), f"{name}: {stage} and {path}"
-        assert covers(deps, "pipeline/methods/__init__.py") and covers(deps, "pipeline/params.py"), stage
+        assert covers(deps, "pipeline/methods/__init__.py") and covers(deps, "pipeline/settings/params.py"), stage
 
 
 def test_the_derivation_follows_what_runs(derived):
@@ -78,15 +80,16 @@ def test_rules_on_a_small_package(tmp_path):
     hands its callers' duck calls (`method.recipe()`) to every registered module; a registry's import targets
     reach only the functions that import them."""
     modules = _package(tmp_path, {
-        "pipeline": "",
-        "pipeline.cli": """
-            from pipeline import cli_common, cli_heavy
+        "pipeline": "", "pipeline.cli": "",
+        "pipeline.cli.app": """
+            from pipeline.cli import heavy as cli_heavy
+            from pipeline.cli import common as cli_common
             cli_common.register(cli_heavy.command)
             def light():
                 from pipeline import light
             """,
-        "pipeline.cli_common": "def register(function):\n    return function\n",
-        "pipeline.cli_heavy": "def command():\n    from pipeline import heavy\n",
+        "pipeline.cli.common": "def register(function):\n    return function\n",
+        "pipeline.cli.heavy": "def command():\n    from pipeline import heavy\n",
         "pipeline.heavy": "", "pipeline.light": "", "pipeline.helper": "", "pipeline.engine": "",
         "pipeline.registry": """
             from pipeline import method_a
@@ -118,9 +121,9 @@ def test_rules_on_a_small_package(tmp_path):
             r.add(*root)
         return r.run()
 
-    assert reach(("pipeline.cli", ""), ("pipeline.cli", "light")) >= {"pipeline.light", "pipeline.cli_heavy"}
-    assert "pipeline.heavy" not in reach(("pipeline.cli", ""), ("pipeline.cli", "light"))
-    assert "pipeline.heavy" in reach(("pipeline.cli_heavy", "command"))
+    assert reach(("pipeline.cli.app", ""), ("pipeline.cli.app", "light")) >= {"pipeline.light", "pipeline.cli.heavy"}
+    assert "pipeline.heavy" not in reach(("pipeline.cli.app", ""), ("pipeline.cli.app", "light"))
+    assert "pipeline.heavy" in reach(("pipeline.cli.heavy", "command"))
     assert "pipeline.helper" in reach(("pipeline.stage", "run"))
     assert "pipeline.helper" not in reach(("pipeline.user", "names"))
     assert "pipeline.engine" in reach(("pipeline.maker", "go"))
@@ -138,5 +141,5 @@ def test_rewrite_replaces_only_the_pipeline_entries_of_each_stage():
 
 
 def test_the_command_says_what_is_stale_and_writes_nothing_without_write():
-    done = subprocess.run([sys.executable, "-m", "tests.dvc_deps"], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "tools.dvc_deps"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0 and "match" in done.stdout, done.stdout + done.stderr

@@ -13,10 +13,10 @@ import json
 import pytest
 
 from conftest import TINY_PARAMS, with_variants
-from pipeline import report
+from pipeline.stages import report
 from pipeline.engines import vllm_defects
 from pipeline.errors import UserError
-from pipeline.params import Params
+from pipeline.settings.params import Params
 from test_report import write_results
 
 GLM41V = {"model_type": "glm4v", "architectures": ["Glm4vForConditionalGeneration"]}

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline import engines
 from pipeline.errors import UserError
-from pipeline.params import EngineParams, Params
+from pipeline.settings.params import EngineParams, Params
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
 NAMES = {"hf", "vllm", "lmdeploy", "openai"}
@@ -96,7 +96,7 @@ def test_the_registry_names_every_engine_and_what_it_can_do():
 
 
 def test_bench_records_the_same_package_versions():
-    from pipeline.bench import versions
+    from pipeline.stages.bench import versions
 
     assert list(versions()) == ["torch", "transformers", "lmdeploy", "vllm"]
 

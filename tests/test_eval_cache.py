@@ -10,10 +10,10 @@ import time
 import pytest
 
 from conftest import REPO, read_jsonl
-from pipeline import evaluate
+from pipeline.stages import evaluate
 from pipeline.engines import GenRequest
 from pipeline.errors import UserError
-from pipeline.eval_cache import GenerationCache, model_fingerprint
+from pipeline.scoring.eval_cache import GenerationCache, model_fingerprint
 
 
 def _math_prompts(n: int) -> list[str]:

@@ -6,7 +6,7 @@ import sys
 import time
 
 from conftest import REPO, read_jsonl
-from pipeline import evaluate
+from pipeline.stages import evaluate
 
 FIELDS = {"id", "suite", "variant", "prompt", "target", "output", "score", "correct", "n_tokens", "seconds"}
 
@@ -21,7 +21,7 @@ def test_math_suite_on_three_items_writes_the_contract(tmp_path, tiny_llama):
     assert lines[0]["prompt"].startswith("<|im_start|>user\n")  # the chat template was applied
     assert all(0 < l["n_tokens"] <= 8 for l in lines)
     summary = json.loads((tmp_path / "math.json").read_text())
-    assert summary["n"] == 3 and summary["metric"] == "acc" and summary == result.summary
+    assert summary["n"] == 3 and summary["metric"] == "acc" and summary == result.figures
 
 
 def test_same_prompts_for_every_variant(tmp_path, tiny_llama, tiny_variants):
@@ -78,7 +78,7 @@ def test_openai_engine_evaluates_against_a_real_server_with_the_same_items(tmp_p
 
     from chat_server import ChatServer
     from conftest import TINY_PARAMS, write_params
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     gold = {}
     for line in (REPO / "evals" / "math" / "gsm8k_test.jsonl").read_text().splitlines()[:3]:
@@ -113,7 +113,7 @@ def test_openai_engine_without_a_url_names_the_setting(tmp_path, tiny_llama, mon
     from typer.testing import CliRunner
 
     from conftest import TINY_PARAMS, write_params
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     settings = json.loads(json.dumps(TINY_PARAMS))
     settings["engine"].update(name="openai", model="m")
@@ -146,7 +146,7 @@ def test_a_request_the_engine_gave_up_on_stops_the_stage_and_is_asked_again(tmp_
 
     from chat_server import ChatServer
     from conftest import TINY_PARAMS, write_params
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     settings = json.loads(json.dumps(TINY_PARAMS))
     with ChatServer(lambda body: "The answer is 7.") as server:
@@ -196,7 +196,7 @@ class _FakeEngine:
 def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, monkeypatch):
     """Engines are asked through the registry (pipeline.engines.ENGINES): one registered alone, with its
     capability flags, is all `quantize eval --engine` and params.yaml's `engine.name` need (params validate
-    engine names against the registry when they load, not when pipeline.params is imported)."""
+    engine names against the registry when they load, not when pipeline.settings.params is imported)."""
     import sys
     import types
 
@@ -204,7 +204,7 @@ def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, mon
 
     from conftest import TINY_PARAMS, write_params
     from pipeline import engines
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     for line in (REPO / "evals" / "math" / "gsm8k_test.jsonl").read_text().splitlines()[:3]:
         row = json.loads(line)
@@ -244,7 +244,7 @@ def test_a_model_is_evaluated_on_every_suite_in_one_process_and_only_a_changed_s
 
     from conftest import TINY_PARAMS, write_params
     from pipeline import engines
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     for name in ("base", "awq-w4a16"):
         shutil.copytree(tiny_llama, tmp_path / "models" / name)
@@ -289,7 +289,7 @@ def test_a_suite_whose_items_are_all_cached_starts_no_server(tmp_path, tiny_llam
     from typer.testing import CliRunner
 
     from conftest import TINY_PARAMS, write_params
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     server = [sys.executable, str(REPO / "tests" / "openai_server.py")]
     engine = {"name": "vllm", "server_command": server, "batch_size": 4, "share_server": False}

@@ -74,7 +74,7 @@ def awq_config(modules_to_not_convert: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def glm_awq(tmp_path_factory, tiny_calib):
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     root = tmp_path_factory.mktemp("glm-awq")
     quantize_run(save_tiny_glm(root / "base"), root / "awq", tiny_calib / "calib.jsonl", "awq", group_size=GROUP,
@@ -140,7 +140,7 @@ def test_glm_awq_export_is_chatglm_with_qkv_stacked_along_the_output_dim(glm_awq
 
 
 def test_symmetric_variant_exports_with_zero_points_8(tiny_llama, tiny_calib, tmp_path):
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     quantize_run(tiny_llama, tmp_path / "awq", tiny_calib / "calib.jsonl", "awq", group_size=GROUP, symmetric=True,
             batch_size=8, n_grid=4)
@@ -156,7 +156,7 @@ def test_symmetric_variant_exports_with_zero_points_8(tiny_llama, tiny_calib, tm
 
 
 def test_fp8_variant_is_refused_with_the_reason_and_vllm(tiny_variants, tmp_path):
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     variant = tiny_variants["fp8-w8a8"]
     result = CliRunner().invoke(app, ["export", str(variant), "--engine", "lmdeploy", "--out", str(tmp_path / "out")])

@@ -1,4 +1,4 @@
-"""A run's stages fork from its warm interpreter (pipeline/cli_launcher.py, pipeline/cli_forkserver.py), with
+"""A run's stages fork from its warm interpreter (pipeline/cli/launcher.py, pipeline/cli/forkserver.py), with
 real processes: the `quantize` console script of this environment, a process standing for the run (`dvc repro`,
 named by QUANTIZE_RUN_PID), real signals."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import write_params
-from pipeline.cli_forkserver import preload
-from pipeline.cli_launcher import LOG_DIR, forkserver_key, socket_dir
+from pipeline.cli.forkserver import preload
+from pipeline.cli.launcher import LOG_DIR, forkserver_key, socket_dir
 from pipeline.runs import alive
 
 QUANTIZE = Path(sys.executable).parent / "quantize"

@@ -105,7 +105,7 @@ def test_moe_fp8_default_is_a_scheme_vllms_fused_moe_takes():
 
 @pytest.fixture(scope="module")
 def moe_variants(tmp_path_factory, tiny_calib):
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     root = tmp_path_factory.mktemp("glm4v-moe")
     base = save_tiny_glm4v_moe(root / "base")
@@ -158,7 +158,7 @@ def test_vision_ignore_list_must_match_vllms_names(moe_variants, tmp_path):
 
 def _eval(model_dir: Path, out: Path, engine: str, tmp_path: Path, suite: str = "vqa", task: str = "quant_vqa",
           **engine_settings) -> list[dict]:
-    from pipeline import evaluate
+    from pipeline.stages import evaluate
 
     options = {"batch_size": 4, "dtype": "float32"}
     if engine == "vllm":

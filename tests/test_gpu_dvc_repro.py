@@ -43,7 +43,7 @@ def test_the_driver_cuts_resumes_and_accounts_every_stage(tmp_path):
     served = [stages[name] for name in TARGETS]
     assert sum(s["server_starts"] for s in served) == 0  # started early, in the background, by the build stages ...
     # ... the base's evaluation scored ahead of its stage, on that server, while the build stages ran
-    # (engine.score_ahead, pipeline/ahead.py); the stage collected it: every suite current, no engine of its own
+    # (engine.score_ahead, pipeline/scoring/ahead.py); the stage collected it: every suite current, no engine of its own
     assert stages["evaluate@base"]["ahead_jobs"] >= 1 and stages["evaluate@base"]["ahead_work_s"] > 0
     assert stages["evaluate@base"]["work_s"] < stages["evaluate@base"]["ahead_work_s"]
     assert stages["bench@base"]["server_attaches"] == 1  # bench attached to the same server

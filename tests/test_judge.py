@@ -7,13 +7,13 @@ import pytest
 
 from chat_server import ChatServer
 from conftest import read_jsonl
-from pipeline import judge
+from pipeline.stages import judge
 from pipeline.verdict import intervals, judge as judge_rule
 from pipeline.judge import client, prompts, scoring
 from pipeline.engines import GenRequest
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.errors import UserError
-from pipeline.params import JudgeParams
+from pipeline.settings.params import JudgeParams
 
 FAKE_KEY = "sk-test-NEVER-LEAK-7f3a9c2e81d4"
 
@@ -315,10 +315,10 @@ def test_openai_judge_end_to_end_never_leaks_the_key(tmp_path, two_models, holdo
         server.script = [("status", 500)] * 2  # the key echoed in an error body, twice: one order unjudged
         result = judge.run(variant, base, holdout, tmp_path / "out", params, batch_size=4,
                            bootstrap=200)
-        print(result.summary_line())
+        print(result.summary())
         assert {r["headers"].get("Authorization") for r in server.requests} == {f"Bearer {FAKE_KEY}"}
         assert not any(FAKE_KEY in r["raw"] for r in server.requests)  # only in the header
-    s = result.summary
+    s = result.figures
     assert s["n"] + s["unjudged"] == 3 and s["unjudged"] == 1 and s["control_n"] == 3
     assert s["weak_judge"] is False and "test-judge" in s["judge"]
     lines = read_jsonl(tmp_path / "out" / "judge.jsonl")
@@ -336,7 +336,7 @@ def test_quantize_judge_behind_a_bad_gateway_finishes_the_stage(tmp_path, two_mo
     from typer.testing import CliRunner
 
     from conftest import TINY_PARAMS, write_params
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     base, variant = two_models
     surrogate = ("edit", lambda body: {**body, "choices": [{**body["choices"][0], "message": {
@@ -366,8 +366,8 @@ def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(t
     from html import unescape
 
     from conftest import TINY_PARAMS, with_variants
-    from pipeline import report
-    from pipeline.params import Params
+    from pipeline.stages import report
+    from pipeline.settings.params import Params
     from report_fixture import write_judge
     from test_report import judge_pairs, write_results
 
@@ -398,7 +398,7 @@ def test_openai_backend_needs_url_and_model_name(two_models):
 
 
 def test_a_key_pasted_as_api_key_env_is_refused_without_echoing_it(tmp_path):
-    from pipeline import params as params_mod
+    from pipeline.settings import params as params_mod
 
     path = tmp_path / "params.yaml"
     path.write_text(f"judge:\n  backend: openai\n  api_key_env: {FAKE_KEY}\n")
@@ -423,7 +423,7 @@ def test_control_run_of_a_deterministic_judge_is_half(tmp_path, two_models, hold
     with ChatServer(prefers_longer) as server:
         params.base_url = server.base_url
         result = judge.run(base, base, holdout, tmp_path, params, bootstrap=200)
-    s = result.summary
+    s = result.figures
     assert s["control_win_rate"] == 0.5 and s["noise_floor"] == 0.0 and s["win_rate"] == 0.5
 
 
@@ -436,11 +436,11 @@ def test_reference_mode_grades_one_to_five(tmp_path, two_models, holdout):
         params.base_url = server.base_url
         result = judge.run(variant, base, holdout, tmp_path, params, bootstrap=200)
         assert "Reference Answer" in server.requests[0]["body"]["messages"][0]["content"]
-    s = result.summary
+    s = result.figures
     assert len(server.requests) == 4  # three prompts, one unparsable retried once
     assert s["mode"] == "reference" and s["n"] == 3 and s["unjudged"] == 0
     assert s["mean_grade"] == pytest.approx(11 / 3) and s["grades"] == {"1": 0, "2": 1, "3": 0, "4": 1, "5": 1}
-    assert s["decision"] == "INCONCLUSIVE" and "reference" in result.summary_line()
+    assert s["decision"] == "INCONCLUSIVE" and "reference" in result.summary()
 
 
 def test_hf_judge_on_the_tiny_model_completes_and_counts_unjudged(tmp_path, two_models, holdout):
@@ -448,7 +448,7 @@ def test_hf_judge_on_the_tiny_model_completes_and_counts_unjudged(tmp_path, two_
     params = JudgeParams(backend="hf", model="base", **SMALL)
     started = time.perf_counter()
     result = judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200)
-    s = result.summary
+    s = result.figures
     assert s["n"] + s["unjudged"] == 3  # a random model's verdicts are garbage: mostly unjudged
     assert s["weak_judge"] is True and "weak judge" in " ".join(s["reasons"])
     assert s["judge_requests"] >= 12  # 3 prompts x 2 orders x (variant + control)
@@ -456,7 +456,7 @@ def test_hf_judge_on_the_tiny_model_completes_and_counts_unjudged(tmp_path, two_
     assert len(lines) == 3 and all(len(l["judgments"]) == 2 and "control" in l for l in lines)
     # a rerun loads no judge and asks nothing: every judgment, garbage included, is cached
     again = judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200)
-    assert again.summary["judge_requests"] == 0 and read_jsonl(tmp_path / "judge.jsonl") == lines
+    assert again.figures["judge_requests"] == 0 and read_jsonl(tmp_path / "judge.jsonl") == lines
     assert time.perf_counter() - started < 60
 
 

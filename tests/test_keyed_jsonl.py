@@ -9,7 +9,7 @@ import pytest
 from conftest import write_params
 from pipeline.engines import Completion, GenRequest
 from pipeline.errors import UserError
-from pipeline.eval_cache import GenerationCache
+from pipeline.scoring.eval_cache import GenerationCache
 from pipeline.judge.client import JudgmentCache
 
 
@@ -95,7 +95,7 @@ def test_quantize_eval_refuses_a_broken_cache_line_with_exit_2(tmp_path, tiny_ll
     import typer
     from click.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     monkeypatch.chdir(tmp_path)
     write_params(tmp_path)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline import kl
+from pipeline.stages import kl
 
 
 def rtn_copy(src, dest, bits: int):
@@ -24,14 +24,14 @@ def rtn_copy(src, dest, bits: int):
 def test_kl_is_zero_for_a_copy_and_grows_with_damage(tmp_path, tiny_llama, tiny_calib):
     holdout = tiny_calib / "holdout.jsonl"
     copy = kl.run(tiny_llama, shutil.copytree(tiny_llama, tmp_path / "copy"), holdout, tmp_path / "copy.json")
-    assert copy.summary["kl_mean"] < 1e-9 and copy.summary["top1_agreement"] == 1.0
-    assert copy.summary["tokens"] > 100
+    assert copy.figures["kl_mean"] < 1e-9 and copy.figures["top1_agreement"] == 1.0
+    assert copy.figures["tokens"] > 100
     w4 = kl.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w4", 4), holdout, tmp_path / "w4.json")
     w2 = kl.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w2", 2), holdout, tmp_path / "w2.json")
-    assert 0 < w4.summary["kl_mean"] < w2.summary["kl_mean"]
-    assert w2.summary["top1_agreement"] < w4.summary["top1_agreement"] <= 1.0
-    assert w2.summary["kl_p99"] >= w2.summary["kl_mean"]
-    assert json.loads((tmp_path / "w2.json").read_text()) == w2.summary
+    assert 0 < w4.figures["kl_mean"] < w2.figures["kl_mean"]
+    assert w2.figures["top1_agreement"] < w4.figures["top1_agreement"] <= 1.0
+    assert w2.figures["kl_p99"] >= w2.figures["kl_mean"]
+    assert json.loads((tmp_path / "w2.json").read_text()) == w2.figures
 
 
 def test_one_model_at_a_time_gives_the_same_figures(tmp_path, tiny_llama, tiny_calib):
@@ -41,9 +41,9 @@ def test_one_model_at_a_time_gives_the_same_figures(tmp_path, tiny_llama, tiny_c
     variant = rtn_copy(tiny_llama, tmp_path / "w4", 4)
     both = kl.run(tiny_llama, variant, holdout, tmp_path / "both.json", resident="both", batch_size=3)
     one = kl.run(tiny_llama, variant, holdout, tmp_path / "one.json", resident="one", batch_size=3)
-    assert one.summary["models_resident"] == "one" and both.summary["models_resident"] == "both"
+    assert one.figures["models_resident"] == "one" and both.figures["models_resident"] == "both"
     for key in ("tokens", "kl_mean", "kl_p99", "kl_max", "top1_agreement"):
-        assert one.summary[key] == both.summary[key], key
+        assert one.figures[key] == both.figures[key], key
     assert kl.checkpoint_dtype(tiny_llama) == "float16"  # what a GPU run would use
 
 
@@ -58,14 +58,14 @@ def test_kl_writes_every_tokens_value_and_the_summary_is_what_they_give(tmp_path
     holdout = tiny_calib / "holdout.jsonl"
     w4 = kl.run(tiny_llama, rtn_copy(tiny_llama, tmp_path / "w4", 4), holdout, tmp_path / "w4" / "kl.json")
     lines = read_kl_lines(tmp_path / "w4" / "kl.jsonl")
-    assert len(lines) == w4.summary["sequences"] and [line["sequence"] for line in lines] == list(range(len(lines)))
+    assert len(lines) == w4.figures["sequences"] and [line["sequence"] for line in lines] == list(range(len(lines)))
     again = kl_figures(lines)
-    assert again["tokens"] == w4.summary["tokens"] and again["sequences"] == w4.summary["sequences"]
+    assert again["tokens"] == w4.figures["tokens"] and again["sequences"] == w4.figures["sequences"]
     for key in ("kl_mean", "kl_p99", "kl_max", "top1_agreement"):
-        assert again[key] == pytest.approx(w4.summary[key], rel=1e-5, abs=1e-9), key
+        assert again[key] == pytest.approx(w4.figures[key], rel=1e-5, abs=1e-9), key
     values = torch.tensor([v for line in lines for v in line["kl"]], dtype=torch.float32)
     assert float(torch.quantile(values, 0.99)) == pytest.approx(again["kl_p99"], rel=1e-6)
     assert float(values.min()) > -KL_ROUNDING / 100
     copy = kl.run(tiny_llama, shutil.copytree(tiny_llama, tmp_path / "copy"), holdout, tmp_path / "copy.json")
     assert {v for line in read_kl_lines(tmp_path / "copy.jsonl") for v in line["kl"]} == {0.0}
-    assert copy.summary["tokens"] == sum(line["tokens"] for line in read_kl_lines(tmp_path / "copy.jsonl"))
+    assert copy.figures["tokens"] == sum(line["tokens"] for line in read_kl_lines(tmp_path / "copy.jsonl"))

@@ -1,20 +1,20 @@
 """The package's layers hold: no import cycles, no stage importing another stage, no layer importing one above.
 
-Every import counts, also those inside functions (a lazy import is still a dependency). The layers,
-bottom to top (README, "Architecture"):
+Every import counts, also those inside functions (a lazy import is still a dependency). The layers are the
+folders of pipeline/, bottom to top (docs/architecture.md):
 
-    foundation   pipeline, errors, outputs, safe_yaml, console, runs (the run a process belongs to), imports (the
-                 package's own import graph)
-    formats      pipeline.formats.*            (one reader/writer per file format, the chat renderer)
-    checkpoints  pipeline.checkpoints.* (but resave: a stage)    (a checkpoint on disk: config, headers, loading,
-                 where it is served, its fingerprint)
-    engines      pipeline.engines.*, long_context (the vLLM engine asks it the model's context length)
-    settings     params, params_section, params_errors, params_checks, pipeline.methods.* (every params.yaml
-                 section, a method's included: params.py validates `variants` with the method registry)
-    libraries    verdict.* (every decision rule), eval_cache, likelihood, sandbox, bwrap, profiles, quantize.* (but stage)
-    stages       calib, checkpoints.resave, quantize.stage, evaluate, kl, judge, bench, report
-    cli          pipeline.cli, pipeline.cli_* (its commands and what they share; cli_launcher: the `quantize`
-                 command, cli_forkserver: the run's warm interpreter)
+    foundation   pipeline/*.py: errors, outputs, safe_yaml, console, runs (the run a process belongs to), imports
+                 (the package's own import graph); at most 8 modules at the top
+    formats      pipeline/formats/        one reader/writer per file format, the chat renderer
+    checkpoints  pipeline/checkpoints/    a checkpoint on disk: config, headers, loading, where it is served
+    engines      pipeline/engines/        one module per engine with its settings; long_context (the vLLM engine
+                                          asks it the model's context length)
+    settings     pipeline/settings/, pipeline/methods/   every params.yaml section, a method's included (params.py
+                                          validates `variants` with the method registry)
+    libraries    pipeline/verdict/ (every decision rule), scoring/ (lm-eval's model, likelihoods, the sandbox, the
+                 resume cache), quantize/, calib/, judge/, report/ (each stage's parts), profiles/
+    stages       pipeline/stages/         one module per stage of dvc.yaml
+    cli          pipeline/cli/            the `quantize` command: launcher, app, commands, the run's warm interpreter
 
 A module may import modules of its own layer or below; a stage imports no other stage.
 """
@@ -26,13 +26,18 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
 
-FOUNDATION = {"pipeline", "pipeline.errors", "pipeline.outputs", "pipeline.safe_yaml", "pipeline.console", "pipeline.runs",
-              "pipeline.imports"}
-STAGES = {"pipeline.calib": "calib", "pipeline.checkpoints.resave": "resave", "pipeline.quantize.stage": "quantize",
-          "pipeline.evaluate": "eval", "pipeline.kl": "kl", "pipeline.judge": "judge", "pipeline.bench": "bench",
-          "pipeline.report": "report"}
-SETTINGS = {"pipeline.params", "pipeline.params_section", "pipeline.params_errors", "pipeline.params_checks"}
-LAYER_NAMES = ["foundation", "formats", "checkpoints", "engines", "settings", "libraries", "stages", "cli"]
+LAYERS = {  # layer: the folders of pipeline/ it holds ("" : the modules at the top)
+    "foundation": ("",),
+    "formats": ("formats",),
+    "checkpoints": ("checkpoints",),
+    "engines": ("engines",),
+    "settings": ("settings", "methods"),
+    "libraries": ("verdict", "scoring", "quantize", "calib", "judge", "report", "profiles"),
+    "stages": ("stages",),
+    "cli": ("cli",),
+}
+LAYER_NAMES = list(LAYERS)
+FOLDER_LAYER = {folder: LAYER_NAMES.index(layer) for layer, folders in LAYERS.items() for folder in folders}
 
 
 def module_name(path: Path) -> str:
@@ -51,33 +56,31 @@ def graph() -> dict[str, set[str]]:
     return {name: direct_imports(name) for name in modules()}
 
 
+def folder_of(name: str) -> str:
+    """The folder of pipeline/ a module lives in ("" for pipeline itself and the modules at the top)."""
+    parts = name.split(".")
+    if len(parts) == 1 or (len(parts) == 2 and (PACKAGE / f"{parts[1]}.py").is_file()):
+        return ""
+    return parts[1]
+
+
 def stage_of(name: str) -> str | None:
-    for prefix, stage in STAGES.items():
-        if name == prefix or name.startswith(prefix + "."):
-            return stage
-    return None
-
-
-def _in(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "stages" else None
 
 
 def layer_of(name: str) -> int:
-    if name == "pipeline.cli" or name.startswith("pipeline.cli_"):
-        return LAYER_NAMES.index("cli")
-    if stage_of(name):
-        return LAYER_NAMES.index("stages")
-    if name in FOUNDATION:
-        return LAYER_NAMES.index("foundation")
-    if _in(name, "pipeline.formats"):
-        return LAYER_NAMES.index("formats")
-    if _in(name, "pipeline.checkpoints"):
-        return LAYER_NAMES.index("checkpoints")
-    if _in(name, "pipeline.engines") or name == "pipeline.long_context":
-        return LAYER_NAMES.index("engines")
-    if name in SETTINGS or _in(name, "pipeline.methods"):
-        return LAYER_NAMES.index("settings")
-    return LAYER_NAMES.index("libraries")
+    return FOLDER_LAYER[folder_of(name)]
+
+
+def test_every_folder_is_a_layer_and_few_modules_stay_at_the_top():
+    """A new folder is placed in a layer here before it is used; the top of pipeline/ keeps the foundation only."""
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert folders == set(FOLDER_LAYER) - {""}
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, top
+    stages = {p.stem for p in (PACKAGE / "stages").glob("*.py")} - {"__init__"}
+    assert stages == {"calib", "resave", "quantize", "evaluate", "kl", "judge", "bench", "report"}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -115,7 +118,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_is_read():
     edges = graph()
-    assert "pipeline.cli" in edges and "pipeline.params" in edges["pipeline.cli"]
+    assert "pipeline.cli.app" in edges and "pipeline.settings.params" in edges["pipeline.cli.app"]
     assert len(edges) > 40
 
 
@@ -144,13 +147,14 @@ def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
     (what to ship, each variant's label) and coverage (each suite's state), its number formats from figures, and
     computes no statistic itself."""
     edges = graph()
-    from_report = {target for name, targets in edges.items() if stage_of(name) == "report"
+    from_report = {target for name, targets in edges.items()
+                   if stage_of(name) == "report" or name.split(".")[:2] == ["pipeline", "report"]
                    for target in targets if target.startswith("pipeline.verdict")}
     assert from_report == {"pipeline.verdict.decision", "pipeline.verdict.figures", "pipeline.verdict.headline",
                            "pipeline.verdict.coverage"}
     outside = {f"{name} imports {target}" for name, targets in edges.items() if name.startswith("pipeline.verdict")
                for target in targets if not target.startswith("pipeline.verdict")
-               and target not in ("pipeline", "pipeline.params", "pipeline.methods")}  # settings: the method registry
+               and target not in ("pipeline", "pipeline.settings.params", "pipeline.methods")}  # settings: the method registry
     assert outside == set()
     assert not (PACKAGE / "verdict.py").exists() and not list(PACKAGE.glob("verdict_*.py"))
 
@@ -166,9 +170,9 @@ def test_cycle_finder_finds_cycles(bad, expected):
 @pytest.mark.parametrize("importer, imported", [
     ("pipeline.checkpoints.headers", "pipeline.quantize.compat"),  # the four of issue 34, each moved down
     ("pipeline.checkpoints.export", "pipeline.engines.support"),
-    ("pipeline.engines.shared", "pipeline.eval_cache"),
-    ("pipeline.params_checks", "pipeline.quantize.plan"),
-    ("pipeline.methods.awq", "pipeline.quantize.stage"),
+    ("pipeline.engines.shared", "pipeline.scoring.eval_cache"),
+    ("pipeline.settings.checks", "pipeline.quantize.plan"),
+    ("pipeline.methods.awq", "pipeline.stages.quantize"),
 ])
 def test_the_layers_rank_these_imports_as_upward(importer, imported):
     """The layering is fine enough to see each import issue 34 found running up (and a method reaching for the stage)."""

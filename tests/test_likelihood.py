@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import REPO, read_jsonl
-from pipeline import evaluate, likelihood
+from pipeline.stages import evaluate
+from pipeline.scoring import likelihood
 from pipeline.errors import UserError
 
 TINY_MC = REPO / "tests" / "data" / "tiny_mc"
@@ -44,7 +45,7 @@ def test_multiple_choice_task_from_the_users_folder_matches_lm_evals_hflm(tmp_pa
         assert line["output"].strip() == sample["doc"]["choices"][best].strip()
     print(f"largest |difference| from HFLM over {sum(len(l['loglikelihoods']) for l in ours[:3])} choices: {worst:.2e}")
     assert worst < 1e-3
-    assert result.summary["metric"] == "acc" and result.summary["n"] == 4
+    assert result.figures["metric"] == "acc" and result.figures["n"] == 4
 
 
 def test_perplexity_suite_matches_hflm_rolling_loglikelihood_over_several_windows(tmp_path, tiny_llama):
@@ -117,7 +118,7 @@ def test_a_rerun_scores_nothing_again(tmp_path, tiny_llama):
     first = evaluate.run(tiny_llama, suite="mc", task="tiny_mc", variant="base", out_dir=tmp_path, tasks_dir=TINY_MC)
     lines = read_jsonl(tmp_path / "mc.jsonl")
     again = evaluate.run(tiny_llama, suite="mc", task="tiny_mc", variant="base", out_dir=tmp_path, tasks_dir=TINY_MC)
-    assert first.summary["scored_tokens"] > 0 and "scored_tokens" not in again.summary
+    assert first.figures["scored_tokens"] > 0 and "scored_tokens" not in again.figures
     cached = read_jsonl(tmp_path / ".cache" / "mc.jsonl")
     assert len(cached) == 13 and all(entry["key"].startswith("ll:") for entry in cached)  # 13 choices, once each
     assert read_jsonl(tmp_path / "mc.jsonl") == lines

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, read_jsonl
-from pipeline import evaluate, long_context
+from pipeline.stages import evaluate
+from pipeline.engines import long_context
 
 suite = long_context.suite()
 
@@ -124,7 +125,7 @@ def test_shortest_length_runs_through_the_pipeline(tmp_path, tiny_llama_4k):
     assert [l["id"] for l in lines] == [f"niah-1024-d0-0{r}" for r in range(4)]
     assert all(l["prompt"].startswith("<|im_start|>user\nBelow is a long text.") for l in lines)
     assert all(l["score"] in (0.0, 1.0) and 0 < l["n_tokens"] <= 8 for l in lines)
-    assert result.summary["metric"] == "acc"
+    assert result.figures["metric"] == "acc"
     assert long_context.by_length_and_depth(lines)["1024"]["d0"]["n"] == 4
 
 
@@ -162,7 +163,7 @@ def test_through_vllm_the_ladder_goes_as_far_as_the_served_engine_holds(tmp_path
     from typer.testing import CliRunner
 
     from conftest import TINY_PARAMS, write_params
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     settings = json.loads(json.dumps(TINY_PARAMS))
     settings["suites"]["long_context"] = {"task": "quant_long_context", "max_new_tokens": 4, "options": {

@@ -7,8 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import TINY_PARAMS, write_params
-from pipeline import methods, params
-from pipeline.cli import app
+from pipeline import methods
+from pipeline.settings import params
+from pipeline.cli.app import app
 from pipeline.errors import UserError
 from pipeline.methods import int4
 from test_engine_registry import name_uses_outside
@@ -83,7 +84,7 @@ def test_the_group_size_rule_is_stated_once(tmp_path):
 def test_needs_calibration_says_what_the_recipe_does(method, tiny_llama):
     """NEEDS_CALIBRATION (the CLI's help, the stage's words) agrees with llm-compressor's own modifiers."""
     from pipeline.quantize.calibrate import needs_data
-    from pipeline.quantize.stage import read_target
+    from pipeline.stages.quantize import read_target
 
     recipe = method.recipe(method.Params(method=method.NAME), read_target(tiny_llama))
     assert needs_data(recipe.modifiers) == method.NEEDS_CALIBRATION

@@ -60,7 +60,7 @@ CASES = {"the input file": lambda x: x, "its folder": lambda x: x.parent, "a par
 def test_out_over_an_input_is_refused_before_any_work(project, stage, monkeypatch):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     monkeypatch.chdir(project)
     command, target = _stages(project)[stage]
@@ -80,7 +80,7 @@ def test_calib_out_over_its_source_folder_keeps_every_file(project, monkeypatch)
     """The reported case: `quantize calib DIR/conversations.jsonl --out DIR` used to replace DIR."""
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     monkeypatch.chdir(project)
     data = project / "data"
@@ -94,7 +94,7 @@ def test_calib_out_over_its_source_folder_keeps_every_file(project, monkeypatch)
 def test_a_directory_no_stage_wrote_is_never_replaced(project, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
     from pipeline.outputs import atomic_dir
     from pipeline.errors import UserError
 
@@ -133,7 +133,7 @@ def test_calib_never_replaces_a_folder_whose_record_files_anyone_could_write(pro
         shutil.copytree(project / "models" / "m", copy)
         (copy / record).write_text('{"method": "awq"}')
         before = _listing(copy)
-        done = subprocess.run([sys.executable, "-m", "pipeline.cli", *_calib(project, copy)], cwd=project,
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli.app", *_calib(project, copy)], cwd=project,
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert done.returncode == 2, (record, done.stdout, done.stderr)
         assert f"--out {copy}: a folder no calib stage wrote" in done.stderr and "Traceback" not in done.stderr
@@ -146,7 +146,7 @@ def test_calib_never_replaces_a_folder_whose_record_files_anyone_could_write(pro
 def test_a_stage_replaces_only_its_own_output_and_only_what_it_wrote(project, tmp_path):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
     from pipeline.outputs import STAGE_RECORD, read_stage_record
 
     build = tmp_path / "build"
@@ -234,7 +234,7 @@ def test_stale_temp_outputs_are_removed_only_when_provably_a_dead_runs(tmp_path)
 _HANG_IN_VERIFY = """
 import sys, time
 from pipeline.quantize import verify
-from pipeline.quantize.stage import run
+from pipeline.stages.quantize import run
 
 def hang(*args, **kwargs):
     print("verifying", flush=True)
@@ -247,7 +247,7 @@ run(sys.argv[1], sys.argv[2], sys.argv[3], "awq", group_size=32, batch_size=8, n
 
 @pytest.mark.slow
 def test_awq_killed_during_verify_leaves_a_temp_dir_the_next_run_removes(tiny_llama, tiny_calib, tmp_path):
-    from pipeline.quantize.stage import run as quantize_run
+    from pipeline.stages.quantize import run as quantize_run
 
     out = tmp_path / "models" / "awq"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
@@ -279,7 +279,7 @@ def _report(root: Path, pause: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if pause:
         env["QUANTIZE_PAUSE_AT"] = pause
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *map(str, report_args(root))], cwd=root, env=env,
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli.app", *map(str, report_args(root))], cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from conftest import REPO, TINY_PARAMS, write_params
-from pipeline import params
+from pipeline.settings import params
 from pipeline.errors import UserError
 
 
@@ -68,7 +68,7 @@ def test_the_evaluate_stage_must_list_every_model(tmp_path):
 def test_cli_exits_2_with_the_message(tmp_path):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     path = write_params(tmp_path, {**TINY_PARAMS, "engine": {"name": "tgi"}})
     result = CliRunner().invoke(app, ["resave", "--params", str(path)])
@@ -138,7 +138,7 @@ def test_every_margin_lives_in_one_block_and_kl_in_its_own_section(tmp_path):
 
 
 def test_a_stage_takes_overrides_routed_to_the_first_section_with_that_field_and_validated_again():
-    from pipeline.params import EngineParams, JudgeParams, VerdictParams, sections_with_overrides
+    from pipeline.settings.params import EngineParams, JudgeParams, VerdictParams, sections_with_overrides
 
     judge, engine, verdict = sections_with_overrides(JudgeParams(), EngineParams(), VerdictParams(),
                                                      concurrency=2, batch_size=3, bootstrap=200)
@@ -155,7 +155,7 @@ def test_a_stage_takes_overrides_routed_to_the_first_section_with_that_field_and
 def test_a_bad_flag_value_exits_2_naming_the_flag(tmp_path):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     path = write_params(tmp_path)
     model = str(tmp_path / "no-model")  # never reached: the flag is refused first
@@ -210,7 +210,7 @@ def test_the_longest_name_accepted_is_written_atomically_by_a_process_with_the_l
 def test_quantize_refuses_a_name_too_long_before_any_work(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     monkeypatch.chdir(tmp_path)
     name = "w" * 250

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import TINY_PARAMS
-from pipeline import report
+from pipeline.stages import report
 from pipeline.verdict import intervals, perplexity as perplexity_verdict
-from pipeline.params import Params
+from pipeline.settings.params import Params
 
 
 def documents(loglikelihoods, tokens, prefix="doc"):
@@ -157,7 +157,7 @@ def test_report_counts_perplexity_suites_and_compares_awq_with_rtn(tmp_path):
 def test_show_verdict_prints_perplexity_suites(tmp_path):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     path = tmp_path / "verdict.json"
     path.write_text(json.dumps({"variants": {"awq": {"decision": "NO-GO", "suites": {}, "perplexity": {"ppl-book": {

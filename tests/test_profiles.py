@@ -9,9 +9,9 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, copy_repo
-from pipeline import params as params_mod
+from pipeline.settings import params as params_mod
 from pipeline import profiles
-from pipeline.cli import app
+from pipeline.cli.app import app
 
 PROFILES = REPO / "pipeline" / "profiles"
 

@@ -7,7 +7,7 @@ from conftest import read_tensors
 
 from pipeline.errors import UserError
 from pipeline.methods import int4
-from pipeline.quantize.stage import run as quantize_run
+from pipeline.stages.quantize import run as quantize_run
 
 
 tensors = read_tensors
@@ -124,7 +124,7 @@ def test_cli_awq_takes_raw_support_logs(tmp_path, tiny_llama, monkeypatch):
     from typer.testing import CliRunner
 
     from conftest import REPO, TINY_PARAMS, write_params
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     write_params(tmp_path, {**TINY_PARAMS, "model": {**TINY_PARAMS["model"], "base_dir": str(tiny_llama)}})
     monkeypatch.chdir(tmp_path)

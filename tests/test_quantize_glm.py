@@ -15,7 +15,7 @@ from conftest import read_tensors
 
 from pipeline.errors import UserError
 from pipeline.quantize import plan, verify
-from pipeline.quantize.stage import run as quantize_run
+from pipeline.stages.quantize import run as quantize_run
 from tiny import save_tiny_glm, save_tiny_glm4, save_tiny_glm4v, save_tiny_glm4v_moe
 
 LAYERS = 2
@@ -284,7 +284,7 @@ def test_without_gqa_v_proj_is_smoothed_into_o_proj(tmp_path, tiny_calib):
 
 
 def test_layer_error_of_an_unchanged_model_is_zero(tmp_path, tiny_calib):
-    from pipeline.calib import read_blocks
+    from pipeline.stages.calib import read_blocks
     from pipeline.checkpoints.loading import load_model
 
     model = load_model(save_tiny_glm4v(tmp_path / "m"), torch.float32)
@@ -312,7 +312,7 @@ FALLBACK = "calibration (no holdout.jsonl beside the blocks)"
 
 
 def test_layer_check_uses_holdout_conversations_else_the_last_calibration_blocks():
-    from pipeline.quantize.stage import check_blocks
+    from pipeline.stages.quantize import check_blocks
     from tiny import tiny_tokenizer
 
     blocks = [[1] * 8, [2] * 8, [3] * 8]

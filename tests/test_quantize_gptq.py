@@ -9,11 +9,13 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import TINY_PARAMS, read_tensors, write_params
-from pipeline import methods, params, report
-from pipeline.cli import app
+from pipeline import methods
+from pipeline.settings import params
+from pipeline.stages import report
+from pipeline.cli.app import app
 from pipeline.methods import gptq
 from pipeline.quantize import plan
-from pipeline.quantize.stage import run as quantize_run
+from pipeline.stages.quantize import run as quantize_run
 from test_perplexity_verdict import _write, documents, simulated
 from test_quantize_glm import ARCHS, intended_linears, untouched_keys
 

@@ -13,8 +13,9 @@ import torch
 from conftest import read_tensors
 
 from pipeline.errors import UserError
-from pipeline.quantize import plan, stage
-from pipeline.quantize.stage import run as quantize_run
+from pipeline.quantize import plan
+from pipeline.stages import quantize as stage
+from pipeline.stages.quantize import run as quantize_run
 from tiny import save_tiny_glm, save_tiny_glm4v_moe
 
 
@@ -112,7 +113,7 @@ def test_cli_plan_prints_the_plan_and_writes_nothing(tmp_path, tiny_llama, tiny_
     from typer.testing import CliRunner
 
     from conftest import TINY_PARAMS, write_params
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     write_params(tmp_path, {**TINY_PARAMS, "model": {**TINY_PARAMS["model"], "base_dir": str(tiny_llama)}})
     monkeypatch.chdir(tmp_path)
@@ -150,7 +151,7 @@ def test_gram_loss_is_the_output_error_of_the_linear():
 
 def test_engine_tensor_parallel_size_is_validated_and_reaches_lmdeploy_only(tmp_path):
     from conftest import TINY_PARAMS, write_params
-    from pipeline import params
+    from pipeline.settings import params
 
     engine = {**TINY_PARAMS["engine"], "tensor_parallel_size": 2}
     p = params.load(write_params(tmp_path, {**TINY_PARAMS, "engine": engine}))

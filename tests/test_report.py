@@ -5,8 +5,8 @@ import pytest
 
 from conftest import TINY_PARAMS, with_variants, write_params
 from report_fixture import judge_line, write_judge
-from pipeline import report
-from pipeline.params import Params
+from pipeline.stages import report
+from pipeline.settings.params import Params
 from pipeline.verdict.decision import failing
 from pipeline.verdict.speed import capacity_figures
 
@@ -60,7 +60,7 @@ def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
 def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     write_results(tmp_path / "results", "base", [1] * 50 + [0] * 50)
     write_results(tmp_path / "results", "bad", [0] * 100)
@@ -181,7 +181,7 @@ def test_each_inconclusive_says_what_to_run_and_about_how_long(tmp_path):
     the speed the results were produced (the stage's start plus the scoring time per item, base and variant)."""
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
     from report_fixture import demo_like
 
     results, models, params = demo_like(tmp_path)

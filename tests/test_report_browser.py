@@ -3,8 +3,8 @@
 import shutil
 
 from conftest import TINY_PARAMS, with_variants
-from pipeline import report
-from pipeline.params import Params
+from pipeline.stages import report
+from pipeline.settings.params import Params
 from test_report import XSS, write_results
 from report_fixture import demo_like
 

@@ -13,11 +13,11 @@ from html import unescape
 import pytest
 
 from conftest import REPO, TINY_PARAMS, with_variants
-from pipeline import report
+from pipeline.stages import report
 from pipeline.checkpoints.config_json import base_facts
 from pipeline.errors import UserError
 from pipeline.outputs import human_size
-from pipeline.params import Params
+from pipeline.settings.params import Params
 from pipeline.report.render import render_html
 from pipeline.verdict.headline import GO_INCOMPLETE, headline, label, ordered
 from pipeline.verdict.synthetic import synthetic

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.checkpoints import resave
+from pipeline.stages import resave
 from pipeline.errors import UserError
 from tiny import save_tiny_llama, tiny_tokenizer, write_tiny_gguf
 

@@ -16,9 +16,10 @@ import uuid
 import pytest
 
 from conftest import REPO
-from pipeline import bwrap, sandbox
+from pipeline.scoring import bwrap
+from pipeline.scoring import sandbox
 from pipeline.errors import UserError
-from pipeline.sandbox import available_method, run_check, run_python
+from pipeline.scoring.sandbox import available_method, run_check, run_python
 
 pytestmark = pytest.mark.timeout(60)
 NOBODY = 65534

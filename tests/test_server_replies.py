@@ -165,7 +165,7 @@ BAD_CHUNKS = [
 
 @pytest.mark.parametrize("case, edit, named", BAD_CHUNKS, ids=[c[0] for c in BAD_CHUNKS])
 def test_a_bad_streamed_chunk_fails_that_timed_request_alone(server, vllm_client, tiny_llama, case, edit, named):
-    from pipeline.bench import HttpTiming
+    from pipeline.stages.bench import HttpTiming
 
     timer = HttpTiming(vllm_client, vllm_extras=True)
     prompt = vllm_client.encode("Where is my order?")
@@ -178,7 +178,7 @@ def test_a_bad_streamed_chunk_fails_that_timed_request_alone(server, vllm_client
 
 def test_an_openai_engine_streams_for_bench_and_counts_by_usage(server, tiny_llama):
     """`quantize bench --engine openai` times a server it did not start: tokens counted from the reply's usage."""
-    from pipeline.bench import HttpTiming
+    from pipeline.stages.bench import HttpTiming
 
     client = OpenAIEngine(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens", retries=0)
     timer = HttpTiming(client, vllm_extras=False)

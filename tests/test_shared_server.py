@@ -180,7 +180,7 @@ def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room
     """quantize and kl load a model on the GPU in-process: the servers the run keeps (idle between stages) hold
     its memory. While the GPU has room for the stage (free memory as nvidia-smi says, here stood in for) they
     stay; when it lacks room, idle ones go, least recently used first, and a server a stage holds stays."""
-    from pipeline.cli_common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
+    from pipeline.cli.common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
     from pipeline.engines import gpu_memory
 
     env = {shared.RUN_PID_ENV: str(run.pid)}
@@ -252,8 +252,8 @@ def test_warming_follows_the_run_and_leaves_room_for_in_process_stages(tmp_path,
     import yaml
 
     from conftest import TINY_PARAMS, write_params
-    from pipeline import params as params_mod
-    from pipeline.cli_common import BUILD, SERVE, warm_run_servers
+    from pipeline.settings import params as params_mod
+    from pipeline.cli.common import BUILD, SERVE, warm_run_servers
     from pipeline.engines import gpu_memory
 
     for name in ("base", "awq-w4a16", "fp8-w8a8"):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import TINY_PARAMS, write_params
-from pipeline import report
+from pipeline.stages import report
 from pipeline.errors import UserError
-from pipeline.params import Params
+from pipeline.settings.params import Params
 from report_fixture import demo_like, judge_line, write_judge
 from test_bad_inputs import assert_refused, invoke
 from test_report import write_results

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from pipeline import evaluate
+from pipeline.stages import evaluate
 from pipeline.verdict import intervals, paired
 from test_kl import rtn_copy
 from tiny import save_tiny_llama, tiny_tokenizer

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from conftest import TINY_PARAMS, read_jsonl, write_params
 from openai_server import CompletionsServer
-from pipeline.cli import app
+from pipeline.cli.app import app
 from pipeline.engines import GenRequest
 from pipeline.errors import UserError
 

@@ -191,7 +191,7 @@ def test_vqa_runs_through_lm_eval_with_the_image_engine(tiny_glm4v, tiny_llama):
 def test_an_engine_that_takes_no_images_is_refused_before_any_work(tiny_glm4v, tmp_path):
     """The registry says which engines take images (hf, vllm, openai); lmdeploy's here does not: the VQA suite
     on it stops with the engines that do, before the engine is made (lmdeploy need not be installed)."""
-    from pipeline import evaluate
+    from pipeline.stages import evaluate
     from pipeline.engines import capability
     from pipeline.errors import UserError
 

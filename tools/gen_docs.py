@@ -1,11 +1,11 @@
 """The docs site's generated pages, made from the code each time the site is built, so none can go stale.
 
-- reference/params.md: every params.yaml section, walked from `pipeline.params.Params` (nested sections, each
+- reference/params.md: every params.yaml section, walked from `pipeline.settings.params.Params` (nested sections, each
   method's section from `pipeline.methods.sections()`, each engine's from `pipeline.engines.sections()` where that
   registry exists): field, type, default, bounds, and the help the code gives it (a pydantic `description`, else
   the comment beside or above the field in the source).
 - reference/cli.md: every `quantize` command, its arguments and options with their help: typer's own generator
-  (`typer pipeline.cli utils docs`) on the app in `pipeline/cli.py`.
+  (`typer pipeline.cli.app utils docs`) on the app in `pipeline/cli/app.py`.
 - reference/serving.md: where a checkpoint is served, from the runs recorded in `pipeline/checkpoints/serving.py`
   (architecture x scheme x KV strategy x engine version, with the evidence).
 - reference/engines.md: the engine registry (`pipeline.engines.ENGINES`), what each engine's entry declares.
@@ -231,9 +231,10 @@ def _engine_sections() -> list[tuple[str, type]]:
 
 def params_page() -> str:
     _importable()
-    from pipeline import methods, params
+    from pipeline import methods
+    from pipeline.settings import params
 
-    out = [GENERATED_NOTE.format(source="`pipeline.params.Params` and the method and engine registries"),
+    out = [GENERATED_NOTE.format(source="`pipeline.settings.params.Params` and the method and engine registries"),
            "# params.yaml reference\n",
            "Every section of `params.yaml`, every field with its type, default, bounds and help, read from the typed "
            "sections the code validates the file with. A `quantize` flag replaces the field of the same name (see the "
@@ -255,15 +256,15 @@ def params_page() -> str:
 # ---------------------------------------------------------------- CLI reference
 
 def cli_page() -> str:
-    """typer's own reference (`typer pipeline.cli utils docs`): every command, argument and option with its help."""
+    """typer's own reference (`typer pipeline.cli.app utils docs`): every command, argument and option with its help."""
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "typer", "pipeline.cli", "utils", "docs", "--name", "quantize"],
+    done = subprocess.run([sys.executable, "-m", "typer", "pipeline.cli.app", "utils", "docs", "--name", "quantize"],
                           cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not done.stdout.startswith("# "):
-        raise RuntimeError(f"typer could not document pipeline.cli:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"typer could not document pipeline.cli.app:\n{done.stderr[-2000:]}")
     body = done.stdout.split("\n", 1)[1]
-    return (GENERATED_NOTE.format(source="the typer app in `pipeline/cli.py` (`typer pipeline.cli utils docs`)") +
+    return (GENERATED_NOTE.format(source="the typer app in `pipeline/cli/app.py` (`typer pipeline.cli.app utils docs`)") +
             "# CLI reference: `quantize`\n\nEvery option defaults from `params.yaml` (see the [params reference](params.md)); "
             "what each command does, at length: [commands](../commands.md).\n" + body)
 

@@ -1,4 +1,4 @@
-"""HumanEval, zero-shot chat prompt; pass@1 of the greedy completion, executed in pipeline.sandbox."""
+"""HumanEval, zero-shot chat prompt; pass@1 of the greedy completion, executed in pipeline.scoring.sandbox."""
 
 import ast
 import gzip
@@ -118,8 +118,8 @@ def _is_call_assignment(node: ast.stmt) -> bool:
 
 
 def score(doc, output: str, **options):
-    """Run the item's test against the answer's function, each side in its own sandbox (pipeline.sandbox.run_check)."""
-    from pipeline.sandbox import run_check
+    """Run the item's test against the answer's function, each side in its own sandbox (pipeline.scoring.sandbox.run_check)."""
+    from pipeline.scoring.sandbox import run_check
 
     return run_check(build_solution(doc, output), doc["entry_point"], build_checker(doc),
                      timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB, **options)

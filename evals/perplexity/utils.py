@@ -78,7 +78,7 @@ def load_humaneval(**_):
 
 
 def render_conversation(tokenizer, messages: list[dict]) -> str:
-    """As calibration renders a conversation (pipeline/quantize/stage.py `_render`): the chat
+    """As calibration renders a conversation (pipeline/stages/quantize.py `_render`): the chat
     template without a generation prompt, or the turns joined by newlines when there is none."""
     if getattr(tokenizer, "chat_template", None):
         from jinja2 import TemplateError

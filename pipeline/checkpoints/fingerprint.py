@@ -1,5 +1,5 @@
 """A checkpoint's content fingerprint: the hash of its config, tokenizer and weights, so a changed variant
-never reuses another's cached outputs (pipeline/eval_cache.py) or an old server's answers
+never reuses another's cached outputs (pipeline/scoring/eval_cache.py) or an old server's answers
 (pipeline/engines/shared.py)."""
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ class HFEngine:
 
         return preallocated_cache(self.model, capacity)
 
-    # ---------------------------------------------------------------- likelihoods (pipeline/likelihood.py)
+    # ---------------------------------------------------------------- likelihoods (pipeline/scoring/likelihood.py)
 
     @property
     def max_length(self) -> int:

@@ -1,7 +1,7 @@
 """What each engine takes from params.yaml's `engine` section: one function per engine kind, named by its
 EngineSpec (`options`), returning make_engine's keyword arguments.
 
-Each gets the validated section (pipeline.params.EngineParams, not imported here: params imports the
+Each gets the validated section (pipeline.settings.params.EngineParams, not imported here: params imports the
 registry, so the registry imports no params) and reads the settings its engine uses.
 """
 

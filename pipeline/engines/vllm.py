@@ -257,7 +257,7 @@ class VLLMEngine:
 
     @property
     def max_length(self) -> int:
-        from pipeline.long_context import context_length
+        from pipeline.engines.long_context import context_length
 
         return int(self.settings.get("max_model_len") or context_length(self.model_dir) or 4096)
 

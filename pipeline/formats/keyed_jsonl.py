@@ -1,4 +1,4 @@
-"""Append-only keyed JSON Lines: the resume caches of `quantize eval` (pipeline/eval_cache.py) and of the
+"""Append-only keyed JSON Lines: the resume caches of `quantize eval` (pipeline/scoring/eval_cache.py) and of the
 judge's judgments (pipeline/judge/client.py). One JSON object a line, each with a string "key"; the
 last entry read for a key wins.
 

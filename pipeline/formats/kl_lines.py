@@ -1,5 +1,5 @@
 """kl.jsonl: what `quantize kl` measured on each held-out sequence, written beside its kl.json summary
-(pipeline/kl.py) and read by `quantize report`, which recomputes the summary's figures from it.
+(pipeline/stages/kl.py) and read by `quantize report`, which recomputes the summary's figures from it.
 
 One line a sequence: `sequence` (its index), `tokens` (positions scored), `top1_agree` (of those, how many
 have the same top-1 token under both models) and `kl`: KL(base || variant) in nats at each position, 9

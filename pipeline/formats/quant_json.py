@@ -1,5 +1,5 @@
 """quant.json: a variant's record (scheme, sizes, calibration, timings, verification, which engines
-can serve it), written into the variant's folder by the quantize stages (pipeline/quantize/stage.py)
+can serve it), written into the variant's folder by the quantize stages (pipeline/stages/quantize.py)
 and read by `quantize report`. The reader checks what the report uses of it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Result lines: `results/<model>/<suite>.jsonl` (one JSON object per item) and its `<suite>.json`
-summary. Written by `quantize eval` (pipeline/evaluate.py), read by `quantize report`.
+summary. Written by `quantize eval` (pipeline/stages/evaluate.py), read by `quantize report`.
 
 A line holds at least `id`, `score` (in [0, 1]) and `correct` (true exactly when the score is 1); a
 perplexity suite's line is one document with its summed `loglikelihood` (at most 0) and `n_tokens` (at

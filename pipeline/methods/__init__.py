@@ -14,7 +14,7 @@ A method module declares, once:
   Params             its params.yaml section: typed fields with their bounds and help (the CLI flags' help too)
   recipe(settings, target) -> Recipe   llm-compressor's modifiers for one checkpoint (pipeline/methods/recipe.py)
 
-The quantize stage (pipeline/quantize/stage.py) runs any of them the same way: plan, load, calibrate, save, verify.
+The quantize stage (pipeline/stages/quantize.py) runs any of them the same way: plan, load, calibrate, save, verify.
 Adding a method is its module and its entry here (and its variant in params.yaml, its row in the README).
 """
 

@@ -3,7 +3,7 @@ one scale (and, asymmetric, one zero point) per `group_size` consecutive input w
 
 The group-size rule, stated once: a group size is one of GROUP_SIZES and must divide every quantized Linear's
 input width (checked from config.json before any weight loads: by params.yaml's validation against the base
-checkpoint, pipeline/params_checks.py, and by the quantize stage); `auto` takes the first of GROUP_SIZES that
+checkpoint, pipeline/settings/checks.py, and by the quantize stage); `auto` takes the first of GROUP_SIZES that
 does, 128 unless the model needs smaller (the demo's SmolLM2: 576 wide, so 64)."""
 
 from __future__ import annotations

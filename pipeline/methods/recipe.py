@@ -1,4 +1,4 @@
-"""What the quantize stage (pipeline/quantize/stage.py) and a method module say to each other: the stage
+"""What the quantize stage (pipeline/stages/quantize.py) and a method module say to each other: the stage
 describes the checkpoint (`Target`, read from config.json before any weight loads), the method answers with
 its `Recipe` (llm-compressor modifiers, the scheme in words, what quant.json records of its settings)."""
 

@@ -36,7 +36,7 @@ def _fmt(value: float) -> str:
 
 
 def throughput_chart(speed: dict[str, dict]) -> Markup:
-    """speed: {model: speed row (pipeline.report.speed_row)}."""
+    """speed: {model: speed row (pipeline.stages.report.speed_row)}."""
     series = {name: [(l["concurrency"], l["output_tokens_per_s"]) for l in row.get("levels") or []
                      if l.get("output_tokens_per_s")] for name, row in speed.items()}
     series = {name: points for name, points in series.items() if points}

@@ -24,7 +24,7 @@ COUNT_OR_NULL = ("count", None)
 NUMBER_OR_NULL = ("number", None)
 SHARE_OR_NULL = ("share", None)  # a rate, an agreement: in [0, 1]
 DISTRIBUTION = ({"mean?": "non-negative number", "median": "non-negative number", "p90": "non-negative number",
-                 "p99": "non-negative number"}, None)  # milliseconds (pipeline/bench.py: distribution)
+                 "p99": "non-negative number"}, None)  # milliseconds (pipeline/stages/bench.py: distribution)
 LEVEL_AT_RATE = {"output_tokens_per_s?": ("non-negative number", None), "ttft_ms?": DISTRIBUTION,
                  "tpot_ms_stats?": DISTRIBUTION, "requests_per_s?": ("non-negative number", None),
                  "goodput_requests_per_s?": ("non-negative number", None)}
@@ -170,9 +170,9 @@ def _shown(value) -> str:
 
 def long_context_from_lines(results_dir: Path, lines: dict, summaries: dict) -> None:
     """The long-context table (score per length and needle depth) of each model's long_context.json, recomputed
-    from its long_context.jsonl (`lines`: {model: {suite: {id: line}}}; pipeline/long_context.py:
+    from its long_context.jsonl (`lines`: {model: {suite: {id: line}}}; pipeline/engines/long_context.py:
     by_length_and_depth); an id that names no length and depth is a UserError naming the file and the id."""
-    from pipeline.long_context import ID, by_length_and_depth
+    from pipeline.engines.long_context import ID, by_length_and_depth
 
     for model, by_suite in summaries.items():
         table, items = (by_suite.get("long_context") or {}).get("long_context"), lines.get(model, {}).get("long_context")

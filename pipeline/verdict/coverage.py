@@ -17,7 +17,7 @@ and a variant of params.yaml with no results at all: not built (no checkpoint) o
 
 from __future__ import annotations
 
-from pipeline.params import Params
+from pipeline.settings.params import Params
 from pipeline.verdict.judge import UNRELIABLE
 
 DECIDED, NOT_COUNTED, NOT_RUN, NOT_APPLICABLE, NOT_CONFIGURED = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pipeline.params import Params
+from pipeline.settings.params import Params
 from pipeline.verdict.coverage import incomplete_why, suite_coverage, variants_without_results
 from pipeline.verdict.engines import engine_notes, unpaired_why
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO

@@ -1,4 +1,4 @@
-"""Distribution drift: the figures kl.json states (`quantize kl`, pipeline/kl.py), recomputed from kl.jsonl's
+"""Distribution drift: the figures kl.json states (`quantize kl`, pipeline/stages/kl.py), recomputed from kl.jsonl's
 per-token values: mean, 99th percentile (linear interpolation, as torch.quantile and numpy's default) and maximum
 of KL(base || variant) over every scored token, and the share of tokens whose top-1 tokens agree."""
 

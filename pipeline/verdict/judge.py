@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 
-from pipeline.params import Params
+from pipeline.settings.params import Params
 from pipeline.verdict.figures import share
 from pipeline.verdict.intervals import (GO, INCONCLUSIVE, NO_GO, TANGO, decide, min_items_for_go, paired_bootstrap,
                                         tango_interval)

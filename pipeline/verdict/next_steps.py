@@ -4,7 +4,7 @@ and for each counted suite left INCONCLUSIVE what to run to settle it and about 
 
 from __future__ import annotations
 
-from pipeline.params import Params
+from pipeline.settings.params import Params
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
 from pipeline.verdict.judge import min_judged_pairs_for_go
 

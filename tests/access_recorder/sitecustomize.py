@@ -1,6 +1,6 @@
 """Test instrumentation, never installed: tests/test_dvc_pipeline.py puts this directory on PYTHONPATH
 of `dvc repro`, so every Python process it starts imports this module first. When
-QUANTIZE_ACCESS_LOG names a file, each process that ran `pipeline.cli` appends one JSON line on exit:
+QUANTIZE_ACCESS_LOG names a file, each process that ran `pipeline.cli.app` appends one JSON line on exit:
 
     {"argv": [...], "params": [dotted params.yaml keys its command read], "files": [paths it read]}
 
@@ -136,7 +136,7 @@ def _install() -> None:
 
     class AfterParamsImport(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name != "pipeline.params":
+            if name != "pipeline.settings.params":
                 return None
             sys.meta_path.remove(self)
             spec = importlib.util.find_spec(name)
@@ -153,7 +153,7 @@ def _install() -> None:
 
     def write():
         main = getattr(sys.modules.get("__main__"), "__spec__", None)
-        if "pipeline.cli" not in sys.modules and getattr(main, "name", None) != "pipeline.cli":
+        if "pipeline.cli.app" not in sys.modules and getattr(main, "name", None) != "pipeline.cli.app":
             return
         code_root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["pipeline"].__file__)))
         files = set()

@@ -1,4 +1,4 @@
-"""The bubblewrap command line of the sandbox (pipeline/sandbox.py runs it): a root filesystem that holds
+"""The bubblewrap command line of the sandbox (pipeline/scoring/sandbox.py runs it): a root filesystem that holds
 only what the interpreter needs to start (its executable, its standard library with site-packages
 masked, the shared libraries `ldd` lists for it and its extension modules, `/etc/ld.so.cache`), a
 minimal `/dev`, a size-capped tmpfs as /tmp with SANDBOX_HOME as cwd and HOME, new namespaces and a

@@ -1,7 +1,7 @@
 """Each DVC stage's pipeline/ dependencies, derived from the imports its command makes.
 
-    python -m tests.dvc_deps            # which stages of dvc.yaml and pipeline/profiles/*/dvc-stages.yaml differ
-    python -m tests.dvc_deps --write    # rewrite the pipeline/ entries of their deps lists (nothing else changes)
+    python -m tools.dvc_deps            # which stages of dvc.yaml and pipeline/profiles/*/dvc-stages.yaml differ
+    python -m tools.dvc_deps --write    # rewrite the pipeline/ entries of their deps lists (nothing else changes)
 
 A stage's command is `quantize <subcommand> ...`; the modules it imports are found from the source, without
 running it, at the level of functions and classes ("units"), so that a module imported by every command (params.py
@@ -14,7 +14,7 @@ and the registries it validates with) does not hand every command what only one 
   once its function runs) and the units and top-level data it names; a module's top level runs on import and
   reaches its classes (their bodies run then, their methods are called by whoever holds an instance); importing
   a module imports its parent packages;
-- in the CLI's own modules (pipeline.cli, pipeline.cli_*) the top level reaches no function: it only registers the
+- in the CLI's own modules (pipeline/cli/) the top level reaches no function: it only registers the
   commands, and each command is its own root;
 - a function reaches the modules its "pipeline.x[:attr]" strings name (`python -m pipeline.engines.supervisor`),
   and, when it calls importlib's `import_module`, those of its module's top level (the engine registry's
@@ -40,9 +40,9 @@ PACKAGE = REPO / "pipeline"
 DVC_FILES = ("dvc.yaml", "pipeline/profiles/cpu-demo/dvc-stages.yaml", "pipeline/profiles/gpu-h200/dvc-stages.yaml")
 TARGET = re.compile(r"^(pipeline(?:\.\w+)+)(?::(\w+))?$")
 TOP = ""  # a module's top level, as a unit name
-# the run's warm interpreter (started by the launcher, `python -m pipeline.cli_forkserver`): it only forks, and the
+# the run's warm interpreter (started by the launcher, `python -m pipeline.cli.forkserver`): it only forks, and the
 # command runs in the child as it would in a process of its own, so what it preloads is no input of any stage
-NOT_A_DEPENDENCY = {"pipeline.cli_forkserver"}
+NOT_A_DEPENDENCY = {"pipeline.cli.forkserver"}
 
 
 @dataclass
@@ -122,7 +122,7 @@ def _top_statements(body):
 def read_module(path: Path, name: str | None = None) -> Module:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     module = Module(name or module_name(path), path)
-    module.cli = module.name == "pipeline.cli" or module.name.startswith("pipeline.cli_")
+    module.cli = module.name == "pipeline.cli" or module.name.startswith("pipeline.cli.")
     top = Unit()
     for node in _top_statements(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -287,16 +287,16 @@ class Reach:
 
 
 def command_roots(subcommand: str) -> list[tuple[str, str]]:
-    """The units `quantize <subcommand>` runs: the console script's launcher (pipeline/cli_launcher.py), the CLI's
+    """The units `quantize <subcommand>` runs: the console script's launcher (pipeline/cli/launcher.py), the CLI's
     top level, typer's callback, the command's function and the `stage` wrapper around it, as typer registered
     them."""
     sys.path.insert(0, str(REPO))
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     def unit_of(function) -> tuple[str, str]:
         return function.__module__, function.__qualname__.split(".")[0]
 
-    roots = [("pipeline.cli_launcher", TOP), ("pipeline.cli_launcher", "main"), ("pipeline.cli", TOP)]
+    roots = [("pipeline.cli.launcher", TOP), ("pipeline.cli.launcher", "main"), ("pipeline.cli.app", TOP)]
     if app.registered_callback is not None:
         roots.append(unit_of(app.registered_callback.callback))
     for command in app.registered_commands:
@@ -307,7 +307,7 @@ def command_roots(subcommand: str) -> list[tuple[str, str]]:
                 roots.append(unit_of(function))
                 function = getattr(function, "__wrapped__", None)
             return roots
-    raise SystemExit(f"quantize {subcommand}: no such subcommand registered on pipeline.cli's app")
+    raise SystemExit(f"quantize {subcommand}: no such subcommand registered on pipeline.cli.app's app")
 
 
 def derive(subcommand: str, other_deps: list[str], modules: dict[str, Module] | None = None) -> list[str]:
@@ -424,7 +424,7 @@ def main(argv: list[str]) -> int:
             stale.append(relative)
             if write:
                 path.write_text(new, encoding="utf-8")
-    verb = "rewrote" if write else "stale (run `python -m tests.dvc_deps --write`)"
+    verb = "rewrote" if write else "stale (run `python -m tools.dvc_deps --write`)"
     print(f"{verb}: {', '.join(stale)}" if stale else "every stage's pipeline/ deps match its command's imports")
     return 1 if stale and not write else 0
 

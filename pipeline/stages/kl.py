@@ -16,16 +16,16 @@ from pipeline.checkpoints import checkpoint
 from pipeline.errors import UserError
 from pipeline.formats.kl_lines import lines_path, write_kl_lines
 from pipeline.outputs import Stopwatch, write_json
-from pipeline.params import EngineParams, KlParams, sections_with_overrides
+from pipeline.settings.params import EngineParams, KlParams, sections_with_overrides
 
 
 @dataclass
 class KLResult:
     out: Path
-    summary: dict
+    figures: dict  # what the stage's JSON summary holds
 
-    def summary_line(self) -> str:
-        s = self.summary
+    def summary(self) -> str:
+        s = self.figures
         return (f"kl: wrote {self.out} ({s['tokens']} tokens: mean KL {s['kl_mean']:.4f}, p99 {s['kl_p99']:.4f}, "
                 f"top-1 agreement {s['top1_agreement']:.1%}) in {s['seconds']:.0f} s")
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.bench_load import (  # noqa: F401  (the workloads and levels: the stage's and its callers')
+from pipeline.scoring.bench_load import (  # noqa: F401  (the workloads and levels: the stage's and its callers')
     HttpTiming, Workload, distribution, fixed_workload, holdout_workload, level_metrics, meets_slo, rate_level,
     sweep_level,
 )
@@ -33,7 +33,7 @@ from pipeline.checkpoints.sizes import kv_bytes_per_token
 from pipeline.engines import capability
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
-from pipeline.params import BenchParams, EngineParams, sections_with_overrides
+from pipeline.settings.params import BenchParams, EngineParams, sections_with_overrides
 
 log = logging.getLogger(__name__)
 def measure_bandwidth(device: str, gib: float = 1.0, repeats: int = 5) -> float:
@@ -71,15 +71,15 @@ def roofline(engine, model_dir: Path, batch1: dict, bandwidth: float, kv_dtype_b
 @dataclass
 class BenchResult:
     path: Path
-    summary: dict
+    figures: dict  # what the stage's JSON summary holds
     seconds: float
 
-    def summary_line(self) -> str:
-        fixed = self.summary["workloads"].get("fixed") or next(iter(self.summary["workloads"].values()))
+    def summary(self) -> str:
+        fixed = self.figures["workloads"].get("fixed") or next(iter(self.figures["workloads"].values()))
         by_c = ", ".join(f"c{l['concurrency']} {l['output_tokens_per_s']:.0f}" for l in fixed["levels"])
-        r = self.summary.get("roofline") or {}
+        r = self.figures.get("roofline") or {}
         bound = f"; batch 1 at {r['fraction_of_bound']:.0%} of its roofline" if r.get("fraction_of_bound") else ""
-        return (f"bench: wrote {self.path} ({self.summary['engine']}, {fixed['name']} workload, output tok/s "
+        return (f"bench: wrote {self.path} ({self.figures['engine']}, {fixed['name']} workload, output tok/s "
                 f"{by_c}{bound}) in {self.seconds:.0f} s")
 
 
@@ -170,7 +170,7 @@ def _checked(model_dir: Path, b: BenchParams, spec, engine: str) -> int | None:
     a workload longer than the model's context. Returns the context length."""
     from pipeline.checkpoints import headers
     from pipeline.engines import engine_names
-    from pipeline.long_context import context_length
+    from pipeline.engines.long_context import context_length
 
     headers.check(model_dir, weights=spec.local_weights)  # openai: a running server holds the weights
     if b.request_rates and spec.timing != "http":
@@ -253,8 +253,8 @@ def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, 
 def _quiet_gpu(lm) -> float:
     """A server engine's server up, no other server of the run still starting (a start's compilation and CUDA-graph
     capture load the GPU the timings are taken on: pipeline/engines/shared.py), no job of the run scoring ahead of
-    its stage (pipeline/ahead.py). Seconds waited."""
-    from pipeline import ahead
+    its stage (pipeline/scoring/ahead.py). Seconds waited."""
+    from pipeline.scoring import ahead
     from pipeline.engines import shared
 
     lm.start()

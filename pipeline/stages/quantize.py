@@ -163,7 +163,7 @@ def run(model_dir: Path, out: Path, calib: Path, settings, *, placement: str = "
     placement: auto | device | offload (see the module docstring). plan_only: print the plan with a one-layer
     probe's expected time and return it; nothing is loaded or written. calibrate_all_experts: False only to show
     what it prevents (experts left without tokens)."""
-    from pipeline.params_errors import with_overrides
+    from pipeline.settings.errors import with_overrides
 
     if isinstance(settings, str):
         method = methods.method(settings)

@@ -98,7 +98,7 @@ def start(kind: str, model_dir: Path, params_file: Path) -> str | None:
     env = {**os.environ, AHEAD_ENV: stage, "QUANTIZE_RUN_PID": str(owner_pid)}
     env.pop("DVC_STAGE", None)
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli_launcher", kind, str(model_dir), "--params",
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli.launcher", kind, str(model_dir), "--params",
                                  str(params_file)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
     threading.Thread(target=proc.wait, daemon=True).start()  # reaped if it ends before we do

@@ -7,9 +7,9 @@ data), so a rerun keeps a suite whose inputs did not change as it is and scores 
 
 lm-eval builds the prompts, extracts answers and scores (the suite is data under evals/); our
 engine generates (`generate_until`) or scores tokens (`loglikelihood` for multiple choice,
-`loglikelihood_rolling` for perplexity: pipeline/likelihood.py turns lm-eval's requests into
+`loglikelihood_rolling` for perplexity: pipeline/scoring/likelihood.py turns lm-eval's requests into
 token requests, the same for every engine). Every finished generation and token score is
-appended to a cache beside the output (pipeline/eval_cache.py), keyed by the model's fingerprint
+appended to a cache beside the output (pipeline/scoring/eval_cache.py), keyed by the model's fingerprint
 and the request, so a killed run resumes where it stopped and a rerun of an unchanged model
 costs nothing. A perplexity suite's lines carry each document's log-likelihood and token count,
 so the verdict pairs the models per document.
@@ -26,23 +26,23 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from pipeline import sandbox
+from pipeline.scoring import sandbox
 from pipeline.checkpoints import checkpoint
 from pipeline.engines import Engine, capability, engine_names
 from pipeline.errors import UserError
-from pipeline.eval_cache import GenerationCache, model_fingerprint
+from pipeline.scoring.eval_cache import GenerationCache, model_fingerprint
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
-from pipeline.params import EngineParams, SuiteParams, sections_with_overrides
+from pipeline.settings.params import EngineParams, SuiteParams, sections_with_overrides
 
-EVALS_DIR = Path(__file__).resolve().parent.parent / "evals"
+EVALS_DIR = Path(__file__).resolve().parents[2] / "evals"
 log = logging.getLogger(__name__)
 
 
 def _lm_class():
-    """lm-eval's view of our engine (pipeline/lm_eval_model.py), imported when a suite first runs: lm-eval is a
+    """lm-eval's view of our engine (pipeline/scoring/lm_eval_model.py), imported when a suite first runs: lm-eval is a
     heavy import a stage that keeps every suite as it is never needs."""
-    from pipeline.lm_eval_model import PipelineLM
+    from pipeline.scoring.lm_eval_model import PipelineLM
 
     return PipelineLM
 
@@ -72,10 +72,10 @@ def _task_manager(task: str, suite: str, metadata: dict | None = None, tasks_dir
 @dataclass
 class EvalResult:
     lines: Path
-    summary: dict
+    figures: dict  # what the stage's JSON summary holds
 
-    def summary_line(self) -> str:
-        s = self.summary
+    def summary(self) -> str:
+        s = self.figures
         if s.get("status") in ("not applicable", "not run"):
             return f"eval: {s['suite']} {s['status']} on {s['variant']}: {s['reason']}"
         work = (f"{s['scored_tokens']} tokens scored" if s.get("scored_tokens")
@@ -182,7 +182,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
 
 def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: str, variant: str, out_dir: Path,
                inputs: str, watch: Stopwatch) -> EvalResult:
-    from pipeline import long_context
+    from pipeline.engines import long_context
     from pipeline.engines import STARTS, engine_start_seconds
 
     starts_before, sandbox_before = len(STARTS), sandbox.SECONDS[0]
@@ -243,7 +243,7 @@ def _started(shared: SharedEngine) -> Engine:
 def _not_applicable_reason(model_dir: Path, suite: str, engine: str, raw_config: dict,
                            long_context_metadata: dict | None) -> str | None:
     """Why the suite cannot run on this model (e.g. VQA on a text-only checkpoint), before any engine work."""
-    from pipeline import long_context
+    from pipeline.engines import long_context
     from pipeline.engines import vision
 
     reason = vision.not_applicable(model_dir, raw_config)
@@ -363,8 +363,8 @@ class ModelEvalResult:
     seconds: float
     skipped: list[str] = field(default_factory=list)  # left for the stage: their data not written yet
 
-    def summary_line(self) -> str:
-        states = [r.summary.get("status") or ("kept" if r.summary.get("kept") else "scored") for r in self.suites]
+    def summary(self) -> str:
+        states = [r.figures.get("status") or ("kept" if r.figures.get("kept") else "scored") for r in self.suites]
         counts = ", ".join(f"{states.count(k)} {k}" for k in ("scored", "kept", "not applicable", "not run")
                            if states.count(k))
         return f"eval: {self.model_dir.name}: {len(self.suites)} suites ({counts}) in {self.seconds:.0f} s"
@@ -377,7 +377,7 @@ def run_model(model_dir: Path | str, params, *, out_dir: Path | str, engine: str
     not run (and why); a suite whose results were written from the same inputs is kept as it is (only a
     suite whose settings, engine, checkpoint, code or data changed is scored again, from the resume cache
     where its items are unchanged); the engine is made once, when the first suite needs it. skip_missing_data (a
-    job working ahead of its stage, pipeline/ahead.py): a suite whose options name a file not written yet (ppl-chat
+    job working ahead of its stage, pipeline/scoring/ahead.py): a suite whose options name a file not written yet (ppl-chat
     before the calib stage) is left for the stage, not recorded."""
     watch, model_dir, out_dir = Stopwatch(), Path(model_dir), Path(out_dir)
     variant, engine = variant or model_dir.name, engine or params.engine.name
@@ -430,7 +430,7 @@ def _task_metadata(model_dir: Path, suite: str, options: dict, is_long_context: 
     """What the task's loader gets (lm-eval metadata): the suite's options, the checkpoint (whose
     tokenizer and chat template a task may need, e.g. to render conversations), and for the
     long-context suite what only the model knows."""
-    from pipeline import long_context
+    from pipeline.engines import long_context
 
     if is_long_context:
         return long_context.task_metadata(model_dir, engine=engine, **options)

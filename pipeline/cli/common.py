@@ -1,7 +1,7 @@
 """What every `quantize` subcommand shares: the --params option, the `stage` wrapper (a UserError becomes a
 message and exit code 2; QUANTIZE_STAGE_LOG records what the stage cost), loading params.yaml, the
 checks made before any work (outputs that overlap inputs, a checkpoint no stage could load), and freeing
-the GPU of idle vLLM servers before an in-process model loads. pipeline/cli.py registers the commands."""
+the GPU of idle vLLM servers before an in-process model loads. pipeline/cli/app.py registers the commands."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import typer
 
-from pipeline import params as params_mod
+from pipeline.settings import params as params_mod
 from pipeline.errors import UserError
 
-log = logging.getLogger("pipeline.cli")
+log = logging.getLogger("pipeline.cli.app")
 
 PARAMS_OPTION = typer.Option(Path("params.yaml"), "--params", help="Parameter file every default comes from.")
 
@@ -59,16 +59,16 @@ def stage(func):
 
 
 WORK_SECONDS = [0.0]  # what this command spent working (quantizing, scoring, judging, benchmarking ...)
-AHEAD_WAIT = [0.0]  # what this stage spent waiting for the job working ahead of it (pipeline/ahead.py)
+AHEAD_WAIT = [0.0]  # what this stage spent waiting for the job working ahead of it (pipeline/scoring/ahead.py)
 
 
 @contextlib.contextmanager
 def collecting_ahead(kind: str, model_dir: Path, p, params_file: Path):
     """A whole-model evaluate or judge stage's work. In a stage: the run's servers are warmed and, for the other
-    models, their work started ahead of their stages (pipeline/ahead.py); then a job working ahead of this stage is
+    models, their work started ahead of their stages (pipeline/scoring/ahead.py); then a job working ahead of this stage is
     waited for (its results are then current and kept); yields True. In a job: yields whether the work is its own
     (False: its stage or another job has it, nothing to do); the job ends with the run."""
-    from pipeline import ahead
+    from pipeline.scoring import ahead
 
     if not ahead.in_job():
         warm_run_servers(p, SERVE)
@@ -109,7 +109,7 @@ def _append_stage_log(line: dict) -> None:
         with open(path, "a", encoding="utf-8") as log:
             log.write(json.dumps(line) + "\n")
     except OSError as exc:
-        logging.getLogger("pipeline.cli").warning(f"QUANTIZE_STAGE_LOG={path}: cannot append ({exc.strerror})")
+        logging.getLogger("pipeline.cli.app").warning(f"QUANTIZE_STAGE_LOG={path}: cannot append ({exc.strerror})")
 
 
 def _record_begin() -> None:
@@ -149,7 +149,7 @@ def _record_stage(code: int) -> None:
         wall = None
     from pipeline.engines import PEAK_IN_FLIGHT, STALLS
 
-    ahead_of = os.environ.get("QUANTIZE_AHEAD")  # a job working ahead of this stage (pipeline/ahead.py)
+    ahead_of = os.environ.get("QUANTIZE_AHEAD")  # a job working ahead of this stage (pipeline/scoring/ahead.py)
     line = {"stage": os.environ.get("DVC_STAGE") or ahead_of, "ahead": bool(ahead_of),
             "ahead_wait_s": round(AHEAD_WAIT[0], 2), "command": sys.argv[1:], "wall_s": round(wall, 2) if wall else None,
             "engine_start_s": engine_start_seconds(), "engines": [{**s, "seconds": round(s["seconds"], 2)}
@@ -275,10 +275,10 @@ def warm_server(p, model_dir: Path, phase: str, name: str | None = None) -> str:
 def start_ahead(p, params_file: Path, exclude: tuple[str, Path] | None = None) -> list[str]:
     """engine.score_ahead, inside a run: for the base and every variant whose server is up or starting, start its
     evaluation, and for every variant whose server and the base's are, its judging (a base-judged pairwise judge
-    on that engine), in the background (pipeline/ahead.py), but `exclude` (the work this stage does itself). Jobs
+    on that engine), in the background (pipeline/scoring/ahead.py), but `exclude` (the work this stage does itself). Jobs
     use servers already up or starting only: none starts a server, so the GPU's room is what warm left it.
     Returns what it started, e.g. ["eval base", "judge awq-w4a16"]."""
-    from pipeline import ahead
+    from pipeline.scoring import ahead
     from pipeline.engines import capability, shared
     from pipeline.outputs import STAGE_RECORD
 

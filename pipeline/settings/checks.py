@@ -2,7 +2,7 @@
 foreach lists repeat params' names), the base checkpoint (group size vs layer widths), and its own
 cross-references (margins and suites' models name suites and variants that exist).
 
-Called by pipeline.params.load once the file has validated; `params` is a pipeline.params.Params.
+Called by pipeline.settings.params.load once the file has validated; `params` is a pipeline.settings.params.Params.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline import safe_yaml
 from pipeline.errors import UserError
-from pipeline.params_errors import kind_of
+from pipeline.settings.errors import kind_of
 
 DEFAULT_PARAMS = Path("params.yaml")
 

@@ -2,7 +2,7 @@
 each with one flag per field of the method's params section, its help from the field's description) and
 `variant` (one params.yaml variant, what `dvc repro` runs), and what they share: the variant's settings with
 the flags over them, the calibration blocks (a raw conversation file is prepared by the calib stage first),
-the stage's run. pipeline/cli.py registers them on the `quantize` app (`register`), in the order `quantize
+the stage's run. pipeline/cli/app.py registers them on the `quantize` app (`register`), in the order `quantize
 --help` lists them."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Optional
 import typer
 
 from pipeline import console, methods
-from pipeline import params as params_mod
-from pipeline.cli_common import PARAMS_OPTION, load_params, make_room_on_gpu, refuse_overlap, stage, working
+from pipeline.settings import params as params_mod
+from pipeline.cli.common import PARAMS_OPTION, load_params, make_room_on_gpu, refuse_overlap, stage, working
 from pipeline.errors import UserError
-from pipeline.params import with_overrides
+from pipeline.settings.params import with_overrides
 
-log = logging.getLogger("pipeline.cli")
+log = logging.getLogger("pipeline.cli.app")
 
 
 def _calibration_file(p: params_mod.Params, calib: Optional[Path]) -> Path:
@@ -45,7 +45,7 @@ def _calibration_blocks(p: params_mod.Params, calib: Optional[Path], model: Path
     if calib.is_file() and is_blocks_file(calib):
         yield calib
         return
-    from pipeline import calib as calib_stage
+    from pipeline.stages import calib as calib_stage
 
     with tempfile.TemporaryDirectory() as tmp:
         result = calib_stage.run(calib, Path(tmp) / "build", model, p.calib)
@@ -65,7 +65,7 @@ def _quantize(name: str, params_file: Path, variant: Optional[str], flags: dict,
     settings = with_overrides(settings or method.Params, **({"method": method.NAME} if settings is None else {}),
                               **flags)
     require_llmcompressor()
-    from pipeline.quantize import stage as quantize_stage
+    from pipeline.stages import quantize as quantize_stage
 
     model, out = model or p.model.base_dir, out or Path("models") / (variant or method.DEFAULT_VARIANT)
     refuse_overlap(out, replaces="quantize", base_checkpoint=model, calibration_file=_calibration_file(p, calib))

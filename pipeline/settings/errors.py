@@ -1,7 +1,7 @@
 """How a params problem is told: each at its key and line in params.yaml (format_error), or as the
 CLI flag that set it (with_overrides, which validates a section again with a stage's flags applied).
 
-pipeline/params.py holds the schema (a variant's section: its method's module, pipeline/methods/); this module
+pipeline/settings/params.py holds the schema (a variant's section: its method's module, pipeline/methods/); this module
 knows pydantic's error shapes and says them in the file's terms: FILE:LINE: dotted.key: what is wrong and what to write.
 """
 
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipeline import methods
 from pipeline.errors import UserError
-from pipeline.params_section import BoolGiven
+from pipeline.settings.section import BoolGiven
 
 
 JSON_KINDS = {"dict": "a mapping", "list": "a list", "str": "text", "int": "a number", "float": "a number",

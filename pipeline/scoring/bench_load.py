@@ -1,4 +1,4 @@
-"""What `quantize bench` sends and how it measures it (pipeline/bench.py is the stage): the two workloads (fixed
+"""What `quantize bench` sends and how it measures it (pipeline/stages/bench.py is the stage): the two workloads (fixed
 lengths of real text; the held-out conversations' real lengths), a closed-loop level at a concurrency and an
 open-loop level at a Poisson request rate, their latency metrics and goodput against the SLOs, and a server
 engine's requests timed over HTTP with streamed `/v1/completions`."""
@@ -15,7 +15,7 @@ from pipeline.engines import Timing
 from pipeline.errors import UserError
 
 log = logging.getLogger(__name__)
-HAYSTACK = Path(__file__).resolve().parent.parent / "evals" / "long_context" / "alice29.txt"
+HAYSTACK = Path(__file__).resolve().parents[2] / "evals" / "long_context" / "alice29.txt"
 STATS = ("mean", "median", "p90", "p99")
 
 

@@ -1,12 +1,12 @@
 """`quantize`, the console script: runs the command in this process, or, inside a run, in a process forked
-from the run's warm interpreter (pipeline/cli_forkserver.py), which has torch, transformers and lm-eval
+from the run's warm interpreter (pipeline/cli/forkserver.py), which has torch, transformers and lm-eval
 imported already.
 
 A stage's own work is often seconds; importing what it needs costs ~5 s on a 2-core CPU and more on the GPU
 machine, in every one of a run's stages. So the first stage of a `dvc repro` starts a fork server for the run
 (in the background, and runs its own command here as usual), and every later stage hands its command line,
 working directory, environment and standard streams to it over a Unix socket: the server forks, the child
-runs the command exactly as this process would (`pipeline.cli`), and this process relays signals to it and
+runs the command exactly as this process would (`pipeline.cli.app`), and this process relays signals to it and
 exits with its status. Anything unusual (no run, the server not up yet or gone, QUANTIZE_FORKSERVER=0, the
 server refusing: e.g. a preloaded library had loaded the CUDA driver, which a forked child cannot use) runs
 the command here instead; the result is the same, only slower.
@@ -53,7 +53,7 @@ def main() -> None:
         code = _run_there(*where, started)
         if code is not None:
             sys.exit(code)
-    from pipeline.cli import main as run_here
+    from pipeline.cli.app import main as run_here
 
     run_here()
 
@@ -91,7 +91,7 @@ def _forkserver() -> tuple[socket.socket, int] | None:
 def forkserver_key(owner_pid: int, owner_started: int | None) -> str:
     """The run, the interpreter, the code (every pipeline module's size and time) and the environment a
     preloaded module could have read: a server answers only commands it would run as a fresh process would."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the whole pipeline package
     code = sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*.py"))
     env = sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV)
     payload = json.dumps([owner_pid, owner_started, sys.executable, sys.path, code, env])
@@ -103,7 +103,7 @@ def _start_forkserver(key: str, path: Path, owner_pid: int, owner_started: int |
     a lock file keeps two stages from starting two."""
     lock = path.with_suffix(".starting")
     if path.with_suffix(".refused").exists():
-        return  # this run's server found it could not fork safely (pipeline/cli_forkserver.py says why in its log)
+        return  # this run's server found it could not fork safely (pipeline/cli/forkserver.py says why in its log)
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
@@ -114,7 +114,7 @@ def _start_forkserver(key: str, path: Path, owner_pid: int, owner_started: int |
         log = open(Path.cwd() / LOG_DIR / f"{key}.log", "ab")
     except OSError:
         log = subprocess.DEVNULL
-    subprocess.Popen([sys.executable, "-m", "pipeline.cli_forkserver", str(path), str(owner_pid), str(owner_started)],
+    subprocess.Popen([sys.executable, "-m", "pipeline.cli.forkserver", str(path), str(owner_pid), str(owner_started)],
                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
     if log is not subprocess.DEVNULL:
         log.close()
@@ -148,7 +148,7 @@ def _run_there(conn: socket.socket, owner_pid: int, started: float) -> int | Non
             for sig, handler in forwarded.items():
                 signal.signal(sig, handler)
     if not done:
-        print("error: the run's fork server ended while running this command (pipeline/cli_forkserver.py); "
+        print("error: the run's fork server ended while running this command (pipeline/cli/forkserver.py); "
               "run it again, or set QUANTIZE_FORKSERVER=0", file=sys.stderr)
         return 1
     if done.get("signal"):
@@ -158,7 +158,7 @@ def _run_there(conn: socket.socket, owner_pid: int, started: float) -> int | Non
 
 
 def _forward(pid: int, sig: int) -> None:
-    """To the child's process group (its own: pipeline/cli_forkserver.py), as a signal to this process's group
+    """To the child's process group (its own: pipeline/cli/forkserver.py), as a signal to this process's group
     would reach this process and what it started."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)

@@ -1,4 +1,4 @@
-"""The base of every params.yaml section (pipeline/params.py, and each quantization method's own section in
+"""The base of every params.yaml section (pipeline/settings/params.py, and each quantization method's own section in
 pipeline/methods/): unknown keys refused, no NaN or infinity, and true/false never taken for a number.
 
 Kept apart from params.py so that a method module can declare its section without importing the whole
@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
 class BoolGiven:
     """Stands in for a true/false written where a number belongs, so the error is reported at its key
-    (pipeline/params_errors.py says it)."""
+    (pipeline/settings/errors.py says it)."""
 
     def __init__(self, value) -> None:
         self.value = value

@@ -1,9 +1,9 @@
 """How `make demo` runs the pipeline and ends: `dvc repro` with DVC's own progress lines left out, and one closing
 line of times.
 
-    python -m pipeline.cli_repro [ARGS]                # dvc repro ARGS: each stage's one line (and its bar); of
+    python -m pipeline.cli.repro [ARGS]                # dvc repro ARGS: each stage's one line (and its bar); of
                                                        # DVC's own output, its warnings and errors only
-    python -m pipeline.cli_repro --times FILE STARTED  # the closing line: the wall time since STARTED (a Unix
+    python -m pipeline.cli.repro --times FILE STARTED  # the closing line: the wall time since STARTED (a Unix
                                                        # time) and the CPU time of the stages FILE records
 
 `dvc repro` itself prints, for every stage, "Running stage 'x':", "> quantize x", "Updating lock file
@@ -11,8 +11,8 @@ line of times.
 drops those and DVC's errors with them. Here DVC runs in this process with its loggers at WARNING and its
 screen output (`ui`) off: a DVC error (a missing dependency, a broken dvc.lock) is still said.
 
-The stages' CPU time comes from QUANTIZE_STAGE_LOG (pipeline/cli_common.py `_record_stage`: one JSON line per
-stage, `cpu_s` among them): the stages run in forks of the run's warm interpreter (pipeline/cli_forkserver.py),
+The stages' CPU time comes from QUANTIZE_STAGE_LOG (pipeline/cli/common.py `_record_stage`: one JSON line per
+stage, `cpu_s` among them): the stages run in forks of the run's warm interpreter (pipeline/cli/forkserver.py),
 which is not a child of `make`, so `/usr/bin/time make demo` does not count them.
 """
 

@@ -1,6 +1,6 @@
 """`quantize`: one subcommand per pipeline stage. Thin: parse, fill defaults from params.yaml,
 call the stage's `run`, print its one-line summary. Bad input exits 2 with a message, no traceback.
-The quantize subcommands live in pipeline/cli_quantize.py, what every command shares in pipeline/cli_common.py."""
+The quantize subcommands live in pipeline/cli/quantize.py, what every command shares in pipeline/cli/common.py."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from typing import Optional
 
 import typer
 
-from pipeline import cli_quantize, console, methods
-from pipeline.cli_common import (BUILD, PARAMS_OPTION, SERVE, WORK_SECONDS, checked_model, collecting_ahead, load_params,
+from pipeline import console, methods
+from pipeline.cli import quantize as cli_quantize
+from pipeline.cli.common import (BUILD, PARAMS_OPTION, SERVE, WORK_SECONDS, checked_model, collecting_ahead, load_params,
                                  make_room_on_gpu, refuse_overlap, stage, start_ahead, warm_run_servers, warm_server,
                                  working)
 from pipeline.engines import engine_names
 from pipeline.errors import UserError
-from pipeline.params import with_overrides
+from pipeline.settings.params import with_overrides
 
 app = typer.Typer(
     help=f"Quantize an LLM (methods: {methods.names()}) and prove each variant against the FP16 base. "
@@ -72,7 +73,7 @@ def resave(
     params_file: Path = PARAMS_OPTION,
 ):
     """Normalise a source checkpoint into a plain Hugging Face safetensors directory."""
-    from pipeline.checkpoints import resave as resave_stage
+    from pipeline.stages import resave as resave_stage
 
     p = load_params(params_file)
     if dtype not in (None, "float16", "bfloat16"):
@@ -111,7 +112,7 @@ def calib(
     params_file: Path = PARAMS_OPTION,
 ):
     """Turn support logs into calibration token blocks and held-out judge prompts."""
-    from pipeline import calib as calib_stage
+    from pipeline.stages import calib as calib_stage
     from pipeline.outputs import counted
 
     p = load_params(params_file)
@@ -127,7 +128,7 @@ def calib(
     console.summary(result.summary())
 
 
-# the quantize subcommands (pipeline/cli_quantize.py: one per method of pipeline/methods/, then `variant`), here to
+# the quantize subcommands (pipeline/cli/quantize.py: one per method of pipeline/methods/, then `variant`), here to
 # keep the order of `quantize --help`
 cli_quantize.register(app)
 
@@ -145,7 +146,8 @@ def eval_(
 ):
     """Run suites through lm-eval; write one result line per item and a summary per suite. Resumes if killed;
     a suite whose settings, engine, checkpoint and code did not change since its results were written is kept."""
-    from pipeline import ahead, evaluate
+    from pipeline.scoring import ahead
+    from pipeline.stages import evaluate
 
     from pipeline.engines import engine_spec
 
@@ -165,17 +167,17 @@ def eval_(
                 return
             result = evaluate.run_model(model_dir, p, out_dir=out_dir, engine=engine, skip_missing_data=ahead.in_job())
             ahead.finished("eval", model_dir, complete=not result.skipped)
-        WORK_SECONDS[0] += sum(one.summary.get("work_seconds") or 0.0 for one in result.suites
-                               if not one.summary.get("kept"))
+        WORK_SECONDS[0] += sum(one.figures.get("work_seconds") or 0.0 for one in result.suites
+                               if not one.figures.get("kept"))
         for one in result.suites:
-            typer.echo(one.summary_line())
-        console.summary(result.summary_line())
+            typer.echo(one.summary())
+        console.summary(result.summary())
         return
     warm_run_servers(p, SERVE)
     result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
                           engine=engine)
-    WORK_SECONDS[0] += result.summary.get("work_seconds") or 0.0
-    console.summary(result.summary_line())
+    WORK_SECONDS[0] += result.figures.get("work_seconds") or 0.0
+    console.summary(result.summary())
 
 
 @app.command()
@@ -195,7 +197,7 @@ def bench(
 ):
     """Serving speed: TTFT, TPOT, ITL, latency percentiles, tokens/s and goodput over a concurrency and a
     request-rate sweep; batch 1 beside its roofline."""
-    from pipeline import bench as bench_stage
+    from pipeline.stages import bench as bench_stage
     from pipeline.engines import engine_spec
 
     p = load_params(params_file)
@@ -226,7 +228,7 @@ def bench(
     start_ahead(p, params_file)  # the others' evaluation starts now, not after this stage: it waits for a quiet GPU
     with working():
         result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
-    console.summary(result.summary_line())
+    console.summary(result.summary())
 
 
 @app.command()
@@ -255,7 +257,7 @@ def kl(
     params_file: Path = PARAMS_OPTION,
 ):
     """Per-token KL divergence from the base and top-1 agreement on held-out conversations."""
-    from pipeline import kl as kl_stage
+    from pipeline.stages import kl as kl_stage
 
     p = load_params(params_file)
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
@@ -264,7 +266,7 @@ def kl(
     make_room_on_gpu("kl", [base, variant_dir], factor=1.5)
     with working():
         result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine)
-    console.summary(result.summary_line())
+    console.summary(result.summary())
 
 
 @app.command()
@@ -280,7 +282,7 @@ def judge(
     params_file: Path = PARAMS_OPTION,
 ):
     """LLM-as-judge on held-out prompts: variant vs base win rate with an interval, and how far to trust the judge."""
-    from pipeline import judge as judge_stage
+    from pipeline.stages import judge as judge_stage
 
     p = load_params(params_file)
     if backend is not None:
@@ -301,11 +303,11 @@ def judge(
             return
         with working():
             result = judge_stage.run(variant_dir, base, prompts, out_dir, settings, p.engine, p.verdict)
-        from pipeline import ahead
+        from pipeline.scoring import ahead
 
         ahead.finished("judge", variant_dir, complete=True)
-    console.summary(result.summary_line())
-    for reason in result.summary["reasons"]:
+    console.summary(result.summary())
+    for reason in result.figures["reasons"]:
         typer.echo(f"  {reason}")
 
 
@@ -320,7 +322,7 @@ def report(
     params_file: Path = PARAMS_OPTION,
 ):
     """Paired statistics, GO / NO-GO / INCONCLUSIVE per variant, and the HTML report."""
-    from pipeline import report as report_stage
+    from pipeline.stages import report as report_stage
     from pipeline.outputs import Stopwatch
     from pipeline.verdict.decision import FAIL_ON, failing
 

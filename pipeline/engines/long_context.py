@@ -11,7 +11,7 @@ from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
 
-SUITE_DIR = Path(__file__).resolve().parent.parent / "evals" / "long_context"
+SUITE_DIR = Path(__file__).resolve().parents[2] / "evals" / "long_context"
 TASK = "quant_long_context"
 ID = re.compile(r"^(?P<kind>[a-z]+)-(?P<length>\d+)-d(?P<depth>\d+)-(?P<repeat>\d+)$")
 

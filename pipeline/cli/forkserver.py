@@ -1,9 +1,9 @@
-"""The run's warm interpreter (`python -m pipeline.cli_forkserver SOCKET OWNER_PID OWNER_STARTED`, started by
-pipeline/cli_launcher.py): imports what the stages import (torch, transformers, lm-eval, the pipeline's stages)
+"""The run's warm interpreter (`python -m pipeline.cli.forkserver SOCKET OWNER_PID OWNER_STARTED`, started by
+pipeline/cli/launcher.py): imports what the stages import (torch, transformers, lm-eval, the pipeline's stages)
 once, then serves the run's `quantize` commands on a Unix socket, one forked child per command.
 
 The child takes the command's working directory, environment, umask and standard streams (passed as
-descriptors), resets signal handlers and random seeds, and runs `pipeline.cli` as a fresh process would; the
+descriptors), resets signal handlers and random seeds, and runs `pipeline.cli.app` as a fresh process would; the
 server sends the launcher the child's pid, then its exit status. A launcher that goes away (killed) takes its
 child with it. The server ends when its run ends (the owner process is gone), after IDLE_S without a command,
 or at once, before serving anything, when preloading left it unable to fork safely: a second thread of
@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from pipeline.cli_launcher import receive_request, send_message
+from pipeline.cli.launcher import receive_request, send_message
 from pipeline.runs import alive
 
 IDLE_S = 1800.0
@@ -35,9 +35,9 @@ POLL_S = 0.5
 PRELOAD = ("torch", "numpy", "pandas", "scipy.stats", "transformers", "transformers.generation.utils",
            "transformers.models.auto.modeling_auto", "transformers.models.llama.modeling_llama",
            "transformers.models.glm.modeling_glm", "datasets", "lm_eval", "lm_eval.evaluator", "lm_eval.tasks",
-           "lm_eval.api.model", "safetensors", "httpx", "jinja2", "typer", "pipeline.cli", "pipeline.evaluate",
-           "pipeline.judge", "pipeline.kl", "pipeline.bench", "pipeline.report", "pipeline.calib",
-           "pipeline.checkpoints.resave", "pipeline.checkpoints.headers", "pipeline.engines.hf",
+           "lm_eval.api.model", "safetensors", "httpx", "jinja2", "typer", "pipeline.cli.app", "pipeline.stages.evaluate",
+           "pipeline.stages.judge", "pipeline.stages.kl", "pipeline.stages.bench", "pipeline.stages.report", "pipeline.stages.calib",
+           "pipeline.stages.resave", "pipeline.checkpoints.headers", "pipeline.engines.hf",
            "pipeline.engines.vllm", "pipeline.verdict")
 
 
@@ -241,7 +241,7 @@ def _fresh_process_state() -> None:
 def _run_cli() -> int:
     import atexit
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     try:
         app()

@@ -1,9 +1,9 @@
 """Our engine, presented to lm-eval as its LM (lm_eval.api.model.LM): lm-eval builds the prompts and scores the
 answers; the engine generates (`generate_until`) or scores tokens (`loglikelihood`, `loglikelihood_rolling`:
-pipeline/likelihood.py turns lm-eval's requests into token requests, the same for every engine), and every
-finished generation and token score goes through the suite's resume cache (pipeline/eval_cache.py).
+pipeline/scoring/likelihood.py turns lm-eval's requests into token requests, the same for every engine), and every
+finished generation and token score goes through the suite's resume cache (pipeline/scoring/eval_cache.py).
 
-Imports lm-eval: pipeline/evaluate.py imports this module when it first evaluates.
+Imports lm-eval: pipeline/stages/evaluate.py imports this module when it first evaluates.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 
 from lm_eval.api.model import LM
 
-from pipeline import likelihood
+from pipeline.scoring import likelihood
 from pipeline.engines import Completion, Engine, GenRequest
 from pipeline.errors import UserError
-from pipeline.eval_cache import GenerationCache, score_key
+from pipeline.scoring.eval_cache import GenerationCache, score_key
 
 
 class PipelineLM(LM):
@@ -101,7 +101,7 @@ class PipelineLM(LM):
         self.cache.put(request, completion)
         self.on_done(1)
 
-    # ------------------------------------------------------------ likelihoods (pipeline/likelihood.py)
+    # ------------------------------------------------------------ likelihoods (pipeline/scoring/likelihood.py)
 
     def _asked(self) -> None:
         if self.first_request_at is None:

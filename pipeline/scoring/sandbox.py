@@ -9,7 +9,7 @@ cleared. Inside, a small bootstrap sets rlimits (address space, CPU, file size, 
 files, no core dumps) and, when started as root, drops to uid nobody before it executes the sample:
 root ignores RLIMIT_NPROC, nobody does not, so a fork bomb stalls at the limit. On a timeout or too
 much output the whole process group is killed; bwrap's pid 1 dies with it and the kernel kills
-everything left in the pid namespace. The bubblewrap command line is built in pipeline/bwrap.py;
+everything left in the pid namespace. The bubblewrap command line is built in pipeline/scoring/bwrap.py;
 this module runs it.
 
 Fallback, "rlimits+audit", only where the caller allows it (`allow_unsandboxed`): the same rlimits
@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pipeline.bwrap import bwrap_command, clean_env, interpreter_mounts
+from pipeline.scoring.bwrap import bwrap_command, clean_env, interpreter_mounts
 from pipeline.errors import UserError
 
 TAIL_CHARS = 2000

@@ -19,10 +19,10 @@ from pydantic_core import PydanticCustomError
 
 from pipeline import engines, methods, safe_yaml
 from pipeline.errors import UserError
-from pipeline.params_checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
+from pipeline.settings.checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
                                     check_moved_keys, check_suite_models)
-from pipeline.params_errors import format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
-from pipeline.params_section import OutPath, SafePath, Section
+from pipeline.settings.errors import format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
+from pipeline.settings.section import OutPath, SafePath, Section
 
 DEFAULT_PARAMS = Path("params.yaml")
 SEED_MAX = 2**32 - 1  # numpy and torch take seeds below 2**32
@@ -263,7 +263,7 @@ class EngineParams(Section):
     # least this fraction of the GPU's memory free
     build_memory_fraction: float = Field(0.5, ge=0, le=1)
     # inside a run, start each model's evaluation (and each variant's judging) in the background as soon as its
-    # server is up, the stage collecting the results when DVC reaches it (pipeline/ahead.py; needs warm_servers)
+    # server is up, the stage collecting the results when DVC reaches it (pipeline/scoring/ahead.py; needs warm_servers)
     score_ahead: bool = False
     # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
     base_url: str | None = None

@@ -1,0 +1,1 @@
+"""The `quantize` command: its launcher, the typer app, the commands and what they share."""

@@ -1,0 +1,1 @@
+"""params.yaml: its typed sections, their messages and the checks across sections."""

@@ -1,0 +1,201 @@
+"""`quantize calib`: raw support logs -> calibration token blocks + held-out judge prompts.
+
+Reads .jsonl, .jsonl.gz or .json (array); each record's shape is detected on its own
+(OpenAI messages, ShareGPT conversations, turns with role aliases, prompt/response,
+instruction/output, plain text). Records that cannot be used (bad ones, a system prompt alone, those
+the chat template rejects) are skipped and listed; more than calib.max_bad_fraction of them fail the
+run, and so does a file without a single user or assistant turn (or, with calib.holdout above 0,
+without a user turn to hold out). Control characters but tab and newline (NUL included) are removed
+from the text and counted (pipeline/formats/conversations.py). Personal data is redacted by default,
+before anything else looks at the text. Duplicates (identical normalised text) and near-duplicates
+(word 3-gram Jaccard >= NEAR_DUPLICATE_JACCARD, found with MinHash + LSH) are dropped; the rest is split
+by content hash into calibration and holdout (never sharing a conversation), rendered with the model's
+chat template and packed into fixed-length token blocks.
+
+The stage is `run` (and `CalibResult`); the pieces live in redact, dedup, load (read + redact +
+de-duplicate, with the stats) and pack (split, render, pack); the files it reads and writes have
+their readers in pipeline/formats (conversations: files and record shapes; calib_blocks: calib.jsonl;
+holdout: holdout.jsonl). Their names used elsewhere as `calib.X` are imported here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.calib.dedup import NEAR_DUPLICATE_JACCARD, WordIds, jaccard, near_duplicates, normalised, shingles
+from pipeline.calib.load import CalibStats, _letters, check_skipped, load_conversations, read_conversations
+from pipeline.calib.pack import _load_tokenizer, calibration_stream, held_out, holdout_prompt, pack, render
+from pipeline.calib.redact import redact
+from pipeline.calib.store import ConversationStore
+from pipeline.console import progress
+from pipeline.errors import UserError
+from pipeline.formats.calib_blocks import blocks_text, is_blocks_file, read_blocks
+from pipeline.formats.conversations import MAX_LINE_BYTES, Conversation, to_conversation
+from pipeline.formats.holdout import write_holdout
+from pipeline.outputs import Stopwatch, atomic_dir, counted
+from pipeline.settings.params import CalibParams, with_overrides
+
+__all__ = [  # the stage, and the names other code uses as calib.X
+    "CalibResult", "run", "read_blocks", "is_blocks_file", "load_conversations", "to_conversation", "Conversation",
+    "redact", "render", "normalised", "near_duplicates", "jaccard", "shingles", "WordIds", "_letters",
+    "MAX_LINE_BYTES", "NEAR_DUPLICATE_JACCARD",
+]
+
+
+# ---------------------------------------------------------------- stage
+
+@dataclass
+class CalibResult:
+    out: Path
+    stats: dict
+    seconds: float
+    phases: dict = field(default_factory=dict)  # seconds per phase (never written: not deterministic)
+
+    def summary(self) -> str:
+        s = self.stats
+        dropped = ", ".join(counted(n, why) if why in ("duplicate", "near-duplicate", "bad record") else f"{n} {why}"
+                            for why, n in s["dropped"].items())
+        controls = s["control_characters_removed"]
+        removed = (f", {controls} control characters removed (the first at "
+                   f"{s['control_characters_first_10'][0].rsplit(': ', 1)[0]})") if controls else ""
+        return (
+            f"calib: wrote {self.out} ({counted(s['blocks'], 'block')} x {s['seq_len']} tokens, "
+            f"{counted(s['holdout'], 'holdout prompt')}; kept {s['records_kept']:,} of {counted(s['records_in'], 'record')}"
+            f"{f' (dropped {dropped})' if dropped else ''}, {counted(sum(s['redactions'].values()), 'redaction')}{removed}) "
+            f"in {self.seconds:.1f} s"
+        )
+
+
+def _sorted(counts: dict) -> dict:
+    return {key: counts[key] for key in sorted(counts) if counts[key]}
+
+
+def _render_all(tokenizer, store: ConversationStore, held: list[Conversation], stats: CalibStats, model_dir: Path,
+                needed: int) -> tuple[int, int, list[int]]:
+    """(calibration conversations the chat template accepted, their tokens in all, the first `needed` tokens of
+    their concatenation); those it rejects are counted as dropped."""
+    count = store.kept - len(held)
+    with progress("calib: chat template", count, "conversations") as advance:
+        accepted, rejected, tokens, stream = calibration_stream(tokenizer, store, {bytes.fromhex(c.key) for c in held},
+                                                                needed, advance)
+    if rejected and not accepted:
+        raise UserError(f"{model_dir}: the chat template rejected every conversation; check the template in "
+                        "tokenizer_config.json or chat_template.jinja")
+    stats.dropped["rejected by chat template"] += rejected
+    stats.kept -= rejected
+    return accepted, tokens, stream
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _summary(source: Path, stats: CalibStats, *, do_redact: bool, calib_set: int, held: int, seq_len: int,
+             blocks: list[list[int]], conversation_tokens: int, chat_template: bool) -> dict:
+    return {
+        "source": str(source),
+        "source_sha256": _file_sha256(source),
+        "records_in": stats.records_in,
+        "records_kept": stats.kept,
+        "dropped": _sorted(stats.dropped),
+        "bad_records": stats.dropped["bad record"],
+        "bad_records_first_10": stats.bad_records,
+        "shapes": _sorted(stats.shapes),
+        "roles": _sorted(stats.roles),
+        "turns": stats.turns,
+        "turns_per_conversation": round(stats.turns / max(stats.conversations, 1), 2),
+        "non_latin_share": round(stats.non_latin_letters / max(stats.letters, 1), 4),
+        "control_characters_removed": sum(stats.control_characters.values()),
+        "control_characters": _sorted(stats.control_characters),
+        "control_characters_first_10": stats.control_character_places,
+        "redaction": do_redact,
+        "redactions": _sorted(stats.redactions),
+        "calib_conversations": calib_set,
+        "calib_conversation_tokens": conversation_tokens,
+        "chat_template": chat_template,
+        "holdout": held,
+        "seq_len": seq_len,
+        "blocks": len(blocks),
+        "tokens": seq_len * len(blocks),
+    }
+
+
+def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: CalibParams | None = None, *,
+        strict: bool = False, **overrides) -> CalibResult:
+    """settings: params.yaml `calib` (defaults in params.py; its source and out are the CLI's defaults,
+    the paths given here are what runs); `overrides` (e.g. seq_len=64, redact=False) replace fields and
+    are validated again. strict: stop at the first bad record instead of skipping it. Streams: what it has read
+    waits in a scratch store on disk (pipeline/calib/store.py), so its memory does not grow with the file."""
+    s = with_overrides(settings or CalibParams(), **overrides)
+    source, out, model_dir = Path(source), Path(out), Path(model_dir)
+    watch, phases = Stopwatch(), _Phases()
+    with ConversationStore() as store:
+        with progress("calib: reading", _readable_size(source), "bytes") as advance:
+            stats = read_conversations(source, store, strict=strict, max_bad_fraction=s.max_bad_fraction,
+                                       do_redact=s.redact, extra_patterns=s.redact_patterns, advance=advance)
+        phases("read+redact+dedup")
+        if s.holdout and not store.any_user_turn():
+            raise UserError(f"{source}: no record has a user turn, so none can be held out for the judge, kl, bench "
+                            f"and ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or set "
+                            "calib.holdout: 0 to calibrate on this text alone")
+        held = held_out(store, s.holdout)
+        phases("split")
+        tokenizer = _load_tokenizer(model_dir)
+        phases("load tokenizer")
+        calib_set, conversation_tokens, stream = _render_all(tokenizer, store, held, stats, model_dir,
+                                                             s.seq_len * s.num_blocks)
+        check_skipped(source, stats, s.max_bad_fraction, model_dir)
+        blocks = pack(stream, s.seq_len, s.num_blocks, source)
+        phases("render+pack")
+        summary = _summary(source, stats, do_redact=s.redact, calib_set=calib_set, held=len(held),
+                           seq_len=s.seq_len, blocks=blocks, conversation_tokens=conversation_tokens,
+                           chat_template=bool(getattr(tokenizer, "chat_template", None)))
+        _write(out, source, model_dir, store, held, blocks, summary)
+        phases("write")
+    return CalibResult(out, summary, watch.seconds, phases.seconds)
+
+
+class _Phases:
+    """Seconds per phase: phases(name) ends the phase begun at the last call (or at creation)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.lap = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self.lap = now - self.lap, now
+
+
+def _readable_size(source: Path) -> int | None:
+    """The bytes the reading bar counts to: the file's size; unknown (None) for gzip, whose decompressed bytes
+    it counts."""
+    try:
+        with open(source, "rb") as handle:
+            return None if handle.read(2) == b"\x1f\x8b" else source.stat().st_size
+    except OSError:
+        return None  # the reader says what is wrong
+
+
+def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, held: list[Conversation],
+           blocks: list[list[int]], summary: dict) -> None:
+    """The stage's files, into a temp folder that replaces `out` whole (pipeline/outputs.py atomic_dir)."""
+    blocks_file = blocks_text(blocks)
+    summary["blocks_sha256"] = hashlib.sha256(blocks_file.encode()).hexdigest()
+    held_keys = {bytes.fromhex(c.key) for c in held}
+    with atomic_dir(out, "calib", {"source": source, "tokenizer checkpoint": model_dir}) as tmp:
+        (tmp / "calib.jsonl").write_text(blocks_file, encoding="utf-8")
+        with open(tmp / "calib_conversations.jsonl", "wb") as handle:
+            for key, _, offset, length, _ in store.by_hash():
+                if key not in held_keys:
+                    handle.write(store.line(offset, length))
+        write_holdout(tmp / "holdout.jsonl", [holdout_prompt(c) for c in held])
+        (tmp / "stats.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
