@@ -340,7 +340,7 @@ def test_the_alias_bomb_is_refused_before_it_grows(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text(sub("    max_new_tokens: 8\n", "    max_new_tokens: 8\n" + BOMB))
     # VmHWM: this process's peak RSS since exec (ru_maxrss would include the forking pytest's)
-    code = ("from pipeline import params\nfrom pipeline.errors import UserError\n"
+    code = ("from pipeline.settings import params\nfrom pipeline.errors import UserError\n"
             f"try:\n    params.load({str(path)!r})\nexcept UserError as e:\n    print(e)\n"
             "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -543,7 +543,7 @@ def test_a_shared_system_prompt_does_not_make_conversations_near_duplicates(tmp_
 def test_dedup_does_not_depend_on_python_hash_seed(tmp_path):
     rows = LOGS[:30] + [{"turns": [dict(t, content=t["content"] + " ok") for t in r["turns"]]} for r in LOGS[:10]]
     source = write_lines(tmp_path / "f.jsonl", rows)
-    script = ("import sys; from pipeline import calib; c, s = calib.load_conversations(sys.argv[1], strict=False, "
+    script = ("import sys; from pipeline.calib.load import load_conversations; c, s = load_conversations(sys.argv[1], strict=False, "
               "max_bad_fraction=0, do_redact=True, extra_patterns=[]); print([x.key for x in c], dict(s.dropped))")
     outputs = {subprocess.run([sys.executable, "-c", script, str(source)], capture_output=True, text=True, check=True,
                               cwd=REPO, env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}

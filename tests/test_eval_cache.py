@@ -134,7 +134,7 @@ def test_a_kill_inside_one_large_batch_keeps_the_rows_already_finished(tmp_path,
     before the call returns leaves finished rows behind, and the rerun keeps them and generates only the
     rest (that a row handed back early is the row the batch ends with: the test above)."""
     script = (
-        "from pipeline import evaluate\n"
+        "from pipeline.stages import evaluate\n"
         f"evaluate.run({str(tiny_llama)!r}, suite='math', task='quant_gsm8k', variant='base', "
         f"out_dir={str(tmp_path / 'killed')!r}, limit=12, max_new_tokens=200, batch_size=50)\n"
     )

@@ -48,7 +48,7 @@ def test_scoring_reads_the_final_number():
 def test_killed_run_resumes_without_recomputing(tmp_path, tiny_llama):
     """SIGKILL mid-run; the rerun reuses every finished generation and loses or duplicates none."""
     script = (
-        "import sys; from pipeline import evaluate\n"
+        "import sys; from pipeline.stages import evaluate\n"
         f"evaluate.run({str(tiny_llama)!r}, suite='math', task='quant_gsm8k', variant='base', "
         f"out_dir={str(tmp_path)!r}, limit=20, max_new_tokens=96, batch_size=1)\n"
     )
