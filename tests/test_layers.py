@@ -4,12 +4,13 @@ Every import counts, also those inside functions (a lazy import is still a depen
 bottom to top (README, "Architecture"):
 
     foundation   pipeline, errors, outputs, safe_yaml, console, runs (the run a process belongs to), imports (the
-                 package's own import graph)
+                 package's own import graph), params_section (the base of every params.yaml section: an engine's
+                 section is declared in its engine's module)
     formats      pipeline.formats.*            (one reader/writer per file format, the chat renderer)
     checkpoints  pipeline.checkpoints.* (but resave: a stage)    (a checkpoint on disk: config, headers, loading,
                  where it is served, its fingerprint)
     engines      pipeline.engines.*, long_context (the vLLM engine asks it the model's context length)
-    settings     params, params_section, params_errors, params_checks, pipeline.methods.* (every params.yaml
+    settings     params, params_errors, params_checks, pipeline.methods.* (every params.yaml
                  section, a method's included: params.py validates `variants` with the method registry)
     libraries    verdict.* (every decision rule), eval_cache, likelihood, sandbox, bwrap, profiles, quantize.* (but stage)
     stages       calib, checkpoints.resave, quantize.stage, evaluate, kl, judge, bench, report
@@ -27,11 +28,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
 
 FOUNDATION = {"pipeline", "pipeline.errors", "pipeline.outputs", "pipeline.safe_yaml", "pipeline.console", "pipeline.runs",
-              "pipeline.imports"}
+              "pipeline.imports", "pipeline.params_section"}
 STAGES = {"pipeline.calib": "calib", "pipeline.checkpoints.resave": "resave", "pipeline.quantize.stage": "quantize",
           "pipeline.evaluate": "eval", "pipeline.kl": "kl", "pipeline.judge": "judge", "pipeline.bench": "bench",
           "pipeline.report": "report"}
-SETTINGS = {"pipeline.params", "pipeline.params_section", "pipeline.params_errors", "pipeline.params_checks"}
+SETTINGS = {"pipeline.params", "pipeline.params_errors", "pipeline.params_checks"}
 LAYER_NAMES = ["foundation", "formats", "checkpoints", "engines", "settings", "libraries", "stages", "cli"]
 
 

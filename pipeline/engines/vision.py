@@ -137,8 +137,8 @@ class VisionEngine(HFEngine):
     accepts_images = True
     fast_decoding = False  # its vision tower and M-RoPE positions are left to transformers' own path
 
-    def __init__(self, model_dir: Path | str, **options):
-        super().__init__(model_dir, **options)
+    def __init__(self, model_dir: Path | str, settings=None, **stage):
+        super().__init__(model_dir, settings, **stage)
         self._prompter: ImagePrompter | None = None
 
     @property
