@@ -14,11 +14,12 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (BeforeValidator, Field, SerializeAsAny, ValidationError, WrapValidator, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from pipeline import engines, methods, safe_yaml
-from pipeline.engines.settings import MAX_TIMEOUT_S, env_var_name
+from pipeline.engines.settings import MAX_TIMEOUT_S, EngineSettings, env_var_name
 from pipeline.errors import UserError
 from pipeline.params_checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
                                     check_moved_keys, check_suite_models)
@@ -43,16 +44,10 @@ def _registered_engine(value):
 EngineName = Annotated[str, BeforeValidator(_registered_engine)]
 
 
-def _named_engine(value):
-    """`engine:` without a name is the default engine's (hf) section."""
-    if isinstance(value, dict) and "name" not in value:
-        return {"name": engines.DEFAULT, **value}
-    return value
-
-
 # `engine`: the section of the engine `engine.name` names (pipeline/engines/: each engine's module holds its fields,
-# their defaults and bounds; the fields every engine shares are in pipeline/engines/settings.py)
-EngineSection = Annotated[Union[engines.sections()], Field(discriminator="name"), BeforeValidator(_named_engine)]
+# their defaults and bounds; the fields every engine shares are in pipeline/engines/settings.py), chosen when the
+# file is validated
+EngineSection = SerializeAsAny[Annotated[EngineSettings, WrapValidator(lambda value, _: engines.validate_section(value))]]
 
 
 class ModelParams(Section):

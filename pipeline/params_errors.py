@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from pipeline import engines, methods
+from pipeline import methods
 from pipeline.errors import UserError
 from pipeline.params_section import BoolGiven
 
@@ -35,37 +35,8 @@ def clean_loc(loc: tuple) -> tuple[str, ...]:
             continue
         if i == 2 and parts[0] == "variants" and methods.is_method(part):  # the discriminated union's member
             continue
-        if i == 1 and parts[0] == "engine" and part in engines.ENGINES:  # the engine's section chosen by engine.name
-            continue
         kept.append(part)
     return tuple(kept)
-
-
-def error_loc(err: dict) -> tuple[str, ...]:
-    """Where the problem is: clean_loc, and an unknown engine.name at engine.name (its discriminator)."""
-    loc = clean_loc(err["loc"])
-    if err["type"] in ("union_tag_invalid", "union_tag_not_found") and loc == ("engine",):
-        return loc + ("name",)
-    return loc
-
-
-def _engine_message(err: dict) -> str | None:
-    """What is wrong in `engine:` that only the engine registry can say: an unregistered engine.name, a key of
-    another engine's section than the one engine.name chose."""
-    loc, given = [str(part) for part in err["loc"]], err.get("input")
-    if loc[:1] != ["engine"]:
-        return None
-    if err["type"] == "union_tag_invalid":
-        shown = repr(err.get("ctx", {}).get("tag", given))[:80]
-        return f"{shown} is not allowed; input should be {engines.engine_names(quote=True)}"
-    if err["type"] == "extra_forbidden" and len(loc) == 3 and loc[1] in engines.ENGINES:
-        owners = engines.takes(loc[2])
-        if owners:
-            whose = " and ".join(f"the {name}" for name in owners) + (" engines'" if len(owners) > 1 else " engine's")
-            return f"{whose} setting; engine.name is {loc[1]}"
-        return f"unknown key; remove it or check its spelling (the {loc[1]} engine takes: " \
-               f"{', '.join(engines.ENGINES[loc[1]].settings.model_fields)})"
-    return None
 
 
 def message_for(err: dict) -> str:
@@ -73,13 +44,13 @@ def message_for(err: dict) -> str:
     message = err["msg"].removeprefix("Value error, ")
     if isinstance(given, BoolGiven):
         return "true/false is not allowed here; give a number or a name (see params.yaml)"
-    if (engine_message := _engine_message(err)) is not None:
-        return engine_message
     if kind in ("greater_than_equal", "less_than_equal") and tuple(err["loc"][:3]) == ("verdict", "margins", "suites"):
         return (f"{given} is not between 0 and 1; a margin is the largest acceptable loss in the suite's unit, "
                 "e.g. 0.03 for 3 points of accuracy or +3 % perplexity")
     if kind == "extra_forbidden":
         return "unknown key; remove it or check its spelling"
+    if kind == "engine_key":  # a key the chosen engine's section lacks, with who takes it (pipeline/engines)
+        return message
     if kind == "literal_error":
         return f"{str(repr(given))[:80]} is not allowed; {message.lower()}"
     if kind == "union_tag_invalid":
@@ -126,7 +97,7 @@ def format_error(path: Path, exc: ValidationError, lines: dict[tuple, int] | Non
     by_loc: dict[tuple, list[str]] = {}
     for err in exc.errors():
         message = message_for(err)
-        loc = error_loc(err)
+        loc = clean_loc(err["loc"])
         if (written := key_as_written(err, lines)) is not None:
             loc, message = written
         if message not in by_loc.setdefault(loc, []):
@@ -163,7 +134,7 @@ def with_overrides(section: BaseModel | type[BaseModel], **changes) -> BaseModel
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            loc = error_loc(err)
+            loc = clean_loc(err["loc"])
             flag = "--" + "-".join(str(p) for p in loc).replace("_", "-")
             given = f" {changes[loc[0]]}" if loc and loc[0] in changes else ""
             problems.append(f"{flag}{given}: {message_for(err)}")

@@ -93,7 +93,7 @@ def test_openai_engine_evaluates_against_a_real_server_with_the_same_items(tmp_p
     settings = json.loads(json.dumps(TINY_PARAMS))
     monkeypatch.setenv("EVAL_TEST_KEY", "sk-eval-secret")
     with ChatServer(answer) as server:
-        settings["engine"].update(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
+        settings["engine"] = dict(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
                                   api_key_env="EVAL_TEST_KEY")
         write_params(tmp_path, settings)
         monkeypatch.chdir(tmp_path)
@@ -116,7 +116,7 @@ def test_openai_engine_without_a_url_names_the_setting(tmp_path, tiny_llama, mon
     from pipeline.cli import app
 
     settings = json.loads(json.dumps(TINY_PARAMS))
-    settings["engine"].update(name="openai", model="m")
+    settings["engine"] = dict(name="openai", model="m")
     write_params(tmp_path, settings)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math"])
@@ -127,10 +127,10 @@ def test_openai_engine_hands_back_each_answer_as_it_arrives():
     """What moves the eval bar (and caches each row) for the openai and vllm engines."""
     from chat_server import ChatServer
     from pipeline.engines import GenRequest
-    from pipeline.engines.openai import OpenAIEngine
+    from clients import openai_client
 
     with ChatServer(lambda body: f"echo {body['messages'][-1]['content']}") as server:
-        engine = OpenAIEngine(base_url=server.base_url, model="m", concurrency=3, retries=0)
+        engine = openai_client(base_url=server.base_url, model="m", concurrency=3, retries=0)
         requests = [GenRequest(json.dumps([{"role": "user", "content": f"q{i}"}]), 4) for i in range(5)]
         seen = []
         completions = engine.generate(requests, on_done=lambda i, c: seen.append((i, c)))
@@ -151,7 +151,7 @@ def test_a_request_the_engine_gave_up_on_stops_the_stage_and_is_asked_again(tmp_
     settings = json.loads(json.dumps(TINY_PARAMS))
     with ChatServer(lambda body: "The answer is 7.") as server:
         server.script = [("ok", "The answer is 7."), ("status", 400)]
-        settings["engine"].update(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
+        settings["engine"] = dict(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
                                   concurrency=1, retries=0)
         write_params(tmp_path, settings)
         monkeypatch.chdir(tmp_path)
@@ -173,8 +173,8 @@ class _FakeEngine:
     name = "fake"
     gold: dict = {}
 
-    def __init__(self, model_dir, **options) -> None:
-        self.model_dir, self.options = model_dir, options
+    def __init__(self, model_dir, settings, **stage) -> None:
+        self.model_dir, self.settings = model_dir, settings
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
@@ -212,8 +212,11 @@ def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, mon
     module = types.ModuleType("fake_engine_for_test")
     module.FakeEngine = _FakeEngine
     monkeypatch.setitem(sys.modules, "fake_engine_for_test", module)
+    class FakeSettings(engines.EngineSettings):  # its section: the shared settings (batch_size)
+        name: str = "fake"
+
     monkeypatch.setattr(engines, "ENGINES", {"fake": engines.EngineSpec(
-        "fake", "fake_engine_for_test:FakeEngine", "a test's in-process engine", "in-process")})
+        "fake", FakeSettings, "fake_engine_for_test:FakeEngine", "a test's in-process engine", "in-process")})
     write_params(tmp_path)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--engine", "fake", "--out", "r"])

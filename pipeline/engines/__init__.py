@@ -87,6 +87,44 @@ def takes(key: str) -> list[str]:
     return [name for name, spec in ENGINES.items() if key in spec.settings.model_fields]
 
 
+def validate_section(value) -> EngineSettings:
+    """params.yaml's `engine` mapping validated as the section of the engine its `name` names (the default engine's
+    without one), read from the registry when params are validated. Problems are pydantic's, at their keys: an
+    unregistered engine.name with the names to use, a key of another engine's section with the engine that takes
+    it (e.g. "engine.base_url: the openai engine's setting; engine.name is vllm")."""
+    from pydantic import ValidationError
+    from pydantic_core import PydanticCustomError
+
+    if isinstance(value, EngineSettings):
+        return value
+    if not isinstance(value, dict):
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
+    name = value.get("name", DEFAULT)
+    if not isinstance(name, str) or name not in ENGINES:
+        raise ValidationError.from_exception_data("engine", [{
+            "type": "literal_error", "loc": ("name",), "input": name, "ctx": {"expected": engine_names(quote=True)}}])
+    try:
+        return ENGINES[name].settings.model_validate({**value, "name": name})
+    except ValidationError as exc:
+        raise ValidationError.from_exception_data("engine", [_told(err, name) for err in exc.errors()]) from None
+
+
+def _told(err: dict, name: str) -> dict:
+    """A pydantic error of engine `name`'s section as a line error again; an unknown key names who takes it."""
+    from pydantic_core import PydanticCustomError
+
+    if err["type"] != "extra_forbidden" or len(err["loc"]) != 1:
+        return {key: err[key] for key in ("type", "loc", "input", "ctx") if key in err}
+    owners = takes(str(err["loc"][0]))
+    if owners:
+        whose = " and ".join(f"the {owner}" for owner in owners) + (" engines'" if len(owners) > 1 else " engine's")
+        why = f"{whose} setting; engine.name is {name}"
+    else:
+        why = (f"unknown key; remove it or check its spelling (the {name} engine takes: "
+               f"{', '.join(ENGINES[name].settings.model_fields)})")
+    return {"type": PydanticCustomError("engine_key", "{why}", {"why": why}), "loc": err["loc"], "input": err["input"]}
+
+
 def settings_for(section: EngineSettings, name: str) -> EngineSettings:
     """Engine `name`'s settings from params.yaml's `engine` section (`--engine`, bench.engine and judge.backend
     may name another engine than engine.name): the section itself when it is that engine's; else that engine's
