@@ -217,7 +217,7 @@ def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, mon
 
     monkeypatch.setattr(engines, "ENGINES", {"fake": engines.EngineSpec(
         "fake", FakeSettings, "fake_engine_for_test:FakeEngine", "a test's in-process engine", "in-process")})
-    write_params(tmp_path)
+    write_params(tmp_path, {**TINY_PARAMS, "engine": {"batch_size": 8}})  # no name: the default, not registered here
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--engine", "fake", "--out", "r"])
     assert result.exit_code == 0, result.output
@@ -226,7 +226,7 @@ def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, mon
     assert engines.STARTS[-1]["engine"] == "fake"
 
     # params.yaml naming it: accepted, and the engine eval runs; a name no longer registered: refused
-    write_params(tmp_path, {**TINY_PARAMS, "engine": {**TINY_PARAMS["engine"], "name": "fake"}})
+    write_params(tmp_path, {**TINY_PARAMS, "engine": {"name": "fake", "batch_size": 8}})
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "r2"])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "r2" / "math.json").read_text())["engine"] == "fake"
@@ -308,3 +308,30 @@ def test_a_suite_whose_items_are_all_cached_starts_no_server(tmp_path, tiny_llam
     # no server: one that could not start any more did not fail the run; what is left of engine_start_s is making
     # the engine object (its tokenizer: milliseconds, 0.01 s once on a loaded machine), far below a server start
     assert summary["engine_start_s"] < 0.2 and not summary.get("kept") and summary["n"] == 2
+
+
+def test_eval_engine_hf_runs_on_a_params_yaml_written_for_vllm(tmp_path, tiny_llama, monkeypatch):
+    """`quantize eval --engine hf` on a params.yaml whose `engine` is vllm's section: the settings both engines take
+    and the file gives (batch_size, dtype) carried over, vllm's own (server_command, kv_cache_dtype, ...) ignored,
+    with no error (pipeline/engines/__init__.py: settings_for)."""
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline import engines
+    from pipeline.cli import app
+
+    made = []
+    real = engines.make_engine
+    monkeypatch.setattr(engines, "make_engine", lambda name, model_dir, settings=None, **stage: made.append(
+        settings) or real(name, model_dir, settings, **stage))
+    engine = {"name": "vllm", "batch_size": 3, "dtype": "float32", "server_command": ["no-such-vllm-binary"],
+              "kv_cache_dtype": "fp8", "tensor_parallel_size": 2, "timeout": 1800}
+    write_params(tmp_path, {**TINY_PARAMS, "engine": engine})
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--engine", "hf", "--limit", "1",
+                                      "--out", "r"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r" / "math.json").read_text())["engine"] == "hf"
+    [settings] = made
+    assert settings.model_dump() == {"name": "hf", "batch_size": 3, "max_batch_tokens": 65536, "dtype": "float32",
+                                     "threads": 0}

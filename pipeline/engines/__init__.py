@@ -77,9 +77,14 @@ def sections() -> tuple[type[EngineSettings], ...]:
     return tuple(spec.settings for spec in ENGINES.values())
 
 
+def default_name() -> str:
+    """The engine of params.yaml's `engine` without a name: DEFAULT, or the first registered when it is not."""
+    return DEFAULT if DEFAULT in ENGINES else next(iter(ENGINES))
+
+
 def default_settings() -> EngineSettings:
     """params.yaml's `engine` when it is not given: the default engine's defaults."""
-    return ENGINES[DEFAULT].settings()
+    return ENGINES[default_name()].settings()
 
 
 def takes(key: str) -> list[str]:
@@ -99,7 +104,7 @@ def validate_section(value) -> EngineSettings:
         return value
     if not isinstance(value, dict):
         raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
-    name = value.get("name", DEFAULT)
+    name = value.get("name", default_name())
     if not isinstance(name, str) or name not in ENGINES:
         raise ValidationError.from_exception_data("engine", [{
             "type": "literal_error", "loc": ("name",), "input": name, "ctx": {"expected": engine_names(quote=True)}}])
