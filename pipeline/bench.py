@@ -136,7 +136,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     from pipeline.engines import STARTS, default_settings, engine_spec, engine_start_seconds, make_engine, settings_for
 
     starts_before, watch = len(STARTS), Stopwatch()
-    b, e = sections_with_overrides(settings or BenchParams, engine_settings or default_settings(), **overrides)
+    b, e = sections_with_overrides(settings or BenchParams, engine_settings or default_settings(engine), **overrides)
     engine = engine or b.engine or e.name
     model_dir, out = Path(model_dir), Path(out)
     spec = engine_spec(engine)

@@ -159,7 +159,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     stage's other suites (run_model); without it the suite makes its own and closes it. keep_current: when
     the suite's results were written from the same inputs (`inputs` in <suite>.json), keep them as they are."""
     watch = Stopwatch()
-    s, e = sections_with_overrides(settings or SuiteParams, engine_settings or default_settings(), **overrides)
+    s, e = sections_with_overrides(settings or SuiteParams, engine_settings or default_settings(engine), **overrides)
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if shared is None:
         engine = engine or e.name

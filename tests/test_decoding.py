@@ -88,7 +88,7 @@ def test_no_preallocated_cache_for_sliding_window_layers():
 
 def _engine_outputs(model_dir, fast: bool) -> list[tuple[str, int]]:
     engine_class = type("Engine", (HFEngine,), {"fast_decoding": fast})
-    engine = engine_class(model_dir, batch_size=3)
+    engine = engine_class(model_dir, hf_engine.Settings(batch_size=3))
     requests = [GenRequest(prompt=p, max_new_tokens=10) for p in PROMPTS]
     return [(c.text, c.n_tokens) for c in engine.generate(requests)], engine
 

@@ -82,9 +82,10 @@ def default_name() -> str:
     return DEFAULT if DEFAULT in ENGINES else next(iter(ENGINES))
 
 
-def default_settings() -> EngineSettings:
-    """params.yaml's `engine` when it is not given: the default engine's defaults."""
-    return ENGINES[default_name()].settings()
+def default_settings(name: str | None = None) -> EngineSettings:
+    """Engine `name`'s defaults (a stage called without params.yaml's `engine`); None: the default engine's, as
+    params.yaml's `engine` when it is not given."""
+    return engine_spec(name or default_name()).settings()
 
 
 def takes(key: str) -> list[str]:
