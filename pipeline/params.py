@@ -258,7 +258,7 @@ class Params(Section):
     judge: JudgeParams = JudgeParams()
     kl: KlParams = KlParams()
     verdict: VerdictParams = VerdictParams()
-    engine: EngineSection = Field(default_factory=engines.default_settings)
+    engine: EngineSection = Field(default_factory=lambda: engines.default_settings())
     bench: BenchParams = BenchParams()
 
     @field_validator("variants", "suites")

@@ -67,7 +67,7 @@ def engine_spec(name: str, what: str = "engine") -> EngineSpec:
 
 
 def capability(name: str, flag: str) -> bool:
-    """An EngineSpec flag (local_weights, starts_server, likelihoods, images) of engine `name`; False for a name
+    """An EngineSpec flag (local_weights, starts_server, likelihoods, images, deployed) of engine `name`; False for a name
     not registered (make_engine refuses it, with the names it takes)."""
     return bool(getattr(ENGINES[name], flag)) if name in ENGINES else False
 

@@ -252,8 +252,7 @@ class VLLMEngine:
         """log_path: where the server's log goes (default results/<checkpoint dir's name>/vllm-server.log)."""
         self.model_dir = Path(model_dir)
         config_json.read(self.model_dir)  # a missing or broken config.json: one message naming it and the fix
-        settings = self.options = settings or Settings()
-        self.settings = server_settings(settings)  # what shapes the server, as the report names it
+        settings = self.settings = settings or Settings()
         refuse_unmatched_ignore(self.model_dir)
         self.accepts_images = is_multimodal(self.model_dir)
         self.batch_size = settings.batch_size  # requests in flight
@@ -338,7 +337,7 @@ class VLLMEngine:
     def max_length(self) -> int:
         from pipeline.long_context import context_length
 
-        return int(self.options.max_model_len or context_length(self.model_dir) or 4096)
+        return int(self.settings.max_model_len or context_length(self.model_dir) or 4096)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         prompt = self.client.apply_chat_template(messages)
@@ -382,10 +381,10 @@ class VLLMEngine:
     def describe(self) -> dict:
         """Engine, version and settings, as the report names them."""
         self.start()
-        return {"engine": "vllm", "version": self.version, "settings": self.settings,
-                "kv_cache_dtype": resolve_kv_cache_dtype(self.options.kv_cache_dtype, self.model_dir),
-                "tensor_parallel_size": self.options.tensor_parallel_size,
-                "enable_expert_parallel": self.options.enable_expert_parallel,
+        return {"engine": "vllm", "version": self.version, "settings": server_settings(self.settings),
+                "kv_cache_dtype": resolve_kv_cache_dtype(self.settings.kv_cache_dtype, self.model_dir),
+                "tensor_parallel_size": self.settings.tensor_parallel_size,
+                "enable_expert_parallel": self.settings.enable_expert_parallel,
                 "accepts_images": self.accepts_images,
                 "defects": self.defects(),
                 "server_start_seconds": round(self.server.start_seconds or 0.0, 1),
@@ -395,7 +394,7 @@ class VLLMEngine:
     def defects(self) -> list[dict]:
         """The known vLLM defects this checkpoint is exposed to, each with whether the server avoids it
         (pipeline/engines/vllm_defects.py); needs no server."""
-        return vllm_defects.described(config_json.read(self.model_dir), self.options.defect_workarounds)
+        return vllm_defects.described(config_json.read(self.model_dir), self.settings.defect_workarounds)
 
     @property
     def start_seconds(self) -> float:
