@@ -249,3 +249,13 @@ def test_no_module_outside_the_registry_compares_engine_names():
 ])
 def test_the_guard_finds_comparisons_with_engine_names(source, expected):
     assert engine_name_uses(ast.parse(source), NAMES) == expected
+
+
+def test_a_suites_code_digest_holds_its_own_engines_modules_not_every_registered_one():
+    """The registry imports every engine module (their sections validate params.yaml), but an hf suite's results
+    do not depend on vllm.py: the code digest (pipeline/imports.py) takes the registry's own file, not its imports."""
+    from pipeline.imports import closure
+
+    hf = closure("pipeline.engines.hf")
+    assert "pipeline.engines" in hf and "pipeline.engines.settings" in hf and "pipeline.engines.vllm" not in hf
+    assert "pipeline.engines.openai" in closure("pipeline.engines.vllm")  # what vllm.py imports itself
