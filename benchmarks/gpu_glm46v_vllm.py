@@ -129,8 +129,9 @@ def serve(names: list[str]) -> dict:
         engine_box: dict = {}
 
         def start(n=name, p=path):
-            options = {**SERVING, **SERVER, "log_path": ROOT / f"{n}.vllm.log"}
-            engine_box["engine"] = original("vllm", p, **options)
+            from pipeline.engines.vllm import Settings
+
+            engine_box["engine"] = original("vllm", p, Settings(**SERVING, **SERVER), log_path=ROOT / f"{n}.vllm.log")
             return engine_box["engine"].describe()
 
         step(results, "serve", f"{name}: vLLM start", start)

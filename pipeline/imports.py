@@ -58,12 +58,15 @@ def direct_imports(name: str) -> set[str]:
 # params.py and the method registry validate settings: their values are in a suite's digest already, and what
 # their code imports (a method's search, its mappings) computes no suite's results
 SETTINGS = ("pipeline.settings.params", "pipeline.methods")
+# the engine registry lists every engine module (each declares its params section): its own code counts, the engines
+# it lists do not (a suite's digest names its own engine's modules: pipeline/stages/evaluate.py, code_digest)
+REGISTRIES = ("pipeline.engines",)
 
 
 @lru_cache(maxsize=None)
 def closure(name: str, stop: tuple[str, ...] = SETTINGS) -> tuple[str, ...]:
     """`name` and every module of the package it imports, transitively (packages' __init__ included), sorted; the
-    modules under `stop` (by prefix) are not followed."""
+    modules under `stop` (by prefix) are not followed, nor what a registry (REGISTRIES) imports."""
     seen, todo = set(), [name]
     while todo:
         current = todo.pop()
@@ -72,7 +75,8 @@ def closure(name: str, stop: tuple[str, ...] = SETTINGS) -> tuple[str, ...]:
         seen.add(current)
         parts = current.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # importing a.b.c runs a and a.b first
-        todo += sorted(direct_imports(current))
+        if current not in REGISTRIES or current == name:
+            todo += sorted(direct_imports(current))
     return tuple(sorted(seen))
 
 

@@ -224,8 +224,10 @@ PARAMS_CASES = [
      ["params.yaml:4: calib: seq_len x num_blocks = 536,870,912 tokens, over the limit of 16,777,216"]),
     ("NaN", sub("  limit: 2", "  limit: 2\n  min_consistency: .nan"),
      ["params.yaml:23: judge.min_consistency: Input should be a finite number"]),
-    ("infinity", sub("  batch_size: 8", "  batch_size: 8\n  timeout: .inf"),
-     ["params.yaml:29: engine.timeout: Input should be a finite number"]),
+    ("infinity", sub("  batch_size: 8", "  batch_size: 8\n  name: vllm\n  timeout: .inf"),
+     ["params.yaml:30: engine.timeout: Input should be a finite number"]),
+    ("a key of another engine's section", sub("  batch_size: 8", "  batch_size: 8\n  timeout: 30"),
+     ["params.yaml:29: engine.timeout: the vllm and the openai engines' setting; engine.name is hf"]),
     ("a negative margin", sub("    suites: {math: 0.03}", "    suites: {math: -1.5}"),
      ["params.yaml:25: verdict.margins.suites.math: -1.5 is not between 0 and 1; a margin is the largest acceptable "
       "loss"]),

@@ -65,9 +65,10 @@ def test_bench_sweeps_concurrency_on_both_workloads(tmp_path, tiny_llama, monkey
 
 def test_bench_weight_bytes_leave_out_the_untied_embedding(tiny_llama):
     from pipeline.checkpoints.sizes import checkpoint_weight_bytes
+    from pipeline.engines import hf as hf_engine
     from pipeline.engines.hf import HFEngine
 
-    engine = HFEngine(tiny_llama, dtype="float16")
+    engine = HFEngine(tiny_llama, hf_engine.Settings(dtype="float16"))
     embedding = engine.model.get_input_embeddings().weight
     everything = sum(p.numel() * 2 for p in engine.model.parameters())
     assert engine.weight_bytes_per_token() == everything - embedding.numel() * 2

@@ -8,6 +8,7 @@ from tiny import save_tiny_glm, tiny_llama_config, tiny_tokenizer
 from pipeline.engines import GenRequest
 from pipeline.engines.decoding import (GROUPED_SDPA, PreallocatedLayer, preallocated_cache,
                                        use_grouped_attention)
+from pipeline.engines import hf as hf_engine
 from pipeline.engines.hf import HFEngine
 
 PROMPTS = ["a", "the order arrived broken and", "refund please, my account number is twelve"]
@@ -87,7 +88,7 @@ def test_no_preallocated_cache_for_sliding_window_layers():
 
 def _engine_outputs(model_dir, fast: bool) -> list[tuple[str, int]]:
     engine_class = type("Engine", (HFEngine,), {"fast_decoding": fast})
-    engine = engine_class(model_dir, batch_size=3)
+    engine = engine_class(model_dir, hf_engine.Settings(batch_size=3))
     requests = [GenRequest(prompt=p, max_new_tokens=10) for p in PROMPTS]
     return [(c.text, c.n_tokens) for c in engine.generate(requests)], engine
 
@@ -103,7 +104,7 @@ def test_engine_outputs_are_unchanged_for_base_and_weight_only_variants(variant,
 
 def test_fp8_kv_cache_stays_quantized_in_the_preallocated_cache(tiny_variants):
     """compressed-tensors quantizes K/V on their way into whatever cache generate passes."""
-    engine = HFEngine(tiny_variants["fp8-w8a8"], batch_size=3)
+    engine = HFEngine(tiny_variants["fp8-w8a8"], hf_engine.Settings(batch_size=3))
     inputs = _left_padded()
     cache = engine._cache(inputs["input_ids"].shape[1] + 6)
     _greedy(engine.model, inputs, cache, new=6)
@@ -124,7 +125,7 @@ def test_glm_engine_outputs_are_unchanged(tmp_path):
 
 
 def test_batches_hold_at_most_max_batch_tokens_of_kv_cache(tiny_llama):
-    engine = HFEngine(tiny_llama, batch_size=4, max_batch_tokens=300)
+    engine = HFEngine(tiny_llama, hf_engine.Settings(batch_size=4, max_batch_tokens=300))
     words = [40, 5, 38, 6, 39, 7, 120]  # prompt lengths in words (one token each, or more)
     requests = [GenRequest(prompt=" ".join(["refund"] * n), max_new_tokens=20) for n in words]
     lengths = [len(engine.encode(r.prompt)) for r in requests]

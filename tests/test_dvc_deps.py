@@ -56,13 +56,16 @@ def test_the_planner_and_the_methods_recipes_are_deps_of_the_quantize_stages_onl
 
 def test_the_derivation_follows_what_runs(derived):
     """On the real code: the engine registry's targets reach the stages that make engines (eval: hf, vLLM and the
-    supervisor it starts with -m) and not those that only validate engine names (resave); KL stops idle servers
-    (engines/shared.py) without making an engine; the report reads the serving table, not the engines."""
+    supervisor it starts with -m); every stage validates params.yaml's `engine` as the section its engine's module
+    declares (as `variants` with the method modules), so every stage depends on the engine modules, as on the
+    method modules; KL stops idle servers (engines/shared.py); the report reads the serving table."""
     deps = derived["dvc.yaml"]
     assert covers(deps["evaluate"], "pipeline/engines/hf.py") and covers(deps["evaluate"], "pipeline/engines/supervisor.py")
-    assert covers(deps["resave"], "pipeline/engines/__init__.py") and not covers(deps["resave"], "pipeline/engines/hf.py")
-    assert covers(deps["kl"], "pipeline/engines/shared.py") and not covers(deps["kl"], "pipeline/engines/hf.py")
-    assert covers(deps["report"], "pipeline/checkpoints/serving.py") and not covers(deps["report"], "pipeline/engines/vllm.py")
+    for stage in deps.values():
+        assert covers(stage, "pipeline/engines/__init__.py") and covers(stage, "pipeline/engines/vllm.py")
+        assert covers(stage, "pipeline/engines/settings.py") and covers(stage, "pipeline/methods/awq.py")
+    assert covers(deps["kl"], "pipeline/engines/shared.py")
+    assert covers(deps["report"], "pipeline/checkpoints/serving.py")
     assert covers(deps["report"], "pipeline/report/template.html")  # package data beside a reached module
 
 

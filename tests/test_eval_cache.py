@@ -32,9 +32,10 @@ def test_a_torn_last_line_is_dropped_at_every_byte_and_the_rerun_equals_an_unint
     also inside a multi-byte character), the next open drops and counts the torn line and cuts it off the
     file, and the rerun's items equal the uninterrupted run's: the torn item is generated again, the
     others are read back."""
+    from pipeline.engines import hf as hf_engine
     from pipeline.engines.hf import HFEngine
 
-    engine = HFEngine(tiny_llama, batch_size=4)
+    engine = HFEngine(tiny_llama, hf_engine.Settings(batch_size=4))
     lm_class = evaluate._lm_class()
     requests = [type("Instance", (), {"args": (engine.apply_chat_template([{"role": "user", "content": p}]),
                                                {"max_gen_toks": 12, "until": []})})
@@ -94,9 +95,10 @@ def test_a_line_without_the_fields_this_cache_writes_is_refused_naming_file_and_
 def test_each_row_is_handed_back_when_it_finishes_and_outputs_do_not_change(tiny_llama):
     """on_done gets every row once, rows that end early (EOS, or their own smaller max_new_tokens)
     before the batch ends, with exactly the completion the batch's end decodes."""
+    from pipeline.engines import hf as hf_engine
     from pipeline.engines.hf import HFEngine
 
-    engine = HFEngine(tiny_llama, batch_size=16)
+    engine = HFEngine(tiny_llama, hf_engine.Settings(batch_size=16))
     prompts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in _math_prompts(12)]
     requests = [GenRequest(p, max_new_tokens=[40, 5, 17][i % 3]) for i, p in enumerate(prompts)]
     plain = engine.generate(requests)
@@ -161,9 +163,10 @@ def test_a_kill_inside_one_large_batch_keeps_the_rows_already_finished(tmp_path,
 def test_the_eval_bar_moves_once_per_finished_request(tmp_path, tiny_llama):
     """PipelineLM announces every request lm-eval hands it (on_items) and reports each as it finishes
     (on_done): one by one from an engine that reports rows (hf), all at once when read from the cache."""
+    from pipeline.engines import hf as hf_engine
     from pipeline.engines.hf import HFEngine
 
-    engine = HFEngine(tiny_llama, batch_size=4)
+    engine = HFEngine(tiny_llama, hf_engine.Settings(batch_size=4))
     requests = [type("Instance", (), {"args": (engine.apply_chat_template([{"role": "user", "content": p}]),
                                                {"max_gen_toks": 6, "until": []})})
                 for p in _math_prompts(3)]

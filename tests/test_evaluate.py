@@ -93,7 +93,7 @@ def test_openai_engine_evaluates_against_a_real_server_with_the_same_items(tmp_p
     settings = json.loads(json.dumps(TINY_PARAMS))
     monkeypatch.setenv("EVAL_TEST_KEY", "sk-eval-secret")
     with ChatServer(answer) as server:
-        settings["engine"].update(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
+        settings["engine"] = dict(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
                                   api_key_env="EVAL_TEST_KEY")
         write_params(tmp_path, settings)
         monkeypatch.chdir(tmp_path)
@@ -116,7 +116,7 @@ def test_openai_engine_without_a_url_names_the_setting(tmp_path, tiny_llama, mon
     from pipeline.cli.app import app
 
     settings = json.loads(json.dumps(TINY_PARAMS))
-    settings["engine"].update(name="openai", model="m")
+    settings["engine"] = dict(name="openai", model="m")
     write_params(tmp_path, settings)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math"])
@@ -127,10 +127,10 @@ def test_openai_engine_hands_back_each_answer_as_it_arrives():
     """What moves the eval bar (and caches each row) for the openai and vllm engines."""
     from chat_server import ChatServer
     from pipeline.engines import GenRequest
-    from pipeline.engines.openai import OpenAIEngine
+    from clients import openai_client
 
     with ChatServer(lambda body: f"echo {body['messages'][-1]['content']}") as server:
-        engine = OpenAIEngine(base_url=server.base_url, model="m", concurrency=3, retries=0)
+        engine = openai_client(base_url=server.base_url, model="m", concurrency=3, retries=0)
         requests = [GenRequest(json.dumps([{"role": "user", "content": f"q{i}"}]), 4) for i in range(5)]
         seen = []
         completions = engine.generate(requests, on_done=lambda i, c: seen.append((i, c)))
@@ -151,7 +151,7 @@ def test_a_request_the_engine_gave_up_on_stops_the_stage_and_is_asked_again(tmp_
     settings = json.loads(json.dumps(TINY_PARAMS))
     with ChatServer(lambda body: "The answer is 7.") as server:
         server.script = [("ok", "The answer is 7."), ("status", 400)]
-        settings["engine"].update(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
+        settings["engine"] = dict(name="openai", base_url=server.base_url, model="served-tiny", prompt_format="chat",
                                   concurrency=1, retries=0)
         write_params(tmp_path, settings)
         monkeypatch.chdir(tmp_path)
@@ -173,8 +173,8 @@ class _FakeEngine:
     name = "fake"
     gold: dict = {}
 
-    def __init__(self, model_dir, **options) -> None:
-        self.model_dir, self.options = model_dir, options
+    def __init__(self, model_dir, settings, **stage) -> None:
+        self.model_dir, self.settings = model_dir, settings
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
@@ -212,9 +212,12 @@ def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, mon
     module = types.ModuleType("fake_engine_for_test")
     module.FakeEngine = _FakeEngine
     monkeypatch.setitem(sys.modules, "fake_engine_for_test", module)
+    class FakeSettings(engines.EngineSettings):  # its section: the shared settings (batch_size)
+        name: str = "fake"
+
     monkeypatch.setattr(engines, "ENGINES", {"fake": engines.EngineSpec(
-        "fake", "fake_engine_for_test:FakeEngine", "a test's in-process engine", "in-process")})
-    write_params(tmp_path)
+        "fake", FakeSettings, "fake_engine_for_test:FakeEngine", "a test's in-process engine", "in-process")})
+    write_params(tmp_path, {**TINY_PARAMS, "engine": {"batch_size": 8}})  # no name: the default, not registered here
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--engine", "fake", "--out", "r"])
     assert result.exit_code == 0, result.output
@@ -223,7 +226,7 @@ def test_an_engine_registered_alone_runs_quantize_eval(tmp_path, tiny_llama, mon
     assert engines.STARTS[-1]["engine"] == "fake"
 
     # params.yaml naming it: accepted, and the engine eval runs; a name no longer registered: refused
-    write_params(tmp_path, {**TINY_PARAMS, "engine": {**TINY_PARAMS["engine"], "name": "fake"}})
+    write_params(tmp_path, {**TINY_PARAMS, "engine": {"name": "fake", "batch_size": 8}})
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--out", "r2"])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "r2" / "math.json").read_text())["engine"] == "fake"
@@ -305,3 +308,30 @@ def test_a_suite_whose_items_are_all_cached_starts_no_server(tmp_path, tiny_llam
     # no server: one that could not start any more did not fail the run; what is left of engine_start_s is making
     # the engine object (its tokenizer: milliseconds, 0.01 s once on a loaded machine), far below a server start
     assert summary["engine_start_s"] < 0.2 and not summary.get("kept") and summary["n"] == 2
+
+
+def test_eval_engine_hf_runs_on_a_params_yaml_written_for_vllm(tmp_path, tiny_llama, monkeypatch):
+    """`quantize eval --engine hf` on a params.yaml whose `engine` is vllm's section: the settings both engines take
+    and the file gives (batch_size, dtype) carried over, vllm's own (server_command, kv_cache_dtype, ...) ignored,
+    with no error (pipeline/engines/__init__.py: settings_for)."""
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline import engines
+    from pipeline.cli import app
+
+    made = []
+    real = engines.make_engine
+    monkeypatch.setattr(engines, "make_engine", lambda name, model_dir, settings=None, **stage: made.append(
+        settings) or real(name, model_dir, settings, **stage))
+    engine = {"name": "vllm", "batch_size": 3, "dtype": "float32", "server_command": ["no-such-vllm-binary"],
+              "kv_cache_dtype": "fp8", "tensor_parallel_size": 2, "timeout": 1800}
+    write_params(tmp_path, {**TINY_PARAMS, "engine": engine})
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "math", "--engine", "hf", "--limit", "1",
+                                      "--out", "r"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r" / "math.json").read_text())["engine"] == "hf"
+    [settings] = made
+    assert settings.model_dump() == {"name": "hf", "batch_size": 3, "max_batch_tokens": 65536, "dtype": "float32",
+                                     "threads": 0}

@@ -134,7 +134,7 @@ def test_moe_fp8_variant_has_static_dense_and_dynamic_experts_and_says_why(moe_v
 
 def test_vision_ignore_list_must_match_vllms_names(moe_variants, tmp_path):
     from pipeline.checkpoints import serving_names
-    from pipeline.engines.vllm import VLLMEngine
+    from pipeline.engines.vllm import Settings, VLLMEngine
 
     for name in ("fp8", "awq"):
         assert serving_names.check(moe_variants[name])["vllm_would_quantize"] == []
@@ -153,7 +153,7 @@ def test_vision_ignore_list_must_match_vllms_names(moe_variants, tmp_path):
                                           serving_names.unquantized_linears(stale))
     assert missed and all(name.endswith("attn.qkv") for name in missed)
     with pytest.raises(UserError, match="vLLM would quantize"):  # before any server starts
-        VLLMEngine(stale, server_command=["false"])
+        VLLMEngine(stale, Settings(server_command=["false"]))
 
 
 def _eval(model_dir: Path, out: Path, engine: str, tmp_path: Path, suite: str = "vqa", task: str = "quant_vqa",

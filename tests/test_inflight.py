@@ -19,9 +19,9 @@ from pipeline.engines.inflight import vllm_load
 
 
 def engine_for(model_dir, server, **options):
-    from pipeline.engines.openai import OpenAIEngine
+    from clients import openai_client
 
-    engine = OpenAIEngine(model_dir, base_url=server.base_url, model="served", prompt_format="tokens",
+    engine = openai_client(model_dir, base_url=server.base_url, model="served", prompt_format="tokens",
                           params_section="engine", **options)
     engine.load = vllm_load(server.base_url.removesuffix("/v1"))
     engine.lost_after, engine.poll = 1.0, 0.1  # seconds: the watchdog of the GPU runs, shrunk for a test
@@ -116,11 +116,11 @@ def test_the_deadline_is_wall_clock_from_connect_to_the_last_byte(tiny_llama, fa
 
 def test_a_redirect_is_reported_as_a_redirect_with_where_it_points():
     from chat_server import ChatServer
-    from pipeline.engines.openai import OpenAIEngine
+    from clients import openai_client
 
     with ChatServer() as server:
         server.script = [("redirect", "https://api.example.com/v2/chat/completions")]
-        engine = OpenAIEngine(base_url=server.base_url, model="m", timeout=5, retries=3, backoff=0.01)
+        engine = openai_client(base_url=server.base_url, model="m", timeout=5, retries=3, backoff=0.01)
         [answer] = engine.generate([GenRequest("hi", 4)])
     assert answer.error.startswith("HTTP 307 redirect to https://api.example.com/v2/chat/completions")
     assert len(server.requests) == 1  # not retried, not followed

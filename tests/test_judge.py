@@ -11,7 +11,7 @@ from pipeline.stages import judge
 from pipeline.verdict import intervals, judge as judge_rule
 from pipeline.judge import client, prompts, scoring
 from pipeline.engines import GenRequest
-from pipeline.engines.openai import OpenAIEngine
+from clients import openai_client
 from pipeline.errors import UserError
 from pipeline.settings.params import JudgeParams
 
@@ -116,7 +116,7 @@ def prefers_longer(body: dict) -> str:
 def make_judge(server, tmp_path, retries=2, timeout=0.5, concurrency=1, mode="pairwise"):
     engine_options = dict(base_url=server.base_url, model="test-judge", concurrency=concurrency, timeout=timeout,
                           retries=retries, backoff=0.01, retry_on_length=True)
-    return client.Judge(lambda: OpenAIEngine(**engine_options), "test", client.JudgmentCache(tmp_path / "cache.jsonl"),
+    return client.Judge(lambda: openai_client(**engine_options), "test", client.JudgmentCache(tmp_path / "cache.jsonl"),
                        mode=mode, max_new_tokens=64)
 
 
@@ -411,7 +411,7 @@ def test_openai_engine_repr_and_errors_hide_the_key(monkeypatch):
     monkeypatch.setenv("JUDGE_TEST_KEY", FAKE_KEY)
     with ChatServer() as server:
         server.script = [("status", 503)] * 2
-        engine = OpenAIEngine(base_url=server.base_url, model="m", api_key_env="JUDGE_TEST_KEY", retries=1,
+        engine = openai_client(base_url=server.base_url, model="m", api_key_env="JUDGE_TEST_KEY", retries=1,
                               backoff=0.01)
         [completion] = engine.generate([GenRequest("hi", 4)])
     assert FAKE_KEY not in repr(engine) and FAKE_KEY not in completion.error and "[REDACTED]" in completion.error

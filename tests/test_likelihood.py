@@ -73,9 +73,10 @@ def test_token_logprobs_equal_a_plain_forward_pass_per_request(tiny_llama):
     transformers forward pass over that request alone, computed here from the logits."""
     from transformers import AutoModelForCausalLM
 
+    from pipeline.engines import hf as hf_engine
     from pipeline.engines.hf import HFEngine
 
-    engine = HFEngine(tiny_llama, batch_size=4, max_batch_tokens=120)
+    engine = HFEngine(tiny_llama, hf_engine.Settings(batch_size=4, max_batch_tokens=120))
     generator = torch.Generator().manual_seed(0)
     vocab = len(engine.tokenizer)
     requests = [(torch.randint(0, vocab, (n_ctx,), generator=generator).tolist(),

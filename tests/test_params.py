@@ -138,16 +138,18 @@ def test_every_margin_lives_in_one_block_and_kl_in_its_own_section(tmp_path):
 
 
 def test_a_stage_takes_overrides_routed_to_the_first_section_with_that_field_and_validated_again():
-    from pipeline.settings.params import EngineParams, JudgeParams, VerdictParams, sections_with_overrides
+    from pipeline.engines.openai import Settings as OpenAISettings
+    from pipeline.settings.params import JudgeParams, VerdictParams, sections_with_overrides
 
-    judge, engine, verdict = sections_with_overrides(JudgeParams(), EngineParams(), VerdictParams(),
+    served = OpenAISettings(model="m")
+    judge, engine, verdict = sections_with_overrides(JudgeParams(), served, VerdictParams(),
                                                      concurrency=2, batch_size=3, bootstrap=200)
-    assert judge.concurrency == 2 and engine.concurrency == EngineParams().concurrency  # the judge's own first
+    assert judge.concurrency == 2 and engine.concurrency == served.concurrency  # the judge's own first
     assert engine.batch_size == 3 and verdict.bootstrap == 200
     with pytest.raises(UserError, match=r"--bootstrap 5: .*greater than or equal to 100"):
         sections_with_overrides(JudgeParams(), VerdictParams(), bootstrap=5)
     with pytest.raises(TypeError, match="no setting batchsize"):
-        sections_with_overrides(JudgeParams(), EngineParams(), batchsize=3)
+        sections_with_overrides(JudgeParams(), served, batchsize=3)
     with pytest.raises(UserError, match="--task: required key missing"):  # a suite has no default task
         params.with_overrides(params.SuiteParams, limit=3)
 

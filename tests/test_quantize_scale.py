@@ -153,10 +153,17 @@ def test_engine_tensor_parallel_size_is_validated_and_reaches_lmdeploy_only(tmp_
     from conftest import TINY_PARAMS, write_params
     from pipeline.settings import params
 
-    engine = {**TINY_PARAMS["engine"], "tensor_parallel_size": 2}
+    from pipeline.engines import settings_for
+
+    engine = {**TINY_PARAMS["engine"], "name": "lmdeploy", "tensor_parallel_size": 2}
+    engine.pop("max_batch_tokens", None), engine.pop("threads", None)  # hf's own settings
     p = params.load(write_params(tmp_path, {**TINY_PARAMS, "engine": engine}))
-    assert p.engine.options("lmdeploy")["tensor_parallel_size"] == 2
-    assert "tensor_parallel_size" not in p.engine.options("hf")
+    assert settings_for(p.engine, "lmdeploy").tensor_parallel_size == 2
+    assert not hasattr(settings_for(p.engine, "hf"), "tensor_parallel_size")
+    hf = {**TINY_PARAMS["engine"], "name": "hf", "tensor_parallel_size": 2}
+    with pytest.raises(UserError, match="engine.tensor_parallel_size: the vllm and the lmdeploy engines' setting; "
+                                        "engine.name is hf"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "engine": hf}))
     with pytest.raises(UserError, match="engine.tensor_parallel_size: Input should be greater than or equal to 1"):
         params.load(write_params(tmp_path, {**TINY_PARAMS, "engine": {**engine, "tensor_parallel_size": 0}}))
     variants = {"awq-w4a16": {**TINY_PARAMS["variants"]["awq-w4a16"], "search": "fast"}}

@@ -9,7 +9,7 @@ import pytest
 
 from openai_server import CompletionsServer
 from pipeline.engines import GenRequest, replies
-from pipeline.engines.openai import OpenAIEngine
+from clients import openai_client
 from pipeline.errors import UserError
 
 
@@ -23,7 +23,7 @@ def server(tiny_llama):
 def vllm_client(server, tiny_llama):
     """The client VLLMEngine talks to its server with (token ids both ways), one request at a time."""
     server.edits.clear()
-    yield OpenAIEngine(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens", retries=1,
+    yield openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens", retries=1,
                        backoff=0.001, concurrency=1, params_section="engine",
                        extra_body={"return_token_ids": True, "skip_special_tokens": False})
     server.edits.clear()
@@ -76,7 +76,7 @@ def test_a_bad_completion_is_retried_then_fails_that_request_alone(server, vllm_
 
 
 def test_a_lone_surrogate_in_answer_text_is_replaced_and_counted(server, tiny_llama):
-    client = OpenAIEngine(tiny_llama, base_url=server.base_url, model="served", prompt_format="text", retries=0)
+    client = openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="text", retries=0)
     server.edits[:] = [in_choice(text="ok \ud83d then \udc00 end")]
     [completion] = client.generate([GenRequest("hi", 4)])
     assert completion.error is None and completion.replaced == 2
@@ -85,7 +85,7 @@ def test_a_lone_surrogate_in_answer_text_is_replaced_and_counted(server, tiny_ll
 
 
 def test_usage_is_what_a_text_answer_counts(server, tiny_llama):
-    client = OpenAIEngine(tiny_llama, base_url=server.base_url, model="served", prompt_format="text", retries=0)
+    client = openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="text", retries=0)
     server.edits[:] = [in_usage({"completion_tokens": 3, "prompt_tokens": "ignored"})]
     [completion] = client.generate([GenRequest("hi", 4)])
     assert completion.error is None and completion.n_tokens == 3
@@ -180,7 +180,7 @@ def test_an_openai_engine_streams_for_bench_and_counts_by_usage(server, tiny_lla
     """`quantize bench --engine openai` times a server it did not start: tokens counted from the reply's usage."""
     from pipeline.stages.bench import HttpTiming
 
-    client = OpenAIEngine(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens", retries=0)
+    client = openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens", retries=0)
     timer = HttpTiming(client, vllm_extras=False)
     [timing] = timer.timed_generate([client.encode("Name a colour.")], [3], 1)
     assert timing.error is None and 1 <= timing.n_tokens <= 3

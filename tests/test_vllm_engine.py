@@ -20,6 +20,7 @@ from conftest import TINY_PARAMS, read_jsonl, write_params
 from openai_server import CompletionsServer
 from pipeline.cli.app import app
 from pipeline.engines import GenRequest
+from pipeline.engines.vllm import Settings
 from pipeline.errors import UserError
 
 SERVER = [sys.executable, str(Path(__file__).with_name("openai_server.py"))]
@@ -34,19 +35,20 @@ def vllm_settings(tmp_path, **engine) -> dict:
 
 
 def hf_answers(model_dir, prompts, max_new_tokens=12):
+    from pipeline.engines import hf as hf_engine
     from pipeline.engines.hf import HFEngine
 
-    engine = HFEngine(model_dir, batch_size=4)
+    engine = HFEngine(model_dir, hf_engine.Settings(batch_size=4))
     requests = [GenRequest(engine.apply_chat_template([{"role": "user", "content": p}]), max_new_tokens) for p in prompts]
     return requests, engine.generate(requests)
 
 
 def test_token_prompts_give_the_hf_engines_very_outputs(tiny_llama):
-    from pipeline.engines.openai import OpenAIEngine
+    from clients import openai_client
 
     requests, expected = hf_answers(tiny_llama, PROMPTS)
     with CompletionsServer(str(tiny_llama), "served") as server:
-        engine = OpenAIEngine(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens",
+        engine = openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens",
                               params_section="engine")
         assert engine.apply_chat_template([{"role": "user", "content": PROMPTS[0]}]) == requests[0].prompt
         got = engine.generate(requests)
@@ -118,18 +120,19 @@ def test_an_fp8_kv_cache_is_served_in_bfloat16(tmp_path):
     path.mkdir()
     path.joinpath("config.json").write_text(json.dumps({"quantization_config": {"kv_cache_scheme": {
         "num_bits": 8, "type": "float", "strategy": "attn_head"}}}))
-    args = server_args(path, 8000, {"kv_cache_dtype": "checkpoint"})
+    args = server_args(path, 8000, Settings(kv_cache_dtype="checkpoint"))
     assert args[args.index("--dtype") + 1] == "bfloat16"  # a float16 checkpoint would crash vLLM's FP8 attention
     with pytest.raises(UserError, match="float16 with an FP8 KV cache"):
-        server_args(path, 8000, {"kv_cache_dtype": "checkpoint", "dtype": "float16"})
-    plain = server_args(path, 8000, {"kv_cache_dtype": "auto", "dtype": "float16"})
+        server_args(path, 8000, Settings(kv_cache_dtype="checkpoint", dtype="float16"))
+    plain = server_args(path, 8000, Settings(kv_cache_dtype="auto", dtype="float16"))
     assert plain[plain.index("--dtype") + 1] == "float16"
 
 
 def test_a_missing_vllm_command_says_how_to_install_it(tmp_path, tiny_llama):
     from pipeline.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(tiny_llama, server_command=["no-such-vllm-binary", "serve"], log_path=tmp_path / "log")
+    engine = VLLMEngine(tiny_llama, Settings(server_command=["no-such-vllm-binary", "serve"], share_server=False),
+                        log_path=tmp_path / "log")
     with pytest.raises(UserError, match=r"not found; install it \(pip install -e '.\[vllm\]'\)"):
         engine.start()  # the server starts when something first needs it
 
@@ -144,7 +147,8 @@ def test_vllm_log_likelihoods_equal_a_forward_pass(tmp_path, tiny_llama):
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     pairs = [(tokenizer("The cat sat on")["input_ids"], tokenizer(" the mat", add_special_tokens=False)["input_ids"]),
              (tokenizer("Order")["input_ids"], tokenizer(" 12345 shipped today", add_special_tokens=False)["input_ids"])]
-    engine = VLLMEngine(tiny_llama, server_command=SERVER, log_path=tmp_path / "server.log", start_timeout=120)
+    engine = VLLMEngine(tiny_llama, Settings(server_command=SERVER, start_timeout=120, share_server=False),
+                        log_path=tmp_path / "server.log")
     try:
         got = engine.token_logprobs(pairs)
     finally:
@@ -174,17 +178,17 @@ def test_kv_cache_dtype_checkpoint_serves_fp8_kv_scales_in_fp8(tmp_path, tiny_ll
     assert resolve_kv_cache_dtype("checkpoint", awq) == "auto"
     assert resolve_kv_cache_dtype("checkpoint", tiny_llama) == "auto"
     assert resolve_kv_cache_dtype("bfloat16", fp8) == "bfloat16"  # the user's choice wins
-    args = server_args(fp8, 8000, {"kv_cache_dtype": "checkpoint"})
+    args = server_args(fp8, 8000, Settings(kv_cache_dtype="checkpoint"))
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
 
 
 def test_a_slow_drip_answer_is_cut_at_the_total_deadline(tiny_llama):
     """One byte every 50 ms: httpx's idle timeout never fires; the total deadline does."""
-    from pipeline.engines.openai import OpenAIEngine
+    from clients import openai_client
 
     with CompletionsServer(str(tiny_llama), "served") as server:
         server.fault = ("drip", 0.05)
-        engine = OpenAIEngine(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens",
+        engine = openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens",
                               timeout=1.5, retries=0)
         started = time.monotonic()
         [completion] = engine.generate([GenRequest("hello", 4)])
@@ -194,11 +198,11 @@ def test_a_slow_drip_answer_is_cut_at_the_total_deadline(tiny_llama):
 
 
 def test_an_oversized_answer_is_dropped_unread(tiny_llama):
-    from pipeline.engines.openai import OpenAIEngine
+    from clients import openai_client
 
     with CompletionsServer(str(tiny_llama), "served") as server:
         server.fault = ("huge", 4 << 20)
-        engine = OpenAIEngine(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens",
+        engine = openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens",
                               max_response_bytes=1 << 20, retries=0)
         [completion] = engine.generate([GenRequest("hello", 4)])
     assert completion.error and "larger than 1048576 bytes" in completion.error
@@ -284,18 +288,18 @@ def test_a_planned_kv_pool_is_the_memory_share_less_the_weights_and_the_rest(tmp
     weights = sum(f.stat().st_size for f in tiny_llama.glob("*.safetensors"))
     settings = {"kv_cache_memory": "planned", "device_memory_gib": 2.0, "gpu_memory_utilization": 0.5,
                 "non_kv_memory_gib": 0.25}
-    args = server_args(tiny_llama, 8000, settings)
+    args = server_args(tiny_llama, 8000, Settings(**settings))
     pool = int(args[args.index("--kv-cache-memory-bytes") + 1])
     assert pool == int(0.5 * 2 * (1 << 30)) - weights - int(0.25 * (1 << 30))
-    tp2 = server_args(tiny_llama, 8000, {**settings, "tensor_parallel_size": 2})
+    tp2 = server_args(tiny_llama, 8000, Settings(**{**settings, "tensor_parallel_size": 2}))
     assert int(tp2[tp2.index("--kv-cache-memory-bytes") + 1]) == pool + weights - weights // 2
-    assert "--kv-cache-memory-bytes" not in server_args(tiny_llama, 8000, {})  # auto: vLLM sizes it
+    assert "--kv-cache-memory-bytes" not in server_args(tiny_llama, 8000, Settings())  # auto: vLLM sizes it
     assert planned_kv_figures(["vllm", "serve", "m", "--kv-cache-memory-bytes", str(pool)]) == {
         "kv_cache_bytes": pool, "kv_cache_bytes_source": "planned"}
     with pytest.raises(UserError, match="leaves no KV cache for .* raise gpu_memory_utilization"):
-        server_args(tiny_llama, 8000, {**settings, "gpu_memory_utilization": 0.1})
+        server_args(tiny_llama, 8000, Settings(**{**settings, "gpu_memory_utilization": 0.1}))
     import shutil
 
     monkeypatch.setattr(shutil, "which", lambda name: None)  # a machine without nvidia-smi
     with pytest.raises(UserError, match="set engine.device_memory_gib, or use engine.kv_cache_memory: auto"):
-        server_args(tiny_llama, 8000, {**settings, "device_memory_gib": None})
+        server_args(tiny_llama, 8000, Settings(**{**settings, "device_memory_gib": None}))

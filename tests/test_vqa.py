@@ -5,6 +5,7 @@ import torch
 
 from conftest import REPO
 from pipeline.engines import GenRequest, vision
+from pipeline.engines import hf as hf_engine
 
 VQA_DIR = REPO / "evals" / "vqa"
 EASY_VQA_ANSWERS = {"circle", "green", "red", "gray", "yes", "teal", "black", "rectangle", "yellow", "triangle",
@@ -123,7 +124,7 @@ def test_changing_the_image_changes_the_logits(tiny_glm4v, suite_utils):
 
 
 def test_engine_generates_from_images_in_a_batch(tiny_glm4v, suite_utils):
-    engine = vision.VisionEngine(tiny_glm4v, batch_size=2)
+    engine = vision.VisionEngine(tiny_glm4v, hf_engine.Settings(batch_size=2))
     prompt = engine.apply_chat_template([{"role": "user", "content": "<image>\nwhat shape is it?"}])
     assert "<|begin_of_image|><|image|><|end_of_image|>" in prompt and "<image>" not in prompt
     images = _images(suite_utils, "easyvqa-test-0018", "easyvqa-test-0230")
@@ -174,7 +175,7 @@ def test_vqa_runs_through_lm_eval_with_the_image_engine(tiny_glm4v, tiny_llama):
         loglikelihood_rolling = loglikelihood
 
     manager = TaskManager(include_path=str(REPO / "evals"), include_defaults=False)
-    results = simple_evaluate(model=ImageLM(vision.VisionEngine(tiny_glm4v, batch_size=4)), tasks=["quant_vqa"],
+    results = simple_evaluate(model=ImageLM(vision.VisionEngine(tiny_glm4v, hf_engine.Settings(batch_size=4))), tasks=["quant_vqa"],
                               task_manager=manager, limit=4, log_samples=True, apply_chat_template=True,
                               bootstrap_iters=0, verbosity="ERROR")
     samples = results["samples"]["quant_vqa"]

@@ -149,11 +149,17 @@ def runs_for(engine: str, config: dict) -> list[Run]:
 
 # ---------------------------------------------------------------- what each engine does with it
 
-def _try_command(engine: str, config: dict) -> str:
-    if engine == "vllm":
-        kv = " --kv-cache-dtype fp8" if kv_strategy(config) != "none" else ""
-        return f"vllm serve DIR{kv} (or benchmarks/gpu_glm46v_vllm.py for the GLM-4.6V layout)"
-    return "quantize export DIR --engine lmdeploy, then lmdeploy serve api_server EXPORT --backend pytorch"
+def _try_vllm(config: dict) -> str:
+    kv = " --kv-cache-dtype fp8" if kv_strategy(config) != "none" else ""
+    return f"vllm serve DIR{kv} (or benchmarks/gpu_glm46v_vllm.py for the GLM-4.6V layout)"
+
+
+# the serving engines SHOWN records runs of, each with how to try a checkpoint no recorded run covers
+TRY_COMMANDS = {
+    "vllm": _try_vllm,
+    "lmdeploy": lambda config: "quantize export DIR --engine lmdeploy, then lmdeploy serve api_server EXPORT "
+                               "--backend pytorch",
+}
 
 
 def _engine_entry(engine: str, config: dict) -> dict:
@@ -172,7 +178,7 @@ def _engine_entry(engine: str, config: dict) -> dict:
                 "evidence": run.evidence, "how": f"{engine} {run.version} {run.note or 'refused it'}"}
     return {"serves": False, "status": "not shown",
             "how": f"not shown: no {engine} run of {arch} with {kind}, KV {kv} was recorded; try: "
-                   f"{_try_command(engine, config)}"}
+                   f"{TRY_COMMANDS[engine](config)}"}
 
 
 def support_from_config(config: dict) -> dict[str, dict]:
@@ -180,7 +186,7 @@ def support_from_config(config: dict) -> dict[str, dict]:
     result = {"hf": {"serves": True, "status": "in-process",
                      "how": "in-process transformers; W4A16 dequantized and FP8 fake-quantized at load: right for "
                             "accuracy, not a serving speed"}}
-    for engine in ("vllm", "lmdeploy"):
+    for engine in TRY_COMMANDS:
         result[engine] = _engine_entry(engine, config)
     kind, kv = scheme(config), kv_strategy(config)
     if kind.startswith("fp8") and not result["lmdeploy"]["serves"]:  # known from lmdeploy's loader: no run to try

@@ -139,7 +139,8 @@ def eval_(
     model_dir: Path = typer.Argument(..., help="Checkpoint to evaluate (models/base or models/<variant>)"),
     suite: Optional[str] = typer.Option(None, help="One suite from params.yaml (e.g. math); default: every suite "
                                                    "params.yaml runs on this model, in one process"),
-    engine: Optional[str] = typer.Option(None, help=f"{engine_names(described=True)} (default: params engine.name)"),
+    engine: Optional[str] = typer.Option(None, help=f"{engine_names(described=True)} (default: params engine.name; "
+                                                    "another engine takes the settings of params engine it shares)"),
     limit: Optional[int] = typer.Option(None, help="Items to run (default: params suites.<suite>.limit); with --suite"),
     out: Optional[Path] = typer.Option(None, help="Results dir (default: results/<model dir name>)"),
     params_file: Path = PARAMS_OPTION,

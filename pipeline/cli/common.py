@@ -252,7 +252,7 @@ def warm_server(p, model_dir: Path, phase: str, name: str | None = None) -> str:
     from pipeline.outputs import STAGE_RECORD
 
     e, name = p.engine, name or Path(model_dir).name
-    if not e.warm_servers:
+    if not getattr(e, "warm_servers", False):  # a setting of the engines that start servers (vllm)
         return "not started: engine.warm_servers is false"
     if not capability(e.name, "starts_server"):
         return f"not started: engine {e.name} starts no server"
@@ -263,7 +263,7 @@ def warm_server(p, model_dir: Path, phase: str, name: str | None = None) -> str:
     if not _room_for_a_server(e, phase):
         return "not started: the GPU has no room for it yet (its stages start it when they need it)"
     try:
-        key = warm(e.name, model_dir, **{**e.options(e.name), "log_path": Path("results") / name / "vllm-server.log"})
+        key = warm(e.name, model_dir, e, log_path=Path("results") / name / "vllm-server.log")
     except (UserError, OSError) as exc:
         return f"not started: {exc}"
     if key is None:
@@ -283,7 +283,7 @@ def start_ahead(p, params_file: Path, exclude: tuple[str, Path] | None = None) -
     from pipeline.outputs import STAGE_RECORD
 
     e = p.engine
-    if not (e.score_ahead and capability(e.name, "starts_server")) or ahead.in_job():
+    if not (getattr(e, "score_ahead", False) and capability(e.name, "starts_server")) or ahead.in_job():
         return []
     served = {Path(entry.get("model_path") or "") for entry in shared.entries().values()}
     base = Path(p.model.base_dir)
@@ -303,7 +303,7 @@ def _room_for_a_server(e, phase: str) -> bool:
     Without nvidia-smi (no GPU here): yes."""
     from pipeline.engines import gpu_memory, shared
 
-    total, free = gpu_memory.device_memory_bytes(e.options(e.name)), gpu_memory.device_memory_free_bytes()
+    total, free = gpu_memory.device_memory_bytes(e.device_memory_gib), gpu_memory.device_memory_free_bytes()
     if total is None or free is None:
         return True
     share = e.gpu_memory_utilization * total

@@ -5,20 +5,37 @@ engine), `vllm` on a CUDA machine (`vllm serve` started by the stage, spoken to 
 against any OpenAI-compatible server already running. Every engine that renders prompts itself
 uses the checkpoint's own chat template and tokenizer, so switching engines changes no token.
 In-process engines also time single requests (`timed_generate`) for `quantize bench`; server
-engines are timed over HTTP by the bench itself. `ENGINES` is the one table of engine names and of what
-each engine can do and reads (params, bench, evaluate, judge and the CLI ask it; none compares names).
-This module stays light: params.py imports it to validate engine names.
+engines are timed over HTTP by the bench itself.
+
+An engine is one module, registered in MODULES below, the one place engine names live. It declares:
+  Settings   its params.yaml section, a subclass of EngineSettings (pipeline/engines/settings.py: the fields
+             every engine shares): `engine:` is validated as the Settings of the engine `engine.name` names, so
+             each default is written once, in its engine's module, and an unknown key is refused with the
+             engine that takes it
+  SPEC       its EngineSpec: its Settings, its class ("module:Class", made with (model_dir, settings, **what
+             the stage supplies: a log path, a progress callback)) and what it can do (local_weights,
+             starts_server, likelihoods, images, deployed, ...). Callers ask these flags (`capability`),
+             never compare a name.
+Adding an engine is its module and its entry in MODULES (and its row in the README).
+
+This module stays light (the engine modules import their heavy libraries when an engine is made): params.py
+imports it to validate `engine` and engine names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Protocol
 
-from pipeline.engines import options as _options
+from pipeline.engines import hf, lmdeploy, openai, vllm
 from pipeline.engines.base import (  # noqa: F401  (the engine protocol's types, for callers)
     Completion, GenRequest, Timing, eos_token_ids, to_completion, truncate_at_stop,
 )
+from pipeline.engines.records import PEAK_IN_FLIGHT, STALLS, STARTS, engine_start_seconds  # noqa: F401
+from pipeline.engines.settings import EngineSettings, EngineSpec  # noqa: F401
+
+MODULES = (hf, vllm, lmdeploy, openai)  # the registry, in the order help texts list the engines
+ENGINES: dict[str, EngineSpec] = {module.SPEC.name: module.SPEC for module in MODULES}
+DEFAULT = hf.SPEC.name  # the engine that runs everywhere: params.yaml's `engine` without a name
 
 
 class Engine(Protocol):
@@ -29,41 +46,6 @@ class Engine(Protocol):
     def apply_chat_template(self, messages: list[dict]) -> str: ...
 
     def close(self) -> None: ...  # frees what the engine holds (GPU memory, worker processes)
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """One engine: where its class lives and what it can do."""
-
-    name: str
-    target: str  # "module:Class"
-    summary: str  # what help texts say of it, e.g. hf (in-process)
-    timing: str  # how `quantize bench` times it: "in-process" (timed_generate) or "http" (a server)
-    extra: str | None = None  # the pip extra that installs it
-    local_weights: bool = True  # runs the checkpoint dir's weights (False: a server already running holds them)
-    starts_server: bool = False  # the stage starts a server for it (it writes the server's log; bench asks its metrics)
-    likelihoods: bool = False  # scores text (token_logprobs): likelihood and perplexity suites
-    images: bool = False  # answers prompts with images (the VQA suite) for a checkpoint with a vision tower
-    vision_target: str | None = None  # "module:Class" that runs a checkpoint with a vision tower, if not `target`
-    # what make_engine takes for it from params.yaml's `engine` section (pipeline/engines/options.py)
-    options: Callable[[Any], dict] = _options.in_process
-    package: str | None = None  # the distribution whose version `quantize bench` records for it
-    check: str | None = None  # "module:function" failing early (naming the extra) when its package is missing here
-    # "module:function" starting the run's shared server for a checkpoint in the background (a server engine)
-    warm: str | None = None
-
-
-ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
-    EngineSpec("hf", "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True, images=True,
-               vision_target="pipeline.engines.vision:VisionEngine", package="transformers"),
-    EngineSpec("vllm", "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
-               starts_server=True, likelihoods=True, images=True, options=_options.vllm, package="vllm",
-               warm="pipeline.engines.vllm:warm"),
-    EngineSpec("lmdeploy", "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA", "in-process", "lmdeploy",
-               options=_options.lmdeploy, package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy"),
-    EngineSpec("openai", "pipeline.engines.openai:OpenAIEngine", "a running server", "http", local_weights=False,
-               images=True, options=_options.openai),
-)}
 
 
 def engine_names(quote: bool = False, described: bool = False, where=None) -> str:
@@ -84,32 +66,92 @@ def engine_spec(name: str, what: str = "engine") -> EngineSpec:
     return ENGINES[name]
 
 
-# Every engine this process made, with what making it cost: a model load (hf, lmdeploy), a server start
-# (vllm), or an attach to a server an earlier stage of the run started (vllm, shared: seconds near 0).
-# Stages write the sum as `engine_start_s` in their outputs; the CLI adds it to QUANTIZE_STAGE_LOG.
-STARTS: list[dict] = []
-# Every wait on a server that held none of this process's outstanding requests, as the lost-request watchdog ended it
-# ({"server", "idle_s", "requests", "at"}), and per server the most of this process's requests in flight there at
-# once (pipeline/engines/inflight.py). Stages write both in QUANTIZE_STAGE_LOG.
-STALLS: list[dict] = []
-PEAK_IN_FLIGHT: dict[str, int] = {}
-
-
-def engine_start_seconds(since: int = 0) -> float:
-    """Seconds spent making engines, from the `since`-th on (len(STARTS) when a stage began)."""
-    return round(sum(s["seconds"] for s in STARTS[since:]), 2)
-
-
 def capability(name: str, flag: str) -> bool:
-    """An EngineSpec flag (local_weights, starts_server, likelihoods, images) of engine `name`; False for a name
+    """An EngineSpec flag (local_weights, starts_server, likelihoods, images, deployed) of engine `name`; False for a name
     not registered (make_engine refuses it, with the names it takes)."""
     return bool(getattr(ENGINES[name], flag)) if name in ENGINES else False
 
 
-def engine_options(name: str, section) -> dict:
-    """What make_engine takes for engine `name` from params.yaml's `engine` section (EngineParams); an
-    unregistered name gets the in-process settings (make_engine refuses it, with the names it takes)."""
-    return (ENGINES[name].options if name in ENGINES else _options.in_process)(section)
+def sections() -> tuple[type[EngineSettings], ...]:
+    """Every engine's params section: params.yaml's `engine` is one of these, by `name`."""
+    return tuple(spec.settings for spec in ENGINES.values())
+
+
+def default_name() -> str:
+    """The engine of params.yaml's `engine` without a name: DEFAULT, or the first registered when it is not."""
+    return DEFAULT if DEFAULT in ENGINES else next(iter(ENGINES))
+
+
+def default_settings(name: str | None = None) -> EngineSettings:
+    """Engine `name`'s defaults (a stage called without params.yaml's `engine`); None: the default engine's, as
+    params.yaml's `engine` when it is not given."""
+    return engine_spec(name or default_name()).settings()
+
+
+def takes(key: str) -> list[str]:
+    """The engines whose section has setting `key`, e.g. takes("base_url") == ["openai"]."""
+    return [name for name, spec in ENGINES.items() if key in spec.settings.model_fields]
+
+
+def validate_section(value) -> EngineSettings:
+    """params.yaml's `engine` mapping validated as the section of the engine its `name` names (the default engine's
+    without one), read from the registry when params are validated. Problems are pydantic's, at their keys: an
+    unregistered engine.name with the names to use, a key of another engine's section with the engine that takes
+    it (e.g. "engine.base_url: the openai engine's setting; engine.name is vllm")."""
+    from pydantic import ValidationError
+    from pydantic_core import PydanticCustomError
+
+    if isinstance(value, EngineSettings):
+        return value
+    if not isinstance(value, dict):
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
+    name = value.get("name", default_name())
+    if not isinstance(name, str) or name not in ENGINES:
+        raise ValidationError.from_exception_data("engine", [{
+            "type": "literal_error", "loc": ("name",), "input": name, "ctx": {"expected": engine_names(quote=True)}}])
+    try:
+        return ENGINES[name].settings.model_validate({**value, "name": name})
+    except ValidationError as exc:
+        raise ValidationError.from_exception_data("engine", [_told(err, name) for err in exc.errors()]) from None
+
+
+def _told(err: dict, name: str) -> dict:
+    """A pydantic error of engine `name`'s section as a line error again; an unknown key names who takes it."""
+    from pydantic_core import PydanticCustomError
+
+    if err["type"] != "extra_forbidden" or len(err["loc"]) != 1:
+        return {key: err[key] for key in ("type", "loc", "input", "ctx") if key in err}
+    owners = takes(str(err["loc"][0]))
+    if owners:
+        whose = " and ".join(f"the {owner}" for owner in owners) + (" engines'" if len(owners) > 1 else " engine's")
+        why = f"{whose} setting; engine.name is {name}"
+    else:
+        why = (f"unknown key; remove it or check its spelling (the {name} engine takes: "
+               f"{', '.join(ENGINES[name].settings.model_fields)})")
+    return {"type": PydanticCustomError("engine_key", "{why}", {"why": why}), "loc": err["loc"], "input": err["input"]}
+
+
+def settings_for(section: EngineSettings, name: str) -> EngineSettings:
+    """Engine `name`'s settings from params.yaml's `engine` section (`--engine`, bench.engine and judge.backend
+    may name another engine than engine.name): the section itself when it is that engine's; else that engine's
+    defaults, with every setting the section gives explicitly that this engine also takes carried over (batch_size,
+    dtype, timeout, ...; a value it does not take, e.g. out of its bounds, left at its default) and the other
+    engine's own settings ignored, with no error: `quantize eval --engine hf` runs on a params.yaml written for
+    vllm. Checked before any work (openai: engine.model set): a UserError when it cannot run."""
+    from pydantic import ValidationError
+
+    spec = engine_spec(name)
+    settings = section
+    if type(section) is not spec.settings:
+        given = section.model_dump(include=section.model_fields_set & set(spec.settings.model_fields) - {"name"})
+        try:
+            settings = spec.settings.model_validate({**given, "name": name})
+        except ValidationError as exc:
+            refused = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+            kept = {key: value for key, value in given.items() if key not in refused}
+            settings = spec.settings.model_validate({**kept, "name": name})
+    settings.check()
+    return settings
 
 
 def require(name: str) -> None:
@@ -124,19 +166,22 @@ def require(name: str) -> None:
         getattr(importlib.import_module(module), function)()
 
 
-def warm(name: str, model_dir, **options) -> str | None:
+def warm(name: str, model_dir, settings: EngineSettings, **stage) -> str | None:
     """Start engine `name`'s server for this checkpoint in the background when the engine has one (its
-    EngineSpec.warm); returns the key of a server started, else None."""
+    EngineSpec.warm), with `settings` (settings_for) and what the stage supplies (log_path); returns the key of a
+    server started, else None."""
     spec = ENGINES.get(name)
     if spec is None or not spec.warm:
         return None
     import importlib
 
     module, function = spec.warm.split(":")
-    return getattr(importlib.import_module(module), function)(model_dir, **options)
+    return getattr(importlib.import_module(module), function)(model_dir, settings, **stage)
 
 
-def make_engine(name: str, model_dir, **options) -> Engine:
+def make_engine(name: str, model_dir, settings: EngineSettings | None = None, **stage) -> Engine:
+    """Engine `name` for the checkpoint in model_dir, with `settings` (settings_for; None: the engine's defaults)
+    and what the stage supplies (log_path, progress)."""
     import importlib
     import time
 
@@ -149,7 +194,8 @@ def make_engine(name: str, model_dir, **options) -> Engine:
         if is_multimodal(model_dir):
             target = spec.vision_target
     module, cls = target.split(":")
-    engine = getattr(importlib.import_module(module), cls)(model_dir, **options)
+    settings = settings_for(settings, name) if settings is not None else spec.settings()
+    engine = getattr(importlib.import_module(module), cls)(model_dir, settings, **stage)
     record = {"engine": name, "model": str(model_dir), "seconds": time.perf_counter() - started}
     if hasattr(engine, "server") and hasattr(engine.server, "started"):
         record["server"] = "started" if engine.server.started else "attached"

@@ -24,10 +24,10 @@ def _query(field: str) -> int | None:
         return None
 
 
-def device_memory_bytes(settings: dict | None = None) -> int | None:
-    """One GPU's memory: engine.device_memory_gib when set (settings: the engine options), else nvidia-smi's."""
-    if settings and settings.get("device_memory_gib"):
-        return int(float(settings["device_memory_gib"]) * GIB)
+def device_memory_bytes(device_memory_gib: float | None = None) -> int | None:
+    """One GPU's memory: engine.device_memory_gib when set, else nvidia-smi's."""
+    if device_memory_gib:
+        return int(float(device_memory_gib) * GIB)
     return _query("memory.total")
 
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from typing import Literal
+
+from pydantic import Field
+
 from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
+from pipeline.engines.settings import EngineSettings, EngineSpec, ModelDtype
 from pipeline.formats.chat import render_prompt
 
 # Scoring a batch keeps the logits of the scored positions only, in float32: at most this many bytes
@@ -14,29 +19,42 @@ from pipeline.formats.chat import render_prompt
 LOGITS_BYTES = 1 << 29
 
 
+class Settings(EngineSettings):
+    """`engine:` with `name: hf`: transformers in this process (CPU or GPU)."""
+
+    name: Literal["hf"] = "hf"
+    max_batch_tokens: int = Field(65536, ge=1, le=1 << 24)  # rows x (longest prompt + new tokens) per batch
+    dtype: ModelDtype = "float32"
+    threads: int = Field(0, ge=0, le=1024)  # CPU threads (0: torch's default)
+
+
+SPEC = EngineSpec("hf", Settings, "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True,
+                  images=True, vision_target="pipeline.engines.vision:VisionEngine", package="transformers")
+
+
 class HFEngine:
     name = "hf"
     fast_decoding = True  # pipeline/engines/decoding.py
 
-    def __init__(self, model_dir: Path | str, *, batch_size: int = 32, max_batch_tokens: int = 65536,
-                 dtype: str = "float32", threads: int = 0, progress=None):
+    def __init__(self, model_dir: Path | str, settings: Settings | None = None, *, progress=None):
         import torch
         from transformers import AutoTokenizer
 
         from pipeline.checkpoints.loading import load_for_inference
 
-        if threads:
-            torch.set_num_threads(threads)
+        settings = settings or Settings()
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
         self.model_dir = Path(model_dir)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         # straight onto the GPU: a 9B checkpoint staged through host memory first costs minutes
-        self.model = load_for_inference(self.model_dir, getattr(torch, dtype),
+        self.model = load_for_inference(self.model_dir, getattr(torch, settings.dtype),
                                         device="cuda" if self.device == "cuda" else None).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, padding_side="left")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.batch_size = batch_size
-        self.max_batch_tokens = max_batch_tokens
+        self.batch_size = settings.batch_size
+        self.max_batch_tokens = settings.max_batch_tokens
         self.progress = progress  # callable(n_done) or None
         # On an H200 (GLM-4-9B shapes, bf16) the preallocated cache paid and the grouped attention
         # did not (benchmarks/results/gpu_hf_decodings.json): there only the cache is used.

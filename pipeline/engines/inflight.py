@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generic, TypeVar
 
-from pipeline.engines import PEAK_IN_FLIGHT, STALLS
+from pipeline.engines.records import PEAK_IN_FLIGHT, STALLS
 
 I, R = TypeVar("I"), TypeVar("R")
 

@@ -20,9 +20,14 @@ import logging
 import time
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.checkpoints import checkpoint, config_json
 from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
 from pipeline.engines.replies import token_ids
+from pipeline.engines.settings import EngineSettings, EngineSpec, ModelDtype
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
@@ -59,7 +64,7 @@ def _stat_key(model_dir: Path) -> str:
 
 def servable_dir(model_dir: Path, cache_root: Path = EXPORT_CACHE) -> tuple[Path, bool]:
     """(directory lmdeploy loads, whether it is our export, whose ChatGLM config is remote code)."""
-    config = config_json.read(model_dir)
+    config = checkpoint.open(model_dir).config
     if not needs_export(config):
         return model_dir, False
     from pipeline.checkpoints import export
@@ -88,17 +93,30 @@ def remove_stale_exports(model_dir: Path, current: Path, cache_root: Path) -> No
             log.info(f"export: removed {old} ({human_size(size)}), an export of {model_dir} made before it changed")
 
 
+class Settings(EngineSettings):
+    """`engine:` with `name: lmdeploy`: lmdeploy's PyTorch engine in this process, on the GPUs."""
+
+    name: Literal["lmdeploy"] = "lmdeploy"
+    dtype: ModelDtype = "float32"  # float32: the checkpoint's own dtype (lmdeploy's auto)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+
+
+SPEC = EngineSpec("lmdeploy", Settings, "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA", "in-process",
+                  "lmdeploy", package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy", deployed=True)
+
+
 class LMDeployEngine:
     name = "lmdeploy"
 
-    def __init__(self, model_dir: Path | str, *, batch_size: int = 64, dtype: str = "auto", progress=None,
-                 session_len: int | None = None, cache_max_entry_count: float = 0.5, tensor_parallel_size: int = 1,
-                 **_ignored):
+    def __init__(self, model_dir: Path | str, settings: Settings | None = None, *, progress=None,
+                 session_len: int | None = None, cache_max_entry_count: float = 0.5):
         require_lmdeploy()
         import torch
         from lmdeploy import PytorchEngineConfig, pipeline
         from transformers import AutoTokenizer
 
+        settings = settings or Settings()
+        batch_size, dtype, tensor_parallel_size = settings.batch_size, settings.dtype, settings.tensor_parallel_size
         if tensor_parallel_size > torch.cuda.device_count():
             raise UserError(f"params.yaml: engine.tensor_parallel_size: {tensor_parallel_size} GPUs asked, "
                             f"{torch.cuda.device_count()} visible; use at most that many (or set CUDA_VISIBLE_DEVICES)")
@@ -118,7 +136,7 @@ class LMDeployEngine:
                              trust_remote_code=exported)
         self.eos_ids = eos_token_ids(self.tokenizer, config_json.generation_eos(self.model_dir))
         # ids an answer may hold (checked before decoding): the tokenizer's, or the model's padded embedding rows
-        self.vocab_size = max(len(self.tokenizer), config_json.vocab_size(config_json.read(self.model_dir)))
+        self.vocab_size = max(len(self.tokenizer), checkpoint.open(self.model_dir).vocab_size)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return render_prompt(self.tokenizer, messages)

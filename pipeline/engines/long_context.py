@@ -50,12 +50,12 @@ def context_limits(model_dir: Path | str, engine=None) -> list[list]:
         limits.append([positions, "the model's context"])
     if engine is not None:
         figures = engine.capacity() if hasattr(engine, "capacity") else {}
-        settings = getattr(engine, "settings", {}) or {}
-        served = figures.get("max_model_len") or settings.get("max_model_len")
+        settings = getattr(engine, "settings", None)  # its params section (vllm: pipeline/engines/vllm.py)
+        served = figures.get("max_model_len") or getattr(settings, "max_model_len", None)
         if served:
             limits.append([int(served), "the engine's max_model_len"])
         if figures.get("kv_cache_tokens"):
-            fraction = settings.get("gpu_memory_utilization")
+            fraction = getattr(settings, "gpu_memory_utilization", None)
             at = f" at gpu_memory_utilization {fraction:g}" if fraction else ""
             limits.append([int(figures["kv_cache_tokens"]), f"the engine's KV cache{at}"])
     return limits

@@ -40,29 +40,60 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Literal, TypeVar
 
-from pipeline.checkpoints import config_json
+from pydantic import Field, field_validator
+
+import pipeline.engines.replies as replies  # not `from pipeline.engines import`: the registry imports this module
+from pipeline.checkpoints import checkpoint, config_json
 from pipeline.engines.base import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
-from pipeline.engines import replies
 from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
 from pipeline.engines.inflight import LOST_AFTER_S, POLL_S, LoadProbe, Runner, Tracker
+from pipeline.engines.settings import EngineSpec, HTTPSettings, env_var_name
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
 MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is treated as a plain failure after that wait
-PROMPT_FORMATS = ("tokens", "text", "chat")
+PromptFormat = Literal["tokens", "text", "chat"]
+PROMPT_FORMATS = PromptFormat.__args__
 T = TypeVar("T")
+
+
+class Settings(HTTPSettings):
+    """`engine:` with `name: openai`: a server already running that serves the checkpoint being evaluated (vLLM,
+    lmdeploy api_server, ...). The judge's openai backend takes the judge section's own settings."""
+
+    name: Literal["openai"] = "openai"
+    base_url: str | None = None  # e.g. http://127.0.0.1:8000/v1
+    model: str | None = None  # the served model's name
+    api_key_env: str | None = None  # NAME of the environment variable holding the key, never the key
+    # tokens: our rendered prompt as token ids to /v1/completions (no token changes); text: the same as text;
+    # chat: messages to /v1/chat/completions, the server's own chat template
+    prompt_format: PromptFormat = "tokens"
+    concurrency: int = Field(8, ge=1, le=256)  # requests in flight
+
+    _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
+
+    def check(self) -> None:
+        if not self.model:
+            raise UserError("params.yaml: engine.model: with the openai engine, set the served model's name")
+
+
+SPEC = EngineSpec("openai", Settings, "pipeline.engines.openai:OpenAIEngine", "a running server", "http",
+                  local_weights=False, images=True)
 
 
 class OpenAIEngine:
     name = "openai"
 
-    def __init__(self, model_dir: Path | str | None = None, *, base_url: str, model: str,
-                 api_key_env: str | None = None, concurrency: int = 4, timeout: float = 60.0, retries: int = 3,
+    def __init__(self, model_dir: Path | str | None, settings: Settings, *, params_section: str = "engine",
                  backoff: float = 1.0, retry_on_length: bool = False, temperature: float = 0.0,
-                 params_section: str = "judge", prompt_format: str = "chat", max_response_bytes: int = 8 << 20,
-                 extra_body: dict | None = None, **_ignored):
+                 extra_body: dict | None = None):
+        """settings: where the server is and the client's settings (params.yaml's `engine`, or the judge's own:
+        params_section names the section its errors point at); the rest is what the caller adds: the first retry's
+        wait (doubling), whether an answer cut at max_tokens is asked again, the sampling temperature, and fields
+        a particular server takes in every request (vLLM: return_token_ids)."""
+        base_url, model, prompt_format = settings.base_url, settings.model, settings.prompt_format
         if not base_url:
             raise UserError(f"params.yaml: {params_section}.base_url: the openai engine needs the endpoint's base URL, "
                             "e.g. http://127.0.0.1:8000/v1")
@@ -72,9 +103,9 @@ class OpenAIEngine:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.prompt_format = prompt_format
-        self._key = self._read_key(api_key_env, params_section)
-        self.concurrency, self.retries = max(1, concurrency), max(0, retries)
-        self.limits = Limits(deadline=timeout, max_bytes=max_response_bytes)
+        self._key = self._read_key(settings.api_key_env, params_section)
+        self.concurrency, self.retries = settings.concurrency, settings.retries
+        self.limits = Limits(deadline=settings.timeout, max_bytes=settings.max_response_bytes)
         self.backoff, self.retry_on_length, self.temperature = backoff, retry_on_length, temperature
         self.extra_body = dict(extra_body or {})  # server-specific request fields (vLLM: return_token_ids ...)
         self.model_dir = Path(model_dir) if model_dir else None
@@ -91,7 +122,7 @@ class OpenAIEngine:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
             self.eos_ids = eos_token_ids(self.tokenizer, config_json.generation_eos(self.model_dir))
             # token ids a reply may hold: the tokenizer's, or the model's (padded) embedding rows
-            self.vocab_size = max(len(self.tokenizer), config_json.vocab_size(config_json.read(self.model_dir)))
+            self.vocab_size = max(len(self.tokenizer), checkpoint.open(self.model_dir).vocab_size)
 
     @property
     def served_model(self) -> str:

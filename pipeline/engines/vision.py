@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.checkpoints import config_json
+from pipeline.checkpoints import checkpoint
 from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.hf import HFEngine
 
@@ -30,7 +30,7 @@ class VisionRequest(GenRequest):
 
 def is_multimodal(model_dir: Path | str) -> bool:
     """True when the checkpoint has a vision tower and an image token to feed it through."""
-    return config_json.has_vision(config_json.read(model_dir))
+    return checkpoint.open(model_dir).has_vision
 
 
 def not_applicable(model_dir: Path | str, task_config: dict) -> str | None:
@@ -77,7 +77,7 @@ def load_image_processor(model_dir: Path | str):
 def image_markup(model_dir: Path | str, tokenizer) -> str:
     """What stands for one image in a rendered prompt: <|begin_of_image|><|image|><|end_of_image|> for GLM-4.1V
     and kin, from the config's token ids (the string vLLM's GLM-4V processor looks for, too)."""
-    config = config_json.read(model_dir)
+    config = checkpoint.open(model_dir).config
     ids = (config.get("image_start_token_id"), config["image_token_id"], config.get("image_end_token_id"))
     return "".join(tokenizer.convert_ids_to_tokens(i) if i is not None else "" for i in ids)
 
@@ -101,7 +101,7 @@ class ImagePrompter:
     """Image markup in prompts, and prompts + images -> model inputs."""
 
     def __init__(self, model_dir: Path | str, tokenizer):
-        config = config_json.read(model_dir)
+        config = checkpoint.open(model_dir).config
         self.tokenizer = tokenizer
         self.image_processor = load_image_processor(model_dir)
         self.image_token_id = config["image_token_id"]
@@ -137,8 +137,8 @@ class VisionEngine(HFEngine):
     accepts_images = True
     fast_decoding = False  # its vision tower and M-RoPE positions are left to transformers' own path
 
-    def __init__(self, model_dir: Path | str, **options):
-        super().__init__(model_dir, **options)
+    def __init__(self, model_dir: Path | str, settings=None, **stage):
+        super().__init__(model_dir, settings, **stage)
         self._prompter: ImagePrompter | None = None
 
     @property

@@ -34,14 +34,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
-from pipeline.checkpoints import config_json
-from pipeline.engines import replies, vllm_defects
+from pydantic import Field, model_validator
+
+import pipeline.engines.openai as openai  # not `from pipeline.engines import`: the registry imports this module
+import pipeline.engines.replies as replies
+import pipeline.engines.vllm_defects as vllm_defects
+from pipeline.checkpoints import checkpoint
 from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.gpu_memory import GIB, device_memory_bytes
 from pipeline.engines.http import FatalError, RetryableError, get_ok
 from pipeline.engines.inflight import vllm_load
 from pipeline.engines.openai import OpenAIEngine
+from pipeline.engines.settings import MAX_TIMEOUT_S, EngineSpec, HTTPSettings
 from pipeline.engines.server import ServerProcess, free_port
 from pipeline.engines.vision import IMAGE_PLACEHOLDER, image_markup, is_multimodal, render_images
 from pipeline.errors import UserError
@@ -49,10 +55,87 @@ from pipeline.errors import UserError
 SERVED_NAME = "model"
 # vLLM applies a chat template to /v1/chat/completions; ours renders the prompt already: pass it through
 PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+KvCacheDtype = Literal["checkpoint", "auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"]
+
+
+class Settings(HTTPSettings):
+    """`engine:` with `name: vllm`: `vllm serve`, started by the stage. vLLM's settings keep vLLM's own names."""
+
+    name: Literal["vllm"] = "vllm"
+    # float16 / bfloat16: served in it; None (or float32, an in-process engine's setting carried over): the
+    # checkpoint's own dtype
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    timeout: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)  # seconds for a whole request: a long suite's last one waits
+    retries: int = Field(1, ge=0, le=20)  # the lost-request watchdog asks a lost one again (inflight.py)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    enable_expert_parallel: bool = False  # MoE experts spread over the GPUs instead of sliced (--enable-expert-parallel)
+    max_model_len: int | None = Field(None, ge=16, le=1 << 21)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # checkpoint: fp8 when the checkpoint carries FP8 KV-cache scales (served with them), else the model's dtype
+    kv_cache_dtype: KvCacheDtype = "checkpoint"
+    enable_prefix_caching: bool | None = None  # None: vLLM's default
+    max_num_batched_tokens: int | None = Field(None, ge=16, le=1 << 24)
+    max_num_seqs: int | None = Field(None, ge=1, le=4096)
+    server_command: list[str] = ["vllm", "serve"]  # another interpreter: [python3, -m, vllm.entrypoints.cli.main, serve]
+    server_env: dict[str, str] = {}  # extra environment for the server only (e.g. PYTHONPATH of its own install)
+    server_args: list[str] = []  # further `vllm serve` flags, passed as given
+    # add the settings that avoid known vLLM defects hitting the checkpoint (vllm_defects.py, e.g. GLM-4.1V's image
+    # positions under --enforce-eager); false: vLLM as it ships (the report still names them)
+    defect_workarounds: bool = True
+    start_timeout: float = Field(900.0, gt=0, le=7200)  # seconds for the server to answer /health
+    # one server per checkpoint and settings for the whole `dvc repro` (shared.py): stages attach to the server an
+    # earlier stage started; false: every stage starts and stops its own
+    share_server: bool = True
+    # seconds without a stage before a shared server stops; None: it lives until the run ends (DVC's stage order
+    # can leave a model unused for many minutes before its next stage; a restart costs ~100 s on the H200)
+    server_idle_timeout: float | None = Field(None, gt=0, le=86400)
+    max_servers: int = Field(1, ge=1, le=16)  # servers kept at once (idle ones beyond: stopped, oldest first)
+    # the KV pool: auto, sized by vLLM's start-up profiling (the server must have the GPU to itself while it starts:
+    # the profiling reads the whole device's free memory); planned, gpu_memory_utilization x the GPU's memory less
+    # the checkpoint's weights and non_kv_memory_gib, so a server can start while other work runs
+    kv_cache_memory: Literal["auto", "planned"] = "auto"
+    non_kv_memory_gib: float = Field(4.0, ge=0, le=1024)  # planned: activations, CUDA graphs, the CUDA context
+    device_memory_gib: float | None = Field(None, gt=0, le=1 << 20)  # planned: one GPU's memory (None: nvidia-smi)
+    # inside a run, start each checkpoint's server as soon as the checkpoint exists and memory allows, so starts
+    # overlap other stages' work (needs share_server and kv_cache_memory: planned)
+    warm_servers: bool = False
+    # while stages that load a model on the GPU in-process (quantize, kl) may still come, early starts leave at
+    # least this fraction of the GPU's memory free
+    build_memory_fraction: float = Field(0.5, ge=0, le=1)
+    # inside a run, start each model's evaluation (and each variant's judging) in the background as soon as its
+    # server is up, the stage collecting the results when DVC reaches it (pipeline/scoring/ahead.py; needs warm_servers)
+    score_ahead: bool = False
+
+    @model_validator(mode="after")
+    def _warm_needs_planned_pools(self):
+        if self.warm_servers and not (self.share_server and self.kv_cache_memory == "planned"):
+            raise ValueError("warm_servers: true needs share_server: true and kv_cache_memory: planned (a server that "
+                             "sizes its KV pool by profiling must start with the GPU to itself); set both, or "
+                             "warm_servers: false")
+        if self.score_ahead and not self.warm_servers:
+            raise ValueError("score_ahead: true needs warm_servers: true (work starts ahead of its stage on a server "
+                             "started ahead of it); set both, or score_ahead: false")
+        return self
+
+
+SPEC = EngineSpec("vllm", Settings, "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
+                  starts_server=True, likelihoods=True, images=True, deployed=True, package="vllm",
+                  warm="pipeline.engines.vllm:warm")
+# the settings that shape the server (its command line, hence a shared server's key): the report names them
+SERVER_SETTINGS = ("tensor_parallel_size", "enable_expert_parallel", "max_model_len", "gpu_memory_utilization",
+                   "kv_cache_dtype", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype",
+                   "server_args", "kv_cache_memory", "non_kv_memory_gib", "device_memory_gib", "defect_workarounds")
+
+
+def server_settings(settings: Settings) -> dict:
+    """The settings that shape the server, as the report names them (float32 dtype: the checkpoint's own, None)."""
+    shown = settings.model_dump(include=set(SERVER_SETTINGS))
+    return {key: shown[key] for key in SERVER_SETTINGS} | {"dtype": settings.dtype if settings.dtype != "float32"
+                                                            else None}
 
 
 def kv_cache_scheme(model_dir: Path) -> dict | None:
-    return config_json.kv_cache_scheme(config_json.read(model_dir))
+    return checkpoint.open(model_dir).kv_cache_scheme
 
 
 def resolve_kv_cache_dtype(setting: str, model_dir: Path) -> str:
@@ -77,121 +160,116 @@ def serving_dtype(setting: str | None, kv_cache_dtype: str, model_dir: Path) -> 
 
 def refuse_unmatched_ignore(model_dir: Path) -> None:
     """A quantized checkpoint whose full-precision Linears vLLM would build quantized is not served."""
-    if config_json.quantization(config_json.read(model_dir)):
+    if checkpoint.open(model_dir).quantization:
         from pipeline.checkpoints import serving_names
 
         serving_names.check(Path(model_dir))
 
 
-def server_args(model_dir: Path, port: int | None, settings: dict) -> list[str]:
-    """vLLM's CLI arguments for `settings` (the engine section, vLLM's names); port None leaves `--port`
-    out (a shared server's port is appended when it starts, pipeline/engines/shared.py)."""
-    kv = resolve_kv_cache_dtype(settings.get("kv_cache_dtype", "checkpoint"), model_dir)
+def server_args(model_dir: Path, port: int | None, settings: Settings) -> list[str]:
+    """vLLM's CLI arguments for `settings`; port None leaves `--port` out (a shared server's port is appended
+    when it starts, pipeline/engines/shared.py)."""
+    kv = resolve_kv_cache_dtype(settings.kv_cache_dtype, model_dir)
     args = [str(model_dir), "--host", "127.0.0.1", *(["--port", str(port)] if port is not None else []),
             "--served-model-name", SERVED_NAME,
             "--generation-config", "vllm", "--seed", "0",
-            "--tensor-parallel-size", str(settings.get("tensor_parallel_size", 1)),
-            "--gpu-memory-utilization", str(settings.get("gpu_memory_utilization", 0.9)),
+            "--tensor-parallel-size", str(settings.tensor_parallel_size),
+            "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
             "--kv-cache-dtype", kv]
     for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
-        if settings.get(name):
-            args += [f"--{name.replace('_', '-')}", str(settings[name])]
-    if settings.get("enable_prefix_caching") is not None:
-        args.append("--enable-prefix-caching" if settings["enable_prefix_caching"] else "--no-enable-prefix-caching")
-    dtype = serving_dtype(settings.get("dtype"), kv, model_dir)
+        if getattr(settings, name):
+            args += [f"--{name.replace('_', '-')}", str(getattr(settings, name))]
+    if settings.enable_prefix_caching is not None:
+        args.append("--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching")
+    dtype = serving_dtype(settings.dtype, kv, model_dir)
     if dtype:
         args += ["--dtype", dtype]
-    if settings.get("kv_cache_memory") == "planned":
+    if settings.kv_cache_memory == "planned":
         args += ["--kv-cache-memory-bytes", str(planned_kv_cache_bytes(model_dir, settings))]
-    if settings.get("enable_expert_parallel"):
+    if settings.enable_expert_parallel:
         args.append("--enable-expert-parallel")
     if is_multimodal(model_dir):
         args += ["--chat-template", PASSTHROUGH_TEMPLATE, "--chat-template-content-format", "string"]
-    user_args = [str(a) for a in settings.get("server_args") or []]
-    args += vllm_defects.server_args(config_json.read(model_dir), user_args, settings.get("defect_workarounds", True))
+    user_args = [str(a) for a in settings.server_args]
+    args += vllm_defects.server_args(checkpoint.open(model_dir).config, user_args, settings.defect_workarounds)
     return args + user_args
 
 
-def server_command_for(model_dir: Path, server_command: list[str], settings: dict) -> list[str]:
+def server_command_for(model_dir: Path, settings: Settings) -> list[str]:
     """The whole `vllm serve` command line for this checkpoint and these settings, without its port: what a
     shared server is keyed by (pipeline/engines/shared.py), so a server started early for the checkpoint
     (`warm`) is the very one a stage asks for later."""
-    return list(server_command) + server_args(Path(model_dir), None, settings)
+    return list(settings.server_command) + server_args(Path(model_dir), None, settings)
 
 
-def planned_kv_cache_bytes(model_dir: Path, settings: dict) -> int:
+def planned_kv_cache_bytes(model_dir: Path, settings: Settings) -> int:
     """engine.kv_cache_memory: planned. The KV pool of one GPU, fixed before the server starts instead of
     measured by vLLM's start-up profiling: gpu_memory_utilization x the GPU's memory, less this GPU's share
     of the checkpoint's weights and engine.non_kv_memory_gib (activations, CUDA graphs, the CUDA context).
     vLLM's profiling reads the whole device's free memory, so a server that profiles while another process
     allocates or frees GPU memory sizes its pool wrongly or stops; a planned pool lets a server start while
     other work runs (pipeline/engines/shared.py: warm)."""
-    device = device_memory_bytes(settings)
+    device = device_memory_bytes(settings.device_memory_gib)
     if device is None:
         raise UserError("params.yaml: engine.kv_cache_memory: planned needs the GPU's memory: no nvidia-smi here; "
                         "set engine.device_memory_gib, or use engine.kv_cache_memory: auto")
-    tp = max(1, int(settings.get("tensor_parallel_size") or 1))
+    tp = settings.tensor_parallel_size
     weights = sum(path.stat().st_size for path in Path(model_dir).glob("*.safetensors")) // tp  # all of them load
-    reserve = int(float(settings.get("non_kv_memory_gib", 4.0)) * GIB)
-    budget = int(float(settings.get("gpu_memory_utilization", 0.9)) * device)
+    reserve = int(settings.non_kv_memory_gib * GIB)
+    budget = int(settings.gpu_memory_utilization * device)
     pool = budget - weights - reserve
     if pool <= 0:
-        raise UserError(f"params.yaml: engine.gpu_memory_utilization {settings.get('gpu_memory_utilization')} of "
+        raise UserError(f"params.yaml: engine.gpu_memory_utilization {settings.gpu_memory_utilization} of "
                         f"{device / GIB:.0f} GiB leaves no KV cache for {model_dir} (weights {weights / GIB:.1f} GiB, "
                         f"engine.non_kv_memory_gib {reserve / GIB:g}); raise gpu_memory_utilization")
     return pool
 
 
-def warm(model_dir: Path | str, *, server_command: list[str] | None = None, server_env: dict | None = None,
-         start_timeout: float = 900.0, server_idle_timeout: float | None = None, max_servers: int = 1,
-         log_path: Path | str | None = None, **settings) -> str | None:
+def warm(model_dir: Path | str, settings: Settings, *, log_path: Path | str | None = None) -> str | None:
     """Starts the run's shared server for this checkpoint in the background (pipeline/engines/shared.py: warm),
     with the very command line VLLMEngine will ask for, so the stage that needs it attaches. Returns the key of
     a server it started, None when one was up or starting already (or max_servers are up). A checkpoint vLLM
     could not serve as it is is left to the stage that asks for it, which says why."""
-    from pipeline.engines import shared
+    import pipeline.engines.shared as shared
 
     model_dir = Path(model_dir)
-    settings = {k: v for k, v in settings.items() if k in VLLMEngine.SETTINGS}
     try:
         refuse_unmatched_ignore(model_dir)
-        command = server_command_for(model_dir, list(server_command or ["vllm", "serve"]), settings)
+        command = server_command_for(model_dir, settings)
     except UserError:
         return None
     return shared.warm(command, "--port", model_dir=model_dir,
                        log_path=Path(log_path) if log_path else Path("results") / model_dir.name / "vllm-server.log",
-                       env=server_env, start_timeout=start_timeout, idle_timeout=server_idle_timeout,
-                       max_servers=max_servers, name="vLLM server")
+                       env=settings.server_env, start_timeout=settings.start_timeout,
+                       idle_timeout=settings.server_idle_timeout, max_servers=settings.max_servers, name="vLLM server")
 
 
 class VLLMEngine:
     name = "vllm"
-    SETTINGS = ("tensor_parallel_size", "enable_expert_parallel", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
-                "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype", "server_args",
-                "kv_cache_memory", "non_kv_memory_gib", "device_memory_gib", "defect_workarounds")
 
-    def __init__(self, model_dir: Path | str, *, batch_size: int = 64, server_command: list[str] | None = None,
-                 server_env: dict | None = None, start_timeout: float = 900.0, log_path: Path | str | None = None,
-                 timeout: float = 600.0, retries: int = 1, max_response_bytes: int = 64 << 20, progress=None,
-                 share_server: bool = False, server_idle_timeout: float | None = None, max_servers: int = 1,
-                 **settings):
+    def __init__(self, model_dir: Path | str, settings: Settings | None = None, *, log_path: Path | str | None = None,
+                 progress=None):
+        """log_path: where the server's log goes (default results/<checkpoint dir's name>/vllm-server.log)."""
         self.model_dir = Path(model_dir)
-        config_json.read(self.model_dir)  # a missing or broken config.json: one message naming it and the fix
-        self.settings = {k: v for k, v in settings.items() if k in self.SETTINGS}
+        checkpoint.open(self.model_dir)  # a missing or broken config.json: one message naming it and the fix
+        settings = self.settings = settings or Settings()
         refuse_unmatched_ignore(self.model_dir)
         self.accepts_images = is_multimodal(self.model_dir)
-        self.batch_size = batch_size  # requests in flight
+        self.batch_size = settings.batch_size  # requests in flight
         self.progress = progress
-        self.launch = {"server_command": list(server_command or ["vllm", "serve"]), "server_env": server_env,
-                       "start_timeout": start_timeout, "idle_timeout": server_idle_timeout,
-                       "max_servers": max_servers, "share": share_server,
+        self.launch = {"server_env": settings.server_env, "start_timeout": settings.start_timeout,
+                       "idle_timeout": settings.server_idle_timeout, "max_servers": settings.max_servers,
+                       "share": settings.share_server,
                        "log_path": Path(log_path) if log_path else Path("results") / self.model_dir.name /
                        "vllm-server.log"}
-        self.command = server_command_for(self.model_dir, self.launch["server_command"], self.settings)
+        self.command = server_command_for(self.model_dir, settings)
         # the tokenizer side works without the server: a suite whose requests are all cached starts none
-        self.client = OpenAIEngine(self.model_dir, base_url="http://127.0.0.1:0/v1", model=SERVED_NAME,
-                                   prompt_format="tokens", concurrency=batch_size, timeout=timeout, retries=retries,
-                                   max_response_bytes=max_response_bytes, params_section="engine",
+        # (constructed, not validated again: the values are this section's, batch_size beyond the openai engine's
+        # bound on concurrency included)
+        client = openai.Settings.model_construct(
+            base_url="http://127.0.0.1:0/v1", model=SERVED_NAME, prompt_format="tokens", concurrency=settings.batch_size,
+            timeout=settings.timeout, retries=settings.retries, max_response_bytes=settings.max_response_bytes)
+        self.client = OpenAIEngine(self.model_dir, client,
                                    extra_body={"return_token_ids": True, "skip_special_tokens": False})
         self.tokenizer = self.client.tokenizer
         self.server = None
@@ -202,12 +280,12 @@ class VLLMEngine:
         first time anything needs it; what that cost is recorded with the engines this process made."""
         if self.server is not None:
             return self
-        from pipeline.engines import STARTS
+        from pipeline.engines.records import STARTS
 
         started = time.perf_counter()
         launch = self.launch
         if launch["share"]:  # one server per checkpoint and settings for the whole run (pipeline/engines/shared.py)
-            from pipeline.engines import shared
+            import pipeline.engines.shared as shared
 
             self.server = shared.acquire(self.command, "--port", model_dir=self.model_dir,
                                          log_path=launch["log_path"], env=launch["server_env"],
@@ -259,7 +337,7 @@ class VLLMEngine:
     def max_length(self) -> int:
         from pipeline.engines.long_context import context_length
 
-        return int(self.settings.get("max_model_len") or context_length(self.model_dir) or 4096)
+        return int(self.settings.max_model_len or context_length(self.model_dir) or 4096)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         prompt = self.client.apply_chat_template(messages)
@@ -303,10 +381,10 @@ class VLLMEngine:
     def describe(self) -> dict:
         """Engine, version and settings, as the report names them."""
         self.start()
-        return {"engine": "vllm", "version": self.version, "settings": self.settings,
-                "kv_cache_dtype": resolve_kv_cache_dtype(self.settings.get("kv_cache_dtype", "checkpoint"), self.model_dir),
-                "tensor_parallel_size": int(self.settings.get("tensor_parallel_size", 1)),
-                "enable_expert_parallel": bool(self.settings.get("enable_expert_parallel")),
+        return {"engine": "vllm", "version": self.version, "settings": server_settings(self.settings),
+                "kv_cache_dtype": resolve_kv_cache_dtype(self.settings.kv_cache_dtype, self.model_dir),
+                "tensor_parallel_size": self.settings.tensor_parallel_size,
+                "enable_expert_parallel": self.settings.enable_expert_parallel,
                 "accepts_images": self.accepts_images,
                 "defects": self.defects(),
                 "server_start_seconds": round(self.server.start_seconds or 0.0, 1),
@@ -316,7 +394,7 @@ class VLLMEngine:
     def defects(self) -> list[dict]:
         """The known vLLM defects this checkpoint is exposed to, each with whether the server avoids it
         (pipeline/engines/vllm_defects.py); needs no server."""
-        return vllm_defects.described(config_json.read(self.model_dir), self.settings.get("defect_workarounds", True))
+        return vllm_defects.described(checkpoint.open(self.model_dir).config, self.settings.defect_workarounds)
 
     @property
     def start_seconds(self) -> float:

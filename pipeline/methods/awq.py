@@ -12,7 +12,7 @@ from pydantic import Field
 from pipeline.errors import UserError
 import pipeline.methods.int4 as int4  # not `from pipeline.methods import`: the registry imports this module
 from pipeline.methods.recipe import BatchSize, Recipe, Target
-from pipeline.settings.section import Section
+from pipeline.section import Section
 
 NAME = "awq"
 SUMMARY = "AWQ smoothing, then W4A16 group-wise int4 weights; lm_head and vision tower untouched."

@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import Field
 
 from pipeline.methods.recipe import BatchSize, Recipe, Target
-from pipeline.settings.section import Section
+from pipeline.section import Section
 
 NAME = "fp8"
 SUMMARY = "FP8 W8A8 with FP8 KV-cache scales; lm_head and vision tower untouched."

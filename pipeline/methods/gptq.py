@@ -18,7 +18,7 @@ from pydantic import Field
 
 import pipeline.methods.int4 as int4  # not `from pipeline.methods import`: the registry imports this module
 from pipeline.methods.recipe import BatchSize, Recipe, Target
-from pipeline.settings.section import Section
+from pipeline.section import Section
 
 NAME = "gptq"
 SUMMARY = "GPTQ W4A16: group-wise int4 weights with error feedback through each layer's Hessian; lm_head and vision " \

@@ -11,7 +11,7 @@ from typing import Literal
 
 import pipeline.methods.int4 as int4  # not `from pipeline.methods import`: the registry imports this module
 from pipeline.methods.recipe import BatchSize, Recipe, Target
-from pipeline.settings.section import Section
+from pipeline.section import Section
 
 NAME = "rtn"
 SUMMARY = ("Round-to-nearest W4A16 (the int4 quantizer alone: no smoothing, no error feedback): the baseline the other "

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 
 import pipeline.verdict.figures as figures
-from pipeline.engines import capability
+from pipeline.engines import ENGINES, capability
 
-SERVING_ENGINES = ("vllm", "lmdeploy")  # the engines a variant is deployed on; hf runs everything in-process
+# the engines a variant is deployed on (their EngineSpec says so); hf runs everything in-process
+SERVING_ENGINES = tuple(name for name, spec in ENGINES.items() if spec.deployed)
 REFUSED = ("refused", "cannot")  # serving statuses of an engine that cannot serve the variant
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipeline import methods
 from pipeline.errors import UserError
-from pipeline.settings.section import BoolGiven
+from pipeline.section import BoolGiven
 
 
 JSON_KINDS = {"dict": "a mapping", "list": "a list", "str": "text", "int": "a number", "float": "a number",
@@ -49,6 +49,8 @@ def message_for(err: dict) -> str:
                 "e.g. 0.03 for 3 points of accuracy or +3 % perplexity")
     if kind == "extra_forbidden":
         return "unknown key; remove it or check its spelling"
+    if kind == "engine_key":  # a key the chosen engine's section lacks, with who takes it (pipeline/engines)
+        return message
     if kind == "literal_error":
         return f"{str(repr(given))[:80]} is not allowed; {message.lower()}"
     if kind == "union_tag_invalid":

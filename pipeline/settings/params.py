@@ -14,20 +14,21 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (BeforeValidator, Field, SerializeAsAny, ValidationError, WrapValidator, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from pipeline import engines, methods, safe_yaml
+from pipeline.engines.settings import MAX_TIMEOUT_S, EngineSettings, env_var_name
 from pipeline.errors import UserError
 from pipeline.settings.checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
                                     check_moved_keys, check_suite_models)
 from pipeline.settings.errors import format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
-from pipeline.settings.section import OutPath, SafePath, Section
+from pipeline.section import OutPath, SafePath, Section
 
 DEFAULT_PARAMS = Path("params.yaml")
 SEED_MAX = 2**32 - 1  # numpy and torch take seeds below 2**32
 MAX_NEW_TOKENS = 32768  # per answer: engines preallocate the KV cache for prompt + new tokens
-MAX_TIMEOUT_S = 3600.0
 MAX_CALIB_TOKENS = 1 << 24  # seq_len x num_blocks: every block is held in memory while packing
 
 
@@ -41,6 +42,12 @@ def _registered_engine(value):
 
 
 EngineName = Annotated[str, BeforeValidator(_registered_engine)]
+
+
+# `engine`: the section of the engine `engine.name` names (pipeline/engines/: each engine's module holds its fields,
+# their defaults and bounds; the fields every engine shares are in pipeline/engines/settings.py), chosen when the
+# file is validated
+EngineSection = SerializeAsAny[Annotated[EngineSettings, WrapValidator(lambda value, _: engines.validate_section(value))]]
 
 
 class ModelParams(Section):
@@ -132,17 +139,8 @@ def long_context_options_problem(options: dict) -> str | None:
     return None
 
 
-def env_var_name(value: str | None) -> str | None:
-    import re
-
-    if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-        # never echo the value: it may be a key pasted by mistake
-        raise ValueError("must be the name of an environment variable (e.g. OPENAI_API_KEY), not the key itself")
-    return value
-
-
 class JudgeParams(Section):
-    backend: EngineName = "hf"
+    backend: EngineName = engines.DEFAULT
     model: str = "base"  # hf/lmdeploy: "base" or a checkpoint dir; openai: the served model's name
     min_consistency: float = Field(0.6, ge=0, le=1)
     mode: Literal["pairwise", "reference"] = "pairwise"
@@ -218,83 +216,6 @@ class VerdictParams(Section):
         return self.margins.suites.get(suite, self.margins.perplexity)
 
 
-class EngineParams(Section):
-    """How models are run for eval, judge answers, KL and bench. vLLM settings keep vLLM's own names."""
-
-    name: EngineName = "hf"
-    batch_size: int = Field(32, ge=1, le=4096)  # hf/lmdeploy: prompts per batch; vllm: requests in flight
-    max_batch_tokens: int = Field(65536, ge=1, le=1 << 24)  # hf: rows x (longest prompt + new tokens) per batch
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    threads: int = Field(0, ge=0, le=1024)
-    # vllm (`vllm serve`, started by the stage) and lmdeploy (tensor_parallel_size only)
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
-    enable_expert_parallel: bool = False  # vllm: MoE experts spread over the GPUs instead of sliced (--enable-expert-parallel)
-    max_model_len: int | None = Field(None, ge=16, le=1 << 21)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    # checkpoint: fp8 when the checkpoint carries FP8 KV-cache scales (served with them), else the model's dtype
-    kv_cache_dtype: Literal["checkpoint", "auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "checkpoint"
-    enable_prefix_caching: bool | None = None  # None: vLLM's default
-    max_num_batched_tokens: int | None = Field(None, ge=16, le=1 << 24)
-    max_num_seqs: int | None = Field(None, ge=1, le=4096)
-    server_command: list[str] = ["vllm", "serve"]  # how to start vLLM (another interpreter: [python3, -m, vllm.entrypoints.cli.main, serve])
-    server_env: dict[str, str] = {}  # extra environment for the server only (e.g. PYTHONPATH of its own install)
-    server_args: list[str] = []  # further `vllm serve` flags, passed as given
-    # vllm: add the settings that avoid known vLLM defects hitting the checkpoint (pipeline/engines/vllm_defects.py,
-    # e.g. GLM-4.1V's image positions under --enforce-eager); false: vLLM as it ships (the report still names them)
-    defect_workarounds: bool = True
-    start_timeout: float = Field(900.0, gt=0, le=7200)  # seconds for the server to answer /health
-    # one server per checkpoint and settings for the whole `dvc repro` (pipeline/engines/shared.py): stages
-    # attach to the server an earlier stage started; false: every stage starts and stops its own
-    share_server: bool = True
-    # seconds without a stage before a shared server stops; None: it lives until the run ends (DVC's stage order
-    # can leave a model unused for many minutes before its next stage; a restart costs ~100 s on the H200)
-    server_idle_timeout: float | None = Field(None, gt=0, le=86400)
-    max_servers: int = Field(1, ge=1, le=16)  # servers kept at once (idle ones beyond: stopped, oldest first)
-    # vllm's KV pool: auto, sized by vLLM's start-up profiling (the server must have the GPU to itself while it
-    # starts: the profiling reads the whole device's free memory); planned, gpu_memory_utilization x the GPU's
-    # memory less the checkpoint's weights and non_kv_memory_gib, so a server can start while other work runs
-    kv_cache_memory: Literal["auto", "planned"] = "auto"
-    non_kv_memory_gib: float = Field(4.0, ge=0, le=1024)  # planned: activations, CUDA graphs, the CUDA context
-    device_memory_gib: float | None = Field(None, gt=0, le=1 << 20)  # planned: one GPU's memory (None: nvidia-smi)
-    # inside a run, start each checkpoint's server as soon as the checkpoint exists and memory allows, so starts
-    # overlap other stages' work (needs share_server and kv_cache_memory: planned)
-    warm_servers: bool = False
-    # while stages that load a model on the GPU in-process (quantize, kl) may still come, early starts leave at
-    # least this fraction of the GPU's memory free
-    build_memory_fraction: float = Field(0.5, ge=0, le=1)
-    # inside a run, start each model's evaluation (and each variant's judging) in the background as soon as its
-    # server is up, the stage collecting the results when DVC reaches it (pipeline/scoring/ahead.py; needs warm_servers)
-    score_ahead: bool = False
-    # openai: the server that serves the checkpoint being evaluated (vLLM, lmdeploy api_server, ...)
-    base_url: str | None = None
-    model: str | None = None  # the served model's name
-    api_key_env: str | None = None  # NAME of the environment variable holding the key
-    # tokens: our rendered prompt as token ids to /v1/completions (no token changes); text: the same as text;
-    # chat: messages to /v1/chat/completions, the server's own chat template
-    prompt_format: Literal["tokens", "text", "chat"] = "tokens"
-    concurrency: int = Field(8, ge=1, le=256)
-    timeout: float = Field(120.0, gt=0, le=3600)  # seconds for a whole request (a total deadline, not an idle timeout)
-    retries: int = Field(3, ge=0, le=20)
-    max_response_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)
-
-    _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
-
-    @model_validator(mode="after")
-    def _warm_needs_planned_pools(self):
-        if self.warm_servers and not (self.share_server and self.kv_cache_memory == "planned"):
-            raise ValueError("warm_servers: true needs share_server: true and kv_cache_memory: planned (a server that "
-                             "sizes its KV pool by profiling must start with the GPU to itself); set both, or "
-                             "warm_servers: false")
-        if self.score_ahead and not self.warm_servers:
-            raise ValueError("score_ahead: true needs warm_servers: true (work starts ahead of its stage on a server "
-                             "started ahead of it); set both, or score_ahead: false")
-        return self
-
-    def options(self, engine: str) -> dict:
-        """What make_engine takes for `engine`, from this section (the registry says which settings)."""
-        return engines.engine_options(engine, self)
-
-
 class SloParams(Section):
     """Service-level objectives: a request is good when it meets every one that is set (goodput)."""
 
@@ -337,7 +258,7 @@ class Params(Section):
     judge: JudgeParams = JudgeParams()
     kl: KlParams = KlParams()
     verdict: VerdictParams = VerdictParams()
-    engine: EngineParams = EngineParams()
+    engine: EngineSection = Field(default_factory=lambda: engines.default_settings())
     bench: BenchParams = BenchParams()
 
     @field_validator("variants", "suites")

@@ -30,10 +30,10 @@ from pipeline.scoring.bench_load import (  # noqa: F401  (the workloads and leve
     sweep_level,
 )
 from pipeline.checkpoints.sizes import kv_bytes_per_token
-from pipeline.engines import capability
+from pipeline.engines import EngineSettings, capability
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
-from pipeline.settings.params import BenchParams, EngineParams, sections_with_overrides
+from pipeline.settings.params import BenchParams, sections_with_overrides
 
 log = logging.getLogger(__name__)
 def measure_bandwidth(device: str, gib: float = 1.0, repeats: int = 5) -> float:
@@ -125,30 +125,30 @@ def describe_engine(lm, name: str, options: dict) -> dict:
 
 
 def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = None,
-        engine_settings: EngineParams | None = None, *, engine: str | None = None, holdout: Path | None = None,
+        engine_settings: EngineSettings | None = None, *, engine: str | None = None, holdout: Path | None = None,
         **overrides) -> BenchResult:
-    """settings: params.yaml `bench`; engine_settings: params.yaml `engine` (defaults in params.py);
+    """settings: params.yaml `bench`; engine_settings: params.yaml `engine` (an engine's section, pipeline/engines/);
     `overrides` (e.g. concurrency=[1, 2], input_len=16, batch_size=64) replace the field of that name in
     the bench section, else in the engine section, and are validated again. engine: the engine's name
     (default: bench.engine, else engine.name). holdout: held-out conversations for the real-length
     workload (None: the fixed workload only). requests_per_level: requests per level as a multiple of
     the concurrency (at least 4 in all)."""
-    from pipeline.engines import STARTS, engine_spec, engine_start_seconds, make_engine
+    from pipeline.engines import STARTS, default_settings, engine_spec, engine_start_seconds, make_engine, settings_for
 
     starts_before, watch = len(STARTS), Stopwatch()
-    b, e = sections_with_overrides(settings or BenchParams, engine_settings or EngineParams, **overrides)
+    b, e = sections_with_overrides(settings or BenchParams, engine_settings or default_settings(engine), **overrides)
     engine = engine or b.engine or e.name
     model_dir, out = Path(model_dir), Path(out)
     spec = engine_spec(engine)
-    options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
+    chosen = settings_for(e, engine)  # a missing setting (openai: engine.model) stops before any work
     context = _checked(model_dir, b, spec, engine)
-    options["batch_size"] = max(max(b.concurrency), options.get("batch_size", 1))
-    if spec.starts_server:
-        options.setdefault("log_path", out.with_name(out.stem + ".vllm.log"))
+    chosen = chosen.model_copy(update={"batch_size": max(max(b.concurrency), chosen.batch_size)})
+    options = chosen.model_dump()
+    stage = {"log_path": out.with_name(out.stem + ".vllm.log")} if spec.starts_server else {}
     device = "cuda" if _cuda() else "cpu"
     # measured before the engine starts: a server takes most of the GPU's memory for its KV pool
     bandwidth = measure_bandwidth(device, 1.0 if device == "cuda" else 0.25) if spec.local_weights else None
-    lm = make_engine(engine, model_dir, **options)
+    lm = make_engine(engine, model_dir, chosen, **stage)
     try:
         quiet_wait = _quiet_gpu(lm) if spec.starts_server else 0.0
         timer = HttpTiming(lm, vllm_extras=spec.starts_server) if spec.timing == "http" else lm
@@ -241,7 +241,7 @@ def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, 
         weights = None
     from pipeline.engines.gpu_memory import device_memory_bytes
 
-    device_bytes = device_memory_bytes(options)  # nvidia-smi (or engine.device_memory_gib): no CUDA context here
+    device_bytes = device_memory_bytes(options.get("device_memory_gib"))  # nvidia-smi (or engine.device_memory_gib): no CUDA context here
     if device_bytes is None and not capability(lm.name, "starts_server") and _cuda():
         import torch
 

@@ -28,12 +28,12 @@ from pathlib import Path
 
 from pipeline.scoring import sandbox
 from pipeline.checkpoints import checkpoint
-from pipeline.engines import Engine, capability, engine_names
+from pipeline.engines import Engine, EngineSettings, capability, default_settings, engine_names, settings_for
 from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import GenerationCache, model_fingerprint
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
-from pipeline.settings.params import EngineParams, SuiteParams, sections_with_overrides
+from pipeline.settings.params import SuiteParams, sections_with_overrides
 
 EVALS_DIR = Path(__file__).resolve().parents[2] / "evals"
 log = logging.getLogger(__name__)
@@ -129,15 +129,16 @@ class SharedEngine:
     only when the first request goes out (pipeline/engines/vllm.py), so a suite whose items are all in the
     resume cache costs no server start either."""
 
-    def __init__(self, name: str, model_dir: Path, options: dict):
-        self.name, self.model_dir, self.options = name, Path(model_dir), options
+    def __init__(self, name: str, model_dir: Path, settings: EngineSettings, stage: dict | None = None):
+        """settings: the engine's (settings_for); stage: what the stage supplies make_engine (a server's log_path)."""
+        self.name, self.model_dir, self.settings, self.stage = name, Path(model_dir), settings, stage or {}
         self._engine: Engine | None = None
 
     def get(self) -> Engine:
         if self._engine is None:
             from pipeline.engines import make_engine
 
-            self._engine = make_engine(self.name, self.model_dir, **self.options)
+            self._engine = make_engine(self.name, self.model_dir, self.settings, **self.stage)
         return self._engine
 
     def close(self) -> None:
@@ -146,32 +147,33 @@ class SharedEngine:
             self._engine = None
 
 
-def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_settings: EngineParams | None = None, *,
+def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_settings: EngineSettings | None = None, *,
         suite: str, variant: str, out_dir: Path | str, engine: str | None = None, log_path: Path | str | None = None,
         shared: SharedEngine | None = None, keep_current: bool = False, **overrides) -> EvalResult:
-    """One suite on one model. settings: params.yaml `suites.<suite>`; engine_settings: params.yaml `engine`
-    (defaults in params.py); `overrides` (e.g. limit=3, max_new_tokens=8, batch_size=2) replace the field of
-    that name in the suite section, else in the engine section, and are validated again; without `settings`
-    a `task=` override names the lm-eval task. engine: the engine's name (default: engine_settings.name).
+    """One suite on one model. settings: params.yaml `suites.<suite>`; engine_settings: params.yaml `engine` (an
+    engine's section, pipeline/engines/; default: the default engine's); `overrides` (e.g. limit=3,
+    max_new_tokens=8, batch_size=2) replace the field of that name in the suite section, else in the engine
+    section, and are validated again; without `settings` a `task=` override names the lm-eval task. engine: the
+    engine's name (default: engine_settings.name; another engine takes what it shares of the section: settings_for).
     log_path: where a vLLM server's log goes (default: <out_dir>/<suite>.vllm.log). shared: the engine of the
     stage's other suites (run_model); without it the suite makes its own and closes it. keep_current: when
     the suite's results were written from the same inputs (`inputs` in <suite>.json), keep them as they are."""
     watch = Stopwatch()
-    s, e = sections_with_overrides(settings or SuiteParams, engine_settings or EngineParams, **overrides)
+    s, e = sections_with_overrides(settings or SuiteParams, engine_settings or default_settings(engine), **overrides)
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if shared is None:
         engine = engine or e.name
-        options = e.options(engine)  # a missing setting (openai: engine.model) stops before any work
-        if capability(engine, "starts_server"):
-            options["log_path"] = Path(log_path) if log_path else out_dir / f"{suite}.vllm.log"  # beside the results
+        options = settings_for(e, engine)  # a missing setting (openai: engine.model) stops before any work
+        stage = {"log_path": Path(log_path) if log_path else out_dir / f"{suite}.vllm.log"} \
+            if capability(engine, "starts_server") else {}  # a server's log: beside the results
     else:
-        engine, options = shared.name, shared.options
+        engine, options, stage = shared.name, shared.settings, shared.stage
     checkpoint.open(model_dir)  # a missing or broken config.json: one message naming it and the fix (read once)
     inputs = suite_inputs(model_dir, suite, s, engine, options)
     if keep_current and (kept := _current(out_dir, suite, inputs)) is not None:
         return kept
     own = shared is None
-    shared = shared or SharedEngine(engine, model_dir, options)
+    shared = shared or SharedEngine(engine, model_dir, options, stage)
     try:
         return _run_suite(model_dir, s, shared, suite=suite, variant=variant, out_dir=out_dir, inputs=inputs,
                           watch=watch)
@@ -265,7 +267,7 @@ def _evaluate(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: s
     # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
     with progress(f"eval {variant}/{suite}", None, "requests") as advance, \
             sandbox.allow_unsandboxed(s.allow_unsandboxed):
-        lm = _lm_class()(shared.get(), cache, chunk=shared.options["batch_size"], on_done=advance, task=s.task,
+        lm = _lm_class()(shared.get(), cache, chunk=shared.settings.batch_size, on_done=advance, task=s.task,
                          on_items=advance.expect)
         results = simple_evaluate(
             model=lm, tasks=[s.task], task_manager=task_manager, limit=s.limit, log_samples=True,
@@ -302,8 +304,8 @@ def _lines_and_summary(lm, results: dict, *, suite: str, task: str, variant: str
 
 # engine settings that change how a run is carried out, never what it answers (the KV pool's size stays in: the
 # long-context ladder skips lengths the served KV cache cannot hold)
-OPERATIONAL = {"log_path", "progress", "share_server", "server_idle_timeout", "max_servers", "start_timeout",
-               "timeout", "retries", "max_response_bytes"}
+OPERATIONAL = {"name", "share_server", "server_idle_timeout", "max_servers", "start_timeout", "timeout", "retries",
+               "max_response_bytes", "warm_servers", "score_ahead", "build_memory_fraction"}
 
 
 @lru_cache(maxsize=None)
@@ -328,7 +330,7 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, options: dict) -> str:
+def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, options: EngineSettings) -> str:
     """One digest of everything a suite's results depend on: the suite's settings, the engine and its
     settings (not the operational ones), the checkpoint's content, the code and data that score it, and
     any file the suite's options name (ppl-chat: the held-out conversations). Written as `inputs` in
@@ -336,7 +338,7 @@ def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, optio
     files = {key: _file_digest(Path(value)) for key, value in sorted(s.options.items())
              if isinstance(value, str) and Path(value).is_file()}
     payload = {"suite": suite, "settings": s.model_dump(mode="json"), "engine": engine,
-               "engine_settings": {k: v for k, v in options.items() if k not in OPERATIONAL},
+               "engine_settings": options.model_dump(mode="json", exclude=OPERATIONAL),
                "model": model_fingerprint(model_dir), "code": code_digest(engine), "files": files}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -381,10 +383,9 @@ def run_model(model_dir: Path | str, params, *, out_dir: Path | str, engine: str
     before the calib stage) is left for the stage, not recorded."""
     watch, model_dir, out_dir = Stopwatch(), Path(model_dir), Path(out_dir)
     variant, engine = variant or model_dir.name, engine or params.engine.name
-    options = params.engine.options(engine)
-    if capability(engine, "starts_server"):
-        options["log_path"] = out_dir / "vllm-server.log"
-    shared = SharedEngine(engine, model_dir, options)
+    options = settings_for(params.engine, engine)
+    stage = {"log_path": out_dir / "vllm-server.log"} if capability(engine, "starts_server") else {}
+    shared = SharedEngine(engine, model_dir, options, stage)
     done: list[EvalResult] = []
     skipped: list[str] = []
     try:

@@ -32,7 +32,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from pipeline.checkpoints import config_json
-from pipeline.engines import Engine, GenRequest
+from pipeline.engines import Engine, EngineSettings, GenRequest
 from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import GenerationCache, model_fingerprint
 from pipeline.formats.holdout import read_holdout
@@ -40,7 +40,7 @@ from pipeline.judge.client import Ask, Judge, JudgmentCache
 from pipeline.judge.prompts import conversation_text
 from pipeline.judge.scoring import ORDERS, combine, order_outcome
 from pipeline.outputs import Stopwatch, write_atomic, write_json
-from pipeline.settings.params import EngineParams, JudgeParams, VerdictParams, sections_with_overrides
+from pipeline.settings.params import JudgeParams, VerdictParams, sections_with_overrides
 from pipeline.verdict.judge import decide_judge, explain_judge, judge_sentence, pairwise_figures, reference_figures
 
 
@@ -69,29 +69,29 @@ class JudgeResult:
 
 
 def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_dir: Path | str,
-        settings: JudgeParams | None = None, engine: EngineParams | None = None,
+        settings: JudgeParams | None = None, engine: EngineSettings | None = None,
         verdict: VerdictParams | None = None, **overrides) -> JudgeResult:
     """settings: params.yaml `judge`; engine: params.yaml `engine`, whose engine (hf when it is openai: a
     server serves one checkpoint only) writes base and variant answers, the same for both, and whose
     settings an hf / vllm / lmdeploy judge runs with; verdict: params.yaml `verdict` (bootstrap,
-    confidence, seed, margins.judge). Defaults in params.py. `overrides` (e.g. limit=3, batch_size=8, bootstrap=200)
+    confidence, seed, margins.judge). Defaults in params.py and the engine's module. `overrides` (e.g. limit=3, batch_size=8, bootstrap=200)
     replace the field of that name in the first of judge, engine, verdict that has it, validated again."""
-    jp, e, v = sections_with_overrides(settings or JudgeParams, engine or EngineParams, verdict or VerdictParams,
+    from pipeline.engines import DEFAULT, STARTS, capability, default_settings, settings_for
+
+    jp, e, v = sections_with_overrides(settings or JudgeParams, engine or default_settings(), verdict or VerdictParams,
                                        **overrides)
     iterations, confidence, seed = v.bootstrap, v.confidence, v.seed
-    from pipeline.engines import STARTS, capability
 
     watch = Stopwatch()
     watch.starts_before = len(STARTS)
     variant_dir, base_dir, out_dir = Path(variant_dir), Path(base_dir), Path(out_dir)
-    answer_engine = e.name if capability(e.name, "local_weights") else "hf"  # a running server answers for no checkpoint dir
-    options = e.options(answer_engine)
-    if capability(answer_engine, "starts_server"):
-        options["log_path"] = out_dir / "judge.vllm.log"
+    # a running server answers for no checkpoint dir: the default engine writes the answers
+    answer_engine = e.name if capability(e.name, "local_weights") else DEFAULT
+    options = (settings_for(e, answer_engine),
+               {"log_path": out_dir / "judge.vllm.log"} if capability(answer_engine, "starts_server") else {})
     # an openai judge (weights held by a running server): the judge section's own settings
-    judge_options = e.options(jp.backend) if capability(jp.backend, "local_weights") else {}
-    if capability(jp.backend, "starts_server"):
-        judge_options["log_path"] = out_dir / "judge-model.vllm.log"
+    judge_options = (settings_for(e, jp.backend) if capability(jp.backend, "local_weights") else None,
+                     {"log_path": out_dir / "judge-model.vllm.log"} if capability(jp.backend, "starts_server") else {})
     from pipeline.checkpoints import headers
 
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
@@ -154,7 +154,7 @@ def _reliable(summary: dict, min_consistency: float) -> bool:
 
 
 def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label: str, max_new_tokens: int,
-                     engine_options: dict, engine_name: str) -> list[str]:
+                     engine_options: tuple[EngineSettings, dict], engine_name: str) -> list[str]:
     """Greedy answers to each held-out conversation, through the eval stage's resume cache. The
     engine is made only when something is missing, and closed after (a GPU engine holds memory)."""
     from transformers import AutoTokenizer
@@ -169,8 +169,9 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
     if todo:
         from pipeline.console import progress
 
-        engine = make_engine(engine_name, model_dir, **engine_options)
-        chunk = len(todo) if getattr(engine, "in_flight", None) else engine_options["batch_size"]  # a server: all at once
+        settings, stage = engine_options
+        engine = make_engine(engine_name, model_dir, settings, **stage)
+        chunk = len(todo) if getattr(engine, "in_flight", None) else settings.batch_size  # a server: all at once
         try:
             with progress(f"judge: {label} answers", len(todo), "answers") as advance:
                 for start in range(0, len(todo), chunk):
@@ -191,9 +192,11 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
     return [cache.get(r).text for r in requests]
 
 
-def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[], Engine], str, str, bool]:
-    """(factory, cache id, description for the report, weak: the judge is the base model itself)."""
-    from pipeline.engines import capability, make_engine, require
+def judge_engine(jp, base_dir: Path, engine_options: tuple[EngineSettings | None, dict]
+                 ) -> tuple[Callable[[], Engine], str, str, bool]:
+    """(factory, cache id, description for the report, weak: the judge is the base model itself). engine_options:
+    a local judge's (settings, what the stage supplies make_engine); a served judge takes the judge section's."""
+    from pipeline.engines import ENGINES, capability, make_engine, require
 
     if not capability(jp.backend, "local_weights"):  # a server already running holds the judge's weights
         parts = urlsplit(jp.base_url or "")
@@ -204,10 +207,12 @@ def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[],
         if jp.model == "base":
             raise UserError(f"params.yaml: judge.model: with the {jp.backend} backend, set the served model's name "
                             "(e.g. gpt-4o-mini, or the name your vLLM/lmdeploy server was started with)")
-        options = dict(base_url=jp.base_url, model=jp.model, api_key_env=jp.api_key_env, concurrency=jp.concurrency,
-                       timeout=jp.timeout, retries=jp.retries, backoff=jp.backoff, retry_on_length=True)
-        make_engine(jp.backend, None, **options)  # fail now, not mid-run, on a missing key or URL
-        return (lambda: make_engine(jp.backend, None, **options)), f"{jp.backend}:{where}:{jp.model}", \
+        served = ENGINES[jp.backend].settings(base_url=jp.base_url, model=jp.model, api_key_env=jp.api_key_env,
+                                              concurrency=jp.concurrency, timeout=jp.timeout, retries=jp.retries,
+                                              prompt_format="chat")
+        options = dict(params_section="judge", backoff=jp.backoff, retry_on_length=True)
+        make_engine(jp.backend, None, served, **options)  # fail now, not mid-run, on a missing key or URL
+        return (lambda: make_engine(jp.backend, None, served, **options)), f"{jp.backend}:{where}:{jp.model}", \
             f"{jp.model} at {where} ({jp.backend} API)", False
     model_dir = base_dir if jp.model == "base" else Path(jp.model)
     if not config_json.present(model_dir):
@@ -219,7 +224,8 @@ def judge_engine(jp, base_dir: Path, engine_options: dict) -> tuple[Callable[[],
     require(jp.backend)  # fail now, not after the answers, when the engine's extra is missing (lmdeploy)
     weak = model_dir.resolve() == base_dir.resolve()
     description = f"{model_dir} ({jp.backend})" + (" - the base model judging itself" if weak else "")
-    return (lambda: make_engine(jp.backend, model_dir, **engine_options)), \
+    settings, stage = engine_options
+    return (lambda: make_engine(jp.backend, model_dir, settings, **stage)), \
         f"{jp.backend}:{model_fingerprint(model_dir)}", description, weak
 
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.checkpoints import checkpoint
+from pipeline.engines import DEFAULT, EngineSettings, default_settings, settings_for
 from pipeline.errors import UserError
 from pipeline.formats.kl_lines import lines_path, write_kl_lines
 from pipeline.outputs import Stopwatch, write_json
-from pipeline.settings.params import EngineParams, KlParams, sections_with_overrides
+from pipeline.settings.params import KlParams, sections_with_overrides
 
 
 @dataclass
@@ -141,16 +142,17 @@ def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int,
 
 
 def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str,
-        settings: KlParams | None = None, engine: EngineParams | None = None, *, device: str | None = None,
+        settings: KlParams | None = None, engine: EngineSettings | None = None, *, device: str | None = None,
         resident: str = "auto", batch_size: int = 8, **overrides) -> KLResult:
     """settings: params.yaml `kl` (sequences and max_tokens: conversations scored and tokens per
-    conversation); engine: params.yaml `engine` (its dtype); defaults in params.py. `overrides` (e.g.
+    conversation); engine: params.yaml `engine` (the dtype an in-process engine takes from it); defaults in
+    params.py. `overrides` (e.g.
     sequences=8, dtype="bfloat16") replace the field of that name, validated again. On a GPU the models
     run in the base checkpoint's dtype; on a CPU in engine.dtype (float32 holds float16 weights exactly).
     resident: "both", "one" (one model at a time) or "auto" (both when they fit); batch_size: sequences
     per forward pass (the stage's own, not engine.batch_size)."""
-    k, e = sections_with_overrides(settings or KlParams, engine or EngineParams, **overrides)
-    dtype = e.dtype
+    k, e = sections_with_overrides(settings or KlParams, engine or default_settings(), **overrides)
+    dtype = settings_for(e, DEFAULT).dtype
     import torch
     from transformers import AutoTokenizer
 
