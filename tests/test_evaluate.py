@@ -318,7 +318,7 @@ def test_eval_engine_hf_runs_on_a_params_yaml_written_for_vllm(tmp_path, tiny_ll
 
     from conftest import TINY_PARAMS, write_params
     from pipeline import engines
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     made = []
     real = engines.make_engine
