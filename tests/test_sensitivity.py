@@ -102,7 +102,7 @@ def test_the_reader_refuses_an_unranked_file_naming_it(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(UserError, match=r"groups\[1\] \(h\): removes more KL.*quantize sensitivity models/v"):
         read_sensitivity(path)
-    with pytest.raises(UserError, match="no sensitivity ranking here"):
+    with pytest.raises(UserError, match="no sensitivity ranking; run `quantize sensitivity"):
         read_sensitivity(tmp_path / "none.json")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.errors import UserError
 from pipeline.formats.checked_json import problem, read_checked_json
 from pipeline.outputs import write_json
 
@@ -38,7 +39,9 @@ def read_sensitivity(path: Path | str) -> dict:
     path = Path(path)
     found = read_checked_json(path, SPEC, COMMAND)
     if found is None:
-        raise problem(path, "", "no sensitivity ranking here", COMMAND)
+        raise UserError(f"{path}: no sensitivity ranking; run `quantize sensitivity models/<W4A16 variant>` first "
+                        "(it writes results/<variant>/sensitivity.json), or name the ranking to read (the variant's "
+                        "`sensitivity`, `--sensitivity`)")
     groups = found["groups"]
     if not groups:
         raise problem(path, "", "groups: empty; every quantized group of the variant is measured", COMMAND)
