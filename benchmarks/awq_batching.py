@@ -49,7 +49,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.stages.kl import holdout_texts
+    from pipeline.scoring.token_kl import holdout_texts
     from pipeline.checkpoints.loading import load_for_inference
     from pipeline.stages.quantize import run as quantize_run
 

@@ -84,7 +84,7 @@ def main() -> None:
     import awq_phases
     from awq_batching import bootstrap, per_sequence_kl
     from pipeline.formats.calib_blocks import read_blocks
-    from pipeline.stages.kl import holdout_texts
+    from pipeline.scoring.token_kl import holdout_texts
     from pipeline.checkpoints.loading import load_for_inference
     from pipeline.stages.quantize import run as quantize_run
 

@@ -79,14 +79,29 @@ def test_the_group_size_rule_is_stated_once(tmp_path):
     assert int4.choose_group_size(config, "auto", "m") == int4.GROUP_SIZES[0] == 128
 
 
+def tiny_ranking(path):
+    """A sensitivity.json for the tiny Llama: its down_proj groups, layer 1's first."""
+    import json
+
+    groups = [{"name": f"model.layers.{i}.mlp.down_proj", "layer": i, "kind": "down_proj",
+               "modules": [f"model.layers.{i}.mlp.down_proj"], "weights": 8192, "kl_restored": 0.1 * i,
+               "kl_removed": 0.1 * (1 + i), "share_removed": 0.5 * (1 + i)} for i in (1, 0)]
+    path.write_text(json.dumps({"base": "b", "variant": "v", "holdout": "h", "sequences": 1, "tokens": 2,
+                                "kl_mean": 0.2, "groups": groups, "device": "cpu", "dtype": "float32", "seconds": 1}))
+    return path
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", methods.METHODS, ids=lambda m: m.NAME)
-def test_needs_calibration_says_what_the_recipe_does(method, tiny_llama):
+def test_needs_calibration_says_what_the_recipe_does(method, tiny_llama, tmp_path):
     """NEEDS_CALIBRATION (the CLI's help, the stage's words) agrees with llm-compressor's own modifiers."""
     from pipeline.quantize.calibrate import needs_data
     from pipeline.stages.quantize import read_target
 
-    recipe = method.recipe(method.Params(method=method.NAME), read_target(tiny_llama))
+    extra = {}
+    if "sensitivity" in method.Params.model_fields:  # `mixed`: a ranking of the model's groups to read
+        extra["sensitivity"] = tiny_ranking(tmp_path / "sensitivity.json")
+    recipe = method.recipe(method.Params(method=method.NAME, **extra), read_target(tiny_llama))
     assert needs_data(recipe.modifiers) == method.NEEDS_CALIBRATION
     assert recipe.scheme and isinstance(recipe.details, dict)
 

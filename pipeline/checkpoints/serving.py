@@ -11,6 +11,7 @@ it from config.json, so a run recorded later shows there without rebuilding the 
 
 Schemes: `none` (bf16/fp16), `w4a16` (compressed-tensors pack-quantized: AWQ and RTN write the same
 format), `w4a16-actorder-weight` (the same tensors, config.json naming an activation order, as GPTQ writes it),
+`w4a16+w8a16` (the `mixed` method: a W4A16 and a W8A16 config group in one checkpoint),
 `w4a16-autoawq` (`quantize export --engine lmdeploy`), `fp8-static` (per-channel weights,
 static per-tensor activations), `fp8-dynamic` (dynamic per-token activations everywhere),
 `fp8-static+dynamic-experts` (the MoE default: experts dynamic, the rest static). KV: `per-head`,
@@ -99,7 +100,9 @@ def scheme(config: dict) -> str:
     if fmt == "pack-quantized":
         # a column order the engine must know of (GPTQ's activation ordering) is a key no AWQ/RTN run covers
         orders = sorted({str((g.get("weights") or {}).get("actorder")) for g in groups} - {"None"})
-        return "w4a16" + "".join(f"-actorder-{order}" for order in orders)
+        # one config group per scheme (the `mixed` method): W4A16 and W8A16 groups are a key of their own
+        bits = sorted({int((g.get("weights") or {}).get("num_bits") or 4) for g in groups}) or [4]
+        return "+".join(f"w{b}a16" for b in bits) + "".join(f"-actorder-{order}" for order in orders)
     if fmt in ("float-quantized", "naive-quantized") and _weights_bits(groups) == 8:
         if any((g.get("weights") or {}).get("strategy") == "block" for g in groups):
             return "fp8-block"

@@ -272,6 +272,31 @@ def kl(
 
 @app.command()
 @stage
+def sensitivity(
+    variant_dir: Path = typer.Argument(..., help="Quantized variant checkpoint (models/<variant>)"),
+    base: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
+    holdout: Optional[Path] = typer.Option(None, help="Held-out conversations (default: params calib.out/holdout.jsonl)"),
+    out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<variant>/sensitivity.json)"),
+    sequences: Optional[int] = typer.Option(None, help="Held-out conversations scored (default: params kl.sequences)"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """Rank the variant's quantized groups (q/k/v, gate/up, o_proj, down_proj, experts: as vLLM fuses them) by how
+    much of its KL to the base goes away when only that group is restored to the base's weights."""
+    from pipeline.stages import sensitivity as sensitivity_stage
+
+    p = load_params(params_file)
+    settings = with_overrides(p.kl, sequences=sequences)
+    base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
+    out = out or Path("results") / variant_dir.name / "sensitivity.json"
+    refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
+    make_room_on_gpu("sensitivity", [base, variant_dir], factor=1.5)
+    with working():
+        result = sensitivity_stage.run(base, variant_dir, holdout, out, settings, p.engine)
+    console.summary(result.summary())
+
+
+@app.command()
+@stage
 def judge(
     variant_dir: Path = typer.Argument(..., help="Variant checkpoint (models/<variant>)"),
     base: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),

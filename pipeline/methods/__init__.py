@@ -20,9 +20,9 @@ Adding a method is its module and its entry here (and its variant in params.yaml
 
 from __future__ import annotations
 
-from pipeline.methods import awq, fp8, gptq, rtn
+from pipeline.methods import awq, fp8, gptq, mixed, rtn
 
-METHODS = (awq, fp8, rtn, gptq)  # the registry, in the order `quantize --help` lists the subcommands
+METHODS = (awq, fp8, rtn, gptq, mixed)  # the registry, in the order `quantize --help` lists the subcommands
 
 _BY_NAME = {method.NAME: method for method in METHODS}
 

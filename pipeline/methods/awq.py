@@ -50,7 +50,7 @@ class Params(Section):
                                                "(llm-compressor's own search)")
 
 
-def recipe(settings: Params, target: Target) -> Recipe:
+def recipe(settings: Params, target: Target, eight_bit_targets: tuple[str, ...] = ()) -> Recipe:
     """llm-compressor's AWQ smoothing (our search, or its own), then W4A16 on every Linear outside the ignore list.
     Refused before any weight loads: an architecture without smoothing mappings, a group size that does not fit."""
     from llmcompressor.modifiers.quantization import QuantizationModifier
@@ -71,8 +71,7 @@ def recipe(settings: Params, target: Target) -> Recipe:
                  else AWQModifier(mappings=mappings, duo_scaling=True, n_grid=settings.n_grid))
     modifiers = [
         smoothing,
-        QuantizationModifier(config_groups={"group_0": {"targets": ["Linear"],
-                                                        "weights": int4.weights(group, settings.symmetric)}},
+        QuantizationModifier(config_groups=int4.config_groups(group, settings.symmetric, eight_bit_targets),
                              ignore=list(target.ignore)),
     ]
     return Recipe(modifiers, int4.scheme(group, settings.symmetric),

@@ -48,15 +48,14 @@ class Params(Section):
     batch_size: BatchSize = 32
 
 
-def recipe(settings: Params, target: Target) -> Recipe:
+def recipe(settings: Params, target: Target, eight_bit_targets: tuple[str, ...] = ()) -> Recipe:
     """llm-compressor's GPTQModifier with W4A16 on every Linear outside the ignore list; a group size that does not
     fit is refused before any weight loads."""
     from llmcompressor.modifiers.gptq import GPTQModifier
 
     group = int4.choose_group_size(target.config, settings.group_size, target.model_dir)
     actorder = None if settings.actorder == "none" else settings.actorder
-    modifiers = [GPTQModifier(config_groups={"group_0": {"targets": ["Linear"],
-                                                         "weights": int4.weights(group, settings.symmetric)}},
+    modifiers = [GPTQModifier(config_groups=int4.config_groups(group, settings.symmetric, eight_bit_targets),
                               ignore=list(target.ignore), actorder=actorder, dampening_frac=settings.dampening_frac,
                               block_size=settings.block_size)]
     return Recipe(modifiers, int4.scheme(group, settings.symmetric) + f", GPTQ (actorder {settings.actorder})",

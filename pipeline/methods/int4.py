@@ -68,5 +68,16 @@ def weights(group_size: int, symmetric: bool, **extra) -> dict:
             "dynamic": False, **extra}
 
 
+def config_groups(group_size: int, symmetric: bool, eight_bit_targets: tuple[str, ...] = ()) -> dict:
+    """llm-compressor's config_groups: W4A16 on every Linear (outside the modifier's ignore list) and, for
+    `eight_bit_targets` (name or `re:` targets, which outrank the class target in compressed-tensors and vLLM),
+    W8A16 at the same group size and symmetry (the `mixed` method, pipeline/methods/mixed.py)."""
+    groups = {"group_0": {"targets": ["Linear"], "weights": weights(group_size, symmetric)}}
+    if eight_bit_targets:
+        groups["group_1"] = {"targets": list(eight_bit_targets), "weights": {**weights(group_size, symmetric),
+                                                                             "num_bits": 8}}
+    return groups
+
+
 def scheme(group_size: int, symmetric: bool) -> str:
     return f"W4A16 {'symmetric' if symmetric else 'asymmetric'}, group {group_size}"

@@ -32,12 +32,11 @@ class Params(Section):
     batch_size: BatchSize = 32  # the per-layer check's forward passes
 
 
-def recipe(settings: Params, target: Target) -> Recipe:
+def recipe(settings: Params, target: Target, eight_bit_targets: tuple[str, ...] = ()) -> Recipe:
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
     group = int4.choose_group_size(target.config, settings.group_size, target.model_dir)
-    modifiers = [QuantizationModifier(config_groups={"group_0": {"targets": ["Linear"],
-                                                                 "weights": int4.weights(group, settings.symmetric)}},
+    modifiers = [QuantizationModifier(config_groups=int4.config_groups(group, settings.symmetric, eight_bit_targets),
                                       ignore=list(target.ignore))]
     return Recipe(modifiers, int4.scheme(group, settings.symmetric) + ", round-to-nearest",
                   {"group_size": group, "symmetric": settings.symmetric})

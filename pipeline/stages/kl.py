@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pipeline.checkpoints import checkpoint
 from pipeline.engines import DEFAULT, EngineSettings, default_settings, settings_for
-from pipeline.errors import UserError
 from pipeline.formats.kl_lines import lines_path, write_kl_lines
 from pipeline.outputs import Stopwatch, write_json
+from pipeline.scoring.token_kl import holdout_texts, log_probs, token_kl
 from pipeline.settings.params import KlParams, sections_with_overrides
 
 
@@ -31,37 +31,6 @@ class KLResult:
                 f"top-1 agreement {s['top1_agreement']:.1%}) in {s['seconds']:.0f} s")
 
 
-def holdout_texts(tokenizer, holdout: Path, max_tokens: int, max_sequences: int | None = None) -> list[list[int]]:
-    """Each held-out conversation, its reference answer included, as token ids (pipeline/formats/)."""
-    from pipeline.formats.chat import render_chat
-    from pipeline.formats.holdout import read_holdout, with_reference
-
-    sequences = []
-    for record in read_holdout(Path(holdout), purpose="held-out conversations"):
-        text = render_chat(tokenizer, with_reference(record))
-        if text is None:
-            continue  # the template rejects this conversation's turns
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
-        if len(ids) >= 2:
-            sequences.append(ids)
-        if max_sequences and len(sequences) >= max_sequences:
-            break
-    if not sequences:
-        raise UserError(f"{holdout}: no usable held-out conversation")
-    return sequences
-
-
-def _log_probs(model, batch, device):
-    import torch
-
-    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in batch], batch_first=True).to(device)
-    mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(s), dtype=torch.long) for s in batch],
-                                           batch_first=True).to(device)
-    with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()
-    return torch.log_softmax(logits, dim=-1), mask.bool()
-
-
 def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
     """Per-token KL(base || variant) and top-1 agreement over every real (unpadded) position,
     both models resident."""
@@ -74,18 +43,13 @@ def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
     with progress("kl: base and variant", len(sequences), "sequences") as advance:
         for start in range(0, len(sequences), batch_size):
             batch = sequences[start:start + batch_size]
-            base_lp, mask = _log_probs(base, batch, device)
-            var_lp, _ = _log_probs(variant, batch, device)
-            kl, same = _kl(base_lp, var_lp, mask)
+            base_lp, mask = log_probs(base, batch, device)
+            var_lp, _ = log_probs(variant, batch, device)
+            kl, same = token_kl(base_lp, var_lp, mask)
             kls.append(kl)
             agree.append(same)
             advance(len(batch))
     return torch.cat(kls), torch.cat(agree)
-
-
-def _kl(base_lp, var_lp, mask):
-    kl = (base_lp.exp() * (base_lp - var_lp)).sum(-1)
-    return kl[mask].cpu(), (base_lp.argmax(-1) == var_lp.argmax(-1))[mask].cpu()
 
 
 def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], device: str, batch_size: int = 8):
@@ -101,7 +65,7 @@ def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], d
     kept = []
     with progress("kl: base", len(sequences), "sequences") as advance:
         for start in range(0, len(sequences), batch_size):
-            lp, mask = _log_probs(model, sequences[start:start + batch_size], device)
+            lp, mask = log_probs(model, sequences[start:start + batch_size], device)
             kept.append((lp.cpu(), mask.cpu()))
             advance(len(sequences[start:start + batch_size]))
     del model, lp
@@ -112,9 +76,9 @@ def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], d
     kls, agree = [], []
     with progress("kl: variant", len(sequences), "sequences") as advance:
         for index, start in enumerate(range(0, len(sequences), batch_size)):
-            var_lp, _ = _log_probs(model, sequences[start:start + batch_size], device)
+            var_lp, _ = log_probs(model, sequences[start:start + batch_size], device)
             base_lp, mask = kept[index]
-            kl, same = _kl(base_lp.to(device), var_lp, mask.to(device))
+            kl, same = token_kl(base_lp.to(device), var_lp, mask.to(device))
             kls.append(kl)
             agree.append(same)
             advance(len(sequences[start:start + batch_size]))

@@ -1,0 +1,133 @@
+"""Mixed W4A16 / W8A16: a W4A16 method (AWQ, GPTQ or RTN) with the groups that cost the variant most kept in 8 bits,
+within a budget of mean bits per quantized weight: the fix for a W4A16 variant the verdict marks NO-GO.
+
+The ranking is `quantize sensitivity`'s (pipeline/stages/sensitivity.py, sensitivity.json): for each fused group
+(q/k/v, gate/up, o_proj, down_proj, a layer's experts: one scheme per layer vLLM runs, pipeline/checkpoints/fused.py)
+how much of the W4A16 variant's KL to the base goes away when that group alone is restored. Groups are taken most KL
+removed first and kept in W8A16 while the mean bits per quantized weight (4 or 8 per weight, weighted by the groups'
+weight counts) stays within `max_bits`; a group that would pass it stays in 4 bits and the next ones are tried
+(a smaller one may still fit); a group whose restoring removes no KL stays in 4 bits.
+
+The checkpoint is one compressed-tensors folder with one config group per scheme (llm-compressor's modifiers take
+several `config_groups`): W4A16 targets "Linear", W8A16 targets the kept groups' Linears by anchored regexes, which
+outrank a class target in compressed-tensors and in vLLM. W8A16 uses the W4A16 group size and symmetry (vLLM's WNA16
+covers 4 and 8 bits). The base method's other settings are its defaults (pipeline/methods/awq.py, gptq.py, rtn.py);
+its smoothing and error feedback see each Linear's own bits. The plan's memory estimate is AWQ's (the default base).
+quant.json lists each group's scheme and why, and the bits per weight with and without the scales.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+import pipeline.methods.awq as awq  # not `from pipeline.methods import`: the registry imports this module
+import pipeline.methods.gptq as gptq
+import pipeline.methods.int4 as int4
+import pipeline.methods.rtn as rtn
+from pipeline.checkpoints import fused
+from pipeline.errors import UserError
+from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
+from pipeline.formats.sensitivity import read_sensitivity
+from pipeline.methods.recipe import BatchSize, Recipe, Target
+from pipeline.section import Section
+
+BASES = {method.NAME: method for method in (awq, gptq, rtn)}  # the W4A16 methods a mixed variant starts from
+LOW_BITS, HIGH_BITS = 4, 8
+
+NAME = "mixed"
+SUMMARY = ("W4A16 (AWQ, GPTQ or RTN) with the groups `quantize sensitivity` ranks most costly kept in W8A16, within "
+           "a budget of mean bits per weight: the fix for a NO-GO W4A16 variant.")
+DEFAULT_VARIANT = "awq-w4a16-mixed"
+NEEDS_CALIBRATION = True  # AWQ's and GPTQ's are (RTN's weights do not depend on it)
+CALIBRATION_STATE = "activation-cache"  # the default base's (AWQ): the plan's memory estimate
+SEARCH_PASS_BYTES = awq.SEARCH_PASS_BYTES
+SERVING_FORMAT = "compressed-tensors pack-quantized, one config group per scheme (W4A16 and W8A16)"
+COMPARED_WITH: dict[str, str] = {}
+
+
+class Params(Section):
+    """`variants.<name>` with `method: mixed`."""
+
+    method: Literal["mixed"]
+    base: Literal[tuple(BASES)] = Field(awq.NAME, description="The W4A16 method the other groups are quantized with: "
+                                        + ", ".join(BASES))
+    max_bits: float = Field(4.5, ge=LOW_BITS, le=HIGH_BITS, description="Budget: mean bits per quantized weight (4 "
+                            "or 8 each, weighted by weight count); the most sensitive groups are kept in 8 bits "
+                            "until it is spent")
+    sensitivity: Path | None = Field(None, description="The ranking `quantize sensitivity` wrote for a W4A16 variant "
+                                     "of this base (default: results/<the base method's default variant>/"
+                                     "sensitivity.json)")
+    group_size: int4.GroupSize = "auto"
+    symmetric: int4.Symmetric = False
+    batch_size: BatchSize = 32
+
+
+def sensitivity_path(settings: Params) -> Path:
+    return Path(settings.sensitivity or Path("results") / BASES[settings.base].DEFAULT_VARIANT / SENSITIVITY_FILE)
+
+
+def choose(groups: list[dict], max_bits: float) -> tuple[list[dict], float]:
+    """Each ranked group's scheme and why, and the mean bits per weight they give."""
+    total = sum(g["weights"] for g in groups)
+    extra_allowed, spent, rows = (max_bits - LOW_BITS) * total, 0, []
+    for rank, group in enumerate(groups, 1):
+        extra = (HIGH_BITS - LOW_BITS) * group["weights"]
+        removes = f"rank {rank}: restoring it removes {group['share_removed']:.1%} of the variant's KL"
+        if group["kl_removed"] <= 0:
+            scheme, why = "W4A16", f"rank {rank}: restoring it removes none of the variant's KL"
+        elif spent + extra <= extra_allowed + 1e-9 * total:
+            spent += extra
+            scheme, why = "W8A16", f"{removes}; within the budget ({LOW_BITS + spent / total:.3f} bits per weight)"
+        else:
+            scheme, why = "W4A16", (f"{removes}, but in 8 bits the mean would be "
+                                    f"{LOW_BITS + (spent + extra) / total:.3f} bits per weight, over {max_bits:g}")
+        rows.append({"name": group["name"], "layer": group["layer"], "weights": group["weights"], "scheme": scheme,
+                     "why": why, "modules": group["modules"]})
+    return rows, LOW_BITS + spent / total
+
+
+def bits_with_scales(bits: float, group_size: int, symmetric: bool, share_high: float) -> float:
+    """Stored bits per weight: each group of `group_size` weights adds a 16-bit scale and, asymmetric, a zero point
+    packed at the weights' own bits."""
+    zero = 0.0 if symmetric else (LOW_BITS * (1 - share_high) + HIGH_BITS * share_high) / group_size
+    return bits + 16 / group_size + zero
+
+
+def _check_modules(ranking: dict, path: Path, target: Target) -> None:
+    """Every ranked Linear is one of this model's: a ranking measured on another model is refused."""
+    from pipeline.checkpoints.loading import meta_model
+
+    names = {name for name, _ in meta_model(target.model_dir).named_modules()}
+    for group in ranking["groups"]:
+        missing = [m for m in group["modules"] if m not in names]
+        if missing:
+            raise UserError(f"{path}: {missing[0]} (group {group['name']}) is not a module of {target.model_dir}: the "
+                            f"ranking was measured on another model; run `quantize sensitivity` on a W4A16 variant "
+                            f"of {target.model_dir}, or pass its sensitivity.json")
+
+
+def recipe(settings: Params, target: Target) -> Recipe:
+    """The base method's recipe with its weights in two config groups: W4A16 on every Linear outside the ignore
+    list, W8A16 on the groups the ranking keeps within the budget."""
+    path = sensitivity_path(settings)
+    ranking = read_sensitivity(path)
+    _check_modules(ranking, path, target)
+    base = BASES[settings.base]
+    group = int4.choose_group_size(target.config, settings.group_size, target.model_dir)
+    rows, bits = choose(ranking["groups"], settings.max_bits)
+    kept = [fused.Group(r["name"], r["layer"], r["name"].rpartition(".")[2], r["modules"]) for r in rows
+            if r["scheme"] == "W8A16"]
+    base_recipe = base.recipe(base.Params(method=base.NAME, group_size=group, symmetric=settings.symmetric,
+                                          batch_size=settings.batch_size), target,
+                              eight_bit_targets=tuple(fused.target_regex(g) for g in kept))
+    share_high = sum(r["weights"] for r in rows if r["scheme"] == "W8A16") / sum(r["weights"] for r in rows)
+    details = {"base_method": base.NAME, **base_recipe.details, "max_bits": settings.max_bits,
+               "bits_per_weight": round(bits, 4),
+               "bits_per_weight_with_scales": round(bits_with_scales(bits, group, settings.symmetric, share_high), 4),
+               "groups_in_8_bits": len(kept), "groups_total": len(rows), "sensitivity": str(path),
+               "groups": [{k: r[k] for k in ("name", "layer", "weights", "scheme", "why")} for r in rows]}
+    return Recipe(base_recipe.modifiers, f"{base_recipe.scheme}; {len(kept)} of {len(rows)} groups in W8A16 "
+                                         f"({bits:.2f} bits per weight)", details)
