@@ -1,0 +1,139 @@
+"""vLLM's server, from a checkpoint and the engine's settings: the `vllm serve` command line (the KV-cache dtype
+the checkpoint asks for, the serving dtype, the defect workarounds), the planned KV pool, and the run's early start
+(`quantize warm`). The engine that talks to the server: pipeline/engines/vllm.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pipeline.engines.vllm_defects as vllm_defects
+from pipeline.checkpoints import checkpoint
+from pipeline.engines.gpu_memory import GIB, device_memory_bytes
+from pipeline.engines.vision import is_multimodal
+from pipeline.engines.settings import HTTPSettings as Settings  # vllm.Settings (it imports this module)
+from pipeline.errors import UserError
+
+SERVED_NAME = "model"
+# vLLM applies a chat template to /v1/chat/completions; ours renders the prompt already: pass it through
+PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# the settings that shape the server (its command line, hence a shared server's key): the report names them
+SERVER_SETTINGS = ("tensor_parallel_size", "enable_expert_parallel", "max_model_len", "gpu_memory_utilization",
+                   "kv_cache_dtype", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype",
+                   "server_args", "kv_cache_memory", "non_kv_memory_gib", "device_memory_gib", "defect_workarounds")
+
+
+def server_settings(settings: Settings) -> dict:
+    """The settings that shape the server, as the report names them (float32 dtype: the checkpoint's own, None)."""
+    shown = settings.model_dump(include=set(SERVER_SETTINGS))
+    return {key: shown[key] for key in SERVER_SETTINGS} | {"dtype": settings.dtype if settings.dtype != "float32"
+                                                            else None}
+
+
+def kv_cache_scheme(model_dir: Path) -> dict | None:
+    return checkpoint.open(model_dir).kv_cache_scheme
+
+
+def resolve_kv_cache_dtype(setting: str, model_dir: Path) -> str:
+    """`checkpoint`: fp8 when the checkpoint carries FP8 KV-cache scales, else auto (the model's dtype)."""
+    if setting != "checkpoint":
+        return setting
+    scheme = kv_cache_scheme(model_dir)
+    return "fp8" if scheme and scheme.get("type") == "float" and scheme.get("num_bits") == 8 else "auto"
+
+
+def serving_dtype(setting: str | None, kv_cache_dtype: str, model_dir: Path) -> str | None:
+    """The model dtype to serve in. vLLM 0.24's FlashAttention-3 FP8 path writes bfloat16 only (on the H200
+    a float16 model with an FP8 KV cache died at its first request: "For FP8 input, output must have dtype
+    BF16"), so an FP8 KV cache is served in bfloat16 unless the user asked for float16, which is refused."""
+    if not kv_cache_dtype.startswith("fp8"):
+        return setting if setting in ("float16", "bfloat16") else None
+    if setting == "float16":
+        raise UserError(f"params.yaml: engine.dtype: float16 with an FP8 KV cache ({model_dir}): vLLM's FP8 attention "
+                        "outputs bfloat16 only; use engine.dtype bfloat16, or engine.kv_cache_dtype auto")
+    return "bfloat16"
+
+
+def refuse_unmatched_ignore(model_dir: Path) -> None:
+    """A quantized checkpoint whose full-precision Linears vLLM would build quantized is not served."""
+    if checkpoint.open(model_dir).quantization:
+        from pipeline.checkpoints import serving_names
+
+        serving_names.check(Path(model_dir))
+
+
+def server_args(model_dir: Path, port: int | None, settings: Settings) -> list[str]:
+    """vLLM's CLI arguments for `settings`; port None leaves `--port` out (a shared server's port is appended
+    when it starts, pipeline/engines/shared.py)."""
+    kv = resolve_kv_cache_dtype(settings.kv_cache_dtype, model_dir)
+    args = [str(model_dir), "--host", "127.0.0.1", *(["--port", str(port)] if port is not None else []),
+            "--served-model-name", SERVED_NAME,
+            "--generation-config", "vllm", "--seed", "0",
+            "--tensor-parallel-size", str(settings.tensor_parallel_size),
+            "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
+            "--kv-cache-dtype", kv]
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+        if getattr(settings, name):
+            args += [f"--{name.replace('_', '-')}", str(getattr(settings, name))]
+    if settings.enable_prefix_caching is not None:
+        args.append("--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching")
+    dtype = serving_dtype(settings.dtype, kv, model_dir)
+    if dtype:
+        args += ["--dtype", dtype]
+    if settings.kv_cache_memory == "planned":
+        args += ["--kv-cache-memory-bytes", str(planned_kv_cache_bytes(model_dir, settings))]
+    if settings.enable_expert_parallel:
+        args.append("--enable-expert-parallel")
+    if is_multimodal(model_dir):
+        args += ["--chat-template", PASSTHROUGH_TEMPLATE, "--chat-template-content-format", "string"]
+    user_args = [str(a) for a in settings.server_args]
+    args += vllm_defects.server_args(checkpoint.open(model_dir).config, user_args, settings.defect_workarounds)
+    return args + user_args
+
+
+def server_command_for(model_dir: Path, settings: Settings) -> list[str]:
+    """The whole `vllm serve` command line for this checkpoint and these settings, without its port: what a
+    shared server is keyed by (pipeline/engines/shared.py), so a server started early for the checkpoint
+    (`warm`) is the very one a stage asks for later."""
+    return list(settings.server_command) + server_args(Path(model_dir), None, settings)
+
+
+def planned_kv_cache_bytes(model_dir: Path, settings: Settings) -> int:
+    """engine.kv_cache_memory: planned. The KV pool of one GPU, fixed before the server starts instead of
+    measured by vLLM's start-up profiling: gpu_memory_utilization x the GPU's memory, less this GPU's share
+    of the checkpoint's weights and engine.non_kv_memory_gib (activations, CUDA graphs, the CUDA context).
+    vLLM's profiling reads the whole device's free memory, so a server that profiles while another process
+    allocates or frees GPU memory sizes its pool wrongly or stops; a planned pool lets a server start while
+    other work runs (pipeline/engines/shared.py: warm)."""
+    device = device_memory_bytes(settings.device_memory_gib)
+    if device is None:
+        raise UserError("params.yaml: engine.kv_cache_memory: planned needs the GPU's memory: no nvidia-smi here; "
+                        "set engine.device_memory_gib, or use engine.kv_cache_memory: auto")
+    tp = settings.tensor_parallel_size
+    weights = sum(path.stat().st_size for path in Path(model_dir).glob("*.safetensors")) // tp  # all of them load
+    reserve = int(settings.non_kv_memory_gib * GIB)
+    budget = int(settings.gpu_memory_utilization * device)
+    pool = budget - weights - reserve
+    if pool <= 0:
+        raise UserError(f"params.yaml: engine.gpu_memory_utilization {settings.gpu_memory_utilization} of "
+                        f"{device / GIB:.0f} GiB leaves no KV cache for {model_dir} (weights {weights / GIB:.1f} GiB, "
+                        f"engine.non_kv_memory_gib {reserve / GIB:g}); raise gpu_memory_utilization")
+    return pool
+
+
+def warm(model_dir: Path | str, settings: Settings, *, log_path: Path | str | None = None) -> str | None:
+    """Starts the run's shared server for this checkpoint in the background (pipeline/engines/shared.py: warm),
+    with the very command line VLLMEngine will ask for, so the stage that needs it attaches. Returns the key of
+    a server it started, None when one was up or starting already (or max_servers are up). A checkpoint vLLM
+    could not serve as it is is left to the stage that asks for it, which says why."""
+    import pipeline.engines.shared as shared
+
+    model_dir = Path(model_dir)
+    try:
+        refuse_unmatched_ignore(model_dir)
+        command = server_command_for(model_dir, settings)
+    except UserError:
+        return None
+    return shared.warm(command, "--port", model_dir=model_dir,
+                       log_path=Path(log_path) if log_path else Path("results") / model_dir.name / "vllm-server.log",
+                       env=settings.server_env, start_timeout=settings.start_timeout,
+                       idle_timeout=settings.server_idle_timeout, max_servers=settings.max_servers, name="vLLM server")
