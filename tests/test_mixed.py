@@ -97,3 +97,41 @@ def test_a_ranking_of_another_model_or_none_is_refused_before_any_weight_loads(t
         quantize_run(tiny_llama, tmp_path / "m", tiny_calib / "calib.jsonl", "mixed", base="rtn", group_size=32,
                      sensitivity=tmp_path / "none" / "sensitivity.json")
     assert not (tmp_path / "m").exists()
+
+
+def test_vllm_resolves_every_kept_group_to_the_scheme_it_was_stored_with(rtn_and_ranking, tiny_llama, tiny_calib,
+                                                                         tmp_path):
+    """vLLM looks a fused layer (qkv_proj) up by its own name, then by its class ("Linear" is in QKVParallelLinear),
+    then by its shards: a W8A16 target naming only q/k/v would have it built with the 4-bit scheme. The written
+    checkpoint passes the check; the same checkpoint with the fused name taken out of its targets is refused by
+    verify's check, naming the layer."""
+    import shutil
+
+    from pipeline.checkpoints import serving_names
+    from pipeline.stages.quantize import run as quantize_run
+
+    ranking = json.loads((rtn_and_ranking / "sensitivity.json").read_text())  # a layer's q/k/v first
+    qkv = [g for g in ranking["groups"] if g["kind"] == "qkv_proj"]
+    ranking["groups"] = [{**g, "kl_removed": 1.0 / (i + 1)} for i, g in
+                         enumerate(qkv[:1] + [g for g in ranking["groups"] if g is not qkv[0]])]
+    (tmp_path / "sensitivity.json").write_text(json.dumps(ranking))
+    out = tmp_path / "qkv8"
+    quantize_run(tiny_llama, out, tiny_calib / "calib.jsonl", "mixed", base="rtn", max_bits=5, group_size=32,
+                 sensitivity=tmp_path / "sensitivity.json")
+    config = json.loads((out / "config.json").read_text())
+    linears = serving_names.quantized_linears(out)
+    assert any(n.endswith("q_proj") for n in linears) and serving_names.vllm_scheme_conflicts(config, linears) == []
+    assert serving_names.check(out)["vllm_would_quantize"] == []
+    broken = shutil.copytree(out, tmp_path / "broken")
+    groups = config["quantization_config"]["config_groups"]
+    four = next(k for k, g in groups.items() if g["targets"] == ["Linear"])
+    eight = next(g for g in groups.values() if g["targets"] != ["Linear"])
+    index, target = next((i, t) for i, t in enumerate(eight["targets"]) if t.endswith("qkv_proj)$"))
+    fused_layer = target.rpartition("|")[2].removesuffix(")$").replace("\\", "")
+    eight["targets"][index] = target.rpartition("|")[0] + ")$"  # q/k/v named, the fused layer not
+    (broken / "config.json").write_text(json.dumps(config))
+    conflicts = serving_names.vllm_scheme_conflicts(config, linears)
+    assert sorted(c.split(":")[0] for c in conflicts) == [fused_layer.replace("qkv_proj", f"{p}_proj") for p in "kqv"]
+    assert f"vLLM builds {fused_layer} with {four}" in conflicts[0]
+    with pytest.raises(UserError, match="vLLM would load 3 quantized Linears with another config group"):
+        serving_names.check(broken)

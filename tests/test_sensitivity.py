@@ -43,6 +43,7 @@ def test_fused_groups_are_those_vllm_runs_with_one_scheme():
     for group in found:  # each group's target matches its Linears and no other
         pattern = re.compile(fused.target_regex(group).removeprefix("re:"))
         assert {n for n in names if pattern.match(n)} == set(group.modules), group.name
+        assert group.kind == "experts" or pattern.match(group.name)  # vLLM looks a fused layer up by its own name
 
 
 def test_a_deliberately_broken_group_ranks_first_and_the_kl_is_the_kl_stages(tmp_path, tiny_llama, tiny_calib):
@@ -70,7 +71,7 @@ def test_a_restored_groups_kl_is_torchs_on_that_model(tmp_path, tiny_llama, tiny
 
     variant = rounded_copy(tiny_llama, tmp_path / "w3", {None: 3})
     result = sensitivity.run(tiny_llama, variant, tiny_calib / "holdout.jsonl", tmp_path / "s.json", sequences=3,
-                             max_tokens=48)
+                             max_tokens=48, measure="restore")
     group = next(g for g in result.figures["groups"] if g["kind"] == "qkv_proj")
     base, var = (load_for_inference(p, torch.float32).eval() for p in (tiny_llama, variant))
     with torch.no_grad():
@@ -82,6 +83,26 @@ def test_a_restored_groups_kl_is_torchs_on_that_model(tmp_path, tiny_llama, tiny
             b, v = (torch.log_softmax(m(input_ids=ids).logits.float(), -1) for m in (base, var))
             values.append(torch.nn.functional.kl_div(v, b, log_target=True, reduction="none").sum(-1).flatten())
     assert group["kl_restored"] == pytest.approx(float(torch.cat(values).double().mean()), rel=1e-4)
+
+
+def test_the_one_gradient_estimate_ranks_as_restoring_each_group_does(tmp_path, tiny_llama, tiny_calib):
+    """The default measure (`taylor`: KL's second-order model around the base, from one gradient at the variant) and
+    the exact one (`restore`: one pass per group) on a variant with a deliberately broken group and a 3-bit one: the
+    same first two groups, shares within 25 % of each other, and summed over the groups the estimate is the
+    variant's whole KL (the quadratic model's identity: sum_i g_i.d_i / 2 = d'Hd / 2)."""
+    from scipy.stats import spearmanr
+
+    holdout = tiny_calib / "holdout.jsonl"
+    variant = rounded_copy(tiny_llama, tmp_path / "v", {None: 5, BROKEN: 2, "model.layers.0.self_attn.v_proj": 3})
+    found = {m: sensitivity.run(tiny_llama, variant, holdout, tmp_path / f"{m}.json", sequences=4, max_tokens=64,
+                                measure=m).figures for m in ("taylor", "restore")}
+    taylor, restore = ({g["name"]: g["kl_removed"] for g in found[m]["groups"]} for m in ("taylor", "restore"))
+    assert [g["name"] for g in found["taylor"]["groups"][:2]] == [g["name"] for g in found["restore"]["groups"][:2]]
+    for name in [g["name"] for g in found["restore"]["groups"][:2]]:
+        assert taylor[name] == pytest.approx(restore[name], rel=0.25)
+    assert spearmanr([taylor[n] for n in restore], list(restore.values())).statistic > 0.7
+    assert sum(taylor.values()) == pytest.approx(found["taylor"]["kl_mean"], rel=0.25)
+    assert found["taylor"]["measure"] == "taylor" and found["taylor"]["load_seconds"] >= 0
 
 
 def test_a_variant_equal_to_its_base_is_refused_and_nothing_is_written(tmp_path, tiny_llama, tiny_calib):

@@ -46,9 +46,13 @@ def groups(modules: list[str]) -> list[Group]:
 
 def target_regex(group: Group) -> str:
     """A compressed-tensors (and vLLM) target matching exactly this group's Linears, `re:` and anchored: a layer's
-    routed experts by their prefix, any other group by its names. A name target outranks a class target ("Linear")
-    in both (compressed_tensors.utils.match.match_targets, vLLM's find_matched_target), so the group's scheme
-    overrides the default's for exactly these modules."""
+    routed experts by their prefix, any other group by its names and by the fused layer's name vLLM builds from
+    them (qkv_proj from q/k/v). A name target outranks a class target ("Linear") in both
+    (compressed_tensors.utils.match.match_targets, vLLM's find_matched_target), so the group's scheme overrides the
+    default's for exactly these modules; vLLM looks a fused layer up by its own name first and only then by its
+    class ("QKVParallelLinear" contains "Linear"), so without the fused name it would build q/k/v kept in 8 bits
+    with the 4-bit scheme (pipeline/checkpoints/serving_names.py `vllm_scheme_conflicts` checks every variant)."""
     if group.kind == "experts":
         return "re:^" + re.escape(group.name) + r"\.\d+\.[^.]+$"
-    return "re:^(" + "|".join(re.escape(m) for m in group.modules) + ")$"
+    names = group.modules + ([group.name] if group.name not in group.modules else [])
+    return "re:^(" + "|".join(re.escape(m) for m in names) + ")$"

@@ -26,7 +26,7 @@ import json
 import re
 from pathlib import Path
 
-from pipeline.checkpoints import checkpoint, config_json
+from pipeline.checkpoints import checkpoint, config_json, fused
 
 # config keys GLM's releases carry that transformers does not write, on the text config: {model_type: {key: value}}
 RELEASE_KEYS = {"glm4v_moe_text": {"use_qk_norm": False}, "glm4_moe": {"use_qk_norm": False}}
@@ -42,6 +42,7 @@ VLLM_PREFIXES = {"model.visual.": "visual.", "model.language_model.": "language_
                  "lm_head.": "language_model.lm_head."}
 VLLM_PREFIX_ARCHS = {"Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"}
 VLLM_FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+EXPERT_LINEAR = re.compile(r"\.experts\.\d+\.")
 VLLM_VISION_RENAMES = [(re.compile(r"\.attn\.qkv$"), ".attn.qkv_proj"),
                        (re.compile(r"\.(gate|up)_proj$"), ".gate_up_proj")]
 
@@ -123,7 +124,66 @@ def vllm_unignored(config: dict, unquantized_linears: list[str]) -> list[str]:
     return [name for name in unquantized_linears if not vllm_ignores(vllm_layer(name, architecture), mapped)]
 
 
+def _stored_group(linear: str, groups: dict) -> str | None:
+    """The config group compressed-tensors quantized a Linear with: a name or `re:` target outranks a class target."""
+    for key, group in groups.items():
+        if any(t != "Linear" and _matches(linear, t) for t in group.get("targets") or []):
+            return key
+    return next((key for key, group in groups.items() if "Linear" in (group.get("targets") or [])), None)
+
+
+def _served_group(layer: str, groups: dict) -> str | None:
+    """The config group vLLM builds a layer with (its find_matched_target): the first target equal to or `re.match`ing
+    the layer's name, else one contained in its class name (every vLLM linear class contains "Linear"), else the
+    target every shard of a fused layer matches."""
+    targets = [(t, key) for key, group in groups.items() for t in group.get("targets") or []]
+    for target, key in targets:
+        if _matches(layer, target):
+            return key
+    for target, key in targets:
+        if not target.startswith("re:") and target.lower() in "linear":
+            return key
+    proj = layer.rsplit(".", 1)[-1]
+    if proj in VLLM_FUSED:
+        shards = [next((key for t, key in targets if _matches(layer[: -len(proj)] + shard, t)), None)
+                  for shard in VLLM_FUSED[proj]]
+        return shards[0] if all(shards) else None
+    return None
+
+
+def vllm_scheme_conflicts(config: dict, quantized_linears: list[str]) -> list[str]:
+    """Quantized Linears (HF names) that vLLM would build with another config group than the one that quantized them
+    (a checkpoint of several config groups: the `mixed` method's W4A16 and W8A16): vLLM reads their weights with the
+    wrong scheme (its shapes refuse the load, or worse). 'name: stored in group_1, vLLM builds model...qkv_proj with
+    group_0'."""
+    quant = config_json.quantization(config) or {}
+    groups = {k: g for k, g in (quant.get("config_groups") or {}).items() if isinstance(g, dict)}
+    if len(groups) < 2:
+        return []
+    architecture = config_json.architecture_or(config, "")
+    conflicts = []
+    for linear in quantized_linears:
+        if EXPERT_LINEAR.search(linear):
+            continue  # a routed expert runs in its layer's FusedMoE, looked up by the layer's prefix
+        layer = fused.group_name(vllm_layer(linear, architecture))  # q/k/v -> qkv_proj, gate/up -> gate_up_proj
+        stored, served = _stored_group(linear, groups), _served_group(layer, groups)
+        if stored != served:
+            conflicts.append(f"{linear}: stored in {stored}, vLLM builds {layer} with {served}")
+    return conflicts
+
+
 # ---------------------------------------------------------------- a checkpoint checked against vLLM's names
+
+def quantized_linears(variant_dir: Path) -> list[str]:
+    """Modules the checkpoint stores quantized (a `weight_scale` beside them), from the safetensors headers."""
+    from safetensors import safe_open
+
+    found = set()
+    for shard in sorted(Path(variant_dir).glob("*.safetensors")):
+        with safe_open(shard, "pt") as f:
+            found |= {key[: -len(".weight_scale")] for key in f.keys() if key.endswith(".weight_scale")}
+    return sorted(found)
+
 
 def unquantized_linears(variant_dir: Path) -> list[str]:
     """Modules the checkpoint keeps in full precision that are Linears (2-D `.weight`, no scale beside it,
@@ -143,14 +203,21 @@ def unquantized_linears(variant_dir: Path) -> list[str]:
 
 def check(variant_dir: Path) -> dict:
     """Refuses a variant whose ignore list vLLM would not match: a full-precision Linear (the vision tower,
-    lm_head, a router) that vLLM would build quantized under its own names (this module)."""
+    lm_head, a router) that vLLM would build quantized under its own names (this module); and one whose config
+    groups vLLM would resolve otherwise than compressed-tensors did (`vllm_scheme_conflicts`)."""
+    from pipeline.errors import UserError
+
     config = checkpoint.open(variant_dir).config
+    conflicts = vllm_scheme_conflicts(config, quantized_linears(variant_dir))
+    if conflicts:
+        raise UserError(f"{variant_dir}: vLLM would load {len(conflicts)} quantized Linears with another config group "
+                        f"than the one they were quantized with: {'; '.join(conflicts[:3])}"
+                        + (" ..." if len(conflicts) > 3 else "") + "; a group's targets must also name the fused "
+                        "layer vLLM builds (pipeline/checkpoints/fused.py target_regex)")
     keep = unquantized_linears(variant_dir)
     missed = vllm_unignored(config, keep)
     if missed:
         shown = ", ".join(missed[:6]) + (f" ... ({len(missed)} in all)" if len(missed) > 6 else "")
-        from pipeline.errors import UserError
-
         raise UserError(f"{variant_dir}: vLLM would quantize full-precision modules at load, because its names for "
                         f"them match no entry of config.json's quantization_config.ignore: {shown}; add "
                         f"{VISION_IGNORE!r} (vision tower) or vLLM's names of these modules to that list")

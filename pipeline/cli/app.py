@@ -278,6 +278,8 @@ def sensitivity(
     holdout: Optional[Path] = typer.Option(None, help="Held-out conversations (default: params calib.out/holdout.jsonl)"),
     out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<variant>/sensitivity.json)"),
     sequences: Optional[int] = typer.Option(None, help="Held-out conversations scored (default: params kl.sequences)"),
+    measure: str = typer.Option("taylor", help="taylor: one gradient estimates every group's share at once; "
+                                "restore: one pass per group with only it restored (exact, groups + 2 passes)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Rank the variant's quantized groups (q/k/v, gate/up, o_proj, down_proj, experts: as vLLM fuses them) by how
@@ -291,7 +293,7 @@ def sensitivity(
     refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
     make_room_on_gpu("sensitivity", [base, variant_dir], factor=1.5)
     with working():
-        result = sensitivity_stage.run(base, variant_dir, holdout, out, settings, p.engine)
+        result = sensitivity_stage.run(base, variant_dir, holdout, out, settings, p.engine, measure=measure)
     console.summary(result.summary())
 
 

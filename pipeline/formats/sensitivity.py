@@ -19,8 +19,9 @@ from pipeline.outputs import write_json
 GROUP = {"name": "text", "layer": ("count", None), "kind": "text", "modules": ["text"], "weights": "positive count",
          "kl_restored": "number", "kl_removed": "number", "share_removed": "number"}
 SPEC = {"base": "text", "variant": "text", "holdout": "text", "sequences": "positive count", "tokens": "positive count",
-        "kl_mean": "non-negative number", "groups": [GROUP], "device": "text", "dtype": "text",
-        "seconds": "non-negative number", "quantize_seconds?": ("non-negative number", None),
+        "kl_mean": "non-negative number", "measure?": ("text", None), "groups": [GROUP], "device": "text", "dtype": "text",
+        "seconds": "non-negative number", "load_seconds?": ("non-negative number", None),
+        "measure_seconds?": ("non-negative number", None), "quantize_seconds?": ("non-negative number", None),
         "share_of_quantize_time?": ("non-negative number", None)}
 COMMAND = "quantize sensitivity models/{model}"  # what writes it again
 NAME = "sensitivity.json"

@@ -109,6 +109,20 @@ def _check_modules(ranking: dict, path: Path, target: Target) -> None:
                             f"of {target.model_dir}, or pass its sensitivity.json")
 
 
+def _check_vllm(target: Target, group: int, symmetric: bool, kept: list[fused.Group], linears: list[str]) -> None:
+    """Before any quantization runs: each Linear's config group as compressed-tensors will store it must be the one
+    vLLM builds its layer with (pipeline/checkpoints/serving_names.py); verify checks the written checkpoint again."""
+    from pipeline.checkpoints import serving_names
+
+    config = {**target.config, "quantization_config": {"config_groups": int4.config_groups(
+        group, symmetric, tuple(fused.target_regex(g) for g in kept))}}
+    conflicts = serving_names.vllm_scheme_conflicts(config, linears)
+    if conflicts:
+        raise UserError(f"{target.model_dir}: vLLM would build {len(conflicts)} of the Linears kept in 8 bits with the "
+                        f"4-bit scheme: {'; '.join(conflicts[:3])}; this model's fused layers are named otherwise "
+                        "than pipeline/checkpoints/fused.py knows (FUSED)")
+
+
 def recipe(settings: Params, target: Target) -> Recipe:
     """The base method's recipe with its weights in two config groups: W4A16 on every Linear outside the ignore
     list, W8A16 on the groups the ranking keeps within the budget."""
@@ -120,6 +134,7 @@ def recipe(settings: Params, target: Target) -> Recipe:
     rows, bits = choose(ranking["groups"], settings.max_bits)
     kept = [fused.Group(r["name"], r["layer"], r["name"].rpartition(".")[2], r["modules"]) for r in rows
             if r["scheme"] == "W8A16"]
+    _check_vllm(target, group, settings.symmetric, kept, [m for r in rows for m in r["modules"]])
     base_recipe = base.recipe(base.Params(method=base.NAME, group_size=group, symmetric=settings.symmetric,
                                           batch_size=settings.batch_size), target,
                               eight_bit_targets=tuple(fused.target_regex(g) for g in kept))

@@ -29,14 +29,17 @@ def holdout_texts(tokenizer, holdout: Path, max_tokens: int, max_sequences: int 
     return sequences
 
 
-def log_probs(model, batch: list[list[int]], device):
-    """Log-softmax of the model's logits (float32) over a right-padded batch, and the mask of real positions."""
+def log_probs(model, batch: list[list[int]], device, grad: bool = False):
+    """Log-softmax of the model's logits (float32) over a right-padded batch, and the mask of real positions;
+    `grad`: kept in autograd's graph (the sensitivity's gradient), else computed in inference mode."""
+    import contextlib
+
     import torch
 
     ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in batch], batch_first=True).to(device)
     mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(s), dtype=torch.long) for s in batch],
                                            batch_first=True).to(device)
-    with torch.inference_mode():
+    with contextlib.nullcontext() if grad else torch.inference_mode():
         logits = model(input_ids=ids, attention_mask=mask).logits.float()
     return torch.log_softmax(logits, dim=-1), mask.bool()
 

@@ -95,6 +95,54 @@ def measure(base, variant, groups: list[fused.Group], sequences: list[list[int]]
     return variant_sum, restored_sums, tokens
 
 
+def estimate(base, variant, groups: list[fused.Group], sequences: list[list[int]], batch_size: int = 8):
+    """The same three figures, restoring estimated to second order from one gradient (the `taylor` measure).
+
+    Around the base, KL(base || base + d) = 1/2 d'Hd + O(d^3) (no linear term: the KL is smallest, zero, at the
+    base), so its gradient at the variant (d the quantization error) is g = Hd, and restoring group i (d_i -> 0)
+    removes g_i.d_i - 1/2 d_i'H_ii d_i. Without the cross terms between groups (H_ij d_j, j != i), g_i = H_ii d_i
+    and that is g_i.d_i / 2: one forward and one backward pass of the variant per batch, for every group at once.
+    The cross terms are what the `restore` measure sees and this one does not; benchmarks/mixed_choice.py compares
+    the choices each ranking makes."""
+    import torch
+
+    from pipeline.console import progress
+
+    device = next(base.parameters()).device
+    for parameter in variant.parameters():
+        parameter.requires_grad_(False)
+    weights = [[variant.get_submodule(m).weight for m in group.modules] for group in groups]
+    for group in weights:
+        for weight in group:
+            weight.requires_grad_(True)
+    variant_sum, removed_sums, tokens = 0.0, [0.0] * len(groups), 0
+    batches = [sequences[start:start + batch_size] for start in range(0, len(sequences), batch_size)]
+    try:
+        with progress("sensitivity: one gradient for every group", len(batches), "batches") as advance:
+            for batch in batches:
+                base_lp, mask = log_probs(base, batch, device)
+                variant_lp, _ = log_probs(variant, batch, device, grad=True)
+                kl = (base_lp.exp() * (base_lp - variant_lp)).sum(-1)[mask].sum()
+                kl.backward()
+                del variant_lp
+                variant_sum, tokens = variant_sum + float(kl.detach().double()), tokens + int(mask.sum())
+                with torch.no_grad():
+                    for index, (group, modules) in enumerate(zip(groups, weights)):
+                        for name, weight in zip(group.modules, modules):
+                            error = weight.float() - base.get_submodule(name).weight.float()
+                            removed_sums[index] += 0.5 * float((weight.grad.float() * error).double().sum())
+                            weight.grad = None
+                advance(1)
+    finally:
+        for group in weights:
+            for weight in group:
+                weight.requires_grad_(False)
+    return variant_sum, [variant_sum - removed for removed in removed_sums], tokens
+
+
+MEASURES = {"taylor": estimate, "restore": measure}  # the default first
+
+
 def ranked(groups: list[fused.Group], variant, variant_sum: float, restored_sums: list[float], tokens: int) -> list:
     kl_mean = variant_sum / tokens
     rows = []
@@ -117,10 +165,13 @@ def _timing(variant_dir: Path, seconds: float) -> dict:
 
 def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str,
         settings: KlParams | None = None, engine: EngineSettings | None = None, *, device: str | None = None,
-        batch_size: int = 8, **overrides) -> SensitivityResult:
+        batch_size: int = 8, measure: str = "taylor", **overrides) -> SensitivityResult:
     """settings: params.yaml `kl` (the conversations and tokens `quantize kl` scores, so the KL ranked here is the
-    one the verdict reads); engine: its dtype on a CPU (on a GPU the base checkpoint's). `overrides` (e.g.
-    sequences=8) replace the field of that name, validated again."""
+    one the verdict reads); engine: its dtype on a CPU (on a GPU the base checkpoint's); measure: `taylor` (one
+    gradient, `estimate`) or `restore` (one pass per group, `measure`). `overrides` (e.g. sequences=8) replace the
+    field of that name, validated again."""
+    if measure not in MEASURES:
+        raise UserError(f"--measure {measure}: use one of {', '.join(MEASURES)}")
     import torch
     from transformers import AutoTokenizer
 
@@ -137,11 +188,13 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     place = "cuda" if device == "cuda" else None
     base, variant = (load_for_inference(path, getattr(torch, dtype), device=place).eval()
                      for path in (base_dir, variant_dir))
-    groups = quantized_groups(base, variant)
-    variant_sum, restored_sums, tokens = measure(base, variant, groups, sequences, batch_size)
+    groups, loaded = quantized_groups(base, variant), watch.seconds
+    variant_sum, restored_sums, tokens = MEASURES[measure](base, variant, groups, sequences, batch_size)
     summary = {"base": str(base_dir), "variant": str(variant_dir), "holdout": str(holdout),
                "sequences": len(sequences), "tokens": tokens, "kl_mean": variant_sum / tokens,
-               "groups": ranked(groups, variant, variant_sum, restored_sums, tokens), "device": device,
-               "dtype": dtype, **_timing(Path(variant_dir), watch.seconds)}
+               "measure": measure, "groups": ranked(groups, variant, variant_sum, restored_sums, tokens),
+               "device": device,
+               "dtype": dtype, "load_seconds": round(loaded, 2), "measure_seconds": round(watch.seconds - loaded, 2),
+               **_timing(Path(variant_dir), watch.seconds)}
     write_sensitivity(out, summary)
     return SensitivityResult(Path(out), summary)

@@ -1,0 +1,188 @@
+"""GPU benchmark (issue 45): the fix for a NO-GO W4A16 variant at GLM-4-9B shapes on the H200.
+
+    python benchmarks/gpu_mixed.py build     # base (random bf16, 40 layers), RTN W4A16 / W8A16, AWQ W4A16 as the
+                                             # gpu-h200 profile builds it, `quantize sensitivity` of both (its cost
+                                             # beside each variant's quantization time), the mixed checkpoint
+    python benchmarks/gpu_mixed.py compare   # benchmarks/mixed_choice.py's comparison at these shapes (RTN)
+    python benchmarks/gpu_mixed.py serve     # vLLM serves W4A16, W8A16 and the mixed checkpoint: tok/s at 1/16/64
+    python benchmarks/gpu_mixed.py table     # the short table of what the parts measured
+
+Parts keep what they built under /tmp/gpu-mixed and skip what exists, so a call cut short is resumed by the next;
+each writes $OUT/<part>.json as it goes (benchmarks/gpu_steps.py). The quantization stack runs in this process
+(PYTHONPATH=/tmp/site); vLLM runs as its own server process with VLLM_SITE (/tmp/vsite) as its PYTHONPATH, as in
+benchmarks/gpu_vllm.py. `--tiny` runs every part on the CPU (a tiny GLM, tests/openai_server.py for vLLM) to check
+this script before it travels. The weights are random: time and memory are what these figures are; the KL figures
+only show that the comparison runs at these shapes (the accuracy comparison is benchmarks/mixed_choice.py's, on
+the demo model's real weights).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_steps import step as record_step  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+OUT = Path(os.environ.get("OUT", "/tmp/gpu-mixed-out"))
+TINY = "--tiny" in sys.argv
+ROOT = Path("/tmp/gpu-mixed-tiny" if TINY else "/tmp/gpu-mixed")
+LAYERS = 40  # GLM-4-9B's depth
+GROUP = 32 if TINY else 128  # the gpu-h200 profile's group size
+SEQUENCES, MAX_TOKENS = (4, 64) if TINY else (32, 512)  # the gpu-h200 profile's `kl` (what `quantize fix` ranks on)
+CALIB = (8, 64) if TINY else (128, 512)  # the gpu-h200 profile's calibration blocks x tokens
+VSITE = os.environ.get("VLLM_SITE", "/tmp/vsite")
+SERVER = {"server_command": ([sys.executable, str(REPO / "tests" / "openai_server.py")] if TINY else
+                             ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]),
+          "server_env": {} if TINY else {"PYTHONPATH": VSITE, "VLLM_USE_FLASHINFER_SAMPLER": "0"},
+          "start_timeout": 600}
+SERVING = {"max_model_len": 4096, "gpu_memory_utilization": 0.85, "batch_size": 64}
+SERVED = {"rtn-w4a16": "w4", "rtn-w8a16": "w8", "rtn-mixed-4.5": "mixed-4.5"}  # name -> folder under ROOT
+
+
+def step(results: dict, part: str, name: str, fn):
+    record_step(results, OUT / f"{part}.json", name, fn)
+
+
+def free_gpu() -> None:
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def build_base(path: Path) -> Path:
+    if TINY:
+        from tiny import save_tiny_glm
+
+        return save_tiny_glm(path)
+    from benchmarks.gpu_quantize import build_model
+
+    built = build_model(path.parent / "build", LAYERS)
+    built.rename(path)
+    return path
+
+
+def paths() -> dict:
+    from mixed_choice import prepare
+
+    return prepare(ROOT, SEQUENCES, build_base, group_size=GROUP, seq_len=CALIB[1], num_blocks=CALIB[0])
+
+
+# ---------------------------------------------------------------- build
+
+def build() -> dict:
+    from pipeline.formats.quant_json import read_quant_json
+    from pipeline.stages import sensitivity
+    from pipeline.stages.quantize import run as quantize_run
+
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "layers": LAYERS, "tiny": TINY}
+    step(results, "build", "base, calibration, RTN W4A16 and W8A16", lambda: {
+        k: str(v) for k, v in paths().items()})
+    p = paths()
+    awq = ROOT / "awq"
+    if not (awq / "quant.json").exists():
+        step(results, "build", "AWQ W4A16 (the gpu-h200 profile's settings)", lambda: quantize_run(
+            p["base"], awq, p["calib"] / "calib.jsonl", "awq", group_size=GROUP, batch_size=16,
+            n_grid=4 if TINY else 20).summary())
+        free_gpu()
+    for name, variant in (("awq", awq), ("rtn", p["w4"])):
+        step(results, "build", f"sensitivity of {name} (taylor)", lambda v=variant, n=name: sensitivity.run(
+            p["base"], v, p["rank.jsonl"], ROOT / f"sensitivity-{n}.json", sequences=SEQUENCES,
+            max_tokens=MAX_TOKENS).figures | {"groups": None, "quantize_seconds_of_variant": read_quant_json(v)
+                                             ["seconds"]})
+        free_gpu()
+    mixed = ROOT / "mixed-4.5"
+    if not (mixed / "quant.json").exists():
+        step(results, "build", "mixed RTN at 4.5 bits", lambda: quantize_run(
+            p["base"], mixed, p["calib"] / "calib.jsonl", "mixed", base="rtn", max_bits=4.5, group_size=GROUP,
+            sensitivity=ROOT / "sensitivity-rtn.json").summary())
+        free_gpu()
+    results["mixed quant.json"] = {k: read_quant_json(mixed).get(k) for k in ("scheme", "sizes", "seconds")}
+    results["mixed details"] = {k: v for k, v in read_quant_json(mixed).get("details", {}).items() if k != "groups"}
+    step(results, "build", "done", lambda: True)
+    return results
+
+
+# ---------------------------------------------------------------- compare
+
+def compare() -> dict:
+    from mixed_choice import compare as run_compare
+    from mixed_choice import table
+
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "layers": LAYERS, "tiny": TINY}
+    step(results, "compare", "rankings and choices (RTN, 4.25 and 4.5 bits)", lambda: run_compare(
+        paths(), [4.25, 4.5], 8 if TINY else 16, 64 if TINY else 256, device="cpu" if TINY else "cuda",
+        with_peer=False))
+    found = results["rankings and choices (RTN, 4.25 and 4.5 bits)"]
+    if "rows" in found:
+        print(table(found["rows"]))
+    return results
+
+
+# ---------------------------------------------------------------- serve
+
+def serve() -> dict:
+    from pipeline.stages import bench
+
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "tiny": TINY}
+    p = paths()
+    for name, folder in SERVED.items():
+        out = ROOT / f"bench-{name}.json"
+        if out.exists():
+            results[f"bench {name}"] = json.loads(out.read_text())
+            continue
+        step(results, "serve", f"bench {name}", lambda n=name, f=folder, o=out: bench.run(
+            ROOT / f, o, engine="vllm", concurrency=[1, 2] if TINY else [1, 16, 64], input_len=16 if TINY else 128,
+            output_len=8 if TINY else 256, requests_per_level=2, holdout=None, request_rates=[],
+            **SERVING, **SERVER).figures)
+        free_gpu()
+        for kept in (out, out.with_suffix(".vllm.log")):
+            if kept.exists():
+                OUT.mkdir(parents=True, exist_ok=True)
+                data = kept.read_bytes()
+                (OUT / kept.name).write_bytes(data if kept.suffix == ".json" else data[-200_000:])
+    del p
+    return results
+
+
+# ---------------------------------------------------------------- table
+
+def table() -> None:
+    def read(part):
+        path = OUT / f"{part}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    built = read("build")
+    print("\n| what | seconds | share of the variant's quantization |\n|---|---|---|")
+    for name in ("awq", "rtn"):
+        s = built.get(f"sensitivity of {name} (taylor)") or {}
+        if "seconds" in s:
+            print(f"| sensitivity of {name} (taylor, {s.get('sequences')} x {MAX_TOKENS} tokens) | {s['seconds']} "
+                  f"(load {s.get('load_seconds')}, measure {s.get('measure_seconds')}) | "
+                  f"{s.get('share_of_quantize_time')} of {s.get('quantize_seconds')} s |")
+    print("\n| checkpoint | c=1 tok/s | c=16 tok/s | c=64 tok/s |\n|---|---|---|---|")
+    for name in SERVED:
+        path = ROOT / f"bench-{name}.json"
+        if path.exists():
+            levels = json.loads(path.read_text())["workloads"]["fixed"]["levels"]
+            print(f"| {name} | " + " | ".join(f"{lv['output_tokens_per_s']:.0f}" for lv in levels) + " |")
+
+
+if __name__ == "__main__":
+    parts = {"build": build, "compare": compare, "serve": serve, "table": table}
+    chosen = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for part in chosen or list(parts):
+        parts[part]()
+    if "table" not in (chosen or parts):
+        table()
