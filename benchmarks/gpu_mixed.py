@@ -109,7 +109,10 @@ def build() -> dict:
             sensitivity=ROOT / "sensitivity-rtn.json").summary())
         free_gpu()
     results["mixed quant.json"] = {k: read_quant_json(mixed).get(k) for k in ("scheme", "sizes", "seconds")}
-    results["mixed details"] = {k: v for k, v in read_quant_json(mixed).get("details", {}).items() if k != "groups"}
+    details = read_quant_json(mixed).get("details", {})
+    results["mixed details"] = {k: v for k, v in details.items() if k != "groups"}
+    kept = [g["name"].rpartition(".")[2] for g in details.get("groups", []) if g["scheme"] == "W8A16"]
+    results["mixed kept kinds"] = {kind: kept.count(kind) for kind in sorted(set(kept))}
     step(results, "build", "done", lambda: True)
     return results
 
