@@ -276,6 +276,14 @@ def compare(paths: dict, budgets: list[float], sequences: int, max_tokens: int, 
             "chosen": {f"{b:g}": {m: named[f"{b:g}/{m}"] for m in rankings} for b in budgets}}
 
 
+def describe(base: Path) -> str:
+    """The base as its config.json says (a base built by an earlier run is kept: the demo's GGUF may be gone)."""
+    config = json.loads((base / "config.json").read_text())
+    shape = f"{config['model_type']}, {config['num_hidden_layers']} layers, hidden {config['hidden_size']}"
+    demo = (config["num_hidden_layers"], config["hidden_size"], config.get("vocab_size")) == (30, 576, 49152)
+    return f"SmolLM2-135M-Instruct, the demo model ({shape})" if demo else f"a tiny model built in code ({shape})"
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| budget (bits) | choice | groups in 8 bits | bits per weight | mean KL | KL vs W4A16 |",
              "|---|---|---|---|---|---|"]
@@ -293,7 +301,7 @@ def main() -> None:
     args = parser.parse_args()
     budgets = [float(b) for b in args.budgets.split(",")]
     paths = prepare(ROOT, args.sequences)
-    result = {"model": str(GGUF.name if GGUF.exists() else "tiny Llama (no demo model on disk)"),
+    result = {"model": describe(paths["base"]),
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, CPU only", "date": time.strftime("%Y-%m-%d"),
               **compare(paths, budgets, args.sequences, args.max_tokens)}
     text = table(result["rows"])

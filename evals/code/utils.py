@@ -5,6 +5,7 @@ import gzip
 import json
 import re
 import textwrap
+import threading
 from pathlib import Path
 
 DATA = Path(__file__).with_name("HumanEval.jsonl.gz")
@@ -70,9 +71,20 @@ def _code_lines(lines: list[str]) -> list[str]:
     return kept
 
 
+# CPython 3.11 (up to 3.11.7, the machines' interpreter) keeps the AST constructor's recursion depth in state that
+# every thread shares: two ast.parse calls at once can fail with "SystemError: AST constructor recursion depth
+# mismatch" (python/cpython#106905). Samples are scored in threads, so each parse holds this lock.
+_PARSING = threading.Lock()
+
+
+def _parse(source: str) -> ast.Module:
+    with _PARSING:
+        return ast.parse(source)
+
+
 def _is_statement(line: str) -> bool:
     try:
-        ast.parse(line)
+        _parse(line)
         return True
     except SyntaxError:
         return line.rstrip().endswith(":")  # a block header such as `if x:` or `for ...:`
@@ -106,7 +118,7 @@ def _as_body(code: str) -> str:
 
 def _definitions_only(source: str) -> str:
     try:
-        tree = ast.parse(source)
+        tree = _parse(source)
     except SyntaxError:
         return source  # let the sandbox report the error; the sample fails
     tree.body = [node for node in tree.body if isinstance(node, KEEP) and not _is_call_assignment(node)]

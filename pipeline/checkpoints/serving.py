@@ -54,6 +54,10 @@ SHOWN: tuple[Run, ...] = (
     Run("vllm", "0.24.0", _GLM, "fp8-static", "per-head", True, "2026-11-30",
         "benchmarks/results/gpu_vllm_bench_fp8-w8a8.json, gpu_vllm_kv_scales.json",
         "CutlassFP8ScaledMM; the per-head KV scales reach the attention kernel"),
+    # the `mixed` method's checkpoint (W4A16 and W8A16 config groups, 14 of 160 groups in 8 bits), same shapes
+    Run("vllm", "0.24.0", _GLM, "w4a16+w8a16", "none", True, "2026-12-03",
+        "benchmarks/results/gpu_mixed_serve.json, gpu_mixed_bench_rtn-mixed-4.5.vllm.log",
+        "Machete kernels; tok/s at batch 1 / 16 / 64: 199 / 2920 / 8708 (W4A16 203 / 2989 / 8896, W8A16 182 / 2697 / 7902)"),
     # the GLM-4.5V / 4.6V layout (Glm4vMoe), 2026-12-01
     Run("vllm", "0.24.0", _GLM4V_MOE, "none", "none", True, "2026-12-01", _README_MOE),
     Run("vllm", "0.24.0", _GLM4V_MOE, "w4a16", "none", True, "2026-12-01", _README_MOE),
