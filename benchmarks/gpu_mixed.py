@@ -5,6 +5,8 @@
                                              # beside each variant's quantization time), the mixed checkpoint
     python benchmarks/gpu_mixed.py compare   # benchmarks/mixed_choice.py's comparison at these shapes (RTN)
     python benchmarks/gpu_mixed.py serve     # vLLM serves W4A16, W8A16 and the mixed checkpoint: tok/s at 1/16/64
+    python benchmarks/gpu_mixed.py cost      # AWQ W4A16 and its sensitivity twice: the checkpoints loaded one after
+                                             # the other and at once, side by side
     python benchmarks/gpu_mixed.py table     # the short table of what the parts measured
 
 Parts keep what they built under /tmp/gpu-mixed and skip what exists, so a call cut short is resumed by the next;
@@ -73,10 +75,64 @@ def build_base(path: Path) -> Path:
     return path
 
 
-def paths() -> dict:
+def paths(variants: bool = True) -> dict:
     from mixed_choice import prepare
 
-    return prepare(ROOT, SEQUENCES, build_base, group_size=GROUP, seq_len=CALIB[1], num_blocks=CALIB[0])
+    return prepare(ROOT, SEQUENCES, build_base, group_size=GROUP, seq_len=CALIB[1], num_blocks=CALIB[0],
+                   variants=variants)
+
+
+def build_awq(p: dict, results: dict, part: str) -> Path:
+    from pipeline.stages.quantize import run as quantize_run
+
+    awq = ROOT / "awq"
+    if not (awq / "quant.json").exists():
+        step(results, part, "AWQ W4A16 (the gpu-h200 profile's settings)", lambda: quantize_run(
+            p["base"], awq, p["calib"] / "calib.jsonl", "awq", group_size=GROUP, batch_size=16,
+            n_grid=4 if TINY else 20).summary())
+        free_gpu()
+    return awq
+
+
+# ---------------------------------------------------------------- cost
+
+def cost() -> dict:
+    """The sensitivity of the AWQ variant, twice, beside its quantization time; the two checkpoints loaded one after
+    the other and at once (sensitivity.load_both), side by side in this run."""
+    import torch
+
+    from pipeline.checkpoints.loading import load_for_inference
+    from pipeline.formats.quant_json import read_quant_json
+    from pipeline.stages import sensitivity
+
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "layers": LAYERS, "tiny": TINY}
+    p = paths(variants=False)
+    awq = build_awq(p, results, "cost")
+    device = "cpu" if TINY else "cuda"
+
+    def timed(load):
+        started = time.perf_counter()
+        models = load()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        del models
+        free_gpu()
+        return round(seconds, 2)
+
+    for attempt in (1, 2):
+        step(results, "cost", f"load one after the other ({attempt})", lambda: timed(lambda: [
+            load_for_inference(x, torch.bfloat16, device=device if device == "cuda" else None)
+            for x in (p["base"], awq)]))
+        step(results, "cost", f"load at once ({attempt})", lambda: timed(lambda: sensitivity.load_both(
+            p["base"], awq, torch.bfloat16, device)))
+    for attempt in (1, 2):
+        step(results, "cost", f"sensitivity of awq ({attempt})", lambda: {
+            k: v for k, v in sensitivity.run(p["base"], awq, p["rank.jsonl"], ROOT / "sensitivity-awq-cost.json",
+                                             sequences=SEQUENCES, max_tokens=MAX_TOKENS).figures.items()
+            if k != "groups"} | {"quantize_seconds_of_variant": read_quant_json(awq)["seconds"]})
+        free_gpu()
+    return results
 
 
 # ---------------------------------------------------------------- build
@@ -90,12 +146,7 @@ def build() -> dict:
     step(results, "build", "base, calibration, RTN W4A16 and W8A16", lambda: {
         k: str(v) for k, v in paths().items()})
     p = paths()
-    awq = ROOT / "awq"
-    if not (awq / "quant.json").exists():
-        step(results, "build", "AWQ W4A16 (the gpu-h200 profile's settings)", lambda: quantize_run(
-            p["base"], awq, p["calib"] / "calib.jsonl", "awq", group_size=GROUP, batch_size=16,
-            n_grid=4 if TINY else 20).summary())
-        free_gpu()
+    awq = build_awq(p, results, "build")
     for name, variant in (("awq", awq), ("rtn", p["w4"])):
         step(results, "build", f"sensitivity of {name} (taylor)", lambda v=variant, n=name: sensitivity.run(
             p["base"], v, p["rank.jsonl"], ROOT / f"sensitivity-{n}.json", sequences=SEQUENCES,
@@ -166,10 +217,13 @@ def table() -> None:
         path = OUT / f"{part}.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-    built = read("build")
+    built, costs = read("build"), read("cost")
     print("\n| what | seconds | share of the variant's quantization |\n|---|---|---|")
-    for name in ("awq", "rtn"):
-        s = built.get(f"sensitivity of {name} (taylor)") or {}
+    for key, value in costs.items():
+        if key.startswith("load"):
+            print(f"| {key} | {value} | |")
+    for name, s in [(n, built.get(f"sensitivity of {n} (taylor)") or {}) for n in ("awq", "rtn")] + [
+            (k.removeprefix("sensitivity of "), v) for k, v in costs.items() if k.startswith("sensitivity")]:
         if "seconds" in s:
             print(f"| sensitivity of {name} (taylor, {s.get('sequences')} x {MAX_TOKENS} tokens) | {s['seconds']} "
                   f"(load {s.get('load_seconds')}, measure {s.get('measure_seconds')}) | "
@@ -183,7 +237,7 @@ def table() -> None:
 
 
 if __name__ == "__main__":
-    parts = {"build": build, "compare": compare, "serve": serve, "table": table}
+    parts = {"build": build, "compare": compare, "serve": serve, "cost": cost, "table": table}
     chosen = [a for a in sys.argv[1:] if not a.startswith("--")]
     for part in chosen or list(parts):
         parts[part]()

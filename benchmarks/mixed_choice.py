@@ -60,7 +60,7 @@ def demo_base(path: Path) -> Path:
 
 
 def prepare(root: Path, sequences: int, build_base=demo_base, group_size: int = 64, seq_len: int = 256,
-            num_blocks: int = 16) -> dict:
+            num_blocks: int = 16, variants: bool = True) -> dict:
     """The base, its calibration blocks, the held-out halves, the RTN W4A16 and W8A16 variants (kept between runs)."""
     from pipeline.formats.holdout import read_holdout, write_holdout
     from pipeline.stages import calib
@@ -77,6 +77,8 @@ def prepare(root: Path, sequences: int, build_base=demo_base, group_size: int = 
         write_holdout(paths["rank.jsonl"], held[::2])
         write_holdout(paths["eval.jsonl"], held[1::2])
     blocks = paths["calib"] / "calib.jsonl"
+    if not variants:
+        return paths
     if not paths["w4"].exists():
         quantize_run(paths["base"], paths["w4"], blocks, "rtn", group_size=group_size)
     if not paths["w8"].exists():  # W8A16 everywhere: the mixed method with every group kept (ranked alike)

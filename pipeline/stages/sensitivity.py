@@ -155,6 +155,27 @@ def ranked(groups: list[fused.Group], variant, variant_sum: float, restored_sums
     return sorted(rows, key=lambda row: -row["kl_removed"])
 
 
+def load_both(base_dir, variant_dir, dtype, device: str):
+    """The base and the variant, for inference. On a GPU both load at once (each mostly waits on reading its files
+    and copying them to the device); transformers sets torch's default dtype while it builds a model, so it is put
+    back after both."""
+    import torch
+
+    from pipeline.checkpoints.loading import load_for_inference
+
+    if device != "cuda":
+        return [load_for_inference(path, dtype).eval() for path in (base_dir, variant_dir)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    default = torch.get_default_dtype()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            loading = [pool.submit(load_for_inference, path, dtype, device="cuda") for path in (base_dir, variant_dir)]
+            return [future.result().eval() for future in loading]
+    finally:
+        torch.set_default_dtype(default)
+
+
 def _timing(variant_dir: Path, seconds: float) -> dict:
     """The time it took beside the variant's quantization time, where its quant.json says it."""
     info = read_quant_json(variant_dir) if (Path(variant_dir) / "quant.json").exists() else None
@@ -176,7 +197,6 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     from transformers import AutoTokenizer
 
     from pipeline.checkpoints import checkpoint
-    from pipeline.checkpoints.loading import load_for_inference
 
     k, e = sections_with_overrides(settings or KlParams, engine or default_settings(), **overrides)
     watch = Stopwatch()
@@ -185,9 +205,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = checkpoint.open(Path(base_dir)).dtype if device == "cuda" else settings_for(e, DEFAULT).dtype
     sequences = holdout_texts(AutoTokenizer.from_pretrained(base_dir), Path(holdout), k.max_tokens, k.sequences)
-    place = "cuda" if device == "cuda" else None
-    base, variant = (load_for_inference(path, getattr(torch, dtype), device=place).eval()
-                     for path in (base_dir, variant_dir))
+    base, variant = load_both(base_dir, variant_dir, getattr(torch, dtype), device)
     groups, loaded = quantized_groups(base, variant), watch.seconds
     variant_sum, restored_sums, tokens = MEASURES[measure](base, variant, groups, sequences, batch_size)
     summary = {"base": str(base_dir), "variant": str(variant_dir), "holdout": str(holdout),
