@@ -5,8 +5,7 @@
                                              # beside each variant's quantization time), the mixed checkpoint
     python benchmarks/gpu_mixed.py compare   # benchmarks/mixed_choice.py's comparison at these shapes (RTN)
     python benchmarks/gpu_mixed.py serve     # vLLM serves W4A16, W8A16 and the mixed checkpoint: tok/s at 1/16/64
-    python benchmarks/gpu_mixed.py cost      # AWQ W4A16 and its sensitivity twice: the checkpoints loaded one after
-                                             # the other and at once, side by side
+    python benchmarks/gpu_mixed.py cost      # AWQ W4A16 and its sensitivity twice, and the two loads alone
     python benchmarks/gpu_mixed.py table     # the short table of what the parts measured
 
 Parts keep what they built under /tmp/gpu-mixed and skip what exists, so a call cut short is resumed by the next;
@@ -97,11 +96,11 @@ def build_awq(p: dict, results: dict, part: str) -> Path:
 # ---------------------------------------------------------------- cost
 
 def cost() -> dict:
-    """The sensitivity of the AWQ variant, twice, beside its quantization time; the two checkpoints loaded one after
-    the other and at once (sensitivity.load_both), side by side in this run."""
+    """The sensitivity of the AWQ variant, twice, beside its quantization time, and the two checkpoints' load alone.
+    (A run of 2026-12-03 also loaded them at once in two threads: no faster, and it raced on torch's default dtype;
+    benchmarks/results/gpu_mixed_cost.json, pipeline/stages/sensitivity.py load_both.)"""
     import torch
 
-    from pipeline.checkpoints.loading import load_for_inference
     from pipeline.formats.quant_json import read_quant_json
     from pipeline.stages import sensitivity
 
@@ -121,10 +120,7 @@ def cost() -> dict:
         return round(seconds, 2)
 
     for attempt in (1, 2):
-        step(results, "cost", f"load one after the other ({attempt})", lambda: timed(lambda: [
-            load_for_inference(x, torch.bfloat16, device=device if device == "cuda" else None)
-            for x in (p["base"], awq)]))
-        step(results, "cost", f"load at once ({attempt})", lambda: timed(lambda: sensitivity.load_both(
+        step(results, "cost", f"load one after the other ({attempt})", lambda: timed(lambda: sensitivity.load_both(
             p["base"], awq, torch.bfloat16, device)))
     for attempt in (1, 2):
         step(results, "cost", f"sensitivity of awq ({attempt})", lambda: {

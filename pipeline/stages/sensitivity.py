@@ -156,24 +156,14 @@ def ranked(groups: list[fused.Group], variant, variant_sum: float, restored_sums
 
 
 def load_both(base_dir, variant_dir, dtype, device: str):
-    """The base and the variant, for inference. On a GPU both load at once (each mostly waits on reading its files
-    and copying them to the device); transformers sets torch's default dtype while it builds a model, so it is put
-    back after both."""
-    import torch
-
+    """The base and the variant, for inference, one after the other. Loading both at once in two threads was
+    measured on the H200 (benchmarks/results/gpu_mixed_cost.json): no faster (5.05 s against 4.85 s, 4.72 against
+    4.55), and one of the two runs got a model with float32 parts (transformers sets torch's default dtype while it
+    builds a model: the two builds raced)."""
     from pipeline.checkpoints.loading import load_for_inference
 
-    if device != "cuda":
-        return [load_for_inference(path, dtype).eval() for path in (base_dir, variant_dir)]
-    from concurrent.futures import ThreadPoolExecutor
-
-    default = torch.get_default_dtype()
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            loading = [pool.submit(load_for_inference, path, dtype, device="cuda") for path in (base_dir, variant_dir)]
-            return [future.result().eval() for future in loading]
-    finally:
-        torch.set_default_dtype(default)
+    place = "cuda" if device == "cuda" else None
+    return [load_for_inference(path, dtype, device=place).eval() for path in (base_dir, variant_dir)]
 
 
 def _timing(variant_dir: Path, seconds: float) -> dict:
