@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from pipeline import engines, methods, safe_yaml
 from pipeline.engines.settings import MAX_TIMEOUT_S, EngineSettings, env_var_name
+from pipeline.methods.mixed import DEFAULT_MAX_BITS, MaxBits
 from pipeline.errors import UserError
 from pipeline.settings.checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
                                     check_moved_keys, check_suite_models)
@@ -187,6 +188,13 @@ class KlParams(Section):
     max_tokens: int = Field(512, ge=16, le=16384)  # tokens per conversation (logits: tokens x vocabulary)
 
 
+class FixParams(Section):
+    """`quantize fix V` (the fix stage of dvc.yaml, one per W4A16 variant it lists): the variant's groups ranked by
+    `quantize sensitivity`, then V-mixed built with the `mixed` method on V's own settings within this budget."""
+
+    max_bits: MaxBits = DEFAULT_MAX_BITS
+
+
 class VerdictParams(Section):
     confidence: float = Field(0.95, gt=0.5, lt=1)
     # the paired bootstrap holds iterations x items resampled indices (pipeline/verdict/intervals.py)
@@ -257,6 +265,7 @@ class Params(Section):
     suites: dict[str, SuiteParams] = {}
     judge: JudgeParams = JudgeParams()
     kl: KlParams = KlParams()
+    fix: FixParams = FixParams()
     verdict: VerdictParams = VerdictParams()
     engine: EngineSection = Field(default_factory=lambda: engines.default_settings())
     bench: BenchParams = BenchParams()
@@ -297,7 +306,7 @@ class Params(Section):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-SECTIONS = "model, calib, variants, suites, judge, kl, verdict, engine, bench"
+SECTIONS = "model, calib, variants, suites, judge, kl, fix, verdict, engine, bench"
 
 
 def load(path: Path | str = DEFAULT_PARAMS) -> Params:
