@@ -13,9 +13,9 @@ SUFFIX = "-mixed"
 
 def fix_methods() -> tuple[str, ...]:
     """The methods a fix takes: the W4A16 methods the `mixed` method starts from."""
-    from pipeline.methods.mixed import BASES
+    from pipeline import methods
 
-    return tuple(BASES)
+    return tuple(methods.method("mixed").BASES)
 
 
 def fix_name(variant: str) -> str:

@@ -20,7 +20,6 @@ from pydantic_core import PydanticCustomError
 
 from pipeline import engines, methods, safe_yaml
 from pipeline.engines.settings import MAX_TIMEOUT_S, EngineSettings, env_var_name
-from pipeline.methods.mixed import DEFAULT_MAX_BITS, MaxBits
 from pipeline.errors import UserError
 from pipeline.settings.checks import (check_against_dvc, check_against_model, check_margins_name_suites,  # noqa: F401
                                     check_moved_keys, check_suite_models)
@@ -188,11 +187,14 @@ class KlParams(Section):
     max_tokens: int = Field(512, ge=16, le=16384)  # tokens per conversation (logits: tokens x vocabulary)
 
 
+MIXED = methods.method("mixed")  # the fix's method (pipeline/methods/mixed.py): its budget's bounds and default
+
+
 class FixParams(Section):
     """`quantize fix V` (the fix stage of dvc.yaml, one per W4A16 variant it lists): the variant's groups ranked by
     `quantize sensitivity`, then V-mixed built with the `mixed` method on V's own settings within this budget."""
 
-    max_bits: MaxBits = DEFAULT_MAX_BITS
+    max_bits: MIXED.MaxBits = MIXED.DEFAULT_MAX_BITS
 
 
 class VerdictParams(Section):

@@ -76,8 +76,8 @@ def run(variant: str, params, *, calib: Path | str, base_dir: Path | str | None 
     """Rank models/<variant>'s groups, then build models/<variant>-mixed. params: the whole params.yaml (the
     variant's section, `fix`, `kl`, `engine`); calib: the calibration blocks (calib.jsonl); base_dir and holdout
     default to params.yaml's model.base_dir and calib.out/holdout.jsonl."""
+    from pipeline import methods
     from pipeline.formats.quant_json import read_quant_json
-    from pipeline.methods import mixed
     from pipeline.outputs import Stopwatch
     from pipeline.stages import quantize, sensitivity
 
@@ -88,6 +88,7 @@ def run(variant: str, params, *, calib: Path | str, base_dir: Path | str | None 
     watch = Stopwatch()
     print(f"fix {variant}, 1 of 2: ranking its quantized groups by the KL each one costs (quantize sensitivity)",
           flush=True)
+    mixed = methods.method("mixed")  # the fix's method, as the registry names it
     ranked = sensitivity.run(base_dir, where["variant"], holdout, where["ranking"], params.kl, params.engine)
     print(ranked.summary(), flush=True)
     print(f"fix {variant}, 2 of 2: {where['out']}: {settings.method} as {variant} was built, the first groups in 8 bits "
