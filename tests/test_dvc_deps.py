@@ -44,13 +44,15 @@ def test_each_stage_lists_exactly_the_modules_its_command_imports(name, derived)
 
 @pytest.mark.parametrize("name", FILES)
 def test_the_planner_and_the_methods_recipes_are_deps_of_the_quantize_stages_only(name, derived):
-    """Editing the planner, the stage or AWQ's search reruns `quantize` only; every stage validates params.yaml
-    with the method registry, so the methods' declarations (not their recipes' helpers) are everyone's deps."""
+    """Editing the planner, the stage or AWQ's search reruns `quantize` (and `fix`, which quantizes the fix through
+    the quantize stage) only; every stage validates params.yaml with the method registry, so the methods'
+    declarations (not their recipes' helpers) are everyone's deps."""
     quantize_only = ["pipeline/quantize/plan.py", "pipeline/stages/quantize.py", "pipeline/quantize/verify.py",
                      "pipeline/methods/awq_gram.py", "pipeline/methods/awq_mappings.py"]
     for stage, deps in derived[name].items():
         for path in quantize_only:
-            assert covers(deps, path) == (stage == "quantize"), f"{name}: {stage} and {path}"
+            assert covers(deps, path) == (stage in ("quantize", "fix")), f"{name}: {stage} and {path}"
+        assert covers(deps, "pipeline/stages/fix.py") == (stage == "fix"), f"{name}: {stage}"
         assert covers(deps, "pipeline/methods/__init__.py") and covers(deps, "pipeline/settings/params.py"), stage
 
 

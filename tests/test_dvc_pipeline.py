@@ -90,26 +90,28 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
            if line.startswith("Running stage '")]
     # a quiet terminal (issue 46 item 7): one line per stage, no warning for a suite a model does not run
     # (math on fp8-w8a8), the libraries' chatter in each stage's log, nothing staged in git
-    assert len(stage_lines(first)) == len(ran) == 15 and "is empty" not in first, first
+    # (18: resave, calib, 3 quantize, the fix of rtn-w4a16, 4 kl, 2 judge, 5 evaluate, report)
+    assert len(stage_lines(first)) == len(ran) == 18 and "is empty" not in first, first
     assert "compression lifecycle" in (repo / ".cache" / "logs" / "quantize@awq-w4a16.log").read_text().lower()
     assert sorted(log.stem for log in (repo / ".cache" / "logs").glob("*.log")) == sorted(ran)
     assert sh(["git", "status", "--porcelain", "--untracked-files=no"], repo, env) == ""
     problems = undeclared_reads(repo, access_log)
     assert not problems, "dvc.yaml misses what its stages read:\n  " + "\n  ".join(problems)
     verdict = json.loads((repo / "reports" / "verdict.json").read_text())
-    assert set(verdict["variants"]) == {"awq-w4a16", "fp8-w8a8", "rtn-w4a16"}
+    assert set(verdict["variants"]) == {"awq-w4a16", "fp8-w8a8", "rtn-w4a16", "rtn-w4a16-mixed"}
     for model in ("base", "awq-w4a16"):  # math and code run on these two (params: suites.<name>.models)
         assert len(read_jsonl(repo / "results" / model / "math.jsonl")) == 3
         assert len(read_jsonl(repo / "results" / model / "code.jsonl")) == 2
-    for model in ("base", "awq-w4a16", "fp8-w8a8", "rtn-w4a16"):
+    for model in ("base", "awq-w4a16", "fp8-w8a8", "rtn-w4a16", "rtn-w4a16-mixed"):
         for suite in ("ppl-chat", "ppl-book", "ppl-math", "ppl-code"):
             assert [line["n_tokens"] > 0 for line in read_jsonl(repo / "results" / model / f"{suite}.jsonl")] == [True, True]
-    for variant in ("awq-w4a16", "fp8-w8a8", "rtn-w4a16"):  # the summary, and every token's KL it comes from
+    for variant in ("awq-w4a16", "fp8-w8a8", "rtn-w4a16", "rtn-w4a16-mixed"):  # the summary, and every token's KL it comes from
         kl = json.loads((repo / "results" / variant / "kl.json").read_text())
         sequences = read_jsonl(repo / "results" / variant / "kl.jsonl")
         assert kl["tokens"] > 0 and len(sequences) == kl["sequences"]
         assert sum(len(line["kl"]) for line in sequences) == kl["tokens"]
-    for model in ("fp8-w8a8", "rtn-w4a16"):  # math and code do not run on these: recorded, with the key
+    for model in ("fp8-w8a8", "rtn-w4a16", "rtn-w4a16-mixed"):  # math and code do not run on these (a fix runs what
+        # its variant runs): recorded, with the key
         skipped = json.loads((repo / "results" / model / "math.json").read_text())
         assert skipped["status"] == "not run" and "suites.math.models" in skipped["reason"]
     for variant in ("awq-w4a16", "fp8-w8a8"):  # the judge runs on these two only (dvc.yaml)
@@ -118,6 +120,14 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     assert set(verdict["variants"]["rtn-w4a16"]["perplexity"]) == {"ppl-chat", "ppl-book", "ppl-math", "ppl-code"}
     assert verdict["variants"]["rtn-w4a16"]["suites"] == {}
     assert json.loads((repo / "models" / "rtn-w4a16" / "quant.json").read_text())["method"] == "rtn"
+    # the fix stage: rtn-w4a16's ranking, its mixed variant on its own settings, decided and set beside it
+    mixed = json.loads((repo / "models" / "rtn-w4a16-mixed" / "quant.json").read_text())
+    assert (mixed["method"], mixed["base_method"], mixed["group_size"]) == ("mixed", "rtn", 32)
+    ranking = json.loads((repo / "results" / "rtn-w4a16" / "sensitivity.json").read_text())
+    assert mixed["groups_total"] == len(ranking["groups"]) and mixed["sensitivity"] == "results/rtn-w4a16/sensitivity.json"
+    fix = verdict["variants"]["rtn-w4a16"]["fix"]
+    assert fix["variant"] == "rtn-w4a16-mixed" and fix["decision"] == verdict["variants"]["rtn-w4a16-mixed"]["decision"]
+    assert verdict["variants"]["rtn-w4a16-mixed"]["fix_of"] == "rtn-w4a16" and fix["line"]
     html = (repo / "reports" / "index.html").read_text()
     assert html.count('<th scope="row">math</th><td>awq-w4a16</td>') == 1
     assert html.count('<th scope="row">ppl-book</th><td>fp8-w8a8</td>') == 1

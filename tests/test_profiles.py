@@ -59,9 +59,10 @@ def test_local_edits_are_not_overwritten_without_force(tmp_path, monkeypatch):
 
 
 def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every_model(tmp_path):
-    """DVC's plan (dvc repro --dry --force): every stage that loads a model on the GPU in-process (quantize,
+    """DVC's plan (dvc repro --dry --force): every stage that loads a model on the GPU in-process (quantize, fix,
     kl) comes before any stage served by vLLM (whose servers the run keeps, holding the GPU's memory); every
-    suite runs on every model; the judge covers every variant; bench is a stage; the report comes last."""
+    suite runs on every model, each W4A16 variant's fix included; the judge covers every variant; bench is a
+    stage; the report comes last."""
     repo = copy_repo(tmp_path / "repo")
     for name in profiles.FILES:
         (repo / name).write_bytes(profiles.stored("gpu-h200", name).read_bytes())
@@ -74,17 +75,19 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     planned = [l.removeprefix("Running stage '").removesuffix("':") for l in out.stdout.splitlines()
                if l.startswith("Running stage")]
     gpu = yaml.safe_load(profiles.stored("gpu-h200", "params.yaml").read_text())
-    models = ["base", *gpu["variants"]]
-    in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "kl@"))]
+    fixed = ["awq-w4a16", "rtn-w4a16"]  # every W4A16 variant has its fix, measured, served and decided like a variant
+    models = ["base", *gpu["variants"], *(f"{v}-mixed" for v in fixed)]
+    in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "fix@", "kl@"))]
     served = [i for i, s in enumerate(planned) if s.startswith(("evaluate@", "judge@", "bench@"))]
-    assert len(in_process) == 2 * len(gpu["variants"]) and max(in_process) < min(served)
+    assert len(in_process) == 2 * len(gpu["variants"]) + 2 * len(fixed) and max(in_process) < min(served)
     assert [s for s in planned if s.startswith("evaluate@")] == [f"evaluate@{m}" for m in models]  # every suite each
     # each server starts (warm) as soon as its checkpoint exists: base's right after resave, before calibration;
-    # a variant's right after its quantize stage
+    # a variant's right after its quantize stage, a fix's right after its fix stage
     order = {name: i for i, name in enumerate(planned)}
     assert order["resave"] < order["warm@base"] < order["calib"]
     for variant in models[1:]:
-        assert order[f"warm@{variant}"] == order[f"quantize@{variant}"] + 1
+        built = f"quantize@{variant}" if variant in gpu["variants"] else f"fix@{variant.removesuffix('-mixed')}"
+        assert order[f"warm@{variant}"] == order[built] + 1, (variant, planned)
     assert {s for s in planned if s.startswith("bench@")} == {f"bench@{m}" for m in models}
     assert {s for s in planned if s.startswith("judge@")} == {f"judge@{m}" for m in models[1:]}
     assert planned[-1] == "report"

@@ -223,7 +223,9 @@ def test_on_a_phone_the_first_screen_names_what_to_ship_and_every_decision_go_fi
         for d in verdict["decisions"]:
             line = phone.locator(f"#brief-{d['variant']}")
             assert _inside(line.bounding_box(), 390, 844), d["variant"]
-            assert " ".join(line.inner_text().split()) == f"{d['label']} {d['variant']} {d['rests_on'][len(d['label']) + 1:]}"
+            fix = verdict["variants"][d["variant"]].get("fix")  # a NO-GO W4A16 variant: the command that builds its fix
+            assert " ".join(line.inner_text().split()) == f"{d['label']} {d['variant']} {d['rests_on'][len(d['label']) + 1:]}" \
+                + (f" Fix: not built: {'; '.join(fix['commands'])}" if fix else "")
             tops.append(line.bounding_box()["y"])
         assert tops == sorted(tops)
         tag = phone.locator("#brief-fp8-w8a8 .tag").evaluate("t => getComputedStyle(t).backgroundColor")

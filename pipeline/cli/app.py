@@ -299,6 +299,35 @@ def sensitivity(
 
 @app.command()
 @stage
+def fix(
+    variant: str = typer.Argument(..., help="A W4A16 variant of params.yaml (method awq, gptq or rtn), built in "
+                                            "models/<variant>"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """A NO-GO's fix: rank the variant's groups (`quantize sensitivity`: results/<variant>/sensitivity.json), then
+    build models/<variant>-mixed with the `mixed` method on the variant's own settings, its most costly groups in
+    8 bits within params fix.max_bits; evaluated and decided like any variant (dvc.yaml's fix stage)."""
+    from pipeline.cli.quantize import _calibration_blocks, _calibration_file
+    from pipeline.quantize import require_llmcompressor
+    from pipeline.stages import fix as fix_stage
+
+    p = load_params(params_file)
+    fix_stage.variant_settings(p, variant)  # a W4A16 variant of params.yaml, else refused before any work
+    where = fix_stage.paths(variant)
+    base, holdout = p.model.base_dir, p.calib.out / "holdout.jsonl"
+    inputs = {"base_checkpoint": base, "variant_checkpoint": where["variant"], "held_out_prompts": holdout}
+    refuse_overlap(where["ranking"], **inputs)
+    refuse_overlap(where["out"], replaces="quantize", calibration_file=_calibration_file(p, None), **inputs)
+    fix_stage.check_inputs(variant, base, holdout)
+    require_llmcompressor()
+    make_room_on_gpu("fix", [base, where["variant"]], factor=2.5)
+    with _calibration_blocks(p, None, base) as blocks, working():
+        result = fix_stage.run(variant, p, calib=blocks, base_dir=base, holdout=holdout)
+    console.summary(result.summary())
+
+
+@app.command()
+@stage
 def judge(
     variant_dir: Path = typer.Argument(..., help="Variant checkpoint (models/<variant>)"),
     base: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
@@ -375,20 +404,29 @@ def report(
 def profile(
     name: Optional[str] = typer.Argument(None, help="cpu-demo or gpu-h200 (none: list the profiles and say which is in use)"),
     force: bool = typer.Option(False, "--force", help="Replace params.yaml and dvc.yaml even when they hold local edits"),
+    fix: Optional[list[str]] = typer.Option(None, "--fix", help="A W4A16 variant whose fix (<variant>-mixed: its most "
+                                            "costly groups kept in 8 bits) dvc.yaml should build, measure and decide: "
+                                            "added to the fix stage and to the kl, evaluate and report lists, in "
+                                            "place (repeatable)"),
 ):
-    """Switch params.yaml and dvc.yaml together: the CPU demo or the GPU configuration (pipeline/profiles/)."""
+    """Switch params.yaml and dvc.yaml together: the CPU demo or the GPU configuration (pipeline/profiles/); with
+    --fix, add a variant's fix to the dvc.yaml in use."""
     from pipeline import profiles
+    from pipeline.profiles import fix as profile_fix
 
     root = Path.cwd()
-    if name is None:
-        typer.echo(profiles.describe(root))
+    if name is None and not fix:
+        typer.echo(profiles.describe(root))  # and the fixes a verdict's NO-GO offers
         return
-    changed = profiles.switch(name, root, force)
-    what = ", ".join(changed) if changed else "nothing (already in use)"
-    typer.echo(f"profile {name}: wrote {what}; {profiles.SUMMARIES.get(name, '')}")
-    if name == "gpu-h200":
-        typer.echo("  set model.source in params.yaml to your checkpoint (and engine.server_command if vLLM lives in "
-                   "another environment), then: dvc repro")
+    if name is not None:
+        changed = profiles.switch(name, root, force)
+        what = ", ".join(changed) if changed else "nothing (already in use)"
+        typer.echo(f"profile {name}: wrote {what}; {profiles.SUMMARIES.get(name, '')}")
+        if name == "gpu-h200":
+            typer.echo("  set model.source in params.yaml to your checkpoint (and engine.server_command if vLLM lives "
+                       "in another environment), then: dvc repro")
+    for variant in fix or []:
+        typer.echo(profile_fix.told(variant, profile_fix.add_fix(root, variant)))
 
 
 @app.command("show-verdict")
@@ -397,31 +435,16 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
     """Print the verdict of the last report: per variant, each suite's and the judge's decision sentence."""
     if not path.exists():
         raise UserError(f"{path}: no verdict yet; run `dvc repro` or `quantize report`")
+    from pipeline.verdict.show import verdict_lines
+
     try:
         verdict = json.loads(path.read_text(encoding="utf-8"))
-        lines = [verdict["headline"]] if verdict.get("headline") else []  # what to ship, first
-        rests_on = {d["variant"]: d["rests_on"] for d in verdict.get("decisions") or []}  # "GO, incomplete on ...", GO first
-        for name, v in sorted(verdict["variants"].items(), key=lambda item: list(rests_on).index(item[0])
-                              if item[0] in rests_on else len(rests_on)):
-            # the decision and what it rests on (a verdict.json before coverage existed: the decision alone)
-            lines.append(f"{name}: {rests_on.get(name) or (v.get('coverage') or {}).get('line') or v['decision']}")
-            for suite, s in v["suites"].items():
-                lines.append("  " + (s.get("sentence") or (
-                    f"{suite}: base {s['base_score']:.1%} -> {s['variant_score']:.1%} "
-                    f"(change {s['delta'] * 100:+.1f} pts, interval [{s['ci_low'] * 100:+.1f}, "
-                    f"{s['ci_high'] * 100:+.1f}], margin -{s['margin'] * 100:.1f}): {s['decision']}")))
-            for suite, s in (v.get("perplexity") or {}).items():
-                lines.append("  " + (s.get("sentence") or (
-                    f"{suite}: perplexity {s['base_ppl']:.3f} -> {s['variant_ppl']:.3f} "
-                    f"(change {s['change']:+.1%}, interval [{s['ci_low']:+.1%}, {s['ci_high']:+.1%}], "
-                    f"margin +{s['margin']:.1%}): {s['decision']}")))
-            if (v.get("judge") or {}).get("sentence"):
-                lines.append(f"  {v['judge']['sentence']}")
-            lines += [f"  to settle {step['text']}" for step in v.get("next_steps") or []]
-        for name, missing in (verdict.get("variants_without_results") or {}).items():  # no decision: named, with what to run
-            lines.append(f"{name}: {missing['state']}: {missing['why']}; run {', then '.join(missing['commands'])}")
+        lines = verdict_lines(verdict)
     except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"{path}: not a verdict written by `quantize report`; rerun `quantize report`") from None
+    from pipeline.profiles.fix import fix_items, offers
+
+    lines += offers(verdict, fix_items(Path.cwd()))  # a NO-GO W4A16 variant without a fix: the command that adds it
     typer.echo("\n".join(lines))
     typer.echo(f"report: {path.parent.resolve() / 'index.html'}")
 

@@ -281,13 +281,14 @@ def start_ahead(p, params_file: Path, exclude: tuple[str, Path] | None = None) -
     from pipeline.scoring import ahead
     from pipeline.engines import capability, shared
     from pipeline.outputs import STAGE_RECORD
+    from pipeline.settings import fixes
 
     e = p.engine
     if not (getattr(e, "score_ahead", False) and capability(e.name, "starts_server")) or ahead.in_job():
         return []
     served = {Path(entry.get("model_path") or "") for entry in shared.entries().values()}
     base = Path(p.model.base_dir)
-    models = [base] + [Path("models") / name for name in p.variants]
+    models = [base] + [Path("models") / name for name in fixes.models(p)[1:]]  # the variants and their fixes
     jobs = [("eval", m) for m in models if (m / STAGE_RECORD).is_file() and m.resolve() in served]
     judging = (capability(p.judge.backend, "starts_server") and p.judge.model == "base" and base.resolve() in served
                and (p.calib.out / "holdout.jsonl").is_file())

@@ -11,15 +11,17 @@ weight counts) stays within `max_bits`; a group that would pass it stays in 4 bi
 The checkpoint is one compressed-tensors folder with one config group per scheme (llm-compressor's modifiers take
 several `config_groups`): W4A16 targets "Linear", W8A16 targets the kept groups' Linears by anchored regexes, which
 outrank a class target in compressed-tensors and in vLLM. W8A16 uses the W4A16 group size and symmetry (vLLM's WNA16
-covers 4 and 8 bits). The base method's other settings are its defaults (pipeline/methods/awq.py, gptq.py, rtn.py);
-its smoothing and error feedback see each Linear's own bits. The plan's memory estimate is AWQ's (the default base).
-quant.json lists each group's scheme and why, and the bits per weight with and without the scales.
+covers 4 and 8 bits). The base method's other settings are its defaults (pipeline/methods/awq.py, gptq.py, rtn.py), or
+those of the W4A16 variant being fixed (`recipe`'s base_settings: `quantize fix`, pipeline/stages/fix.py, passes the
+variant's own section, AWQ's n_grid and search included); its smoothing and error feedback see each Linear's own
+bits. The plan's memory estimate is AWQ's (the default base). quant.json lists each group's scheme and why, and the
+bits per weight with and without the scales.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -36,6 +38,10 @@ from pipeline.section import Section
 
 BASES = {method.NAME: method for method in (awq, gptq, rtn)}  # the W4A16 methods a mixed variant starts from
 LOW_BITS, HIGH_BITS = 4, 8
+DEFAULT_MAX_BITS = 4.5  # the budget of a mixed variant and of `quantize fix` (params.yaml `fix.max_bits`)
+MaxBits = Annotated[float, Field(ge=LOW_BITS, le=HIGH_BITS, description="Budget: mean bits per quantized weight (4 or "
+                                 "8 each, weighted by weight count); the most sensitive groups are kept in 8 bits "
+                                 "until it is spent")]
 
 NAME = "mixed"
 SUMMARY = ("W4A16 (AWQ, GPTQ or RTN) with the groups `quantize sensitivity` ranks most costly kept in W8A16, within "
@@ -54,9 +60,7 @@ class Params(Section):
     method: Literal["mixed"]
     base: Literal[tuple(BASES)] = Field(awq.NAME, description="The W4A16 method the other groups are quantized with: "
                                         + ", ".join(BASES))
-    max_bits: float = Field(4.5, ge=LOW_BITS, le=HIGH_BITS, description="Budget: mean bits per quantized weight (4 "
-                            "or 8 each, weighted by weight count); the most sensitive groups are kept in 8 bits "
-                            "until it is spent")
+    max_bits: MaxBits = DEFAULT_MAX_BITS
     sensitivity: Path | None = Field(None, description="The ranking `quantize sensitivity` wrote for a W4A16 variant "
                                      "of this base (default: results/<the base method's default variant>/"
                                      "sensitivity.json)")
@@ -123,25 +127,50 @@ def _check_vllm(target: Target, group: int, symmetric: bool, kept: list[fused.Gr
                         "than pipeline/checkpoints/fused.py knows (FUSED)")
 
 
-def recipe(settings: Params, target: Target) -> Recipe:
+def for_variant(variant_settings, max_bits: float, sensitivity: Path) -> Params:
+    """The mixed section that fixes a W4A16 variant (`quantize fix`): the variant's method as the base, its group
+    size, symmetry and batch, this budget and ranking; pass the variant's section to `recipe` as base_settings."""
+    return Params(method=NAME, base=variant_settings.method, max_bits=max_bits, sensitivity=Path(sensitivity),
+                  group_size=variant_settings.group_size, symmetric=variant_settings.symmetric,
+                  batch_size=variant_settings.batch_size)
+
+
+def base_section(settings: Params, base_settings=None):
+    """The base method's own params section: `base_settings` when given (a W4A16 variant's section, which must
+    agree with this one on the base method, group size, symmetry and batch), else the base method's defaults with
+    this section's group size, symmetry and batch."""
+    base = BASES[settings.base]
+    if base_settings is None:
+        return base.Params(method=base.NAME, group_size=settings.group_size, symmetric=settings.symmetric,
+                           batch_size=settings.batch_size)
+    differ = [key for key in ("method", "group_size", "symmetric", "batch_size")
+              if getattr(base_settings, key) != (settings.base if key == "method" else getattr(settings, key))]
+    if differ:
+        raise UserError(f"mixed: the base method's settings ({base_settings.method}) differ from the mixed section's "
+                        f"on {', '.join(differ)}; build the section from them (mixed.for_variant)")
+    return base_settings
+
+
+def recipe(settings: Params, target: Target, base_settings=None) -> Recipe:
     """The base method's recipe with its weights in two config groups: W4A16 on every Linear outside the ignore
-    list, W8A16 on the groups the ranking keeps within the budget."""
+    list, W8A16 on the groups the ranking keeps within the budget. base_settings: the base method's own section
+    (the W4A16 variant a fix is built for), else its defaults (`base_section`)."""
     path = sensitivity_path(settings)
     ranking = read_sensitivity(path)
     _check_modules(ranking, path, target)
     base = BASES[settings.base]
-    group = int4.choose_group_size(target.config, settings.group_size, target.model_dir)
+    own = base_section(settings, base_settings)
+    int4.choose_group_size(target.config, own.group_size, target.model_dir)  # a group size that does not fit: refused first
     rows, bits = choose(ranking["groups"], settings.max_bits)
     kept = [fused.Group(r["name"], r["layer"], r["name"].rpartition(".")[2], r["modules"]) for r in rows
             if r["scheme"] == "W8A16"]
-    _check_vllm(target, group, settings.symmetric, kept, [m for r in rows for m in r["modules"]])
-    base_recipe = base.recipe(base.Params(method=base.NAME, group_size=group, symmetric=settings.symmetric,
-                                          batch_size=settings.batch_size), target,
-                              eight_bit_targets=tuple(fused.target_regex(g) for g in kept))
+    base_recipe = base.recipe(own, target, eight_bit_targets=tuple(fused.target_regex(g) for g in kept))
+    group, symmetric = base_recipe.details["group_size"], base_recipe.details["symmetric"]
+    _check_vllm(target, group, symmetric, kept, [m for r in rows for m in r["modules"]])
     share_high = sum(r["weights"] for r in rows if r["scheme"] == "W8A16") / sum(r["weights"] for r in rows)
     details = {"base_method": base.NAME, **base_recipe.details, "max_bits": settings.max_bits,
                "bits_per_weight": round(bits, 4),
-               "bits_per_weight_with_scales": round(bits_with_scales(bits, group, settings.symmetric, share_high), 4),
+               "bits_per_weight_with_scales": round(bits_with_scales(bits, group, symmetric, share_high), 4),
                "groups_in_8_bits": len(kept), "groups_total": len(rows), "sensitivity": str(path),
                "groups": [{k: r[k] for k in ("name", "layer", "weights", "scheme", "why")} for r in rows]}
     return Recipe(base_recipe.modifiers, f"{base_recipe.scheme}; {len(kept)} of {len(rows)} groups in W8A16 "

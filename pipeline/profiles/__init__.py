@@ -3,6 +3,7 @@
     quantize profile              # which profile the project's files are, and the ones there are
     quantize profile gpu-h200     # GLM-4-9B-class model on one H200 with vLLM: full suites, bench, vLLM judge
     quantize profile cpu-demo     # back to the CPU demo (`make demo`)
+    quantize profile --fix V      # dvc.yaml in use: build, measure and decide the fix of W4A16 variant V (fix.py)
 
 Both files are written together (params.yaml's suites and variants must match dvc.yaml's matrices,
 which DVC cannot derive from params for `foreach` lists of stage names). Files edited since a profile
@@ -48,7 +49,9 @@ def describe(root: Path) -> str:
     active = current(root)
     lines = [f"{'*' if n == active else ' '} {n}: {SUMMARIES.get(n, '')}" for n in names()]
     state = f"in use: {active}" if active else "params.yaml / dvc.yaml hold local edits (no profile matches them)"
-    return "\n".join([state, *lines])
+    from pipeline.profiles.fix import offers_in
+
+    return "\n".join([state, *lines, *(f"  {offer}" for offer in offers_in(root))])
 
 
 def switch(name: str, root: Path, force: bool = False) -> list[str]:

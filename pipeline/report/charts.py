@@ -1,8 +1,10 @@
-"""Inline SVG charts for the report's speed section: no script, no network, every label escaped.
+"""Inline SVG charts: no script, no network, every label escaped.
 
 `throughput_chart`: output tokens/s against max concurrency (log axis), one line per model.
 `latency_chart`: one metric's median, p90 and p99 (TTFT or TPOT) per model and concurrency: a bar from
 the median to p99 with a tick at p90, on a log axis in milliseconds.
+`sensitivity_chart`: beside a NO-GO and its fix, the share of the variant's KL each of its most costly groups
+removes when restored, the groups the fix keeps in 8 bits highlighted; drawn 360 px wide, read on a phone.
 """
 
 from __future__ import annotations
@@ -107,5 +109,47 @@ def latency_chart(speed: dict[str, dict], metric: str, title: str) -> Markup:
         parts.append(f'<circle cx="{x(stats["median"]):.1f}" cy="{yy}" r="3.5" class="pt {cls}"/>')
         parts.append(f'<line x1="{x(stats["p90"]):.1f}" x2="{x(stats["p90"]):.1f}" y1="{yy - 5}" y2="{yy + 5}" '
                      f'class="range {cls}"/>')
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def _short(name: str, limit: int = 20) -> str:
+    """A group's name without the usual prefixes, its end kept: model.layers.23.self_attn.qkv_proj ->
+    23.attn.qkv_proj."""
+    for prefix in ("model.language_model.layers.", "model.layers.", "language_model.model.layers.", "model."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    name = name.replace(".self_attn.", ".attn.")
+    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+
+
+def sensitivity_chart(fix: dict | None, element_id: str) -> Markup:
+    """fix: verdict.json's variants.<V>.fix; a bar per group of its `ranking` (most KL removed first), the share of
+    V's KL restoring that group removes, kept groups highlighted and labelled."""
+    rows = [row for row in (fix or {}).get("ranking") or [] if row.get("share_removed") is not None]
+    if not rows:
+        return Markup("")
+    width, left, right, row_h, top = 360, 128, 40, 17, 6
+    height = top + row_h * len(rows) + 34
+    high = max(max(r["share_removed"] for r in rows), 1e-9)
+    scale = (width - left - right) / high
+    kept = sum(r["kept"] for r in rows)
+    shown = f"the first {len(rows)} of {fix.get('ranked_groups') or len(rows)} groups"
+    parts = [_svg_open(width, height, element_id, f"Share of the variant's KL each group removes when restored, "
+                                                   f"{shown}; {kept} kept in 8 bits")]
+    for i, row in enumerate(rows):
+        y = top + i * row_h
+        cls = "kept" if row["kept"] else "bar"
+        w = max(row["share_removed"], 0.0) * scale
+        parts.append(f'<text x="{left - 6}" y="{y + 12}" text-anchor="end" class="tick{" kept-label" if row["kept"] else ""}">'
+                     f'{escape(_short(row["name"]))}</text>')
+        parts.append(f'<rect x="{left}" y="{y + 3}" width="{w:.1f}" height="{row_h - 5}" class="{cls}"/>')
+        parts.append(f'<text x="{left + w + 4:.1f}" y="{y + 12}" class="tick">{row["share_removed"] * 100:.0f}%</text>')
+    legend = top + row_h * len(rows) + 14
+    parts.append(f'<rect x="{left}" y="{legend - 9}" width="10" height="10" class="kept"/><text x="{left + 14}" '
+                 f'y="{legend}" class="tick">kept in 8 bits</text><rect x="{left + 104}" y="{legend - 9}" width="10" '
+                 f'height="10" class="bar"/><text x="{left + 118}" y="{legend}" class="tick">4 bits</text>')
+    parts.append(f'<text x="4" y="{legend + 16}" class="tick">share of the KL that restoring the group removes</text>')
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -46,7 +46,7 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     perplexity_rows = sorted((s for v in verdict["variants"].values() for s in (v.get("perplexity") or {}).values()),
                              key=lambda s: s["suite"])
     perplexity_suites = {s["suite"] for s in perplexity_rows}
-    from pipeline.report.charts import latency_chart, throughput_chart
+    from pipeline.report.charts import latency_chart, sensitivity_chart, throughput_chart
     from pipeline.report.tables import document_rows, item_rows
 
     items_by_suite = item_rows({m: {s: i for s, i in suites.items() if s not in perplexity_suites}
@@ -54,6 +54,7 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     speed = verdict.get("speed") or {}
     charts = {"throughput": throughput_chart(speed), "ttft": latency_chart(speed, "ttft_ms", "time to first token"),
               "tpot": latency_chart(speed, "tpot_ms_stats", "time per output token")}
+    fix_charts = {name: sensitivity_chart(v.get("fix"), f"fix-chart-detail-{name}") for name, v in verdict["variants"].items()}
     sections = [("coverage", "What each decision rests on"), ("decisions", "Each decision in full"),
                 ("suites", "Accuracy suites"), ("perplexity", "Perplexity"), ("long-context", "Long context"),
                 ("engines", "Engines"),
@@ -71,7 +72,7 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
         label=label, label_class=LABEL_CLASS, chart_captions=CHART_CAPTIONS,
         results_read=bool(results),
         flipped_total=sum(bool(it["flipped"]) for items in items_by_suite.values() for it in items),
-        toc=toc(verdict, sections), serving_engines=SERVING_ENGINES, engine_lines=lines,
+        toc=toc(verdict, sections), serving_engines=SERVING_ENGINES, engine_lines=lines, fix_charts=fix_charts,
         **_suite_anchors(verdict, rows, perplexity_rows), **view,
     )
     return printable(page)  # whatever the results hold: no control character but newline and tab

@@ -1,9 +1,11 @@
 """The first screen: per variant its decision and what it rests on, a cell per counted suite, size, drift,
-where it is served and its speed; the suites shown but not counted; the forest plot."""
+where it is served and its speed, and beside a NO-GO its fix (what it bought, the layers kept in 8 bits, the
+sensitivity chart) or the command that builds one; the suites shown but not counted; the forest plot."""
 
 from __future__ import annotations
 
 import pipeline.verdict.figures as figures
+from pipeline.report.charts import sensitivity_chart
 from pipeline.report.deploy import served_by, speed_state
 from pipeline.report.forest import forest_plot, forest_plot_narrow
 from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
@@ -97,6 +99,8 @@ def _row(name: str, v: dict, columns: list, speed: dict, base: dict, human_size,
         "size_share": f"{figures.share(size / base_size)} of base" if size and base_size else None,
         "kl": (figures.kl(kl["kl_mean"]), figures.share(kl["top1_agreement"])) if kl else None,
         "served": served_by(v.get("serving"), name), "speed": speed_state(name, v, speed, speed_engine, human_size),
+        # beside a NO-GO its fix (verdict.json's variants.<v>.fix: pipeline/verdict/fix.py), its kept layers and chart
+        "fix": v.get("fix"), "fix_of": v.get("fix_of"), "fix_chart": sensitivity_chart(v.get("fix"), f"fix-chart-{name}"),
     }
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline import safe_yaml
 from pipeline.errors import UserError
+from pipeline.settings import fixes
 from pipeline.settings.errors import kind_of
 
 DEFAULT_PARAMS = Path("params.yaml")
@@ -46,14 +47,15 @@ def check_margins_name_suites(params, path: Path, lines: dict[tuple, int]) -> No
 
 
 def check_suite_models(params, path: Path | str = DEFAULT_PARAMS) -> None:
-    """`suites.<name>.models` names base and variants that exist, base among them (the pairing needs it)."""
-    known = ["base", *params.variants]
+    """`suites.<name>.models` names base and variants that exist (or a W4A16 variant's fix, V-mixed: it runs what V
+    runs unless named itself), base among them (the pairing needs it)."""
+    known = fixes.models(params)
     for name, suite in params.suites.items():
         if suite.models is None:
             continue
         unknown = [m for m in suite.models if m not in known]
         if unknown:
-            raise UserError(f"{path}: suites.{name}.models: {unknown} not among base and the variants "
+            raise UserError(f"{path}: suites.{name}.models: {unknown} not among base, the variants and their fixes "
                             f"({', '.join(known)}); fix the names or drop them")
         if "base" not in suite.models:
             raise UserError(f"{path}: suites.{name}.models: must include base (every variant is compared with it)")
@@ -64,22 +66,25 @@ def check_against_dvc(params, dvc_file: Path) -> None:
     step. The evaluate stage (`quantize eval models/${item}`, one per model) lists base and every variant and
     every suite's results; a stage with a `matrix` of `model` x `suite` (`quantize eval ... --suite`, an
     earlier layout) must, with the others, run each suite on exactly the models params.yaml names for it
-    (`suites.<name>.models`, else base and every variant)."""
+    (`suites.<name>.models`, else base and every variant). The fix stage (`quantize fix ${item}`) lists W4A16
+    variants of params.yaml; each one's fix (V-mixed) is then a model of the run, which the kl and evaluate
+    stages list."""
     if not dvc_file.exists():
         return
     data, lines = safe_yaml.load(dvc_file, "a dvc.yaml")
     stages = _dvc_stages(dvc_file, data, lines)
+    models = ["base", *params.variants, *_check_fix_stages(params, dvc_file, stages)]
     for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
         listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
-        if isinstance(listed_variants, list):
-            known = ["base", *params.variants]  # bench runs on base too
-            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in known]
+        if isinstance(listed_variants, list) and not _runs(stage, "fix"):
+            unknown = [v for v in listed_variants if not isinstance(v, str) or v not in models]  # bench runs on base too
             if unknown:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
-                                f"define as base or variants ({', '.join(known)}); remove them")
+                                f"define as base or variants, nor dvc.yaml's fix stage builds ({', '.join(models)}); "
+                                "remove them")
     per_model = {name: stage for name, stage in stages.items() if _evaluates_every_suite(stage)}
     for name, stage in per_model.items():
-        _check_per_model_stage(params, dvc_file, name, stage)
+        _check_per_model_stage(params, dvc_file, name, stage, models)
     matrices = {name: stage["matrix"] for name, stage in stages.items()
                 if isinstance(stage, dict) and isinstance(stage.get("matrix"), dict)
                 and {"model", "suite"} & set(stage["matrix"])}
@@ -100,7 +105,7 @@ def check_against_dvc(params, dvc_file: Path) -> None:
         raise UserError(f"{dvc_file}: {', '.join(where[suite])} lists suite {suite!r}, which params.yaml does not "
                         f"define (suites: {', '.join(params.suites) or 'none'}); remove it or add it under suites")
     for suite, settings in params.suites.items():
-        expected = settings.models or ["base", *params.variants]
+        expected = [model for model in models if fixes.runs_on(settings.models, model)]
         if listed.get(suite, set()) != set(expected):
             stage = where.get(suite, ["stages.evaluate.matrix"])[0]
             raise UserError(
@@ -110,23 +115,64 @@ def check_against_dvc(params, dvc_file: Path) -> None:
             )
 
 
+def _runs(stage, subcommand: str) -> bool:
+    """A `foreach` stage whose command is `quantize <subcommand> ...`."""
+    do = stage.get("do") if isinstance(stage, dict) else None
+    cmd = do.get("cmd") if isinstance(do, dict) else None
+    return "foreach" in stage and isinstance(cmd, str) and cmd.split()[:2] == ["quantize", subcommand]
+
+
 def _evaluates_every_suite(stage) -> bool:
     """A `foreach` stage whose command is `quantize eval models/${item}` without --suite: every suite of
     params.yaml on each model it lists (the evaluate stage)."""
-    do = stage.get("do") if isinstance(stage, dict) else None
-    cmd = do.get("cmd") if isinstance(do, dict) else None
-    return isinstance(stage.get("foreach"), list) and isinstance(cmd, str) and cmd.split()[:2] == ["quantize", "eval"] \
-        and "--suite" not in cmd.split()
+    return _runs(stage, "eval") and isinstance(stage.get("foreach"), list) and "--suite" not in stage["do"]["cmd"].split()
 
 
-def _check_per_model_stage(params, dvc_file: Path, name: str, stage: dict) -> None:
-    """The evaluate stage runs on base and every variant, and lists each suite's results as its outs (the
-    suites a model does not run are recorded as not run, so every model has every file)."""
-    models = ["base", *params.variants]
+def fix_items(stages: dict) -> list[str]:
+    """The variants dvc.yaml's fix stages (`quantize fix ${item}`) list, in order."""
+    return [item for stage in stages.values() if isinstance(stage, dict) and _runs(stage, "fix")
+            and isinstance(stage.get("foreach"), list) for item in stage["foreach"]]
+
+
+def _check_fix_stages(params, dvc_file: Path, stages: dict) -> list[str]:
+    """Each variant a fix stage lists is a W4A16 variant of params.yaml whose fix (V-mixed) no params.yaml variant
+    is named after, and each fix is in the kl and evaluate stages' lists; returns the fixes (V-mixed)."""
+    fixable, built = fixes.fixable(params), []
+    for name, stage in stages.items():
+        if not _runs(stage, "fix"):
+            continue
+        listed = stage.get("foreach")
+        if not isinstance(listed, list):
+            raise UserError(f"{dvc_file}: stages.{name}.foreach: give a list of the W4A16 variants to fix, e.g. "
+                            f"[{', '.join(fixable[:1]) or 'rtn-w4a16'}]")
+        for item in listed:
+            if not isinstance(item, str) or item not in fixable:
+                what = (f"a {params.variants[item].method} variant" if isinstance(item, str) and item in params.variants
+                        else "no variant of params.yaml")
+                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {item!r}, {what}; a fix takes a W4A16 "
+                                f"variant (method {', '.join(fixes.fix_methods())}): {', '.join(fixable) or 'none in params.yaml'}")
+            if fixes.fix_name(item) in params.variants:
+                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {item}, whose fix {fixes.fix_name(item)} is "
+                                "also a variant of params.yaml; rename that variant or drop the fix")
+        built += [fixes.fix_name(item) for item in listed if fixes.fix_name(item) not in built]
+    for name, stage in stages.items():
+        if _runs(stage, "kl") or _evaluates_every_suite(stage):
+            listed = stage.get("foreach") if isinstance(stage.get("foreach"), list) else []
+            missing = [model for model in built if model not in listed]
+            if missing:
+                raise UserError(f"{dvc_file}: stages.{name}.foreach does not list {', '.join(missing)}, which the fix "
+                                f"stage builds; list it there (an explicit list; `quantize profile --fix VARIANT` adds "
+                                "a fix to every list) so it is measured and decided like every variant")
+    return built
+
+
+def _check_per_model_stage(params, dvc_file: Path, name: str, stage: dict, models: list[str]) -> None:
+    """The evaluate stage runs on base, every variant and every fix, and lists each suite's results as its outs
+    (the suites a model does not run are recorded as not run, so every model has every file)."""
     listed = stage["foreach"]
     if sorted(map(str, listed)) != sorted(models):
         raise UserError(f"{dvc_file}: stages.{name}.foreach lists {listed}; it evaluates every model: write "
-                        f"[{', '.join(models)}] (base and the variants of params.yaml)")
+                        f"[{', '.join(models)}] (base, the variants of params.yaml and the fixes of the fix stage)")
     outs = stage["do"].get("outs") or []
     paths = {next(iter(o)) if isinstance(o, dict) and o else o for o in outs}
     found = {Path(str(path)).stem for path in paths if str(path).startswith("results/${item}/")}

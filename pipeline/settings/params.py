@@ -187,6 +187,16 @@ class KlParams(Section):
     max_tokens: int = Field(512, ge=16, le=16384)  # tokens per conversation (logits: tokens x vocabulary)
 
 
+MIXED = methods.method("mixed")  # the fix's method (pipeline/methods/mixed.py): its budget's bounds and default
+
+
+class FixParams(Section):
+    """`quantize fix V` (the fix stage of dvc.yaml, one per W4A16 variant it lists): the variant's groups ranked by
+    `quantize sensitivity`, then V-mixed built with the `mixed` method on V's own settings within this budget."""
+
+    max_bits: MIXED.MaxBits = MIXED.DEFAULT_MAX_BITS
+
+
 class VerdictParams(Section):
     confidence: float = Field(0.95, gt=0.5, lt=1)
     # the paired bootstrap holds iterations x items resampled indices (pipeline/verdict/intervals.py)
@@ -257,6 +267,7 @@ class Params(Section):
     suites: dict[str, SuiteParams] = {}
     judge: JudgeParams = JudgeParams()
     kl: KlParams = KlParams()
+    fix: FixParams = FixParams()
     verdict: VerdictParams = VerdictParams()
     engine: EngineSection = Field(default_factory=lambda: engines.default_settings())
     bench: BenchParams = BenchParams()
@@ -297,7 +308,7 @@ class Params(Section):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-SECTIONS = "model, calib, variants, suites, judge, kl, verdict, engine, bench"
+SECTIONS = "model, calib, variants, suites, judge, kl, fix, verdict, engine, bench"
 
 
 def load(path: Path | str = DEFAULT_PARAMS) -> Params:

@@ -33,6 +33,7 @@ from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import GenerationCache, model_fingerprint
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
+from pipeline.settings import fixes
 from pipeline.settings.params import SuiteParams, sections_with_overrides
 
 EVALS_DIR = Path(__file__).resolve().parents[2] / "evals"
@@ -390,7 +391,7 @@ def run_model(model_dir: Path | str, params, *, out_dir: Path | str, engine: str
     skipped: list[str] = []
     try:
         for name, settings in params.suites.items():
-            if settings.models is not None and variant not in settings.models:
+            if not fixes.runs_on(settings.models, variant):  # a fix runs what its variant runs
                 done.append(_not_run(out_dir, suite=name, task=settings.task, variant=variant, model_dir=model_dir,
                                      engine=engine, models=settings.models))
                 continue
@@ -450,7 +451,7 @@ def _not_applicable(out_dir: Path, *, reason: str, inputs: str | None = None, **
 def _not_run(out_dir: Path, *, models: list[str], **fields) -> EvalResult:
     """A suite params.yaml runs on other models only: recorded as not run, with the key that says so."""
     reason = (f"suites.{fields['suite']}.models lists {', '.join(models)}; {fields['variant']} is not among them "
-              "(add it there to run the suite on it)")
+              "(add it, or the variant it fixes, there to run the suite on it)")
     return _no_items(out_dir, status="not run", reason=reason, inputs=None, **fields)
 
 

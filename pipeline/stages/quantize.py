@@ -156,13 +156,14 @@ def _execution_device(on_gpu: bool) -> str:
 
 
 def run(model_dir: Path, out: Path, calib: Path, settings, *, placement: str = "auto", plan_only: bool = False,
-        calibrate_all_experts: bool = True, **overrides) -> QuantResult | Plan:
+        calibrate_all_experts: bool = True, method_options: dict | None = None, **overrides) -> QuantResult | Plan:
     """Quantize `model_dir` into `out` with one method. settings: the method's params section (params.yaml
     `variants.<name>`; its `method` picks the module in pipeline/methods/) or a method's name (its defaults);
     `overrides` (e.g. group_size=64) replace fields and are validated again. calib: a calib.jsonl of token blocks.
     placement: auto | device | offload (see the module docstring). plan_only: print the plan with a one-layer
     probe's expected time and return it; nothing is loaded or written. calibrate_all_experts: False only to show
-    what it prevents (experts left without tokens)."""
+    what it prevents (experts left without tokens). method_options: keyword arguments of the method's `recipe`
+    beyond its section (`quantize fix`: the mixed method's base_settings, the W4A16 variant's own section)."""
     from pipeline.settings.errors import with_overrides
 
     if isinstance(settings, str):
@@ -174,7 +175,7 @@ def run(model_dir: Path, out: Path, calib: Path, settings, *, placement: str = "
     compat.quiet_cpu_warning()  # before llm-compressor is imported (the recipe imports it)
     model_dir = Path(model_dir)
     target = read_target(model_dir)  # every check below runs before any weight is loaded
-    recipe = method.recipe(settings, target)
+    recipe = method.recipe(settings, target, **(method_options or {}))
     recipe.details = {"architecture": target.architecture, **recipe.details}
     headers.check(model_dir)  # the weights cover config.json: read from the headers, nothing loaded
     return quantize(method, recipe, model_dir, out, calib, batch_size=settings.batch_size, placement=placement,

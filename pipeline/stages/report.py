@@ -20,7 +20,10 @@ from pathlib import Path
 from pipeline.checkpoints import checkpoint, config_json
 from pipeline.errors import UserError
 from pipeline.formats import quant_json, results as result_files
+from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
+from pipeline.formats.sensitivity import read_sensitivity
 from pipeline.outputs import human_size, write_pair
+from pipeline.settings import fixes
 from pipeline.settings.params import Params
 from pipeline.report import inputs
 from pipeline.verdict.decision import Evidence, decide, metrics
@@ -95,9 +98,10 @@ class ReportResult:
 
 def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: list[str]) -> Evidence:
     """Every file the verdict is decided from, each checked as it is read (a broken one is a UserError
-    naming it): the result lines and <suite>.json summaries of `models` (base and the variants of
-    params.yaml), and per model its judge.json and kl.json (each checked against, and the judge's figures
-    recomputed from, the .jsonl lines beside it), bench.json, quant.json and where it is served."""
+    naming it): the result lines and <suite>.json summaries of `models` (base, the variants of params.yaml and
+    their fixes), and per model its judge.json and kl.json (each checked against, and the judge's figures
+    recomputed from, the .jsonl lines beside it), bench.json, quant.json and where it is served; for a W4A16
+    variant whose fix has results, the ranking the fix was built from (sensitivity.json)."""
     results = collect(results_dir, list(params.suites), models)
     summaries: dict[str, dict[str, dict]] = {}
     for model in models:
@@ -114,7 +118,9 @@ def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: l
         bench={m: found for m in results if (found := _read_json(results_dir / m / "bench.json"))},
         quant={v: quant_json.read_quant_json(models_dir / v / "quant.json") for v in variants},
         serving={v: _serving(models_dir / v) for v in variants},
-        built={v: config_json.present(models_dir / v) for v in params.variants})
+        built={v: config_json.present(models_dir / v) for v in params.variants},
+        sensitivity={v: read_sensitivity(ranking) for v in fixes.fixable(params)
+                     if fixes.fix_name(v) in variants and (ranking := results_dir / v / SENSITIVITY_FILE).is_file()})
 
 
 def _serving(model_dir: Path) -> dict | None:
@@ -137,7 +143,7 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     from pipeline.report.render import render_html
 
     results_dir, out_dir, models_dir = Path(results_dir), Path(out_dir), Path(models_dir)
-    models, ignored = inputs.result_folders(results_dir, ["base", *params.variants])
+    models, ignored = inputs.result_folders(results_dir, fixes.models(params))
     for folder, why in ignored.items():
         log.warning(f"report: ignoring {results_dir / folder}: {why}")
     evidence = read_evidence(results_dir, models_dir, params, models)

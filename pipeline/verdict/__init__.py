@@ -13,6 +13,7 @@ INCONCLUSIVE lives in this package; the report stage reads the files and renders
                  not configured
     recovery     variant / base as model cards state it, per suite and on average
     next_steps   why in a few words, and what to run to settle an open suite
+    fix          each W4A16 variant beside its fix (V-mixed: its most costly groups in 8 bits), or the offer of one
     figures      one number format per kind of figure, for the sentences and the page
     decision     one variant's decision from all of the above, and the CI gate (`failing`)
 """

@@ -17,6 +17,7 @@ and a variant of params.yaml with no results at all: not built (no checkpoint) o
 
 from __future__ import annotations
 
+from pipeline.settings import fixes
 from pipeline.settings.params import Params
 from pipeline.verdict.judge import UNRELIABLE
 
@@ -41,7 +42,7 @@ def _not_run(suite: str, variant: str, params: Params, results: dict) -> dict:
     for model in ("base", variant):
         if suite in results.get(model, {}):
             continue
-        if listed is not None and model not in listed:
+        if not fixes.runs_on(listed, model):  # a fix (V-mixed) runs what V runs
             return {"state": NOT_RUN, "key": f"suites.{suite}.models",
                     "why": f"suites.{suite}.models ({', '.join(listed) or 'none'}) leaves out {model}"}
         return {"state": NOT_RUN, "key": None,

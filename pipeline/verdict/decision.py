@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pipeline.settings.params import Params
 from pipeline.verdict.coverage import incomplete_why, suite_coverage, variants_without_results
 from pipeline.verdict.engines import engine_notes, unpaired_why
+from pipeline.verdict.fix import attach_fixes
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
 from pipeline.verdict.drift import kl_figures
 from pipeline.verdict.judge import judge_verdict, pairwise_figures, reference_figures
@@ -26,7 +27,7 @@ from pipeline.verdict.speed import capacity_line, speed_row, speed_verdict
 
 @dataclass
 class Evidence:
-    """What a verdict is decided from, per model (base and the variants of params.yaml), as read from
+    """What a verdict is decided from, per model (base, the variants of params.yaml and their fixes), as read from
     results/<model>/ and models/<model>/; a file that is absent is absent here."""
 
     results: dict[str, dict[str, dict[str, dict]]]  # {model: {suite: {item id: result line}}}
@@ -37,6 +38,7 @@ class Evidence:
     quant: dict[str, dict | None] = field(default_factory=dict)  # {variant: quant.json}
     serving: dict[str, dict | None] = field(default_factory=dict)  # {variant: where it is served}
     built: dict[str, bool] = field(default_factory=dict)  # {variant of params.yaml: its checkpoint is in models/}
+    sensitivity: dict[str, dict] = field(default_factory=dict)  # {W4A16 variant with a fix: its sensitivity.json}
 
 
 def summary_figures(name: str, summary: dict, lines: list[dict], params: Params) -> tuple[dict, tuple[str, ...]]:
@@ -114,6 +116,7 @@ def decide(evidence: Evidence, params: Params) -> dict:
     flagged = unsandboxed_results(results, evidence.summaries)
     variants = {variant: _decide_variant(variant, evidence, params, speeds, flagged)
                 for variant in results if variant != "base"}
+    attach_fixes(variants, evidence.quant, evidence.sensitivity, params)  # each W4A16 variant beside its fix
     base_suites = {s: suite_score(items) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
                    for s, items in results.get("base", {}).items()}
     return {

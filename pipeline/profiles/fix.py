@@ -1,0 +1,189 @@
+"""`quantize profile --fix VARIANT`: dvc.yaml edited in place so that `dvc repro` builds, measures and decides the fix
+of a W4A16 variant (VARIANT-mixed: pipeline/stages/fix.py), and the offer of that command wherever a verdict marks
+such a variant NO-GO without a fix (`quantize profile`, `quantize show-verdict`).
+
+The edit is a careful text edit, every comment and line kept: VARIANT joins the fix stage's one-line list
+(`foreach: [rtn-w4a16]`), VARIANT-mixed the kl and evaluate stages' lists and every other list that names every
+variant (the GPU profile's warm, judge and bench), and beside each run of deps that names a file of every variant
+(the report's quant.json and config.json, the GPU profile's kl.json of the served stages) VARIANT-mixed's file
+is added. The new text is parsed again and must equal the old document with exactly those additions, and
+params.yaml must accept it (pipeline/settings/checks.py), before it replaces dvc.yaml (one rename).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.settings import fixes
+
+FLOW = re.compile(r"^(?P<head>\s+foreach:\s*\[)(?P<items>[^\]\n#]*)(?P<tail>\]\s*(#.*)?)$")
+PER_MODEL_DEP = re.compile(r"^(?P<indent>\s+)- (?P<root>models|results)/(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)/"
+                           r"(?P<file>[^\s#:]+)(?P<rest>.*)$")
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip().strip("'\"") for item in text.split(",") if item.strip()]
+
+
+def _stage_lines(lines: dict[tuple, int], names: list[str], total: int) -> dict[str, tuple[int, int]]:
+    """Each stage's lines, 0-based [start, end), from where safe_yaml found its key."""
+    starts = sorted((lines[("stages", name)] - 1, name) for name in names if ("stages", name) in lines)
+    return {name: (start, starts[i + 1][0] if i + 1 < len(starts) else total) for i, (start, name) in enumerate(starts)}
+
+
+def _dep_runs(text_lines: list[str], start: int, end: int) -> dict[tuple[str, str], list[tuple[int, str]]]:
+    """{(root, file): [(line index, model name)]} of the per-model dep lines of one stage (models/<m>/quant.json)."""
+    runs: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for i in range(start, end):
+        found = PER_MODEL_DEP.match(text_lines[i].rstrip("\n"))
+        if found:
+            runs.setdefault((found["root"], found["file"]), []).append((i, found["name"]))
+    return runs
+
+
+def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[str, list[str], dict]:
+    """The edited text, the changes in words, and the document the edited text must parse to."""
+    from pipeline.settings.checks import _evaluates_every_suite, _runs
+
+    stages = data.get("stages") or {}
+    fixed = fixes.fix_name(variant)
+    fix_stages = [name for name, stage in stages.items() if _runs(stage, "fix")]
+    if not fix_stages:
+        raise UserError("dvc.yaml has no fix stage (`cmd: quantize fix ${item}`) to add the variant to; copy the fix "
+                        "stage of pipeline/profiles/cpu-demo/dvc-stages.yaml into it, or `quantize profile cpu-demo` "
+                        "(or gpu-h200) to start from a profile's dvc.yaml")
+    measured = [name for name, stage in stages.items() if _runs(stage, "kl") or _evaluates_every_suite(stage)]
+    evaluated = [m for name in measured if _evaluates_every_suite(stages[name]) for m in stages[name]["foreach"]]
+    every = set(evaluated) - {"base", fixed}  # the variants (and fixes) the run decides
+    grows = {name: fixed for name in measured}
+    for name, stage in stages.items():  # another per-model list covering every variant (the GPU's warm, judge, bench)
+        listed = stage.get("foreach")
+        if name not in grows and name not in fix_stages and isinstance(listed, list) and every and every <= set(listed):
+            grows[name] = fixed
+    grows.update({name: variant for name in fix_stages})
+    text_lines = text.splitlines(keepends=True)
+    expected, changes = copy.deepcopy(data), []
+    ranges = _stage_lines(lines, list(stages), len(text_lines))
+    inserts: dict[int, list[str]] = {}
+    for name, item in sorted(grows.items(), key=lambda pair: lines.get(("stages", pair[0]), 0)):  # file order
+        line = lines.get(("stages", name, "foreach"))
+        found = FLOW.match(text_lines[line - 1].rstrip("\n")) if line else None
+        if not found:
+            raise UserError(f"dvc.yaml:{line or '?'}: stages.{name}.foreach is not a one-line list such as [a, b]; "
+                            f"write it as one (its names in full), then run this again; nothing was changed")
+        if item in _items(found["items"]):
+            continue
+        listed = found["items"].rstrip()
+        newline = text_lines[line - 1][len(text_lines[line - 1].rstrip("\n")):]
+        text_lines[line - 1] = f"{found['head']}{listed}{', ' if listed.strip() else ''}{item}{found['tail']}{newline}"
+        expected["stages"][name]["foreach"] = [*stages[name]["foreach"], item]
+        changes.append(f"stages.{name}.foreach: + {item}")
+    for name, (start, end) in ranges.items():
+        added = []
+        for (root, file), run in _dep_runs(text_lines, start, end).items():
+            names = {model for _, model in run}
+            if fixed in names or not every or not every <= names:
+                continue
+            dep, last = f"{root}/{fixed}/{file}", run[-1]
+            inserts.setdefault(last[0], []).append(f"{PER_MODEL_DEP.match(text_lines[last[0]])['indent']}- {dep}\n")
+            deps = expected["stages"][name].get("do", expected["stages"][name])["deps"]
+            deps.insert(deps.index(f"{root}/{last[1]}/{file}") + 1, dep)
+            added.append(dep)
+        if added:
+            changes.append(f"stages.{name} deps: + {', '.join(added)}")
+    out = []
+    for i, line in enumerate(text_lines):
+        out.append(line if i not in inserts or line.endswith("\n") else line + "\n")
+        out += inserts.get(i, [])
+    return "".join(out), changes, expected
+
+
+def add_fix(root: Path, variant: str, params_file: Path | None = None) -> list[str]:
+    """Edits root/dvc.yaml to run the fix of `variant`; returns the changes in words ([] when it runs already)."""
+    import yaml
+
+    from pipeline import safe_yaml
+    from pipeline.settings import params as params_mod
+    from pipeline.settings.checks import check_against_dvc
+    from pipeline.stages.fix import variant_settings
+
+    params_path = params_file or root / "params.yaml"
+    params = params_mod.load(params_path)  # checks today's dvc.yaml too
+    variant_settings(params, variant)  # a W4A16 variant of params.yaml
+    raw, _ = safe_yaml.load(params_path, "a params.yaml")
+    if "fix" not in (raw or {}):
+        raise UserError(f"{params_path}: no `fix:` section, which the fix stage's params name (DVC reads it); add "
+                        "`fix: {max_bits: 4.5}` (the budget in mean bits per weight), then run this again; nothing "
+                        "was changed")
+    path = root / "dvc.yaml"
+    data, lines = safe_yaml.load(path, "a dvc.yaml")
+    text = path.read_text(encoding="utf-8")
+    new, changes, expected = plan(text, data, lines, variant)
+    if not changes:
+        return []
+    if yaml.safe_load(new) != expected:
+        raise UserError(f"{path}: the edit would change more than the fix's lists and deps (an unusual layout); add "
+                        f"{variant} to the fix stage's foreach and {fixes.fix_name(variant)} to the kl and evaluate "
+                        "stages' lists and the report's deps yourself; nothing was changed")
+    tmp = path.with_name(f".dvc.yaml.fix-{os.getpid()}.tmp")
+    try:
+        tmp.write_text(new, encoding="utf-8")
+        check_against_dvc(params, tmp)  # the lists agree with params.yaml, as every command will check
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return changes
+
+
+def told(variant: str, changes: list[str]) -> str:
+    """What `quantize profile --fix` says of one variant's edit."""
+    if not changes:
+        return f"fix {variant}: dvc.yaml builds and decides it already; nothing changed"
+    return (f"fix {variant}: dvc.yaml edited (comments kept): {'; '.join(changes)}\n  then: dvc repro (quantize fix "
+            f"{variant}, then kl, eval and the report for {fixes.fix_name(variant)})")
+
+
+def fix_items(root: Path) -> list[str] | None:
+    """The variants dvc.yaml's fix stages list; None when dvc.yaml does not read."""
+    from pipeline import safe_yaml
+    from pipeline.settings.checks import fix_items as listed
+
+    try:
+        data, _ = safe_yaml.load(root / "dvc.yaml", "a dvc.yaml")
+    except (UserError, OSError):
+        return None
+    stages = data.get("stages") if isinstance(data, dict) else None
+    return listed(stages) if isinstance(stages, dict) else None
+
+
+def offers(verdict: dict, items: list[str] | None) -> list[str]:
+    """For each variant the verdict marks NO-GO whose fix is offered (a W4A16 variant without one): the command
+    that adds its fix to dvc.yaml, or, when dvc.yaml has it already, `dvc repro`."""
+    found = []
+    for name, entry in (verdict.get("variants") or {}).items():
+        fix = entry.get("fix") if isinstance(entry, dict) else None
+        if not isinstance(fix, dict) or fix.get("state") != "not built":
+            continue
+        if items is not None and name in items:
+            found.append(f"{name} is NO-GO; dvc.yaml's fix stage lists it: `dvc repro` builds and decides "
+                         f"{fixes.fix_name(name)}")
+        else:
+            found.append(f"{name} is NO-GO and dvc.yaml has no fix stage for it: `quantize profile --fix {name}` adds "
+                         f"one (its most costly groups kept in 8 bits), then `dvc repro` builds and decides "
+                         f"{fixes.fix_name(name)}")
+    return found
+
+
+def offers_in(root: Path, verdict_path: Path | None = None) -> list[str]:
+    """`offers` for the project at root, from its reports/verdict.json (none when there is none or it does not read)."""
+    path = verdict_path or root / "reports" / "verdict.json"
+    try:
+        verdict = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return offers(verdict, fix_items(root)) if isinstance(verdict, dict) else []

@@ -1,0 +1,42 @@
+"""The fix loop's names, in one place. `quantize fix V` (pipeline/stages/fix.py) builds `V-mixed` for a W4A16
+variant V of params.yaml (method awq, gptq or rtn: the `mixed` method's bases, pipeline/methods/mixed.py): V's own
+settings with its most sensitive groups kept in 8 bits. V-mixed is no params.yaml variant, yet it is evaluated and
+decided like one: dvc.yaml's fix stage lists V (its foreach), the kl and evaluate stages list V-mixed (checked at
+load: pipeline/settings/checks.py), the report reads results/V-mixed, and V-mixed runs the suites V runs
+(`suites.<name>.models` naming V covers V-mixed too, unless it names V-mixed itself).
+"""
+
+from __future__ import annotations
+
+SUFFIX = "-mixed"
+
+
+def fix_methods() -> tuple[str, ...]:
+    """The methods a fix takes: the W4A16 methods the `mixed` method starts from."""
+    from pipeline import methods
+
+    return tuple(methods.method("mixed").BASES)
+
+
+def fix_name(variant: str) -> str:
+    """The variant `quantize fix` builds for `variant`: models/<variant>-mixed."""
+    return f"{variant}{SUFFIX}"
+
+
+def fixable(params) -> list[str]:
+    """The variants of params.yaml a fix takes (W4A16: awq, gptq, rtn), in its order."""
+    return [name for name, v in params.variants.items() if v.method in fix_methods()]
+
+
+def models(params) -> list[str]:
+    """Every model a run may hold results of: base, the variants of params.yaml, and each W4A16 variant's fix."""
+    fixes = [fix_name(v) for v in fixable(params) if fix_name(v) not in params.variants]
+    return ["base", *params.variants, *fixes]
+
+
+def runs_on(listed: list[str] | None, model: str) -> bool:
+    """Whether a suite whose `models` is `listed` (None: every model) runs on `model`: a fix (V-mixed) runs what V
+    runs unless it is named itself. By the name alone: the evaluate stage reads no `variants` key for it."""
+    if listed is None or model in listed:
+        return True
+    return model.endswith(SUFFIX) and model.removesuffix(SUFFIX) in listed

@@ -1,0 +1,108 @@
+"""`quantize fix VARIANT`: a NO-GO W4A16 variant's fix, built the way every variant is (the fix stage of dvc.yaml,
+one per W4A16 variant it lists).
+
+1. The ranking: `quantize sensitivity` (pipeline/stages/sensitivity.py) on models/VARIANT against the base, on the
+   held-out conversations `quantize kl` scores (params.yaml `kl`): results/VARIANT/sensitivity.json.
+2. The fix: models/VARIANT-mixed, built by the quantize stage (pipeline/stages/quantize.py: plan, calibrate, save,
+   verify, quant.json) with the `mixed` method (pipeline/methods/mixed.py), whose base method and W4A16 settings are
+   VARIANT's own (params.yaml `variants.VARIANT`: group size, symmetry, batch, AWQ's n_grid and search, GPTQ's
+   actorder ...), its most sensitive groups kept in W8A16 within params.yaml `fix.max_bits` bits per weight.
+
+VARIANT-mixed is then measured (`quantize kl`), evaluated (`quantize eval`) and decided like any variant; the
+verdict sets it beside VARIANT (pipeline/verdict/fix.py). Its name: pipeline/settings/fixes.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
+from pipeline.settings import fixes
+
+
+@dataclass
+class FixResult:
+    out: Path  # models/<variant>-mixed
+    ranking: Path  # results/<variant>/sensitivity.json
+    figures: dict  # variant, fix, the ranking's figures, the fix's quant.json figures, seconds
+
+    def summary(self) -> str:
+        f = self.figures
+        ratio = f" ({f['size_ratio']:.2f}x the size of {f['variant']})" if f.get("size_ratio") else ""
+        return (f"fix: wrote {self.ranking} and {self.out}: {f['groups_in_8_bits']} of {f['groups_total']} groups in "
+                f"8 bits, {f['bits_per_weight']:.2f} bits per weight{ratio}; first {f['first_group']} "
+                f"(restoring it removes {f['first_share']:.0%} of the KL) in {f['seconds']:.0f} s")
+
+
+def variant_settings(params, variant: str):
+    """The params.yaml section of the W4A16 variant to fix; any other is refused, naming the methods a fix takes."""
+    if variant not in params.variants:
+        fixable = fixes.fixable(params)
+        raise UserError(f"params.yaml: variants.{variant}: no such variant; a fix takes a W4A16 variant of "
+                        f"params.yaml (method {', '.join(fixes.fix_methods())}): {', '.join(fixable) or 'none defined'}")
+    settings = params.variants[variant]
+    if settings.method not in fixes.fix_methods():
+        fixable = fixes.fixable(params)
+        raise UserError(f"params.yaml: variants.{variant} is a {settings.method} variant; a fix keeps groups of a W4A16 "
+                        f"variant in 8 bits, so it takes method {', '.join(fixes.fix_methods())}: "
+                        f"{', '.join(fixable) or 'none in params.yaml'}")
+    return settings  # (a variant of params.yaml named like its fix: refused at load, when dvc.yaml's fix stage lists it)
+
+
+def paths(variant: str, models_dir: Path | str = "models", results_dir: Path | str = "results") -> dict[str, Path]:
+    """What the fix of `variant` reads and writes: the variant's checkpoint, its ranking, the fix's checkpoint."""
+    return {"variant": Path(models_dir) / variant, "ranking": Path(results_dir) / variant / SENSITIVITY_FILE,
+            "out": Path(models_dir) / fixes.fix_name(variant)}
+
+
+def check_inputs(variant: str, base_dir: Path | str, holdout: Path | str, models_dir: Path | str = "models") -> None:
+    """Before any work: both checkpoints whole, the held-out conversations there."""
+    from pipeline.checkpoints import headers
+
+    variant_dir = paths(variant, models_dir)["variant"]
+    if not variant_dir.is_dir():
+        raise UserError(f"{variant_dir}: not built; run `quantize variant {variant}` (or `dvc repro`) first")
+    for model_dir in (variant_dir, Path(base_dir)):
+        headers.check(model_dir)
+    if not Path(holdout).is_file():
+        raise UserError(f"{holdout}: no held-out conversations to rank the groups on; run `quantize calib` first")
+
+
+def run(variant: str, params, *, calib: Path | str, base_dir: Path | str | None = None,
+        holdout: Path | str | None = None, models_dir: Path | str = "models",
+        results_dir: Path | str = "results") -> FixResult:
+    """Rank models/<variant>'s groups, then build models/<variant>-mixed. params: the whole params.yaml (the
+    variant's section, `fix`, `kl`, `engine`); calib: the calibration blocks (calib.jsonl); base_dir and holdout
+    default to params.yaml's model.base_dir and calib.out/holdout.jsonl."""
+    from pipeline import methods
+    from pipeline.formats.quant_json import read_quant_json
+    from pipeline.outputs import Stopwatch
+    from pipeline.stages import quantize, sensitivity
+
+    settings = variant_settings(params, variant)
+    where = paths(variant, models_dir, results_dir)
+    base_dir = Path(base_dir or params.model.base_dir)
+    holdout = Path(holdout or params.calib.out / "holdout.jsonl")
+    watch = Stopwatch()
+    print(f"fix {variant}, 1 of 2: ranking its quantized groups by the KL each one costs (quantize sensitivity)",
+          flush=True)
+    mixed = methods.method("mixed")  # the fix's method, as the registry names it
+    ranked = sensitivity.run(base_dir, where["variant"], holdout, where["ranking"], params.kl, params.engine)
+    print(ranked.summary(), flush=True)
+    print(f"fix {variant}, 2 of 2: {where['out']}: {settings.method} as {variant} was built, the first groups in 8 bits "
+          f"within {params.fix.max_bits:g} bits per weight (quantize mixed)", flush=True)
+    built = quantize.run(base_dir, where["out"], Path(calib),
+                         mixed.for_variant(settings, params.fix.max_bits, where["ranking"]),
+                         method_options={"base_settings": settings})
+    info, before = built.info, read_quant_json(where["variant"]) or {}
+    first = ranked.figures["groups"][0]
+    figures = {"variant": variant, "fix": where["out"].name, "max_bits": params.fix.max_bits,
+               "groups_in_8_bits": info["groups_in_8_bits"], "groups_total": info["groups_total"],
+               "bits_per_weight": info["bits_per_weight"], "size_bytes": info["size_bytes"],
+               "size_ratio": info["size_bytes"] / before["size_bytes"] if before.get("size_bytes") else None,
+               "first_group": first["name"], "first_share": first["share_removed"],
+               "sensitivity_seconds": ranked.figures["seconds"], "quantize_seconds": info["seconds"]["total"],
+               "seconds": watch.seconds}
+    return FixResult(where["out"], where["ranking"], figures)

@@ -1,0 +1,240 @@
+"""A NO-GO comes with its fix (issue 45 item 3): `quantize fix V` ranks a W4A16 variant's groups and builds V-mixed
+on V's own settings (pipeline/stages/fix.py), dvc.yaml runs it (`quantize profile --fix V` adds it, comments kept),
+and the verdict and the report set the fix beside V (pipeline/verdict/fix.py)."""
+
+import json
+import shutil
+from html import unescape
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import TINY_PARAMS, copy_repo, write_params
+from pipeline.cli.app import app
+from pipeline.errors import UserError
+from pipeline.settings.params import Params
+
+EVERY_MODEL = {**TINY_PARAMS, "suites": {name: {**suite, "models": None} for name, suite in TINY_PARAMS["suites"].items()}}
+
+
+def snapshot(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, tiny_llama, tiny_calib):
+    """A project folder as `dvc repro` leaves it before the fix stage: the base, an RTN variant, the calib build."""
+    from pipeline.stages.quantize import run as quantize_run
+
+    root = tmp_path_factory.mktemp("fix-project")
+    shutil.copytree(tiny_llama, root / "models" / "base")
+    shutil.copytree(tiny_calib, root / "calib_data" / "build")
+    quantize_run(root / "models" / "base", root / "models" / "rtn-w4a16", tiny_calib / "calib.jsonl", "rtn",
+                 group_size=32)
+    write_params(root, {**TINY_PARAMS, "fix": {"max_bits": 4.5}})
+    return root
+
+
+def test_the_fix_stage_ranks_the_variant_and_builds_its_mixed_variant_on_its_own_settings(project, monkeypatch):
+    from pipeline.formats.sensitivity import read_sensitivity
+
+    monkeypatch.chdir(project)
+    done = CliRunner().invoke(app, ["fix", "rtn-w4a16"])
+    assert done.exit_code == 0, done.output
+    summary = done.output.strip().splitlines()[-1]
+    assert summary.startswith("fix: wrote results/rtn-w4a16/sensitivity.json and models/rtn-w4a16-mixed: ")
+    assert "groups in 8 bits" in summary and "x the size of rtn-w4a16" in summary
+    ranking = read_sensitivity(project / "results" / "rtn-w4a16" / "sensitivity.json")
+    assert ranking["variant"] == "models/rtn-w4a16" and ranking["sequences"] == 4  # params kl: the KL the verdict reads
+    info = json.loads((project / "models" / "rtn-w4a16-mixed" / "quant.json").read_text())
+    assert info["method"] == "mixed" and info["base_method"] == "rtn" and info["max_bits"] == 4.5
+    assert info["group_size"] == 32 and info["symmetric"] is False  # the variant's own, not the defaults
+    assert info["groups_total"] == len(ranking["groups"]) and 0 < info["groups_in_8_bits"] < info["groups_total"]
+    assert [g["name"] for g in info["groups"]] == [g["name"] for g in ranking["groups"]]
+    assert info["sensitivity"] == "results/rtn-w4a16/sensitivity.json" and info["verify"]["reloads"] is True
+    assert 4 < info["bits_per_weight"] <= 4.5
+    quant = json.loads((project / "models" / "rtn-w4a16-mixed" / "config.json").read_text())["quantization_config"]
+    bits = {g["weights"]["num_bits"]: g["targets"] for g in quant["config_groups"].values()}
+    assert bits[4] == ["Linear"] and len(bits[8]) == info["groups_in_8_bits"]  # one checkpoint, a group per scheme
+
+
+def test_a_variant_that_is_not_w4a16_is_refused_with_exit_2_and_nothing_written(project, monkeypatch):
+    monkeypatch.chdir(project)
+    before = snapshot(project)
+    for name, expected in (("fp8-w8a8", "variants.fp8-w8a8 is a fp8 variant; a fix keeps groups of a W4A16 variant "
+                                        "in 8 bits, so it takes method awq, gptq, rtn: awq-w4a16, rtn-w4a16"),
+                           ("awq-w4a17", "variants.awq-w4a17: no such variant; a fix takes a W4A16 variant")):
+        refused = CliRunner().invoke(app, ["fix", name])
+        assert refused.exit_code == 2 and expected in refused.output and "Traceback" not in refused.output, refused.output
+    refused = CliRunner().invoke(app, ["fix", "awq-w4a16"])  # a W4A16 variant not built yet
+    assert refused.exit_code == 2 and "models/awq-w4a16: not built; run `quantize variant awq-w4a16`" in refused.output
+    assert snapshot(project) == before
+
+
+def test_the_mixed_recipe_takes_the_base_methods_own_settings(tmp_path, tiny_llama):
+    """AWQ's n_grid and search come from the variant being fixed, not from AWQ's defaults; settings that disagree
+    with the mixed section are refused; a `method: mixed` variant still builds the base's section itself."""
+    from pipeline.checkpoints import fused
+    from pipeline.checkpoints.loading import meta_model
+    from pipeline.formats.sensitivity import write_sensitivity
+    from pipeline.methods import awq, mixed
+    from pipeline.stages.quantize import read_target
+
+    linears = [name for name, module in meta_model(tiny_llama).named_modules()
+               if type(module).__name__ == "Linear" and ".layers." in name]
+    groups = [{"name": g.name, "layer": g.layer, "kind": g.kind, "modules": g.modules, "weights": 1000,
+               "kl_restored": 0.1, "kl_removed": 0.5 - 0.01 * i, "share_removed": 0.5 - 0.01 * i}
+              for i, g in enumerate(fused.groups(linears))]
+    ranking = write_sensitivity(tmp_path / "sensitivity.json", {
+        "base": "b", "variant": "v", "holdout": "h", "sequences": 1, "tokens": 2, "kl_mean": 1.0, "groups": groups,
+        "device": "cpu", "dtype": "float32", "seconds": 1.0})
+    variant = awq.Params(method="awq", group_size=32, batch_size=8, n_grid=4, search="forward")
+    section = mixed.for_variant(variant, 4.5, ranking)
+    target = read_target(tiny_llama)
+    details = mixed.recipe(section, target, base_settings=variant).details
+    assert (details["n_grid"], details["search"], details["group_size"], details["base_method"]) == (4, "forward", 32, "awq")
+    assert details["groups_in_8_bits"] == 1 and details["groups_total"] == len(groups) == 8
+    assert mixed.recipe(section, target).details["n_grid"] == 20  # a params.yaml `method: mixed` variant: AWQ's default
+    with pytest.raises(UserError, match="differ from the mixed section's on group_size"):
+        mixed.recipe(section.model_copy(update={"group_size": 16}), target, base_settings=variant)
+
+
+def test_params_checks_the_fix_stage_against_params_yaml(tmp_path):
+    """Each variant the fix stage lists is a W4A16 variant of params.yaml, and its fix is in kl's and evaluate's
+    lists; a fix runs the suites its variant runs."""
+    from conftest import REPO
+    from pipeline.settings import fixes, params
+
+    shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
+    p = params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25}}))
+    assert p.fix.max_bits == 4.25 and fixes.models(p)[-2:] == ["awq-w4a16-mixed", "rtn-w4a16-mixed"]
+    assert not fixes.runs_on(p.suites["math"].models, "rtn-w4a16-mixed")  # math runs on base and AWQ only
+    assert fixes.runs_on(p.suites["math"].models, "awq-w4a16-mixed")
+    text = (REPO / "dvc.yaml").read_text()
+    for edited, message in (
+            (text.replace("foreach: [rtn-w4a16]", "foreach: [fp8-w8a8]"),
+             r"stages.fix.foreach lists 'fp8-w8a8', a fp8 variant; a fix takes a W4A16 variant \(method awq, gptq, rtn\)"),
+            (text.replace("fp8-w8a8, rtn-w4a16, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
+                          "fp8-w8a8, rtn-w4a16]\n    do:\n      cmd: quantize kl"),
+             "stages.kl.foreach does not list rtn-w4a16-mixed, which the fix stage builds")):
+        assert edited != text
+        (tmp_path / "dvc.yaml").write_text(edited)
+        with pytest.raises(UserError, match=message):
+            params.load(tmp_path / "params.yaml")
+    with pytest.raises(UserError, match="fix.max_bits"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 9}}))
+
+
+def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(tmp_path, monkeypatch):
+    from pipeline import profiles
+    from pipeline.settings import params
+
+    repo = copy_repo(tmp_path / "repo")
+    monkeypatch.chdir(repo)
+    before = (repo / "dvc.yaml").read_text()
+    runner = CliRunner()
+    done = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
+    assert done.exit_code == 0, done.output
+    assert "stages.fix.foreach: + awq-w4a16; stages.kl.foreach: + awq-w4a16-mixed" in done.output
+    assert "stages.report deps: + models/awq-w4a16-mixed/quant.json, models/awq-w4a16-mixed/config.json" in done.output
+    after = (repo / "dvc.yaml").read_text()
+    comments = lambda text: [line.strip() for line in text.splitlines() if line.strip().startswith("#")]  # noqa: E731
+    assert comments(after) == comments(before) and len(after.splitlines()) == len(before.splitlines()) + 2
+    stages = yaml.safe_load(after)["stages"]
+    assert stages["fix"]["foreach"] == ["rtn-w4a16", "awq-w4a16"]
+    assert stages["kl"]["foreach"][-1] == stages["evaluate"]["foreach"][-1] == "awq-w4a16-mixed"
+    assert stages["judge"]["foreach"] == ["awq-w4a16", "fp8-w8a8"]  # the demo's judge covers two variants only
+    assert {"models/awq-w4a16-mixed/quant.json", "models/awq-w4a16-mixed/config.json"} <= set(stages["report"]["deps"])
+    params.load(repo / "params.yaml")  # the lists agree with params.yaml
+    assert profiles.current(repo) is None  # local edits now: `quantize profile` says so
+    again = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
+    assert again.exit_code == 0 and "nothing changed" in again.output and (repo / "dvc.yaml").read_text() == after
+    for name, expected in (("fp8-w8a8", "is a fp8 variant"), ("nope", "variants.nope: no such variant")):
+        refused = runner.invoke(app, ["profile", "--fix", name])
+        assert refused.exit_code == 2 and expected in refused.output, refused.output
+    assert (repo / "dvc.yaml").read_text() == after and not list(repo.glob(".dvc.yaml.*"))
+
+
+def write_fix_evidence(tmp_path, variant_scores, fixed_scores, fixed=True):
+    """results/ and models/ of base, rtn-w4a16 and (fixed) its fix rtn-w4a16-mixed: math lines, quant.json of both
+    (1.10x the size, 2 of 14 groups in 8 bits), the ranking the fix was built from."""
+    from pipeline.formats.sensitivity import write_sensitivity
+    from test_report import write_results
+
+    results, models = tmp_path / "results", tmp_path / "models"
+    write_results(results, "base", [1] * 120 + [0] * 80)
+    write_results(results, "rtn-w4a16", variant_scores)
+    groups = [{"name": f"model.layers.{i // 2}.{'mlp.down_proj' if i % 2 else 'self_attn.qkv_proj'}", "layer": i // 2,
+               "kind": "down_proj" if i % 2 else "qkv_proj", "modules": [f"m{i}"], "weights": 1000,
+               "kl_restored": 0.1 + 0.01 * i, "kl_removed": 0.5 - 0.03 * i, "share_removed": (0.5 - 0.03 * i) / 0.6}
+              for i in range(14)]
+    write_sensitivity(results / "rtn-w4a16" / "sensitivity.json",
+                      {"base": "models/base", "variant": "models/rtn-w4a16", "holdout": "h", "sequences": 4,
+                       "tokens": 256, "kl_mean": 0.6, "groups": groups, "device": "cpu", "dtype": "float32",
+                       "seconds": 3.0})
+    quant = {"scheme": "W4A16 asymmetric, group 32, round-to-nearest", "size_bytes": 1000, "quantized_modules": 14,
+             "calibration": {"blocks": 8, "seq_len": 64, "sha256": "ab"}, "seconds": {"total": 5.0}, "device": "cpu",
+             "method": "rtn", "ignored": {"lm_head": "kept"}, "peak_rss_bytes": 1,
+             "verify": {"reloads": True, "sample": "x", "vision": {"vision_tensors": 0, "mismatched": []}}}
+    for name, info in (("rtn-w4a16", quant), ("rtn-w4a16-mixed", {
+            **quant, "method": "mixed", "base_method": "rtn", "size_bytes": 1100, "max_bits": 4.5,
+            "bits_per_weight": 4.4, "groups_in_8_bits": 2, "groups_total": 14,
+            "groups": [{"name": g["name"], "layer": g["layer"], "weights": 1000,
+                        "scheme": "W8A16" if i < 2 else "W4A16", "why": "rank"} for i, g in enumerate(groups)]})):
+        (models / name).mkdir(parents=True, exist_ok=True)
+        (models / name / "quant.json").write_text(json.dumps(info))
+    if fixed:
+        write_results(results, "rtn-w4a16-mixed", fixed_scores)
+    return results, models
+
+
+@pytest.mark.parametrize("fixed_scores, line", [
+    ([1] * 120 + [0] * 80, "NO-GO; keeping 2 of 14 groups in 8 bits (4.40 bits per weight, 1.10x the size) gives GO"),
+    ([0] * 200, "NO-GO; keeping 2 of 14 groups in 8 bits (4.40 bits per weight, 1.10x the size) still NO-GO on math")])
+def test_the_verdict_sets_the_fix_beside_the_no_go_and_the_report_shows_it(tmp_path, monkeypatch, fixed_scores, line):
+    from pipeline.stages import report
+
+    results, models = write_fix_evidence(tmp_path, [0] * 200, fixed_scores)
+    out = report.run(results, tmp_path / "reports", Params.model_validate(EVERY_MODEL), models_dir=models)
+    verdict = json.loads(out.verdict_json.read_text())
+    fix = verdict["variants"]["rtn-w4a16"]["fix"]
+    assert verdict["variants"]["rtn-w4a16"]["decision"] == "NO-GO" and fix["line"] == line
+    assert verdict["variants"]["rtn-w4a16-mixed"]["fix_of"] == "rtn-w4a16"  # decided like any variant
+    assert fix["variant"] == "rtn-w4a16-mixed" and fix["size_ratio"] == pytest.approx(1.1)
+    assert fix["still_nogo_on"] == ([] if fix["decision"] == "GO" else ["math"])
+    assert [g["name"] for g in fix["kept"]] == ["model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.down_proj"]
+    assert fix["kept"][0]["share_removed"] == pytest.approx(0.5 / 0.6)
+    assert len(fix["ranking"]) == 12 and [g["kept"] for g in fix["ranking"]][:3] == [True, True, False]
+    html = unescape(out.html.read_text())
+    assert html.count(line) >= 3  # the phone's brief list, the first screen's card, the variant's section
+    assert 'id="fix-screen-rtn-w4a16"' in html and 'id="fix-detail-rtn-w4a16"' in html
+    assert 'id="fix-chart-rtn-w4a16"' in html and 'id="fix-chart-detail-rtn-w4a16"' in html
+    assert html.count('class="kept"') == 2 * 3  # two kept bars and the legend's swatch, in each chart
+    assert ">0.attn.qkv_proj</text>" in html and "Kept in 8 bits: " in html
+    write_params(tmp_path, EVERY_MODEL)
+    monkeypatch.chdir(tmp_path)
+    shown = CliRunner().invoke(app, ["show-verdict"])
+    assert shown.exit_code == 0 and f"  fix rtn-w4a16-mixed: {line}; kept in 8 bits: model.layers.0" in shown.output
+
+
+def test_a_go_variants_fix_is_not_needed_and_a_no_go_without_one_is_offered_it(tmp_path, monkeypatch):
+    from pipeline.stages import report
+
+    results, models = write_fix_evidence(tmp_path, [1] * 120 + [0] * 80, [1] * 120 + [0] * 80)
+    params = Params.model_validate(EVERY_MODEL)
+    verdict = report.run(results, tmp_path / "reports", params, models_dir=models).verdict
+    assert verdict["variants"]["rtn-w4a16"]["fix"]["line"] == (
+        "GO as it is: the fix is not needed (rtn-w4a16-mixed: keeping 2 of 14 groups in 8 bits (4.40 bits per weight, "
+        "1.10x the size), GO)")
+    shutil.rmtree(tmp_path / "results")
+    results, models = write_fix_evidence(tmp_path, [0] * 200, None, fixed=False)
+    out = report.run(results, tmp_path / "reports", params, models_dir=models)
+    offer = out.verdict["variants"]["rtn-w4a16"]["fix"]
+    assert offer["state"] == "not built" and offer["commands"] == ["quantize profile --fix rtn-w4a16", "dvc repro"]
+    assert "quantize profile --fix rtn-w4a16" in unescape(out.html.read_text())
+    write_params(tmp_path, EVERY_MODEL)
+    monkeypatch.chdir(tmp_path)
+    said = ("rtn-w4a16 is NO-GO and dvc.yaml has no fix stage for it: `quantize profile --fix rtn-w4a16` adds one")
+    assert said in CliRunner().invoke(app, ["show-verdict"]).output
+    assert said in CliRunner().invoke(app, ["profile"]).output
