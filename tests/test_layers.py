@@ -80,7 +80,7 @@ def test_every_folder_is_a_layer_and_few_modules_stay_at_the_top():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 8, top
     stages = {p.stem for p in (PACKAGE / "stages").glob("*.py")} - {"__init__"}
-    assert stages == {"calib", "resave", "quantize", "evaluate", "kl", "sensitivity", "judge", "bench", "report"}
+    assert stages == {"calib", "resave", "quantize", "evaluate", "kl", "sensitivity", "fix", "judge", "bench", "report"}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -142,7 +142,8 @@ def test_no_layer_imports_one_above_it():
 
 def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
     """Every decision rule lives in pipeline/verdict/, which opens no file (the report hands it the evidence) and
-    imports only the settings (params, and the method registry: which methods a method is compared with);
+    imports only the settings (params, the method registry: which methods a method is compared with, and the fixes'
+    names: which variant fixes which);
     the report stage takes the decision from pipeline.verdict.decision, its words for the reviewer from headline
     (what to ship, each variant's label) and coverage (each suite's state), its number formats from figures, and
     computes no statistic itself."""
@@ -154,7 +155,8 @@ def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
                            "pipeline.verdict.coverage"}
     outside = {f"{name} imports {target}" for name, targets in edges.items() if name.startswith("pipeline.verdict")
                for target in targets if not target.startswith("pipeline.verdict")
-               and target not in ("pipeline", "pipeline.settings.params", "pipeline.methods")}  # settings: the method registry
+               and target not in ("pipeline", "pipeline.settings", "pipeline.settings.params", "pipeline.methods",
+                                  "pipeline.settings.fixes")}  # settings: the method registry, the fixes' names
     assert outside == set()
     assert not (PACKAGE / "verdict.py").exists() and not list(PACKAGE.glob("verdict_*.py"))
 

@@ -309,10 +309,13 @@ def fix(
     8 bits within params fix.max_bits; evaluated and decided like any variant (dvc.yaml's fix stage)."""
     from pipeline.cli.quantize import _calibration_blocks, _calibration_file
     from pipeline.quantize import require_llmcompressor
+    from pipeline.settings import fixes
     from pipeline.stages import fix as fix_stage
+    from pipeline.stages import quantize as quantize_stage
+    from pipeline.stages import sensitivity as sensitivity_stage
 
     p = load_params(params_file)
-    fix_stage.variant_settings(p, variant)  # a W4A16 variant of params.yaml, else refused before any work
+    fixes.variant_settings(p, variant)  # a W4A16 variant of params.yaml, else refused before any work
     where = fix_stage.paths(variant)
     base, holdout = p.model.base_dir, p.calib.out / "holdout.jsonl"
     inputs = {"base_checkpoint": base, "variant_checkpoint": where["variant"], "held_out_prompts": holdout}
@@ -322,7 +325,8 @@ def fix(
     require_llmcompressor()
     make_room_on_gpu("fix", [base, where["variant"]], factor=2.5)
     with _calibration_blocks(p, None, base) as blocks, working():
-        result = fix_stage.run(variant, p, calib=blocks, base_dir=base, holdout=holdout)
+        result = fix_stage.run(variant, p, calib=blocks, rank=sensitivity_stage.run, build=quantize_stage.run,
+                               base_dir=base, holdout=holdout)
     console.summary(result.summary())
 
 

@@ -110,11 +110,10 @@ def add_fix(root: Path, variant: str, params_file: Path | None = None) -> list[s
     from pipeline import safe_yaml
     from pipeline.settings import params as params_mod
     from pipeline.settings.checks import check_against_dvc
-    from pipeline.stages.fix import variant_settings
 
     params_path = params_file or root / "params.yaml"
     params = params_mod.load(params_path)  # checks today's dvc.yaml too
-    variant_settings(params, variant)  # a W4A16 variant of params.yaml
+    fixes.variant_settings(params, variant)  # a W4A16 variant of params.yaml
     raw, _ = safe_yaml.load(params_path, "a params.yaml")
     if "fix" not in (raw or {}):
         raise UserError(f"{params_path}: no `fix:` section, which the fix stage's params name (DVC reads it); add "

@@ -8,6 +8,8 @@ load: pipeline/settings/checks.py), the report reads results/V-mixed, and V-mixe
 
 from __future__ import annotations
 
+from pipeline.errors import UserError
+
 SUFFIX = "-mixed"
 
 
@@ -40,3 +42,18 @@ def runs_on(listed: list[str] | None, model: str) -> bool:
     if listed is None or model in listed:
         return True
     return model.endswith(SUFFIX) and model.removesuffix(SUFFIX) in listed
+
+
+def variant_settings(params, variant: str):
+    """The params.yaml section of the W4A16 variant to fix; any other is refused, naming the methods a fix takes."""
+    if variant not in params.variants:
+        names = fixable(params)
+        raise UserError(f"params.yaml: variants.{variant}: no such variant; a fix takes a W4A16 variant of "
+                        f"params.yaml (method {', '.join(fix_methods())}): {', '.join(names) or 'none defined'}")
+    settings = params.variants[variant]
+    if settings.method not in fix_methods():
+        names = fixable(params)
+        raise UserError(f"params.yaml: variants.{variant} is a {settings.method} variant; a fix keeps groups of a W4A16 "
+                        f"variant in 8 bits, so it takes method {', '.join(fix_methods())}: "
+                        f"{', '.join(names) or 'none in params.yaml'}")
+    return settings  # (a variant of params.yaml named like its fix: refused at load, when dvc.yaml's fix stage lists it)

@@ -36,21 +36,6 @@ class FixResult:
                 f"(restoring it removes {f['first_share']:.0%} of the KL) in {f['seconds']:.0f} s")
 
 
-def variant_settings(params, variant: str):
-    """The params.yaml section of the W4A16 variant to fix; any other is refused, naming the methods a fix takes."""
-    if variant not in params.variants:
-        fixable = fixes.fixable(params)
-        raise UserError(f"params.yaml: variants.{variant}: no such variant; a fix takes a W4A16 variant of "
-                        f"params.yaml (method {', '.join(fixes.fix_methods())}): {', '.join(fixable) or 'none defined'}")
-    settings = params.variants[variant]
-    if settings.method not in fixes.fix_methods():
-        fixable = fixes.fixable(params)
-        raise UserError(f"params.yaml: variants.{variant} is a {settings.method} variant; a fix keeps groups of a W4A16 "
-                        f"variant in 8 bits, so it takes method {', '.join(fixes.fix_methods())}: "
-                        f"{', '.join(fixable) or 'none in params.yaml'}")
-    return settings  # (a variant of params.yaml named like its fix: refused at load, when dvc.yaml's fix stage lists it)
-
-
 def paths(variant: str, models_dir: Path | str = "models", results_dir: Path | str = "results") -> dict[str, Path]:
     """What the fix of `variant` reads and writes: the variant's checkpoint, its ranking, the fix's checkpoint."""
     return {"variant": Path(models_dir) / variant, "ranking": Path(results_dir) / variant / SENSITIVITY_FILE,
@@ -70,18 +55,19 @@ def check_inputs(variant: str, base_dir: Path | str, holdout: Path | str, models
         raise UserError(f"{holdout}: no held-out conversations to rank the groups on; run `quantize calib` first")
 
 
-def run(variant: str, params, *, calib: Path | str, base_dir: Path | str | None = None,
+def run(variant: str, params, *, calib: Path | str, rank, build, base_dir: Path | str | None = None,
         holdout: Path | str | None = None, models_dir: Path | str = "models",
         results_dir: Path | str = "results") -> FixResult:
     """Rank models/<variant>'s groups, then build models/<variant>-mixed. params: the whole params.yaml (the
-    variant's section, `fix`, `kl`, `engine`); calib: the calibration blocks (calib.jsonl); base_dir and holdout
-    default to params.yaml's model.base_dir and calib.out/holdout.jsonl."""
+    variant's section, `fix`, `kl`, `engine`); calib: the calibration blocks (calib.jsonl); rank and build: the
+    sensitivity stage's and the quantize stage's `run`, handed in by the command that composes them (a stage
+    imports no other stage: `quantize fix` in pipeline/cli/app.py); base_dir and holdout default to params.yaml's
+    model.base_dir and calib.out/holdout.jsonl."""
     from pipeline import methods
     from pipeline.formats.quant_json import read_quant_json
     from pipeline.outputs import Stopwatch
-    from pipeline.stages import quantize, sensitivity
 
-    settings = variant_settings(params, variant)
+    settings = fixes.variant_settings(params, variant)
     where = paths(variant, models_dir, results_dir)
     base_dir = Path(base_dir or params.model.base_dir)
     holdout = Path(holdout or params.calib.out / "holdout.jsonl")
@@ -89,11 +75,11 @@ def run(variant: str, params, *, calib: Path | str, base_dir: Path | str | None 
     print(f"fix {variant}, 1 of 2: ranking its quantized groups by the KL each one costs (quantize sensitivity)",
           flush=True)
     mixed = methods.method("mixed")  # the fix's method, as the registry names it
-    ranked = sensitivity.run(base_dir, where["variant"], holdout, where["ranking"], params.kl, params.engine)
+    ranked = rank(base_dir, where["variant"], holdout, where["ranking"], params.kl, params.engine)
     print(ranked.summary(), flush=True)
     print(f"fix {variant}, 2 of 2: {where['out']}: {settings.method} as {variant} was built, the first groups in 8 bits "
           f"within {params.fix.max_bits:g} bits per weight (quantize mixed)", flush=True)
-    built = quantize.run(base_dir, where["out"], Path(calib),
+    built = build(base_dir, where["out"], Path(calib),
                          mixed.for_variant(settings, params.fix.max_bits, where["ranking"]),
                          method_options={"base_settings": settings})
     info, before = built.info, read_quant_json(where["variant"]) or {}
