@@ -26,7 +26,7 @@ STORED = {"params.yaml": "params.yaml", "dvc.yaml": "dvc-stages.yaml"}
 def stored(name: str, file: str) -> Path:
     return PROFILES / name / STORED[file]
 SUMMARIES = {
-    "cpu-demo": "the CPU demo: SmolLM2-135M, hf engine, small suites, 15 minutes on 2 cores",
+    "cpu-demo": "the CPU demo: SmolLM2-135M, hf engine, small suites, one fix stage (rtn-w4a16), ~13 minutes on 2 cores",
     "gpu-h200": "a GLM-4-9B-class model on one H200: vLLM (one server per model per run), every suite at full "
                 "size, long context to 128k, quantize bench in the DAG, the judge through vLLM",
 }
