@@ -59,15 +59,21 @@ def test_local_edits_are_not_overwritten_without_force(tmp_path, monkeypatch):
 
 
 def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every_model(tmp_path):
-    """DVC's plan (dvc repro --dry --force): every stage that loads a model on the GPU in-process (quantize, fix,
-    kl) comes before any stage served by vLLM (whose servers the run keeps, holding the GPU's memory); every
-    suite runs on every model, each W4A16 variant's fix included; the judge covers every variant; bench is a
-    stage; the report comes last."""
+    """DVC's plan (dvc repro --dry --force) once `quantize profile --fix` has added both W4A16 variants' fixes: every
+    stage that loads a model on the GPU in-process (quantize, fix, kl) comes before any stage served by vLLM (whose
+    servers the run keeps, holding the GPU's memory); every suite runs on every model, each fix included; the judge
+    covers every variant; bench is a stage; the report comes last."""
     repo = copy_repo(tmp_path / "repo")
     for name in profiles.FILES:
         (repo / name).write_bytes(profiles.stored("gpu-h200", name).read_bytes())
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    fixed = ["awq-w4a16", "rtn-w4a16"]  # the profile lists no fix: a verdict's offer adds them, as a user would
+    assert yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]["fix"]["foreach"] == []
+    for variant in fixed:
+        added = subprocess.run([sys.executable, "-m", "pipeline.cli.launcher", "profile", "--fix", variant], cwd=repo,
+                               env=env, capture_output=True, text=True)
+        assert added.returncode == 0 and f"stages.fix.foreach: + {variant}" in added.stdout, added.stdout + added.stderr
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
     out = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=repo, env=env, capture_output=True, text=True)
@@ -75,7 +81,6 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     planned = [l.removeprefix("Running stage '").removesuffix("':") for l in out.stdout.splitlines()
                if l.startswith("Running stage")]
     gpu = yaml.safe_load(profiles.stored("gpu-h200", "params.yaml").read_text())
-    fixed = ["awq-w4a16", "rtn-w4a16"]  # every W4A16 variant has its fix, measured, served and decided like a variant
     models = ["base", *gpu["variants"], *(f"{v}-mixed" for v in fixed)]
     in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "fix@", "kl@"))]
     served = [i for i, s in enumerate(planned) if s.startswith(("evaluate@", "judge@", "bench@"))]
@@ -100,7 +105,9 @@ def test_gpu_stages_depend_on_at_least_what_the_demos_do():
     gpu = yaml.safe_load(profiles.stored("gpu-h200", "dvc.yaml").read_text())["stages"]
     body = lambda stage: stage.get("do", stage)  # noqa: E731
     pairs = [(n, n) for n in demo if n in gpu]
-    for gpu_name, demo_name in pairs:
+    fixes = tuple(f"{v}-mixed/" for v in demo["fix"]["foreach"] if v not in gpu["fix"]["foreach"])
+    for gpu_name, demo_name in pairs:  # the demo's own fixes aside (the GPU profile adds its with profile --fix)
         g, d = body(gpu[gpu_name]), body(demo[demo_name])
-        assert set(map(str, d.get("deps", []))) <= set(map(str, g.get("deps", []))), (gpu_name, demo_name)
+        wanted = {p for p in map(str, d.get("deps", [])) if not any(f in p for f in fixes)}
+        assert wanted <= set(map(str, g.get("deps", []))), (gpu_name, demo_name)
         assert [str(p) for p in d.get("params", [])] == [str(p) for p in g.get("params", [])] or gpu_name == "judge"
