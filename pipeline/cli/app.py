@@ -299,39 +299,6 @@ def sensitivity(
 
 @app.command()
 @stage
-def fix(
-    variant: str = typer.Argument(..., help="A W4A16 variant of params.yaml (method awq, gptq or rtn), built in "
-                                            "models/<variant>"),
-    params_file: Path = PARAMS_OPTION,
-):
-    """A NO-GO's fix: rank the variant's groups (`quantize sensitivity`: results/<variant>/sensitivity.json), then
-    build models/<variant>-mixed with the `mixed` method on the variant's own settings, its most costly groups in
-    8 bits within params fix.max_bits; evaluated and decided like any variant (dvc.yaml's fix stage)."""
-    from pipeline.cli.quantize import _calibration_blocks, _calibration_file
-    from pipeline.quantize import require_llmcompressor
-    from pipeline.settings import fixes
-    from pipeline.stages import fix as fix_stage
-    from pipeline.stages import quantize as quantize_stage
-    from pipeline.stages import sensitivity as sensitivity_stage
-
-    p = load_params(params_file)
-    fixes.variant_settings(p, variant)  # a W4A16 variant of params.yaml, else refused before any work
-    where = fix_stage.paths(variant)
-    base, holdout = p.model.base_dir, p.calib.out / "holdout.jsonl"
-    inputs = {"base_checkpoint": base, "variant_checkpoint": where["variant"], "held_out_prompts": holdout}
-    refuse_overlap(where["ranking"], **inputs)
-    refuse_overlap(where["out"], replaces="quantize", calibration_file=_calibration_file(p, None), **inputs)
-    fix_stage.check_inputs(variant, base, holdout)
-    require_llmcompressor()
-    make_room_on_gpu("fix", [base, where["variant"]], factor=2.5)
-    with _calibration_blocks(p, None, base) as blocks, working():
-        result = fix_stage.run(variant, p, calib=blocks, rank=sensitivity_stage.run, build=quantize_stage.run,
-                               base_dir=base, holdout=holdout)
-    console.summary(result.summary())
-
-
-@app.command()
-@stage
 def judge(
     variant_dir: Path = typer.Argument(..., help="Variant checkpoint (models/<variant>)"),
     base: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
