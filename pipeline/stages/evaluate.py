@@ -17,13 +17,11 @@ so the verdict pairs the models per document.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 from pipeline.scoring import sandbox
@@ -31,12 +29,12 @@ from pipeline.checkpoints import checkpoint
 from pipeline.engines import Engine, EngineSettings, capability, default_settings, engine_names, settings_for
 from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import GenerationCache, model_fingerprint
+from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
 from pipeline.settings import fixes
 from pipeline.settings.params import SuiteParams, sections_with_overrides
 
-EVALS_DIR = Path(__file__).resolve().parents[2] / "evals"
 log = logging.getLogger(__name__)
 
 
@@ -302,47 +300,6 @@ def _lines_and_summary(lm, results: dict, *, suite: str, task: str, variant: str
 
 
 # ------------------------------------------------------------------ what a suite's results were computed from
-
-# engine settings that change how a run is carried out, never what it answers (the KV pool's size stays in: the
-# long-context ladder skips lengths the served KV cache cannot hold)
-OPERATIONAL = {"name", "share_server", "server_idle_timeout", "max_servers", "start_timeout", "timeout", "retries",
-               "max_response_bytes", "warm_servers", "score_ahead", "build_memory_fraction"}
-
-
-@lru_cache(maxsize=None)
-def code_digest(engine: str) -> str:
-    """Content hash of the code and data a suite's scores come from: this module, the engine's modules (the
-    registry names them: they are imported by name), every module of the package those import
-    (pipeline/imports.py), and evals/."""
-    from pipeline.engines import ENGINES
-    from pipeline.imports import source_digest
-
-    spec = ENGINES.get(engine)
-    modules = [__name__, *(t.split(":")[0] for t in (spec.target, spec.vision_target) if spec and t)]
-    digest = hashlib.sha256("".join(source_digest(m) for m in modules).encode())
-    for path in sorted(EVALS_DIR.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            digest.update(str(path.relative_to(EVALS_DIR)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def _file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-
-
-def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, options: EngineSettings) -> str:
-    """One digest of everything a suite's results depend on: the suite's settings, the engine and its
-    settings (not the operational ones), the checkpoint's content, the code and data that score it, and
-    any file the suite's options name (ppl-chat: the held-out conversations). Written as `inputs` in
-    <suite>.json: a later run with the same digest keeps those results as they are."""
-    files = {key: _file_digest(Path(value)) for key, value in sorted(s.options.items())
-             if isinstance(value, str) and Path(value).is_file()}
-    payload = {"suite": suite, "settings": s.model_dump(mode="json"), "engine": engine,
-               "engine_settings": options.model_dump(mode="json", exclude=OPERATIONAL),
-               "model": model_fingerprint(model_dir), "code": code_digest(engine), "files": files}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
 
 def _current(out_dir: Path, suite: str, inputs: str) -> EvalResult | None:
     """The suite's results when they were written from these very inputs (and are whole), else None."""
