@@ -113,7 +113,8 @@ def _publish(rendered: Path, out_dir: Path) -> None:
 def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_config: Path | None) -> dict:
     """index.html again from a stored verdict.json (its headline and decisions recomputed by this code)."""
     sys.path.insert(0, str(REPO))
-    from pipeline.outputs import human_size, write_pair
+    from pipeline.outputs import human_size
+    from pipeline.report.publish import write_pair
     from pipeline.settings.params import load
     from pipeline.checkpoints.config_json import base_facts
     from pipeline.verdict.headline import with_headline

@@ -7,9 +7,8 @@ moves what it did not write: an output path that is, contains or lies inside one
 command's inputs is refused before any work (`check_out`), and a directory output replaces an
 existing directory only when it is empty or holds the same stage's provenance record
 (`.stage.json`: the stage, its inputs' fingerprints, the files it wrote) and nothing the record
-does not list (`check_replaceable`, the one check every folder replacement goes through). The
-report's page and verdict are one unit (`write_pair`): both files live in one new folder that a
-single rename swaps in, so a kill at any point leaves the two from the same run. Temp files and
+does not list (`check_replaceable`, the one check every folder replacement goes through). (The
+report's page and verdict, two files that must change together: pipeline/report/publish.py.) Temp files and
 dirs carry the writing process's id in their names; the next write to the same destination removes
 those whose process is gone (a killed run's leftovers).
 """
@@ -242,7 +241,7 @@ def remove_output(dest: Path | str, stage: str) -> None:
     shutil.rmtree(dest)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -267,7 +266,7 @@ def remove_stale(dest: Path) -> list[Path]:
         if not match or path.is_symlink() or path.lstat().st_uid != os.getuid():
             continue
         pid = int(match.group(1))
-        if pid == os.getpid() or _pid_alive(pid):
+        if pid == os.getpid() or pid_alive(pid):
             continue
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
@@ -351,107 +350,3 @@ class Stopwatch:
     def __str__(self) -> str:
         s = self.seconds
         return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {int(s % 60)} s"
-
-
-# ---------------------------------------------------------------- files that must change together
-
-PAUSE_ENV = "QUANTIZE_PAUSE_AT"  # tests only: the step name at which a writer stops and waits to be killed
-
-
-def _pause(step: str) -> None:
-    """When PAUSE_ENV names `step`: say so on stderr and wait (a test kills the process here)."""
-    if os.environ.get(PAUSE_ENV) == step:
-        import sys
-
-        print(f"paused at {step}", file=sys.stderr, flush=True)
-        while True:
-            time.sleep(60)
-
-
-def _pair_link_problem(out_dir: Path, link: str, name: str, target: str) -> str | None:
-    path = out_dir / name
-    if not path.exists() and not path.is_symlink():
-        return None
-    if path.is_symlink() and os.readlink(path) == target:
-        return None
-    return f"{path} is not the {link} link a previous run left ({name} -> {target})"
-
-
-def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
-               inputs: dict[str, Path | str | None] | None = None) -> None:
-    """Writes `files` (name -> text) into `out_dir` as one unit. Each `out_dir/NAME` is a link to
-    `.STAGE/NAME`, and `.STAGE` a link to the folder `.STAGE-PID-X` that holds this run's files and its
-    provenance record: one rename of `.STAGE` swaps every file at once, so a reader (or a kill at any
-    point) sees all the files of one run. Other files in `out_dir` are left alone; a NAME or `.STAGE`
-    there that is not such a link is refused (never overwritten). Earlier runs' folders are removed."""
-    from pipeline.errors import UserError
-
-    out_dir = Path(out_dir)
-    current = out_dir / f".{stage}"
-    encoded = {name: text.encode("utf-8") for name, text in files.items()}  # fails before any write
-    problems = _pair_problems(out_dir, stage, files, current)
-    if problems:
-        raise UserError(f"{out_dir}: " + "; ".join(problems) + f"; {stage} writes only files it wrote before: "
-                        "move them away or choose another --out")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for leftover in out_dir.glob(f".{stage}.tmp-*"):  # a killed run's half-made link
-            match = leftover.name.rsplit("-", 1)[-1]
-            if match.isdigit() and not _pid_alive(int(match)) and leftover.is_symlink():
-                leftover.unlink()
-        new = Path(tempfile.mkdtemp(prefix=f".{stage}-{os.getpid()}-", dir=out_dir))
-    except OSError as exc:
-        raise UserError(f"{out_dir}: cannot write the {stage} there ({exc.strerror}: {exc.filename}); "
-                        "pass --out a writable directory") from None
-    try:
-        new.chmod(0o755)
-        for name, data in encoded.items():
-            with open(new / name, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        write_stage_record(new, stage, inputs, sha256={name: hashlib.sha256(data).hexdigest()
-                                                       for name, data in encoded.items()})
-        _pause(f"{stage}:written")
-        link = out_dir / f".{stage}.tmp-{os.getpid()}"
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()
-        os.symlink(new.name, link)
-        os.replace(link, current)  # the one step that changes what every file reads
-    except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
-        raise
-    _pause(f"{stage}:swapped")
-    for index, name in enumerate(files):
-        path = out_dir / name
-        if not path.is_symlink():  # first run (or after `dvc repro` removed the outputs): the stable link
-            tmp = out_dir / f".{name}.tmp-{os.getpid()}"
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            os.symlink(f".{stage}/{name}", tmp)
-            os.replace(tmp, path)
-            if index == 0:
-                _pause(f"{stage}:linked-first")
-    _remove_earlier_runs(out_dir, stage, new)
-
-
-def _pair_problems(out_dir: Path, stage: str, files: dict[str, str], current: Path) -> list[str]:
-    """Why write_pair must not write here: a NAME or `.STAGE` that is not such a link of an earlier run."""
-    problems = [p for name in files if (p := _pair_link_problem(out_dir, stage, name, f".{stage}/{name}"))]
-    if current.exists() or current.is_symlink():
-        target = os.readlink(current) if current.is_symlink() else ""
-        ours = target.startswith(f".{stage}-") and "/" not in target
-        record = read_stage_record(current) if ours else None
-        if not ours or (current.exists() and (record is None or record["stage"] != stage)):
-            problems.append(f"{current} is not a link to a folder of a previous {stage} run")
-    return problems
-
-
-def _remove_earlier_runs(out_dir: Path, stage: str, new: Path) -> None:
-    """Earlier runs' folders go; a running writer's own is left alone."""
-    for old in out_dir.glob(f".{stage}-*"):
-        pid = old.name.removeprefix(f".{stage}-").split("-")[0]
-        # by name: tempfile.mkdtemp returns an absolute path since Python 3.12, `old` is relative to out_dir
-        if old.name != new.name and old.is_dir() and not old.is_symlink() and pid.isdigit() and \
-                old.lstat().st_uid == os.getuid() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
-            shutil.rmtree(old, ignore_errors=True)

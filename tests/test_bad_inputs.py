@@ -857,10 +857,10 @@ def test_a_result_file_with_a_bom_and_crlf_is_read(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- verdict.json and index.html together
 
 def test_verdict_and_page_change_together_or_not_at_all(tmp_path, monkeypatch):
-    from pipeline import outputs
+    from pipeline.report import publish
 
     out = tmp_path / "reports"
-    outputs.write_pair(out, {"index.html": "old page", "verdict.json": "old verdict"}, "report")
+    publish.write_pair(out, {"index.html": "old page", "verdict.json": "old verdict"}, "report")
     real_replace, calls = os.replace, []
 
     def swap_fails(src, dst):
@@ -869,17 +869,17 @@ def test_verdict_and_page_change_together_or_not_at_all(tmp_path, monkeypatch):
         calls.append(Path(dst))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(outputs.os, "replace", swap_fails)
+    monkeypatch.setattr(publish.os, "replace", swap_fails)
     with pytest.raises(OSError):
-        outputs.write_pair(out, {"index.html": "new page", "verdict.json": "new verdict"}, "report")
+        publish.write_pair(out, {"index.html": "new page", "verdict.json": "new verdict"}, "report")
     assert calls == [out / ".report"]  # one rename swaps both files
     assert (out / "index.html").read_text() == "old page" and (out / "verdict.json").read_text() == "old verdict"
-    monkeypatch.setattr(outputs.os, "replace", real_replace)
+    monkeypatch.setattr(publish.os, "replace", real_replace)
     with pytest.raises(UnicodeEncodeError):  # text no file can hold: nothing is even opened
-        outputs.write_pair(out, {"index.html": "new page", "verdict.json": "broken \ud800"}, "report")
+        publish.write_pair(out, {"index.html": "new page", "verdict.json": "broken \ud800"}, "report")
     assert (out / "index.html").read_text() == "old page" and (out / "verdict.json").read_text() == "old verdict"
 
-    outputs.write_pair(out, {"index.html": "new page", "verdict.json": "new verdict"}, "report")
+    publish.write_pair(out, {"index.html": "new page", "verdict.json": "new verdict"}, "report")
     assert (out / "index.html").read_text() == "new page" and (out / "verdict.json").read_text() == "new verdict"
     folders = [p.name for p in out.iterdir() if p.name.startswith(".report-")]
     assert len(folders) == 1 and os.readlink(out / ".report") == folders[0]  # the earlier runs' folders are gone

@@ -348,13 +348,13 @@ def test_the_report_pair_survives_a_relative_folder_and_an_absolute_temp_path(tm
     import os
     import tempfile
 
-    from pipeline import outputs
+    from pipeline.report import publish
 
     monkeypatch.chdir(tmp_path)
     real = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: os.path.abspath(real(*a, **k)))
     for run in ("first", "second"):
-        outputs.write_pair("reports", {"index.html": f"{run} page", "verdict.json": f"{run} verdict"}, "report")
+        publish.write_pair("reports", {"index.html": f"{run} page", "verdict.json": f"{run} verdict"}, "report")
         assert (tmp_path / "reports" / "index.html").read_text() == f"{run} page"
         assert (tmp_path / "reports" / "verdict.json").read_text() == f"{run} verdict"
     assert len(list((tmp_path / "reports").glob(".report-*"))) == 1  # the earlier run's folder went, this one stayed

@@ -22,7 +22,8 @@ from pipeline.errors import UserError
 from pipeline.formats import quant_json, results as result_files
 from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
 from pipeline.formats.sensitivity import read_sensitivity
-from pipeline.outputs import human_size, write_pair
+from pipeline.outputs import human_size
+from pipeline.report.publish import write_pair
 from pipeline.settings import fixes
 from pipeline.settings.params import Params
 from pipeline.report import inputs
