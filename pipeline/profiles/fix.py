@@ -48,17 +48,17 @@ def _dep_runs(text_lines: list[str], start: int, end: int) -> dict[tuple[str, st
 
 def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[str, list[str], dict]:
     """The edited text, the changes in words, and the document the edited text must parse to."""
-    from pipeline.settings.checks import _evaluates_every_suite, _runs
+    from pipeline.settings.checks import evaluates_every_suite, runs_command
 
     stages = data.get("stages") or {}
     fixed = fixes.fix_name(variant)
-    fix_stages = [name for name, stage in stages.items() if _runs(stage, "fix")]
+    fix_stages = [name for name, stage in stages.items() if runs_command(stage, "fix")]
     if not fix_stages:
         raise UserError("dvc.yaml has no fix stage (`cmd: quantize fix ${item}`) to add the variant to; copy the fix "
                         "stage of pipeline/profiles/cpu-demo/dvc-stages.yaml into it, or `quantize profile cpu-demo` "
                         "(or gpu-h200) to start from a profile's dvc.yaml")
-    measured = [name for name, stage in stages.items() if _runs(stage, "kl") or _evaluates_every_suite(stage)]
-    evaluated = [m for name in measured if _evaluates_every_suite(stages[name]) for m in stages[name]["foreach"]]
+    measured = [name for name, stage in stages.items() if runs_command(stage, "kl") or evaluates_every_suite(stage)]
+    evaluated = [m for name in measured if evaluates_every_suite(stages[name]) for m in stages[name]["foreach"]]
     every = set(evaluated) - {"base", fixed}  # the variants (and fixes) the run decides
     grows = {name: fixed for name in measured}
     for name, stage in stages.items():  # another per-model list covering every variant (the GPU's warm, judge, bench)

@@ -76,13 +76,13 @@ def check_against_dvc(params, dvc_file: Path) -> None:
     models = ["base", *params.variants, *_check_fix_stages(params, dvc_file, stages)]
     for name, stage in stages.items():  # a stage run on some variants only names them (judge in the CPU demo)
         listed_variants = stage.get("foreach") if isinstance(stage, dict) else None
-        if isinstance(listed_variants, list) and not _runs(stage, "fix"):
+        if isinstance(listed_variants, list) and not runs_command(stage, "fix"):
             unknown = [v for v in listed_variants if not isinstance(v, str) or v not in models]  # bench runs on base too
             if unknown:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach lists {unknown}, which params.yaml does not "
                                 f"define as base or variants, nor dvc.yaml's fix stage builds ({', '.join(models)}); "
                                 "remove them")
-    per_model = {name: stage for name, stage in stages.items() if _evaluates_every_suite(stage)}
+    per_model = {name: stage for name, stage in stages.items() if evaluates_every_suite(stage)}
     for name, stage in per_model.items():
         _check_per_model_stage(params, dvc_file, name, stage, models)
     matrices = {name: stage["matrix"] for name, stage in stages.items()
@@ -115,22 +115,22 @@ def check_against_dvc(params, dvc_file: Path) -> None:
             )
 
 
-def _runs(stage, subcommand: str) -> bool:
+def runs_command(stage, subcommand: str) -> bool:
     """A `foreach` stage whose command is `quantize <subcommand> ...`."""
     do = stage.get("do") if isinstance(stage, dict) else None
     cmd = do.get("cmd") if isinstance(do, dict) else None
     return "foreach" in stage and isinstance(cmd, str) and cmd.split()[:2] == ["quantize", subcommand]
 
 
-def _evaluates_every_suite(stage) -> bool:
+def evaluates_every_suite(stage) -> bool:
     """A `foreach` stage whose command is `quantize eval models/${item}` without --suite: every suite of
     params.yaml on each model it lists (the evaluate stage)."""
-    return _runs(stage, "eval") and isinstance(stage.get("foreach"), list) and "--suite" not in stage["do"]["cmd"].split()
+    return runs_command(stage, "eval") and isinstance(stage.get("foreach"), list) and "--suite" not in stage["do"]["cmd"].split()
 
 
 def fix_items(stages: dict) -> list[str]:
     """The variants dvc.yaml's fix stages (`quantize fix ${item}`) list, in order."""
-    return [item for stage in stages.values() if isinstance(stage, dict) and _runs(stage, "fix")
+    return [item for stage in stages.values() if isinstance(stage, dict) and runs_command(stage, "fix")
             and isinstance(stage.get("foreach"), list) for item in stage["foreach"]]
 
 
@@ -139,7 +139,7 @@ def _check_fix_stages(params, dvc_file: Path, stages: dict) -> list[str]:
     is named after, and each fix is in the kl and evaluate stages' lists; returns the fixes (V-mixed)."""
     fixable, built = fixes.fixable(params), []
     for name, stage in stages.items():
-        if not _runs(stage, "fix"):
+        if not runs_command(stage, "fix"):
             continue
         listed = stage.get("foreach")
         if not isinstance(listed, list):
@@ -156,7 +156,7 @@ def _check_fix_stages(params, dvc_file: Path, stages: dict) -> list[str]:
                                 "also a variant of params.yaml; rename that variant or drop the fix")
         built += [fixes.fix_name(item) for item in listed if fixes.fix_name(item) not in built]
     for name, stage in stages.items():
-        if _runs(stage, "kl") or _evaluates_every_suite(stage):
+        if runs_command(stage, "kl") or evaluates_every_suite(stage):
             listed = stage.get("foreach") if isinstance(stage.get("foreach"), list) else []
             missing = [model for model in built if model not in listed]
             if missing:
