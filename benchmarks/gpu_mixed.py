@@ -6,6 +6,8 @@
     python benchmarks/gpu_mixed.py compare   # benchmarks/mixed_choice.py's comparison at these shapes (RTN)
     python benchmarks/gpu_mixed.py serve     # vLLM serves W4A16, W8A16 and the mixed checkpoint: tok/s at 1/16/64
     python benchmarks/gpu_mixed.py cost      # AWQ W4A16 and its sensitivity twice, and the two loads alone
+    python benchmarks/gpu_mixed.py rankcost  # AWQ W4A16, then side by side twice: `quantize kl`, `quantize kl
+                                             # --rank` (the fix stage's pass) and `quantize sensitivity` alone
     python benchmarks/gpu_mixed.py table     # the short table of what the parts measured
 
 Parts keep what they built under /tmp/gpu-mixed and skip what exists, so a call cut short is resumed by the next;
@@ -131,6 +133,40 @@ def cost() -> dict:
     return results
 
 
+# ---------------------------------------------------------------- rankcost
+
+def rankcost() -> dict:
+    """What ranking the AWQ variant's groups costs where the fix stage ranks them: in the KL's pass (`quantize kl
+    --rank`), against that pass without the ranking (`quantize kl`, which the kl stage runs for every variant) and
+    against the ranking alone (`quantize sensitivity`), side by side, twice, in alternating order; each beside the
+    variant's quantization time (its quant.json)."""
+    from pipeline.formats.quant_json import read_quant_json
+    from pipeline.stages import kl, sensitivity
+
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "layers": LAYERS, "tiny": TINY}
+    p = paths(variants=False)
+    awq = build_awq(p, results, "rankcost")
+    results["quantize seconds of awq"] = read_quant_json(awq)["seconds"]
+    size = {"sequences": SEQUENCES, "max_tokens": MAX_TOKENS}
+    runs = {
+        "kl": lambda: kl.run(p["base"], awq, p["rank.jsonl"], ROOT / "kl-plain" / "kl.json", **size).figures,
+        "kl --rank": lambda: (lambda r: r.figures | {"ranking": r.ranking | {"groups": [
+            g["name"] for g in r.ranking["groups"][:10]]}})(kl.run(
+                p["base"], awq, p["rank.jsonl"], ROOT / "kl-ranked" / "kl.json", rank=True, **size)),
+        "sensitivity": lambda: (lambda f: f | {"groups": [g["name"] for g in f["groups"][:10]]})(sensitivity.run(
+            p["base"], awq, p["rank.jsonl"], ROOT / "sensitivity-alone.json", **size).figures),
+    }
+    step(results, "rankcost", "warm-up: kl, not counted (CUDA and the imports start)", lambda: runs["kl"]()["seconds"])
+    free_gpu()
+    for attempt, order in ((1, ["kl", "kl --rank", "sensitivity"]), (2, ["kl --rank", "kl", "sensitivity"])):
+        for name in order:
+            started = time.perf_counter()
+            step(results, "rankcost", f"{name} ({attempt})", lambda n=name, t=started: runs[n]() | {
+                "wall_seconds": round(time.perf_counter() - t, 2)})
+            free_gpu()
+    return results
+
+
 # ---------------------------------------------------------------- build
 
 def build() -> dict:
@@ -213,7 +249,24 @@ def table() -> None:
         path = OUT / f"{part}.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-    built, costs = read("build"), read("cost")
+    built, costs, ranked = read("build"), read("cost"), read("rankcost")
+    total = (ranked.get("quantize seconds of awq") or {}).get("total")
+    if total:
+        print(f"\n| AWQ W4A16 quantization {total} s | wall s | of which ranking | extra over `quantize kl` | "
+              f"share of quantization |\n|---|---|---|---|---|")
+        for attempt in (1, 2):
+            plain = (ranked.get(f"kl ({attempt})") or {}).get("wall_seconds")
+            for name in ("kl", "kl --rank", "sensitivity"):
+                found = ranked.get(f"{name} ({attempt})") or {}
+                wall = found.get("wall_seconds")
+                if wall is None:
+                    continue
+                own = (found.get("ranking") or {}).get("seconds") if name == "kl --rank" else (
+                    found.get("seconds") if name == "sensitivity" else None)
+                extra = wall - plain if plain and name == "kl --rank" else None
+                cost = extra if extra is not None else (wall if name == "sensitivity" else None)
+                print(f"| {name} ({attempt}) | {wall} | {own if own is not None else ''} | "
+                      f"{f'{extra:.2f}' if extra is not None else ''} | {f'{cost / total:.1%}' if cost else ''} |")
     print("\n| what | seconds | share of the variant's quantization |\n|---|---|---|")
     for key, value in costs.items():
         if key.startswith("load"):
@@ -233,7 +286,7 @@ def table() -> None:
 
 
 if __name__ == "__main__":
-    parts = {"build": build, "compare": compare, "serve": serve, "cost": cost, "table": table}
+    parts = {"build": build, "compare": compare, "serve": serve, "cost": cost, "rankcost": rankcost, "table": table}
     chosen = [a for a in sys.argv[1:] if not a.startswith("--")]
     for part in chosen or list(parts):
         parts[part]()

@@ -43,10 +43,14 @@ def test_the_fix_stage_ranks_the_variant_and_builds_its_mixed_variant_on_its_own
     done = CliRunner().invoke(app, ["fix", "rtn-w4a16"])
     assert done.exit_code == 0, done.output
     summary = done.output.strip().splitlines()[-1]
-    assert summary.startswith("fix: wrote results/rtn-w4a16/sensitivity.json and models/rtn-w4a16-mixed: ")
+    assert summary.startswith("fix: wrote results/rtn-w4a16/kl.json, sensitivity.json and models/rtn-w4a16-mixed: ")
     assert "groups in 8 bits" in summary and "x the size of rtn-w4a16" in summary
     ranking = read_sensitivity(project / "results" / "rtn-w4a16" / "sensitivity.json")
     assert ranking["variant"] == "models/rtn-w4a16" and ranking["sequences"] == 4  # params kl: the KL the verdict reads
+    assert ranking["measured_in"] == "quantize kl --rank" and ranking["seconds"] <= ranking["pass_seconds"]
+    kl = json.loads((project / "results" / "rtn-w4a16" / "kl.json").read_text())  # the kl stage's files, same pass
+    assert (project / "results" / "rtn-w4a16" / "kl.jsonl").is_file() and kl["tokens"] == ranking["tokens"]
+    assert kl["kl_mean"] == pytest.approx(ranking["kl_mean"], rel=1e-5)
     info = json.loads((project / "models" / "rtn-w4a16-mixed" / "quant.json").read_text())
     assert info["method"] == "mixed" and info["base_method"] == "rtn" and info["max_bits"] == 4.5
     assert info["group_size"] == 32 and info["symmetric"] is False  # the variant's own, not the defaults
@@ -101,8 +105,8 @@ def test_the_mixed_recipe_takes_the_base_methods_own_settings(tmp_path, tiny_lla
 
 
 def test_params_checks_the_fix_stage_against_params_yaml(tmp_path):
-    """Each variant the fix stage lists is a W4A16 variant of params.yaml, and its fix is in kl's and evaluate's
-    lists; a fix runs the suites its variant runs."""
+    """Each variant the fix stage lists is a W4A16 variant of params.yaml that kl's list leaves to it, and its fix is
+    in kl's and evaluate's lists; a fix runs the suites its variant runs."""
     from conftest import REPO
     from pipeline.settings import fixes, params
 
@@ -115,9 +119,13 @@ def test_params_checks_the_fix_stage_against_params_yaml(tmp_path):
     for edited, message in (
             (text.replace("foreach: [rtn-w4a16]", "foreach: [fp8-w8a8]"),
              r"stages.fix.foreach lists 'fp8-w8a8', a fp8 variant; a fix takes a W4A16 variant \(method awq, gptq, rtn\)"),
-            (text.replace("fp8-w8a8, rtn-w4a16, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
-                          "fp8-w8a8, rtn-w4a16]\n    do:\n      cmd: quantize kl"),
-             "stages.kl.foreach does not list rtn-w4a16-mixed, which the fix stage builds")):
+            (text.replace("fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
+                          "fp8-w8a8]\n    do:\n      cmd: quantize kl"),
+             "stages.kl.foreach does not list rtn-w4a16-mixed, which the fix stage builds"),
+            (text.replace("fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
+                          "fp8-w8a8, rtn-w4a16, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl"),
+             r"stages.kl.foreach lists rtn-w4a16, whose KL the fix stage measures \(with its groups' ranking, in one "
+             "pass")):
         assert edited != text
         (tmp_path / "dvc.yaml").write_text(edited)
         with pytest.raises(UserError, match=message):
@@ -136,14 +144,16 @@ def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(
     runner = CliRunner()
     done = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
     assert done.exit_code == 0, done.output
-    assert "stages.fix.foreach: + awq-w4a16; stages.kl.foreach: + awq-w4a16-mixed" in done.output
+    assert ("stages.fix.foreach: + awq-w4a16; stages.kl.foreach: - awq-w4a16 (the fix stage measures its KL); "
+            "stages.kl.foreach: + awq-w4a16-mixed") in done.output
     assert "stages.report deps: + models/awq-w4a16-mixed/quant.json, models/awq-w4a16-mixed/config.json" in done.output
     after = (repo / "dvc.yaml").read_text()
     comments = lambda text: [line.strip() for line in text.splitlines() if line.strip().startswith("#")]  # noqa: E731
     assert comments(after) == comments(before) and len(after.splitlines()) == len(before.splitlines()) + 2
     stages = yaml.safe_load(after)["stages"]
     assert stages["fix"]["foreach"] == ["rtn-w4a16", "awq-w4a16"]
-    assert stages["kl"]["foreach"][-1] == stages["evaluate"]["foreach"][-1] == "awq-w4a16-mixed"
+    assert stages["kl"]["foreach"] == ["fp8-w8a8", "rtn-w4a16-mixed", "awq-w4a16-mixed"]  # awq-w4a16: the fix's
+    assert stages["evaluate"]["foreach"][-1] == "awq-w4a16-mixed"
     assert stages["judge"]["foreach"] == ["awq-w4a16", "fp8-w8a8"]  # the demo's judge covers two variants only
     assert {"models/awq-w4a16-mixed/quant.json", "models/awq-w4a16-mixed/config.json"} <= set(stages["report"]["deps"])
     params.load(repo / "params.yaml")  # the lists agree with params.yaml

@@ -74,6 +74,7 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
         added = subprocess.run([sys.executable, "-m", "pipeline.cli.launcher", "profile", "--fix", variant], cwd=repo,
                                env=env, capture_output=True, text=True)
         assert added.returncode == 0 and f"stages.fix.foreach: + {variant}" in added.stdout, added.stdout + added.stderr
+        assert f"stages.kl.foreach: - {variant} (the fix stage measures its KL)" in added.stdout
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
     out = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=repo, env=env, capture_output=True, text=True)
@@ -84,7 +85,9 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     models = ["base", *gpu["variants"], *(f"{v}-mixed" for v in fixed)]
     in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "fix@", "kl@"))]
     served = [i for i, s in enumerate(planned) if s.startswith(("evaluate@", "judge@", "bench@"))]
-    assert len(in_process) == 2 * len(gpu["variants"]) + 2 * len(fixed) and max(in_process) < min(served)
+    # quantize every variant; fix each fixed one (its KL and ranking in one pass); kl of the rest and of each fix
+    assert [s for s in planned if s.startswith("kl@")] == [f"kl@{m}" for m in models[1:] if m not in fixed]
+    assert len(in_process) == 2 * len(gpu["variants"]) + len(fixed) and max(in_process) < min(served)
     assert [s for s in planned if s.startswith("evaluate@")] == [f"evaluate@{m}" for m in models]  # every suite each
     # each server starts (warm) as soon as its checkpoint exists: base's right after resave, before calibration;
     # a variant's right after its quantize stage, a fix's right after its fix stage

@@ -105,6 +105,34 @@ def test_the_one_gradient_estimate_ranks_as_restoring_each_group_does(tmp_path, 
     assert found["taylor"]["measure"] == "taylor" and found["taylor"]["load_seconds"] >= 0
 
 
+def test_kl_rank_gives_the_kl_stages_figures_and_the_taylor_ranking_in_one_pass(tmp_path, tiny_llama, tiny_calib):
+    """`quantize kl --rank` (the fix stage's pass): kl.json and kl.jsonl as `quantize kl` writes them, and beside
+    them sensitivity.json with `quantize sensitivity`'s taylor ranking, the same groups in the same order with the
+    same figures; its `seconds` is what the ranking added, within the pass it shares."""
+    holdout = tiny_calib / "holdout.jsonl"
+    variant = rounded_copy(tiny_llama, tmp_path / "v", {None: 4, BROKEN: 2})
+    plain = kl.run(tiny_llama, variant, holdout, tmp_path / "plain" / "kl.json", sequences=4, max_tokens=64)
+    ranked = kl.run(tiny_llama, variant, holdout, tmp_path / "ranked" / "kl.json", sequences=4, max_tokens=64,
+                    rank=True)
+    alone = sensitivity.run(tiny_llama, variant, holdout, tmp_path / "alone.json", sequences=4, max_tokens=64).figures
+    for key in ("tokens", "kl_mean", "kl_p99", "kl_max", "top1_agreement"):
+        assert ranked.figures[key] == pytest.approx(plain.figures[key], rel=1e-5), key
+    lines = {name: [json.loads(line) for line in (tmp_path / name / "kl.jsonl").read_text().splitlines()]
+             for name in ("plain", "ranked")}
+    assert [{k: v for k, v in line.items() if k != "kl"} for line in lines["ranked"]] == \
+        [{k: v for k, v in line.items() if k != "kl"} for line in lines["plain"]]
+    assert [x for line in lines["ranked"] for x in line["kl"]] == pytest.approx(
+        [x for line in lines["plain"] for x in line["kl"]], rel=1e-4, abs=1e-9)
+    written = read_sensitivity(tmp_path / "ranked" / "sensitivity.json")
+    assert written == ranked.ranking and written["measured_in"] == "quantize kl --rank"
+    assert [g["name"] for g in written["groups"]] == [g["name"] for g in alone["groups"]]
+    assert [g["kl_removed"] for g in written["groups"]] == pytest.approx([g["kl_removed"] for g in alone["groups"]],
+                                                                         rel=1e-4)
+    assert written["kl_mean"] == pytest.approx(plain.figures["kl_mean"], rel=1e-5)
+    assert 0 <= written["seconds"] <= written["pass_seconds"] and "ranked 8 groups into" in ranked.summary()
+    assert not (tmp_path / "plain" / "sensitivity.json").exists() and plain.ranking is None
+
+
 def test_a_variant_equal_to_its_base_is_refused_and_nothing_is_written(tmp_path, tiny_llama, tiny_calib):
     copy = shutil.copytree(tiny_llama, tmp_path / "copy")
     with pytest.raises(UserError, match="equal the base's: nothing is quantized"):

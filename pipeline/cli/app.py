@@ -255,18 +255,22 @@ def kl(
     base: Optional[Path] = typer.Option(None, help="Base checkpoint (default: params model.base_dir)"),
     holdout: Optional[Path] = typer.Option(None, help="Held-out conversations (default: params calib.out/holdout.jsonl)"),
     out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<variant>/kl.json)"),
+    rank: bool = typer.Option(False, "--rank", help="Also rank the variant's quantized groups by the KL each costs, "
+                              "in the same pass (one backward pass per batch): sensitivity.json beside the output"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Per-token KL divergence from the base and top-1 agreement on held-out conversations."""
+    from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
     from pipeline.stages import kl as kl_stage
 
     p = load_params(params_file)
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "kl.json"
-    refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    make_room_on_gpu("kl", [base, variant_dir], factor=1.5)
+    for written in [out, *([out.with_name(SENSITIVITY_FILE)] if rank else [])]:
+        refuse_overlap(written, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
+    make_room_on_gpu("kl", [base, variant_dir], factor=2.5 if rank else 1.5)
     with working():
-        result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine)
+        result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine, rank=rank)
     console.summary(result.summary())
 
 

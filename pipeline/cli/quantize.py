@@ -156,27 +156,29 @@ def fix(
                                             "models/<variant>"),
     params_file: Path = PARAMS_OPTION,
 ):
-    """A NO-GO's fix: rank the variant's groups (`quantize sensitivity`: results/<variant>/sensitivity.json), then
-    build models/<variant>-mixed with the `mixed` method on the variant's own settings, its most costly groups in
-    8 bits within params fix.max_bits; evaluated and decided like any variant (dvc.yaml's fix stage)."""
+    """A NO-GO's fix: measure the variant (`quantize kl --rank`: results/<variant>/kl.json and, in the same pass,
+    its groups ranked, sensitivity.json), then build models/<variant>-mixed with the `mixed` method on the
+    variant's own settings, its most costly groups in 8 bits within params fix.max_bits; evaluated and decided
+    like any variant (dvc.yaml's fix stage)."""
     from pipeline.quantize import require_llmcompressor
     from pipeline.settings import fixes
     from pipeline.stages import fix as fix_stage
+    from pipeline.stages import kl as kl_stage
     from pipeline.stages import quantize as quantize_stage
-    from pipeline.stages import sensitivity as sensitivity_stage
 
     p = load_params(params_file)
     fixes.variant_settings(p, variant)  # a W4A16 variant of params.yaml, else refused before any work
     where = fix_stage.paths(variant)
     base, holdout = p.model.base_dir, p.calib.out / "holdout.jsonl"
     inputs = {"base_checkpoint": base, "variant_checkpoint": where["variant"], "held_out_prompts": holdout}
-    refuse_overlap(where["ranking"], **inputs)
+    for written in (where["kl"], where["ranking"]):
+        refuse_overlap(written, **inputs)
     refuse_overlap(where["out"], replaces="quantize", calibration_file=_calibration_file(p, None), **inputs)
     fix_stage.check_inputs(variant, base, holdout)
     require_llmcompressor()
     make_room_on_gpu("fix", [base, where["variant"]], factor=2.5)
     with _calibration_blocks(p, None, base) as blocks, working():
-        result = fix_stage.run(variant, p, calib=blocks, rank=sensitivity_stage.run, build=quantize_stage.run,
+        result = fix_stage.run(variant, p, calib=blocks, measure=kl_stage.run, build=quantize_stage.run,
                                base_dir=base, holdout=holdout)
     console.summary(result.summary())
 

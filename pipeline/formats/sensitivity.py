@@ -1,11 +1,15 @@
-"""sensitivity.json: which of a variant's quantized groups cost it most, written by `quantize sensitivity`
-(pipeline/stages/sensitivity.py) into results/<variant>/ and read by the `mixed` method (pipeline/methods/mixed.py),
-which keeps the first groups in 8 bits.
+"""sensitivity.json: which of a variant's quantized groups cost it most, written into results/<variant>/ by
+`quantize kl --rank` (pipeline/stages/kl.py: the fix stage's pass, the KL and the ranking at once) or by
+`quantize sensitivity` (pipeline/stages/sensitivity.py: the ranking alone, either measure), and read by the `mixed`
+method (pipeline/methods/mixed.py), which keeps the first groups in 8 bits.
 
 `kl_mean` is the variant's mean per-token KL(base || variant) on the held-out conversations; each entry of `groups`
 (one fused layer as vLLM runs it: pipeline/checkpoints/fused.py) holds its Linears (`modules`), their weight count
 (`weights`), the mean KL with only that group's weights restored to the base's (`kl_restored`) and what that
 removes (`kl_removed` = kl_mean - kl_restored; `share_removed` = kl_removed / kl_mean), most removed first.
+`seconds` is what the ranking cost: the whole run of `quantize sensitivity` (its loads, `load_seconds`, and its
+passes, `measure_seconds`), or in `quantize kl --rank` (`measured_in`) the backward passes and products it added to
+the KL's pass (`pass_seconds`, the loads shared); `share_of_quantize_time` sets it beside quant.json's total.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ GROUP = {"name": "text", "layer": ("count", None), "kind": "text", "modules": ["
 SPEC = {"base": "text", "variant": "text", "holdout": "text", "sequences": "positive count", "tokens": "positive count",
         "kl_mean": "non-negative number", "measure?": ("text", None), "groups": [GROUP], "device": "text", "dtype": "text",
         "seconds": "non-negative number", "load_seconds?": ("non-negative number", None),
-        "measure_seconds?": ("non-negative number", None), "quantize_seconds?": ("non-negative number", None),
+        "measure_seconds?": ("non-negative number", None),
+        "measured_in?": ("text", None), "pass_seconds?": ("non-negative number", None), "quantize_seconds?": ("non-negative number", None),
         "share_of_quantize_time?": ("non-negative number", None)}
 COMMAND = "quantize sensitivity models/{model}"  # what writes it again
 NAME = "sensitivity.json"

@@ -3,7 +3,8 @@ of a W4A16 variant (VARIANT-mixed: pipeline/stages/fix.py), and the offer of tha
 such a variant NO-GO without a fix (`quantize profile`, `quantize show-verdict`).
 
 The edit is a careful text edit, every comment and line kept: VARIANT joins the fix stage's one-line list
-(`foreach: [rtn-w4a16]`), VARIANT-mixed the kl and evaluate stages' lists and every other list that names every
+(`foreach: [rtn-w4a16]`) and leaves the kl stage's (the fix stage measures its KL, ranking its groups in the same
+pass), VARIANT-mixed joins the kl and evaluate stages' lists and every other list that names every
 variant (the GPU profile's warm, judge and bench), and beside each run of deps that names a file of every variant
 (the report's quant.json and config.json, the GPU profile's kl.json of the served stages) VARIANT-mixed's file
 is added. The new text is parsed again and must equal the old document with exactly those additions, and
@@ -46,6 +47,19 @@ def _dep_runs(text_lines: list[str], start: int, end: int) -> dict[tuple[str, st
     return runs
 
 
+def _edited(items: list[str], leaves: str | None, joins: str | None, stage: str = "",
+            changes: list[str] | None = None) -> list[str]:
+    """A stage's list with `leaves` gone and `joins` at its end (once), each change told in `changes`."""
+    said = changes if changes is not None else []
+    if leaves in items:
+        items = [item for item in items if item != leaves]
+        said.append(f"stages.{stage}.foreach: - {leaves} (the fix stage measures its KL)")
+    if joins and joins not in items:
+        items = [*items, joins]
+        said.append(f"stages.{stage}.foreach: + {joins}")
+    return items
+
+
 def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[str, list[str], dict]:
     """The edited text, the changes in words, and the document the edited text must parse to."""
     from pipeline.settings.checks import evaluates_every_suite, runs_command
@@ -66,23 +80,24 @@ def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[
         if name not in grows and name not in fix_stages and isinstance(listed, list) and every and every <= set(listed):
             grows[name] = fixed
     grows.update({name: variant for name in fix_stages})
+    shrinks = {name: variant for name in measured if runs_command(stages[name], "kl")
+               and variant in (stages[name].get("foreach") or [])}  # the fix stage measures V's KL
     text_lines = text.splitlines(keepends=True)
     expected, changes = copy.deepcopy(data), []
     ranges = _stage_lines(lines, list(stages), len(text_lines))
     inserts: dict[int, list[str]] = {}
-    for name, item in sorted(grows.items(), key=lambda pair: lines.get(("stages", pair[0]), 0)):  # file order
+    for name in sorted(set(grows) | set(shrinks), key=lambda stage: lines.get(("stages", stage), 0)):  # file order
         line = lines.get(("stages", name, "foreach"))
         found = FLOW.match(text_lines[line - 1].rstrip("\n")) if line else None
         if not found:
             raise UserError(f"dvc.yaml:{line or '?'}: stages.{name}.foreach is not a one-line list such as [a, b]; "
                             f"write it as one (its names in full), then run this again; nothing was changed")
-        if item in _items(found["items"]):
+        items = _edited(_items(found["items"]), shrinks.get(name), grows.get(name), name, changes)
+        if items == _items(found["items"]):
             continue
-        listed = found["items"].rstrip()
         newline = text_lines[line - 1][len(text_lines[line - 1].rstrip("\n")):]
-        text_lines[line - 1] = f"{found['head']}{listed}{', ' if listed.strip() else ''}{item}{found['tail']}{newline}"
-        expected["stages"][name]["foreach"] = [*stages[name]["foreach"], item]
-        changes.append(f"stages.{name}.foreach: + {item}")
+        text_lines[line - 1] = f"{found['head']}{', '.join(items)}{found['tail']}{newline}"
+        expected["stages"][name]["foreach"] = _edited(list(stages[name]["foreach"]), shrinks.get(name), grows.get(name))
     for name, (start, end) in ranges.items():
         added = []
         for (root, file), run in _dep_runs(text_lines, start, end).items():

@@ -136,7 +136,8 @@ def fix_items(stages: dict) -> list[str]:
 
 def _check_fix_stages(params, dvc_file: Path, stages: dict) -> list[str]:
     """Each variant a fix stage lists is a W4A16 variant of params.yaml whose fix (V-mixed) no params.yaml variant
-    is named after, and each fix is in the kl and evaluate stages' lists; returns the fixes (V-mixed)."""
+    is named after and which the kl stage does not list (the fix stage measures its KL), and each fix is in the kl
+    and evaluate stages' lists; returns the fixes (V-mixed)."""
     fixable, built = fixes.fixable(params), []
     for name, stage in stages.items():
         if not runs_command(stage, "fix"):
@@ -155,9 +156,15 @@ def _check_fix_stages(params, dvc_file: Path, stages: dict) -> list[str]:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach lists {item}, whose fix {fixes.fix_name(item)} is "
                                 "also a variant of params.yaml; rename that variant or drop the fix")
         built += [fixes.fix_name(item) for item in listed if fixes.fix_name(item) not in built]
+    measured_by_fix = fix_items(stages)
     for name, stage in stages.items():
         if runs_command(stage, "kl") or evaluates_every_suite(stage):
             listed = stage.get("foreach") if isinstance(stage.get("foreach"), list) else []
+            twice = [model for model in measured_by_fix if runs_command(stage, "kl") and model in listed]
+            if twice:
+                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {', '.join(twice)}, whose KL the fix stage "
+                                "measures (with its groups' ranking, in one pass: results/<variant>/kl.json); remove "
+                                "it from this list")
             missing = [model for model in built if model not in listed]
             if missing:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach does not list {', '.join(missing)}, which the fix "

@@ -1,8 +1,11 @@
 """`quantize fix VARIANT`: a NO-GO W4A16 variant's fix, built the way every variant is (the fix stage of dvc.yaml,
 one per W4A16 variant it lists).
 
-1. The ranking: `quantize sensitivity` (pipeline/stages/sensitivity.py) on models/VARIANT against the base, on the
-   held-out conversations `quantize kl` scores (params.yaml `kl`): results/VARIANT/sensitivity.json.
+1. The measure: `quantize kl --rank` (pipeline/stages/kl.py) on models/VARIANT against the base, on the held-out
+   conversations params.yaml `kl` names: VARIANT's KL (results/VARIANT/kl.json and kl.jsonl, as the kl stage writes
+   them for every other variant) and, in the same pass, its quantized groups ranked by the KL each one costs
+   (results/VARIANT/sensitivity.json). The loads and forward passes are the KL's; the ranking adds one backward
+   pass per batch. So dvc.yaml's kl stage does not list VARIANT: this stage measures it.
 2. The fix: models/VARIANT-mixed, built by the quantize stage (pipeline/stages/quantize.py: plan, calibrate, save,
    verify, quant.json) with the `mixed` method (pipeline/methods/mixed.py), whose base method and W4A16 settings are
    VARIANT's own (params.yaml `variants.VARIANT`: group size, symmetry, batch, AWQ's n_grid and search, GPTQ's
@@ -25,21 +28,23 @@ from pipeline.settings import fixes
 @dataclass
 class FixResult:
     out: Path  # models/<variant>-mixed
-    ranking: Path  # results/<variant>/sensitivity.json
+    ranking: Path  # results/<variant>/sensitivity.json (beside kl.json, written in the same pass)
     figures: dict  # variant, fix, the ranking's figures, the fix's quant.json figures, seconds
 
     def summary(self) -> str:
         f = self.figures
         ratio = f" ({f['size_ratio']:.2f}x the size of {f['variant']})" if f.get("size_ratio") else ""
-        return (f"fix: wrote {self.ranking} and {self.out}: {f['groups_in_8_bits']} of {f['groups_total']} groups in "
-                f"8 bits, {f['bits_per_weight']:.2f} bits per weight{ratio}; first {f['first_group']} "
-                f"(restoring it removes {f['first_share']:.0%} of the KL) in {f['seconds']:.0f} s")
+        return (f"fix: wrote {self.ranking.with_name('kl.json')}, {self.ranking.name} and {self.out}: {f['groups_in_8_bits']} of "
+                f"{f['groups_total']} groups in 8 bits, {f['bits_per_weight']:.2f} bits per weight{ratio}; first "
+                f"{f['first_group']} (restoring it removes {f['first_share']:.0%} of the KL; ranking it added "
+                f"{f['sensitivity_seconds']:.1f} s to the KL's pass) in {f['seconds']:.0f} s")
 
 
 def paths(variant: str, models_dir: Path | str = "models", results_dir: Path | str = "results") -> dict[str, Path]:
-    """What the fix of `variant` reads and writes: the variant's checkpoint, its ranking, the fix's checkpoint."""
-    return {"variant": Path(models_dir) / variant, "ranking": Path(results_dir) / variant / SENSITIVITY_FILE,
-            "out": Path(models_dir) / fixes.fix_name(variant)}
+    """What the fix of `variant` reads and writes: the variant's checkpoint, its KL and ranking, the fix's
+    checkpoint."""
+    return {"variant": Path(models_dir) / variant, "kl": Path(results_dir) / variant / "kl.json",
+            "ranking": Path(results_dir) / variant / SENSITIVITY_FILE, "out": Path(models_dir) / fixes.fix_name(variant)}
 
 
 def check_inputs(variant: str, base_dir: Path | str, holdout: Path | str, models_dir: Path | str = "models") -> None:
@@ -55,7 +60,7 @@ def check_inputs(variant: str, base_dir: Path | str, holdout: Path | str, models
         raise UserError(f"{holdout}: no held-out conversations to rank the groups on; run `quantize calib` first")
 
 
-def run(variant: str, params, *, calib: Path | str, rank, build, base_dir: Path | str | None = None,
+def run(variant: str, params, *, calib: Path | str, measure, build, base_dir: Path | str | None = None,
         holdout: Path | str | None = None, models_dir: Path | str = "models",
         results_dir: Path | str = "results") -> FixResult:
     """Rank models/<variant>'s groups, then build models/<variant>-mixed. params: the whole params.yaml (the
@@ -72,23 +77,23 @@ def run(variant: str, params, *, calib: Path | str, rank, build, base_dir: Path 
     base_dir = Path(base_dir or params.model.base_dir)
     holdout = Path(holdout or params.calib.out / "holdout.jsonl")
     watch = Stopwatch()
-    print(f"fix {variant}, 1 of 2: ranking its quantized groups by the KL each one costs (quantize sensitivity)",
-          flush=True)
+    print(f"fix {variant}, 1 of 2: its KL to the base, and in the same pass its quantized groups ranked by the KL "
+          f"each one costs (quantize kl --rank)", flush=True)
     mixed = methods.method("mixed")  # the fix's method, as the registry names it
-    ranked = rank(base_dir, where["variant"], holdout, where["ranking"], params.kl, params.engine)
-    print(ranked.summary(), flush=True)
+    measured = measure(base_dir, where["variant"], holdout, where["kl"], params.kl, params.engine, rank=True)
+    print(measured.summary(), flush=True)
     print(f"fix {variant}, 2 of 2: {where['out']}: {settings.method} as {variant} was built, the first groups in 8 bits "
           f"within {params.fix.max_bits:g} bits per weight (quantize mixed)", flush=True)
     built = build(base_dir, where["out"], Path(calib),
                          mixed.for_variant(settings, params.fix.max_bits, where["ranking"]),
                          method_options={"base_settings": settings})
     info, before = built.info, read_quant_json(where["variant"]) or {}
-    first = ranked.figures["groups"][0]
+    first = measured.ranking["groups"][0]
     figures = {"variant": variant, "fix": where["out"].name, "max_bits": params.fix.max_bits,
                "groups_in_8_bits": info["groups_in_8_bits"], "groups_total": info["groups_total"],
                "bits_per_weight": info["bits_per_weight"], "size_bytes": info["size_bytes"],
                "size_ratio": info["size_bytes"] / before["size_bytes"] if before.get("size_bytes") else None,
                "first_group": first["name"], "first_share": first["share_removed"],
-               "sensitivity_seconds": ranked.figures["seconds"], "quantize_seconds": info["seconds"]["total"],
+               "sensitivity_seconds": measured.ranking["seconds"], "quantize_seconds": info["seconds"]["total"],
                "seconds": watch.seconds}
     return FixResult(where["out"], where["ranking"], figures)

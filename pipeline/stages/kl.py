@@ -5,6 +5,10 @@ per token we take KL(base || variant) and whether their top-1 tokens agree, the 
 llama.cpp's perplexity tool reports for its quantizations. Cheap, label-free, and sensitive
 long before benchmark accuracy moves. Each sequence's per-token values go to kl.jsonl beside
 kl.json (pipeline/formats/kl_lines.py), from which the report recomputes the summary.
+
+`--rank` (the fix stage's pass: pipeline/stages/fix.py) ranks the variant's quantized groups in the same pass, by the
+KL each one costs (the `taylor` measure of pipeline/scoring/group_kl.py: one backward pass of the variant per batch),
+into sensitivity.json beside kl.json: the loads and the forward passes a ranking needs are the ones the KL needs.
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ from pathlib import Path
 
 from pipeline.checkpoints import checkpoint
 from pipeline.engines import DEFAULT, EngineSettings, default_settings, settings_for
+from pipeline.errors import UserError
 from pipeline.formats.kl_lines import lines_path, write_kl_lines
+from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
+from pipeline.formats.sensitivity import write_sensitivity
 from pipeline.outputs import Stopwatch, write_json
+from pipeline.scoring import group_kl
 from pipeline.scoring.token_kl import holdout_texts, log_probs, token_kl
 from pipeline.settings.params import KlParams, sections_with_overrides
 
@@ -24,11 +32,20 @@ from pipeline.settings.params import KlParams, sections_with_overrides
 class KLResult:
     out: Path
     figures: dict  # what the stage's JSON summary holds
+    ranking: dict | None = None  # sensitivity.json, when the pass ranked the groups too
 
     def summary(self) -> str:
         s = self.figures
+        ranked = ""
+        if self.ranking:
+            r, top = self.ranking, self.ranking["groups"][0]
+            share = f", {r['share_of_quantize_time']:.1%} of its quantization time" if r.get(
+                "share_of_quantize_time") is not None else ""
+            ranked = (f"; ranked {len(r['groups'])} groups into {self.out.with_name(SENSITIVITY_FILE)} (first "
+                      f"{top['name']}: restoring it removes {top['share_removed']:.0%}; the ranking added "
+                      f"{r['seconds']:.1f} s{share})")
         return (f"kl: wrote {self.out} ({s['tokens']} tokens: mean KL {s['kl_mean']:.4f}, p99 {s['kl_p99']:.4f}, "
-                f"top-1 agreement {s['top1_agreement']:.1%}) in {s['seconds']:.0f} s")
+                f"top-1 agreement {s['top1_agreement']:.1%}{ranked}) in {s['seconds']:.0f} s")
 
 
 def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
@@ -50,6 +67,29 @@ def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
             agree.append(same)
             advance(len(batch))
     return torch.cat(kls), torch.cat(agree)
+
+
+def compare_and_rank(base, variant, sequences: list[list[int]], batch_size: int = 8):
+    """`compare`'s figures, and in the same pass the second-order ranking of the variant's quantized groups
+    (pipeline/scoring/group_kl.py): the variant's forward pass kept in autograd's graph, then one backward pass.
+    Returns the KL, the agreement and the SecondOrder holding the ranking's sums and its added seconds."""
+    import torch
+
+    from pipeline.console import progress
+
+    device = next(base.parameters()).device
+    kls, agree = [], []
+    groups = group_kl.quantized_groups(base, variant)
+    with progress("kl: base and variant, ranking the variant's groups", len(sequences), "sequences") as advance, \
+            group_kl.SecondOrder(base, variant, groups) as second_order:
+        for start in range(0, len(sequences), batch_size):
+            batch = sequences[start:start + batch_size]
+            base_lp, mask = log_probs(base, batch, device)
+            kl, same = second_order.add(base_lp, mask, batch, device)
+            kls.append(kl)
+            agree.append(same)
+            advance(len(batch))
+    return torch.cat(kls), torch.cat(agree), second_order
 
 
 def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], device: str, batch_size: int = 8):
@@ -85,14 +125,32 @@ def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], d
     return torch.cat(kls), torch.cat(agree)
 
 
+def measure_and_rank(load, base_dir, variant_dir, sequences: list[list[int]], batch_size: int, watch: Stopwatch):
+    """`compare_and_rank` on the two checkpoints (`load` loads one): the KL, the agreement and sensitivity.json's
+    figures (pipeline/formats/sensitivity.py; `seconds` what the ranking added to the pass, beside the variant's
+    quantization time)."""
+    base, variant = load(base_dir), load(variant_dir)
+    loaded = watch.seconds
+    kl, agree, second_order = compare_and_rank(base, variant, sequences, batch_size)
+    variant_sum, restored_sums, tokens = second_order.sums()
+    ranking = {"base": str(base_dir), "variant": str(variant_dir), "sequences": len(sequences), "tokens": tokens,
+               "kl_mean": variant_sum / tokens, "measure": "taylor", "measured_in": "quantize kl --rank",
+               "groups": group_kl.ranked(second_order.groups, variant, variant_sum, restored_sums, tokens),
+               "load_seconds": round(loaded, 2), "pass_seconds": round(watch.seconds - loaded, 2),
+               **group_kl.timing(Path(variant_dir), second_order.seconds)}
+    return kl, agree, ranking
+
+
 def checkpoint_dtype(model_dir: Path) -> str:
     """The dtype the checkpoint's weights are meant to run in (config torch_dtype / dtype), float16 if unsaid."""
     return checkpoint.open(model_dir).dtype
 
 
-def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int) -> bool:
+def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int,
+                    gradients: bool = False) -> bool:
     """Two dense copies of the weights plus a batch's log-probabilities (both models, float32) within 90 %
-    of the GPU's free memory."""
+    of the GPU's free memory; `gradients` (the ranking): a third copy (the weights' gradients) and twice the
+    activations (autograd keeps the variant's)."""
     import torch
 
     from pipeline.checkpoints.sizes import checkpoint_weight_bytes
@@ -102,19 +160,20 @@ def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int,
     longest = max(len(s) for s in sequences)
     activations = 4 * batch_size * longest * vocab * 4  # logits, log-softmax and the exp, both models, float32
     free, _ = torch.cuda.mem_get_info()
-    return 2 * weights + activations < 0.9 * free
+    return (3 if gradients else 2) * weights + (2 if gradients else 1) * activations < 0.9 * free
 
 
 def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str,
         settings: KlParams | None = None, engine: EngineSettings | None = None, *, device: str | None = None,
-        resident: str = "auto", batch_size: int = 8, **overrides) -> KLResult:
+        resident: str = "auto", batch_size: int = 8, rank: bool = False, **overrides) -> KLResult:
     """settings: params.yaml `kl` (sequences and max_tokens: conversations scored and tokens per
     conversation); engine: params.yaml `engine` (the dtype an in-process engine takes from it); defaults in
     params.py. `overrides` (e.g.
     sequences=8, dtype="bfloat16") replace the field of that name, validated again. On a GPU the models
     run in the base checkpoint's dtype; on a CPU in engine.dtype (float32 holds float16 weights exactly).
     resident: "both", "one" (one model at a time) or "auto" (both when they fit); batch_size: sequences
-    per forward pass (the stage's own, not engine.batch_size)."""
+    per forward pass (the stage's own, not engine.batch_size); rank: also rank the variant's quantized groups in
+    the same pass, into sensitivity.json beside `out` (both models resident: refused where they do not fit)."""
     k, e = sections_with_overrides(settings or KlParams, engine or default_settings(), **overrides)
     dtype = settings_for(e, DEFAULT).dtype
     import torch
@@ -136,8 +195,16 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     load = lambda path: load_for_inference(path, torch_dtype, device=place).eval()  # noqa: E731
     if resident == "auto":
         resident = "both" if device != "cuda" or both_fit_on_gpu(
-            Path(base_dir), sequences, batch_size, torch.tensor([], dtype=torch_dtype).element_size()) else "one"
-    if resident == "both":
+            Path(base_dir), sequences, batch_size, torch.tensor([], dtype=torch_dtype).element_size(), rank) else "one"
+    ranking = None
+    if rank and resident != "both":
+        raise UserError(f"kl --rank: {base_dir} and {variant_dir} with the gradients of the variant's weights do not "
+                        "fit in the GPU's free memory together, and the ranking needs both resident; lower params.yaml "
+                        "kl.sequences or kl.max_tokens, or free the GPU (`quantize stop-servers`)")
+    if rank:
+        kl, agree, ranking = measure_and_rank(load, base_dir, variant_dir, sequences, batch_size, watch)
+        ranking.update({"holdout": str(holdout), "device": device, "dtype": dtype})
+    elif resident == "both":
         kl, agree = compare(load(base_dir), load(variant_dir), sequences, batch_size)
     else:
         kl, agree = compare_one_at_a_time(lambda: load(base_dir), lambda: load(variant_dir), sequences, device,
@@ -151,5 +218,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     }
     lengths = [len(s) for s in sequences]  # the scored positions, sequence after sequence
     write_kl_lines(lines_path(out), [(k.tolist(), int(a.sum())) for k, a in zip(kl.split(lengths), agree.split(lengths))])
+    if ranking:
+        write_sensitivity(Path(out).with_name(SENSITIVITY_FILE), ranking)
     write_json(out, summary)  # last: a summary beside its lines
-    return KLResult(Path(out), summary)
+    return KLResult(Path(out), summary, ranking)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from pipeline.checkpoints import fused, headers
 from pipeline.errors import UserError
-from pipeline.formats.quant_json import read_quant_json
 from pipeline.formats.sensitivity import write_sensitivity
 from pipeline.outputs import Stopwatch
+from pipeline.scoring import group_kl
 from pipeline.scoring.token_kl import holdout_texts, log_probs, token_kl
 from pipeline.engines import DEFAULT, EngineSettings, default_settings, settings_for
 from pipeline.settings.params import KlParams, sections_with_overrides
@@ -43,20 +43,6 @@ class SensitivityResult:
         return (f"sensitivity: wrote {self.out} ({len(s['groups'])} groups on {s['tokens']} tokens, variant KL "
                 f"{s['kl_mean']:.4f}; first {top['name']}: restoring it removes {top['share_removed']:.0%}) in "
                 f"{s['seconds']:.0f} s{share}")
-
-
-def quantized_groups(base, variant) -> list[fused.Group]:
-    """The variant's Linears whose weights differ from the base's, as fused groups; none is a UserError."""
-    import torch
-
-    base_modules = dict(base.named_modules())
-    changed = [name for name, module in variant.named_modules()
-               if isinstance(module, torch.nn.Linear) and name in base_modules
-               and not torch.equal(module.weight, base_modules[name].weight)]
-    if not changed:
-        raise UserError("the variant's weights equal the base's: nothing is quantized, nothing to rank; pass a "
-                        "quantized variant (models/<variant>)")
-    return fused.groups(changed)
 
 
 @contextlib.contextmanager
@@ -96,63 +82,23 @@ def measure(base, variant, groups: list[fused.Group], sequences: list[list[int]]
 
 
 def estimate(base, variant, groups: list[fused.Group], sequences: list[list[int]], batch_size: int = 8):
-    """The same three figures, restoring estimated to second order from one gradient (the `taylor` measure).
-
-    Around the base, KL(base || base + d) = 1/2 d'Hd + O(d^3) (no linear term: the KL is smallest, zero, at the
-    base), so its gradient at the variant (d the quantization error) is g = Hd, and restoring group i (d_i -> 0)
-    removes g_i.d_i - 1/2 d_i'H_ii d_i. Without the cross terms between groups (H_ij d_j, j != i), g_i = H_ii d_i
-    and that is g_i.d_i / 2: one forward and one backward pass of the variant per batch, for every group at once.
-    The cross terms are what the `restore` measure sees and this one does not; benchmarks/mixed_choice.py compares
-    the choices each ranking makes."""
-    import torch
-
+    """The same three figures, restoring estimated to second order from one gradient (the `taylor` measure:
+    pipeline/scoring/group_kl.py), one forward pass of the base and one forward and backward pass of the variant
+    per batch, for every group at once."""
     from pipeline.console import progress
 
     device = next(base.parameters()).device
-    for parameter in variant.parameters():
-        parameter.requires_grad_(False)
-    weights = [[variant.get_submodule(m).weight for m in group.modules] for group in groups]
-    for group in weights:
-        for weight in group:
-            weight.requires_grad_(True)
-    variant_sum, removed_sums, tokens = 0.0, [0.0] * len(groups), 0
     batches = [sequences[start:start + batch_size] for start in range(0, len(sequences), batch_size)]
-    try:
-        with progress("sensitivity: one gradient for every group", len(batches), "batches") as advance:
-            for batch in batches:
-                base_lp, mask = log_probs(base, batch, device)
-                variant_lp, _ = log_probs(variant, batch, device, grad=True)
-                kl = (base_lp.exp() * (base_lp - variant_lp)).sum(-1)[mask].sum()
-                kl.backward()
-                del variant_lp
-                variant_sum, tokens = variant_sum + float(kl.detach().double()), tokens + int(mask.sum())
-                with torch.no_grad():
-                    for index, (group, modules) in enumerate(zip(groups, weights)):
-                        for name, weight in zip(group.modules, modules):
-                            error = weight.float() - base.get_submodule(name).weight.float()
-                            removed_sums[index] += 0.5 * float((weight.grad.float() * error).double().sum())
-                            weight.grad = None
-                advance(1)
-    finally:
-        for group in weights:
-            for weight in group:
-                weight.requires_grad_(False)
-    return variant_sum, [variant_sum - removed for removed in removed_sums], tokens
+    with progress("sensitivity: one gradient for every group", len(batches), "batches") as advance, \
+            group_kl.SecondOrder(base, variant, groups) as second_order:
+        for batch in batches:
+            base_lp, mask = log_probs(base, batch, device)
+            second_order.add(base_lp, mask, batch, device)
+            advance(1)
+    return second_order.sums()
 
 
 MEASURES = {"taylor": estimate, "restore": measure}  # the default first
-
-
-def ranked(groups: list[fused.Group], variant, variant_sum: float, restored_sums: list[float], tokens: int) -> list:
-    kl_mean = variant_sum / tokens
-    rows = []
-    for group, restored_sum in zip(groups, restored_sums):
-        kl_restored = restored_sum / tokens
-        rows.append({"name": group.name, "layer": group.layer, "kind": group.kind, "modules": group.modules,
-                     "weights": sum(variant.get_submodule(m).weight.numel() for m in group.modules),
-                     "kl_restored": kl_restored, "kl_removed": kl_mean - kl_restored,
-                     "share_removed": (kl_mean - kl_restored) / kl_mean if kl_mean > 0 else 0.0})
-    return sorted(rows, key=lambda row: -row["kl_removed"])
 
 
 def load_both(base_dir, variant_dir, dtype, device: str):
@@ -164,14 +110,6 @@ def load_both(base_dir, variant_dir, dtype, device: str):
 
     place = "cuda" if device == "cuda" else None
     return [load_for_inference(path, dtype, device=place).eval() for path in (base_dir, variant_dir)]
-
-
-def _timing(variant_dir: Path, seconds: float) -> dict:
-    """The time it took beside the variant's quantization time, where its quant.json says it."""
-    info = read_quant_json(variant_dir) if (Path(variant_dir) / "quant.json").exists() else None
-    total = (info or {}).get("seconds", {}).get("total")
-    return {"seconds": round(seconds, 2), "quantize_seconds": total,
-            "share_of_quantize_time": round(seconds / total, 4) if total else None}
 
 
 def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str,
@@ -196,13 +134,13 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     dtype = checkpoint.open(Path(base_dir)).dtype if device == "cuda" else settings_for(e, DEFAULT).dtype
     sequences = holdout_texts(AutoTokenizer.from_pretrained(base_dir), Path(holdout), k.max_tokens, k.sequences)
     base, variant = load_both(base_dir, variant_dir, getattr(torch, dtype), device)
-    groups, loaded = quantized_groups(base, variant), watch.seconds
+    groups, loaded = group_kl.quantized_groups(base, variant), watch.seconds
     variant_sum, restored_sums, tokens = MEASURES[measure](base, variant, groups, sequences, batch_size)
     summary = {"base": str(base_dir), "variant": str(variant_dir), "holdout": str(holdout),
                "sequences": len(sequences), "tokens": tokens, "kl_mean": variant_sum / tokens,
-               "measure": measure, "groups": ranked(groups, variant, variant_sum, restored_sums, tokens),
+               "measure": measure, "groups": group_kl.ranked(groups, variant, variant_sum, restored_sums, tokens),
                "device": device,
                "dtype": dtype, "load_seconds": round(loaded, 2), "measure_seconds": round(watch.seconds - loaded, 2),
-               **_timing(Path(variant_dir), watch.seconds)}
+               **group_kl.timing(Path(variant_dir), watch.seconds)}
     write_sensitivity(out, summary)
     return SensitivityResult(Path(out), summary)
