@@ -137,3 +137,22 @@ def test_the_server_is_keyed_by_the_run_and_the_environment_its_modules_saw(monk
     assert forkserver_key(1234, 99) == key
     monkeypatch.setenv("HF_HOME", "/elsewhere")  # read by modules at import: another server
     assert forkserver_key(1234, 99) != key
+
+
+def test_make_demos_in_process_dvc_repro_is_the_run_its_stages_belong_to(tmp_path):
+    """`make demo` runs `python -m pipeline.cli.repro` (dvc repro in-process, pipeline/cli/repro.py): a stage under it
+    finds it as its run (so its commands fork from the run's warm interpreter), not itself."""
+    import yaml
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("QUANTIZE_RUN_PID", None)
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=tmp_path, env=env, check=True)
+    probe = "import json; from pipeline.runs import run_owner; print(json.dumps(run_owner()))"
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"probe": {
+        "cmd": f"{sys.executable} -c '{probe}' > owner.json", "outs": ["owner.json"]}}}))
+    repro = subprocess.Popen([sys.executable, "-m", "pipeline.cli.repro"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = repro.communicate(timeout=300)
+    assert repro.returncode == 0, out
+    pid, _, what = json.loads((tmp_path / "owner.json").read_text())
+    assert pid == repro.pid and what == f"dvc repro (pid {repro.pid})"

@@ -191,8 +191,9 @@ MIXED = methods.method("mixed")  # the fix's method (pipeline/methods/mixed.py):
 
 
 class FixParams(Section):
-    """`quantize fix V` (the fix stage of dvc.yaml, one per W4A16 variant it lists): the variant's groups ranked by
-    `quantize sensitivity`, then V-mixed built with the `mixed` method on V's own settings within this budget."""
+    """`quantize fix V` (the fix stage of dvc.yaml, one per W4A16 variant it lists): the variant's groups ranked in
+    the pass that measures its KL (`quantize kl --rank`), then V-mixed built with the `mixed` method on V's own
+    settings within this budget."""
 
     max_bits: MIXED.MaxBits = MIXED.DEFAULT_MAX_BITS
 
