@@ -8,6 +8,9 @@
     python benchmarks/gpu_mixed.py cost      # AWQ W4A16 and its sensitivity twice, and the two loads alone
     python benchmarks/gpu_mixed.py rankcost  # AWQ W4A16, then side by side twice: `quantize kl`, `quantize kl
                                              # --rank` (the fix stage's pass) and `quantize sensitivity` alone
+    python benchmarks/gpu_mixed.py fixstage  # `quantize fix awq-w4a16` as dvc.yaml's fix stage runs it, in a project
+                                             # with the gpu-h200 profile's params.yaml; then vLLM serves AWQ W4A16
+                                             # and its fix: tok/s at 1/16/64 (--build-only: no vLLM)
     python benchmarks/gpu_mixed.py table     # the short table of what the parts measured
 
 Parts keep what they built under /tmp/gpu-mixed and skip what exists, so a call cut short is resumed by the next;
@@ -167,6 +170,87 @@ def rankcost() -> dict:
     return results
 
 
+# ---------------------------------------------------------------- fixstage
+
+def fix_project(p: dict, awq: Path) -> Path:
+    """A project folder as `dvc repro` of the gpu-h200 profile leaves it before the fix stage: its params.yaml (the
+    calibration and group size of what was built here), models/base and models/awq-w4a16, the calibration blocks and
+    the held-out conversations (links to what this script built)."""
+    import yaml
+
+    from pipeline import profiles
+
+    project = ROOT / "project"
+    params = yaml.safe_load(profiles.stored("gpu-h200", "params.yaml").read_text())
+    params["calib"].update({"seq_len": CALIB[1], "num_blocks": CALIB[0]})
+    for variant in params["variants"].values():
+        if "group_size" in variant:
+            variant["group_size"] = GROUP
+    params["kl"].update({"sequences": SEQUENCES, "max_tokens": MAX_TOKENS})
+    build = project / params["calib"]["out"]
+    build.mkdir(parents=True, exist_ok=True)
+    (project / "models").mkdir(exist_ok=True)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for link, target in ((project / "models" / "base", p["base"]), (project / "models" / "awq-w4a16", awq),
+                         (build / "calib.jsonl", p["calib"] / "calib.jsonl"), (build / "holdout.jsonl", p["rank.jsonl"])):
+        if not link.exists():
+            link.symlink_to(target)
+    return project
+
+
+def fixstage() -> dict:
+    """`quantize fix awq-w4a16` (the console script, as dvc.yaml's fix stage runs it) at these shapes: the KL and the
+    ranking in one pass, then models/awq-w4a16-mixed on the variant's own AWQ settings; then vLLM serves the AWQ
+    W4A16 variant and its fix, one after the other, at the same settings as `serve`."""
+    import subprocess
+
+    from pipeline.formats.quant_json import read_quant_json
+    from pipeline.stages import bench
+
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "layers": LAYERS, "tiny": TINY}
+    p = paths(variants=False)
+    awq = build_awq(p, results, "fixstage")
+    project = fix_project(p, awq)
+    fixed = project / "models" / "awq-w4a16-mixed"
+
+    def run_fix():
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli.launcher", "fix", "awq-w4a16"], cwd=project,
+                              capture_output=True, text=True, env={**os.environ, "QUANTIZE_FORKSERVER": "0"})
+        if done.returncode:
+            raise RuntimeError(f"quantize fix exited {done.returncode}: {(done.stdout + done.stderr)[-3000:]}")
+        return {"wall_seconds": round(time.perf_counter() - started, 2), "said": done.stdout.strip().splitlines()[-1]}
+
+    if not (fixed / "quant.json").exists():
+        step(results, "fixstage", "quantize fix awq-w4a16", run_fix)
+        free_gpu()
+    info = read_quant_json(fixed) or {}
+    ranking = json.loads((project / "results" / "awq-w4a16" / "sensitivity.json").read_text())
+    results["the fix"] = {k: info.get(k) for k in ("base_method", "max_bits", "groups_in_8_bits", "groups_total",
+                                                   "bits_per_weight", "size_bytes", "seconds")}
+    results["its ranking"] = {k: v for k, v in ranking.items() if k != "groups"} | {
+        "first": [g["name"] for g in ranking["groups"][:5]]}
+    results["awq's kl.json"] = json.loads((project / "results" / "awq-w4a16" / "kl.json").read_text())
+    if "--build-only" in sys.argv:  # vLLM not there yet (it travels in parts: ../shared/device/README.md)
+        return results
+    for name, folder in (("awq-w4a16", awq), ("awq-w4a16-mixed", fixed)):
+        out = ROOT / f"bench-{name}.json"
+        if out.exists():
+            results[f"bench {name}"] = json.loads(out.read_text())
+            continue
+        step(results, "fixstage", f"bench {name}", lambda f=folder, o=out: bench.run(
+            f, o, engine="vllm", concurrency=[1, 2] if TINY else [1, 16, 64], input_len=16 if TINY else 128,
+            output_len=8 if TINY else 256, requests_per_level=2, holdout=None, request_rates=[],
+            **SERVING, **SERVER).figures)
+        free_gpu()
+        for kept in (out, out.with_suffix(".vllm.log")):
+            if kept.exists():
+                OUT.mkdir(parents=True, exist_ok=True)
+                data = kept.read_bytes()
+                (OUT / f"fixstage_{kept.name}").write_bytes(data if kept.suffix == ".json" else data[-200_000:])
+    return results
+
+
 # ---------------------------------------------------------------- build
 
 def build() -> dict:
@@ -278,7 +362,7 @@ def table() -> None:
                   f"(load {s.get('load_seconds')}, measure {s.get('measure_seconds')}) | "
                   f"{s.get('share_of_quantize_time')} of {s.get('quantize_seconds')} s |")
     print("\n| checkpoint | c=1 tok/s | c=16 tok/s | c=64 tok/s |\n|---|---|---|---|")
-    for name in SERVED:
+    for name in [*SERVED, "awq-w4a16", "awq-w4a16-mixed"]:
         path = ROOT / f"bench-{name}.json"
         if path.exists():
             levels = json.loads(path.read_text())["workloads"]["fixed"]["levels"]
@@ -286,7 +370,8 @@ def table() -> None:
 
 
 if __name__ == "__main__":
-    parts = {"build": build, "compare": compare, "serve": serve, "cost": cost, "rankcost": rankcost, "table": table}
+    parts = {"build": build, "compare": compare, "serve": serve, "cost": cost, "rankcost": rankcost, "fixstage": fixstage,
+             "table": table}
     chosen = [a for a in sys.argv[1:] if not a.startswith("--")]
     for part in chosen or list(parts):
         parts[part]()
