@@ -1,5 +1,5 @@
-"""Which run a process belongs to, read from /proc: a run is the `dvc repro` (or `dvc exp run`, or `make demo`'s
-`python -m pipeline.cli.repro`) process a stage runs under, or the process QUANTIZE_RUN_PID names. The run's shared servers (pipeline/engines/shared.py) and
+"""Which run a process belongs to, read from /proc: a run is the `dvc repro` (or `dvc exp run`) process a stage
+runs under, or the process QUANTIZE_RUN_PID names. The run's shared servers (pipeline/engines/shared.py) and
 its fork server (pipeline/cli/forkserver.py) live as long as it does.
 
 Standard library only: the `quantize` launcher (pipeline/cli/launcher.py) asks before importing anything else.
@@ -41,15 +41,14 @@ def parent(pid: int) -> int | None:
 
 
 def is_run(pid: int) -> bool:
-    """A `dvc repro` / `dvc exp run` process, or `python -m pipeline.cli.repro` (`make demo`'s dvc repro, run
-    in-process: pipeline/cli/repro.py)."""
+    """A `dvc repro` / `dvc exp run` process."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     names = [Path(a.decode(errors="replace")).name for a in argv[:3]]
     rest = [a.decode(errors="replace") for a in argv[1:6]]
-    return ("dvc" in names and ("repro" in rest or "exp" in rest)) or rest[:2] == ["-m", "pipeline.cli.repro"]
+    return "dvc" in names and ("repro" in rest or "exp" in rest)
 
 
 def run_owner() -> tuple[int, int | None, str]:

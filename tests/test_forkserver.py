@@ -155,4 +155,4 @@ def test_make_demos_in_process_dvc_repro_is_the_run_its_stages_belong_to(tmp_pat
     out, _ = repro.communicate(timeout=300)
     assert repro.returncode == 0, out
     pid, _, what = json.loads((tmp_path / "owner.json").read_text())
-    assert pid == repro.pid and what == f"dvc repro (pid {repro.pid})"
+    assert pid == repro.pid and what == f"QUANTIZE_RUN_PID (pid {repro.pid})"

@@ -54,10 +54,13 @@ SHOWN: tuple[Run, ...] = (
     Run("vllm", "0.24.0", _GLM, "fp8-static", "per-head", True, "2026-11-30",
         "benchmarks/results/gpu_vllm_bench_fp8-w8a8.json, gpu_vllm_kv_scales.json",
         "CutlassFP8ScaledMM; the per-head KV scales reach the attention kernel"),
-    # the `mixed` method's checkpoint (W4A16 and W8A16 config groups, 14 of 160 groups in 8 bits), same shapes
+    # the `mixed` method's checkpoint (W4A16 and W8A16 config groups), same shapes: RTN-based (14 of 160 groups in
+    # 8 bits), and AWQ-based as `quantize fix awq-w4a16` built it (16 of 160), each in a run of its own
     Run("vllm", "0.24.0", _GLM, "w4a16+w8a16", "none", True, "2026-12-03",
-        "benchmarks/results/gpu_mixed_serve.json, gpu_mixed_bench_rtn-mixed-4.5.vllm.log",
-        "Machete kernels; tok/s at batch 1 / 16 / 64: 199 / 2920 / 8708 (W4A16 203 / 2989 / 8896, W8A16 182 / 2697 / 7902)"),
+        "benchmarks/results/gpu_mixed_serve.json, gpu_mixed_bench_rtn-mixed-4.5.vllm.log; gpu_mixed_fixstage.json, "
+        "gpu_mixed_bench_awq-w4a16-mixed.vllm.log",
+        "Machete kernels; tok/s at batch 1 / 16 / 64: RTN-based 199 / 2920 / 8708 (W4A16 203 / 2989 / 8896, W8A16 "
+        "182 / 2697 / 7902); AWQ-based 200 / 2947 / 8667 (AWQ W4A16 200 / 2969 / 8762)"),
     # the GLM-4.5V / 4.6V layout (Glm4vMoe), 2026-12-01
     Run("vllm", "0.24.0", _GLM4V_MOE, "none", "none", True, "2026-12-01", _README_MOE),
     Run("vllm", "0.24.0", _GLM4V_MOE, "w4a16", "none", True, "2026-12-01", _README_MOE),

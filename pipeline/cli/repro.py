@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,11 @@ def repro(args: list[str]) -> int:
     from dvc.cli import main
     from dvc.ui import ui
 
+    from pipeline.runs import RUN_PID_ENV
+
+    # this process is the run its stages belong to (they look for a `dvc repro` process, which this one is not by
+    # name): their commands fork from the run's warm interpreter, its shared servers live as long as it does
+    os.environ.setdefault(RUN_PID_ENV, str(os.getpid()))
     ui.enable = lambda: None  # main() turns it on unless --quiet, which would also drop DVC's errors
     for name in DVC_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
