@@ -205,7 +205,6 @@ def fixstage() -> dict:
     import subprocess
 
     from pipeline.formats.quant_json import read_quant_json
-    from pipeline.stages import bench
 
     results: dict = {"date": time.strftime("%Y-%m-%d"), "layers": LAYERS, "tiny": TINY}
     p = paths(variants=False)
@@ -233,21 +232,7 @@ def fixstage() -> dict:
     results["awq's kl.json"] = json.loads((project / "results" / "awq-w4a16" / "kl.json").read_text())
     if "--build-only" in sys.argv:  # vLLM not there yet (it travels in parts: ../shared/device/README.md)
         return results
-    for name, folder in (("awq-w4a16", awq), ("awq-w4a16-mixed", fixed)):
-        out = ROOT / f"bench-{name}.json"
-        if out.exists():
-            results[f"bench {name}"] = json.loads(out.read_text())
-            continue
-        step(results, "fixstage", f"bench {name}", lambda f=folder, o=out: bench.run(
-            f, o, engine="vllm", concurrency=[1, 2] if TINY else [1, 16, 64], input_len=16 if TINY else 128,
-            output_len=8 if TINY else 256, requests_per_level=2, holdout=None, request_rates=[],
-            **SERVING, **SERVER).figures)
-        free_gpu()
-        for kept in (out, out.with_suffix(".vllm.log")):
-            if kept.exists():
-                OUT.mkdir(parents=True, exist_ok=True)
-                data = kept.read_bytes()
-                (OUT / f"fixstage_{kept.name}").write_bytes(data if kept.suffix == ".json" else data[-200_000:])
+    bench_each(results, "fixstage", {"awq-w4a16": awq, "awq-w4a16-mixed": fixed}, prefix="fixstage_")
     return results
 
 
@@ -302,18 +287,18 @@ def compare() -> dict:
 
 # ---------------------------------------------------------------- serve
 
-def serve() -> dict:
+def bench_each(results: dict, part: str, checkpoints: dict[str, Path], prefix: str = "") -> None:
+    """`quantize bench --engine vllm` of each checkpoint, one after the other (kept: a bench already written is
+    read back); its JSON and the tail of vLLM's log go to $OUT."""
     from pipeline.stages import bench
 
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "tiny": TINY}
-    p = paths()
-    for name, folder in SERVED.items():
+    for name, folder in checkpoints.items():
         out = ROOT / f"bench-{name}.json"
         if out.exists():
             results[f"bench {name}"] = json.loads(out.read_text())
             continue
-        step(results, "serve", f"bench {name}", lambda n=name, f=folder, o=out: bench.run(
-            ROOT / f, o, engine="vllm", concurrency=[1, 2] if TINY else [1, 16, 64], input_len=16 if TINY else 128,
+        step(results, part, f"bench {name}", lambda f=folder, o=out: bench.run(
+            f, o, engine="vllm", concurrency=[1, 2] if TINY else [1, 16, 64], input_len=16 if TINY else 128,
             output_len=8 if TINY else 256, requests_per_level=2, holdout=None, request_rates=[],
             **SERVING, **SERVER).figures)
         free_gpu()
@@ -321,8 +306,13 @@ def serve() -> dict:
             if kept.exists():
                 OUT.mkdir(parents=True, exist_ok=True)
                 data = kept.read_bytes()
-                (OUT / kept.name).write_bytes(data if kept.suffix == ".json" else data[-200_000:])
-    del p
+                (OUT / f"{prefix}{kept.name}").write_bytes(data if kept.suffix == ".json" else data[-200_000:])
+
+
+def serve() -> dict:
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "tiny": TINY}
+    paths()  # the checkpoints SERVED names
+    bench_each(results, "serve", {name: ROOT / folder for name, folder in SERVED.items()})
     return results
 
 
