@@ -38,7 +38,7 @@ demo: install sandbox-deps
 
 test: install system-deps docs
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q --timeout 900
+	$(BIN)/pytest -q --timeout 900 --durations=20
 
 # The docs site (mkdocs.yml): the `docs` extra, then a strict build into site/ (every warning an error: a broken link
 # or anchor, a missing include). The reference pages are generated from the code at each build (tools/gen_docs.py).
