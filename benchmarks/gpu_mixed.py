@@ -24,7 +24,6 @@ the demo model's real weights).
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -36,9 +35,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_steps import step as record_step  # noqa: E402
+from gpu_vllm import SERVER, SERVING, free_gpu  # noqa: E402  (vLLM as its own server, VLLM_SITE its PYTHONPATH)
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-mixed-out"))
 TINY = "--tiny" in sys.argv
 ROOT = Path("/tmp/gpu-mixed-tiny" if TINY else "/tmp/gpu-mixed")
@@ -46,25 +44,11 @@ LAYERS = 40  # GLM-4-9B's depth
 GROUP = 32 if TINY else 128  # the gpu-h200 profile's group size
 SEQUENCES, MAX_TOKENS = (4, 64) if TINY else (32, 512)  # the gpu-h200 profile's `kl` (what `quantize fix` ranks on)
 CALIB = (8, 64) if TINY else (128, 512)  # the gpu-h200 profile's calibration blocks x tokens
-VSITE = os.environ.get("VLLM_SITE", "/tmp/vsite")
-SERVER = {"server_command": ([sys.executable, str(REPO / "tests" / "openai_server.py")] if TINY else
-                             ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]),
-          "server_env": {} if TINY else {"PYTHONPATH": VSITE, "VLLM_USE_FLASHINFER_SAMPLER": "0"},
-          "start_timeout": 600}
-SERVING = {"max_model_len": 4096, "gpu_memory_utilization": 0.85, "batch_size": 64}
 SERVED = {"rtn-w4a16": "w4", "rtn-w8a16": "w8", "rtn-mixed-4.5": "mixed-4.5"}  # name -> folder under ROOT
 
 
 def step(results: dict, part: str, name: str, fn):
     record_step(results, OUT / f"{part}.json", name, fn)
-
-
-def free_gpu() -> None:
-    gc.collect()
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def build_base(path: Path) -> Path:
@@ -230,7 +214,7 @@ def fixstage() -> dict:
     results["its ranking"] = {k: v for k, v in ranking.items() if k != "groups"} | {
         "first": [g["name"] for g in ranking["groups"][:5]]}
     results["awq's kl.json"] = json.loads((project / "results" / "awq-w4a16" / "kl.json").read_text())
-    if "--build-only" in sys.argv:  # vLLM not there yet (it travels in parts: ../shared/device/README.md)
+    if "--build-only" in sys.argv:  # vLLM not there yet (it travels to the machine in parts, in later calls)
         return results
     bench_each(results, "fixstage", {"awq-w4a16": awq, "awq-w4a16-mixed": fixed}, prefix="fixstage_")
     return results

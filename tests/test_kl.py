@@ -1,5 +1,6 @@
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,3 +70,23 @@ def test_kl_writes_every_tokens_value_and_the_summary_is_what_they_give(tmp_path
     copy = kl.run(tiny_llama, shutil.copytree(tiny_llama, tmp_path / "copy"), holdout, tmp_path / "copy.json")
     assert {v for line in read_kl_lines(tmp_path / "copy.jsonl") for v in line["kl"]} == {0.0}
     assert copy.figures["tokens"] == sum(line["tokens"] for line in read_kl_lines(tmp_path / "copy.jsonl"))
+
+
+def test_residency_on_a_gpu_both_where_they_fit_and_the_ranking_refused_with_its_figures_where_not(monkeypatch):
+    """On the GPU: "auto" is both models where they fit in 90 % of the free memory, else one at a time; --rank needs
+    both (and the gradients), so where they do not fit it stops with what it needs and what is free."""
+    from pipeline.errors import UserError
+    from pipeline.stages import kl as kl_stage
+
+    monkeypatch.setattr(kl_stage, "gpu_free_bytes", lambda: 100 * 2**30)
+    needs = {False: 60 * 2**30, True: 95 * 2**30}  # without and with the ranking's gradients
+    monkeypatch.setattr(kl_stage, "gpu_bytes_needed", lambda *args: needs[args[-1]])
+    args = ("cuda", Path("b"), Path("v"), [[1, 2]], 8, 2)
+    assert kl_stage.residency("auto", False, *args) == "both" and kl_stage.residency("one", False, *args) == "one"
+    with pytest.raises(UserError, match=r"need ~95 GiB of GPU memory, 100 GiB is free"):
+        kl_stage.residency("auto", True, *args)
+    needs[True] = 80 * 2**30
+    assert kl_stage.residency("auto", True, *args) == "both" and kl_stage.residency("one", True, *args) == "both"
+    needs[False] = 95 * 2**30
+    assert kl_stage.residency("auto", False, *args) == "one"
+    assert kl_stage.residency("auto", True, "cpu", *args[1:]) == "both"

@@ -84,6 +84,29 @@ class SecondOrder:
         return self.variant_sum, [self.variant_sum - removed for removed in self.removed], self.tokens
 
 
+def pass_with_ranking(base, variant, sequences: list[list[int]], batch_size: int, label: str,
+                      groups: list[fused.Group] | None = None):
+    """One pass over the held-out sequences, both models resident: per batch the base's log-probabilities, then
+    `SecondOrder.add` (the variant's, its gradient, each group's share; groups: the quantized ones unless given). Returns the per-token KL, the top-1
+    agreement (as `quantize kl` reports them) and the SecondOrder holding the ranking's sums and added seconds."""
+    import torch
+
+    from pipeline.console import progress
+
+    device = next(base.parameters()).device
+    kls, agree = [], []
+    with progress(label, len(sequences), "sequences") as advance, \
+            SecondOrder(base, variant, groups or quantized_groups(base, variant)) as second_order:
+        for start in range(0, len(sequences), batch_size):
+            batch = sequences[start:start + batch_size]
+            base_lp, mask = log_probs(base, batch, device)
+            kl, same = second_order.add(base_lp, mask, batch, device)
+            kls.append(kl)
+            agree.append(same)
+            advance(len(batch))
+    return torch.cat(kls), torch.cat(agree), second_order
+
+
 def ranked(groups: list[fused.Group], variant, variant_sum: float, restored_sums: list[float], tokens: int) -> list:
     """sensitivity.json's groups (pipeline/formats/sensitivity.py), most KL removed first."""
     kl_mean = variant_sum / tokens

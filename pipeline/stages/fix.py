@@ -63,10 +63,10 @@ def check_inputs(variant: str, base_dir: Path | str, holdout: Path | str, models
 def run(variant: str, params, *, calib: Path | str, measure, build, base_dir: Path | str | None = None,
         holdout: Path | str | None = None, models_dir: Path | str = "models",
         results_dir: Path | str = "results") -> FixResult:
-    """Rank models/<variant>'s groups, then build models/<variant>-mixed. params: the whole params.yaml (the
-    variant's section, `fix`, `kl`, `engine`); calib: the calibration blocks (calib.jsonl); rank and build: the
-    sensitivity stage's and the quantize stage's `run`, handed in by the command that composes them (a stage
-    imports no other stage: `quantize fix` in pipeline/cli/app.py); base_dir and holdout default to params.yaml's
+    """Measure models/<variant> (its KL, its groups ranked, one pass), then build models/<variant>-mixed. params: the whole params.yaml (the
+    variant's section, `fix`, `kl`, `engine`); calib: the calibration blocks (calib.jsonl); measure and build: the
+    kl stage's and the quantize stage's `run`, handed in by the command that composes them (a stage imports no
+    other stage: `quantize fix` in pipeline/cli/quantize.py); base_dir and holdout default to params.yaml's
     model.base_dir and calib.out/holdout.jsonl."""
     from pipeline import methods
     from pipeline.formats.quant_json import read_quant_json

@@ -69,29 +69,6 @@ def compare(base, variant, sequences: list[list[int]], batch_size: int = 8):
     return torch.cat(kls), torch.cat(agree)
 
 
-def compare_and_rank(base, variant, sequences: list[list[int]], batch_size: int = 8):
-    """`compare`'s figures, and in the same pass the second-order ranking of the variant's quantized groups
-    (pipeline/scoring/group_kl.py): the variant's forward pass kept in autograd's graph, then one backward pass.
-    Returns the KL, the agreement and the SecondOrder holding the ranking's sums and its added seconds."""
-    import torch
-
-    from pipeline.console import progress
-
-    device = next(base.parameters()).device
-    kls, agree = [], []
-    groups = group_kl.quantized_groups(base, variant)
-    with progress("kl: base and variant, ranking the variant's groups", len(sequences), "sequences") as advance, \
-            group_kl.SecondOrder(base, variant, groups) as second_order:
-        for start in range(0, len(sequences), batch_size):
-            batch = sequences[start:start + batch_size]
-            base_lp, mask = log_probs(base, batch, device)
-            kl, same = second_order.add(base_lp, mask, batch, device)
-            kls.append(kl)
-            agree.append(same)
-            advance(len(batch))
-    return torch.cat(kls), torch.cat(agree), second_order
-
-
 def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], device: str, batch_size: int = 8):
     """The same figures with one model resident at a time: the base's log-probabilities of the real
     positions are kept in host memory (float32) while the variant is loaded in its place."""
@@ -125,16 +102,19 @@ def compare_one_at_a_time(load_base, load_variant, sequences: list[list[int]], d
     return torch.cat(kls), torch.cat(agree)
 
 
-def measure_and_rank(load, base_dir, variant_dir, sequences: list[list[int]], batch_size: int, watch: Stopwatch):
-    """`compare_and_rank` on the two checkpoints (`load` loads one): the KL, the agreement and sensitivity.json's
-    figures (pipeline/formats/sensitivity.py; `seconds` what the ranking added to the pass, beside the variant's
-    quantization time)."""
+def measure_and_rank(load, base_dir, variant_dir, sequences: list[list[int]], batch_size: int, watch: Stopwatch,
+                     about: dict):
+    """Both checkpoints loaded (`load` loads one), then one pass (pipeline/scoring/group_kl.py): the KL, the
+    agreement and sensitivity.json's figures (pipeline/formats/sensitivity.py; `about`: the holdout, device and
+    dtype; `seconds` what the ranking added to the pass, beside the variant's quantization time)."""
     base, variant = load(base_dir), load(variant_dir)
     loaded = watch.seconds
-    kl, agree, second_order = compare_and_rank(base, variant, sequences, batch_size)
+    kl, agree, second_order = group_kl.pass_with_ranking(base, variant, sequences, batch_size,
+                                                         "kl: base and variant, ranking the variant's groups")
     variant_sum, restored_sums, tokens = second_order.sums()
-    ranking = {"base": str(base_dir), "variant": str(variant_dir), "sequences": len(sequences), "tokens": tokens,
-               "kl_mean": variant_sum / tokens, "measure": "taylor", "measured_in": "quantize kl --rank",
+    ranking = {"base": str(base_dir), "variant": str(variant_dir), **about, "sequences": len(sequences),
+               "tokens": tokens, "kl_mean": variant_sum / tokens, "measure": "taylor",
+               "measured_in": "quantize kl --rank",
                "groups": group_kl.ranked(second_order.groups, variant, variant_sum, restored_sums, tokens),
                "load_seconds": round(loaded, 2), "pass_seconds": round(watch.seconds - loaded, 2),
                **group_kl.timing(Path(variant_dir), second_order.seconds)}
@@ -146,21 +126,40 @@ def checkpoint_dtype(model_dir: Path) -> str:
     return checkpoint.open(model_dir).dtype
 
 
-def both_fit_on_gpu(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int,
-                    gradients: bool = False) -> bool:
-    """Two dense copies of the weights plus a batch's log-probabilities (both models, float32) within 90 %
-    of the GPU's free memory; `gradients` (the ranking): a third copy (the weights' gradients) and twice the
-    activations (autograd keeps the variant's)."""
-    import torch
-
+def gpu_bytes_needed(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int,
+                     gradients: bool = False) -> int:
+    """Two dense copies of the weights plus a batch's log-probabilities (both models, float32); `gradients` (the
+    ranking): a third copy (the weights' gradients) and twice the activations (autograd keeps the variant's)."""
     from pipeline.checkpoints.sizes import checkpoint_weight_bytes
 
     vocab = checkpoint.open(base_dir).vocab_size
     weights = checkpoint_weight_bytes(Path(base_dir)) * dtype_bytes // 2  # the base's bytes at 2 per weight
     longest = max(len(s) for s in sequences)
     activations = 4 * batch_size * longest * vocab * 4  # logits, log-softmax and the exp, both models, float32
-    free, _ = torch.cuda.mem_get_info()
-    return (3 if gradients else 2) * weights + (2 if gradients else 1) * activations < 0.9 * free
+    return (3 if gradients else 2) * weights + (2 if gradients else 1) * activations
+
+
+def gpu_free_bytes() -> int:
+    import torch
+
+    return torch.cuda.mem_get_info()[0]
+
+
+def residency(resident: str, rank: bool, device: str, base_dir: Path, variant_dir: Path, sequences: list[list[int]],
+              batch_size: int, dtype_bytes: int) -> str:
+    """"both" or "one": `resident` as asked, "auto" both on a CPU and where they fit on the GPU (90 % of its free
+    memory); the ranking needs both, so `rank` where they do not fit is a UserError with the figures."""
+    if device != "cuda" or (resident != "auto" and not rank):
+        return "both" if resident == "auto" else resident
+    need, free = gpu_bytes_needed(base_dir, sequences, batch_size, dtype_bytes, rank), gpu_free_bytes()
+    fits = need < 0.9 * free
+    if rank and not fits:
+        raise UserError(f"kl --rank: {base_dir} and {variant_dir} resident together with the gradients of the "
+                        f"variant's weights need ~{need / 2**30:.0f} GiB of GPU memory, {free / 2**30:.0f} GiB is "
+                        "free (idle servers of this run already stopped); the ranking needs both models resident. "
+                        "Free the GPU of other processes or lower params.yaml kl.max_tokens (each batch's "
+                        "log-probabilities); a model whose weights do not fit three times cannot be ranked here")
+    return "both" if resident != "auto" or fits else "one"
 
 
 def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out: Path | str,
@@ -193,17 +192,12 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     sequences = holdout_texts(tokenizer, Path(holdout), k.max_tokens, k.sequences)
     place = "cuda" if device == "cuda" else None
     load = lambda path: load_for_inference(path, torch_dtype, device=place).eval()  # noqa: E731
-    if resident == "auto":
-        resident = "both" if device != "cuda" or both_fit_on_gpu(
-            Path(base_dir), sequences, batch_size, torch.tensor([], dtype=torch_dtype).element_size(), rank) else "one"
+    resident = residency(resident, rank, device, Path(base_dir), Path(variant_dir), sequences, batch_size,
+                         torch.tensor([], dtype=torch_dtype).element_size())
     ranking = None
-    if rank and resident != "both":
-        raise UserError(f"kl --rank: {base_dir} and {variant_dir} with the gradients of the variant's weights do not "
-                        "fit in the GPU's free memory together, and the ranking needs both resident; lower params.yaml "
-                        "kl.sequences or kl.max_tokens, or free the GPU (`quantize stop-servers`)")
     if rank:
-        kl, agree, ranking = measure_and_rank(load, base_dir, variant_dir, sequences, batch_size, watch)
-        ranking.update({"holdout": str(holdout), "device": device, "dtype": dtype})
+        kl, agree, ranking = measure_and_rank(load, base_dir, variant_dir, sequences, batch_size, watch,
+                                              {"holdout": str(holdout), "device": device, "dtype": dtype})
     elif resident == "both":
         kl, agree = compare(load(base_dir), load(variant_dir), sequences, batch_size)
     else:

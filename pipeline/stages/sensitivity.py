@@ -85,17 +85,8 @@ def estimate(base, variant, groups: list[fused.Group], sequences: list[list[int]
     """The same three figures, restoring estimated to second order from one gradient (the `taylor` measure:
     pipeline/scoring/group_kl.py), one forward pass of the base and one forward and backward pass of the variant
     per batch, for every group at once."""
-    from pipeline.console import progress
-
-    device = next(base.parameters()).device
-    batches = [sequences[start:start + batch_size] for start in range(0, len(sequences), batch_size)]
-    with progress("sensitivity: one gradient for every group", len(batches), "batches") as advance, \
-            group_kl.SecondOrder(base, variant, groups) as second_order:
-        for batch in batches:
-            base_lp, mask = log_probs(base, batch, device)
-            second_order.add(base_lp, mask, batch, device)
-            advance(1)
-    return second_order.sums()
+    return group_kl.pass_with_ranking(base, variant, sequences, batch_size, "sensitivity: one gradient for every group",
+                                      groups)[2].sums()
 
 
 MEASURES = {"taylor": estimate, "restore": measure}  # the default first
