@@ -226,7 +226,12 @@ class Run:
         log = self.work / f"dvc-{len(self.state['calls']) + 1}.log"
         holder = self.hold(budget + grace)
         with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, cwd=self.project, env={**self.env(), "QUANTIZE_RUN_PID": str(holder)},
+            # PYTHONHASHSEED: DVC orders a repro of named targets by iterating sets of stage names, so with Python's
+            # random string hashes the order changed from call to call (warm@base right after resave, or after
+            # evaluate@base, whose scoring ahead it then misses); one seed, one order (a whole `dvc repro` goes in
+            # dvc.yaml's order and does not need it)
+            proc = subprocess.Popen(cmd, cwd=self.project, env={**self.env(), "QUANTIZE_RUN_PID": str(holder),
+                                                                "PYTHONHASHSEED": "0"},
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 while True:
