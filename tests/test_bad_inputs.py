@@ -900,7 +900,7 @@ def test_a_killed_reports_leftovers_are_removed_by_the_next_report(tmp_path, mon
     assert invoke(report_args(tmp_path)).exit_code == 0
     names = sorted(p.name for p in reports.iterdir())
     current = os.readlink(reports / ".report")
-    assert names == sorted([".report", ".report-1-live", current, "index.html", "notes.txt", "verdict.json"])
+    assert names == sorted([".report", ".report-1-live", current, "cards", "index.html", "notes.txt", "verdict.json"])
 
 
 @pytest.mark.parametrize("where", ["a file", "inside a file", "index.html is a directory"])

@@ -376,6 +376,28 @@ def report(
 
 @app.command()
 @stage
+def card(
+    variant_dir: Path = typer.Argument(..., help="The variant's folder (models/<variant>): one the verdict decided"),
+    verdict: Path = typer.Option(Path("reports/verdict.json"), help="The verdict the card is written from"),
+    out: Path = typer.Option(Path("cards"), help="Where <variant>/README.md goes (the report stage writes every "
+                                                "decided variant's into reports/cards/)"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """One variant's model card (README.md, Hub front matter included), written from the verdict: what the report
+    stage writes into reports/cards/ for every decided variant."""
+    from pipeline.report import card_file
+
+    p = load_params(params_file)
+    stats = p.calib.out / "stats.json"
+    refuse_overlap(out, variant=variant_dir, verdict=verdict, base=p.model.base_dir, calibration_stats=stats,
+                   params_file=params_file)
+    with working():
+        result = card_file.run(variant_dir, verdict, out, p, calib_stats=stats)
+    console.summary(result.summary())
+
+
+@app.command()
+@stage
 def profile(
     name: Optional[str] = typer.Argument(None, help="cpu-demo or gpu-h200 (none: list the profiles and say which is in use)"),
     force: bool = typer.Option(False, "--force", help="Replace params.yaml and dvc.yaml even when they hold local edits"),
