@@ -86,7 +86,7 @@ def write_params(directory: Path, params: dict = TINY_PARAMS) -> Path:
 def copy_repo(dest: Path) -> Path:
     """The tracked project files (no .venv, models or results), as a fresh clone would have them."""
     ignore = shutil.ignore_patterns(".venv", ".git", "models", "results", "build", ".cache", "__pycache__",
-                                    "*.egg-info", ".pytest_cache", "index.html", "verdict.json", ".report", ".report-*",
+                                    "*.egg-info", ".pytest_cache", "index.html", "verdict.json", "cards", ".report", ".report-*",
                                     "dvc.lock")  # a demo's run (DVC stages nothing in git: not a clone's)
     shutil.copytree(REPO, dest, ignore=ignore, dirs_exist_ok=True)
     return dest

@@ -284,9 +284,9 @@ def _serving(name: str, entry: dict) -> list[str]:
     for row in served_by(serving, name):
         engine, command = row["engine"], (serving.get(row["engine"]) or {}).get("command")
         shown = ENGINE_NAMES.get(engine, engine)
-        if row["state"] == "shown":
-            line = f"- **{shown}**: shown ({md(row['detail'])})"
-            lines.append(line + (f"; served with: {code(command.replace('DIR', f'models/{name}'))}" if command else ""))
+        if row["state"] == "shown":  # the run's own words: "shown on the GPU machine (vllm 0.24.0, date): ...; evidence: ..."
+            lines.append(f"- **{shown}**: {md(row['detail'])}" + (f"; served with: {code(command.replace('DIR', f'models/{name}'))}"
+                                                                  if command else ""))
         elif row["state"] == "refused":
             lines.append(f"- **{shown}**: refused: {md(row['detail'])}")
         else:
@@ -347,10 +347,12 @@ def _limitations(entry: dict, verdict: dict, source: dict | None, base: str) -> 
 def _provenance(entry: dict, verdict: dict) -> list[str]:
     env = verdict.get("environment") or {}
     packages = ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items() if v)
-    return [f"Written by `quantize` from the decision itself (reports/verdict.json, {md(env.get('generated') or 'date not recorded')}; "
-            f"git revision {md(env.get('git_revision') or 'not recorded')}, params.yaml digest "
-            f"{md(verdict.get('params_sha256') or 'not recorded')}): every figure above is the verdict's."
-            + (f" Recovery: {md(entry['recovery']['method'])}." if (entry.get("recovery") or {}).get("method") else ""), "", f"Machine: {md(env.get('machine') or 'not recorded')}; {md(packages)}."]
+    recovery = (entry.get("recovery") or {}).get("method")
+    when, revision = env.get("generated") or "date not recorded", env.get("git_revision") or "not recorded"
+    line = (f"Written by `quantize` from the decision itself (reports/verdict.json, {md(when)}; git revision "
+            f"{md(revision)}, params.yaml digest {md(verdict.get('params_sha256') or 'not recorded')}): every figure above "
+            "is the verdict's." + (f" Recovery: {md(recovery)}." if recovery else ""))
+    return [line, "", f"Machine: {md(env.get('machine') or 'not recorded')}; {md(packages)}."]
 
 
 def _before_publishing(entry: dict, verdict: dict, origin: dict) -> list[str]:
