@@ -112,7 +112,7 @@ def test_a_no_go_an_inconclusive_and_an_incomplete_go_say_so_in_their_first_sent
     assert first_sentence(cards["rtn-w4a16-mixed"]).startswith("INCONCLUSIVE, not yet shown to replace")
     fp8 = first_sentence(cards["fp8-w8a8"])
     assert fp8.startswith("GO, incomplete:") and "(math, code not run)" in fp8
-    assert "recovers 94.5% to 97.4% of its perplexity score" in fp8  # the recovery, as the verdict has it per suite
+    assert "recovers 94.5% to 97.4% of the base's perplexity score" in fp8  # the recovery, as the verdict has it per suite
     for name in ("awq-w4a16", "rtn-w4a16-mixed", "fp8-w8a8"):
         assert "**Before publishing**" in cards[name].text and "not as a replacement for the base" in cards[name].text
     # the same variant, decided on everything the base ran: a plain GO opens with what it is, and no warning
@@ -227,7 +227,7 @@ def test_the_report_writes_a_card_per_decided_variant_beside_page_and_verdict(tm
     entry = verdict["variants"]["copy"]
     assert entry["decision"] == "GO" and figures_of(copy_card) == expected_figures(entry)
     assert copy_card.data.eval_results[0].dataset_type == "openai/gsm8k"
-    assert "recovers 98.3% of its accuracy on average over 1 suite (math), and it is GO" in first_sentence(copy_card)
+    assert "recovers 98.3% of the base's accuracy on average over 1 suite (math), and it is GO" in first_sentence(copy_card)
     assert "| **Average** | accuracy (math) | 60.0% | 59.0% | | **98.3%** | |" in copy_card.text
     assert first_sentence(loaded((cards / "broken" / "README.md").read_text(), tmp_path)).startswith("NO-GO,")
 

@@ -15,6 +15,8 @@ capacity, and its limitations. Nothing here reads a file: the stages hand it wha
 
 from __future__ import annotations
 
+import json
+
 import pipeline.verdict.figures as figures
 from pipeline import methods
 from pipeline.outputs import human_size
@@ -159,12 +161,12 @@ def evaluation_table(entry: dict) -> list[str]:
 
 
 def recovery_phrase(entry: dict) -> str:
-    """"recovers 98.2% of its accuracy on average over 3 suites (math, code, vqa)", or, without an accuracy average,
+    """"recovers 98.2% of the base's accuracy on average over 3 suites (math, code, vqa)", or, without an accuracy average,
     what the perplexity suites recover, with why there is no average."""
     recovery = entry.get("recovery") or {}
     if recovery.get("accuracy") is not None:
         over = recovery.get("suites") or []
-        return (f"recovers {figures.share(recovery['accuracy'])} of its accuracy on average over {len(over)} "
+        return (f"recovers {figures.share(recovery['accuracy'])} of the base's accuracy on average over {len(over)} "
                 f"suite{'s' if len(over) != 1 else ''} ({', '.join(over)})")
     per_suite = [d["recovery"] for d in (entry.get("perplexity") or {}).values()
                  if d.get("counted") and d.get("recovery") is not None]
@@ -173,7 +175,7 @@ def recovery_phrase(entry: dict) -> str:
         return f"has no recovery figure ({none})"
     low, high = min(per_suite), max(per_suite)
     spread = figures.share(low) if low == high else f"{figures.share(low)} to {figures.share(high)}"
-    return (f"recovers {spread} of its perplexity score (base / variant perplexity) on {len(per_suite)} perplexity "
+    return (f"recovers {spread} of the base's perplexity score (base / variant perplexity) on {len(per_suite)} perplexity "
             f"suite{'s' if len(per_suite) != 1 else ''}, with no accuracy average ({none})")
 
 
@@ -220,7 +222,8 @@ def _decision(entry: dict) -> list[str]:
 
 def _recipe(quant: dict, name: str) -> list[str]:
     module = _method(quant)
-    settings = [f"{key} {quant[key]}" for key in (module.Params.model_fields if module else ()) if key != "method" and key in quant]
+    fields = [key for key in (module.Params.model_fields if module else ()) if key != "method" and key in quant]
+    settings = [f"{key} {json.dumps(quant[key]) if isinstance(quant[key], bool) else quant[key]}" for key in fields]
     lines = [f"- method: **{md(quant.get('method') or 'not recorded')}**" + (f": {md(module.SUMMARY)}" if module else ""),
              f"- scheme: {md(quant.get('scheme') or 'not recorded')}; checkpoint format: "
              f"{md(quant.get('serving_format') or (module.SERVING_FORMAT if module else 'not recorded'))}"]
