@@ -248,3 +248,28 @@ def test_a_go_variants_fix_is_not_needed_and_a_no_go_without_one_is_offered_it(t
     said = ("rtn-w4a16 is NO-GO and dvc.yaml has no fix stage for it: `quantize profile --fix rtn-w4a16` adds one")
     assert said in CliRunner().invoke(app, ["show-verdict"]).output
     assert said in CliRunner().invoke(app, ["profile"]).output
+
+
+@pytest.mark.parametrize("fixed_scores, passes", [([1] * 120 + [0] * 80, True), ([0] * 200, False)])
+def test_the_gate_takes_a_no_go_variant_with_its_fix(tmp_path, monkeypatch, fixed_scores, passes):
+    """`quantize report --fail-on no-go` (CI's gate): a NO-GO W4A16 variant whose fix is GO passes, and the gate says
+    to ship the fix; when the fix is NO-GO too, the variant fails with both reasons."""
+    from pipeline.verdict.decision import failing, passed_by_fix
+
+    write_fix_evidence(tmp_path, [0] * 200, fixed_scores)
+    write_params(tmp_path, EVERY_MODEL)
+    monkeypatch.chdir(tmp_path)
+    gated = CliRunner().invoke(app, ["report", "--fail-on", "no-go"])
+    verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
+    assert verdict["variants"]["rtn-w4a16"]["decision"] == "NO-GO"
+    if passes:
+        assert gated.exit_code == 0, gated.output
+        assert ("gate: rtn-w4a16 is NO-GO; its fix rtn-w4a16-mixed passes --fail-on no-go in its place: ship "
+                "rtn-w4a16-mixed") in gated.output
+        assert failing(verdict, "no-go") == {} and passed_by_fix(verdict, "no-go") == {"rtn-w4a16": "rtn-w4a16-mixed"}
+        assert "rtn-w4a16" not in failing(verdict, "incomplete")  # the fix's GO rests on every suite the base ran
+    else:
+        assert gated.exit_code == 1
+        assert failing(verdict, "no-go") == {"rtn-w4a16": "NO-GO; its fix rtn-w4a16-mixed: NO-GO"}
+        assert "rtn-w4a16: NO-GO; its fix rtn-w4a16-mixed: NO-GO" in gated.output
+        assert passed_by_fix(verdict, "no-go") == {}

@@ -24,8 +24,10 @@ while it is still starting waits for it, and only that wait counts as the stage'
 The server dies with its supervisor (PR_SET_PDEATHSIG), and the supervisor stops the server's whole
 process group on SIGTERM. Starting a server first stops idle servers of the same checkpoint path (a
 changed checkpoint: they can never be asked again) and then idle ones beyond `engine.max_servers`
-(least recently used first), so a GPU never holds more servers than configured. One lock file
-serializes starts and attaches, so two stages never start the same server twice.
+(least recently used first), so a GPU never holds more servers than configured: when every one of them is
+in use (a stage's or a job's lease, or still starting), the stage waits for one to be given back, and a stage
+that holds them all itself is refused with the setting to raise. One lock file serializes starts and attaches,
+so two stages never start the same server twice.
 """
 
 from __future__ import annotations
@@ -287,21 +289,28 @@ def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Pa
     own_stage = owner_pid == os.getpid()
     env = dict(env or {})
     key = server_key(content_fingerprint(model_dir, registry), command, env)
-    started = time.monotonic()
-    with _locked(registry):
-        entry = read_entry(registry, key)
-        if entry and _live(entry):
-            _lease(registry, key)  # a starting server is waited for below, holding the lease
-            attach = True
-        else:
+    started, told = time.monotonic(), False
+    while True:
+        with _locked(registry):
+            entry = read_entry(registry, key)
+            if entry and _live(entry):
+                _lease(registry, key)  # a starting server is waited for below, holding the lease
+                attach = True
+                break
             if entry:
                 stop_entry(registry, key, entry)  # a dead server under this key
             stop_idle(registry, keep=max(0, max_servers - 1), model_path=str(model_dir), exclude=key)
-            _lease(registry, key)
-            _spawn_supervisor(registry, key, command, port_flag, model_dir=model_dir, log_path=log_path, env=env,
-                              owner=(owner_pid, owner_started, owner_what), start_timeout=start_timeout,
-                              idle_timeout=idle_timeout, name=name)
-            attach = False
+            busy = {k: e for k, e in entries(registry).items() if k != key}
+            if len(busy) < max_servers:
+                _lease(registry, key)
+                _spawn_supervisor(registry, key, command, port_flag, model_dir=model_dir, log_path=log_path, env=env,
+                                  owner=(owner_pid, owner_started, owner_what), start_timeout=start_timeout,
+                                  idle_timeout=idle_timeout, name=name)
+                attach = False
+                break
+            _refuse_when_all_mine(registry, busy, max_servers, name)  # else wait for one to be given back
+        told = _wait_note(busy, max_servers, name, Path(log_path), started, start_timeout, told)
+        time.sleep(POLL_S)
     entry = _wait_ready(registry, key, start_timeout, name, Path(log_path))
     if attach:
         with contextlib.suppress(OSError):
@@ -311,6 +320,35 @@ def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Pa
     waited = time.monotonic() - started
     return SharedServer(registry, key, entry["port"], Path(entry["log"]), not attach, waited if not attach else 0.0,
                         entry["owner"], entry["server_pid"], own_stage, waited=waited)
+
+
+def _names(busy: dict) -> str:
+    return ", ".join(Path(e.get("model_path") or "?").name for e in busy.values())
+
+
+def _refuse_when_all_mine(registry: Path, busy: dict, max_servers: int, name: str) -> None:
+    """max_servers are up and none is idle: a stage waits for one to be given back, unless this process holds every
+    one itself (nobody else would give one back). Call with the lock held."""
+    mine = _lease_name()
+    if not [k for k, e in busy.items() if e.get("state") == "starting" or set(live_leases(registry, k)) - {mine}]:
+        raise UserError(f"{name}: engine.max_servers is {max_servers} and this stage holds every server up "
+                        f"({_names(busy)}) while it needs one more at once; raise engine.max_servers to "
+                        f"{len(busy) + 1}")
+
+
+def _wait_note(busy: dict, max_servers: int, name: str, log_path: Path, started: float, timeout: float,
+               told: bool) -> bool:
+    """While a stage waits for a server slot: said once in its log; past `timeout` a UserError. Returns told."""
+    if time.monotonic() - started > timeout:
+        raise UserError(f"{name}: engine.max_servers ({max_servers}) are up and none was given back within "
+                        f"{timeout:.0f} s (engine.start_timeout); the servers' models: {_names(busy)}")
+    if not told:
+        with contextlib.suppress(OSError):
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a") as log:
+                log.write(f"[quantize] waiting for one of the {max_servers} servers engine.max_servers allows to be "
+                          f"given back (up: {_names(busy)})\n")
+    return True
 
 
 def warm(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path, env: dict | None = None,
