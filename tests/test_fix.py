@@ -1,6 +1,7 @@
-"""A NO-GO comes with its fix (issue 45 item 3): `quantize fix V` ranks a W4A16 variant's groups and builds V-mixed
-on V's own settings (pipeline/stages/fix.py), dvc.yaml runs it (`quantize profile --fix V` adds it, comments kept),
-and the verdict and the report set the fix beside V (pipeline/verdict/fix.py)."""
+"""A NO-GO comes with its fix (issue 45 item 3): the rank stage ranks every W4A16 variant's groups in its KL's pass
+(`quantize kl --rank`), `quantize fix V` builds V-mixed from that ranking on V's own settings (pipeline/stages/fix.py),
+dvc.yaml runs it (`quantize profile --fix V` adds it, comments kept, no stage of V's own changed), and the verdict
+and the report set the fix beside V (pipeline/verdict/fix.py)."""
 
 import json
 import shutil
@@ -36,21 +37,26 @@ def project(tmp_path_factory, tiny_llama, tiny_calib):
     return root
 
 
-def test_the_fix_stage_ranks_the_variant_and_builds_its_mixed_variant_on_its_own_settings(project, monkeypatch):
+def test_the_fix_stage_builds_the_mixed_variant_from_its_ranking_on_its_own_settings(project, monkeypatch):
     from pipeline.formats.sensitivity import read_sensitivity
 
     monkeypatch.chdir(project)
+    refused = CliRunner().invoke(app, ["fix", "rtn-w4a16"])  # not ranked yet: the rank stage's command named
+    assert refused.exit_code == 2 and ("results/rtn-w4a16/sensitivity.json: no ranking of rtn-w4a16's groups to build "
+                                       "its fix from; run `quantize kl models/rtn-w4a16 --rank` first") in refused.output
+    assert not (project / "models" / "rtn-w4a16-mixed").exists()
+    ranked = CliRunner().invoke(app, ["kl", "models/rtn-w4a16", "--rank"])  # the rank stage
+    assert ranked.exit_code == 0, ranked.output
+    before = (project / "results" / "rtn-w4a16" / "sensitivity.json").read_bytes()
     done = CliRunner().invoke(app, ["fix", "rtn-w4a16"])
     assert done.exit_code == 0, done.output
     summary = done.output.strip().splitlines()[-1]
-    assert summary.startswith("fix: wrote results/rtn-w4a16/kl.json, sensitivity.json and models/rtn-w4a16-mixed: ")
+    assert summary.startswith("fix: wrote models/rtn-w4a16-mixed from results/rtn-w4a16/sensitivity.json: ")
     assert "groups in 8 bits" in summary and "x the size of rtn-w4a16" in summary
+    assert (project / "results" / "rtn-w4a16" / "sensitivity.json").read_bytes() == before  # read, not written
     ranking = read_sensitivity(project / "results" / "rtn-w4a16" / "sensitivity.json")
     assert ranking["variant"] == "models/rtn-w4a16" and ranking["sequences"] == 4  # params kl: the KL the verdict reads
     assert ranking["measured_in"] == "quantize kl --rank" and ranking["seconds"] <= ranking["pass_seconds"]
-    kl = json.loads((project / "results" / "rtn-w4a16" / "kl.json").read_text())  # the kl stage's files, same pass
-    assert (project / "results" / "rtn-w4a16" / "kl.jsonl").is_file() and kl["tokens"] == ranking["tokens"]
-    assert kl["kl_mean"] == pytest.approx(ranking["kl_mean"], rel=1e-5)
     info = json.loads((project / "models" / "rtn-w4a16-mixed" / "quant.json").read_text())
     assert info["method"] == "mixed" and info["base_method"] == "rtn" and info["max_bits"] == 4.5
     assert info["group_size"] == 32 and info["symmetric"] is False  # the variant's own, not the defaults
@@ -105,7 +111,7 @@ def test_the_mixed_recipe_takes_the_base_methods_own_settings(tmp_path, tiny_lla
 
 
 def test_params_checks_the_fix_stage_against_params_yaml(tmp_path):
-    """Each variant the fix stage lists is a W4A16 variant of params.yaml that kl's list leaves to it, and its fix is
+    """Each variant the fix stage lists is a W4A16 variant of params.yaml that the rank stage ranks, and its fix is
     in kl's and evaluate's lists; a fix runs the suites its variant runs."""
     from conftest import REPO
     from pipeline.settings import fixes, params
@@ -122,10 +128,10 @@ def test_params_checks_the_fix_stage_against_params_yaml(tmp_path):
             (text.replace("fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
                           "fp8-w8a8]\n    do:\n      cmd: quantize kl"),
              "stages.kl.foreach does not list rtn-w4a16-mixed, which the fix stage builds"),
-            (text.replace("fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
-                          "fp8-w8a8, rtn-w4a16, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl"),
-             r"stages.kl.foreach lists rtn-w4a16, whose KL the fix stage measures \(with its groups' ranking, in one "
-             "pass")):
+            (text.replace("foreach: [awq-w4a16, rtn-w4a16]\n    do:\n      cmd: quantize kl models/${item} --rank",
+                          "foreach: [awq-w4a16]\n    do:\n      cmd: quantize kl models/${item} --rank"),
+             r"stages.fix.foreach lists rtn-w4a16, whose groups no stage ranks \(the fix reads "
+             r"results/rtn-w4a16/sensitivity.json\): list rtn-w4a16 in the rank stage")):
         assert edited != text
         (tmp_path / "dvc.yaml").write_text(edited)
         with pytest.raises(UserError, match=message):
@@ -144,15 +150,16 @@ def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(
     runner = CliRunner()
     done = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
     assert done.exit_code == 0, done.output
-    assert ("stages.fix.foreach: + awq-w4a16; stages.kl.foreach: - awq-w4a16 (the fix stage measures its KL); "
-            "stages.kl.foreach: + awq-w4a16-mixed") in done.output
+    assert "stages.fix.foreach: + awq-w4a16; stages.kl.foreach: + awq-w4a16-mixed" in done.output
+    assert "stages.rank" not in done.output  # the rank stage ranks awq-w4a16 already: no stage of its own changes
     assert "stages.report deps: + models/awq-w4a16-mixed/quant.json, models/awq-w4a16-mixed/config.json" in done.output
     after = (repo / "dvc.yaml").read_text()
     comments = lambda text: [line.strip() for line in text.splitlines() if line.strip().startswith("#")]  # noqa: E731
     assert comments(after) == comments(before) and len(after.splitlines()) == len(before.splitlines()) + 2
     stages = yaml.safe_load(after)["stages"]
     assert stages["fix"]["foreach"] == ["rtn-w4a16", "awq-w4a16"]
-    assert stages["kl"]["foreach"] == ["fp8-w8a8", "rtn-w4a16-mixed", "awq-w4a16-mixed"]  # awq-w4a16: the fix's
+    assert stages["kl"]["foreach"] == ["fp8-w8a8", "rtn-w4a16-mixed", "awq-w4a16-mixed"]
+    assert stages["rank"] == yaml.safe_load(before)["stages"]["rank"]  # awq-w4a16's KL and ranking, as they were
     assert stages["evaluate"]["foreach"][-1] == "awq-w4a16-mixed"
     assert stages["judge"]["foreach"] == ["awq-w4a16", "fp8-w8a8"]  # the demo's judge covers two variants only
     assert {"models/awq-w4a16-mixed/quant.json", "models/awq-w4a16-mixed/config.json"} <= set(stages["report"]["deps"])
@@ -164,6 +171,14 @@ def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(
         refused = runner.invoke(app, ["profile", "--fix", name])
         assert refused.exit_code == 2 and expected in refused.output, refused.output
     assert (repo / "dvc.yaml").read_text() == after and not list(repo.glob(".dvc.yaml.*"))
+    # a dvc.yaml whose rank stage does not list the variant yet: it moves there from the kl stage (its fix reads it)
+    (repo / "dvc.yaml").write_text(before.replace("foreach: [awq-w4a16, rtn-w4a16]", "foreach: [rtn-w4a16]").replace(
+        "foreach: [fp8-w8a8, rtn-w4a16-mixed]", "foreach: [awq-w4a16, fp8-w8a8, rtn-w4a16-mixed]"))
+    moved = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
+    assert moved.exit_code == 0, moved.output
+    assert ("stages.rank.foreach: + awq-w4a16; stages.fix.foreach: + awq-w4a16; stages.kl.foreach: - awq-w4a16 (the "
+            "rank stage measures its KL, with its ranking); stages.kl.foreach: + awq-w4a16-mixed") in moved.output
+    assert yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]["rank"]["foreach"] == ["rtn-w4a16", "awq-w4a16"]
 
 
 def write_fix_evidence(tmp_path, variant_scores, fixed_scores, fixed=True):

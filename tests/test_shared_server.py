@@ -234,6 +234,27 @@ def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room
         proc.wait()
 
 
+def test_making_room_stops_the_bases_server_after_every_other(tmp_path, tiny_llama, registry, run, monkeypatch):
+    """A fix added to a finished run loads the base in-process while the run's idle servers hold the GPU: they go
+    least recently used first, but the base's last (every variant's judge asks it), so the fix's judge finds it."""
+    from pipeline.cli.common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
+    from pipeline.engines import gpu_memory
+
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    base = tmp_path / "base"
+    shutil.copytree(tiny_llama, base)
+    first, _ = stage(base, tmp_path / "a.log", "--max-servers", "3", env=env)  # the base: used first, so LRU
+    others = []
+    for name in ("awq", "fp8"):
+        shutil.copytree(tiny_llama, tmp_path / name)
+        others.append(stage(tmp_path / name, tmp_path / f"{name}.log", "--max-servers", "3", env=env)[0])
+    frees = iter([1 << 30, 1 << 30, 100 << 30])  # room after two servers have gone
+    monkeypatch.setattr(gpu_memory, "device_memory_free_bytes", lambda: next(frees))
+    _free_gpu_of_idle_servers("fix", need_bytes=50 << 30, last=base)
+    assert all(gone(r["server_pid"]) for r in others) and shared.alive(first["server_pid"], None)
+    assert [e["model_path"] for e in shared.entries(registry).values()] == [str(base.resolve())]
+
+
 @pytest.mark.parametrize("value, message", [("abc", "give the process id"), ("999999999", "no such process")])
 def test_a_bad_run_pid_is_one_clear_message(monkeypatch, value, message):
     from pipeline.errors import UserError
@@ -300,23 +321,25 @@ def test_warming_follows_the_run_and_leaves_room_for_in_process_stages(tmp_path,
               "gpu_memory_utilization": 0.2, "non_kv_memory_gib": 0.01, "build_memory_fraction": 0.5}
     variants = {name: TINY_PARAMS["variants"][name] for name in ("awq-w4a16", "fp8-w8a8")}
     write_params(tmp_path, {**TINY_PARAMS, "variants": variants, "engine": engine})
-    (tmp_path / "dvc.yaml").write_text("stages:\n  kl:\n    foreach: [awq-w4a16, fp8-w8a8]\n    do:\n"
-                                       "      cmd: quantize kl models/${item}\n")
     monkeypatch.chdir(tmp_path)
     p = params_mod.load("params.yaml")
+    (tmp_path / "dvc.yaml").write_text("stages:\n  kl:\n    foreach: [awq-w4a16, fp8-w8a8]\n    do:\n"
+                                       "      cmd: quantize kl models/${item}\n  evaluate:\n"
+                                       "    foreach: [base, awq-w4a16, fp8-w8a8]\n    do:\n"
+                                       "      cmd: quantize eval models/${item}\n")
     assert warm_run_servers(p) == []  # not inside a run: nothing to warm for
     monkeypatch.setenv(shared.RUN_PID_ENV, str(run.pid))
     monkeypatch.setattr(gpu_memory, "device_memory_free_bytes", lambda: int(0.75 * (1 << 30)))
-    assert builds_to_come(p) == ["quantize fp8-w8a8", "kl awq-w4a16", "kl fp8-w8a8"]
+    assert builds_to_come() == ["quantize fp8-w8a8", "kl awq-w4a16", "kl fp8-w8a8"]
     assert warm_run_servers(p) == ["base"]  # 0.75 - 0.2 >= 0.5 once; then base counts as starting
     assert warm_run_servers(p) == []  # awq-w4a16 would leave less than half the GPU to the builds to come
     for name in ("awq-w4a16", "fp8-w8a8"):  # the builds done: quantize (its checkpoint) and kl (its kl.json)
         (tmp_path / "results" / name).mkdir(parents=True)
         (tmp_path / "results" / name / "kl.json").write_text("{}")
     shutil.copytree(tiny_llama, tmp_path / "models" / "fp8-w8a8")
-    assert builds_to_come(p) == ["quantize fp8-w8a8"]  # a checkpoint counts once its stage has finished it
+    assert builds_to_come() == ["quantize fp8-w8a8"]  # a checkpoint counts once its stage has finished it
     (tmp_path / "models" / "fp8-w8a8" / ".stage.json").write_text("{}")
-    assert builds_to_come(p) == []
+    assert builds_to_come() == []
     assert warm_run_servers(p) == ["awq-w4a16", "fp8-w8a8"]  # serving only: no in-process stage to leave room for
     assert sorted(e["model_path"] for e in shared.entries(registry).values()) == sorted(
         str((tmp_path / "models" / n).resolve()) for n in ("base", "awq-w4a16", "fp8-w8a8"))

@@ -268,7 +268,7 @@ def kl(
     out = out or Path("results") / variant_dir.name / "kl.json"
     for written in [out, *([out.with_name(SENSITIVITY_FILE)] if rank else [])]:
         refuse_overlap(written, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    make_room_on_gpu("kl", [base, variant_dir], factor=2.5 if rank else 1.5)
+    make_room_on_gpu("kl", [base, variant_dir], factor=2.5 if rank else 1.5, last=p.model.base_dir)
     with working():
         result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine, rank=rank)
     console.summary(result.summary())
@@ -295,7 +295,7 @@ def sensitivity(
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "sensitivity.json"
     refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    make_room_on_gpu("sensitivity", [base, variant_dir], factor=1.5)
+    make_room_on_gpu("sensitivity", [base, variant_dir], factor=1.5, last=p.model.base_dir)
     with working():
         result = sensitivity_stage.run(base, variant_dir, holdout, out, settings, p.engine, measure=measure)
     console.summary(result.summary())

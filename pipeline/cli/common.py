@@ -190,7 +190,7 @@ def checked_model(model_dir: Path, weights: bool = True) -> Path:
     return model_dir
 
 
-def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
+def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None, last: Path | None = None) -> None:
     """A stage that loads a model in-process (quantize, kl) first stops vLLM servers the run keeps idle
     (pipeline/engines/shared.py) when they leave the GPU less free memory than the stage needs (need_bytes;
     None: all of it), least recently used first. A whole run of the GPU profile's dvc.yaml runs these stages before
@@ -209,7 +209,7 @@ def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
             free = gpu_memory.device_memory_free_bytes()
             if free is None or (need_bytes is not None and free >= need_bytes):
                 break
-            gone = shared.stop_idle(keep=len(shared.entries()) - 1)
+            gone = shared.stop_idle(keep=len(shared.entries()) - 1, last=str(last) if last else None)
             if not gone:
                 break
             stopped += gone
@@ -217,23 +217,25 @@ def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
         log.info(f"{what}: stopped {len(stopped)} idle vLLM server(s) to free the GPU for an in-process model")
 
 
-def make_room_on_gpu(what: str, models: list[Path], factor: float) -> None:
+def make_room_on_gpu(what: str, models: list[Path], factor: float, last: Path | None = None) -> None:
     """Before a stage loads models in-process on the GPU: idle servers go when the GPU has less free memory than
     `factor` x the models' weights (the stage's peak: measured on the H200, AWQ ~1.5x, FP8 ~2.3x of a 9B
-    checkpoint, KL both models plus logits)."""
+    checkpoint, KL both models plus logits), least recently used first and `last`'s (the base's: every variant's
+    judge asks it) after every other."""
     weights = sum(f.stat().st_size for m in models for f in Path(m).glob("*.safetensors"))
-    free_gpu_of_idle_servers(what, int(factor * weights))
+    free_gpu_of_idle_servers(what, int(factor * weights), last)
 
 
-def builds_to_come(p, root: Path | None = None) -> list[str]:
+def builds_to_come(root: Path | None = None) -> list[str]:
     """What the run still has to load on the GPU in-process, read from the project's files when asked, not from DVC's
-    order: each model dvc.yaml builds (every variant of params.yaml, each fix its fix stage lists) without its
-    checkpoint, and each one whose KL it measures (its kl and fix stages' lists) without results/<model>/kl.json;
-    e.g. ["quantize rtn-w4a16", "kl fp8-w8a8"]. Empty once every build is done: the run serves only."""
+    order: each model dvc.yaml's evaluate stage lists (every variant, each fix its fix stage lists) without its
+    checkpoint, and each one whose KL its kl and rank stages measure without results/<model>/kl.json; e.g.
+    ["quantize rtn-w4a16", "kl fp8-w8a8"]. Empty once every build is done: the run serves only. It reads no params.yaml
+    key (a served stage's params are what its results depend on, not when it runs)."""
     from pipeline import safe_yaml
     from pipeline.outputs import STAGE_RECORD
     from pipeline.settings import fixes
-    from pipeline.settings.checks import fix_items, runs_command
+    from pipeline.settings.checks import evaluates_every_suite, fix_items, runs_command
 
     root = root or Path(".")
     try:
@@ -242,12 +244,14 @@ def builds_to_come(p, root: Path | None = None) -> list[str]:
     except (UserError, OSError):
         stages = None
     stages = stages if isinstance(stages, dict) else {}
-    fixed = fix_items(stages)
-    measured = [item for stage in stages.values() if runs_command(stage, "kl") and isinstance(stage.get("foreach"), list)
-                for item in stage["foreach"]] + fixed
-    built = [(f"quantize {v}", v) for v in p.variants] + [(f"fix {v}", fixes.fix_name(v)) for v in fixed]
-    return ([what for what, model in built if not (root / "models" / model / STAGE_RECORD).is_file()]
-            + [f"kl {m}" for m in dict.fromkeys(measured) if not (root / "results" / str(m) / "kl.json").is_file()])
+    listed = lambda test: [str(item) for stage in stages.values() if test(stage)  # noqa: E731
+                           and isinstance(stage.get("foreach"), list) for item in stage["foreach"]]
+    built_by_fix = {fixes.fix_name(v): v for v in fix_items(stages)}
+    models = [m for m in dict.fromkeys(listed(evaluates_every_suite)) if m != "base"]
+    measured = dict.fromkeys(listed(lambda stage: runs_command(stage, "kl")))  # the kl and rank stages
+    return ([f"fix {built_by_fix[m]}" if m in built_by_fix else f"quantize {m}" for m in models
+             if not (root / "models" / m / STAGE_RECORD).is_file()]
+            + [f"kl {m}" for m in measured if not (root / "results" / m / "kl.json").is_file()])
 
 
 def warm_run_servers(p) -> list[str]:
@@ -256,9 +260,11 @@ def warm_run_servers(p) -> list[str]:
     server it started. (It reads no params.yaml key but `engine`: the served stages that call it declare that.)"""
     from pipeline.outputs import STAGE_RECORD
 
+    if not getattr(p.engine, "warm_servers", False):  # a setting of the engines that start servers (vllm)
+        return []
     models = sorted((record.parent for record in Path("models").glob(f"*/{STAGE_RECORD}")),
                     key=lambda model: (model.name != "base", model.name))  # the base first: every judge needs it
-    pending = builds_to_come(p)
+    pending = builds_to_come()
     return [m.name for m in models if warm_server(p, m, pending).startswith("started")]
 
 
@@ -284,7 +290,9 @@ def warm_server(p, model_dir: Path, pending: list[str] | None = None, name: str 
         return "not started: not inside a run (a server started now would end with this command)"
     if not (Path(model_dir) / STAGE_RECORD).is_file():
         return f"not started: {model_dir} is not built yet"
-    pending = builds_to_come(p) if pending is None else pending
+    if Path(model_dir).name == "base":  # its server, idle, is stopped for room after every other
+        shared.keep_last(model_dir)
+    pending = builds_to_come() if pending is None else pending
     if not _room_for_a_server(e, building=bool(pending)):
         return (f"not started: the GPU has no room for it yet, leaving engine.build_memory_fraction free for "
                 f"{', '.join(pending[:3])}{' ...' if len(pending) > 3 else ''} (its stages start it when they need it)"

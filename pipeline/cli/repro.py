@@ -4,6 +4,7 @@ out, named targets run in the order a whole run takes, and one closing line of t
     python -m pipeline.cli.repro [ARGS]                # dvc repro ARGS: each stage's one line (and its bar); of
                                                        # DVC's own output, its warnings and errors only
     quantize repro [ARGS]                              # the same
+    python -m pipeline.cli.repro --dvc-lines [ARGS]    # the same with DVC's own lines
     python -m pipeline.cli.repro --times FILE STARTED  # the closing line: the wall time since STARTED (a Unix
                                                        # time) and the CPU time of the stages FILE records
 
@@ -115,6 +116,8 @@ def main() -> None:
     if sys.argv[1:2] == ["--times"]:
         print(times_line(Path(sys.argv[2]), float(sys.argv[3])))
         return
+    if sys.argv[1:2] == ["--dvc-lines"]:  # DVC's own lines kept (benchmarks/gpu_dvc_repro.py's logs)
+        sys.exit(repro(sys.argv[2:], quiet=False))
     sys.exit(repro(sys.argv[1:]))
 
 

@@ -179,10 +179,35 @@ def stop_entry(registry: Path, key: str, entry: dict, wait: float = 60.0) -> Non
     forget(registry, key)
 
 
+KEEP_LAST = "keep-last"  # in the registry: the checkpoint whose idle server goes last (the run's base)
+
+
+def keep_last(model_dir: Path | str, registry: Path | None = None) -> None:
+    """Names the checkpoint whose idle server is stopped after every other one (the base: every variant's judge asks
+    it), for every stop_idle of the run that names none itself."""
+    registry = registry or registry_dir()
+    registry.mkdir(parents=True, exist_ok=True)
+    path = registry / KEEP_LAST
+    value = str(Path(model_dir).resolve())
+    with contextlib.suppress(OSError):
+        if not path.is_file() or path.read_text() != value:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(value)
+            tmp.replace(path)
+
+
+def kept_last(registry: Path) -> str | None:
+    try:
+        return (registry / KEEP_LAST).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
-              exclude: str | None = None) -> list[str]:
+              exclude: str | None = None, last: str | None = None) -> list[str]:
     """Stops idle servers (no live lease): those serving `model_path` (another content of that
-    checkpoint), then the least recently used beyond `keep` servers in all. Call with the lock held.
+    checkpoint), then the least recently used beyond `keep` servers in all, the one serving `last` (a checkpoint
+    path: the base, which every variant's judge asks) after every other. Call with the lock held.
     Returns the keys stopped."""
     registry = registry or registry_dir()
     stopped = []
@@ -191,7 +216,10 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
         if not alive(entry.get("supervisor_pid"), entry.get("supervisor_started")):
             forget(registry, key)  # its supervisor died (SIGKILL): the server died with it
             current.pop(key)
-    idle = sorted((e.get("last_used", 0), k) for k, e in current.items() if not live_leases(registry, k))
+    last = str(Path(last).resolve()) if last else kept_last(registry)
+    idle = sorted((e.get("model_path") == last, e.get("last_used", 0), k) for k, e in current.items()
+                  if not live_leases(registry, k))
+    idle = [(used, key) for _, used, key in idle]
     for _, key in idle:
         if model_path is not None and current[key].get("model_path") == model_path:
             stop_entry(registry, key, current.pop(key))

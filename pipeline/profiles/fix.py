@@ -3,12 +3,13 @@ of a W4A16 variant (VARIANT-mixed: pipeline/stages/fix.py), and the offer of tha
 such a variant NO-GO without a fix (`quantize profile`, `quantize show-verdict`).
 
 The edit is a careful text edit, every comment and line kept: VARIANT joins the fix stage's one-line list
-(`foreach: [rtn-w4a16]`) and leaves the kl stage's (the fix stage measures its KL, ranking its groups in the same
-pass), VARIANT-mixed joins the kl and evaluate stages' lists and every other list that names every
-variant (the GPU profile's warm, judge and bench), and beside each run of deps that names a file of every variant
-(the report's quant.json and config.json, the GPU profile's kl.json of the served stages) VARIANT-mixed's file
-is added. The new text is parsed again and must equal the old document with exactly those additions, and
-params.yaml must accept it (pipeline/settings/checks.py), before it replaces dvc.yaml (one rename).
+(`foreach: [rtn-w4a16]`) (and the rank stage's, leaving the kl stage's, where the rank stage does not list it yet:
+the fix reads its ranking), VARIANT-mixed joins the kl and evaluate stages' lists and every other list that names
+every variant (the GPU profile's warm, judge and bench), and beside each run of deps that names a file of every
+variant (the report's quant.json and config.json) VARIANT-mixed's file is added. No stage of VARIANT's own changes
+(its ranking is measured whether or not a fix is built), so `dvc repro` then runs the fix's stages and the report.
+The new text is parsed again and must equal the old document with exactly those additions, and params.yaml must
+accept it (pipeline/settings/checks.py), before it replaces dvc.yaml (one rename).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _edited(items: list[str], leaves: str | None, joins: str | None, stage: str 
     said = changes if changes is not None else []
     if leaves in items:
         items = [item for item in items if item != leaves]
-        said.append(f"stages.{stage}.foreach: - {leaves} (the fix stage measures its KL)")
+        said.append(f"stages.{stage}.foreach: - {leaves} (the rank stage measures its KL, with its ranking)")
     if joins and joins not in items:
         items = [*items, joins]
         said.append(f"stages.{stage}.foreach: + {joins}")
@@ -62,7 +63,7 @@ def _edited(items: list[str], leaves: str | None, joins: str | None, stage: str 
 
 def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[str, list[str], dict]:
     """The edited text, the changes in words, and the document the edited text must parse to."""
-    from pipeline.settings.checks import evaluates_every_suite, runs_command
+    from pipeline.settings.checks import evaluates_every_suite, ranks, runs_command
 
     stages = data.get("stages") or {}
     fixed = fixes.fix_name(variant)
@@ -71,17 +72,27 @@ def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[
         raise UserError("dvc.yaml has no fix stage (`cmd: quantize fix ${item}`) to add the variant to; copy the fix "
                         "stage of pipeline/profiles/cpu-demo/dvc-stages.yaml into it, or `quantize profile cpu-demo` "
                         "(or gpu-h200) to start from a profile's dvc.yaml")
-    measured = [name for name, stage in stages.items() if runs_command(stage, "kl") or evaluates_every_suite(stage)]
+    rank_stages = [name for name, stage in stages.items() if ranks(stage)]
+    if not rank_stages:
+        raise UserError("dvc.yaml has no rank stage (`cmd: quantize kl models/${item} --rank`) to rank the variant's "
+                        "groups, which its fix reads; copy the rank stage of pipeline/profiles/cpu-demo/dvc-stages.yaml "
+                        "into it, then run this again; nothing was changed")
+    measured = [name for name, stage in stages.items()
+                if (runs_command(stage, "kl") and not ranks(stage)) or evaluates_every_suite(stage)]
     evaluated = [m for name in measured if evaluates_every_suite(stages[name]) for m in stages[name]["foreach"]]
     every = set(evaluated) - {"base", fixed}  # the variants (and fixes) the run decides
     grows = {name: fixed for name in measured}
     for name, stage in stages.items():  # another per-model list covering every variant (the GPU's warm, judge, bench)
         listed = stage.get("foreach")
-        if name not in grows and name not in fix_stages and isinstance(listed, list) and every and every <= set(listed):
+        if name not in grows and name not in fix_stages and name not in rank_stages and isinstance(listed, list) \
+                and every and every <= set(listed):
             grows[name] = fixed
     grows.update({name: variant for name in fix_stages})
-    shrinks = {name: variant for name in measured if runs_command(stages[name], "kl")
-               and variant in (stages[name].get("foreach") or [])}  # the fix stage measures V's KL
+    shrinks = {}
+    if not any(variant in (stages[name].get("foreach") or []) for name in rank_stages):  # ranked from now on
+        grows[rank_stages[0]] = variant
+        shrinks = {name: variant for name in measured if runs_command(stages[name], "kl")
+                   and variant in (stages[name].get("foreach") or [])}
     text_lines = text.splitlines(keepends=True)
     expected, changes = copy.deepcopy(data), []
     ranges = _stage_lines(lines, list(stages), len(text_lines))
