@@ -111,19 +111,24 @@ def test_the_mixed_recipe_takes_the_base_methods_own_settings(tmp_path, tiny_lla
 
 
 def test_params_checks_the_fix_stage_against_params_yaml(tmp_path):
-    """Each variant the fix stage lists is a W4A16 variant of params.yaml that the rank stage ranks, and its fix is
-    in kl's and evaluate's lists; a fix runs the suites its variant runs."""
+    """Each variant the fix stage lists is a W4A16 variant of params.yaml that the rank stage ranks and params.yaml
+    fix.variants names, and its fix is in kl's and evaluate's lists; a fix runs the suites its variant runs."""
     from conftest import REPO
     from pipeline.settings import fixes, params
 
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
-    p = params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25}}))
-    assert p.fix.max_bits == 4.25 and fixes.models(p)[-2:] == ["awq-w4a16-mixed", "rtn-w4a16-mixed"]
+    p = params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25, "variants": ["rtn-w4a16"]}}))
+    assert p.fix.max_bits == 4.25 and fixes.models(p)[1:] == [*TINY_PARAMS["variants"], "rtn-w4a16-mixed"]
+    with pytest.raises(UserError, match=r"the fix stage lists \[rtn-w4a16\] and params.yaml fix.variants \[\]: they "
+                                        r"name the same variants"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25}}))
+    write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25, "variants": ["rtn-w4a16"]}})
     assert not fixes.runs_on(p.suites["math"].models, "rtn-w4a16-mixed")  # math runs on base and AWQ only
     assert fixes.runs_on(p.suites["math"].models, "awq-w4a16-mixed")
     text = (REPO / "dvc.yaml").read_text()
     for edited, message in (
-            (text.replace("foreach: [rtn-w4a16]", "foreach: [fp8-w8a8]"),
+            (text.replace("foreach: [rtn-w4a16]", "foreach: [fp8-w8a8]").replace(
+                "fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl", "fp8-w8a8]\n    do:\n      cmd: quantize kl"),
              r"stages.fix.foreach lists 'fp8-w8a8', a fp8 variant; a fix takes a W4A16 variant \(method awq, gptq, rtn\)"),
             (text.replace("fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
                           "fp8-w8a8]\n    do:\n      cmd: quantize kl"),
@@ -137,7 +142,7 @@ def test_params_checks_the_fix_stage_against_params_yaml(tmp_path):
         with pytest.raises(UserError, match=message):
             params.load(tmp_path / "params.yaml")
     with pytest.raises(UserError, match="fix.max_bits"):
-        params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 9}}))
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 9, "variants": ["rtn-w4a16"]}}))
 
 
 def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(tmp_path, monkeypatch):
@@ -146,7 +151,7 @@ def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(
 
     repo = copy_repo(tmp_path / "repo")
     monkeypatch.chdir(repo)
-    before = (repo / "dvc.yaml").read_text()
+    before, params_before = (repo / "dvc.yaml").read_text(), (repo / "params.yaml").read_text()
     runner = CliRunner()
     done = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
     assert done.exit_code == 0, done.output
@@ -167,11 +172,25 @@ def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(
     assert profiles.current(repo) is None  # local edits now: `quantize profile` says so
     again = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
     assert again.exit_code == 0 and "nothing changed" in again.output and (repo / "dvc.yaml").read_text() == after
+    fixed_params = (repo / "params.yaml").read_text()
     for name, expected in (("fp8-w8a8", "is a fp8 variant"), ("nope", "variants.nope: no such variant")):
         refused = runner.invoke(app, ["profile", "--fix", name])
         assert refused.exit_code == 2 and expected in refused.output, refused.output
     assert (repo / "dvc.yaml").read_text() == after and not list(repo.glob(".dvc.yaml.*"))
+    assert (repo / "params.yaml").read_text() == fixed_params and not list(repo.glob(".params.yaml.*"))
+    assert "params.yaml fix.variants: + awq-w4a16" in done.output
+    assert yaml.safe_load((repo / "params.yaml").read_text())["fix"]["variants"] == ["rtn-w4a16", "awq-w4a16"]
+    assert [l for l in (repo / "params.yaml").read_text().splitlines() if l not in params_before.splitlines()] == [
+        "  variants: [rtn-w4a16, awq-w4a16]   # the W4A16 variants whose fix the run builds and decides: dvc.yaml's fix "
+        "stage lists"]  # one line changed, its comment kept
+    # --unfix: the inverse edit, the ranking left as it was; then the files are the profile's again
+    undone = runner.invoke(app, ["profile", "--unfix", "awq-w4a16"])
+    assert undone.exit_code == 0 and "stages.kl.foreach: - awq-w4a16-mixed" in undone.output, undone.output
+    assert (repo / "dvc.yaml").read_text() == before and (repo / "params.yaml").read_text() == params_before
+    assert profiles.current(repo) == "cpu-demo"
+    assert "nothing changed" in runner.invoke(app, ["profile", "--unfix", "awq-w4a16"]).output
     # a dvc.yaml whose rank stage does not list the variant yet: it moves there from the kl stage (its fix reads it)
+    (repo / "params.yaml").write_text(params_before)
     (repo / "dvc.yaml").write_text(before.replace("foreach: [awq-w4a16, rtn-w4a16]", "foreach: [rtn-w4a16]").replace(
         "foreach: [fp8-w8a8, rtn-w4a16-mixed]", "foreach: [awq-w4a16, fp8-w8a8, rtn-w4a16-mixed]"))
     moved = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])

@@ -72,7 +72,7 @@ def test_the_driver_cuts_resumes_accounts_every_stage_and_a_fix_costs_only_the_f
 
     # a fix added to the finished run (issue 52 item 1): its own stages and the report run, nothing else; one
     # server starts, the fix's (the base's, which its judge asks, is the run's still)
-    finished = (project / "dvc.yaml").read_text()
+    finished = {name: (project / name).read_text() for name in ("dvc.yaml", "params.yaml")}
     third, printed = call(work, out, "--budget", "600", "--fix", "rtn-w4a16", keep=False)
     assert third["done"], printed
     phase = third["phases"][-1]
@@ -81,7 +81,8 @@ def test_the_driver_cuts_resumes_accounts_every_stage_and_a_fix_costs_only_the_f
     assert phase["server_starts_in_stages"] <= 1 and third["servers"]["rtn-w4a16-mixed"]["starts"] == 1
     assert all(third["servers"][m]["starts"] == 1 for m in MODELS)  # no server of an unchanged model started again
     assert third["phases"][0]["ran"] == sorted(s["name"] for s in second["stages"] if s["attempts"])
-    # taking the fix out again leaves only the report to run
-    (project / "dvc.yaml").write_text(finished)
+    # taking the fix out again (the files as they were) leaves only the report to run
+    for name, text in finished.items():
+        (project / name).write_text(text)
     assert dvc_status(project) == {"report"}
     assert not list((work / "servers").glob("*.json"))  # the run ended: its servers with it

@@ -387,14 +387,17 @@ def profile(
                                             "costly groups kept in 8 bits) dvc.yaml should build, measure and decide: "
                                             "added to the fix stage and to the kl, evaluate and report lists, in "
                                             "place (repeatable)"),
+    unfix: Optional[list[str]] = typer.Option(None, "--unfix", help="A variant whose fix dvc.yaml should no longer "
+                                              "build: out of every list (and params.yaml fix.variants), in place; the "
+                                              "report then leaves it out (repeatable)"),
 ):
     """Switch params.yaml and dvc.yaml together: the CPU demo or the GPU configuration (pipeline/profiles/); with
-    --fix, add a variant's fix to the dvc.yaml in use."""
+    --fix, add a variant's fix to the dvc.yaml (and params.yaml) in use, with --unfix take it out."""
     from pipeline import profiles
     from pipeline.profiles import fix as profile_fix
 
     root = Path.cwd()
-    if name is None and not fix:
+    if name is None and not fix and not unfix:
         typer.echo(profiles.describe(root))  # and the fixes a verdict's NO-GO offers
         return
     if name is not None:
@@ -406,6 +409,8 @@ def profile(
                        "in another environment), then: dvc repro")
     for variant in fix or []:
         typer.echo(profile_fix.told(variant, profile_fix.add_fix(root, variant)))
+    for variant in unfix or []:
+        typer.echo(profile_fix.told(variant, profile_fix.remove_fix(root, variant), removed=True))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -167,6 +167,11 @@ def _check_fix_stages(params, dvc_file: Path, stages: dict) -> list[str]:
                                 f"reads results/{item}/sensitivity.json): list {item} in the rank stage, `cmd: quantize "
                                 "kl models/${item} --rank` (and take it out of the plain kl stage's list)")
         built += [fixes.fix_name(item) for item in listed if fixes.fix_name(item) not in built]
+    named = list(params.fix.variants)
+    if sorted(fix_items(stages)) != sorted(named):
+        raise UserError(f"{dvc_file}: the fix stage lists [{', '.join(fix_items(stages))}] and params.yaml fix.variants "
+                        f"[{', '.join(named)}]: they name the same variants (`quantize profile --fix VARIANT` and "
+                        "`--unfix VARIANT` edit both); make them agree")
     for name, stage in stages.items():
         if (runs_command(stage, "kl") and not ranks(stage)) or evaluates_every_suite(stage):
             listed = stage.get("foreach") if isinstance(stage.get("foreach"), list) else []
