@@ -39,7 +39,7 @@ TINY_PARAMS = {
     "engine": {"batch_size": 8, "dtype": "float32"},
     # DVC needs every section and key a stage declares in its params (the values are the defaults)
     "kl": {"sequences": 4, "max_tokens": 64},
-    "fix": {"max_bits": 4.5},
+    "fix": {"max_bits": 4.5, "variants": ["rtn-w4a16"]},  # as the demo's dvc.yaml: the fix of rtn-w4a16
     "verdict": {"margins": {"judge": 0.05, "suites": {"math": 0.03}}, "bootstrap": 2000, "confidence": 0.95, "seed": 0},
 }
 
