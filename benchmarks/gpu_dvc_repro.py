@@ -574,7 +574,7 @@ class Run:
         lost = sorted(seen.values(), key=lambda stall: stall["at"])
         return [stall for stall in lost if stall["idle_s"] > 30], lost
 
-    def report(self) -> dict:
+    def report(self, final: bool = True) -> dict:
         """$OUT/gpu_dvc_repro.json (the figures), $OUT/report/ (the page and the verdict the run rendered, links
         followed) and $OUT/run.tar.gz (the stage log, the DVC logs, the servers' logs, every bench.json and results
         summary, params.yaml and dvc.lock): few files, as the GPU machine sends back at most eight."""
@@ -599,7 +599,8 @@ class Run:
                 if path.is_file():
                     bundle.add(path, arcname=str(path.relative_to(self.work if self.work in path.parents else
                                                                    path.parent.parent)))
-        if self.state["done"]:  # xz on ~50 MB of results takes a while: once, at the end
+        if self.state["done"] and final:  # xz on ~50 MB of results takes a while: once, at the end (not before a
+            # fix is added to the finished run: --keep)
             self.report_inputs(OUT / "report_inputs.tar.xz")
         return figures
 
@@ -705,7 +706,7 @@ def main() -> None:
             print(f"dvc repro: {outcome}", flush=True)
             if outcome.startswith("failed"):
                 print(Path(run.state["calls"][-1]["log"]).read_text()[-4000:])
-    figures = run.report()
+    figures = run.report(final=not args.keep)
     print_table(figures)
     print(f"state: {'done' if figures['done'] else 'call again to resume'}; figures in {OUT / 'gpu_dvc_repro.json'}")
 

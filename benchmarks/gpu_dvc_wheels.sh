@@ -15,7 +15,10 @@ dest=.device/dvc-wheels
 mkdir -p "$dest"
 tmp=$(mktemp -d)
 printf 'dvc==3.67.1\ntyper>=0.15\n' > "$tmp/req.in"
-uv pip compile -q "$tmp/req.in" --python-version 3.12 --python-platform x86_64-manylinux_2_28 -o "$tmp/req.txt"
+# uv resolves for the GPU machine's Python and platform: on PATH, or the project's .venv (`make install`: the dev extra)
+uv=$(command -v uv || true)
+[ -n "$uv" ] || { [ -x .venv/bin/uv ] && uv=.venv/bin/uv; } || { echo "uv not found: run make install (uv comes with the dev extra) or pip install uv" >&2; exit 2; }
+"$uv" pip compile -q "$tmp/req.in" --python-version 3.12 --python-platform x86_64-manylinux_2_28 -o "$tmp/req.txt"
 skip='^(hydra-core|omegaconf|antlr4-python3-runtime|setuptools|fsspec|filelock|pyyaml|requests|urllib3|certifi|idna|charset-normalizer|packaging|typing-extensions|pydantic|pydantic-core|annotated-types|typing-inspection|tqdm|six|python-dateutil|networkx|jinja2|markupsafe)=='
 grep -v '^ *#' "$tmp/req.txt" | grep -Ev "$skip" | sed 's/ *;.*//' > "$tmp/keep.txt"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -147,12 +147,13 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
         calib_stats: Path | str | None = None, environment: dict | None = None) -> ReportResult:
     """`environment`: where the results were produced, when not here (a report re-rendered from a stored copy of
     another machine's run: benchmarks/report_bundle.py)."""
+    from pipeline.report.printable import printable
     from pipeline.report.render import render_html
 
     results_dir, out_dir, models_dir = Path(results_dir), Path(out_dir), Path(models_dir)
     models, ignored = inputs.result_folders(results_dir, fixes.models(params))
     for folder, why in ignored.items():
-        log.warning(f"report: ignoring {results_dir / folder}: {why}")
+        log.warning(printable(f"report: ignoring {results_dir / folder}: {why}"))  # a folder named in any bytes
     evidence = read_evidence(results_dir, models_dir, params, models)
     if not [name for name in evidence.results if name != "base"]:
         raise UserError(_nothing_to_decide(results_dir, params, models, ignored))
