@@ -362,7 +362,7 @@ def test_quantize_judge_behind_a_bad_gateway_finishes_the_stage(tmp_path, two_mo
     assert [j["replaced"] for l in lines for j in l["judgments"] if "\ufffd" in j["raw"]] == [1]
 
 
-def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(tmp_path):
+def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced_and_how_verdicts_were_read(tmp_path):
     from html import unescape
 
     from conftest import TINY_PARAMS, with_variants
@@ -374,12 +374,17 @@ def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(t
     results = tmp_path / "results"
     for name in ("base", "v"):
         write_results(results, name, [1] * 120 + [0] * 80)
-    write_judge(results / "v", judge_pairs(), replaced_characters=3)
+    write_judge(results / "v", judge_pairs(), replaced_characters=3, scoring="text")
     params = Params.model_validate(with_variants(TINY_PARAMS, "v"))
     report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
     html = unescape((tmp_path / "reports" / "index.html").read_text(encoding="utf-8"))
     assert "3 characters of the judge's replies could not be written as UTF-8 (unpaired UTF-16 surrogates) and " \
            "stand as U+FFFD in judge.jsonl" in html
+    assert "tiny judge (verdicts parsed from its replies)" in re.sub(r"<[^>]+>", "", html)
+    write_judge(results / "v", judge_pairs(), scoring="logprobs")
+    report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
+    text = re.sub(r"<[^>]+>", "", unescape((tmp_path / "reports" / "index.html").read_text(encoding="utf-8")))
+    assert "tiny judge (verdicts from log-probabilities)" in text and "verdicts parsed" not in text
 
 
 def test_missing_key_variable_is_a_clear_error(tmp_path, two_models, holdout, monkeypatch):
@@ -614,6 +619,7 @@ def test_a_position_biased_judge_judges_every_pair_and_its_checks_decide_whether
     judge answers A in both orders (a tie that contradicts itself, consistency 0, its control the same) and is
     UNRELIABLE, not counted; the fair one is consistent and counted."""
     from pipeline.settings.params import Params
+    from pipeline.verdict.next_steps import next_steps
 
     figures = {}
     for name, path in taught_judges.items():
@@ -626,6 +632,9 @@ def test_a_position_biased_judge_judges_every_pair_and_its_checks_decide_whether
     assert {j["verdict"] for j in line["judgments"]} == {"A"} and line["outcome"] == "tie" and line["consistent"] is False
     assert verdict["decision"] == "UNRELIABLE" and verdict["counted"] is False
     assert verdict["summary"]["unjudged"] == 0 and verdict["summary"]["control_n"] == 1
+    [step] = next_steps("biased", [], {}, verdict, {}, Params())
+    assert step["text"].startswith("judge: unreliable: it gave the same verdict with the answers swapped in 0.0% of "
+                                   "pairs; a stronger judge is needed") and step["counted"] is False
     line, verdict = figures["fair"]
     assert line["outcome"] == "win" and verdict["counted"] is True and verdict["decision"] == "INCONCLUSIVE"
 

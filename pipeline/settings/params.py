@@ -150,7 +150,7 @@ class JudgeParams(Section):
     scoring: Literal["auto", "logprobs", "text"] = "auto"
     limit: int | None = Field(None, ge=1, le=100_000)  # held-out prompts to judge; None: all
     max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)  # base and variant answers
-    judge_max_new_tokens: int = Field(512, ge=1, le=MAX_NEW_TOKENS)  # the judge's reasoning and verdict
+    judge_max_new_tokens: int = Field(512, ge=1, le=MAX_NEW_TOKENS)  # the judge's reasoning and verdict (scoring text)
     control: bool = True  # also judge the base against itself: the noise floor
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
     api_key_env: str | None = None  # openai: NAME of the environment variable holding the key, never the key
