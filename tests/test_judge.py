@@ -733,3 +733,23 @@ def test_a_logprob_judgment_in_the_cache_is_checked_like_a_parsed_one(tmp_path, 
     else:
         with pytest.raises(UserError, match="line 1: not a cache entry"):
             client.JudgmentCache(path)
+
+
+def test_a_choice_the_tokenizer_joins_with_the_cue_is_not_scored():
+    """A tokenizer with a token '[[A' writes the cue's '[[' and the choice A as one token: P(A) cannot be read after
+    the cue's tokens, so that judgment fails with the reason (and a way out) instead of scoring other tokens."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(" :ABCdeirtv[")}
+    vocab.update({"[[": len(vocab), "[[A": len(vocab) + 1})
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[("[", "["),
+                                                                                                   ("[[", "A")])))
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert encode("verdict: [[A")[-1] == vocab["[[A"]  # the merge the test is about
+    with pytest.raises(ValueError, match=r"joins choice 'A' with the end of the prompt '.*\[\[' into one token: .* "
+                                         "use judge.scoring: text"):
+        client.choice_requests(tokenizer, encode, "verdict: [[", "ABC")
+    context = encode("verdict: [[")
+    assert client.choice_requests(tokenizer, encode, "verdict: [[", "BC") == [(context, [vocab["B"]]),
+                                                                             (context, [vocab["C"]])]

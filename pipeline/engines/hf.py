@@ -208,7 +208,8 @@ class HFEngine:
         for index in sorted(range(len(requests)), key=lambda i: -len(fed[i])):
             batch = batches[-1] if batches else []
             distinct = rows | {fed[index]}
-            if (batch and len(distinct) <= self.batch_size and len(distinct) * len(fed[batch[0]]) <= self.max_batch_tokens
+            if (batch and len(distinct) <= self.batch_size
+                    and len(distinct) * len(fed[batch[0]]) <= self.max_batch_tokens
                     and sum(len(requests[i][1]) for i in batch + [index]) <= max_positions):
                 batch.append(index)
                 rows = distinct
@@ -224,7 +225,7 @@ class HFEngine:
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         fed = [fed_tokens(c, x) for c, x in requests]
-        row_of = {tokens: row for row, tokens in enumerate(dict.fromkeys(fed))}  # requests feeding the same tokens share
+        row_of = {tokens: row for row, tokens in enumerate(dict.fromkeys(fed))}  # the same tokens fed: one row
         width = max(len(f) for f in fed)
         ids = torch.full((len(row_of), width), pad, dtype=torch.long)
         mask = torch.zeros((len(row_of), width), dtype=torch.long)

@@ -4,7 +4,8 @@
   its reply begun with the mode's cue ("Final verdict: [[", pipeline/judge/prompts.py), and each choice (A, B, C;
   a grade 1-5) scored as the continuation of that text, as lm-eval scores multiple choice (the whole text encoded
   and cut at the context's length: pipeline/scoring/likelihood.py); the verdict is the likeliest choice. One
-  forward pass per choice, nothing generated, nothing to parse: every judgment has a verdict.
+  forward pass per choice (the hf engine runs a prompt's one-token choices as one row), nothing generated, nothing
+  to parse: every judgment has a verdict.
 - `text` (any engine, e.g. a chat API): the judge writes its reply, parsed strictly; an unparsable reply is asked
   once more with a reminder (a reply whose fields are broken is the engine's failure, retried there:
   pipeline/engines/replies.py; characters of a reply that no UTF-8 file can hold arrive as U+FFFD, counted in the
@@ -69,6 +70,25 @@ def is_judgment(entry: dict) -> bool:
     replaced = entry.get("replaced", 0)
     return (entry.get("by", "text") == "text" and all(isinstance(t, str) and encodable(t)[1] == 0 for t in texts)
             and type(replaced) is int and replaced >= 0)
+
+
+def choice_requests(tokenizer, encode: Callable[[str], list[int]], context: str,
+                    choices) -> list[tuple[list[int], list[int]]]:
+    """Each choice as the continuation of `context` (context ids, choice ids), split as lm-eval splits multiple
+    choice (pipeline/scoring/likelihood.py: encode_pair), encoded by `encode` (the engine's, as it encodes a prompt
+    it generates from). A ValueError when the tokenizer writes a choice into the context's last token: the text
+    tokenized whole does not begin with the context's tokens, and the choice cannot be scored apart."""
+    from pipeline.scoring.likelihood import encode_pair
+
+    requests = []
+    for choice in choices:
+        context_ids, choice_ids = encode_pair(tokenizer, context, choice, encode=encode)
+        if not choice_ids or context_ids + choice_ids != encode(context + choice):
+            raise ValueError(f"the judge's tokenizer joins choice {choice!r} with the end of the prompt "
+                             f"{context[-12:]!r} into one token: its log-probability cannot be read apart; use "
+                             "judge.scoring: text")
+        requests.append((context_ids, choice_ids))
+    return requests
 
 
 @dataclass
@@ -152,19 +172,20 @@ class Judge:
         """Every ask's choices scored as continuations of its prompt and the judge's cue; each judgment is cached (and
         counted) when its last choice's log-probability arrives. A prompt longer than the judge's context fails (it
         is not cut: its start holds the instructions)."""
-        from pipeline.scoring.likelihood import encode_pair
-
         results: dict[str, dict] = {}
         final = self._finisher(results, advance)
         engine = self.engine
         requests, scored = [], []  # (context ids, choice ids), one per choice of each ask; the asks scored
         for ask in asks:
-            context = engine.apply_chat_template(ask.messages) + self.cue
-            pairs = [encode_pair(engine.tokenizer, context, choice, encode=engine.encode) for choice in self.choices]
-            tokens = max(len(c) + len(x) for c, x in pairs)
-            if tokens > engine.max_length:
-                final({"key": ask.key, "by": "logprobs", "parsed": None, "attempts": 1,
-                       "error": f"the judge prompt is {tokens} tokens, over the judge's context of {engine.max_length}"})
+            try:
+                pairs = choice_requests(engine.tokenizer, engine.encode,
+                                        engine.apply_chat_template(ask.messages) + self.cue, self.choices)
+                tokens = max(len(c) + len(x) for c, x in pairs)
+                if tokens > engine.max_length:
+                    raise ValueError(f"the judge prompt is {tokens} tokens, over the judge's context of "
+                                     f"{engine.max_length}")
+            except ValueError as exc:
+                final({"key": ask.key, "by": "logprobs", "parsed": None, "attempts": 1, "error": str(exc)})
                 continue
             requests += pairs
             scored.append(ask)
