@@ -50,12 +50,14 @@ $(DOCS_STAMP): pyproject.toml $(BIN)/quantize
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # not --quiet: it hides the warnings --strict counts
 
-# After `make demo`: its report becomes the committed example (reports/example/), with screenshots of the first
-# screen at 1280 x 800 and at 390 x 844 beside it (Debian's chromium, headless, no network).
+# After `make demo`: its report becomes the committed example (reports/example/: the page, the verdict and the model
+# cards), with screenshots of the first screen at 1280 x 800 and at 390 x 844 beside it (Debian's chromium, headless,
+# no network).
 example-report: install system-deps
-	@test -f reports/index.html -a -f reports/verdict.json || { echo "no report yet: run make demo first"; exit 2; }
+	@test -f reports/index.html -a -f reports/verdict.json -a -d reports/cards || { echo "no report yet: run make demo first"; exit 2; }
 	mkdir -p reports/example
 	cp -L reports/index.html reports/verdict.json reports/example/
+	rm -rf reports/example/cards && cp -rL reports/cards reports/example/cards
 	$(BIN)/python benchmarks/report_screenshots.py reports/example
 
 # The GPU example (reports/example-gpu/) re-rendered on the CPU from the stored copy of what the GPU run's report

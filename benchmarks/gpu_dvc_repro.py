@@ -23,7 +23,14 @@ appends its wall time and engine start to a log
     resumed: how many times the run was cut and resumed; calls; setup_s (building the random base: not a stage)
 
 `--tiny` runs the same on the CPU: a tiny Glm, tests/openai_server.py in vLLM's place, a few items per suite
-(tests/test_gpu_dvc_repro.py). `--target STAGE...` runs `dvc repro STAGE...` (and what they need) only.
+(tests/test_gpu_dvc_repro.py). `--target STAGE...` runs `quantize repro STAGE...` (and what they need, in the whole
+run's order) only.
+
+The fix loop (issue 52): `--fix V` (repeatable) at the first call adds V's fix to the run before it starts (`quantize
+profile --fix V`, as a user would after a NO-GO); `--fix V` on a run that is done adds V's fix to the finished run and
+runs again: a new phase, whose stages, servers and seconds are counted apart (`phases`), the run's servers kept from
+the phase before (the holder, QUANTIZE_RUN_PID, lives through a finished phase for --grace seconds, as through a
+cut), so a fix costs its own stages and its own server start. Each phase also records which stages ran (`ran`).
 """
 
 from __future__ import annotations
@@ -58,7 +65,8 @@ class Run:
         self.project, self.state_file = work / "project", work / "state.json"
         self.stage_log, self.bin = work / "stages.jsonl", work / "bin"
         self.state = json.loads(self.state_file.read_text()) if self.state_file.exists() else {
-            "calls": [], "cuts": 0, "done": False, "setup_s": None}
+            "calls": [], "cuts": 0, "done": False, "setup_s": None, "phases": [{"name": "run", "fixes": []}]}
+        self.state.setdefault("phases", [{"name": "run", "fixes": []}])
 
     def save(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -118,7 +126,7 @@ class Run:
             params["suites"]["code"]["allow_unsandboxed"] = True
         return params
 
-    def setup(self, suite_limit: int | None, share: bool = True) -> None:
+    def setup(self, suite_limit: int | None, share: bool = True, fixes: list[str] | None = None) -> None:
         import yaml
 
         started = time.perf_counter()
@@ -134,6 +142,9 @@ class Run:
         self.compile_bytecode()
         base = self.build_base()
         (self.project / "params.yaml").write_text(yaml.safe_dump(self.settings(base, suite_limit, share), sort_keys=False))
+        for variant in fixes or []:  # as a user adds a NO-GO's fix (the profile lists none)
+            self.add_fix(variant)
+        self.state["phases"][0]["fixes"] = list(fixes or [])
         # the H200 machine has 64 GiB of disk: the project's .dvc/config links checkpoints into DVC's cache
         # (cache.type hardlink,symlink) instead of copying them, and the random source goes once resave has made
         # models/base (drop_source_once_resaved)
@@ -150,6 +161,21 @@ class Run:
         self.state["setup_s"] = round(time.perf_counter() - started, 1)
         self.state["base"] = str(base)
         self.state["suite_limit"] = suite_limit
+        self.save()
+
+    def add_fix(self, variant: str) -> str:
+        """`quantize profile --fix VARIANT` in the project (dvc.yaml edited in place), as a user would; its words."""
+        done = sh([str(self.bin / "quantize"), "profile", "--fix", variant], self.project,
+                  {k: v for k, v in self.env().items() if k != "QUANTIZE_STAGE_LOG"})
+        return done.stdout.strip()
+
+    def new_phase(self, fixes: list[str]) -> None:
+        """A finished run gets more fixes: a phase of its own (its calls, stages and servers counted apart)."""
+        for variant in fixes:
+            print(self.add_fix(variant), flush=True)
+        self.state["phases"].append({"name": "fix " + ", ".join(fixes), "fixes": list(fixes),
+                                     "first_call": len(self.state["calls"])})
+        self.state["done"] = False
         self.save()
 
     def compile_bytecode(self) -> None:
@@ -220,18 +246,16 @@ class Run:
 
     # ------------------------------------------------------------ one call
 
-    def call(self, budget: float, targets: list[str], grace: float) -> str:
+    def call(self, budget: float, targets: list[str], grace: float, keep: bool = False) -> str:
         started, began_at = time.perf_counter(), time.time()
-        cmd = [sys.executable, "-m", "dvc", "repro", *targets]
+        # named targets through `quantize repro`: in the whole run's order (plain `dvc repro TARGETS` orders them by
+        # Python's string hashes); DVC's own lines kept in the log
+        cmd = ([sys.executable, "-m", "pipeline.cli.repro", "--dvc-lines", *targets] if targets
+               else [sys.executable, "-m", "dvc", "repro"])
         log = self.work / f"dvc-{len(self.state['calls']) + 1}.log"
         holder = self.hold(budget + grace)
         with open(log, "w") as out:
-            # PYTHONHASHSEED: DVC orders a repro of named targets by iterating sets of stage names, so with Python's
-            # random string hashes the order changed from call to call (warm@base right after resave, or after
-            # evaluate@base, whose scoring ahead it then misses); one seed, one order (a whole `dvc repro` goes in
-            # dvc.yaml's order and does not need it)
-            proc = subprocess.Popen(cmd, cwd=self.project, env={**self.env(), "QUANTIZE_RUN_PID": str(holder),
-                                                                "PYTHONHASHSEED": "0"},
+            proc = subprocess.Popen(cmd, cwd=self.project, env={**self.env(), "QUANTIZE_RUN_PID": str(holder)},
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 while True:
@@ -252,13 +276,14 @@ class Run:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         wall = time.perf_counter() - started
-        if outcome == "cut":  # the run goes on in the next call: its servers wait for it (`grace` seconds)
-            self.hold(grace)
+        if outcome == "cut" or (outcome == "done" and keep):  # the run goes on in the next call (a fix added to the
+            self.hold(grace)                                  # finished run): its servers wait `grace` seconds
         else:
             self.release()
             self.wait_servers_gone()
         self.state["calls"].append({"dvc_repro_s": round(wall, 1), "outcome": outcome, "log": str(log),
-                                    "began_at": round(began_at, 2), "ended_at": round(began_at + wall, 2)})
+                                    "began_at": round(began_at, 2), "ended_at": round(began_at + wall, 2),
+                                    "phase": len(self.state["phases"]) - 1})
         if outcome == "cut":
             self.state["cuts"] += 1
         self.state["done"] = outcome == "done"
@@ -307,11 +332,33 @@ class Run:
 
     # ------------------------------------------------------------ the figures
 
-    def figures(self) -> dict:
-        records = [json.loads(l) for l in self.stage_log.read_text().splitlines() if l.strip()] \
+    def records(self) -> list[dict]:
+        return [json.loads(l) for l in self.stage_log.read_text().splitlines() if l.strip()] \
             if self.stage_log.exists() else []
+
+    def phase_figures(self) -> list[dict]:
+        """Per phase (the run, then each fix added to it when it was done): its calls' figures, as `figures` gives
+        them for the whole run, the stages that ran in it and the servers they started."""
+        phases, records = [], self.records()
+        for index, phase in enumerate(self.state["phases"]):
+            calls = [c for c in self.state["calls"] if c.get("phase", 0) == index]
+            inside = [r for r in records if any(c["began_at"] - 1 <= (r.get("ended_at") or r.get("began_at") or 0)
+                                                <= c["ended_at"] + 1 for c in calls)]
+            figures = self.figures(calls, inside)
+            ran = sorted({s["name"] for s in figures["stages"] if s["attempts"]})
+            figures["suites"] = [r for r in figures["suites"] if f"evaluate@{r['model']}" in ran]
+            starts = {s["name"]: s["server_starts"] for s in figures["stages"] if s["server_starts"]}
+            phases.append({"name": phase["name"], "fixes": phase.get("fixes", []), "ran": ran,
+                           "server_starts_by_stage": starts, **{k: v for k, v in figures.items()
+                                                                if k not in ("servers", "calls")}})
+        return phases
+
+    def figures(self, calls: list[dict] | None = None, records: list[dict] | None = None) -> dict:
+        """The run's figures (or, given a phase's calls and stage records, the phase's)."""
+        calls = self.state["calls"] if calls is None else calls
+        records = self.records() if records is None else records
         stages = self.stage_figures(records)
-        wall = sum(c["dvc_repro_s"] for c in self.state["calls"])
+        wall = sum(c["dvc_repro_s"] for c in calls)
         start = sum(s["engine_start_s"] for s in stages.values())
         work = sum(s["work_s"] + s["ahead_work_s"] for s in stages.values())  # ahead of a stage or in it
         suites = self.suite_figures(stages)
@@ -321,7 +368,9 @@ class Run:
         return {
             "batch_size": self.batch_size(), "stalls": stalls, "lost_requests": lost,
             "ahead_work_s": round(ahead_work, 1),
-            "date": time.strftime("%Y-%m-%d"), "tiny": self.tiny, "done": self.state["done"],
+            "date": time.strftime("%Y-%m-%d"), "tiny": self.tiny,
+            "done": bool(calls) and calls[-1]["outcome"] == "done" and (calls is not self.state["calls"]
+                                                                         or self.state["done"]),
             "stages": list(stages.values()), "wall_s": round(wall, 1),
             # engine start visible in the wall time: what stages waited for a model to load or a server to be
             # ready (a server started early, while other stages worked, costs only what is left of its start)
@@ -332,8 +381,10 @@ class Run:
             "suites": suites, "fixed_cost_per_model_suite": self.fixed_costs(stages, suites),
             "servers": servers, "server_starts": sum(len(v["starts_s"]) for v in servers.values()),
             "projection_full_size": self.projection(stages, suites),
-            "resumed": max(0, len(self.state["calls"]) - 1),  # every call after the first resumes a cut run
-            "cuts": self.state["cuts"], "calls": self.state["calls"], "setup_s": self.state["setup_s"],
+            # what the stages' own records say they started (a phase's: `servers` reads the whole run's logs)
+            "server_starts_in_stages": sum(s["server_starts"] for s in stages.values()),
+            "resumed": sum(c["outcome"] == "cut" for c in calls[:-1]),  # a call after a cut resumes the run
+            "cuts": sum(c["outcome"] == "cut" for c in calls), "calls": calls, "setup_s": self.state["setup_s"],
             "bytecode_s": self.state.get("bytecode_s"),
             "python_dont_write_bytecode": self.state.get("python_dont_write_bytecode"),
             # 1: the run's holder (and so its servers) lived through every cut; more: the machine ended them
@@ -530,6 +581,7 @@ class Run:
         import tarfile
 
         figures = self.figures()
+        figures["phases"] = self.phase_figures()
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "gpu_dvc_repro.json").write_text(json.dumps(figures, indent=1))
         report = OUT / "report"
@@ -616,6 +668,11 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=180.0,
                         help="seconds the run (and its vLLM servers) waits for the next call after a cut")
     parser.add_argument("--work", default=None, help="where the run lives (default /tmp/gpu-dvc[-tiny])")
+    parser.add_argument("--fix", action="append", default=[], metavar="VARIANT",
+                        help="add VARIANT's fix (quantize profile --fix): at setup, before the run; on a finished run, "
+                             "as a new phase that runs only what it adds (repeatable)")
+    parser.add_argument("--keep", action="store_true",
+                        help="a finished run keeps its servers --grace seconds (for a fix added next, `run --fix`)")
     args = parser.parse_args()
     work = Path(args.work or ("/tmp/gpu-dvc-tiny" if args.tiny else "/tmp/gpu-dvc"))
     if args.action == "reset":
@@ -628,16 +685,23 @@ def main() -> None:
     if args.action in ("setup", "run"):
         started = time.perf_counter()
         preflight(args.tiny, vllm=args.action == "run")
-        if run.state["setup_s"] is None:
-            run.setup(args.suite_limit, share=not args.no_share)
+        fresh = run.state["setup_s"] is None
+        if fresh:
+            run.setup(args.suite_limit, share=not args.no_share, fixes=args.fix)
             print(f"set up {run.project} in {run.state['setup_s']} s", flush=True)
         if args.action == "setup":
             print("state: set up; `run` starts dvc repro")
             return
+        applied = {v for phase in run.state["phases"] for v in phase.get("fixes", [])}
+        added = [v for v in dict.fromkeys(args.fix) if v not in applied]
+        if added and run.state["done"]:
+            run.new_phase(added)
+        elif added and not fresh:
+            raise SystemExit(f"--fix {' '.join(added)}: the run is not done yet; finish it first (or give --fix at setup)")
         if run.state["done"]:
-            print("state: done (nothing to run; `reset` starts over)")
+            print("state: done (nothing to run; `run --fix V` adds a fix to it, `reset` starts over)")
         else:
-            outcome = run.call(args.budget - (time.perf_counter() - started), args.target, args.grace)
+            outcome = run.call(args.budget - (time.perf_counter() - started), args.target, args.grace, keep=args.keep)
             print(f"dvc repro: {outcome}", flush=True)
             if outcome.startswith("failed"):
                 print(Path(run.state["calls"][-1]["log"]).read_text()[-4000:])

@@ -1,16 +1,18 @@
 """A report re-rendered on the CPU from a stored, compressed copy of what `quantize report` reads.
 
     python benchmarks/report_bundle.py pack PROJECT BUNDLE.tar.gz     # on the machine that ran `dvc repro`
-    python benchmarks/report_bundle.py render BUNDLE.tar.gz OUT_DIR   # anywhere: OUT_DIR/index.html, verdict.json
+    python benchmarks/report_bundle.py render BUNDLE.tar.gz OUT_DIR   # anywhere: OUT_DIR/index.html, verdict.json, cards/
     python benchmarks/report_bundle.py render VERDICT.json OUT_DIR --params P [--base-config C]
 
 `pack` stores, relative to PROJECT: params.yaml, dvc.lock, results/*/*.json and *.jsonl (every result line and
 summary: kl, judge, bench), models/*/quant.json and models/*/config.json (sizes, serving, the base's vocabulary and
-whether its weights were made up), the calibration stats (params.yaml's calib.out/stats.json), and the run's own
-`environment` (from PROJECT/reports/verdict.json) as environment.json. No weights, no server logs.
+whether its weights were made up), models/base/source.json (the base's licence, for the model cards), the
+calibration stats (params.yaml's calib.out/stats.json), and the run's own `environment` (from
+PROJECT/reports/verdict.json) as environment.json. No weights, no server logs.
 
 `render` unpacks it into a temporary folder (refusing any member that is not a plain file under it), runs the report
-stage there with the bundle's params.yaml and the run's environment, and writes OUT_DIR/index.html and verdict.json;
+stage there with the bundle's params.yaml and the run's environment, and writes OUT_DIR/index.html, verdict.json and
+the model cards (OUT_DIR/cards/<variant>/README.md);
 `make example-gpu-report` does it for reports/example-gpu from benchmarks/results/gpu_dvc_repro_full_inputs.tar.xz
 and takes the screenshots. From a verdict.json alone (the copy an older run left), the page is re-rendered from
 the verdict as it stands: its first screen and decisions in full, the per-item tables said to be absent.
@@ -27,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PATTERNS = ("params.yaml", "dvc.lock", "results/*/*.json", "results/*/*.jsonl",
-            "models/*/quant.json", "models/*/config.json")
+            "models/*/quant.json", "models/*/config.json", "models/base/source.json")
 
 
 class Refused(Exception):
@@ -102,12 +104,17 @@ def render_bundle(bundle: Path, out_dir: Path, leave_out: tuple[str, ...] = ()) 
 
 
 def _publish(rendered: Path, out_dir: Path) -> None:
-    """index.html and verdict.json as plain files in OUT_DIR (as the committed examples are kept, beside their
-    screenshots), replacing those there."""
+    """index.html, verdict.json and the model cards as plain files in OUT_DIR (as the committed examples are kept,
+    beside their screenshots), replacing those there."""
+    import shutil
+
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("index.html", "verdict.json"):
         (out_dir / name).unlink(missing_ok=True)
         (out_dir / name).write_bytes((rendered / name).read_bytes())
+    shutil.rmtree(out_dir / "cards", ignore_errors=True)
+    if (rendered / "cards").is_dir():
+        shutil.copytree(rendered / "cards", out_dir / "cards")  # through the link: the run's own folder
 
 
 def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_config: Path | None) -> dict:

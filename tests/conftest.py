@@ -39,7 +39,7 @@ TINY_PARAMS = {
     "engine": {"batch_size": 8, "dtype": "float32"},
     # DVC needs every section and key a stage declares in its params (the values are the defaults)
     "kl": {"sequences": 4, "max_tokens": 64},
-    "fix": {"max_bits": 4.5},
+    "fix": {"max_bits": 4.5, "variants": ["rtn-w4a16"]},  # as the demo's dvc.yaml: the fix of rtn-w4a16
     "verdict": {"margins": {"judge": 0.05, "suites": {"math": 0.03}}, "bootstrap": 2000, "confidence": 0.95, "seed": 0},
 }
 
@@ -86,7 +86,7 @@ def write_params(directory: Path, params: dict = TINY_PARAMS) -> Path:
 def copy_repo(dest: Path) -> Path:
     """The tracked project files (no .venv, models or results), as a fresh clone would have them."""
     ignore = shutil.ignore_patterns(".venv", ".git", "models", "results", "build", ".cache", "__pycache__",
-                                    "*.egg-info", ".pytest_cache", "index.html", "verdict.json", ".report", ".report-*",
+                                    "*.egg-info", ".pytest_cache", "index.html", "verdict.json", "cards", ".report", ".report-*",
                                     "dvc.lock")  # a demo's run (DVC stages nothing in git: not a clone's)
     shutil.copytree(REPO, dest, ignore=ignore, dirs_exist_ok=True)
     return dest

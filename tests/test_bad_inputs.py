@@ -286,6 +286,7 @@ PARAMS_COMMANDS = {
     "resave": ["resave"], "calib": ["calib"], "awq": ["awq"], "fp8": ["fp8"], "variant": ["variant", "awq-w4a16"],
     "eval": ["eval", "models/base", "--suite", "math"], "bench": ["bench", "models/base"],
     "kl": ["kl", "models/awq-w4a16"], "judge": ["judge", "models/awq-w4a16"], "report": ["report"],
+    "card": ["card", "models/awq-w4a16"],
 }
 
 
@@ -308,7 +309,7 @@ def test_the_params_corpus_is_as_large_as_promised():
 
 
 def test_every_command_refuses_every_params_mistake(tmp_path, monkeypatch):
-    """Each params.yaml mistake through each command that reads params.yaml (10 commands)."""
+    """Each params.yaml mistake through each command that reads params.yaml (11 commands)."""
     tried = 0
     for number, (case, content, expected) in enumerate(PARAMS_CASES):
         root = tmp_path / f"case{number}"
@@ -900,7 +901,7 @@ def test_a_killed_reports_leftovers_are_removed_by_the_next_report(tmp_path, mon
     assert invoke(report_args(tmp_path)).exit_code == 0
     names = sorted(p.name for p in reports.iterdir())
     current = os.readlink(reports / ".report")
-    assert names == sorted([".report", ".report-1-live", current, "index.html", "notes.txt", "verdict.json"])
+    assert names == sorted([".report", ".report-1-live", current, "cards", "index.html", "notes.txt", "verdict.json"])
 
 
 @pytest.mark.parametrize("where", ["a file", "inside a file", "index.html is a directory"])

@@ -71,3 +71,23 @@ def test_generated_references_cover_the_code():
     tables = gen_docs.result_tables()
     for path in (REPO / "benchmarks" / "results").glob("*.md"):
         assert f'--8<-- "benchmarks/results/{path.name}"' in tables[f"results/tables/{path.stem}.md"]
+
+
+def test_the_docs_show_the_example_model_card_header_and_body():
+    """reference/model-card.md: the committed example's card of the variant its verdict ships first, its YAML header
+    in a block and its body (headings one level down, under the page's own title), as Python-Markdown renders it."""
+    import json
+
+    import markdown
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import gen_docs
+
+    variant = json.loads((REPO / "reports" / "example" / "verdict.json").read_text())["decisions"][0]["variant"]
+    page = gen_docs.pages()["reference/model-card.md"]
+    card = (REPO / "reports" / "example" / "cards" / variant / "README.md").read_text()
+    assert f"reports/example/cards/{variant}/README.md" in page and "base_model_relation: quantized" in page
+    assert f"\n## {card.split(chr(10) + '# ', 1)[1].splitlines()[0]}\n" in page  # the card's title, one level down
+    assert page.count("\n# ") == 1 and "\n### Evaluation\n" in page
+    html = markdown.markdown(page, extensions=["tables", "fenced_code"])
+    assert html.count("<table>") == 1 and "<td><strong>Average</strong></td>" in html

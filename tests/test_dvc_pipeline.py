@@ -90,10 +90,10 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
            if line.startswith("Running stage '")]
     # a quiet terminal (issue 46 item 7): one line per stage, no warning for a suite a model does not run
     # (math on fp8-w8a8), the libraries' chatter in each stage's log, nothing staged in git
-    # (17: resave, calib, 3 quantize, the fix of rtn-w4a16 (its KL and ranking in one pass), 3 kl (the other two
-    # variants and the fix), 2 judge, 5 evaluate, report)
-    assert len(stage_lines(first)) == len(ran) == 17 and "is empty" not in first, first
-    assert "kl@rtn-w4a16" not in ran and "kl@rtn-w4a16-mixed" in ran
+    # (18: resave, calib, 3 quantize, 2 rank (the W4A16 variants' KL and ranking in one pass), the fix of rtn-w4a16
+    # (from its ranking), 2 kl (FP8 and the fix), 2 judge, 5 evaluate, report)
+    assert len(stage_lines(first)) == len(ran) == 18 and "is empty" not in first, first
+    assert {"rank@awq-w4a16", "rank@rtn-w4a16", "fix@rtn-w4a16", "kl@fp8-w8a8", "kl@rtn-w4a16-mixed"} <= set(ran)
     assert "compression lifecycle" in (repo / ".cache" / "logs" / "quantize@awq-w4a16.log").read_text().lower()
     assert sorted(log.stem for log in (repo / ".cache" / "logs").glob("*.log")) == sorted(ran)
     assert sh(["git", "status", "--porcelain", "--untracked-files=no"], repo, env) == ""
@@ -130,6 +130,9 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     fix = verdict["variants"]["rtn-w4a16"]["fix"]
     assert fix["variant"] == "rtn-w4a16-mixed" and fix["decision"] == verdict["variants"]["rtn-w4a16-mixed"]["decision"]
     assert verdict["variants"]["rtn-w4a16-mixed"]["fix_of"] == "rtn-w4a16" and fix["line"]
+    # a model card per decided variant, the report stage's out beside the page; the tiny base states no licence
+    assert sorted(p.parent.name for p in (repo / "reports" / "cards").glob("*/README.md")) == sorted(verdict["variants"])
+    assert "License: not stated by the base" in (repo / "reports" / "cards" / "fp8-w8a8" / "README.md").read_text()
     html = (repo / "reports" / "index.html").read_text()
     assert html.count('<th scope="row">math</th><td>awq-w4a16</td>') == 1
     assert html.count('<th scope="row">ppl-book</th><td>fp8-w8a8</td>') == 1
@@ -139,6 +142,7 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     assert "up to date" in status
     again = sh(["dvc", "repro"], repo, env)
     assert "Running stage" not in again
+    assert_a_change_costs_what_it_touches(repo, env)
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params.setdefault("verdict", {}).setdefault("margins", {}).setdefault("suites", {})["math"] = 0.10
@@ -151,6 +155,37 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
                                                      sort_keys=False))
     quiet = sh([sys.executable, "-m", "pipeline.cli.repro"], repo, env)  # make demo's: DVC's own lines left out
     assert quiet.startswith("report: wrote ") and quiet.count("\n") == 1, quiet
+
+
+def stale(repo, env) -> set[str]:
+    """The stages `dvc status` says would run (changed, or new: no dvc.lock entry)."""
+    return set(json.loads(sh(["dvc", "status", "--json"], repo, env)))
+
+
+def assert_a_change_costs_what_it_touches(repo, env):
+    """After a finished run (issue 52 item 1): adding a fix (`quantize profile --fix V`) or a variant leaves every
+    stage of every other model up to date: only the new model's stages and the report would run; removing one leaves
+    only the report. Each change is undone after its check (the files as the run left them)."""
+    finished = {name: (repo / name).read_text() for name in ("dvc.yaml", "params.yaml")}
+    added = sh([sys.executable, "-m", "pipeline.cli.launcher", "profile", "--fix", "awq-w4a16"], repo, env)
+    assert "stages.rank" not in added and "stages.kl.foreach: - " not in added  # awq-w4a16's own stages untouched
+    assert stale(repo, env) == {"fix@awq-w4a16", "kl@awq-w4a16-mixed", "evaluate@awq-w4a16-mixed", "report"}
+    for name, original in finished.items():
+        (repo / name).write_text(original)
+    taken = sh([sys.executable, "-m", "pipeline.cli.launcher", "profile", "--unfix", "rtn-w4a16"], repo, env)
+    assert "params.yaml fix.variants: - rtn-w4a16" in taken  # the run's own fix out: the report reads that list
+    assert stale(repo, env) == {"report"}
+    params = yaml.safe_load(finished["params.yaml"])  # a variant added to params.yaml and dvc.yaml's lists
+    params["variants"]["rtn-g16"] = {"method": "rtn", "group_size": 16}
+    (repo / "dvc.yaml").write_text(finished["dvc.yaml"])
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    text = finished["dvc.yaml"].replace("foreach: [fp8-w8a8, rtn-w4a16-mixed]", "foreach: [fp8-w8a8, rtn-w4a16-mixed, rtn-g16]")
+    text = text.replace("rtn-w4a16, rtn-w4a16-mixed]", "rtn-w4a16, rtn-w4a16-mixed, rtn-g16]")
+    (repo / "dvc.yaml").write_text(text)
+    assert stale(repo, env) == {"quantize@rtn-g16", "kl@rtn-g16", "evaluate@rtn-g16", "report"}
+    for name, original in finished.items():
+        (repo / name).write_text(original)
+    assert stale(repo, env) == set()
 
 
 def test_dry_run_plans_every_stage_on_a_fresh_clone(tmp_path):

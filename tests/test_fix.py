@@ -1,6 +1,7 @@
-"""A NO-GO comes with its fix (issue 45 item 3): `quantize fix V` ranks a W4A16 variant's groups and builds V-mixed
-on V's own settings (pipeline/stages/fix.py), dvc.yaml runs it (`quantize profile --fix V` adds it, comments kept),
-and the verdict and the report set the fix beside V (pipeline/verdict/fix.py)."""
+"""A NO-GO comes with its fix (issue 45 item 3): the rank stage ranks every W4A16 variant's groups in its KL's pass
+(`quantize kl --rank`), `quantize fix V` builds V-mixed from that ranking on V's own settings (pipeline/stages/fix.py),
+dvc.yaml runs it (`quantize profile --fix V` adds it, comments kept, no stage of V's own changed), and the verdict
+and the report set the fix beside V (pipeline/verdict/fix.py)."""
 
 import json
 import shutil
@@ -36,21 +37,26 @@ def project(tmp_path_factory, tiny_llama, tiny_calib):
     return root
 
 
-def test_the_fix_stage_ranks_the_variant_and_builds_its_mixed_variant_on_its_own_settings(project, monkeypatch):
+def test_the_fix_stage_builds_the_mixed_variant_from_its_ranking_on_its_own_settings(project, monkeypatch):
     from pipeline.formats.sensitivity import read_sensitivity
 
     monkeypatch.chdir(project)
+    refused = CliRunner().invoke(app, ["fix", "rtn-w4a16"])  # not ranked yet: the rank stage's command named
+    assert refused.exit_code == 2 and ("results/rtn-w4a16/sensitivity.json: no ranking of rtn-w4a16's groups to build "
+                                       "its fix from; run `quantize kl models/rtn-w4a16 --rank` first") in refused.output
+    assert not (project / "models" / "rtn-w4a16-mixed").exists()
+    ranked = CliRunner().invoke(app, ["kl", "models/rtn-w4a16", "--rank"])  # the rank stage
+    assert ranked.exit_code == 0, ranked.output
+    before = (project / "results" / "rtn-w4a16" / "sensitivity.json").read_bytes()
     done = CliRunner().invoke(app, ["fix", "rtn-w4a16"])
     assert done.exit_code == 0, done.output
     summary = done.output.strip().splitlines()[-1]
-    assert summary.startswith("fix: wrote results/rtn-w4a16/kl.json, sensitivity.json and models/rtn-w4a16-mixed: ")
+    assert summary.startswith("fix: wrote models/rtn-w4a16-mixed from results/rtn-w4a16/sensitivity.json: ")
     assert "groups in 8 bits" in summary and "x the size of rtn-w4a16" in summary
+    assert (project / "results" / "rtn-w4a16" / "sensitivity.json").read_bytes() == before  # read, not written
     ranking = read_sensitivity(project / "results" / "rtn-w4a16" / "sensitivity.json")
     assert ranking["variant"] == "models/rtn-w4a16" and ranking["sequences"] == 4  # params kl: the KL the verdict reads
     assert ranking["measured_in"] == "quantize kl --rank" and ranking["seconds"] <= ranking["pass_seconds"]
-    kl = json.loads((project / "results" / "rtn-w4a16" / "kl.json").read_text())  # the kl stage's files, same pass
-    assert (project / "results" / "rtn-w4a16" / "kl.jsonl").is_file() and kl["tokens"] == ranking["tokens"]
-    assert kl["kl_mean"] == pytest.approx(ranking["kl_mean"], rel=1e-5)
     info = json.loads((project / "models" / "rtn-w4a16-mixed" / "quant.json").read_text())
     assert info["method"] == "mixed" and info["base_method"] == "rtn" and info["max_bits"] == 4.5
     assert info["group_size"] == 32 and info["symmetric"] is False  # the variant's own, not the defaults
@@ -105,33 +111,38 @@ def test_the_mixed_recipe_takes_the_base_methods_own_settings(tmp_path, tiny_lla
 
 
 def test_params_checks_the_fix_stage_against_params_yaml(tmp_path):
-    """Each variant the fix stage lists is a W4A16 variant of params.yaml that kl's list leaves to it, and its fix is
-    in kl's and evaluate's lists; a fix runs the suites its variant runs."""
+    """Each variant the fix stage lists is a W4A16 variant of params.yaml that the rank stage ranks and params.yaml
+    fix.variants names, and its fix is in kl's and evaluate's lists; a fix runs the suites its variant runs."""
     from conftest import REPO
     from pipeline.settings import fixes, params
 
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
-    p = params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25}}))
-    assert p.fix.max_bits == 4.25 and fixes.models(p)[-2:] == ["awq-w4a16-mixed", "rtn-w4a16-mixed"]
+    p = params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25, "variants": ["rtn-w4a16"]}}))
+    assert p.fix.max_bits == 4.25 and fixes.models(p)[1:] == [*TINY_PARAMS["variants"], "rtn-w4a16-mixed"]
+    with pytest.raises(UserError, match=r"the fix stage lists \[rtn-w4a16\] and params.yaml fix.variants \[\]: they "
+                                        r"name the same variants"):
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25}}))
+    write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 4.25, "variants": ["rtn-w4a16"]}})
     assert not fixes.runs_on(p.suites["math"].models, "rtn-w4a16-mixed")  # math runs on base and AWQ only
     assert fixes.runs_on(p.suites["math"].models, "awq-w4a16-mixed")
     text = (REPO / "dvc.yaml").read_text()
     for edited, message in (
-            (text.replace("foreach: [rtn-w4a16]", "foreach: [fp8-w8a8]"),
+            (text.replace("foreach: [rtn-w4a16]", "foreach: [fp8-w8a8]").replace(
+                "fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl", "fp8-w8a8]\n    do:\n      cmd: quantize kl"),
              r"stages.fix.foreach lists 'fp8-w8a8', a fp8 variant; a fix takes a W4A16 variant \(method awq, gptq, rtn\)"),
             (text.replace("fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
                           "fp8-w8a8]\n    do:\n      cmd: quantize kl"),
              "stages.kl.foreach does not list rtn-w4a16-mixed, which the fix stage builds"),
-            (text.replace("fp8-w8a8, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl",
-                          "fp8-w8a8, rtn-w4a16, rtn-w4a16-mixed]\n    do:\n      cmd: quantize kl"),
-             r"stages.kl.foreach lists rtn-w4a16, whose KL the fix stage measures \(with its groups' ranking, in one "
-             "pass")):
+            (text.replace("foreach: [awq-w4a16, rtn-w4a16]\n    do:\n      cmd: quantize kl models/${item} --rank",
+                          "foreach: [awq-w4a16]\n    do:\n      cmd: quantize kl models/${item} --rank"),
+             r"stages.fix.foreach lists rtn-w4a16, whose groups no stage ranks \(the fix reads "
+             r"results/rtn-w4a16/sensitivity.json\): list rtn-w4a16 in the rank stage")):
         assert edited != text
         (tmp_path / "dvc.yaml").write_text(edited)
         with pytest.raises(UserError, match=message):
             params.load(tmp_path / "params.yaml")
     with pytest.raises(UserError, match="fix.max_bits"):
-        params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 9}}))
+        params.load(write_params(tmp_path, {**TINY_PARAMS, "fix": {"max_bits": 9, "variants": ["rtn-w4a16"]}}))
 
 
 def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(tmp_path, monkeypatch):
@@ -140,19 +151,20 @@ def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(
 
     repo = copy_repo(tmp_path / "repo")
     monkeypatch.chdir(repo)
-    before = (repo / "dvc.yaml").read_text()
+    before, params_before = (repo / "dvc.yaml").read_text(), (repo / "params.yaml").read_text()
     runner = CliRunner()
     done = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
     assert done.exit_code == 0, done.output
-    assert ("stages.fix.foreach: + awq-w4a16; stages.kl.foreach: - awq-w4a16 (the fix stage measures its KL); "
-            "stages.kl.foreach: + awq-w4a16-mixed") in done.output
+    assert "stages.fix.foreach: + awq-w4a16; stages.kl.foreach: + awq-w4a16-mixed" in done.output
+    assert "stages.rank" not in done.output  # the rank stage ranks awq-w4a16 already: no stage of its own changes
     assert "stages.report deps: + models/awq-w4a16-mixed/quant.json, models/awq-w4a16-mixed/config.json" in done.output
     after = (repo / "dvc.yaml").read_text()
     comments = lambda text: [line.strip() for line in text.splitlines() if line.strip().startswith("#")]  # noqa: E731
     assert comments(after) == comments(before) and len(after.splitlines()) == len(before.splitlines()) + 2
     stages = yaml.safe_load(after)["stages"]
     assert stages["fix"]["foreach"] == ["rtn-w4a16", "awq-w4a16"]
-    assert stages["kl"]["foreach"] == ["fp8-w8a8", "rtn-w4a16-mixed", "awq-w4a16-mixed"]  # awq-w4a16: the fix's
+    assert stages["kl"]["foreach"] == ["fp8-w8a8", "rtn-w4a16-mixed", "awq-w4a16-mixed"]
+    assert stages["rank"] == yaml.safe_load(before)["stages"]["rank"]  # awq-w4a16's KL and ranking, as they were
     assert stages["evaluate"]["foreach"][-1] == "awq-w4a16-mixed"
     assert stages["judge"]["foreach"] == ["awq-w4a16", "fp8-w8a8"]  # the demo's judge covers two variants only
     assert {"models/awq-w4a16-mixed/quant.json", "models/awq-w4a16-mixed/config.json"} <= set(stages["report"]["deps"])
@@ -160,10 +172,32 @@ def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(
     assert profiles.current(repo) is None  # local edits now: `quantize profile` says so
     again = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
     assert again.exit_code == 0 and "nothing changed" in again.output and (repo / "dvc.yaml").read_text() == after
+    fixed_params = (repo / "params.yaml").read_text()
     for name, expected in (("fp8-w8a8", "is a fp8 variant"), ("nope", "variants.nope: no such variant")):
         refused = runner.invoke(app, ["profile", "--fix", name])
         assert refused.exit_code == 2 and expected in refused.output, refused.output
     assert (repo / "dvc.yaml").read_text() == after and not list(repo.glob(".dvc.yaml.*"))
+    assert (repo / "params.yaml").read_text() == fixed_params and not list(repo.glob(".params.yaml.*"))
+    assert "params.yaml fix.variants: + awq-w4a16" in done.output
+    assert yaml.safe_load((repo / "params.yaml").read_text())["fix"]["variants"] == ["rtn-w4a16", "awq-w4a16"]
+    assert [l for l in (repo / "params.yaml").read_text().splitlines() if l not in params_before.splitlines()] == [
+        "  variants: [rtn-w4a16, awq-w4a16]   # the W4A16 variants whose fix the run builds and decides: dvc.yaml's fix "
+        "stage lists"]  # one line changed, its comment kept
+    # --unfix: the inverse edit, the ranking left as it was; then the files are the profile's again
+    undone = runner.invoke(app, ["profile", "--unfix", "awq-w4a16"])
+    assert undone.exit_code == 0 and "stages.kl.foreach: - awq-w4a16-mixed" in undone.output, undone.output
+    assert (repo / "dvc.yaml").read_text() == before and (repo / "params.yaml").read_text() == params_before
+    assert profiles.current(repo) == "cpu-demo"
+    assert "nothing changed" in runner.invoke(app, ["profile", "--unfix", "awq-w4a16"]).output
+    # a dvc.yaml whose rank stage does not list the variant yet: it moves there from the kl stage (its fix reads it)
+    (repo / "params.yaml").write_text(params_before)
+    (repo / "dvc.yaml").write_text(before.replace("foreach: [awq-w4a16, rtn-w4a16]", "foreach: [rtn-w4a16]").replace(
+        "foreach: [fp8-w8a8, rtn-w4a16-mixed]", "foreach: [awq-w4a16, fp8-w8a8, rtn-w4a16-mixed]"))
+    moved = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])
+    assert moved.exit_code == 0, moved.output
+    assert ("stages.rank.foreach: + awq-w4a16; stages.fix.foreach: + awq-w4a16; stages.kl.foreach: - awq-w4a16 (the "
+            "rank stage measures its KL, with its ranking); stages.kl.foreach: + awq-w4a16-mixed") in moved.output
+    assert yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]["rank"]["foreach"] == ["rtn-w4a16", "awq-w4a16"]
 
 
 def write_fix_evidence(tmp_path, variant_scores, fixed_scores, fixed=True):
@@ -248,3 +282,28 @@ def test_a_go_variants_fix_is_not_needed_and_a_no_go_without_one_is_offered_it(t
     said = ("rtn-w4a16 is NO-GO and dvc.yaml has no fix stage for it: `quantize profile --fix rtn-w4a16` adds one")
     assert said in CliRunner().invoke(app, ["show-verdict"]).output
     assert said in CliRunner().invoke(app, ["profile"]).output
+
+
+@pytest.mark.parametrize("fixed_scores, passes", [([1] * 120 + [0] * 80, True), ([0] * 200, False)])
+def test_the_gate_takes_a_no_go_variant_with_its_fix(tmp_path, monkeypatch, fixed_scores, passes):
+    """`quantize report --fail-on no-go` (CI's gate): a NO-GO W4A16 variant whose fix is GO passes, and the gate says
+    to ship the fix; when the fix is NO-GO too, the variant fails with both reasons."""
+    from pipeline.verdict.decision import failing, passed_by_fix
+
+    write_fix_evidence(tmp_path, [0] * 200, fixed_scores)
+    write_params(tmp_path, EVERY_MODEL)
+    monkeypatch.chdir(tmp_path)
+    gated = CliRunner().invoke(app, ["report", "--fail-on", "no-go"])
+    verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
+    assert verdict["variants"]["rtn-w4a16"]["decision"] == "NO-GO"
+    if passes:
+        assert gated.exit_code == 0, gated.output
+        assert ("gate: rtn-w4a16 is NO-GO; its fix rtn-w4a16-mixed passes --fail-on no-go in its place: ship "
+                "rtn-w4a16-mixed") in gated.output
+        assert failing(verdict, "no-go") == {} and passed_by_fix(verdict, "no-go") == {"rtn-w4a16": "rtn-w4a16-mixed"}
+        assert "rtn-w4a16" not in failing(verdict, "incomplete")  # the fix's GO rests on every suite the base ran
+    else:
+        assert gated.exit_code == 1
+        assert failing(verdict, "no-go") == {"rtn-w4a16": "NO-GO; its fix rtn-w4a16-mixed: NO-GO"}
+        assert "rtn-w4a16: NO-GO; its fix rtn-w4a16-mixed: NO-GO" in gated.output
+        assert passed_by_fix(verdict, "no-go") == {}

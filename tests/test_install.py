@@ -58,9 +58,8 @@ def test_each_extra_resolves_beside_the_installed_torch(tmp_path):
 DISTRIBUTION = {"yaml": "pyyaml", "sklearn": "scikit-learn", "lm_eval": "lm-eval", "math_verify": "math-verify",
                 "compressed_tensors": "compressed-tensors", "PIL": "pillow",
                 "pydantic_core": "pydantic"}  # pydantic's own core, pinned exactly by pydantic
-# declared, used without an import of ours: dvc runs the pipeline; transformers reads GGUF with gguf and
-# places weights with accelerate
-USED_WITHOUT_IMPORT = {"dvc", "gguf", "accelerate"}
+# declared, used without an import of ours: dvc runs the pipeline; transformers places weights with accelerate
+USED_WITHOUT_IMPORT = {"dvc", "accelerate"}
 OPTIONAL = {"llmcompressor": "quantize", "loguru": "quantize", "vllm": "vllm", "lmdeploy": "lmdeploy"}
 
 

@@ -15,7 +15,7 @@ from pipeline.methods import int4
 from test_engine_registry import name_uses_outside
 
 DECLARED = {"NAME": str, "SUMMARY": str, "DEFAULT_VARIANT": str, "NEEDS_CALIBRATION": bool, "CALIBRATION_STATE": str,
-            "SERVING_FORMAT": str, "COMPARED_WITH": dict}
+            "SERVING_FORMAT": str, "COMPARED_WITH": dict, "CARD_TAGS": tuple}
 # "awq" is also AutoAWQ's quant_method in a config.json (a checkpoint format, not one of our methods)
 ALLOWED = {"checkpoints/export.py": {"awq"}, "checkpoints/serving.py": {"awq"}}
 

@@ -295,18 +295,23 @@ def _kill_at(root: Path, step: str) -> None:
 
 
 def _pair(reports: Path) -> tuple[bytes | None, bytes | None]:
-    """The page and verdict a reader sees, checked to come from one run: one folder, its record's digests."""
+    """The page and verdict a reader sees, checked to come from one run with the model cards beside them: one
+    folder, its record's digests."""
     import hashlib
 
     from pipeline.outputs import read_stage_record
 
     files = {name: reports / name for name in ("index.html", "verdict.json")}
+    files.update({str(card.relative_to(reports)): card for card in sorted((reports / "cards").glob("*/README.md"))})
     seen = {name: path.read_bytes() if path.exists() else None for name, path in files.items()}
     record = read_stage_record(reports / ".report")
     for name, data in seen.items():
         if data is not None:
-            assert Path(os.path.realpath(files[name])).parent == Path(os.path.realpath(reports / ".report"))
+            assert Path(os.path.realpath(files[name])).parent.is_relative_to(os.path.realpath(reports / ".report"))
             assert hashlib.sha256(data).hexdigest() == record["sha256"][name], f"{name} is not the run's"
+    if seen["verdict.json"] is not None:  # every variant it decided has its card, of this run
+        decided = [name for name, v in json.loads(seen["verdict.json"])["variants"].items() if "coverage" in v]
+        assert decided and sorted(decided) == sorted(p.parent.name for p in (reports / "cards").glob("*/README.md"))
     return seen["index.html"], seen["verdict.json"]
 
 
@@ -339,7 +344,7 @@ def test_report_killed_at_any_step_leaves_page_and_verdict_of_one_run(tmp_path, 
     page, verdict = _pair(reports)
     assert json.loads(verdict)["variants"]["awq-w4a16"]["suites"]["math"]["margin"] == 0.25
     current = os.readlink(reports / ".report")
-    assert sorted(p.name for p in reports.iterdir()) == sorted([".report", current, "index.html", "verdict.json"])
+    assert sorted(p.name for p in reports.iterdir()) == sorted([".report", current, "cards", "index.html", "verdict.json"])
 
 
 def test_the_report_pair_survives_a_relative_folder_and_an_absolute_temp_path(tmp_path, monkeypatch):

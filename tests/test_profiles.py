@@ -58,10 +58,20 @@ def test_local_edits_are_not_overwritten_without_force(tmp_path, monkeypatch):
     assert unknown.exit_code == 2 and "use one of cpu-demo, gpu-h200" in unknown.output
 
 
+def planned_stages(repo, env, *args, seed=0):
+    """The stages a dry run would run, in order (DVC's "Running stage" lines), at one PYTHONHASHSEED."""
+    out = subprocess.run(args, cwd=repo, env={**env, "PYTHONHASHSEED": str(seed)}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return [l.removeprefix("Running stage '").removesuffix("':") for l in out.stdout.splitlines()
+            if l.startswith("Running stage")]
+
+
 def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every_model(tmp_path):
     """DVC's plan (dvc repro --dry --force) once `quantize profile --fix` has added both W4A16 variants' fixes: every
-    stage that loads a model on the GPU in-process (quantize, fix, kl) comes before any stage served by vLLM (whose
-    servers the run keeps, holding the GPU's memory); every suite runs on every model, each fix included; the judge
+    stage that loads a model on the GPU in-process (quantize, rank, fix, kl) comes before any stage served by vLLM
+    (whose servers the run keeps, holding the GPU's memory), by dvc.yaml's order alone: no served stage depends on
+    another model's files. The same plan at every PYTHONHASHSEED, and `quantize repro TARGETS` runs its part of it
+    in that order (plain `dvc repro TARGETS` does not). Every suite runs on every model, each fix included; the judge
     covers every variant; bench is a stage; the report comes last."""
     repo = copy_repo(tmp_path / "repo")
     for name in profiles.FILES:
@@ -74,20 +84,27 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
         added = subprocess.run([sys.executable, "-m", "pipeline.cli.launcher", "profile", "--fix", variant], cwd=repo,
                                env=env, capture_output=True, text=True)
         assert added.returncode == 0 and f"stages.fix.foreach: + {variant}" in added.stdout, added.stdout + added.stderr
-        assert f"stages.kl.foreach: - {variant} (the fix stage measures its KL)" in added.stdout
+        assert "stages.rank" not in added.stdout  # the rank stage measures it already: no stage of its own changes
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
-    out = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=repo, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    planned = [l.removeprefix("Running stage '").removesuffix("':") for l in out.stdout.splitlines()
-               if l.startswith("Running stage")]
     gpu = yaml.safe_load(profiles.stored("gpu-h200", "params.yaml").read_text())
     models = ["base", *gpu["variants"], *(f"{v}-mixed" for v in fixed)]
-    in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "fix@", "kl@"))]
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():  # deps are what a stage reads: its own model's files and the base's
+        if "foreach" in stage and name != "quantize":
+            named = {m for dep in map(str, stage["do"].get("deps", [])) for m in models + fixed
+                     if dep.startswith((f"models/{m}/", f"results/{m}/")) or dep in (f"models/{m}", f"results/{m}")}
+            assert named <= {"base"}, (name, named)
+    planned = planned_stages(repo, env, "dvc", "repro", "--dry", "--force")
+    for seed in (1, 2, 3):  # DVC walks its graph in dvc.yaml's order: Python's string hashes play no part
+        assert planned_stages(repo, env, "dvc", "repro", "--dry", "--force", seed=seed) == planned, seed
+    in_process = [i for i, s in enumerate(planned) if s.startswith(("quantize@", "rank@", "fix@", "kl@"))]
     served = [i for i, s in enumerate(planned) if s.startswith(("evaluate@", "judge@", "bench@"))]
-    # quantize every variant; fix each fixed one (its KL and ranking in one pass); kl of the rest and of each fix
+    # quantize every variant; rank the W4A16 ones (KL and ranking in one pass); fix each fixed one from its ranking;
+    # kl of the rest and of each fix
+    assert [s for s in planned if s.startswith("rank@")] == [f"rank@{m}" for m in fixed]
     assert [s for s in planned if s.startswith("kl@")] == [f"kl@{m}" for m in models[1:] if m not in fixed]
-    assert len(in_process) == 2 * len(gpu["variants"]) + len(fixed) and max(in_process) < min(served)
+    assert len(in_process) == 2 * len(gpu["variants"]) + 2 * len(fixed) and max(in_process) < min(served)
     assert [s for s in planned if s.startswith("evaluate@")] == [f"evaluate@{m}" for m in models]  # every suite each
     # each server starts (warm) as soon as its checkpoint exists: base's right after resave, before calibration;
     # a variant's right after its quantize stage, a fix's right after its fix stage
@@ -99,6 +116,15 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     assert {s for s in planned if s.startswith("bench@")} == {f"bench@{m}" for m in models}
     assert {s for s in planned if s.startswith("judge@")} == {f"judge@{m}" for m in models[1:]}
     assert planned[-1] == "report"
+    targets = ["warm@base", "evaluate@base", "bench@base", "kl@fp8-w8a8"]
+    wanted = ["resave", "warm@base", "calib", "quantize@fp8-w8a8", "kl@fp8-w8a8", "evaluate@base", "bench@base"]
+    assert [s for s in planned if s in wanted] == wanted  # the whole run's order, restricted to what they need
+    quantize_repro = [sys.executable, "-m", "pipeline.cli.launcher", "repro", "--dry", "--force", *targets]
+    plain = set()
+    for seed in range(6):
+        assert planned_stages(repo, env, *quantize_repro, seed=seed) == wanted, seed
+        plain.add(tuple(planned_stages(repo, env, "dvc", "repro", "--dry", "--force", *targets, seed=seed)))
+    assert len(plain) > 1  # why `quantize repro` exists: DVC's own order of named targets moves with the seed
 
 
 def test_gpu_stages_depend_on_at_least_what_the_demos_do():

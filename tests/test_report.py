@@ -57,6 +57,28 @@ def test_report_writes_verdict_and_escaped_self_contained_html(tmp_path):
     assert failing(verdict, None) == {}
 
 
+def test_the_gate_takes_each_variant_with_its_fix_at_every_level():
+    """A variant and its fix are gated as one (docs/decision.md): the pair passes a level when either passes it."""
+    from pipeline.verdict.decision import passed_by_fix
+
+    def entry(decision, complete=True, **extra):
+        suites = {"math": {"state": "decided"}, "code": {"state": "decided" if complete else "not run"}}
+        return {"decision": decision, "coverage": {"complete": complete, "base_ran": ["math", "code"], "suites": suites},
+                **extra}
+
+    verdict = {"variants": {
+        "v": entry("NO-GO", fix={"variant": "v-mixed"}), "v-mixed": entry("GO", complete=False, fix_of="v"),
+        "w": entry("GO", fix={"variant": "w-mixed"}), "w-mixed": entry("NO-GO", fix_of="w"),
+        "x": entry("INCONCLUSIVE", fix={"variant": "x-mixed"}), "x-mixed": entry("INCONCLUSIVE", fix_of="x"),
+        "y": entry("NO-GO", fix={"variant": "y-mixed", "state": "not built"})}}
+    assert failing(verdict, "no-go") == {"y": "NO-GO"}  # v through its fix; w needs none; x, x-mixed not NO-GO
+    assert passed_by_fix(verdict, "no-go") == {"v": "v-mixed"}
+    assert failing(verdict, "inconclusive") == {"x": "INCONCLUSIVE; its fix x-mixed: INCONCLUSIVE", "y": "NO-GO"}
+    incomplete = failing(verdict, "incomplete")  # v's fix is GO on fewer suites than the base ran: no pass
+    assert set(incomplete) == {"v", "x", "y"} and incomplete["v"].startswith("NO-GO; its fix v-mixed: GO, incomplete")
+    assert passed_by_fix(verdict, "incomplete") == {}
+
+
 def test_report_cli_gates_on_no_go(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

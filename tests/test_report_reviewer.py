@@ -226,6 +226,8 @@ def test_a_report_re_renders_from_a_stored_copy_of_what_it_reads(tmp_path):
     again = json.loads((tmp_path / "again" / "verdict.json").read_text())
     assert again["headline"] == direct.verdict["headline"] and again["environment"]["machine"] == "the GPU machine"
     assert again["decisions"] == direct.verdict["decisions"]
+    assert sorted(p.parent.name for p in (tmp_path / "again" / "cards").glob("*/README.md")) == sorted(
+        d["variant"] for d in direct.verdict["decisions"])  # and a card per decided variant beside them
     page = (tmp_path / "again" / "index.html").read_text()
     assert "on the GPU machine" in page and "ppl-book: perplexity per document (8)" in page
     # from the verdict alone: the first screen again, the result lines said to be absent

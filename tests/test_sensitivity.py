@@ -140,6 +140,34 @@ def test_a_variant_equal_to_its_base_is_refused_and_nothing_is_written(tmp_path,
     assert not (tmp_path / "s.json").exists()
 
 
+def test_a_variant_with_quantized_activations_is_refused_before_any_model_loads(tmp_path, tiny_llama, tiny_calib,
+                                                                               tiny_variants, monkeypatch):
+    """FP8 W8A8 (static activations): the ranking's gradient does not pass activation rounding, and a fix keeps
+    W8A16 groups: `quantize sensitivity` and `quantize kl --rank` refuse it from config.json, before loading either
+    model; `quantize kl` without --rank measures it as before."""
+    from pipeline.checkpoints import config_json
+
+    fp8 = tiny_variants["fp8-w8a8"]
+    assert config_json.quantized_activations(config_json.read(fp8))  # what the refusal reads
+    assert config_json.quantized_activations(config_json.read(tiny_variants["awq-w4a16"])) == []
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(sensitivity, "load_both", no_load)
+    monkeypatch.setattr("pipeline.checkpoints.loading.load_for_inference", no_load)
+    said = r"quantizes its activations \(.*config.json quantization_config: group_0: float 8-bit, static, tensor\)"
+    for measure in ("taylor", "restore"):
+        with pytest.raises(UserError, match=said):
+            sensitivity.run(tiny_llama, fp8, tiny_calib / "holdout.jsonl", tmp_path / "s.json", sequences=2,
+                            measure=measure)
+    with pytest.raises(UserError, match=r"kl --rank: .*quantizes its activations.*rank a weight-only \(W4A16\)"):
+        kl.run(tiny_llama, fp8, tiny_calib / "holdout.jsonl", tmp_path / "kl.json", sequences=2, rank=True)
+    assert not (tmp_path / "s.json").exists() and not (tmp_path / "kl.json").exists()
+    monkeypatch.undo()
+    assert kl.run(tiny_llama, fp8, tiny_calib / "holdout.jsonl", tmp_path / "kl.json", sequences=2).figures["tokens"]
+
+
 def test_the_reader_refuses_an_unranked_file_naming_it(tmp_path):
     group = {"name": "g", "layer": 0, "kind": "o_proj", "modules": ["g"], "weights": 4, "kl_restored": 0.1,
              "kl_removed": 0.1, "share_removed": 0.5}

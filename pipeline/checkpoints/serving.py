@@ -37,6 +37,7 @@ class Run:
     date: str
     evidence: str  # where the run's output is (benchmarks/results/..., or the README section)
     note: str = ""
+    flags: str = ""  # what the run's `vllm serve` had beyond serve_command's (a defect's workaround)
 
 
 _GLM = "GlmForCausalLM"
@@ -46,6 +47,8 @@ _README_MOE = "README: vLLM on the H200, GLM-4.5V layout (2 text layers, 8 exper
 _GLM4V = "Glm4vForConditionalGeneration"
 _GLM4V_VQA = "benchmarks/results/gpu_glm4v_vqa_agreement.json"
 _GLM4V_NOTE = "with the rotary custom op off (vllm#42016): as vLLM ships, eager, its image positions rotate wrongly"
+# the engine's workaround for that defect (pipeline/engines/vllm_defects.py; tests/test_model_card.py checks the two agree)
+_GLM4V_FLAGS = """--compilation-config '{"custom_ops": ["-rotary_embedding"]}'"""
 SHOWN: tuple[Run, ...] = (
     # GLM-4-9B shapes, random weights, one H200 (and TP 2 on two), vLLM 0.24.0
     Run("vllm", "0.24.0", _GLM, "none", "none", True, "2026-11-30", "benchmarks/results/gpu_vllm_bench_base.json"),
@@ -80,9 +83,12 @@ SHOWN: tuple[Run, ...] = (
     # the GLM-4.1V layout (Glm4v, dense text tower), a small model trained on easy-VQA and its variants from our
     # stages, `vllm serve` eager and compiled with the engine's defect setting (pipeline/engines/vllm_defects.py):
     # all 100 VQA answers of each equal to the hf engine's, 2026-12-02
-    Run("vllm", "0.24.0", _GLM4V, "none", "none", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE),
-    Run("vllm", "0.24.0", _GLM4V, "w4a16", "none", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE),
-    Run("vllm", "0.24.0", _GLM4V, "fp8-static", "per-head", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE),
+    Run("vllm", "0.24.0", _GLM4V, "none", "none", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE,
+        _GLM4V_FLAGS),
+    Run("vllm", "0.24.0", _GLM4V, "w4a16", "none", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE,
+        _GLM4V_FLAGS),
+    Run("vllm", "0.24.0", _GLM4V, "fp8-static", "per-head", True, "2026-12-02", _GLM4V_VQA, _GLM4V_NOTE,
+        _GLM4V_FLAGS),
     # lmdeploy 0.18.0's PyTorch engine (TurboMind cannot run on that CUDA 13 image)
     Run("lmdeploy", "0.18.0", _GLM, "none", "none", True, "2026-11-30", "benchmarks/results/gpu_bench_glm4_9b_base.json",
         "after `quantize export --engine lmdeploy` (ChatGLM names)"),
@@ -159,17 +165,28 @@ def runs_for(engine: str, config: dict) -> list[Run]:
 
 # ---------------------------------------------------------------- what each engine does with it
 
-def _try_vllm(config: dict) -> str:
-    kv = " --kv-cache-dtype fp8" if kv_strategy(config) != "none" else ""
-    return f"vllm serve DIR{kv} (or benchmarks/gpu_glm46v_vllm.py for the GLM-4.6V layout)"
+def _vllm_command(config: dict) -> str:
+    """`vllm serve DIR` with what the checkpoint needs: its FP8 KV cache, served in bfloat16 (vLLM 0.24's FP8 attention
+    writes bfloat16 only: a float16 model died at its first request; pipeline/engines/vllm_server.py: serving_dtype)."""
+    if kv_strategy(config) == "none":
+        return "vllm serve DIR"
+    return "vllm serve DIR --kv-cache-dtype fp8" + (" --dtype bfloat16" if config_json.dtype(config) == "float16" else "")
 
 
-# the serving engines SHOWN records runs of, each with how to try a checkpoint no recorded run covers
-TRY_COMMANDS = {
-    "vllm": _try_vllm,
+# the serving engines SHOWN records runs of, each with the command that serves a checkpoint (DIR: its folder)
+SERVE_COMMANDS = {
+    "vllm": _vllm_command,
     "lmdeploy": lambda config: "quantize export DIR --engine lmdeploy, then lmdeploy serve api_server EXPORT "
                                "--backend pytorch",
 }
+# beside the command, how else to try a checkpoint no recorded run covers
+TRY_ALSO = {"vllm": " (or benchmarks/gpu_glm46v_vllm.py for the GLM-4.6V layout)"}
+
+
+def serve_command(engine: str, config: dict, run: Run | None = None) -> str:
+    """The command that serves the checkpoint on `engine`: the one `run` (a recorded run) served it with."""
+    command = SERVE_COMMANDS[engine](config)
+    return f"{command} {run.flags}" if run is not None and run.flags else command
 
 
 def _engine_entry(engine: str, config: dict) -> dict:
@@ -179,24 +196,26 @@ def _engine_entry(engine: str, config: dict) -> dict:
     if served:
         run = served[-1]
         return {"serves": True, "status": "shown", "version": run.version, "date": run.date,
-                "evidence": run.evidence,
+                "evidence": run.evidence, "command": serve_command(engine, config, run),
                 "how": f"shown on the GPU machine ({engine} {run.version}, {run.date})" + (f": {run.note}" if run.note
                                                                                             else "")}
     if runs:
         run = runs[-1]
         return {"serves": False, "status": "refused", "version": run.version, "date": run.date,
                 "evidence": run.evidence, "how": f"{engine} {run.version} {run.note or 'refused it'}"}
-    return {"serves": False, "status": "not shown",
+    command = serve_command(engine, config)
+    return {"serves": False, "status": "not shown", "command": command,
             "how": f"not shown: no {engine} run of {arch} with {kind}, KV {kv} was recorded; try: "
-                   f"{TRY_COMMANDS[engine](config)}"}
+                   f"{command}{TRY_ALSO.get(engine, '')}"}
 
 
 def support_from_config(config: dict) -> dict[str, dict]:
-    """{engine: {"serves": bool, "status": shown | refused | not shown, "how": str, ...}} for hf, vllm, lmdeploy."""
+    """{engine: {"serves": bool, "status": shown | refused | not shown, "how": str, ...}} for hf, vllm, lmdeploy;
+    `command`: the command a recorded run served it with (shown), or the one to try (not shown)."""
     result = {"hf": {"serves": True, "status": "in-process",
                      "how": "in-process transformers; W4A16 dequantized and FP8 fake-quantized at load: right for "
                             "accuracy, not a serving speed"}}
-    for engine in TRY_COMMANDS:
+    for engine in SERVE_COMMANDS:
         result[engine] = _engine_entry(engine, config)
     kind, kv = scheme(config), kv_strategy(config)
     if kind.startswith("fp8") and not result["lmdeploy"]["serves"]:  # known from lmdeploy's loader: no run to try

@@ -13,7 +13,7 @@ import typer
 
 from pipeline import console, methods
 from pipeline.cli import quantize as cli_quantize
-from pipeline.cli.common import (BUILD, PARAMS_OPTION, SERVE, WORK_SECONDS, checked_model, collecting_ahead, load_params,
+from pipeline.cli.common import (PARAMS_OPTION, WORK_SECONDS, checked_model, collecting_ahead, load_params,
                                  make_room_on_gpu, refuse_overlap, stage, start_ahead, warm_run_servers, warm_server,
                                  working)
 from pipeline.engines import engine_names
@@ -174,7 +174,7 @@ def eval_(
             typer.echo(one.summary())
         console.summary(result.summary())
         return
-    warm_run_servers(p, SERVE)
+    warm_run_servers(p)
     result = evaluate.run(model_dir, settings, p.engine, suite=suite, variant=model_dir.name, out_dir=out_dir,
                           engine=engine)
     WORK_SECONDS[0] += result.figures.get("work_seconds") or 0.0
@@ -225,7 +225,7 @@ def bench(
         holdout = p.calib.out / "holdout.jsonl"
     out = out or Path("results") / model_dir.name / "bench.json"
     refuse_overlap(out, checkpoint=model_dir, held_out_prompts=holdout)
-    warm_run_servers(p, SERVE)
+    warm_run_servers(p)
     start_ahead(p, params_file)  # the others' evaluation starts now, not after this stage: it waits for a quiet GPU
     with working():
         result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
@@ -242,7 +242,7 @@ def warm(
     GPU has room (engine.warm_servers); returns at once. The GPU profile runs it as soon as each checkpoint exists."""
     p = load_params(params_file)
     checked_model(model_dir)
-    console.summary(f"warm: {warm_server(p, model_dir, BUILD)}")
+    console.summary(f"warm: {warm_server(p, model_dir)}")
     started = start_ahead(p, params_file)
     if started:
         typer.echo(f"warm: started ahead of their stages: {', '.join(started)} (engine.score_ahead)")
@@ -268,7 +268,7 @@ def kl(
     out = out or Path("results") / variant_dir.name / "kl.json"
     for written in [out, *([out.with_name(SENSITIVITY_FILE)] if rank else [])]:
         refuse_overlap(written, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    make_room_on_gpu("kl", [base, variant_dir], factor=2.5 if rank else 1.5)
+    make_room_on_gpu("kl", [base, variant_dir], factor=2.5 if rank else 1.5, last=p.model.base_dir)
     with working():
         result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine, rank=rank)
     console.summary(result.summary())
@@ -295,7 +295,7 @@ def sensitivity(
     base, holdout = base or p.model.base_dir, holdout or p.calib.out / "holdout.jsonl"
     out = out or Path("results") / variant_dir.name / "sensitivity.json"
     refuse_overlap(out, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    make_room_on_gpu("sensitivity", [base, variant_dir], factor=1.5)
+    make_room_on_gpu("sensitivity", [base, variant_dir], factor=1.5, last=p.model.base_dir)
     with working():
         result = sensitivity_stage.run(base, variant_dir, holdout, out, settings, p.engine, measure=measure)
     console.summary(result.summary())
@@ -353,13 +353,14 @@ def report(
     out: Path = typer.Option(Path("reports"), help="Where index.html and verdict.json go"),
     models: Path = typer.Option(Path("models"), help="Where the variants' quant.json files are"),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 when a variant is no-go; inconclusive: anything but GO; "
-                                          "incomplete: also a GO that rests on fewer suites than the base ran"),
+                                          "incomplete: also a GO that rests on fewer suites than the base ran. A "
+                                          "variant whose fix passes passes (ship the fix)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Paired statistics, GO / NO-GO / INCONCLUSIVE per variant, and the HTML report."""
     from pipeline.stages import report as report_stage
     from pipeline.outputs import Stopwatch
-    from pipeline.verdict.decision import FAIL_ON, failing
+    from pipeline.verdict.decision import FAIL_ON, failing, passed_by_fix
 
     if fail_on is not None and fail_on not in FAIL_ON:
         raise UserError(f"--fail-on {fail_on}: use {', '.join(FAIL_ON[:-1])} or {FAIL_ON[-1]}")
@@ -371,10 +372,35 @@ def report(
         result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
     console.summary(f"{result.summary()} in {watch}")
     failed = failing(result.verdict, fail_on)
+    for variant, fixed in passed_by_fix(result.verdict, fail_on).items():
+        typer.echo(f"gate: {variant} is {result.verdict['variants'][variant]['decision']}; its fix {fixed} passes "
+                   f"--fail-on {fail_on} in its place: ship {fixed}")
     if failed:
         console.error("\n".join([f"gate: {', '.join(failed)} did not pass --fail-on {fail_on}",
                                  *(f"  {name}: {why}" for name, why in failed.items())]))
         raise typer.Exit(1)
+
+
+@app.command()
+@stage
+def card(
+    variant_dir: Path = typer.Argument(..., help="The variant's folder (models/<variant>): one the verdict decided"),
+    verdict: Path = typer.Option(Path("reports/verdict.json"), help="The verdict the card is written from"),
+    out: Path = typer.Option(Path("cards"), help="Where <variant>/README.md goes (the report stage writes every "
+                                                "decided variant's into reports/cards/)"),
+    params_file: Path = PARAMS_OPTION,
+):
+    """One variant's model card (README.md, Hub front matter included), written from the verdict: what the report
+    stage writes into reports/cards/ for every decided variant."""
+    from pipeline.report import card_file
+
+    p = load_params(params_file)
+    stats = p.calib.out / "stats.json"
+    refuse_overlap(out, variant=variant_dir, verdict=verdict, base=p.model.base_dir, calibration_stats=stats,
+                   params_file=params_file)
+    with working():
+        result = card_file.run(variant_dir, verdict, out, p, calib_stats=stats)
+    console.summary(result.summary())
 
 
 @app.command()
@@ -386,14 +412,17 @@ def profile(
                                             "costly groups kept in 8 bits) dvc.yaml should build, measure and decide: "
                                             "added to the fix stage and to the kl, evaluate and report lists, in "
                                             "place (repeatable)"),
+    unfix: Optional[list[str]] = typer.Option(None, "--unfix", help="A variant whose fix dvc.yaml should no longer "
+                                              "build: out of every list (and params.yaml fix.variants), in place; the "
+                                              "report then leaves it out (repeatable)"),
 ):
     """Switch params.yaml and dvc.yaml together: the CPU demo or the GPU configuration (pipeline/profiles/); with
-    --fix, add a variant's fix to the dvc.yaml in use."""
+    --fix, add a variant's fix to the dvc.yaml (and params.yaml) in use, with --unfix take it out."""
     from pipeline import profiles
     from pipeline.profiles import fix as profile_fix
 
     root = Path.cwd()
-    if name is None and not fix:
+    if name is None and not fix and not unfix:
         typer.echo(profiles.describe(root))  # and the fixes a verdict's NO-GO offers
         return
     if name is not None:
@@ -405,6 +434,18 @@ def profile(
                        "in another environment), then: dvc repro")
     for variant in fix or []:
         typer.echo(profile_fix.told(variant, profile_fix.add_fix(root, variant)))
+    for variant in unfix or []:
+        typer.echo(profile_fix.told(variant, profile_fix.remove_fix(root, variant), removed=True))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def repro(ctx: typer.Context):
+    """`dvc repro [ARGS]` in this process, the one line of each stage shown and DVC's own lines left out; named
+    targets (and what they need) run in the order a whole `dvc repro` takes, dvc.yaml's (plain `dvc repro TARGETS`
+    orders independent stages by Python's string hashes)."""
+    from pipeline.cli.repro import repro as run
+
+    raise typer.Exit(run(list(ctx.args)))
 
 
 @app.command("show-verdict")

@@ -71,7 +71,7 @@ def collecting_ahead(kind: str, model_dir: Path, p, params_file: Path):
     from pipeline.scoring import ahead
 
     if not ahead.in_job():
-        warm_run_servers(p, SERVE)
+        warm_run_servers(p)
         start_ahead(p, params_file, exclude=(kind, model_dir))
     with ahead.owned(kind, model_dir, wait=not ahead.in_job()) as waited:
         if waited is None:
@@ -190,12 +190,13 @@ def checked_model(model_dir: Path, weights: bool = True) -> Path:
     return model_dir
 
 
-def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
+def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None, last: Path | None = None) -> None:
     """A stage that loads a model in-process (quantize, kl) first stops vLLM servers the run keeps idle
     (pipeline/engines/shared.py) when they leave the GPU less free memory than the stage needs (need_bytes;
-    None: all of it), least recently used first. The GPU profile's dvc.yaml runs these stages before any served
-    one, so only servers started early (engine.warm_servers, which leave engine.build_memory_fraction free) or a
-    run resumed in another order meet this; on a machine without nvidia-smi there is no GPU to free."""
+    None: all of it), least recently used first. A whole run of the GPU profile's dvc.yaml runs these stages before
+    any served one, so only servers started early (engine.warm_servers, which leave engine.build_memory_fraction free
+    while builds are to come) or a run in another order (named targets through plain `dvc repro`) meet this; on a
+    machine without nvidia-smi there is no GPU to free."""
     from pipeline.engines import shared
 
     if not shared.entries():
@@ -208,7 +209,7 @@ def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
             free = gpu_memory.device_memory_free_bytes()
             if free is None or (need_bytes is not None and free >= need_bytes):
                 break
-            gone = shared.stop_idle(keep=len(shared.entries()) - 1)
+            gone = shared.stop_idle(keep=len(shared.entries()) - 1, last=str(last) if last else None)
             if not gone:
                 break
             stopped += gone
@@ -216,36 +217,65 @@ def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None) -> None:
         log.info(f"{what}: stopped {len(stopped)} idle vLLM server(s) to free the GPU for an in-process model")
 
 
-def make_room_on_gpu(what: str, models: list[Path], factor: float) -> None:
+def make_room_on_gpu(what: str, models: list[Path], factor: float, last: Path | None = None) -> None:
     """Before a stage loads models in-process on the GPU: idle servers go when the GPU has less free memory than
     `factor` x the models' weights (the stage's peak: measured on the H200, AWQ ~1.5x, FP8 ~2.3x of a 9B
-    checkpoint, KL both models plus logits)."""
+    checkpoint, KL both models plus logits), least recently used first and `last`'s (the base's: every variant's
+    judge asks it) after every other."""
     weights = sum(f.stat().st_size for m in models for f in Path(m).glob("*.safetensors"))
-    free_gpu_of_idle_servers(what, int(factor * weights))
+    free_gpu_of_idle_servers(what, int(factor * weights), last)
 
 
-BUILD, SERVE = "build", "serve"  # the phases of a run warm_run_servers is called in
+def builds_to_come(root: Path | None = None) -> list[str]:
+    """What the run still has to load on the GPU in-process, read from the project's files when asked, not from DVC's
+    order: each model dvc.yaml's evaluate stage lists (every variant, each fix its fix stage lists) without its
+    checkpoint, and each one whose KL its kl and rank stages measure without results/<model>/kl.json; e.g.
+    ["quantize rtn-w4a16", "kl fp8-w8a8"]. Empty once every build is done: the run serves only. It reads no params.yaml
+    key (a served stage's params are what its results depend on, not when it runs)."""
+    from pipeline import safe_yaml
+    from pipeline.outputs import STAGE_RECORD
+    from pipeline.settings import fixes
+    from pipeline.settings.checks import evaluates_every_suite, fix_items, runs_command
+
+    root = root or Path(".")
+    try:
+        data, _ = safe_yaml.load(root / "dvc.yaml", "a dvc.yaml")
+        stages = data.get("stages") if isinstance(data, dict) else None
+    except (UserError, OSError):
+        stages = None
+    stages = stages if isinstance(stages, dict) else {}
+    listed = lambda test: [str(item) for stage in stages.values() if test(stage)  # noqa: E731
+                           and isinstance(stage.get("foreach"), list) for item in stage["foreach"]]
+    built_by_fix = {fixes.fix_name(v): v for v in fix_items(stages)}
+    models = [m for m in dict.fromkeys(listed(evaluates_every_suite)) if m != "base"]
+    measured = dict.fromkeys(listed(lambda stage: runs_command(stage, "kl")))  # the kl and rank stages
+    return ([f"fix {built_by_fix[m]}" if m in built_by_fix else f"quantize {m}" for m in models
+             if not (root / "models" / m / STAGE_RECORD).is_file()]
+            + [f"kl {m}" for m in measured if not (root / "results" / m / "kl.json").is_file()])
 
 
-def warm_run_servers(p, phase: str) -> list[str]:
+def warm_run_servers(p) -> list[str]:
     """engine.warm_servers, inside a run: start in the background the shared server of every checkpoint under
     models/ that a stage has finished (its .stage.json), as warm_server does for one. Returns the models whose
     server it started. (It reads no params.yaml key but `engine`: the served stages that call it declare that.)"""
     from pipeline.outputs import STAGE_RECORD
 
+    if not getattr(p.engine, "warm_servers", False):  # a setting of the engines that start servers (vllm)
+        return []
     models = sorted((record.parent for record in Path("models").glob(f"*/{STAGE_RECORD}")),
                     key=lambda model: (model.name != "base", model.name))  # the base first: every judge needs it
-    return [m.name for m in models if warm_server(p, m, phase).startswith("started")]
+    pending = builds_to_come()
+    return [m.name for m in models if warm_server(p, m, pending).startswith("started")]
 
 
-def warm_server(p, model_dir: Path, phase: str, name: str | None = None) -> str:
+def warm_server(p, model_dir: Path, pending: list[str] | None = None, name: str | None = None) -> str:
     """engine.warm_servers, inside a run (a `dvc repro` above this stage, or QUANTIZE_RUN_PID): start the run's
     shared server for this checkpoint in the background, up to engine.max_servers, so that its start overlaps
-    the stages that run meanwhile instead of the stage that needs it; the stage that asks for it attaches. In the
-    build phase (stages that load a model on the GPU in-process may still come) a start must leave
-    engine.build_memory_fraction of the GPU free; each server takes gpu_memory_utilization of it (a planned KV
-    pool: pipeline/engines/vllm.py). Says what it did; never fails a stage: the stage that asks for the server
-    says what is wrong with it."""
+    the stages that run meanwhile instead of the stage that needs it; the stage that asks for it attaches. While
+    the run has builds to come (`builds_to_come`, or `pending` when the caller has it: stages that load a model on
+    the GPU in-process) a start must leave engine.build_memory_fraction of the GPU free; each server takes
+    gpu_memory_utilization of it (a planned KV pool: pipeline/engines/vllm.py). Says what it did; never fails a
+    stage: the stage that asks for the server says what is wrong with it."""
     import os
 
     from pipeline.engines import capability, shared, warm
@@ -260,8 +290,13 @@ def warm_server(p, model_dir: Path, phase: str, name: str | None = None) -> str:
         return "not started: not inside a run (a server started now would end with this command)"
     if not (Path(model_dir) / STAGE_RECORD).is_file():
         return f"not started: {model_dir} is not built yet"
-    if not _room_for_a_server(e, phase):
-        return "not started: the GPU has no room for it yet (its stages start it when they need it)"
+    if Path(model_dir).name == "base":  # its server, idle, is stopped for room after every other
+        shared.keep_last(model_dir)
+    pending = builds_to_come() if pending is None else pending
+    if not _room_for_a_server(e, building=bool(pending)):
+        return (f"not started: the GPU has no room for it yet, leaving engine.build_memory_fraction free for "
+                f"{', '.join(pending[:3])}{' ...' if len(pending) > 3 else ''} (its stages start it when they need it)"
+                if pending else "not started: the GPU has no room for it yet (its stages start it when they need it)")
     try:
         key = warm(e.name, model_dir, e, log_path=Path("results") / name / "vllm-server.log")
     except (UserError, OSError) as exc:
@@ -298,9 +333,10 @@ def start_ahead(p, params_file: Path, exclude: tuple[str, Path] | None = None) -
             if (kind, m.resolve()) != skip and ahead.start(kind, m, params_file)]
 
 
-def _room_for_a_server(e, phase: str) -> bool:
+def _room_for_a_server(e, building: bool) -> bool:
     """Whether one more server (gpu_memory_utilization of the GPU) fits now, leaving build_memory_fraction of
-    it free while in-process stages may still come; servers still starting are counted at their full share.
+    it free while in-process stages are still to come (building); servers still starting are counted at their full
+    share.
     Without nvidia-smi (no GPU here): yes."""
     from pipeline.engines import gpu_memory, shared
 
@@ -309,5 +345,5 @@ def _room_for_a_server(e, phase: str) -> bool:
         return True
     share = e.gpu_memory_utilization * total
     starting = len(shared.starting())  # may not have taken their memory yet: counted as if they had
-    keep = e.build_memory_fraction * total if phase == BUILD else 0.0
+    keep = e.build_memory_fraction * total if building else 0.0
     return free - starting * share - share >= keep

@@ -70,7 +70,7 @@ def _quantize(name: str, params_file: Path, variant: Optional[str], flags: dict,
     model, out = model or p.model.base_dir, out or Path("models") / (variant or method.DEFAULT_VARIANT)
     refuse_overlap(out, replaces="quantize", base_checkpoint=model, calibration_file=_calibration_file(p, calib))
     if not plan:
-        make_room_on_gpu(f"quantize {method.NAME}", [model], factor=2.5)
+        make_room_on_gpu(f"quantize {method.NAME}", [model], factor=2.5, last=p.model.base_dir)
     with _calibration_blocks(p, calib, model) as blocks:
         with working():
             result = quantize_stage.run(model, out, blocks, settings, placement=placement, plan_only=plan)
@@ -153,33 +153,29 @@ def build_variant(
 @stage
 def fix(
     variant: str = typer.Argument(..., help="A W4A16 variant of params.yaml (method awq, gptq or rtn), built in "
-                                            "models/<variant>"),
+                                            "models/<variant> and ranked (quantize kl models/<variant> --rank)"),
     params_file: Path = PARAMS_OPTION,
 ):
-    """A NO-GO's fix: measure the variant (`quantize kl --rank`: results/<variant>/kl.json and, in the same pass,
-    its groups ranked, sensitivity.json), then build models/<variant>-mixed with the `mixed` method on the
-    variant's own settings, its most costly groups in 8 bits within params fix.max_bits; evaluated and decided
-    like any variant (dvc.yaml's fix stage)."""
+    """A NO-GO's fix: models/<variant>-mixed, the `mixed` method on the variant's own settings with the groups its
+    ranking (results/<variant>/sensitivity.json, written by `quantize kl --rank`) says cost most kept in 8 bits
+    within params fix.max_bits; evaluated and decided like any variant (dvc.yaml's fix stage)."""
     from pipeline.quantize import require_llmcompressor
     from pipeline.settings import fixes
     from pipeline.stages import fix as fix_stage
-    from pipeline.stages import kl as kl_stage
     from pipeline.stages import quantize as quantize_stage
 
     p = load_params(params_file)
     fixes.variant_settings(p, variant)  # a W4A16 variant of params.yaml, else refused before any work
     where = fix_stage.paths(variant)
     base, holdout = p.model.base_dir, p.calib.out / "holdout.jsonl"
-    inputs = {"base_checkpoint": base, "variant_checkpoint": where["variant"], "held_out_prompts": holdout}
-    for written in (where["kl"], where["ranking"]):
-        refuse_overlap(written, **inputs)
-    refuse_overlap(where["out"], replaces="quantize", calibration_file=_calibration_file(p, None), **inputs)
+    refuse_overlap(where["out"], replaces="quantize", calibration_file=_calibration_file(p, None),
+                   base_checkpoint=base, variant_checkpoint=where["variant"], held_out_prompts=holdout,
+                   ranking=where["ranking"])
     fix_stage.check_inputs(variant, base, holdout)
     require_llmcompressor()
-    make_room_on_gpu("fix", [base, where["variant"]], factor=2.5)
+    make_room_on_gpu("fix", [base], factor=2.5, last=base)  # as quantize: the base calibrated again, V's own way
     with _calibration_blocks(p, None, base) as blocks, working():
-        result = fix_stage.run(variant, p, calib=blocks, measure=kl_stage.run, build=quantize_stage.run,
-                               base_dir=base, holdout=holdout)
+        result = fix_stage.run(variant, p, calib=blocks, build=quantize_stage.run, base_dir=base)
     console.summary(result.summary())
 
 

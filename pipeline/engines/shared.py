@@ -24,8 +24,10 @@ while it is still starting waits for it, and only that wait counts as the stage'
 The server dies with its supervisor (PR_SET_PDEATHSIG), and the supervisor stops the server's whole
 process group on SIGTERM. Starting a server first stops idle servers of the same checkpoint path (a
 changed checkpoint: they can never be asked again) and then idle ones beyond `engine.max_servers`
-(least recently used first), so a GPU never holds more servers than configured. One lock file
-serializes starts and attaches, so two stages never start the same server twice.
+(least recently used first), so a GPU never holds more servers than configured: when every one of them is
+in use (a stage's or a job's lease, or still starting), the stage waits for one to be given back, and a stage
+that holds them all itself is refused with the setting to raise. One lock file serializes starts and attaches,
+so two stages never start the same server twice.
 """
 
 from __future__ import annotations
@@ -177,10 +179,35 @@ def stop_entry(registry: Path, key: str, entry: dict, wait: float = 60.0) -> Non
     forget(registry, key)
 
 
+KEEP_LAST = "keep-last"  # in the registry: the checkpoint whose idle server goes last (the run's base)
+
+
+def keep_last(model_dir: Path | str, registry: Path | None = None) -> None:
+    """Names the checkpoint whose idle server is stopped after every other one (the base: every variant's judge asks
+    it), for every stop_idle of the run that names none itself."""
+    registry = registry or registry_dir()
+    registry.mkdir(parents=True, exist_ok=True)
+    path = registry / KEEP_LAST
+    value = str(Path(model_dir).resolve())
+    with contextlib.suppress(OSError):
+        if not path.is_file() or path.read_text() != value:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(value)
+            tmp.replace(path)
+
+
+def kept_last(registry: Path) -> str | None:
+    try:
+        return (registry / KEEP_LAST).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
-              exclude: str | None = None) -> list[str]:
+              exclude: str | None = None, last: str | None = None) -> list[str]:
     """Stops idle servers (no live lease): those serving `model_path` (another content of that
-    checkpoint), then the least recently used beyond `keep` servers in all. Call with the lock held.
+    checkpoint), then the least recently used beyond `keep` servers in all, the one serving `last` (a checkpoint
+    path: the base, which every variant's judge asks) after every other. Call with the lock held.
     Returns the keys stopped."""
     registry = registry or registry_dir()
     stopped = []
@@ -189,7 +216,10 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
         if not alive(entry.get("supervisor_pid"), entry.get("supervisor_started")):
             forget(registry, key)  # its supervisor died (SIGKILL): the server died with it
             current.pop(key)
-    idle = sorted((e.get("last_used", 0), k) for k, e in current.items() if not live_leases(registry, k))
+    last = str(Path(last).resolve()) if last else kept_last(registry)
+    idle = sorted((e.get("model_path") == last, e.get("last_used", 0), k) for k, e in current.items()
+                  if not live_leases(registry, k))
+    idle = [(used, key) for _, used, key in idle]
     for _, key in idle:
         if model_path is not None and current[key].get("model_path") == model_path:
             stop_entry(registry, key, current.pop(key))
@@ -287,21 +317,28 @@ def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Pa
     own_stage = owner_pid == os.getpid()
     env = dict(env or {})
     key = server_key(content_fingerprint(model_dir, registry), command, env)
-    started = time.monotonic()
-    with _locked(registry):
-        entry = read_entry(registry, key)
-        if entry and _live(entry):
-            _lease(registry, key)  # a starting server is waited for below, holding the lease
-            attach = True
-        else:
+    started, told = time.monotonic(), False
+    while True:
+        with _locked(registry):
+            entry = read_entry(registry, key)
+            if entry and _live(entry):
+                _lease(registry, key)  # a starting server is waited for below, holding the lease
+                attach = True
+                break
             if entry:
                 stop_entry(registry, key, entry)  # a dead server under this key
             stop_idle(registry, keep=max(0, max_servers - 1), model_path=str(model_dir), exclude=key)
-            _lease(registry, key)
-            _spawn_supervisor(registry, key, command, port_flag, model_dir=model_dir, log_path=log_path, env=env,
-                              owner=(owner_pid, owner_started, owner_what), start_timeout=start_timeout,
-                              idle_timeout=idle_timeout, name=name)
-            attach = False
+            busy = {k: e for k, e in entries(registry).items() if k != key}
+            if len(busy) < max_servers:
+                _lease(registry, key)
+                _spawn_supervisor(registry, key, command, port_flag, model_dir=model_dir, log_path=log_path, env=env,
+                                  owner=(owner_pid, owner_started, owner_what), start_timeout=start_timeout,
+                                  idle_timeout=idle_timeout, name=name)
+                attach = False
+                break
+            _refuse_when_all_mine(registry, busy, max_servers, name)  # else wait for one to be given back
+        told = _wait_note(busy, max_servers, name, Path(log_path), started, start_timeout, told)
+        time.sleep(POLL_S)
     entry = _wait_ready(registry, key, start_timeout, name, Path(log_path))
     if attach:
         with contextlib.suppress(OSError):
@@ -311,6 +348,35 @@ def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Pa
     waited = time.monotonic() - started
     return SharedServer(registry, key, entry["port"], Path(entry["log"]), not attach, waited if not attach else 0.0,
                         entry["owner"], entry["server_pid"], own_stage, waited=waited)
+
+
+def _names(busy: dict) -> str:
+    return ", ".join(Path(e.get("model_path") or "?").name for e in busy.values())
+
+
+def _refuse_when_all_mine(registry: Path, busy: dict, max_servers: int, name: str) -> None:
+    """max_servers are up and none is idle: a stage waits for one to be given back, unless this process holds every
+    one itself (nobody else would give one back). Call with the lock held."""
+    mine = _lease_name()
+    if not [k for k, e in busy.items() if e.get("state") == "starting" or set(live_leases(registry, k)) - {mine}]:
+        raise UserError(f"{name}: engine.max_servers is {max_servers} and this stage holds every server up "
+                        f"({_names(busy)}) while it needs one more at once; raise engine.max_servers to "
+                        f"{len(busy) + 1}")
+
+
+def _wait_note(busy: dict, max_servers: int, name: str, log_path: Path, started: float, timeout: float,
+               told: bool) -> bool:
+    """While a stage waits for a server slot: said once in its log; past `timeout` a UserError. Returns told."""
+    if time.monotonic() - started > timeout:
+        raise UserError(f"{name}: engine.max_servers ({max_servers}) are up and none was given back within "
+                        f"{timeout:.0f} s (engine.start_timeout); the servers' models: {_names(busy)}")
+    if not told:
+        with contextlib.suppress(OSError):
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a") as log:
+                log.write(f"[quantize] waiting for one of the {max_servers} servers engine.max_servers allows to be "
+                          f"given back (up: {_names(busy)})\n")
+    return True
 
 
 def warm(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path, env: dict | None = None,

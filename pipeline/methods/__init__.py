@@ -9,6 +9,7 @@ A method module declares, once:
                      estimate (pipeline/quantize/plan.py): "none", "activation-cache" (cached inputs, Gram matrices), "hessians"
   SERVING_FORMAT     the checkpoint format it writes (where it is served: pipeline/checkpoints/serving.py, from the
                      checkpoint's config.json and the runs recorded on the GPU machine, never from the method's name)
+  CARD_TAGS          the model card's tags for it: the method and the scheme it writes ("awq", "w4a16", "int4")
   COMPARED_WITH      {other method: why}: the report compares each of its variants with the other method's at the
                      same group size, paired per document (shown, not counted)
   Params             its params.yaml section: typed fields with their bounds and help (the CLI flags' help too)

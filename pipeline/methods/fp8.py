@@ -31,6 +31,7 @@ DEFAULT_VARIANT = "fp8-w8a8"
 NEEDS_CALIBRATION = True  # static activation scales and the KV-cache scales come from the calibration tokens
 CALIBRATION_STATE = "none"
 SERVING_FORMAT = "compressed-tensors float-quantized (FP8 W8A8, FP8 KV-cache scales)"
+CARD_TAGS = ("fp8", "w8a8")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 COMPARED_WITH: dict[str, str] = {}
 
 

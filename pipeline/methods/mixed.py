@@ -51,6 +51,7 @@ NEEDS_CALIBRATION = True  # AWQ's and GPTQ's are (RTN's weights do not depend on
 CALIBRATION_STATE = "activation-cache"  # the default base's (AWQ): the plan's memory estimate
 SEARCH_PASS_BYTES = awq.SEARCH_PASS_BYTES
 SERVING_FORMAT = "compressed-tensors pack-quantized, one config group per scheme (W4A16 and W8A16)"
+CARD_TAGS = ("mixed", "w4a16", "w8a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 COMPARED_WITH: dict[str, str] = {}
 
 

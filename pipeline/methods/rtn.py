@@ -20,6 +20,7 @@ DEFAULT_VARIANT = "rtn-w4a16"
 NEEDS_CALIBRATION = False
 CALIBRATION_STATE = "none"
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16)"
+CARD_TAGS = ("rtn", "w4a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 COMPARED_WITH: dict[str, str] = {}
 
 

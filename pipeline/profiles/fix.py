@@ -3,12 +3,13 @@ of a W4A16 variant (VARIANT-mixed: pipeline/stages/fix.py), and the offer of tha
 such a variant NO-GO without a fix (`quantize profile`, `quantize show-verdict`).
 
 The edit is a careful text edit, every comment and line kept: VARIANT joins the fix stage's one-line list
-(`foreach: [rtn-w4a16]`) and leaves the kl stage's (the fix stage measures its KL, ranking its groups in the same
-pass), VARIANT-mixed joins the kl and evaluate stages' lists and every other list that names every
-variant (the GPU profile's warm, judge and bench), and beside each run of deps that names a file of every variant
-(the report's quant.json and config.json, the GPU profile's kl.json of the served stages) VARIANT-mixed's file
-is added. The new text is parsed again and must equal the old document with exactly those additions, and
-params.yaml must accept it (pipeline/settings/checks.py), before it replaces dvc.yaml (one rename).
+(`foreach: [rtn-w4a16]`) (and the rank stage's, leaving the kl stage's, where the rank stage does not list it yet:
+the fix reads its ranking), VARIANT-mixed joins the kl and evaluate stages' lists and every other list that names
+every variant (the GPU profile's warm, judge and bench), and beside each run of deps that names a file of every
+variant (the report's quant.json and config.json) VARIANT-mixed's file is added. No stage of VARIANT's own changes
+(its ranking is measured whether or not a fix is built), so `dvc repro` then runs the fix's stages and the report.
+The new text is parsed again and must equal the old document with exactly those additions, and params.yaml must
+accept it (pipeline/settings/checks.py), before it replaces dvc.yaml (one rename).
 """
 
 from __future__ import annotations
@@ -53,35 +54,57 @@ def _edited(items: list[str], leaves: str | None, joins: str | None, stage: str 
     said = changes if changes is not None else []
     if leaves in items:
         items = [item for item in items if item != leaves]
-        said.append(f"stages.{stage}.foreach: - {leaves} (the fix stage measures its KL)")
+        said.append(f"stages.{stage}.foreach: - {leaves} (the rank stage measures its KL, with its ranking)")
     if joins and joins not in items:
         items = [*items, joins]
         said.append(f"stages.{stage}.foreach: + {joins}")
     return items
 
 
-def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[str, list[str], dict]:
-    """The edited text, the changes in words, and the document the edited text must parse to."""
-    from pipeline.settings.checks import evaluates_every_suite, runs_command
+def _list_changes(stages: dict, variant: str) -> tuple[dict[str, str], dict[str, str]]:
+    """({stage: the name joining its list}, {stage: the name leaving it}) for the fix of `variant`."""
+    from pipeline.settings.checks import evaluates_every_suite, ranks, runs_command
 
-    stages = data.get("stages") or {}
     fixed = fixes.fix_name(variant)
     fix_stages = [name for name, stage in stages.items() if runs_command(stage, "fix")]
     if not fix_stages:
         raise UserError("dvc.yaml has no fix stage (`cmd: quantize fix ${item}`) to add the variant to; copy the fix "
                         "stage of pipeline/profiles/cpu-demo/dvc-stages.yaml into it, or `quantize profile cpu-demo` "
                         "(or gpu-h200) to start from a profile's dvc.yaml")
-    measured = [name for name, stage in stages.items() if runs_command(stage, "kl") or evaluates_every_suite(stage)]
+    rank_stages = [name for name, stage in stages.items() if ranks(stage)]
+    if not rank_stages:
+        raise UserError("dvc.yaml has no rank stage (`cmd: quantize kl models/${item} --rank`) to rank the variant's "
+                        "groups, which its fix reads; copy the rank stage of pipeline/profiles/cpu-demo/dvc-stages.yaml "
+                        "into it, then run this again; nothing was changed")
+    measured = [name for name, stage in stages.items()
+                if (runs_command(stage, "kl") and not ranks(stage)) or evaluates_every_suite(stage)]
     evaluated = [m for name in measured if evaluates_every_suite(stages[name]) for m in stages[name]["foreach"]]
     every = set(evaluated) - {"base", fixed}  # the variants (and fixes) the run decides
     grows = {name: fixed for name in measured}
     for name, stage in stages.items():  # another per-model list covering every variant (the GPU's warm, judge, bench)
         listed = stage.get("foreach")
-        if name not in grows and name not in fix_stages and isinstance(listed, list) and every and every <= set(listed):
+        if name not in grows and name not in fix_stages and name not in rank_stages and isinstance(listed, list) \
+                and every and every <= set(listed):
             grows[name] = fixed
     grows.update({name: variant for name in fix_stages})
-    shrinks = {name: variant for name in measured if runs_command(stages[name], "kl")
-               and variant in (stages[name].get("foreach") or [])}  # the fix stage measures V's KL
+    shrinks = {}
+    if not any(variant in (stages[name].get("foreach") or []) for name in rank_stages):  # ranked from now on
+        grows[rank_stages[0]] = variant
+        shrinks = {name: variant for name in measured if runs_command(stages[name], "kl")
+                   and variant in (stages[name].get("foreach") or [])}
+    return grows, shrinks
+
+
+def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[str, list[str], dict]:
+    """The edited text, the changes in words, and the document the edited text must parse to."""
+    from pipeline.settings.checks import evaluates_every_suite
+
+    stages = data.get("stages") or {}
+    fixed = fixes.fix_name(variant)
+    grows, shrinks = _list_changes(stages, variant)
+    evaluated = [m for stage in stages.values() if isinstance(stage, dict) and evaluates_every_suite(stage)
+                 for m in stage["foreach"]]
+    every = set(evaluated) - {"base", fixed}
     text_lines = text.splitlines(keepends=True)
     expected, changes = copy.deepcopy(data), []
     ranges = _stage_lines(lines, list(stages), len(text_lines))
@@ -118,8 +141,81 @@ def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[
     return "".join(out), changes, expected
 
 
+PARAMS_LIST = re.compile(r"^(?P<head>\s+variants:\s*\[)(?P<items>[^\]\n#]*)(?P<tail>\]\s*(#.*)?)$")
+PARAMS_BLOCK = re.compile(r"^(?P<indent>\s+)variants:\s*(?P<comment>#.*)?$")  # its items on the lines below
+
+
+def plan_params(text: str, lines: dict[tuple, int], path: Path, variants: list[str]) -> str:
+    """params.yaml's text with `fix.variants` set to `variants`, written as a one-line list (its comment kept)."""
+    line = lines.get(("fix", "variants"))
+    text_lines = text.splitlines(keepends=True)
+    if not line:
+        raise UserError(f"{path}: fix.variants is missing; write `variants: []` under `fix:` (the fixes the run "
+                        "builds), then run this again; nothing was changed")
+    here = text_lines[line - 1].rstrip("\n")
+    newline = text_lines[line - 1][len(here):]
+    if found := PARAMS_LIST.match(here):
+        text_lines[line - 1] = f"{found['head']}{', '.join(variants)}{found['tail']}{newline}"
+        return "".join(text_lines)
+    found = PARAMS_BLOCK.match(here)
+    end = line
+    while found and end < len(text_lines) and re.match(r"^\s*- \S", text_lines[end]):
+        end += 1
+    if not found:
+        raise UserError(f"{path}:{line}: fix.variants is neither a one-line list such as [a, b] nor a list of `- a` "
+                        "lines; write it as one, then run this again; nothing was changed")
+    comment = f"  {found['comment']}" if found["comment"] else ""
+    text_lines[line - 1:end] = [f"{found['indent']}variants: [{', '.join(variants)}]{comment}{newline}"]
+    return "".join(text_lines)
+
+
+def plan_removal(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[str, list[str], dict]:
+    """The inverse of `plan`: VARIANT leaves the fix stages' lists, VARIANT-mixed every list and every dep line (its
+    ranking stays: the rank stage measures it fix or no fix)."""
+    from pipeline.settings.checks import runs_command
+
+    stages = data.get("stages") or {}
+    fixed = fixes.fix_name(variant)
+    text_lines = text.splitlines(keepends=True)
+    expected, changes, dropped = copy.deepcopy(data), [], set()
+    for name, stage in stages.items():
+        listed = stage.get("foreach") if isinstance(stage, dict) else None
+        leaves = variant if runs_command(stage, "fix") else fixed
+        if not isinstance(listed, list) or leaves not in listed:
+            continue
+        line = lines.get(("stages", name, "foreach"))
+        found = FLOW.match(text_lines[line - 1].rstrip("\n")) if line else None
+        if not found:
+            raise UserError(f"dvc.yaml:{line or '?'}: stages.{name}.foreach is not a one-line list such as [a, b]; "
+                            f"write it as one (its names in full), then run this again; nothing was changed")
+        items = [item for item in _items(found["items"]) if item != leaves]
+        newline = text_lines[line - 1][len(text_lines[line - 1].rstrip("\n")):]
+        text_lines[line - 1] = f"{found['head']}{', '.join(items)}{found['tail']}{newline}"
+        expected["stages"][name]["foreach"] = [item for item in listed if item != leaves]
+        changes.append(f"stages.{name}.foreach: - {leaves}")
+    for name, (start, end) in _stage_lines(lines, list(stages), len(text_lines)).items():
+        for (root, file), run in _dep_runs(text_lines, start, end).items():
+            for index, model in run:
+                if model == fixed:
+                    dropped.add(index)
+                    expected["stages"][name].get("do", expected["stages"][name])["deps"].remove(f"{root}/{fixed}/{file}")
+                    changes.append(f"stages.{name} deps: - {root}/{fixed}/{file}")
+    return "".join(line for i, line in enumerate(text_lines) if i not in dropped), changes, expected
+
+
 def add_fix(root: Path, variant: str, params_file: Path | None = None) -> list[str]:
-    """Edits root/dvc.yaml to run the fix of `variant`; returns the changes in words ([] when it runs already)."""
+    """Edits root/dvc.yaml (and params.yaml's fix.variants) to run the fix of `variant`; returns the changes in words
+    ([] when it runs already)."""
+    return _edit(root, variant, params_file, remove=False)
+
+
+def remove_fix(root: Path, variant: str, params_file: Path | None = None) -> list[str]:
+    """`quantize profile --unfix VARIANT`: the fix of `variant` out of dvc.yaml and params.yaml's fix.variants (its
+    files stay where they are; the report names and ignores them); returns the changes in words."""
+    return _edit(root, variant, params_file, remove=True)
+
+
+def _edit(root: Path, variant: str, params_file: Path | None, remove: bool) -> list[str]:
     import yaml
 
     from pipeline import safe_yaml
@@ -129,37 +225,53 @@ def add_fix(root: Path, variant: str, params_file: Path | None = None) -> list[s
     params_path = params_file or root / "params.yaml"
     params = params_mod.load(params_path)  # checks today's dvc.yaml too
     fixes.variant_settings(params, variant)  # a W4A16 variant of params.yaml
-    raw, _ = safe_yaml.load(params_path, "a params.yaml")
+    raw, params_lines = safe_yaml.load(params_path, "a params.yaml")
     if "fix" not in (raw or {}):
         raise UserError(f"{params_path}: no `fix:` section, which the fix stage's params name (DVC reads it); add "
-                        "`fix: {max_bits: 4.5}` (the budget in mean bits per weight), then run this again; nothing "
-                        "was changed")
+                        "`fix: {max_bits: 4.5, variants: []}` (the budget in mean bits per weight, the fixes the run "
+                        "builds), then run this again; nothing was changed")
     path = root / "dvc.yaml"
     data, lines = safe_yaml.load(path, "a dvc.yaml")
     text = path.read_text(encoding="utf-8")
-    new, changes, expected = plan(text, data, lines, variant)
+    new, changes, expected = (plan_removal if remove else plan)(text, data, lines, variant)
+    named = [v for v in params.fix.variants if v != variant] + ([] if remove else [variant])
+    params_text = params_path.read_text(encoding="utf-8")
+    new_params = plan_params(params_text, params_lines, params_path, named) if named != params.fix.variants else params_text
+    if new_params != params_text:
+        changes.append(f"params.yaml fix.variants: {'-' if remove else '+'} {variant}")
     if not changes:
         return []
     if yaml.safe_load(new) != expected:
-        raise UserError(f"{path}: the edit would change more than the fix's lists and deps (an unusual layout); add "
-                        f"{variant} to the fix stage's foreach and {fixes.fix_name(variant)} to the kl and evaluate "
-                        "stages' lists and the report's deps yourself; nothing was changed")
-    tmp = path.with_name(f".dvc.yaml.fix-{os.getpid()}.tmp")
+        raise UserError(f"{path}: the edit would change more than the fix's lists and deps (an unusual layout); "
+                        f"{'take' if remove else 'add'} {variant} {'out of' if remove else 'to'} the fix stage's "
+                        f"foreach and params.yaml fix.variants, and {fixes.fix_name(variant)} "
+                        f"{'out of' if remove else 'to'} the kl and evaluate stages' lists and the report's deps "
+                        "yourself; nothing was changed")
+    updated = params.model_copy(update={"fix": params.fix.model_copy(update={"variants": named})})
+    tmp, params_tmp = path.with_name(f".dvc.yaml.fix-{os.getpid()}.tmp"), params_path.with_name(
+        f".params.yaml.fix-{os.getpid()}.tmp")
     try:
         tmp.write_text(new, encoding="utf-8")
-        check_against_dvc(params, tmp)  # the lists agree with params.yaml, as every command will check
+        params_tmp.write_text(new_params, encoding="utf-8")
+        check_against_dvc(updated, tmp)  # the lists agree with params.yaml, as every command will check
         tmp.replace(path)
+        params_tmp.replace(params_path)
     finally:
         tmp.unlink(missing_ok=True)
+        params_tmp.unlink(missing_ok=True)
     return changes
 
 
-def told(variant: str, changes: list[str]) -> str:
-    """What `quantize profile --fix` says of one variant's edit."""
+def told(variant: str, changes: list[str], removed: bool = False) -> str:
+    """What `quantize profile --fix` (or `--unfix`) says of one variant's edit."""
     if not changes:
-        return f"fix {variant}: dvc.yaml builds and decides it already; nothing changed"
-    return (f"fix {variant}: dvc.yaml edited (comments kept): {'; '.join(changes)}\n  then: dvc repro (quantize fix "
-            f"{variant}, then kl, eval and the report for {fixes.fix_name(variant)})")
+        return (f"unfix {variant}: dvc.yaml builds no fix of it; nothing changed" if removed else
+                f"fix {variant}: dvc.yaml builds and decides it already; nothing changed")
+    if removed:
+        return (f"unfix {variant}: dvc.yaml and params.yaml edited (comments kept): {'; '.join(changes)}\n  then: dvc "
+                f"repro (the report, without {fixes.fix_name(variant)}; its files stay in models/ and results/)")
+    return (f"fix {variant}: dvc.yaml and params.yaml edited (comments kept): {'; '.join(changes)}\n  then: dvc repro "
+            f"(quantize fix {variant}, then kl, eval and the report for {fixes.fix_name(variant)})")
 
 
 def fix_items(root: Path) -> list[str] | None:

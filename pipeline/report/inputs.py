@@ -59,8 +59,8 @@ SCHEMAS = {  # file name -> (spec, command that writes it again)
 
 
 def result_folders(results_dir: Path, known: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The folders under results/ the report reads (those named after base, a params.yaml variant or a W4A16
-    variant's fix: pipeline/settings/fixes.py), and
+    """The folders under results/ the report reads (those named after base, a params.yaml variant or the fix of a
+    variant params.yaml fix.variants names: pipeline/settings/fixes.py), and
     {name: why} for every other folder there, which the report ignores and names (a copy, a typo, a
     variant dropped from params.yaml: never a variant of its own)."""
     if not results_dir.is_dir():
@@ -70,9 +70,11 @@ def result_folders(results_dir: Path, known: list[str]) -> tuple[list[str], dict
         if folder.name in known:
             models.append(folder.name)
         else:
-            ignored[folder.name] = (f"{folder.name!r} is neither base nor a variant in params.yaml nor a W4A16 "
-                                    f"variant's fix (<variant>-mixed; models: {', '.join(known[1:]) or 'none'}); add it "
-                                    "under variants, rename the folder to one, or move it out of the results folder")
+            ignored[folder.name] = (f"{folder.name!r} is neither base nor a variant in params.yaml nor the fix of a "
+                                    f"variant params.yaml fix.variants names (<variant>-mixed; models: "
+                                    f"{', '.join(known[1:]) or 'none'}); add it under variants (a fix: `quantize "
+                                    "profile --fix <variant>`), rename the folder to one, or move it out of the results "
+                                    "folder")
     return models, ignored
 
 

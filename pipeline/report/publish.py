@@ -1,6 +1,6 @@
-"""The report's page and verdict, written as one unit (`write_pair`): both files live in one new folder that a single
-rename swaps in, so a reader, or a kill at any point, sees the two from the same run. The folder holds the stage's
-provenance record like every folder a stage writes (pipeline/outputs.py)."""
+"""The report's page, verdict and model cards, written as one unit (`write_pair`): every file lives in one new folder
+that a single rename swaps in, so a reader, or a kill at any point, sees them all from the same run. The folder holds
+the stage's provenance record like every folder a stage writes (pipeline/outputs.py)."""
 
 from __future__ import annotations
 
@@ -38,17 +38,19 @@ def _pair_link_problem(out_dir: Path, link: str, name: str, target: str) -> str 
 
 def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
                inputs: dict[str, Path | str | None] | None = None) -> None:
-    """Writes `files` (name -> text) into `out_dir` as one unit. Each `out_dir/NAME` is a link to
-    `.STAGE/NAME`, and `.STAGE` a link to the folder `.STAGE-PID-X` that holds this run's files and its
-    provenance record: one rename of `.STAGE` swaps every file at once, so a reader (or a kill at any
-    point) sees all the files of one run. Other files in `out_dir` are left alone; a NAME or `.STAGE`
+    """Writes `files` (name -> text; a name may hold folders: `cards/V/README.md`) into `out_dir` as one unit. Each
+    `out_dir/TOP` (a name's first part: a file, or a folder of them) is a link to `.STAGE/TOP`, and `.STAGE` a link to
+    the folder `.STAGE-PID-X` that holds this run's files and its provenance record: one rename of `.STAGE` swaps
+    every file at once, so a reader (or a kill at any point) sees all the files of one run. The links are made in
+    the order of `files` (the last one's link last). Other files in `out_dir` are left alone; a TOP or `.STAGE`
     there that is not such a link is refused (never overwritten). Earlier runs' folders are removed."""
     from pipeline.errors import UserError
 
     out_dir = Path(out_dir)
     current = out_dir / f".{stage}"
     encoded = {name: text.encode("utf-8") for name, text in files.items()}  # fails before any write
-    problems = _pair_problems(out_dir, stage, files, current)
+    tops = list(dict.fromkeys(_top(name) for name in files))  # what out_dir holds a link to, in order
+    problems = _pair_problems(out_dir, stage, tops, current)
     if problems:
         raise UserError(f"{out_dir}: " + "; ".join(problems) + f"; {stage} writes only files it wrote before: "
                         "move them away or choose another --out")
@@ -65,6 +67,7 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
     try:
         new.chmod(0o755)
         for name, data in encoded.items():
+            (new / name).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             with open(new / name, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -81,7 +84,7 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
         shutil.rmtree(new, ignore_errors=True)
         raise
     _pause(f"{stage}:swapped")
-    for index, name in enumerate(files):
+    for index, name in enumerate(tops):
         path = out_dir / name
         if not path.is_symlink():  # first run (or after `dvc repro` removed the outputs): the stable link
             tmp = out_dir / f".{name}.tmp-{os.getpid()}"
@@ -94,9 +97,18 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
     _remove_earlier_runs(out_dir, stage, new)
 
 
-def _pair_problems(out_dir: Path, stage: str, files: dict[str, str], current: Path) -> list[str]:
-    """Why write_pair must not write here: a NAME or `.STAGE` that is not such a link of an earlier run."""
-    problems = [p for name in files if (p := _pair_link_problem(out_dir, stage, name, f".{stage}/{name}"))]
+def _top(name: str) -> str:
+    """The first part of a name write_pair writes (`cards` of `cards/V/README.md`), refused when it could leave the
+    run's folder."""
+    parts = Path(name).parts
+    if not parts or Path(name).is_absolute() or ".." in parts:
+        raise ValueError(f"{name!r}: not a name inside the report's folder")
+    return parts[0]
+
+
+def _pair_problems(out_dir: Path, stage: str, tops: list[str], current: Path) -> list[str]:
+    """Why write_pair must not write here: a TOP or `.STAGE` that is not such a link of an earlier run."""
+    problems = [p for name in tops if (p := _pair_link_problem(out_dir, stage, name, f".{stage}/{name}"))]
     if current.exists() or current.is_symlink():
         target = os.readlink(current) if current.is_symlink() else ""
         ours = target.startswith(f".{stage}-") and "/" not in target

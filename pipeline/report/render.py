@@ -7,7 +7,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 import pipeline.verdict.figures as figures
-from pipeline.report.card import recovery_card
+from pipeline.report.recovery_table import recovery_table
 from pipeline.report.deploy import SERVING_ENGINES, memory
 from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
 from pipeline.report.printable import printable
@@ -100,7 +100,7 @@ def reviewer_view(verdict: dict, base: dict, human_size) -> dict:
     rows a collapsed section may hold and still print."""
     speed = verdict.get("speed") or {}
     quant = [v.get("quant") or {} for v in verdict["variants"].values()]
-    return {"headline": verdict.get("headline") or headline(verdict), "card": recovery_card(verdict),
+    return {"headline": verdict.get("headline") or headline(verdict), "recovery_table": recovery_table(verdict),
             "memory": {model: memory(row, human_size) for model, row in speed.items()},
             "base_size": base.get("size_bytes") or next((q["base_size_bytes"] for q in quant if q.get("base_size_bytes")), None),
             "print_max_rows": PRINT_MAX_ROWS}

@@ -19,6 +19,24 @@ from pipeline.errors import UserError
 from pipeline.scoring.token_kl import log_probs, token_kl
 
 
+def refuse_quantized_activations(variant_dir, what: str) -> None:
+    """Before any model loads: a variant whose activations are quantized (FP8 W8A8) cannot be ranked. The `taylor`
+    measure's gradient does not pass the rounding of a later layer's inputs (its gradient is zero almost everywhere:
+    every group but the last layers' would rank as costing nothing), and a group restored in `restore` keeps its
+    quantized inputs; what the ranking is for, keeping groups in W8A16 (the fix, pipeline/methods/mixed.py), takes a
+    W4A16 variant only. A UserError naming the config group and the variants that can be ranked."""
+    from pipeline.checkpoints import config_json
+
+    config = config_json.read(variant_dir)
+    schemes = config_json.quantized_activations(config)
+    if schemes:
+        raise UserError(f"{what}: {variant_dir} quantizes its activations ({config_json.path(variant_dir)} "
+                        f"quantization_config: {'; '.join(schemes)}), and its groups cannot be ranked: the ranking's "
+                        "gradient does not pass the rounding of the activations (zero almost everywhere), and "
+                        "keeping a group's weights in 8 bits leaves its inputs quantized; rank a weight-only (W4A16) "
+                        "variant: awq, gptq or rtn; nothing was loaded or written")
+
+
 def quantized_groups(base, variant) -> list[fused.Group]:
     """The variant's Linears whose weights differ from the base's, as fused groups; none is a UserError."""
     import torch

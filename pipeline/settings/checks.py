@@ -134,11 +134,18 @@ def fix_items(stages: dict) -> list[str]:
             and isinstance(stage.get("foreach"), list) for item in stage["foreach"]]
 
 
+def ranks(stage) -> bool:
+    """A `foreach` stage whose command is `quantize kl models/${item} --rank` (the rank stage)."""
+    return runs_command(stage, "kl") and "--rank" in stage["do"]["cmd"].split()
+
+
 def _check_fix_stages(params, dvc_file: Path, stages: dict) -> list[str]:
     """Each variant a fix stage lists is a W4A16 variant of params.yaml whose fix (V-mixed) no params.yaml variant
-    is named after and which the kl stage does not list (the fix stage measures its KL), and each fix is in the kl
-    and evaluate stages' lists; returns the fixes (V-mixed)."""
+    is named after and whose ranking (results/V/sensitivity.json) a rank stage measures (`quantize kl --rank`), and
+    each fix is in the kl and evaluate stages' lists; returns the fixes (V-mixed)."""
     fixable, built = fixes.fixable(params), []
+    ranked = [item for stage in stages.values() if isinstance(stage, dict) and ranks(stage)
+              and isinstance(stage.get("foreach"), list) for item in stage["foreach"]]
     for name, stage in stages.items():
         if not runs_command(stage, "fix"):
             continue
@@ -155,16 +162,19 @@ def _check_fix_stages(params, dvc_file: Path, stages: dict) -> list[str]:
             if fixes.fix_name(item) in params.variants:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach lists {item}, whose fix {fixes.fix_name(item)} is "
                                 "also a variant of params.yaml; rename that variant or drop the fix")
+            if item not in ranked:
+                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {item}, whose groups no stage ranks (the fix "
+                                f"reads results/{item}/sensitivity.json): list {item} in the rank stage, `cmd: quantize "
+                                "kl models/${item} --rank` (and take it out of the plain kl stage's list)")
         built += [fixes.fix_name(item) for item in listed if fixes.fix_name(item) not in built]
-    measured_by_fix = fix_items(stages)
+    named = list(params.fix.variants)
+    if sorted(fix_items(stages)) != sorted(named):
+        raise UserError(f"{dvc_file}: the fix stage lists [{', '.join(fix_items(stages))}] and params.yaml fix.variants "
+                        f"[{', '.join(named)}]: they name the same variants (`quantize profile --fix VARIANT` and "
+                        "`--unfix VARIANT` edit both); make them agree")
     for name, stage in stages.items():
-        if runs_command(stage, "kl") or evaluates_every_suite(stage):
+        if (runs_command(stage, "kl") and not ranks(stage)) or evaluates_every_suite(stage):
             listed = stage.get("foreach") if isinstance(stage.get("foreach"), list) else []
-            twice = [model for model in measured_by_fix if runs_command(stage, "kl") and model in listed]
-            if twice:
-                raise UserError(f"{dvc_file}: stages.{name}.foreach lists {', '.join(twice)}, whose KL the fix stage "
-                                "measures (with its groups' ranking, in one pass: results/<variant>/kl.json); remove "
-                                "it from this list")
             missing = [model for model in built if model not in listed]
             if missing:
                 raise UserError(f"{dvc_file}: stages.{name}.foreach does not list {', '.join(missing)}, which the fix "

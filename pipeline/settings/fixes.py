@@ -31,9 +31,9 @@ def fixable(params) -> list[str]:
 
 
 def models(params) -> list[str]:
-    """Every model a run may hold results of: base, the variants of params.yaml, and each W4A16 variant's fix."""
-    fixes = [fix_name(v) for v in fixable(params) if fix_name(v) not in params.variants]
-    return ["base", *params.variants, *fixes]
+    """Every model a run decides: base, the variants of params.yaml, and the fix of each variant params.yaml
+    `fix.variants` names."""
+    return ["base", *params.variants, *(fix_name(v) for v in params.fix.variants if fix_name(v) not in params.variants)]
 
 
 def runs_on(listed: list[str] | None, model: str) -> bool:

@@ -212,11 +212,14 @@ MIXED = methods.method("mixed")  # the fix's method (pipeline/methods/mixed.py):
 
 
 class FixParams(Section):
-    """`quantize fix V` (the fix stage of dvc.yaml, one per W4A16 variant it lists): the variant's groups ranked in
-    the pass that measures its KL (`quantize kl --rank`), then V-mixed built with the `mixed` method on V's own
-    settings within this budget."""
+    """`quantize fix V` (the fix stage of dvc.yaml, one per W4A16 variant it lists): V-mixed built from V's ranking
+    (the rank stage's `quantize kl --rank`) with the `mixed` method on V's own settings within this budget.
+    `variants`: the W4A16 variants whose fix the run builds and decides, the fix stage's list (checked against
+    dvc.yaml; `quantize profile --fix V` / `--unfix V` edit both), which the report reads: a fix taken out
+    reruns the report, and its old results are named and ignored."""
 
     max_bits: MIXED.MaxBits = MIXED.DEFAULT_MAX_BITS
+    variants: list[str] = Field(default_factory=list)
 
 
 class VerdictParams(Section):

@@ -184,6 +184,8 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     watch = Stopwatch()
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
         headers.check(model_dir)
+    if rank:
+        group_kl.refuse_quantized_activations(Path(variant_dir), "kl --rank")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda":
         dtype = checkpoint_dtype(Path(base_dir))

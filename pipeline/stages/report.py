@@ -1,8 +1,9 @@
-"""`quantize report`: results/** -> reports/verdict.json (CI gate, dvc metrics) + reports/index.html.
+"""`quantize report`: results/** -> reports/verdict.json (CI gate, dvc metrics) + reports/index.html + a model card per
+decided variant, reports/cards/<variant>/README.md.
 
 The stage reads and checks its inputs (`read_evidence`; pipeline/report/inputs.py), has the verdict decided
-(pipeline/verdict/: every rule and statistic), and renders it (pipeline/report/render.py); no decision is
-taken here. The page is one self-contained file: inline CSS, inline SVG, no script needed, no network
+(pipeline/verdict/: every rule and statistic), and renders it (pipeline/report/render.py, and the cards:
+pipeline/report/model_card.py); no decision is taken here. The page is one self-contained file: inline CSS, inline SVG, no script needed, no network
 request of any kind. Every model output and calibration text goes through Jinja's autoescape.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from pipeline.checkpoints import checkpoint, config_json
 from pipeline.errors import UserError
 from pipeline.formats import quant_json, results as result_files
+from pipeline.formats.source_json import read_source_json
 from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
 from pipeline.formats.sensitivity import read_sensitivity
 from pipeline.outputs import human_size
@@ -32,6 +34,7 @@ from pipeline.verdict.headline import with_headline
 
 log = logging.getLogger(__name__)
 
+CARDS = "cards"  # reports/cards/<variant>/README.md
 PACKAGES = ["torch", "transformers", "llmcompressor", "compressed-tensors", "lm-eval", "dvc"]
 
 
@@ -91,10 +94,13 @@ class ReportResult:
     verdict_json: Path
     verdict: dict
 
+    cards: list[Path]
+
     def summary(self) -> str:
         overall = ", ".join([*(f"{d['variant']}: {d['label']}" for d in self.verdict.get("decisions") or []),
                              *(f"{v}: {m['state']}" for v, m in (self.verdict.get("variants_without_results") or {}).items())])
-        return f"report: wrote {self.html} and {self.verdict_json} ({overall or 'no variants'})"
+        cards = f", {len(self.cards)} model card{'s' if len(self.cards) != 1 else ''} in {self.html.parent / CARDS}"
+        return f"report: wrote {self.html} and {self.verdict_json}{cards if self.cards else ''} ({overall or 'no variants'})"
 
 
 def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: list[str]) -> Evidence:
@@ -160,16 +166,27 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     calib = _read_json(Path(calib_stats)) if calib_stats else None
     html = render_html(verdict=verdict, results=evidence.results, params=params, calib=calib, base=base_quant,
                        human_size=human_size)
-    # one unit, swapped in by one rename: a CI gate reading verdict.json and a reviewer reading index.html
-    # see one decision, whenever the stage is killed
+    cards = card_files(verdict, params, read_source_json(models_dir / "base"), calib)
+    # one unit, swapped in by one rename: a CI gate reading verdict.json, a reviewer reading index.html and a team
+    # publishing a card see one decision, whenever the stage is killed (the verdict's link is made last)
     try:
-        write_pair(out_dir, {"index.html": html,
+        write_pair(out_dir, {"index.html": html, **cards,
                              "verdict.json": json.dumps(verdict, indent=2, sort_keys=False, default=str) + "\n"},
                    "report", {"results": results_dir, "models": models_dir, "calibration stats": calib_stats})
     except (NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError) as exc:
         raise UserError(f"{out_dir}: cannot write the report there ({exc.strerror}: {exc.filename}); "
                         "pass --out a writable directory") from None
-    return ReportResult(out_dir / "index.html", out_dir / "verdict.json", verdict)
+    return ReportResult(out_dir / "index.html", out_dir / "verdict.json", verdict, [out_dir / name for name in cards])
+
+
+def card_files(verdict: dict, params: Params, source: dict | None, calib: dict | None) -> dict[str, str]:
+    """{cards/<variant>/README.md: its model card} for every variant the verdict decided (pipeline/report/model_card.py),
+    from the base's source.json and the calibration summary the page shows."""
+    from pipeline.report.model_card import README, model_cards
+
+    cards = model_cards(verdict, source=source, calib=calib, tasks={name: s.task for name, s in params.suites.items()},
+                        speed_engine=params.verdict.speed_engine)
+    return {f"{CARDS}/{name}/{README}": text for name, text in cards.items()}
 
 
 def _base_config(models_dir: Path) -> dict | None:

@@ -8,13 +8,14 @@ directory (ChatGLM2/3, GLM-4-9B-chat: converted to GlmForCausalLM, see chatglm.p
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.checkpoints import chatglm, checkpoint, config_json, headers
+from pipeline.checkpoints.origin import read_origin
 from pipeline.checkpoints.serving_names import finish_config
 from pipeline.errors import UserError
+from pipeline.formats.source_json import write_source_json
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
 
 SUPPORTED = (
@@ -105,10 +106,12 @@ def _check_gguf(source: Path) -> None:
                         "it is truncated or corrupt, download it again") from None
 
 
-def _write_source_json(tmp: Path, source: Path, kind: str, dtype: str) -> None:
-    (tmp / "source.json").write_text(
-        json.dumps({"source": str(source), "kind": kind, "dtype": dtype}, indent=2) + "\n"
-    )
+def _write_source_json(tmp: Path, source: Path, kind: str, dtype: str, demo: bool) -> None:
+    """source.json: the source, its kind and dtype, and what the source states of its licence and Hub repository
+    (pipeline/checkpoints/origin.py: the variants' model cards read it)."""
+    from pipeline.checkpoints.demo_model import HUB_ID
+
+    write_source_json(tmp, source, kind, dtype, read_origin(source, kind, HUB_ID if demo else None))
 
 
 def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveResult:
@@ -117,13 +120,14 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
     from pipeline.checkpoints.demo_model import demo_gguf
 
     watch = Stopwatch()
-    source = demo_gguf() if str(source) == "demo" else Path(source)
+    demo = str(source) == "demo"
+    source = demo_gguf() if demo else Path(source)
     kind = detect(source)
     out = Path(out)
     if kind == "chatglm":
         with atomic_dir(out, "resave", {"source": source}) as tmp:
             architecture = chatglm.convert(source, tmp, dtype)
-            _write_source_json(tmp, source, kind, dtype)
+            _write_source_json(tmp, source, kind, dtype, demo)
         return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)
     if kind == "gguf":
         _check_gguf(source)
@@ -145,5 +149,5 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
         model.save_pretrained(tmp, max_shard_size=MAX_SHARD)
         finish_config(tmp)  # config keys GLM's releases carry that transformers does not write (vLLM reads them)
         architecture = model.config.architectures[0] if model.config.architectures else type(model).__name__
-        _write_source_json(tmp, source, kind, dtype)
+        _write_source_json(tmp, source, kind, dtype, demo)
     return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)

@@ -121,6 +121,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     watch = Stopwatch()
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
         headers.check(model_dir)
+    group_kl.refuse_quantized_activations(Path(variant_dir), "quantize sensitivity")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = checkpoint.open(Path(base_dir)).dtype if device == "cuda" else settings_for(e, DEFAULT).dtype
     sequences = holdout_texts(AutoTokenizer.from_pretrained(base_dir), Path(holdout), k.max_tokens, k.sequences)

@@ -261,19 +261,57 @@ FAIL_ON = ("no-go", "inconclusive", "incomplete")  # each fails what the one bef
 def failing(verdict: dict, fail_on: str | None) -> dict[str, str]:
     """{variant: why} for each variant that trips the gate: 'no-go' fails a NO-GO; 'inconclusive' also an
     INCONCLUSIVE (anything but GO); 'incomplete' also a GO whose decision rests on fewer suites than the base ran,
-    and a variant of params.yaml without results (not built, not evaluated)."""
+    and a variant of params.yaml without results (not built, not evaluated).
+
+    A W4A16 variant and its fix (V-mixed, `fix_of: V`) are gated as one: what ships for V is V, or V-mixed in its
+    place. The pair passes when either passes the gate (a NO-GO V whose fix passes: ship the fix, `passed_by_fix`
+    says so); when neither does it fails under V's name, the fix's reason beside V's. A fix whose variant is not in
+    the verdict is gated on its own."""
     if not fail_on:
         return {}
+    variants = verdict["variants"]
     failed = {}
-    for name, v in verdict["variants"].items():
-        if v["decision"] == NO_GO or (v["decision"] == INCONCLUSIVE and fail_on != "no-go"):
-            failed[name] = v["decision"]
-        elif fail_on == "incomplete" and not v["coverage"]["complete"]:
-            failed[name] = f"{v['decision']}, incomplete: {incomplete_why(v['coverage'])}"
+    for name, v in variants.items():
+        if v.get("fix_of") in variants:
+            continue  # gated with the variant it fixes
+        reason = _gate_reason(v, fail_on)
+        fixed = _built_fix(v, variants)
+        if reason and fixed:
+            fix_reason = _gate_reason(variants[fixed], fail_on)
+            if fix_reason is None:
+                continue
+            reason = f"{reason}; its fix {fixed}: {fix_reason}"
+        if reason:
+            failed[name] = reason
     if fail_on == "incomplete":
         for name, missing in (verdict.get("variants_without_results") or {}).items():
             failed[name] = f"{missing['state']}: {missing['why']}; run {', then '.join(missing['commands'])}"
     return failed
+
+
+def passed_by_fix(verdict: dict, fail_on: str | None) -> dict[str, str]:
+    """{variant: fix} for each variant that fails the gate alone and passes it through its fix."""
+    if not fail_on:
+        return {}
+    variants = verdict["variants"]
+    return {name: fixed for name, v in variants.items()
+            if (fixed := _built_fix(v, variants)) and _gate_reason(v, fail_on)
+            and _gate_reason(variants[fixed], fail_on) is None}
+
+
+def _built_fix(entry: dict, variants: dict) -> str | None:
+    """The name of the variant's fix when it was built and decided (in the verdict), else None."""
+    fixed = (entry.get("fix") or {}).get("variant")
+    return fixed if fixed in variants and variants[fixed].get("fix_of") is not None else None
+
+
+def _gate_reason(v: dict, fail_on: str) -> str | None:
+    """Why one decided variant trips the gate `fail_on`, or None."""
+    if v["decision"] == NO_GO or (v["decision"] == INCONCLUSIVE and fail_on != "no-go"):
+        return v["decision"]
+    if fail_on == "incomplete" and not v["coverage"]["complete"]:
+        return f"{v['decision']}, incomplete: {incomplete_why(v['coverage'])}"
+    return None
 
 
 def metrics(verdict: dict) -> dict:

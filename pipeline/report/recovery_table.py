@@ -9,7 +9,7 @@ from pipeline.report.screen import recovery_note
 from pipeline.verdict.headline import ordered
 
 
-def recovery_card(verdict: dict) -> dict:
+def recovery_table(verdict: dict) -> dict:
     """{variants, rows: [{suite, base, cells: {variant: text}}], average: {variant: text}, base_average}, over the accuracy
     suites counted for any variant; a variant without an average gets the visible reason instead."""
     variants = verdict.get("variants") or {}
