@@ -362,7 +362,7 @@ def test_quantize_judge_behind_a_bad_gateway_finishes_the_stage(tmp_path, two_mo
     assert [j["replaced"] for l in lines for j in l["judgments"] if "\ufffd" in j["raw"]] == [1]
 
 
-def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(tmp_path):
+def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced_and_how_verdicts_were_read(tmp_path):
     from html import unescape
 
     from conftest import TINY_PARAMS, with_variants
@@ -374,12 +374,17 @@ def test_the_page_says_how_many_characters_of_the_judges_replies_were_replaced(t
     results = tmp_path / "results"
     for name in ("base", "v"):
         write_results(results, name, [1] * 120 + [0] * 80)
-    write_judge(results / "v", judge_pairs(), replaced_characters=3)
+    write_judge(results / "v", judge_pairs(), replaced_characters=3, scoring="text")
     params = Params.model_validate(with_variants(TINY_PARAMS, "v"))
     report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
     html = unescape((tmp_path / "reports" / "index.html").read_text(encoding="utf-8"))
     assert "3 characters of the judge's replies could not be written as UTF-8 (unpaired UTF-16 surrogates) and " \
            "stand as U+FFFD in judge.jsonl" in html
+    assert "tiny judge (verdicts parsed from its replies)" in re.sub(r"<[^>]+>", "", html)
+    write_judge(results / "v", judge_pairs(), scoring="logprobs")
+    report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models")
+    text = re.sub(r"<[^>]+>", "", unescape((tmp_path / "reports" / "index.html").read_text(encoding="utf-8")))
+    assert "tiny judge (verdicts from log-probabilities)" in text and "verdicts parsed" not in text
 
 
 def test_missing_key_variable_is_a_clear_error(tmp_path, two_models, holdout, monkeypatch):
@@ -443,23 +448,6 @@ def test_reference_mode_grades_one_to_five(tmp_path, two_models, holdout):
     assert s["decision"] == "INCONCLUSIVE" and "reference" in result.summary()
 
 
-def test_hf_judge_on_the_tiny_model_completes_and_counts_unjudged(tmp_path, two_models, holdout):
-    base, variant = two_models
-    params = JudgeParams(backend="hf", model="base", **SMALL)
-    started = time.perf_counter()
-    result = judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200)
-    s = result.figures
-    assert s["n"] + s["unjudged"] == 3  # a random model's verdicts are garbage: mostly unjudged
-    assert s["weak_judge"] is True and "weak judge" in " ".join(s["reasons"])
-    assert s["judge_requests"] >= 12  # 3 prompts x 2 orders x (variant + control)
-    lines = read_jsonl(tmp_path / "judge.jsonl")
-    assert len(lines) == 3 and all(len(l["judgments"]) == 2 and "control" in l for l in lines)
-    # a rerun loads no judge and asks nothing: every judgment, garbage included, is cached
-    again = judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200)
-    assert again.figures["judge_requests"] == 0 and read_jsonl(tmp_path / "judge.jsonl") == lines
-    assert time.perf_counter() - started < 60
-
-
 def test_lmdeploy_backend_says_what_it_needs(tmp_path, two_models, holdout):
     params = JudgeParams(backend="lmdeploy", model="base", **SMALL)
     with pytest.raises(UserError, match="lmdeploy extra"):
@@ -486,3 +474,282 @@ def test_a_broken_holdout_record_is_refused_with_its_line_before_anything_is_ask
     assert str(info.value).startswith(f"{prompts}:2: not a holdout record ({problem})")
     assert not (tmp_path / "out").exists()
 
+
+
+# ---------------------------------------------------------------- verdicts read from log-probabilities
+
+QUESTION, GOOD, POOR = "Where is my order?", "Your parcel ships today; the tracking number follows.", "No idea."
+LONG_CONTEXT = 2048  # positions: a judge prompt of the tiny tokenizer is ~700 tokens, over the tiny Llama's 512
+
+
+def judge_context(tokenizer, mode: str = "pairwise", **answers) -> str:
+    """The judge prompt as the judge's own chat template renders it, followed by the mode's answer cue."""
+    content = prompts.render(prompts.load_template(mode), question=QUESTION, **answers)
+    return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True) + prompts.ANSWER_CUE[mode]
+
+
+def forward_logprobs(model_dir, context: str, choices) -> dict[str, float]:
+    """Each choice's log-probability after `context`, here from one transformers forward pass per choice over the
+    whole text (the choice's tokens: those of context + choice after the context's)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    n = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+    found = {}
+    for choice in choices:
+        ids = tokenizer(context + choice, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logprobs = model(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+        found[choice] = float(sum(logprobs[i - 1, ids[i]] for i in range(n, len(ids))))
+    return found
+
+
+def teach(path, verdicts: dict[tuple[str, str], str], seed: int = 3):
+    """A tiny Llama taught, by Adam on these judge prompts alone ((answer A, answer B) -> verdict), to answer each
+    with its verdict by a margin of 2 nats at least: a judge whose every preference is known."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tiny import save_tiny_llama, tiny_tokenizer
+
+    save_tiny_llama(path, seed=seed, dtype=torch.float32, max_position_embeddings=LONG_CONTEXT)
+    tokenizer, model = tiny_tokenizer(), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    rows = []
+    for (a, b), verdict in verdicts.items():
+        context = judge_context(tokenizer, answer_a=a, answer_b=b)
+        ids = tokenizer(context + verdict, add_special_tokens=False)["input_ids"]
+        rows.append((torch.tensor([ids[:-1]]), ids[-1]))
+    choices = tokenizer.convert_tokens_to_ids(list("ABC"))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(300):
+        logits = [model(ids).logits[0, -1] for ids, _ in rows]
+        with torch.no_grad():
+            margins = [(l.log_softmax(-1)[t] - max(l.log_softmax(-1)[c] for c in choices if c != t)).item()
+                       for l, (_, t) in zip(logits, rows)]
+        if min(margins) > 2:
+            model.save_pretrained(path)
+            return path
+        loss = sum(torch.nn.functional.cross_entropy(l[None], torch.tensor([t])) for l, (_, t) in zip(logits, rows))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    raise AssertionError(f"the tiny judge did not learn its verdicts (margins {margins})")
+
+
+@pytest.fixture(scope="module")
+def taught_judges(tmp_path_factory):
+    """fair: prefers GOOD over POOR wherever it stands; biased: answers A whatever the answers."""
+    root = tmp_path_factory.mktemp("judges")
+    return {"fair": teach(root / "fair", {(POOR, GOOD): "B", (GOOD, POOR): "A"}),
+            "biased": teach(root / "biased", {(POOR, GOOD): "A", (GOOD, POOR): "A"})}
+
+
+@pytest.fixture(scope="module")
+def long_models(tmp_path_factory):
+    """Random tiny Llamas, base and a variant, with room for a judge prompt: the base judges itself (as in the demo)."""
+    from tiny import save_tiny_llama
+
+    root = tmp_path_factory.mktemp("long")
+    return (save_tiny_llama(root / "base", max_position_embeddings=LONG_CONTEXT),
+            save_tiny_llama(root / "variant-long", seed=1, max_position_embeddings=LONG_CONTEXT))
+
+
+def engine_judge(factory, tmp_path, scoring="logprobs", mode="pairwise"):
+    return client.Judge(factory, "test", client.JudgmentCache(tmp_path / "cache.jsonl"), mode=mode, scoring=scoring)
+
+
+def hf_factory(model_dir):
+    from pipeline.engines import make_engine
+
+    return lambda: make_engine("hf", model_dir)
+
+
+def orders_of(line) -> dict[str, dict]:
+    return {j["order"]: j for j in line["judgments"]}
+
+
+def test_a_verdict_read_from_log_probabilities_is_the_likeliest_choice_of_a_forward_pass(tmp_path, taught_judges):
+    """The fair judge through the hf engine: each order's choice log-probabilities equal a plain forward pass over
+    the prompt its chat template renders, the verdict is their argmax, and with the answers swapped it is mirrored
+    (B, then A: the variant's answer both times), so the pair is a consistent win."""
+    j = engine_judge(hf_factory(taught_judges["fair"]), tmp_path)
+    lines, summary = one_pair(j, base=POOR, variant=GOOD)
+    from tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    shown = {"base-first": (POOR, GOOD), "variant-first": (GOOD, POOR)}
+    for order, judgment in orders_of(lines[0]).items():
+        a, b = shown[order]
+        expected = forward_logprobs(taught_judges["fair"], judge_context(tokenizer, answer_a=a, answer_b=b), "ABC")
+        assert judgment["logprobs"] == pytest.approx(expected, abs=1e-4)
+        assert judgment["verdict"] == max(expected, key=expected.get)
+        assert judgment["by"] == "logprobs" and judgment["attempts"] == 1 and "raw" not in judgment
+    assert orders_of(lines[0])["base-first"]["verdict"] == "B" and orders_of(lines[0])["variant-first"]["verdict"] == "A"
+    assert lines[0]["outcome"] == "win" and lines[0]["consistent"] is True and summary["wins"] == 1
+    assert j.requests == 6  # three choices, two orders: nothing generated, nothing asked twice
+    j.close()
+
+
+def test_a_judge_behind_a_server_reads_the_same_verdicts_from_its_prompt_logprobs(tmp_path, taught_judges):
+    """The vllm backend, against a real server (tests/openai_server.py, started as `vllm serve` is): the choices'
+    log-probabilities come from its prompt_logprobs and equal the hf engine's, and so do the verdicts."""
+    from pipeline.engines import make_engine
+    from pipeline.engines.vllm import Settings
+    from test_vllm_engine import SERVER
+
+    settings = Settings(server_command=SERVER, start_timeout=120, share_server=False)
+    served = engine_judge(lambda: make_engine("vllm", taught_judges["fair"], settings, log_path=tmp_path / "log"),
+                          tmp_path / "served")
+    try:
+        lines, _ = one_pair(served, base=POOR, variant=GOOD)
+    finally:
+        served.close()
+    local, _ = one_pair(engine_judge(hf_factory(taught_judges["fair"]), tmp_path / "local"), base=POOR, variant=GOOD)
+    for order, judgment in orders_of(lines[0]).items():
+        assert judgment["logprobs"] == pytest.approx(orders_of(local[0])[order]["logprobs"], abs=1e-4)
+        assert judgment["verdict"] == orders_of(local[0])[order]["verdict"]
+    assert lines[0]["outcome"] == "win" and lines[0]["consistent"] is True
+
+
+def test_a_position_biased_judge_judges_every_pair_and_its_checks_decide_whether_it_counts(tmp_path, taught_judges):
+    """Read from log-probabilities, a judge always has a verdict; whether it counts is still the rule's: the biased
+    judge answers A in both orders (a tie that contradicts itself, consistency 0, its control the same) and is
+    UNRELIABLE, not counted; the fair one is consistent and counted."""
+    from pipeline.settings.params import Params
+    from pipeline.verdict.next_steps import next_steps
+
+    figures = {}
+    for name, path in taught_judges.items():
+        j = engine_judge(hf_factory(path), tmp_path / name)
+        lines, summary = judge.judge_pairwise(j, [{"id": "p1", "messages": [{"role": "user", "content": QUESTION}],
+                                                   "prompt": QUESTION}], [POOR], [GOOD], control=True)
+        j.close()
+        figures[name] = (lines[0], judge_rule.judge_verdict({"mode": "pairwise", **summary}, Params()))
+    line, verdict = figures["biased"]
+    assert {j["verdict"] for j in line["judgments"]} == {"A"} and line["outcome"] == "tie" and line["consistent"] is False
+    assert verdict["decision"] == "UNRELIABLE" and verdict["counted"] is False
+    assert verdict["summary"]["unjudged"] == 0 and verdict["summary"]["control_n"] == 1
+    [step] = next_steps("biased", [], {}, verdict, {}, Params())
+    assert step["text"].startswith("judge: unreliable: it gave the same verdict with the answers swapped in 0.0% of "
+                                   "pairs; a stronger judge is needed") and step["counted"] is False
+    line, verdict = figures["fair"]
+    assert line["outcome"] == "win" and verdict["counted"] is True and verdict["decision"] == "INCONCLUSIVE"
+
+
+def test_reference_mode_grades_by_the_log_probabilities_of_one_to_five(tmp_path, long_models):
+    base, _ = long_models
+    j = engine_judge(hf_factory(base), tmp_path, mode="reference")
+    ask = j.ask_reference(j.key("q", "ref", "answer"), QUESTION, GOOD, POOR)
+    [record] = j.judge([ask]).values()
+    j.close()
+    from tiny import tiny_tokenizer
+
+    context = judge_context(tiny_tokenizer(), "reference", reference=GOOD, answer=POOR)
+    expected = forward_logprobs(base, context, "12345")
+    assert record["logprobs"] == pytest.approx(expected, abs=1e-4)
+    assert record["parsed"] == int(max(expected, key=expected.get)) and record["by"] == "logprobs"
+
+
+def test_the_hf_judge_judges_every_pair_and_the_cache_keeps_the_two_methods_apart(tmp_path, long_models, holdout):
+    """The demo's judge (the base judging itself, hf): every pair judged from log-probabilities, judge.json says
+    so; a rerun asks nothing; a rerun with scoring text does not reuse those verdicts (it generates and parses,
+    mostly unparsable from a random model) and the first method's are still cached beside them."""
+    base, variant = long_models
+    params = JudgeParams(backend="hf", model="base", **SMALL)
+    started = time.perf_counter()
+    result = judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200)
+    s = result.figures
+    assert s["scoring"] == "logprobs" and s["n"] == 3 and s["unjudged"] == 0 and s["control_n"] == 3
+    assert s["judge_requests"] == 3 * 4 * 3  # prompts x (two orders, variant and control) x choices
+    assert s["weak_judge"] is True and "weak judge" in " ".join(s["reasons"])
+    assert s["wins"] + s["ties"] + s["losses"] == 3 and "verdicts from log-probabilities" in result.summary()
+    lines = read_jsonl(tmp_path / "judge.jsonl")
+    assert all(j["by"] == "logprobs" and set(j["logprobs"]) == {"A", "B", "C"}
+               for l in lines for j in l["judgments"] + l["control"]["judgments"])
+    again = judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200)
+    assert again.figures["judge_requests"] == 0 and read_jsonl(tmp_path / "judge.jsonl") == lines
+    text = judge.run(variant, base, holdout, tmp_path, params, scoring="text", batch_size=8, bootstrap=200)
+    assert text.figures["scoring"] == "text" and text.figures["judge_requests"] >= 12
+    assert all(j["by"] == "text" and "raw" in j for l in read_jsonl(tmp_path / "judge.jsonl") for j in l["judgments"])
+    assert judge.run(variant, base, holdout, tmp_path, params, batch_size=8, bootstrap=200).figures["judge_requests"] == 0
+    assert time.perf_counter() - started < 120
+
+
+def test_an_engine_without_log_probabilities_has_its_replies_parsed(tmp_path, two_models, holdout):
+    """scoring auto with the openai backend (a chat API: no log-probabilities): every verdict parsed from a reply."""
+    base, _ = two_models
+    params = JudgeParams(backend="openai", model="test-judge", retries=0, **SMALL)
+    assert params.scoring == "auto" and params.scoring_method == "text"
+    with ChatServer(prefers_longer) as server:
+        params.base_url = server.base_url
+        result = judge.run(base, base, holdout, tmp_path, params, bootstrap=200)
+    assert result.figures["scoring"] == "text" and "verdicts parsed from replies" in result.summary()
+    assert all(j["by"] == "text" and scoring.parse_verdict(j["raw"]) == j["verdict"]
+               for l in read_jsonl(tmp_path / "judge.jsonl") for j in l["judgments"])
+
+
+def test_logprobs_asked_of_a_backend_that_gives_none_is_refused_with_its_line(tmp_path):
+    from pipeline.settings import params as params_mod
+
+    path = tmp_path / "params.yaml"
+    path.write_text("judge:\n  backend: openai\n  scoring: logprobs\n")
+    with pytest.raises(UserError, match=r"params.yaml:3: judge.scoring: logprobs needs a backend that gives "
+                                        r"log-probabilities \(hf or vllm\); the openai backend gives none"):
+        params_mod.load(path)
+    with pytest.raises(UserError, match="--scoring logprobs: logprobs needs a backend"):
+        params_mod.with_overrides(JudgeParams(backend="openai"), scoring="logprobs")
+
+
+def test_a_judge_prompt_longer_than_the_judges_context_is_unjudged_with_the_reason(tmp_path, two_models, holdout):
+    """The tiny Llama holds 512 positions, a judge prompt ~700 tokens: not cut (its start holds the instructions),
+    unjudged with the reason, not cached (asked again next run)."""
+    base, variant = two_models
+    result = judge.run(variant, base, holdout, tmp_path, JudgeParams(backend="hf", model="base", **SMALL),
+                       batch_size=8, bootstrap=200)
+    assert result.figures["n"] == 0 and result.figures["unjudged_reasons"] == {"request failed": 3}
+    errors = {j["error"] for l in read_jsonl(tmp_path / "judge.jsonl") for j in l["judgments"]}
+    assert all(re.fullmatch(r"the judge prompt is \d+ tokens, over the judge's context of 512", e) for e in errors)
+    assert not (tmp_path / ".cache" / "judgments.jsonl").exists()
+
+
+@pytest.mark.parametrize("edit, valid", [
+    ({}, True),
+    ({"parsed": "B"}, False),  # not the likeliest choice
+    ({"logprobs": {"A": 0.5, "B": -2.0, "C": -3.0}}, False),  # a probability above 1
+    ({"logprobs": {}}, False),
+    ({"attempts": 2}, False),  # nothing is asked twice
+    ({"by": "guess"}, False),
+])
+def test_a_logprob_judgment_in_the_cache_is_checked_like_a_parsed_one(tmp_path, edit, valid):
+    entry = {"key": "k", "by": "logprobs", "logprobs": {"A": -0.1, "B": -2.0, "C": -3.0}, "parsed": "A",
+             "attempts": 1, "error": None, **edit}
+    path = tmp_path / "cache.jsonl"
+    path.write_text(json.dumps(entry) + "\n", encoding="utf-8")
+    if valid:
+        assert client.JudgmentCache(path).get("k") == entry
+    else:
+        with pytest.raises(UserError, match="line 1: not a cache entry"):
+            client.JudgmentCache(path)
+
+
+def test_a_choice_the_tokenizer_joins_with_the_cue_is_not_scored():
+    """A tokenizer with a token '[[A' writes the cue's '[[' and the choice A as one token: P(A) cannot be read after
+    the cue's tokens, so that judgment fails with the reason (and a way out) instead of scoring other tokens."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(" :ABCdeirtv[")}
+    vocab.update({"[[": len(vocab), "[[A": len(vocab) + 1})
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[("[", "["),
+                                                                                                   ("[[", "A")])))
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert encode("verdict: [[A")[-1] == vocab["[[A"]  # the merge the test is about
+    with pytest.raises(ValueError, match=r"joins choice 'A' with the end of the prompt '.*\[\[' into one token: .* "
+                                         "use judge.scoring: text"):
+        client.choice_requests(tokenizer, encode, "verdict: [[", "ABC")
+    context = encode("verdict: [[")
+    assert client.choice_requests(tokenizer, encode, "verdict: [[", "BC") == [(context, [vocab["B"]]),
+                                                                             (context, [vocab["C"]])]

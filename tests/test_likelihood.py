@@ -99,6 +99,36 @@ def test_token_logprobs_equal_a_plain_forward_pass_per_request(tiny_llama):
     assert greedy_path[1] is True and other[1] is False and other[0] < greedy_path[0]
 
 
+def test_one_token_choices_after_one_context_share_one_row_of_the_forward_pass(tiny_llama):
+    """A multiple-choice question (a judge's verdict): its one-token choices feed the model the same tokens, so the
+    batch holds one row for them, asked twice or not; each score still equals its own plain forward pass."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.engines import hf as hf_engine
+    from pipeline.engines.hf import HFEngine
+
+    engine = HFEngine(tiny_llama, hf_engine.Settings(batch_size=4))
+    generator = torch.Generator().manual_seed(1)
+    vocab = len(engine.tokenizer)
+    first, second = (torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (20, 9))
+    requests = [(first, [t]) for t in (5, 6, 7, 5)] + [(second, [8]), (second, [9, 10])]
+    rows = []
+    hook = engine.model.register_forward_pre_hook(lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]),
+                                                  with_kwargs=True)
+    try:
+        ours = engine.token_logprobs(requests)
+    finally:
+        hook.remove()
+    assert rows == [3]  # first (four requests), second, second + its choice's first token: one batch, three rows
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    for (context, continuation), (logprob, _) in zip(requests, ours):
+        with torch.no_grad():
+            logits = model(torch.tensor([context + continuation])).logits[0, len(context) - 1:-1].double()
+        assert logprob == pytest.approx(logits.log_softmax(-1).gather(1, torch.tensor(continuation)[:, None]).sum().item(),
+                                        abs=1e-4)
+    assert ours[0] == ours[3]
+
+
 def test_encoding_follows_lm_eval_for_trailing_spaces_and_empty_contexts(tiny_llama):
     from transformers import AutoTokenizer
 

@@ -310,6 +310,9 @@ def judge(
     out: Optional[Path] = typer.Option(None, help="Results dir for judge.jsonl and judge.json (default: results/<variant>)"),
     mode: Optional[str] = typer.Option(None, help="pairwise (against the base, both orders) or reference (grade 1-5) (default: params judge.mode)"),
     backend: Optional[str] = typer.Option(None, help=f"{engine_names()} (default: params judge.backend)"),
+    scoring: Optional[str] = typer.Option(None, help="How the verdict is read: logprobs (the likeliest choice), text "
+                                          "(parsed from the reply) or auto (logprobs where the backend gives them) "
+                                          "(default: params judge.scoring)"),
     limit: Optional[int] = typer.Option(None, help="Prompts to judge (default: params judge.limit, else all)"),
     params_file: Path = PARAMS_OPTION,
 ):
@@ -321,7 +324,7 @@ def judge(
         from pipeline.engines import engine_spec
 
         engine_spec(backend, "--backend")
-    settings = with_overrides(p.judge, mode=mode, backend=backend, limit=limit)
+    settings = with_overrides(p.judge, mode=mode, backend=backend, scoring=scoring, limit=limit)
     base, prompts = base or p.model.base_dir, prompts or p.calib.out / "holdout.jsonl"
     out_dir = out or Path("results") / variant_dir.name
     from pipeline.engines import capability

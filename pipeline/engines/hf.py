@@ -19,6 +19,12 @@ from pipeline.formats.chat import render_prompt
 LOGITS_BYTES = 1 << 29
 
 
+def fed_tokens(context: list[int], continuation: list[int]) -> tuple[int, ...]:
+    """The tokens a scoring request feeds the model: its context and its continuation but the last token, which is
+    only predicted."""
+    return tuple(context) + tuple(continuation[:-1])
+
+
 class Settings(EngineSettings):
     """`engine:` with `name: hf`: transformers in this process (CPU or GPU)."""
 
@@ -181,7 +187,9 @@ class HFEngine:
     def token_logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """For each (context, continuation): the summed log-probability of the continuation and whether
         each of its tokens is the argmax. Right-padded batches, longest first, up to batch_size rows,
-        max_batch_tokens of input and LOGITS_BYTES of scored logits per forward pass."""
+        max_batch_tokens of input and LOGITS_BYTES of scored logits per forward pass. Requests that feed the
+        model the same tokens (one-token choices after one context: a multiple-choice question, a judge's
+        verdict) share one row: the model runs once for all of them."""
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         for batch in self.scoring_batches(requests):
             for index, score in zip(batch, self._score_batch([requests[i] for i in batch])):
@@ -194,16 +202,20 @@ class HFEngine:
                 raise ValueError("token_logprobs: every request needs a context token (BOS or a prefix) and a continuation")
         vocab = self.model.get_output_embeddings().weight.shape[0]
         max_positions = max(1, LOGITS_BYTES // (4 * vocab))
-        width = [len(c) + len(x) - 1 for c, x in requests]  # tokens fed: the last one is only predicted
+        fed = [fed_tokens(c, x) for c, x in requests]  # the last continuation token is only predicted
         batches: list[list[int]] = []
-        for index in sorted(range(len(requests)), key=lambda i: -width[i]):
+        rows: set[tuple[int, ...]] = set()  # the distinct rows the last batch feeds
+        for index in sorted(range(len(requests)), key=lambda i: -len(fed[i])):
             batch = batches[-1] if batches else []
-            rows = batch + [index]
-            if (batch and len(rows) <= self.batch_size and len(rows) * width[rows[0]] <= self.max_batch_tokens
-                    and sum(len(requests[i][1]) for i in rows) <= max_positions):
+            distinct = rows | {fed[index]}
+            if (batch and len(distinct) <= self.batch_size
+                    and len(distinct) * len(fed[batch[0]]) <= self.max_batch_tokens
+                    and sum(len(requests[i][1]) for i in batch + [index]) <= max_positions):
                 batch.append(index)
+                rows = distinct
             else:
                 batches.append([index])
+                rows = {fed[index]}
         return batches
 
     def _score_batch(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
@@ -212,14 +224,17 @@ class HFEngine:
         import torch
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        fed = [list(c) + list(x[:-1]) for c, x in requests]
+        fed = [fed_tokens(c, x) for c, x in requests]
+        row_of = {tokens: row for row, tokens in enumerate(dict.fromkeys(fed))}  # the same tokens fed: one row
         width = max(len(f) for f in fed)
-        ids = torch.full((len(fed), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(fed), width), dtype=torch.long)
-        positions, targets = [], []
-        for row, ((context, continuation), tokens) in enumerate(zip(requests, fed)):
+        ids = torch.full((len(row_of), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(row_of), width), dtype=torch.long)
+        for tokens, row in row_of.items():
             ids[row, :len(tokens)] = torch.tensor(tokens)
             mask[row, :len(tokens)] = 1
+        positions, targets = [], []
+        for (context, continuation), tokens in zip(requests, fed):
+            row = row_of[tokens]
             start = len(context) - 1  # the position whose output predicts the first continuation token
             positions += [row * width + start + k for k in range(len(continuation))]
             targets += list(continuation)

@@ -1,4 +1,5 @@
-"""The judge's prompt templates (evals/judge/) and how a held-out conversation is shown to it."""
+"""The judge's prompt templates (evals/judge/), how a held-out conversation is shown to it, and what its answer is
+made of: the choices of each mode and, for a verdict read from log-probabilities, the text its reply is begun with."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ REMINDER = {
     "reference": "Your reply did not contain a rating in the required format. Reply with exactly one rating "
                  "from [[1]] to [[5]] and nothing else.",
 }
+
+# The answers a mode's template asks for, [[X]] in its format: pairwise A (assistant A better), B, or C (a tie);
+# reference a grade 1 to 5. Read from log-probabilities (pipeline/judge/client.py), the judge's reply is begun for it
+# with the mode's cue, as the template says it must end, and each choice is scored as that text's continuation.
+CHOICES = {"pairwise": ("A", "B", "C"), "reference": ("1", "2", "3", "4", "5")}
+ANSWER_CUE = {"pairwise": "Final verdict: [[", "reference": "Rating: [["}
 
 
 def render(template: str, **values: str) -> str:

@@ -1,4 +1,5 @@
-"""Reading a judge's replies: the strict [[A]]/[[B]]/[[C]] verdict and [[1]]-[[5]] grade parsers, one order's
+"""Reading a judge's answers: the strict [[A]]/[[B]]/[[C]] verdict and [[1]]-[[5]] grade parsers of its replies, the
+likeliest choice of its log-probabilities, one order's
 outcome from the variant's side and a pair's outcome from its two orders (the figures over all pairs: pipeline/verdict/judge.py)."""
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ def parse_verdict(text: str) -> str | None:
 def parse_grade(text: str) -> int | None:
     found = set(GRADE.findall(text or ""))
     return int(found.pop()) if len(found) == 1 else None
+
+
+def likeliest(logprobs: dict[str, float]) -> str | None:
+    """The choice whose continuation has the highest log-probability (lm-eval's multiple-choice `acc`); None when
+    two or more share the highest (no single likeliest choice)."""
+    best = max(logprobs.values())
+    top = [choice for choice, logprob in logprobs.items() if logprob == best]
+    return top[0] if len(top) == 1 else None
 
 
 def order_outcome(verdict: str | None, variant_is_a: bool) -> str | None:

@@ -34,7 +34,8 @@ LEVEL = {**LEVEL_AT_RATE, "concurrency": "positive count", "tpot_ms?": ("non-neg
 SCHEMAS = {  # file name -> (spec, command that writes it again)
     "kl.json": ({"sequences?": "count", "tokens": "count", "kl_mean": "number", "kl_p99": "number", "kl_max": "number",
                  "top1_agreement": "share"}, "quantize kl models/{model}"),
-    "judge.json": ({"mode?": "text", "n?": COUNT_OR_NULL, "judge?": ("text", None), "weak_judge?": ("flag", None),
+    "judge.json": ({"mode?": "text", "n?": COUNT_OR_NULL, "judge?": ("text", None), "scoring?": "text",
+                    "weak_judge?": ("flag", None),
                     "wins?": COUNT_OR_NULL, "ties?": COUNT_OR_NULL, "losses?": COUNT_OR_NULL,
                     "unjudged?": COUNT_OR_NULL, "win_rate?": SHARE_OR_NULL, "ci_low?": NUMBER_OR_NULL,
                     "ci_high?": NUMBER_OR_NULL, "consistency?": SHARE_OR_NULL, "confidence?": "share",

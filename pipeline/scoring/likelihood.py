@@ -53,8 +53,11 @@ def tok_encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text)
 
 
-def encode_pair(tokenizer, context: str, continuation: str) -> TokenRequest:
-    """lm-eval's split for causal models (TemplateLM.loglikelihood and _encode_pair)."""
+def encode_pair(tokenizer, context: str, continuation: str, encode=None) -> TokenRequest:
+    """lm-eval's split for causal models (TemplateLM.loglikelihood and _encode_pair). encode: how a text becomes
+    ids (default: HFLM's tok_encode); a prompt the chat template rendered holds the template's own special tokens,
+    so the judge passes the engine's `encode`, which adds none, as the engine encodes a prompt it generates from."""
+    encode = encode or (lambda text: tok_encode(tokenizer, text))
     if context == "":
         continuation_ids = tokenizer.encode(continuation, add_special_tokens=False)
         prefix = prefix_token_id(tokenizer)
@@ -64,8 +67,8 @@ def encode_pair(tokenizer, context: str, continuation: str) -> TokenRequest:
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = tok_encode(tokenizer, context + continuation)
-    context_ids = tok_encode(tokenizer, context)
+    whole = encode(context + continuation)
+    context_ids = encode(context)
     return context_ids, whole[len(context_ids):]
 
 

@@ -144,9 +144,13 @@ class JudgeParams(Section):
     model: str = "base"  # hf/lmdeploy: "base" or a checkpoint dir; openai: the served model's name
     min_consistency: float = Field(0.6, ge=0, le=1)
     mode: Literal["pairwise", "reference"] = "pairwise"
+    # how the verdict is read: logprobs, the likeliest choice (A, B, C; a grade 1-5) scored as the continuation of the
+    # judge prompt (hf, vllm); text, parsed from the judge's reply (any backend); auto: logprobs where the backend
+    # gives log-probabilities, else text
+    scoring: Literal["auto", "logprobs", "text"] = "auto"
     limit: int | None = Field(None, ge=1, le=100_000)  # held-out prompts to judge; None: all
     max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)  # base and variant answers
-    judge_max_new_tokens: int = Field(512, ge=1, le=MAX_NEW_TOKENS)  # the judge's reasoning and verdict
+    judge_max_new_tokens: int = Field(512, ge=1, le=MAX_NEW_TOKENS)  # the judge's reasoning and verdict (scoring text)
     control: bool = True  # also judge the base against itself: the noise floor
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
     api_key_env: str | None = None  # openai: NAME of the environment variable holding the key, never the key
@@ -156,6 +160,23 @@ class JudgeParams(Section):
     backoff: float = Field(1.0, ge=0, le=300)  # seconds before the first retry; doubles each time, with jitter
 
     _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
+
+    @field_validator("scoring")
+    @classmethod
+    def _logprobs_need_a_backend_that_scores(cls, scoring: str, info):
+        backend = info.data.get("backend")  # validated before: declared above
+        if scoring == "logprobs" and backend is not None and not engines.capability(backend, "likelihoods"):
+            scorers = engines.engine_names(where=lambda spec: spec.likelihoods)
+            raise ValueError(f"logprobs needs a backend that gives log-probabilities ({scorers}); the {backend} "
+                             "backend gives none: use auto or text")
+        return scoring
+
+    @property
+    def scoring_method(self) -> str:
+        """How this judge's verdicts are read: logprobs or text (auto resolved for the backend)."""
+        if self.scoring == "auto":
+            return "logprobs" if engines.capability(self.backend, "likelihoods") else "text"
+        return self.scoring
 
 
 class MarginParams(Section):

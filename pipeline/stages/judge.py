@@ -2,8 +2,12 @@
 
 Both models answer the held-out user prompts (same greedy decoding, cached like `quantize
 eval`). Pairwise mode (the default) shows the judge each pair twice, positions swapped; the
-verdict must be exactly one of [[A]], [[B]], [[C]] (tie), anything else is retried once and
-then left unjudged; when the two orders disagree the pair counts as a tie. The win rate is
+verdict is one of A, B and C (tie). Where the judge's engine gives log-probabilities (hf, vllm;
+`judge.scoring: auto`) it is the likeliest of the three, each scored as the continuation of the
+judge prompt and the cue "Final verdict: [[" (pipeline/judge/client.py): every judgment has a
+verdict. Otherwise (`text`: a chat API) the reply must hold exactly one of [[A]], [[B]], [[C]];
+anything else is retried once and then left unjudged. When the two orders disagree the pair counts
+as a tie. The win rate is
 (W + T/2) / N. Its interval: a win scores +1, a loss -1, a tie 0, so 2 x win rate - 1 is a
 paired difference of proportions (wins minus losses over judged pairs), and Tango's score
 interval with continuity correction (pipeline.verdict.intervals.tango_interval) covers it at every n;
@@ -14,8 +18,9 @@ base against itself (the win rate should be 0.5; the gap is the judge's noise fl
 correlation of preference with answer-length difference (verbosity bias). Below
 `judge.min_consistency` the judge is reported unreliable and its verdict does not count.
 
-Every judgment is appended to a cache keyed by (judge, prompt, answers, order): a rerun asks
-the judge nothing and a crash loses at most one chunk. Failed requests (after the engine's
+Every judgment is appended to a cache keyed by (judge, method, prompt, answers, order): a rerun asks
+the judge nothing and a crash loses at most one chunk. judge.jsonl says how each verdict was read
+(`by`: logprobs, with each choice's log-probability, or text, with the reply). Failed requests (after the engine's
 retries) are counted as unjudged and asked again on the next run; they never stop the stage. A reply
 whose fields are not what the API specifies (a `usage` count given as text, NaN, a missing content) is
 such a failure: retried, then unjudged with the reason (pipeline/engines/replies.py). Characters of a
@@ -44,6 +49,9 @@ from pipeline.settings.params import JudgeParams, VerdictParams, sections_with_o
 from pipeline.verdict.judge import decide_judge, explain_judge, judge_sentence, pairwise_figures, reference_figures
 
 
+SCORING_WORDS = {"logprobs": "from log-probabilities", "text": "parsed from replies"}  # judge.json's `scoring`
+
+
 @dataclass
 class JudgeResult:
     lines: Path
@@ -59,8 +67,13 @@ class JudgeResult:
             rate = "n/a" if s["win_rate"] is None else (f"{s['win_rate']:.3f} "
                                                          f"[{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
             consistency = "n/a" if s["consistency"] is None else f"{s['consistency']:.0%}"
+            control = ""
+            if s["control_win_rate"] is not None:
+                both = "n/a" if s["control_consistency"] is None else f"{s['control_consistency']:.0%}"
+                control = f"; control (base vs base): win rate {s['control_win_rate']:.3f}, consistency {both}"
             figures = (f"{s['wins']} wins, {s['ties']} ties, {s['losses']} losses, {s['unjudged']} unjudged; "
-                       f"win rate {rate}, consistency {consistency}")
+                       f"win rate {rate}, consistency {consistency}{control}")
+        figures += f"; verdicts {SCORING_WORDS[s['scoring']]}"
         weak = ", weak judge" if s["weak_judge"] else ""
         n = s.get("replaced_characters") or 0
         replaced = (f"; {n} character{'s' if n > 1 else ''} of the judge's replies that UTF-8 cannot hold written "
@@ -102,7 +115,7 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     variant_answers = generate_answers(variant_dir, records, out_dir, "variant", jp.max_new_tokens, options,
                                        answer_engine)
     judge = Judge(factory, judge_id, JudgmentCache(out_dir / ".cache" / "judgments.jsonl"), mode=jp.mode,
-                  max_new_tokens=jp.judge_max_new_tokens, chunk=max(jp.concurrency * 4, 16))
+                  scoring=jp.scoring_method, max_new_tokens=jp.judge_max_new_tokens, chunk=max(jp.concurrency * 4, 16))
     try:
         if jp.mode == "pairwise":
             lines, summary = judge_pairwise(judge, records, base_answers, variant_answers, jp.control,
@@ -125,7 +138,7 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
 def _finish_summary(summary, jp, margin, variant_dir, base_dir, description, weak, judge, confidence,
                     watch) -> dict:
     summary = {"variant": variant_dir.name, "base": str(base_dir), "mode": jp.mode, "judge": description,
-               "judge_backend": jp.backend, "weak_judge": weak, "confidence": confidence,
+               "judge_backend": jp.backend, "scoring": judge.scoring, "weak_judge": weak, "confidence": confidence,
                "margin": margin, "min_consistency": jp.min_consistency, **summary}
     summary["reliable"] = _reliable(summary, jp.min_consistency)
     summary["decision"] = decide_judge(summary, margin, jp.min_consistency)
@@ -255,18 +268,29 @@ def _pair_asks(judge: Judge, question: str, base: str, variant: str) -> list[Ask
     return asks
 
 
+def _judgment(r: dict) -> dict:
+    """What judge.jsonl keeps of a judgment: how it was read, the reply (text) or each choice's log-probability
+    (logprobs), the attempts and any error."""
+    return {"by": r["by"], **{k: r[k] for k in ("raw", "logprobs") if k in r}, "attempts": r["attempts"],
+            "error": r["error"], **({"raw_first": r["raw_first"]} if "raw_first" in r else {}),
+            **({"replaced": r["replaced"]} if r.get("replaced") else {})}
+
+
+def _unjudged_reason(r: dict, what: str) -> str:
+    if r["error"]:
+        return "request failed"
+    return "no single likeliest choice" if r["by"] == "logprobs" else f"unparsable {what}"
+
+
 def _pair_result(records: list[dict]) -> dict:
     judgments = []
     for (order, variant_is_a), r in zip(ORDERS, records):
-        judgments.append({"order": order, "raw": r["raw"], "verdict": r["parsed"],
-                          "outcome": order_outcome(r["parsed"], variant_is_a), "attempts": r["attempts"],
-                          "error": r["error"], **({"raw_first": r["raw_first"]} if "raw_first" in r else {}),
-                          **({"replaced": r["replaced"]} if r.get("replaced") else {})})
+        judgments.append({"order": order, "verdict": r["parsed"], "outcome": order_outcome(r["parsed"], variant_is_a),
+                          **_judgment(r)})
     outcome, consistent = combine(judgments[0]["outcome"], judgments[1]["outcome"])
     reason = None
     if outcome == "unjudged":
-        failed = next(j for j in judgments if j["outcome"] is None)
-        reason = "request failed" if failed["error"] else "unparsable verdict"
+        reason = _unjudged_reason(next(j for j in judgments if j["outcome"] is None), "verdict")
     return {"judgments": judgments, "outcome": outcome, "consistent": consistent, "unjudged_reason": reason}
 
 
@@ -281,9 +305,7 @@ def judge_reference(judge: Judge, records: list[dict], base_answers: list[str], 
         r = results[ask.key]
         lines.append({"id": record.get("id", str(i)), "prompt": record.get("prompt", questions[i]),
                       "base_answer": base_answers[i], "variant_answer": variant_answers[i],
-                      "judgment": {k: r[k] for k in ("raw", "attempts", "error", "replaced") if k in r},
-                      "grade": r["parsed"], "outcome": "graded" if r["parsed"] else "unjudged",
-                      "unjudged_reason": None if r["parsed"] else
-                      ("request failed" if r["error"] else "unparsable grade"),
+                      "judgment": _judgment(r), "grade": r["parsed"], "outcome": "graded" if r["parsed"] else "unjudged",
+                      "unjudged_reason": None if r["parsed"] else _unjudged_reason(r, "grade"),
                       "length_diff": len(variant_answers[i]) - len(base_answers[i])})
     return lines, reference_figures(lines, **stats)

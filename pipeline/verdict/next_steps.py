@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pipeline.settings.params import Params
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
-from pipeline.verdict.judge import min_judged_pairs_for_go
+from pipeline.verdict.figures import share
+from pipeline.verdict.judge import UNRELIABLE, min_judged_pairs_for_go
 
 
 def why_in_brief(decision: str, suite_verdicts: list, perplexity: dict, judged: dict | None, speed: dict | None,
@@ -80,13 +81,20 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
         steps.append({"suite": suite, "now": now, "needed": needed, "unit": unit, "commands": commands,
                       "seconds": round(seconds, 1) if seconds is not None else None,
                       "duration": _duration(seconds) if seconds is not None else None, "text": text, "counted": True})
+    stronger = "(judge.backend: vllm or openai with a stronger model), not more prompts"
+    if judged and judged["decision"] == UNRELIABLE:
+        summary = judged["summary"]
+        steps.append({"suite": "judge", "now": summary.get("n") or 0, "needed": None, "unit": "judged pairs",
+                      "commands": [], "seconds": None, "duration": None, "counted": judged["counted"],
+                      "text": f"judge: unreliable: it gave the same verdict with the answers swapped in "
+                              f"{share(summary.get('consistency') or 0)} of pairs; a stronger judge is needed {stronger}"})
     if judged and judged["decision"] == INCONCLUSIVE and judged["summary"].get("mode", "pairwise") == "pairwise":
         summary = judged["summary"]
         if not summary.get("n"):
             steps.append({"suite": "judge", "now": 0, "needed": None, "unit": "judged pairs", "commands": [],
                           "seconds": None, "duration": None, "counted": judged["counted"],
-                          "text": "judge: no pair was judged; a judge that answers in the required format is needed "
-                                  "(judge.backend: vllm or openai with a stronger model), not more prompts"})
+                          "text": f"judge: no pair was judged; a judge that answers in the required format is needed "
+                                  f"{stronger}"})
         else:
             fewest = min_judged_pairs_for_go(judged["margin"], params.verdict.confidence) or 0
             needed = max(fewest, 2 * summary["n"])
