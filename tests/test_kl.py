@@ -90,3 +90,26 @@ def test_residency_on_a_gpu_both_where_they_fit_and_the_ranking_refused_with_its
     needs[False] = 95 * 2**30
     assert kl_stage.residency("auto", False, *args) == "one"
     assert kl_stage.residency("auto", True, "cpu", *args[1:]) == "both"
+
+
+def test_the_rankings_memory_at_glm4_9b_shapes_lies_between_what_the_h200_showed_and_its_batch_fits(tmp_path,
+                                                                                                  monkeypatch):
+    """kl --rank on the H200 (GLM-4-9B shapes, 32 x 512 tokens, batch 8, 2026-12-04): out of memory with 76 GiB
+    free, done with ~108 GiB free. The estimate falls between the two, and with 77 GiB free the pass halves its
+    batch until it fits instead of failing (the sums it takes do not depend on the batch)."""
+    import json
+
+    from pipeline.stages import kl as kl_stage
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["GlmForCausalLM"], "model_type": "glm", "hidden_size": 4096, "intermediate_size": 13696,
+        "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2, "vocab_size": 151552,
+        "torch_dtype": "bfloat16"}))
+    monkeypatch.setattr("pipeline.checkpoints.sizes.checkpoint_weight_bytes", lambda path: 17_500 * 2**20 * 1024 // 1024)
+    sequences = [[1] * 512] * 32
+    need = kl_stage.gpu_bytes_needed(tmp_path, sequences, 8, 2, gradients=True)
+    assert 76 * 2**30 / 0.9 < need < 108 * 2**30 * 0.9, need / 2**30
+    assert kl_stage.ranking_batch(tmp_path, sequences, 8, 2, 108 * 2**30) == 8
+    smaller = kl_stage.ranking_batch(tmp_path, sequences, 8, 2, 77 * 2**30)
+    assert smaller in (2, 4) and kl_stage.gpu_bytes_needed(tmp_path, sequences, smaller, 2, True) < 0.9 * 77 * 2**30
+    assert kl_stage.ranking_batch(tmp_path, sequences, 8, 2, 1 * 2**30) == 1  # never below one sequence

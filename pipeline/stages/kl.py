@@ -129,14 +129,33 @@ def checkpoint_dtype(model_dir: Path) -> str:
 def gpu_bytes_needed(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int,
                      gradients: bool = False) -> int:
     """Two dense copies of the weights plus a batch's log-probabilities (both models, float32); `gradients` (the
-    ranking): a third copy (the weights' gradients) and twice the activations (autograd keeps the variant's)."""
+    ranking): a third copy (the weights' gradients), twice the log-probabilities and what autograd keeps of every
+    decoder layer for the backward pass (its inputs, q/k/v, the attention's output, the MLP's gate, up and act: ~4
+    hidden-wide and 3 intermediate-wide tensors a token). Measured on the H200 (GLM-4-9B shapes, batch 8 x 512
+    tokens, 2026-12-04): the ranking ran out of memory at 76 GiB and ran with ~108 GiB free; this says ~89 GiB."""
+    from pipeline.checkpoints import config_json
     from pipeline.checkpoints.sizes import checkpoint_weight_bytes
 
     vocab = checkpoint.open(base_dir).vocab_size
     weights = checkpoint_weight_bytes(Path(base_dir)) * dtype_bytes // 2  # the base's bytes at 2 per weight
     longest = max(len(s) for s in sequences)
     activations = 4 * batch_size * longest * vocab * 4  # logits, log-softmax and the exp, both models, float32
-    return (3 if gradients else 2) * weights + (2 if gradients else 1) * activations
+    if not gradients:
+        return 2 * weights + activations
+    text = config_json.text_section(config_json.read(base_dir))
+    layers = config_json.kv_cache_shape(config_json.read(base_dir))[0]
+    per_token = 4 * (text.get("hidden_size") or 0) + 3 * (text.get("intermediate_size") or 0)
+    kept = batch_size * longest * layers * per_token * dtype_bytes
+    return 3 * weights + 2 * activations + kept
+
+
+def ranking_batch(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int, free: int) -> int:
+    """The ranking's sequences per pass on a GPU: `batch_size`, halved until the pass fits in 90 % of `free`
+    (the KL and the ranking are sums over sequences: the batch changes their rounding, not what they sum), at
+    least 1."""
+    while batch_size > 1 and gpu_bytes_needed(base_dir, sequences, batch_size, dtype_bytes, True) >= 0.9 * free:
+        batch_size //= 2
+    return batch_size
 
 
 def gpu_free_bytes() -> int:
@@ -194,8 +213,10 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     sequences = holdout_texts(tokenizer, Path(holdout), k.max_tokens, k.sequences)
     place = "cuda" if device == "cuda" else None
     load = lambda path: load_for_inference(path, torch_dtype, device=place).eval()  # noqa: E731
-    resident = residency(resident, rank, device, Path(base_dir), Path(variant_dir), sequences, batch_size,
-                         torch.tensor([], dtype=torch_dtype).element_size())
+    dtype_bytes = torch.tensor([], dtype=torch_dtype).element_size()
+    if rank and device == "cuda":  # the other processes on the GPU (the run's servers) leave what they leave
+        batch_size = ranking_batch(Path(base_dir), sequences, batch_size, dtype_bytes, gpu_free_bytes())
+    resident = residency(resident, rank, device, Path(base_dir), Path(variant_dir), sequences, batch_size, dtype_bytes)
     ranking = None
     if rank:
         kl, agree, ranking = measure_and_rank(load, base_dir, variant_dir, sequences, batch_size, watch,
