@@ -38,7 +38,7 @@ demo: install sandbox-deps
 
 test: install system-deps docs
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q --timeout 900 --durations=20
+	$(BIN)/pytest -q -n 2 --dist worksteal --timeout 900 --durations=20  # two workers (pytest-xdist): the two cores
 
 # The docs site (mkdocs.yml): the `docs` extra, then a strict build into site/ (every warning an error: a broken link
 # or anchor, a missing include). The reference pages are generated from the code at each build (tools/gen_docs.py).
@@ -57,6 +57,7 @@ example-report: install system-deps
 	@test -f reports/index.html -a -f reports/verdict.json -a -d reports/cards || { echo "no report yet: run make demo first"; exit 2; }
 	mkdir -p reports/example
 	cp -L reports/index.html reports/verdict.json reports/example/
+	cp dvc.lock reports/example/dvc.lock  # the run's lock: what produced the example (the project keeps none in git)
 	rm -rf reports/example/cards && cp -rL reports/cards reports/example/cards
 	$(BIN)/python benchmarks/report_screenshots.py reports/example
 

@@ -129,3 +129,13 @@ def run():
     yield proc
     proc.kill()
     proc.wait()
+
+
+# The slowest tests first (`make test` runs the suite on two workers, pytest-xdist's worksteal: a worker that runs
+# out steals from the other's queue, so the long ones must not be left for the end)
+SLOWEST_FIRST = ("test_gpu_dvc_repro.py", "test_dvc_pipeline.py", "test_install.py", "test_code_suite.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

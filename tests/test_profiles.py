@@ -140,3 +140,28 @@ def test_gpu_stages_depend_on_at_least_what_the_demos_do():
         wanted = {p for p in map(str, d.get("deps", [])) if not any(f in p for f in fixes)}
         assert wanted <= set(map(str, g.get("deps", []))), (gpu_name, demo_name)
         assert [str(p) for p in d.get("params", [])] == [str(p) for p in g.get("params", [])] or gpu_name == "judge"
+
+
+def expanded_stages(dvc_yaml: Path, params_yaml: Path) -> dict[str, str]:
+    """{stage name as dvc.lock names it: its command} of a dvc.yaml, `foreach` lists and `${variants}` expanded."""
+    stages, params = yaml.safe_load(dvc_yaml.read_text())["stages"], yaml.safe_load(params_yaml.read_text())
+    found = {}
+    for name, stage in stages.items():
+        if "foreach" not in stage:
+            found[name] = stage["cmd"]
+            continue
+        items = stage["foreach"] if isinstance(stage["foreach"], list) else list(params["variants"])
+        key = "item" if isinstance(stage["foreach"], list) else "key"
+        for item in items:
+            found[f"{name}@{item}"] = stage["do"]["cmd"].replace("${" + key + "}", item)
+    return found
+
+
+def test_a_clone_holds_no_lock_but_the_committed_examples_which_is_this_dvc_yamls_run():
+    """Issue 52 item 5: no dvc.lock at the project's root in git (a clone starts with none: DVC writes its own); the
+    committed example keeps the lock of the run that made it, whose stages and commands are this dvc.yaml's."""
+    tracked = subprocess.run(["git", "ls-files", "dvc.lock", "reports/example/dvc.lock"], cwd=REPO, capture_output=True,
+                             text=True).stdout.split()
+    assert "dvc.lock" not in tracked
+    lock = yaml.safe_load((REPO / "reports" / "example" / "dvc.lock").read_text())["stages"]
+    assert {name: entry["cmd"] for name, entry in lock.items()} == expanded_stages(REPO / "dvc.yaml", REPO / "params.yaml")

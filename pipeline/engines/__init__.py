@@ -58,6 +58,12 @@ def engine_names(quote: bool = False, described: bool = False, where=None) -> st
     return ", ".join(names[:-1]) + " or " + names[-1]
 
 
+def shown_as(name: str) -> str:
+    """An engine's name where people read it (vLLM, transformers); an unregistered name as it is."""
+    spec = ENGINES.get(name)
+    return (spec.shown_as or spec.name) if spec else name
+
+
 def engine_spec(name: str, what: str = "engine") -> EngineSpec:
     if name not in ENGINES:
         from pipeline.errors import UserError

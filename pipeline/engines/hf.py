@@ -35,7 +35,8 @@ class Settings(EngineSettings):
 
 
 SPEC = EngineSpec("hf", Settings, "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True,
-                  images=True, vision_target="pipeline.engines.vision:VisionEngine", package="transformers")
+                  images=True, vision_target="pipeline.engines.vision:VisionEngine", package="transformers",
+                  shown_as="transformers")
 
 
 class HFEngine:

@@ -102,7 +102,8 @@ class Settings(EngineSettings):
 
 
 SPEC = EngineSpec("lmdeploy", Settings, "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA", "in-process",
-                  "lmdeploy", package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy", deployed=True)
+                  "lmdeploy", package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy", deployed=True,
+                  shown_as="lmdeploy")
 
 
 class LMDeployEngine:

@@ -70,3 +70,4 @@ class EngineSpec:
     check: str | None = None  # "module:function" failing early (naming the extra) when its package is missing here
     # "module:function" starting the run's shared server for a checkpoint in the background (a server engine)
     warm: str | None = None
+    shown_as: str | None = None  # its name where people read it (a model card's serving lines), else `name`

@@ -120,7 +120,7 @@ class Settings(HTTPSettings):
 
 SPEC = EngineSpec("vllm", Settings, "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
                   starts_server=True, likelihoods=True, images=True, deployed=True, package="vllm",
-                  warm="pipeline.engines.vllm:warm")
+                  warm="pipeline.engines.vllm:warm", shown_as="vLLM")
 class VLLMEngine:
     name = "vllm"
 

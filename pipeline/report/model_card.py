@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 import pipeline.verdict.figures as figures
-from pipeline import methods
+from pipeline import engines, methods
 from pipeline.outputs import human_size
 from pipeline.report.deploy import served_by, speed_state
 from pipeline.report.render import decided_only
@@ -41,7 +41,6 @@ SHIPPED_DATA = {
     "quant_ppl_humaneval": ("openai/openai_humaneval", "HumanEval prompts with their canonical solutions"),
 }
 JUDGE_DATA = ("quant_judge", "held-out user prompts, judged against the base's answers")
-ENGINE_NAMES = {"vllm": "vLLM", "lmdeploy": "lmdeploy", "hf": "transformers"}
 
 
 # ---------------------------------------------------------------- text that goes into Markdown
@@ -286,7 +285,7 @@ def _serving(name: str, entry: dict) -> list[str]:
     lines = []
     for row in served_by(serving, name):
         engine, command = row["engine"], (serving.get(row["engine"]) or {}).get("command")
-        shown = ENGINE_NAMES.get(engine, engine)
+        shown = engines.shown_as(engine)
         if row["state"] == "shown":  # the run's own words: "shown on the GPU machine (vllm 0.24.0, date): ...; evidence: ..."
             lines.append(f"- **{shown}**: {md(row['detail'])}" + (f"; served with: {code(command.replace('DIR', f'models/{name}'))}"
                                                                   if command else ""))
