@@ -1,5 +1,5 @@
 """sensitivity.json: which of a variant's quantized groups cost it most, written into results/<variant>/ by
-`quantize kl --rank` (pipeline/stages/kl.py: the fix stage's pass, the KL and the ranking at once) or by
+`quantize kl --rank` (pipeline/stages/kl.py: the rank stage's pass, the KL and the ranking at once) or by
 `quantize sensitivity` (pipeline/stages/sensitivity.py: the ranking alone, either measure), and read by the `mixed`
 method (pipeline/methods/mixed.py), which keeps the first groups in 8 bits.
 

@@ -1,6 +1,6 @@
 """What each quantized group of a variant costs it in KL to the base: the parts `quantize sensitivity`
-(pipeline/stages/sensitivity.py) and `quantize kl --rank` (pipeline/stages/kl.py, the pass the fix stage measures a
-variant with) share.
+(pipeline/stages/sensitivity.py) and `quantize kl --rank` (pipeline/stages/kl.py, the rank stage's pass over every
+W4A16 variant, whose ranking the fix stage reads) share.
 
 A group is one fused layer as vLLM runs it (pipeline/checkpoints/fused.py: q/k/v, gate/up, o_proj, down_proj, a
 layer's routed experts); the quantized ones are the Linears whose weights differ from the base's. The second-order
