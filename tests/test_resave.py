@@ -43,6 +43,39 @@ def test_gguf_to_hf_recovers_the_weights(tmp_path):
     assert "<|im_start|>" in tok.chat_template
 
 
+def test_a_gguf_is_parsed_once_and_gives_what_transformers_gives_parsing_it_each_time(tmp_path, monkeypatch):
+    """transformers parses the whole GGUF for the config, the weights and the tokenizer, each time (seven parses in a
+    resave): resave parses it once (pipeline/checkpoints/gguf_file.py) and writes the same weights, tokenizer and
+    config as transformers' own loader reading the file as often as it likes."""
+    import gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = save_tiny_llama(tmp_path / "hf", dtype=torch.float32)
+    gguf_file = write_tiny_gguf(hf, tmp_path / "tiny.gguf")
+    parses, original = [], gguf.GGUFReader
+
+    class Counted(original):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    resave.run(gguf_file, tmp_path / "out", "float16")
+    assert len(parses) == 1
+    assert gguf.GGUFReader is Counted  # put back as it was found
+
+    parses.clear()
+    direct = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float16).state_dict()
+    assert len(parses) > 1  # transformers alone parses it again for each thing it builds
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    assert written.keys() <= direct.keys()
+    for key, tensor in written.items():
+        assert torch.equal(tensor, direct[key]), key
+    text = "My order 12 is late, please help!"
+    direct_tok = AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    assert AutoTokenizer.from_pretrained(tmp_path / "out")(text)["input_ids"] == direct_tok(text)["input_ids"]
+
+
 @pytest.mark.parametrize("make, expected", [
     (lambda p: p / "missing", "no such file or directory"),
     (lambda p: (p / "weights.bin").write_bytes(b"x") and p / "weights.bin", "not a checkpoint"),

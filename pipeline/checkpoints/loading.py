@@ -59,7 +59,9 @@ def load_for_inference(model_dir: Path | str, dtype, device: str | None = None):
     from compressed_tensors.quantization import QuantizationStatus
     from transformers import CompressedTensorsConfig
 
-    with warnings.catch_warnings():
+    from pipeline.checkpoints.unpack import fast_unpacking
+
+    with warnings.catch_warnings(), fast_unpacking():  # int4 codes unpacked bytewise: the same codes, faster
         warnings.simplefilter("ignore")  # "the model already has a quantization_config": intended
         model = load_model(model_dir, dtype, quantization_config=CompressedTensorsConfig(dequantize=True), **placement)
     for module in model.modules():

@@ -8,10 +8,12 @@ directory (ChatGLM2/3, GLM-4-9B-chat: converted to GlmForCausalLM, see chatglm.p
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.checkpoints import chatglm, checkpoint, config_json, headers
+from pipeline.checkpoints.gguf_file import parsed_once
 from pipeline.checkpoints.origin import read_origin
 from pipeline.checkpoints.serving_names import finish_config
 from pipeline.errors import UserError
@@ -129,11 +131,16 @@ def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveRe
             architecture = chatglm.convert(source, tmp, dtype)
             _write_source_json(tmp, source, kind, dtype, demo)
         return ResaveResult(out, kind, architecture, dir_size(out), watch.seconds)
+    reading = parsed_once() if kind == "gguf" else contextlib.nullcontext()  # one parse of the file, not seven
+    with reading:
+        return _resave(source, kind, out, getattr(torch, dtype), dtype, demo, watch)
+
+
+def _resave(source: Path, kind: str, out: Path, torch_dtype, dtype: str, demo: bool, watch: Stopwatch) -> ResaveResult:
     if kind == "gguf":
         _check_gguf(source)
     else:
         headers.check(source)  # the weights cover config.json: read from the headers, nothing loaded
-    torch_dtype = getattr(torch, dtype)
     with atomic_dir(out, "resave", {"source": source}) as tmp:
         if kind == "gguf":
             import transformers
