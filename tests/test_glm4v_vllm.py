@@ -110,7 +110,7 @@ def test_glm_46v_published_layouts_and_transformers_own_on_each_engine(layout, v
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": [ARCHS[layout]], "model_type": "glm46v",
                                                    "text_config": {"model_type": "glm4v_moe_text"}}))
-    with pytest.raises(UserError, match=rf"{model}: vLLM 0.24 has no model for Glm46VForConditionalGeneration"):
+    with pytest.raises(UserError, match=rf"{model}: vLLM 0.24 has no model of its own for Glm46VForConditionalGeneration"):
         VLLMEngine(model, Settings(server_command=["false"]))
     assert vllm_server.warm(model, Settings(server_command=["false"])) is None  # left to the stage, which says why
     assert serving_names.served_layout(json.loads((model / "config.json").read_text()))[1] == ARCHS["Glm4vMoe"]

@@ -109,13 +109,13 @@ _RESAVE_GLM46V = ("`quantize resave DIR --out NEW` writes it as Glm4vForConditio
                   "model, Glm4vMoeForConditionalGeneration), the layout GLM-4.6V's releases carry: the same model")
 CANNOT = {
     ("vllm", "Glm46VForConditionalGeneration"): (
-        "vLLM 0.24 has no model for Glm46VForConditionalGeneration (transformers' glm46v type; its registry has "
+        "vLLM 0.24 has no model of its own for Glm46VForConditionalGeneration (transformers' glm46v type; its registry has "
         "Glm4vForConditionalGeneration and Glm4vMoeForConditionalGeneration) and would load it through its generic "
         f"Transformers backend, which no run covers; {_RESAVE_GLM46V}"),
     ("lmdeploy", "Glm46VForConditionalGeneration"): (
         "lmdeploy 0.18 has no model for Glm46VForConditionalGeneration (its module map has "
-        f"Glm4vForConditionalGeneration, for model_type glm4v only); {_RESAVE_GLM46V}, which lmdeploy loads when "
-        "the text model is dense"),
+        f"Glm4vForConditionalGeneration, for model_type glm4v only); {_RESAVE_GLM46V}, which lmdeploy has a model "
+        "for when the text model is dense (no lmdeploy run of it recorded)"),
     ("lmdeploy", "Glm4vMoeForConditionalGeneration"): (
         "lmdeploy 0.18 has no model for Glm4vMoeForConditionalGeneration (GLM-4.5V, GLM-4.6V: its module map has "
         "GLM-4.1V's Glm4vForConditionalGeneration only); serve it with vLLM"),
