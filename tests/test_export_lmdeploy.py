@@ -4,6 +4,7 @@ unpacks them), a Glm variant also gets the ChatGLM names with q/k/v stacked, and
 refused with the reason and the alternative."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -205,3 +206,29 @@ def test_dequantize_equals_lmdeploys_own(tiny_variants, tmp_path):
         qweight, qzeros, scales = (exported[f"{name}.{k}"] for k in ("qweight", "qzeros", "scales"))
         theirs = awq_modules.dequantize_gemm(qweight, qzeros, scales, 4, GROUP)  # (in, out)
         assert torch.equal(dequantize_awq_gemm(qweight, qzeros, scales, GROUP), theirs.t()), name
+
+
+@pytest.mark.parametrize("architecture, model_type, expected", [
+    ("Glm4vMoeForConditionalGeneration", "glm4v_moe", "GLM-4.5V, GLM-4.6V.*serve it with vLLM"),
+    ("Glm46VForConditionalGeneration", "glm46v", r"quantize resave DIR --out NEW` writes it as Glm4vForConditional"),
+])
+@pytest.mark.parametrize("quantized", [False, True], ids=["base", "awq"])
+def test_an_architecture_lmdeploy_has_no_model_for_is_refused_with_the_way_out(tiny_variants, tmp_path, architecture,
+                                                                             model_type, expected, quantized):
+    """GLM-4.6V's MoE (as published) and transformers' glm46v type: lmdeploy 0.18 has no model for either (its
+    module map), so no layout the export writes would load; refused before any weight is read, nothing written."""
+    from pipeline.cli.app import app
+
+    model_dir = tmp_path / model_type
+    model_dir.mkdir()
+    config = {"architectures": [architecture], "model_type": model_type}
+    if quantized:
+        config["quantization_config"] = json.loads((tiny_variants["awq-w4a16"] / "config.json").read_text())[
+            "quantization_config"]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(app, ["export", str(model_dir), "--engine", "lmdeploy", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    message = " ".join(result.output.split())
+    assert f"{model_dir / 'config.json'}: lmdeploy 0.18 has no model for {architecture}" in message
+    assert re.search(expected, message), message
+    assert not (tmp_path / "out").exists()

@@ -6,8 +6,10 @@ and the report set the fix beside V (pipeline/verdict/fix.py)."""
 import json
 import shutil
 from html import unescape
+from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -67,6 +69,65 @@ def test_the_fix_stage_builds_the_mixed_variant_from_its_ranking_on_its_own_sett
     quant = json.loads((project / "models" / "rtn-w4a16-mixed" / "config.json").read_text())["quantization_config"]
     bits = {g["weights"]["num_bits"]: g["targets"] for g in quant["config_groups"].values()}
     assert bits[4] == ["Linear"] and len(bits[8]) == info["groups_in_8_bits"]  # one checkpoint, a group per scheme
+
+
+@pytest.fixture(scope="module", params=["Glm4v", "Glm46V"])
+def vision_project(request, tmp_path_factory, tiny_calib):
+    """A vision-language project before its fix stage: the base (a tiny Glm4v, or transformers' glm46v type as
+    `quantize resave` writes it: GLM-4.6V-Flash's layout), its AWQ W4A16 variant, the calib build, the fix of
+    awq-w4a16 in params.yaml."""
+    from pipeline.stages import resave
+    from pipeline.stages.quantize import run as quantize_run
+    from tiny import save_tiny_glm4v, save_tiny_glm46v
+
+    root = tmp_path_factory.mktemp(f"fix-{request.param}")
+    if request.param == "Glm4v":
+        save_tiny_glm4v(root / "models" / "base")
+    else:
+        resave.run(save_tiny_glm46v(root / "glm46v"), root / "models" / "base", "float16")
+    shutil.copytree(tiny_calib, root / "calib_data" / "build")
+    quantize_run(root / "models" / "base", root / "models" / "awq-w4a16", tiny_calib / "calib.jsonl", "awq",
+                 group_size=32, batch_size=8, n_grid=4)  # TINY_PARAMS' awq-w4a16
+    write_params(root, {**TINY_PARAMS, "fix": {"max_bits": 4.5, "variants": ["awq-w4a16"]}})
+    return root
+
+
+def test_the_fix_of_a_vision_model_ranks_and_keeps_text_groups_only_and_leaves_the_vision_tower_bit_identical(
+        vision_project, monkeypatch):
+    """Issue 55 item 6: `quantize kl --rank` then `quantize fix awq-w4a16` on a GLM-V: the ranking holds the text
+    tower's groups only, the mixed checkpoint keeps every vision tensor bit for bit (verify says so in quant.json),
+    and its W8A16 targets name the layers as vLLM names them (the prefix mapper), without which vLLM would build
+    every group kept in 8 bits with the 4-bit scheme: the fix stage refused to build it before."""
+    from conftest import read_tensors
+    from pipeline.checkpoints import fused, serving_names
+    from pipeline.formats.sensitivity import read_sensitivity
+
+    monkeypatch.chdir(vision_project)
+    assert json.loads(Path("models/base/config.json").read_text())["architectures"] == ["Glm4vForConditionalGeneration"]
+    ranked = CliRunner().invoke(app, ["kl", "models/awq-w4a16", "--rank"])
+    assert ranked.exit_code == 0, ranked.output
+    done = CliRunner().invoke(app, ["fix", "awq-w4a16"])
+    assert done.exit_code == 0, done.output
+    ranking = read_sensitivity(Path("results/awq-w4a16/sensitivity.json"))
+    modules = [m for g in ranking["groups"] for m in g["modules"]]
+    assert len(ranking["groups"]) == 8 and all(m.startswith("model.language_model.layers.") for m in modules)
+    info = json.loads(Path("models/awq-w4a16-mixed/quant.json").read_text())
+    kept = [g["name"] for g in info["groups"] if g["scheme"] == "W8A16"]
+    assert kept and all(name.startswith("model.language_model.layers.") for name in kept)
+    base, mixed = read_tensors(Path("models/base")), read_tensors(Path("models/awq-w4a16-mixed"))
+    vision = sorted(k for k in base if k.startswith("model.visual."))
+    assert vision and all(torch.equal(base[k], mixed[k]) for k in vision)
+    assert info["verify"]["vision"] == {"vision_tensors": len(vision), "mismatched": []}
+    assert info["verify"]["serving_names"]["vllm_would_quantize"] == []
+    config = json.loads(Path("models/awq-w4a16-mixed/config.json").read_text())
+    linears = serving_names.quantized_linears(Path("models/awq-w4a16-mixed"))
+    assert not [name for name in linears if "visual" in name]
+    assert serving_names.vllm_scheme_conflicts(config, linears) == []
+    eight = next(g for g in config["quantization_config"]["config_groups"].values() if g["targets"] != ["Linear"])
+    assert all("language_model\\.model\\.layers" in t for t in eight["targets"])  # vLLM's names beside the HF ones
+    groups = {g.name: g for g in fused.groups(modules)}
+    eight["targets"] = [fused.target_regex(groups[name]) for name in kept]  # the HF names alone, as before
+    assert len(serving_names.vllm_scheme_conflicts(config, linears)) >= len(kept)
 
 
 def test_a_variant_that_is_not_w4a16_is_refused_with_exit_2_and_nothing_written(project, monkeypatch):

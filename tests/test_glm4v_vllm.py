@@ -23,7 +23,7 @@ from tiny import save_tiny_glm4v, save_tiny_glm4v_moe
 
 SERVER = [sys.executable, str(Path(__file__).with_name("openai_server.py"))]
 ARCHS = {"Glm": "GlmForCausalLM", "Glm4": "Glm4ForCausalLM", "Glm4v": "Glm4vForConditionalGeneration",
-         "Glm4vMoe": "Glm4vMoeForConditionalGeneration"}
+         "Glm4vMoe": "Glm4vMoeForConditionalGeneration", "Glm46V": "Glm46VForConditionalGeneration"}
 
 
 def _config(arch: str, kind: str, kv: str, moe: bool) -> dict:
@@ -57,7 +57,7 @@ def test_a_w4a16_checkpoint_naming_an_activation_order_is_not_shown_by_the_plain
 
 
 def test_every_serves_claim_has_a_recorded_run_behind_it():
-    """Glm, Glm4, Glm4v, Glm4vMoe x base, AWQ, RTN, FP8 static, FP8 dynamic x per-head / per-tensor KV."""
+    """Glm, Glm4, Glm4v, Glm4vMoe, Glm46V x base, AWQ, RTN, FP8 static, FP8 dynamic x per-head / per-tensor KV."""
     repo = Path(__file__).resolve().parent.parent
     shown = 0
     for name, arch in ARCHS.items():
@@ -82,6 +82,42 @@ def test_every_serves_claim_has_a_recorded_run_behind_it():
                         assert entry["status"] in ("not shown", "refused", "cannot")
                         assert "try:" in entry["how"] or entry["status"] in ("refused", "cannot")
     assert shown >= 13  # Glm, Glm4v and Glm4vMoe: base, AWQ, RTN (same format), FP8 (static; Glm4vMoe the MoE default)
+
+
+@pytest.mark.parametrize("layout, vllm, lmdeploy", [
+    ("Glm4v", "shown", "not shown"),  # GLM-4.6V-Flash as published
+    ("Glm4vMoe", "shown", "cannot"),  # GLM-4.6V as published
+    ("Glm46V", "cannot", "cannot"),  # transformers 5's glm46v type: resave writes it as one of the two
+])
+def test_glm_46v_published_layouts_and_transformers_own_on_each_engine(layout, vllm, lmdeploy, tmp_path):
+    """What each engine does with GLM-4.6V's layouts, base and AWQ: served where a run showed it, "cannot" where the
+    engine's source has no model for the architecture (with the way out), never a served claim without a run. The vLLM
+    engine refuses a glm46v checkpoint before any server starts, naming the resave that writes it as vLLM serves it."""
+    from pipeline.checkpoints import serving_names
+    from pipeline.engines import vllm_server
+    from pipeline.engines.vllm import Settings, VLLMEngine
+
+    for kind in ("base", "awq"):
+        config = _config(ARCHS[layout], kind, "none", moe=layout == "Glm4vMoe")
+        found = _support(config)
+        assert (found["vllm"]["status"], found["lmdeploy"]["status"]) == (vllm, lmdeploy), (kind, found)
+    assert "GLM-4.5V, GLM-4.6V" in _support(_config(ARCHS["Glm4vMoe"], "base", "none", True))["lmdeploy"]["how"]
+    if layout != "Glm46V":
+        return
+    why = _support(_config(ARCHS[layout], "base", "none", False))["vllm"]["how"]
+    assert "Transformers backend, which no run covers" in why and "quantize resave DIR --out NEW" in why
+    model = tmp_path / "glm46v"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": [ARCHS[layout]], "model_type": "glm46v",
+                                                   "text_config": {"model_type": "glm4v_moe_text"}}))
+    with pytest.raises(UserError, match=rf"{model}: vLLM 0.24 has no model of its own for Glm46VForConditionalGeneration"):
+        VLLMEngine(model, Settings(server_command=["false"]))
+    assert vllm_server.warm(model, Settings(server_command=["false"])) is None  # left to the stage, which says why
+    assert serving_names.served_layout(json.loads((model / "config.json").read_text()))[1] == ARCHS["Glm4vMoe"]
+
+
+def _support(config: dict) -> dict:
+    return support.support_from_config(config)
 
 
 def test_moe_fp8_default_is_a_scheme_vllms_fused_moe_takes():

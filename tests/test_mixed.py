@@ -135,3 +135,27 @@ def test_vllm_resolves_every_kept_group_to_the_scheme_it_was_stored_with(rtn_and
     assert f"vLLM builds {fused_layer} with {four}" in conflicts[0]
     with pytest.raises(UserError, match="vLLM would load 3 quantized Linears with another config group"):
         serving_names.check(broken)
+
+
+def test_vllm_maps_a_glm_vs_plain_targets_but_matches_re_targets_against_its_own_names():
+    """vLLM 0.24 (compressed_tensors.py apply_vllm_mapper) puts a config group's layer-path targets through the model's
+    prefix mapper and leaves `re:` ones as they are: on a GLM-V a plain HF name reaches the layer, a `re:` naming only
+    HF names does not (the 4-bit group builds it), and one naming vLLM's too does (fused.target_regex's renaming)."""
+    from pipeline.checkpoints import fused, serving_names
+
+    o_proj = "model.language_model.layers.0.self_attn.o_proj"
+    group = fused.Group(o_proj, 0, "o_proj", [o_proj])
+    renaming = serving_names.target_renaming("Glm4vForConditionalGeneration")
+    assert serving_names.target_renaming("GlmForCausalLM") is None  # a text model: vLLM keeps the HF names
+
+    def conflicts(target: str) -> list[str]:
+        weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}
+        config = {"architectures": ["Glm4vForConditionalGeneration"], "quantization_config": {"config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": weights},
+            "group_1": {"targets": [target], "weights": {**weights, "num_bits": 8}}}}}
+        return serving_names.vllm_scheme_conflicts(config, [o_proj])
+
+    assert conflicts(o_proj) == []
+    assert conflicts(fused.target_regex(group)) == [
+        f"{o_proj}: stored in group_1, vLLM builds language_model.model.layers.0.self_attn.o_proj with group_0"]
+    assert conflicts(fused.target_regex(group, renaming)) == []

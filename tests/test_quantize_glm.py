@@ -348,6 +348,21 @@ def test_unknown_model_type_is_refused_before_loading(tmp_path, tiny_calib):
         quantize_run(model_dir, tmp_path / "out", tiny_calib / "calib.jsonl", "fp8")
 
 
+@pytest.mark.parametrize("text_type, written_as", [("glm4v_text", "Glm4vForConditionalGeneration"),
+                                                   ("glm4v_moe_text", "Glm4vMoeForConditionalGeneration")])
+def test_transformers_glm46v_type_is_refused_before_loading_with_the_resave_that_fixes_it(tmp_path, tiny_calib,
+                                                                                        text_type, written_as):
+    """No engine we serve with has a model for Glm46VForConditionalGeneration (vLLM 0.24, lmdeploy 0.18): its variants
+    would be checked against names no engine uses and served nowhere; `quantize resave` writes the same model in the
+    layout GLM-4.6V's releases carry (tests/test_resave.py), which every method quantizes."""
+    model_dir = _config_only(tmp_path, {"architectures": ["Glm46VForConditionalGeneration"], "model_type": "glm46v",
+                                        "text_config": {"model_type": text_type, "n_routed_experts": 4}})
+    with pytest.raises(UserError, match=rf"Glm46VForConditionalGeneration \(model_type glm46v\): no engine .* the same "
+                                        rf"model as a {written_as}.*`quantize resave {model_dir} --out DIR`"):
+        quantize_run(model_dir, tmp_path / "out", tiny_calib / "calib.jsonl", "fp8")
+    assert not (tmp_path / "out").exists()
+
+
 def test_glm_group_size_that_does_not_divide_is_refused_before_loading(tmp_path, tiny_calib):
     base = save_tiny_glm4v_moe(tmp_path / "base")
     (base / "model.safetensors").unlink()  # nothing to load: the check must come first

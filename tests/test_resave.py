@@ -99,3 +99,70 @@ def test_failed_resave_leaves_nothing_behind(tmp_path, tiny_llama):
         resave.run(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]
+
+
+def _logits(model_dir, model_class=None):
+    """The checkpoint's logits on a few tokens, float32, loaded by transformers (model_class: the source's own)."""
+    from pipeline.checkpoints.loading import auto_model_class
+    from pipeline.checkpoints import config_json
+
+    cls = model_class or auto_model_class(config_json.load(model_dir))
+    model = cls.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([[5, 17, 42, 99, 7, 3]])).logits
+
+
+# GLM-4.6V's layouts (issue 55): as published (GLM-4.6V-Flash: Glm4v, GLM-4.6V: Glm4vMoe) and as transformers 5
+# saves its own glm46v type, dense and MoE text; what resave writes (the layout vLLM serves) and the note it adds
+GLM_V_LAYOUTS = {
+    "Glm4v": ("Glm4vForConditionalGeneration", "glm4v", False),
+    "Glm4vMoe": ("Glm4vMoeForConditionalGeneration", "glm4v_moe", False),
+    "Glm46V": ("Glm4vForConditionalGeneration", "glm4v", True),
+    "Glm46V-MoE": ("Glm4vMoeForConditionalGeneration", "glm4v_moe", True),
+}
+
+
+@pytest.mark.parametrize("layout", list(GLM_V_LAYOUTS))
+def test_glm_v_layouts_are_written_in_the_layout_vllm_serves(tmp_path, layout):
+    """Each of GLM-4.6V's layouts comes out of resave as the architecture vLLM 0.24 has a model for, computing the very
+    same logits, its token ids kept (glm46v's own defaults included, which differ from Glm4v's), every tensor in the
+    names vLLM loads (a glm46v MoE's fused experts one tensor per expert again), its processor files carried."""
+    from transformers import Glm46VForConditionalGeneration
+
+    from pipeline.checkpoints import serving, serving_names
+    from tiny import save_tiny_glm4v, save_tiny_glm4v_moe, save_tiny_glm46v
+
+    architecture, model_type, converted = GLM_V_LAYOUTS[layout]
+    build = {"Glm4v": save_tiny_glm4v, "Glm4vMoe": save_tiny_glm4v_moe, "Glm46V": save_tiny_glm46v,
+             "Glm46V-MoE": lambda p: save_tiny_glm46v(p, moe=True)}[layout]
+    source = build(tmp_path / "source")
+    config = json.loads((source / "config.json").read_text())
+    if converted:  # GLM-4.6's video start/end ids, glm46v's defaults: transformers writes no key for them
+        del config["video_start_token_id"], config["video_end_token_id"]
+        (source / "config.json").write_text(json.dumps(config))
+    result = resave.run(source, tmp_path / "out", "float16")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (result.architecture, written["architectures"], written["model_type"]) == (architecture, [architecture],
+                                                                                      model_type)
+    assert ("written as " + architecture in result.summary()) == converted
+    ids = {k: v for k, v in written.items() if k.endswith("_token_id")}
+    expected = {k: v for k, v in config.items() if k.endswith("_token_id")}
+    if converted:
+        expected.update(video_start_token_id=151361, video_end_token_id=151362)
+    assert ids == expected
+    own = Glm46VForConditionalGeneration if converted else None
+    assert torch.equal(_logits(tmp_path / "out"), _logits(source, own))
+    before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert not [k for k in after if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]  # one per expert
+    if layout == "Glm46V-MoE":
+        fused_gate_up = before["model.language_model.layers.1.mlp.experts.gate_up_proj"]  # (experts, 2 x inner, in)
+        inner = fused_gate_up.shape[1] // 2
+        assert torch.equal(after["model.language_model.layers.1.mlp.experts.2.up_proj.weight"], fused_gate_up[2, inner:])
+        assert set(after) - set(before) == {f"model.language_model.layers.1.mlp.experts.{e}.{m}_proj.weight"
+                                            for e in range(4) for m in ("gate", "up", "down")}
+    else:
+        assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    for name in resave.PROCESSOR_FILES:  # the hf engine's images need them; transformers could not rebuild them here
+        assert (tmp_path / "out" / name).read_bytes() == (source / name).read_bytes()
+    assert serving.support_from_config(written)["vllm"]["status"] == "shown"  # base runs recorded for both layouts
+    assert serving_names.check(tmp_path / "out")["vllm_would_quantize"] == []

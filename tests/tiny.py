@@ -182,10 +182,11 @@ def _glm_vision_token_ids(tok) -> dict:
     return ids
 
 
-def _save_glm_vision_side_files(path: Path, vision: dict) -> None:
+def _save_glm_vision_side_files(path: Path, vision: dict, family: str = "Glm4v") -> None:
     """GLM-4.1V's processor files, matched to the vision tower: the image processor (PIL, written through
     transformers, typed as the release's Glm4vImageProcessor), the video processor and processor_config.json
-    (written as JSON: the video processor class needs torchvision, which the CPU tests do without)."""
+    (written as JSON: the video processor class needs torchvision, which the CPU tests do without). family: the
+    processor classes' prefix (GLM-4.6V's releases ship Glm46V's)."""
     from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
     patch, merge, temporal = vision["patch_size"], vision["spatial_merge_size"], vision["temporal_patch_size"]
@@ -194,16 +195,16 @@ def _save_glm_vision_side_files(path: Path, vision: dict) -> None:
                            size={"shortest_edge": (8 * side) ** 2, "longest_edge": (16 * side) ** 2}).save_pretrained(path)
     config_path = Path(path) / "preprocessor_config.json"
     image = json.loads(config_path.read_text())
-    image.update(image_processor_type="Glm4vImageProcessor", processor_class="Glm4vProcessor")
+    image.update(image_processor_type=f"{family}ImageProcessor", processor_class=f"{family}Processor")
     config_path.write_text(json.dumps(image, indent=2))
     video = {**{k: image[k] for k in ("image_mean", "image_std", "patch_size", "temporal_patch_size", "merge_size",
                                       "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb",
                                       "do_resize") if k in image},
-             "size": image["size"], "video_processor_type": "Glm4vVideoProcessor", "processor_class": "Glm4vProcessor",
-             "fps": 2.0, "max_image_size": {"longest_edge": (16 * side) ** 2}, "do_sample_frames": True,
-             "num_frames": 16, "max_duration": 300}
+             "size": image["size"], "video_processor_type": f"{family}VideoProcessor",
+             "processor_class": f"{family}Processor", "fps": 2.0, "max_image_size": {"longest_edge": (16 * side) ** 2},
+             "do_sample_frames": True, "num_frames": 16, "max_duration": 300}
     (Path(path) / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
-    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": "Glm4vProcessor"}, indent=2))
+    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": f"{family}Processor"}, indent=2))
 
 
 def _randomize_norms(model) -> None:
@@ -249,7 +250,7 @@ def save_tiny_glm4(path: Path, seed: int = 0, dtype=torch.float16, **overrides) 
 _GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}
 
 
-def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict) -> Path:
+def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict, family: str = "Glm4v") -> Path:
     from pipeline.checkpoints.serving_names import finish_config
 
     model = model.to(dtype)
@@ -257,53 +258,71 @@ def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict) -> Path:
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    _save_glm_vision_side_files(path, vision)
+    _save_glm_vision_side_files(path, vision, family)
     finish_config(path)  # the keys GLM's releases carry (use_qk_norm), as `quantize resave` writes them
     return Path(path)
 
 
-def save_tiny_glm4v(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
-                    vision: dict | None = None, device: str = "cpu") -> Path:
-    """Glm4vForConditionalGeneration (GLM-4.1V layout): a Glm4 text tower plus a one-block vision tower, with
-    GLM's image/video tokens, its processors and chat template (what vLLM's GLM-4V processor needs).
-    text / vision: settings over the tiny ones (e.g. real widths at reduced depth)."""
-    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+# GLM-4.5V's MoE text tower, tiny: layer 0 dense, layer 1 routed experts (4 experts, top 2) plus a shared expert
+_TINY_MOE = dict(moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                 first_k_dense_replace=1, n_group=1, topk_group=1)
 
+
+def _build_tiny_glm_vision(config_cls, model_cls, path: Path, seed: int, dtype, text: dict | None, vision: dict | None,
+                           device: str, moe: bool, text_type: str | None = None, vision_type: str | None = None,
+                           family: str = "Glm4v") -> Path:
+    """A GLM vision-language model of config_cls / model_cls with GLM's tokens, processors and chat template.
+    text_type / vision_type: the sub-configs' model_type where the class does not imply it (Glm46V)."""
     tok = glm_vision_tokenizer()
-    settings = _glm_text_settings(tok, **(text or {}))
-    settings.pop("head_dim", None) if not (text or {}).get("head_dim") else None  # Glm4v: hidden / heads unless set
+    settings = _glm_text_settings(tok, **{**(_TINY_MOE if moe else {}), **(text or {})})
+    if not moe and not (text or {}).get("head_dim"):
+        settings.pop("head_dim", None)  # Glm4v: hidden / heads unless set
     settings.pop("tie_word_embeddings")
     visual = {**_tiny_vision_settings(settings["hidden_size"]), **(vision or {})}
-    config = Glm4vConfig(text_config={"rope_parameters": _GLM4V_ROPE, **settings}, vision_config=visual,
-                         tie_word_embeddings=False, **_glm_vision_token_ids(tok))
+    text_config = {"rope_parameters": _GLM4V_ROPE, **settings, **({"model_type": text_type} if text_type else {})}
+    config = config_cls(text_config=text_config, vision_config={**visual, **({"model_type": vision_type} if vision_type
+                                                                               else {})},
+                        tie_word_embeddings=False, **_glm_vision_token_ids(tok))
     torch.manual_seed(seed)
     with torch.device(device):  # real widths are built on the GPU
-        model = Glm4vForConditionalGeneration(config).to(dtype)
+        model = model_cls(config).to(dtype)
     _randomize_norms(model)
-    return _save_tiny_vision(model, path, dtype, tok, visual)
+    if moe:
+        with torch.no_grad():  # the router starts at zeros: give it something to route with
+            for name, param in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    param.normal_(0, 0.5)
+    return _save_tiny_vision(model, path, dtype, tok, visual, family)
+
+
+def save_tiny_glm4v(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
+                    vision: dict | None = None, device: str = "cpu") -> Path:
+    """Glm4vForConditionalGeneration (GLM-4.1V layout, GLM-4.6V-Flash's as published): a Glm4 text tower plus a
+    one-block vision tower, with GLM's image/video tokens, its processors and chat template (what vLLM's GLM-4V
+    processor needs). text / vision: settings over the tiny ones (e.g. real widths at reduced depth)."""
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+
+    return _build_tiny_glm_vision(Glm4vConfig, Glm4vForConditionalGeneration, path, seed, dtype, text, vision, device,
+                                  moe=False)
 
 
 def save_tiny_glm4v_moe(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
                         vision: dict | None = None, device: str = "cpu") -> Path:
-    """Glm4vMoeForConditionalGeneration (GLM-4.5V layout): layer 0 dense, layer 1 routed experts
-    (4 experts, top 2) plus a shared expert, a sigmoid router, and a vision tower; GLM's tokens,
+    """Glm4vMoeForConditionalGeneration (GLM-4.5V layout, GLM-4.6V's as published): layer 0 dense, layer 1 routed
+    experts (4 experts, top 2) plus a shared expert, a sigmoid router, and a vision tower; GLM's tokens,
     processors and chat template as in save_tiny_glm4v."""
     from transformers import Glm4vMoeConfig, Glm4vMoeForConditionalGeneration
 
-    tok = glm_vision_tokenizer()
-    moe = dict(moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-               first_k_dense_replace=1, n_group=1, topk_group=1)
-    settings = _glm_text_settings(tok, **{**moe, **(text or {})})
-    settings.pop("tie_word_embeddings")
-    visual = {**_tiny_vision_settings(settings["hidden_size"]), **(vision or {})}
-    config = Glm4vMoeConfig(text_config={"rope_parameters": _GLM4V_ROPE, **settings}, vision_config=visual,
-                            tie_word_embeddings=False, **_glm_vision_token_ids(tok))
-    torch.manual_seed(seed)
-    with torch.device(device):  # real widths are built on the GPU
-        model = Glm4vMoeForConditionalGeneration(config).to(dtype)
-    _randomize_norms(model)
-    with torch.no_grad():  # the router starts at zeros: give it something to route with
-        for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                param.normal_(0, 0.5)
-    return _save_tiny_vision(model, path, dtype, tok, visual)
+    return _build_tiny_glm_vision(Glm4vMoeConfig, Glm4vMoeForConditionalGeneration, path, seed, dtype, text, vision,
+                                  device, moe=True)
+
+
+def save_tiny_glm46v(path: Path, seed: int = 0, dtype=torch.float16, moe: bool = False) -> Path:
+    """Glm46VForConditionalGeneration (transformers 5's own `glm46v` model type), as transformers saves it: its
+    dense text config (glm4v_text) or, moe, its MoE one (glm4v_moe_text, GLM-4.5V's text tower as in
+    save_tiny_glm4v_moe, whose routed experts transformers saves as fused 3-D tensors), with Glm46V's processors."""
+    from transformers import Glm46VConfig, Glm46VForConditionalGeneration
+
+    return _build_tiny_glm_vision(Glm46VConfig, Glm46VForConditionalGeneration, path, seed, dtype, None, None, "cpu",
+                                  moe=moe, text_type="glm4v_moe_text" if moe else "glm4v_text",
+                                  vision_type="glm4v_moe_vision" if moe else "glm4v_vision", family="Glm46V")

@@ -291,7 +291,8 @@ def serving_page() -> str:
            "# Where a checkpoint is served\n",
            "An engine serves a checkpoint only when a run with its key (architecture x quantization scheme x KV-cache "
            "strategy, read off config.json) was recorded on the GPU machine and loaded and answered; a recorded refusal "
-           "says so with the engine's error; any other key is \"not shown\", with the command to try. quant.json "
+           "says so with the engine's error; an architecture the engine's own source has no model for is \"cannot\", "
+           "with the way out (below); any other key is \"not shown\", with the command to try. quant.json "
            "(`serving`), the report and `quantize export` all read this table.\n",
            "## The matrix\n",
            "| architecture | scheme | KV | " + " | ".join(engines) + " |",
@@ -304,7 +305,15 @@ def serving_page() -> str:
             cells.append("; ".join(dict.fromkeys(f"{'shown' if r.served else '**refused**'} ({r.version}, {r.date})"
                                                  for r in found)) or "not shown")
         out.append(f"| `{key[0]}` | `{key[1]}` | {key[2]} | " + " | ".join(cells) + " |")
-    out += ["", f"hf: {_hf_serving(serving)}\n", "## Every recorded run\n",
+    out += ["", f"hf: {_hf_serving(serving)}\n"]
+    cannot = getattr(serving, "CANNOT", {})
+    if cannot:
+        out += ["## Architectures an engine has no model for\n",
+                "Read off the engine's own source (its model registry), never run: \"cannot\" for every scheme, with "
+                "the way out.\n", "| engine | architecture | why, and the way out |", "|---|---|---|"]
+        out += [f"| {engine} | `{arch}` | {_cell(why)} |" for (engine, arch), why in cannot.items()]
+        out.append("")
+    out += ["## Every recorded run\n",
             "| engine | version | architecture | scheme | KV | served | date | evidence | note |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:

@@ -15,6 +15,9 @@ Quantized variants:
   runs AWQ in float16 only). A ``Glm`` variant also gets the ChatGLM names and config, q/k/v
   stacked along the output dim into query_key_value; Llama, Glm4 and Glm4v keep their names.
   config.json gets an AutoAWQ quantization_config, and export.json records what was done.
+- Glm4vMoe (GLM-4.5V, GLM-4.6V) and transformers' Glm46V are refused, quantized or not: lmdeploy 0.18 has no model
+  for them (its wheel's pytorch/models/module_map.py: GLM-4.1V's Glm4vForConditionalGeneration, GLM-4.6V-Flash's
+  published layout, is the only GLM-V there); the message says what serves them instead.
 - FP8 W8A8 (compressed-tensors `float-quantized`, from `quantize fp8`) is refused: lmdeploy 0.18
   keeps one FP8 KV-cache scale per tensor, where the variant has one per KV head, and its
   ChatGLM loader splits every query_key_value tensor into q/k/v, so a fused QKV's static input
@@ -93,6 +96,15 @@ class ExportResult:
         layout = f", {self.layout}" if self.layout else ""
         return (f"export: wrote {self.out} ({self.architecture}{layout} for {self.engine}, "
                 f"{human_size(self.size_bytes)}) in {self.seconds:.1f} s")
+
+
+def _check_loadable(model_dir: Path, config: dict) -> None:
+    """An architecture lmdeploy 0.18 has no model for (GLM-4.5V / GLM-4.6V's Glm4vMoe, transformers' Glm46V) is
+    refused, whatever its weights: no layout this export writes would load (pipeline/checkpoints/serving.py CANNOT)."""
+    from pipeline.checkpoints.serving import cannot
+
+    if why := cannot("lmdeploy", config):
+        raise UserError(f"{config_json.path(model_dir)}: {why}")
 
 
 def _check_exportable(model_dir: Path, config: dict) -> None:
@@ -249,6 +261,7 @@ def run(model_dir: Path | str, out: Path | str, engine: str = "lmdeploy",
         raise UserError(f"--engine {engine}: supported engines: {', '.join(ENGINES)}")
     model_dir, out = Path(model_dir), Path(out)
     config = checkpoint.open(model_dir).config
+    _check_loadable(model_dir, config)
     if config.get("model_type") == "chatglm":
         _check_exportable(model_dir, config)
     if config.get("quantization_config"):

@@ -44,15 +44,23 @@ def groups(modules: list[str]) -> list[Group]:
     return list(found.values())
 
 
-def target_regex(group: Group) -> str:
+def target_regex(group: Group, renaming=None) -> str:
     """A compressed-tensors (and vLLM) target matching exactly this group's Linears, `re:` and anchored: a layer's
     routed experts by their prefix, any other group by its names and by the fused layer's name vLLM builds from
     them (qkv_proj from q/k/v). A name target outranks a class target ("Linear") in both
     (compressed_tensors.utils.match.match_targets, vLLM's find_matched_target), so the group's scheme overrides the
     default's for exactly these modules; vLLM looks a fused layer up by its own name first and only then by its
     class ("QKVParallelLinear" contains "Linear"), so without the fused name it would build q/k/v kept in 8 bits
-    with the 4-bit scheme (pipeline/checkpoints/serving_names.py `vllm_scheme_conflicts` checks every variant)."""
+    with the 4-bit scheme (pipeline/checkpoints/serving_names.py `vllm_scheme_conflicts` checks every variant).
+    renaming: how vLLM renames the checkpoint's modules (a vision-language model's prefix mapper,
+    serving_names.target_renaming); vLLM matches a `re:` target against its own names (it maps only plain layer
+    paths), so the target names both, else every group kept in 8 bits of a GLM-4V would be built with the 4-bit
+    scheme."""
+    def both(names: list[str]) -> list[str]:
+        renamed = [renaming(name) for name in names] if renaming else []
+        return names + [name for name in renamed if name not in names]
+
     if group.kind == "experts":
-        return "re:^" + re.escape(group.name) + r"\.\d+\.[^.]+$"
+        return "re:^(" + "|".join(re.escape(p) for p in both([group.name])) + r")\.\d+\.[^.]+$"
     names = group.modules + ([group.name] if group.name not in group.modules else [])
-    return "re:^(" + "|".join(re.escape(m) for m in names) + ")$"
+    return "re:^(" + "|".join(re.escape(m) for m in both(names)) + ")$"

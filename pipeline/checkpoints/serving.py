@@ -4,8 +4,9 @@ engine's documentation promises.
 A checkpoint is described by its key, read off config.json alone: architecture x scheme x KV-cache
 strategy (`checkpoint_key`). `SHOWN` lists every run recorded on the GPU machine (engine, its version,
 the key, date, and where the evidence is); an engine "serves" a checkpoint only when a run with its
-key was recorded and loaded and answered. A recorded refusal says so with the engine's error; any
-other key says "not shown" with the command to try. quant.json (`serving`), the report and `quantize
+key was recorded and loaded and answered. A recorded refusal says so with the engine's error; an
+architecture the engine's own source has no model for says "cannot" with the way out (`CANNOT`: read off the
+source, never run); any other key says "not shown" with the command to try. quant.json (`serving`), the report and `quantize
 export` all read `support_from_config`, so the three always say the same thing; the report recomputes
 it from config.json, so a run recorded later shows there without rebuilding the variant.
 
@@ -95,6 +96,35 @@ SHOWN: tuple[Run, ...] = (
     Run("lmdeploy", "0.18.0", _GLM, "w4a16", "none", True, "2026-11-30", "benchmarks/results/gpu_bench_glm4_9b_awq.json",
         "after `quantize export --engine lmdeploy` (AutoAWQ GEMM layout, ChatGLM names)"),
 )
+
+
+# What an engine cannot load at all, read off its own source rather than run (no run to try; the way out is said):
+# - vLLM 0.24.0 (registry.py of its wheel) has no model for transformers' glm46v model type; it would fall back to
+#   its generic Transformers backend, which no run covers and whose names verify does not check
+#   (pipeline/checkpoints/serving_names.py: GLM-4.6V's layouts);
+# - lmdeploy 0.18.0 (its wheel: pytorch/models/module_map.py; pytorch/configurations/glm4_1v.py takes model_type
+#   glm4v only) has a model for Glm4vForConditionalGeneration (GLM-4.1V, GLM-4.6V-Flash) and none for
+#   Glm4vMoeForConditionalGeneration (GLM-4.5V, GLM-4.6V) or Glm46VForConditionalGeneration.
+_RESAVE_GLM46V = ("`quantize resave DIR --out NEW` writes it as Glm4vForConditionalGeneration (or, with a MoE text "
+                  "model, Glm4vMoeForConditionalGeneration), the layout GLM-4.6V's releases carry: the same model")
+CANNOT = {
+    ("vllm", "Glm46VForConditionalGeneration"): (
+        "vLLM 0.24 has no model of its own for Glm46VForConditionalGeneration (transformers' glm46v type; its registry has "
+        "Glm4vForConditionalGeneration and Glm4vMoeForConditionalGeneration) and would load it through its generic "
+        f"Transformers backend, which no run covers; {_RESAVE_GLM46V}"),
+    ("lmdeploy", "Glm46VForConditionalGeneration"): (
+        "lmdeploy 0.18 has no model for Glm46VForConditionalGeneration (its module map has "
+        f"Glm4vForConditionalGeneration, for model_type glm4v only); {_RESAVE_GLM46V}, which lmdeploy has a model "
+        "for when the text model is dense (no lmdeploy run of it recorded)"),
+    ("lmdeploy", "Glm4vMoeForConditionalGeneration"): (
+        "lmdeploy 0.18 has no model for Glm4vMoeForConditionalGeneration (GLM-4.5V, GLM-4.6V: its module map has "
+        "GLM-4.1V's Glm4vForConditionalGeneration only); serve it with vLLM"),
+}
+
+
+def cannot(engine: str, config: dict) -> str | None:
+    """Why `engine` cannot load this checkpoint at all (CANNOT), None when nothing says it cannot."""
+    return CANNOT.get((engine, architecture(config)))
 
 
 # ---------------------------------------------------------------- a checkpoint's key
@@ -203,6 +233,8 @@ def _engine_entry(engine: str, config: dict) -> dict:
         run = runs[-1]
         return {"serves": False, "status": "refused", "version": run.version, "date": run.date,
                 "evidence": run.evidence, "how": f"{engine} {run.version} {run.note or 'refused it'}"}
+    if why := cannot(engine, config):  # known from the engine's source: no command to try
+        return {"serves": False, "status": "cannot", "how": why}
     command = serve_command(engine, config)
     return {"serves": False, "status": "not shown", "command": command,
             "how": f"not shown: no {engine} run of {arch} with {kind}, KV {kv} was recorded; try: "
@@ -210,7 +242,7 @@ def _engine_entry(engine: str, config: dict) -> dict:
 
 
 def support_from_config(config: dict) -> dict[str, dict]:
-    """{engine: {"serves": bool, "status": shown | refused | not shown, "how": str, ...}} for hf, vllm, lmdeploy;
+    """{engine: {"serves": bool, "status": shown | refused | cannot | not shown, "how": str, ...}} for hf, vllm, lmdeploy;
     `command`: the command a recorded run served it with (shown), or the one to try (not shown)."""
     result = {"hf": {"serves": True, "status": "in-process",
                      "how": "in-process transformers; W4A16 dequantized and FP8 fake-quantized at load: right for "
@@ -218,7 +250,8 @@ def support_from_config(config: dict) -> dict[str, dict]:
     for engine in SERVE_COMMANDS:
         result[engine] = _engine_entry(engine, config)
     kind, kv = scheme(config), kv_strategy(config)
-    if kind.startswith("fp8") and not result["lmdeploy"]["serves"]:  # known from lmdeploy's loader: no run to try
+    # known from lmdeploy's loader: no run to try (an architecture it has no model for says so first)
+    if kind.startswith("fp8") and result["lmdeploy"]["status"] not in ("shown", "cannot"):
         why = ("its FP8 KV cache takes one scale per tensor, where this variant has one per KV head"
                if kv == "per-head" else "it reads compressed-tensors checkpoints as int4 weights only")
         result["lmdeploy"] = {"serves": False, "status": "cannot",

@@ -17,7 +17,14 @@ only image answers suffer. llm-compressor writes the ignore list as HF module na
 (`model.visual.blocks.0.attn.qkv`), whose q/k/v shards vLLM's check never matches: on the H200, vLLM 0.24
 built every vision `attn.qkv` quantized from such a list, without a word; `VISION_IGNORE` (one
 regex that matches both namings) is added to every variant's ignore list, and `vllm_unignored`
-lists what vLLM would quantize, for `verify` to refuse.
+lists what vLLM would quantize, for `verify` to refuse. Config groups' targets go through the same prefix mapper
+when they are layer paths (a `re:` target is left as it is), so the `mixed` method's `re:` targets name vLLM's layer
+names beside the HF ones (`target_renaming`).
+
+GLM-4.6V's layouts (issue 55): the published checkpoints carry the layouts vLLM serves, GLM-4.6V-Flash
+`Glm4vForConditionalGeneration` (model_type glm4v) and GLM-4.6V `Glm4vMoeForConditionalGeneration` (glm4v_moe);
+transformers 5's own `glm46v` model type (`Glm46VForConditionalGeneration`) is not one vLLM has a model for.
+`served_config` says what such a checkpoint is in the layout vLLM serves (`quantize resave` writes it so).
 """
 
 from __future__ import annotations
@@ -45,6 +52,62 @@ VLLM_FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate
 EXPERT_LINEAR = re.compile(r"\.experts\.\d+\.")
 VLLM_VISION_RENAMES = [(re.compile(r"\.attn\.qkv$"), ".attn.qkv_proj"),
                        (re.compile(r"\.(gate|up)_proj$"), ".gate_up_proj")]
+
+
+# GLM-4.6V's layouts, as found (issue 55):
+# - published: GLM-4.6V-Flash (9B) is `Glm4vForConditionalGeneration`, model_type glm4v (its Hub page tags it glm4v;
+#   transformers 5.17's docs/source/en/model_doc/glm4v.md lists it among the models of that type; its README's commit
+#   "Glm4vMoeForConditionalGeneration change to Glm4vForConditionalGeneration"); GLM-4.6V (106B) is
+#   `Glm4vMoeForConditionalGeneration`, model_type glm4v_moe (the Hub's API for zai-org/GLM-4.6V, revision 4e2d47eb,
+#   2025-12-09). Both ship the Glm46VProcessor, which vLLM's glm4_1v.py handles.
+# - vLLM 0.24.0 (vllm/model_executor/models/registry.py of its wheel) registers Glm4vForConditionalGeneration and
+#   Glm4vMoeForConditionalGeneration (module glm4_1v), no Glm46VForConditionalGeneration: with model_impl auto, an
+#   unregistered architecture falls back to vLLM's generic Transformers backend (registry.py
+#   _try_resolve_transformers), whose names and fused layers are not the ones checked here and which no run covers.
+# - transformers 5.17's glm46v (models/glm46v/modular_glm46v.py): Glm46VForConditionalGeneration is
+#   Glm4vForConditionalGeneration with the text and vision models built from their own configs (text glm4v_text by
+#   default, or glm4v_moe_text) and GLM-4.6's token-id defaults (video start/end 151361/151362). Built and saved
+#   here (tests/tiny.py save_tiny_glm46v): with glm4v_text its tensors (names and shapes) and every config key equal
+#   Glm4v's; with glm4v_moe_text its config keys equal Glm4vMoe's (less use_qk_norm, a release key written below),
+#   but its routed experts are saved as two fused 3-D tensors per layer (mlp.experts.gate_up_proj, .down_proj),
+#   where Glm4vMoe's checkpoints and vLLM's loader have one gate/up/down tensor per expert (transformers converts
+#   glm4v_moe's on load and save, `conversion_mapping.py`, and glm46v's not). Loaded as Glm4v / Glm4vMoe, either gives
+#   the very logits of the glm46v model (tests/test_resave.py).
+# glm46v's text model_type -> the same model in the layout vLLM serves: (model_type, architecture, vision model_type)
+GLM46V = "glm46v"
+SERVED_AS = {"glm4v_text": ("glm4v", "Glm4vForConditionalGeneration", "glm4v_vision"),
+             "glm4v_moe_text": ("glm4v_moe", "Glm4vMoeForConditionalGeneration", "glm4v_moe_vision")}
+
+
+def served_layout(config: dict, model_dir: Path | str | None = None) -> tuple[str, str, str] | None:
+    """(model_type, architecture, vision model_type) of a glm46v checkpoint in the layout vLLM serves; None for any
+    other model type. A glm46v text model_type with no such layout is refused by name."""
+    from pipeline.errors import UserError
+
+    if config.get("model_type") != GLM46V:
+        return None
+    text, where = config_json.text_section_named(config)
+    text_type = text.get("model_type") if where else None
+    text_type = text_type or "glm4v_text"  # transformers' Glm46VConfig default
+    if text_type not in SERVED_AS:
+        where_file = config_json.path(model_dir) if model_dir is not None else config_json.NAME
+        raise UserError(f"{where_file}: model_type glm46v with {where or 'a '}model_type {text_type!r}: no layout vLLM "
+                        f"serves holds it (it serves glm46v's text models {', '.join(SERVED_AS)} as "
+                        f"{', '.join(arch for _, arch, _ in SERVED_AS.values())})")
+    return SERVED_AS[text_type]
+
+
+def served_config(config: dict, model_dir: Path | str | None = None) -> dict | None:
+    """A glm46v config (transformers' full dict: every token id set) as the same model's config in the layout vLLM
+    serves (Glm4v or Glm4vMoe), every other key as it is; None for any other model type."""
+    layout = served_layout(config, model_dir)
+    if layout is None:
+        return None
+    model_type, architecture, vision_type = layout
+    served = {**config, "model_type": model_type, "architectures": [architecture]}
+    if isinstance(config.get("vision_config"), dict):
+        served["vision_config"] = {**config["vision_config"], "model_type": vision_type}
+    return served
 
 
 def add_release_keys(config: dict) -> list[str]:
@@ -87,6 +150,20 @@ def _map_prefix(name: str) -> str:
         if name.startswith(old):
             return new + name[len(old):]
     return name
+
+
+def target_renaming(architecture: str):
+    """How vLLM renames a checkpoint's module for this architecture (its prefix mapper), None when it keeps the HF
+    names: the `mixed` method's `re:` targets name both (pipeline/checkpoints/fused.py target_regex)."""
+    return _map_prefix if architecture in VLLM_PREFIX_ARCHS else None
+
+
+def _map_target(target: str, architecture: str) -> str:
+    """A config group's target as vLLM 0.24 reads it (compressed_tensors.py apply_vllm_mapper): a layer path (a dot,
+    no `re:`) through the prefix mapper; a class name or a `re:` pattern as it is."""
+    if architecture in VLLM_PREFIX_ARCHS and "." in target and not target.startswith("re:"):
+        return _map_prefix(target)
+    return target
 
 
 def vllm_layer(hf_linear: str, architecture: str) -> str:
@@ -132,11 +209,11 @@ def _stored_group(linear: str, groups: dict) -> str | None:
     return next((key for key, group in groups.items() if "Linear" in (group.get("targets") or [])), None)
 
 
-def _served_group(layer: str, groups: dict) -> str | None:
+def _served_group(layer: str, groups: dict, architecture: str = "") -> str | None:
     """The config group vLLM builds a layer with (its find_matched_target): the first target equal to or `re.match`ing
     the layer's name, else one contained in its class name (every vLLM linear class contains "Linear"), else the
-    target every shard of a fused layer matches."""
-    targets = [(t, key) for key, group in groups.items() for t in group.get("targets") or []]
+    target every shard of a fused layer matches. Targets as vLLM maps them (`_map_target`)."""
+    targets = [(_map_target(t, architecture), key) for key, group in groups.items() for t in group.get("targets") or []]
     for target, key in targets:
         if _matches(layer, target):
             return key
@@ -166,7 +243,7 @@ def vllm_scheme_conflicts(config: dict, quantized_linears: list[str]) -> list[st
         if EXPERT_LINEAR.search(linear):
             continue  # a routed expert runs in its layer's FusedMoE, looked up by the layer's prefix
         layer = fused.group_name(vllm_layer(linear, architecture))  # q/k/v -> qkv_proj, gate/up -> gate_up_proj
-        stored, served = _stored_group(linear, groups), _served_group(layer, groups)
+        stored, served = _stored_group(linear, groups), _served_group(layer, groups, architecture)
         if stored != served:
             conflicts.append(f"{linear}: stored in {stored}, vLLM builds {layer} with {served}")
     return conflicts

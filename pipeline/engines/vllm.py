@@ -20,7 +20,9 @@ the hf engine renders it, and sent with its images to `/v1/chat/completions`; th
 with a chat template that passes the text through (`PASSTHROUGH_TEMPLATE`, content format `string`),
 so vLLM tokenizes exactly that text, finds one image placeholder per image and adds none (see
 pipeline/engines/openai.py). A quantized vision checkpoint whose ignore list vLLM would not match
-under its own module names is refused before the server starts (pipeline/checkpoints/serving_names.py).
+under its own module names is refused before the server starts (pipeline/checkpoints/serving_names.py), and so
+is a checkpoint of transformers' glm46v type, which vLLM 0.24 has no model for, with the resave that writes it in the
+layout vLLM serves (pipeline/checkpoints/serving.py CANNOT).
 
 Parallelism: `tensor_parallel_size` and, for MoE, `enable_expert_parallel` (experts placed whole on
 the GPUs instead of sliced across them) are engine settings passed to `vllm serve` as they are.
@@ -51,7 +53,7 @@ from pipeline.engines.server import ServerProcess, free_port
 from pipeline.engines.vision import IMAGE_PLACEHOLDER, image_markup, is_multimodal, render_images
 from pipeline.engines.vllm_server import (  # noqa: F401  (the server's command line, re-exported: the registry's warm)
     PASSTHROUGH_TEMPLATE, SERVED_NAME, SERVER_SETTINGS, server_settings, kv_cache_scheme, resolve_kv_cache_dtype,
-    serving_dtype, refuse_unmatched_ignore, server_args, server_command_for, planned_kv_cache_bytes, warm,
+    serving_dtype, refuse_unservable, server_args, server_command_for, planned_kv_cache_bytes, warm,
 )
 from pipeline.errors import UserError
 
@@ -130,7 +132,7 @@ class VLLMEngine:
         self.model_dir = Path(model_dir)
         checkpoint.open(self.model_dir)  # a missing or broken config.json: one message naming it and the fix
         settings = self.settings = settings or Settings()
-        refuse_unmatched_ignore(self.model_dir)
+        refuse_unservable(self.model_dir)
         self.accepts_images = is_multimodal(self.model_dir)
         self.batch_size = settings.batch_size  # requests in flight
         self.progress = progress

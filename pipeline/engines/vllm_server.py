@@ -53,8 +53,14 @@ def serving_dtype(setting: str | None, kv_cache_dtype: str, model_dir: Path) -> 
     return "bfloat16"
 
 
-def refuse_unmatched_ignore(model_dir: Path) -> None:
-    """A quantized checkpoint whose full-precision Linears vLLM would build quantized is not served."""
+def refuse_unservable(model_dir: Path) -> None:
+    """Before any server starts: a checkpoint vLLM has no model for (pipeline/checkpoints/serving.py CANNOT: GLM-4.6V as
+    transformers' glm46v type, with the way out), and a quantized one whose full-precision Linears vLLM would build
+    quantized, are not served."""
+    from pipeline.checkpoints.serving import cannot
+
+    if why := cannot("vllm", checkpoint.open(model_dir).config):
+        raise UserError(f"{model_dir}: {why}")
     if checkpoint.open(model_dir).quantization:
         from pipeline.checkpoints import serving_names
 
@@ -129,7 +135,7 @@ def warm(model_dir: Path | str, settings: Settings, *, log_path: Path | str | No
 
     model_dir = Path(model_dir)
     try:
-        refuse_unmatched_ignore(model_dir)
+        refuse_unservable(model_dir)
         command = server_command_for(model_dir, settings)
     except UserError:
         return None

@@ -114,13 +114,22 @@ def _check_modules(ranking: dict, path: Path, target: Target) -> None:
                             f"of {target.model_dir}, or pass its sensitivity.json")
 
 
+def eight_bit_targets(kept: list[fused.Group], target: Target) -> tuple[str, ...]:
+    """The W8A16 config group's targets: each kept group by its HF names and by the names vLLM gives them (a GLM-4V's
+    prefix mapper: vLLM matches `re:` targets against its own names, pipeline/checkpoints/serving_names.py)."""
+    from pipeline.checkpoints import serving_names
+
+    renaming = serving_names.target_renaming(target.architecture)
+    return tuple(fused.target_regex(g, renaming) for g in kept)
+
+
 def _check_vllm(target: Target, group: int, symmetric: bool, kept: list[fused.Group], linears: list[str]) -> None:
     """Before any quantization runs: each Linear's config group as compressed-tensors will store it must be the one
     vLLM builds its layer with (pipeline/checkpoints/serving_names.py); verify checks the written checkpoint again."""
     from pipeline.checkpoints import serving_names
 
     config = {**target.config, "quantization_config": {"config_groups": int4.config_groups(
-        group, symmetric, tuple(fused.target_regex(g) for g in kept))}}
+        group, symmetric, eight_bit_targets(kept, target))}}
     conflicts = serving_names.vllm_scheme_conflicts(config, linears)
     if conflicts:
         raise UserError(f"{target.model_dir}: vLLM would build {len(conflicts)} of the Linears kept in 8 bits with the "
@@ -165,7 +174,7 @@ def recipe(settings: Params, target: Target, base_settings=None) -> Recipe:
     rows, bits = choose(ranking["groups"], settings.max_bits)
     kept = [fused.Group(r["name"], r["layer"], r["name"].rpartition(".")[2], r["modules"]) for r in rows
             if r["scheme"] == "W8A16"]
-    base_recipe = base.recipe(own, target, eight_bit_targets=tuple(fused.target_regex(g) for g in kept))
+    base_recipe = base.recipe(own, target, eight_bit_targets=eight_bit_targets(kept, target))
     group, symmetric = base_recipe.details["group_size"], base_recipe.details["symmetric"]
     _check_vllm(target, group, symmetric, kept, [m for r in rows for m in r["modules"]])
     share_high = sum(r["weights"] for r in rows if r["scheme"] == "W8A16") / sum(r["weights"] for r in rows)

@@ -62,6 +62,7 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
     if model_type not in CONFIG_MAPPING:
         raise UserError(f"{model_dir}: transformers does not know model_type {model_type!r} ({arch}); "
                         "upgrade transformers, or resave the checkpoint in a supported architecture")
+    _check_served_layout(config, model_dir, arch)
     experts = config_json.routed_experts(config)
     if experts and not linear_experts.loads_linearized(model_type):
         raise UserError(
@@ -71,6 +72,21 @@ def check_architecture(config: dict, model_dir: Path | str) -> str:
             "pipeline/checkpoints/linear_experts.py EXTRA_LINEARIZED_MOE"
         )
     return arch
+
+
+def _check_served_layout(config: dict, model_dir: Path | str, arch: str) -> None:
+    """A checkpoint of transformers' glm46v type is refused by name: no engine we run has a model for it (vLLM 0.24,
+    lmdeploy 0.18), so neither would verify's checks of vLLM's names hold nor would its variants be served, and with
+    a MoE text model transformers keeps its experts fused (pipeline/checkpoints/serving_names.py: GLM-4.6V's layouts).
+    `quantize resave` writes the same model in the layout vLLM serves, as the dvc pipeline's resave stage does."""
+    from pipeline.checkpoints import serving_names
+
+    layout = serving_names.served_layout(config, model_dir)
+    if layout is not None:
+        raise UserError(f"{model_dir}: {arch} (model_type {config.get('model_type')}): no engine this pipeline serves "
+                        f"with has a model for it (vLLM 0.24, lmdeploy 0.18); it is the same model as a {layout[1]}, "
+                        f"the layout GLM-4.6V's releases carry: `quantize resave {model_dir} --out DIR` writes it so; "
+                        "then quantize DIR")
 
 
 # ---------------------------------------------------------------- resources
