@@ -135,6 +135,8 @@ def test_the_server_is_keyed_by_the_run_and_the_environment_its_modules_saw(monk
     assert forkserver_key(1234, 99) == key and forkserver_key(1235, 99) != key
     monkeypatch.setenv("DVC_STAGE", "evaluate@base")  # differs per stage: not in the key
     assert forkserver_key(1234, 99) == key
+    monkeypatch.setenv("QUANTIZE_AHEAD", "judge@fp8-w8a8")  # a job scoring ahead of its stage: the run's server too
+    assert forkserver_key(1234, 99) == key
     monkeypatch.setenv("HF_HOME", "/elsewhere")  # read by modules at import: another server
     assert forkserver_key(1234, 99) != key
 

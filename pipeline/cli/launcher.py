@@ -29,10 +29,15 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.scoring.ahead import AHEAD_ENV
+
 ENABLE_ENV = "QUANTIZE_FORKSERVER"  # 0: every command runs in its own process
 STARTED_ENV = "QUANTIZE_STAGE_STARTED"  # when the command began, for the stage's own timing (cli_common)
-# environment that differs between the stages of one run without changing what a preloaded module saw
-VOLATILE_ENV = {"DVC_STAGE", "PWD", "OLDPWD", "SHLVL", "_", STARTED_ENV, "QUANTIZE_RUN_PID", "QUANTIZE_STAGE_LOG"}
+# what differs between a run's commands and no module reads at import (each forked child takes its command's own
+# environment): the stage's name, the shell's, the command's start, the run's ids, the stage log and a job scoring
+# ahead of its stage (pipeline/scoring/ahead.py: each job named its stage, and so started a warm interpreter of its
+# own that nothing used, and ran unforked)
+VOLATILE_ENV = {"DVC_STAGE", "PWD", "OLDPWD", "SHLVL", "_", STARTED_ENV, "QUANTIZE_RUN_PID", "QUANTIZE_STAGE_LOG", AHEAD_ENV}
 LOG_DIR = Path(".cache") / "forkserver"  # in the project: the servers' logs
 MAX_SOCKET_PATH = 100  # AF_UNIX paths hold 108 bytes: the sockets live in a short private folder
 
