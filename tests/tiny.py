@@ -249,10 +249,12 @@ def save_tiny_glm4(path: Path, seed: int = 0, dtype=torch.float16, **overrides) 
 _GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}
 
 
-def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict) -> Path:
+def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict, synthetic_weights: str | None = None) -> Path:
     from pipeline.checkpoints.serving_names import finish_config
 
     model = model.to(dtype)
+    if synthetic_weights:  # a random model built to time the pipeline (config_json.synthetic_weights): the report says so
+        model.config.synthetic_weights = synthetic_weights
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(path)
@@ -263,10 +265,11 @@ def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict) -> Path:
 
 
 def save_tiny_glm4v(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
-                    vision: dict | None = None, device: str = "cpu") -> Path:
+                    vision: dict | None = None, device: str = "cpu", synthetic_weights: str | None = None) -> Path:
     """Glm4vForConditionalGeneration (GLM-4.1V layout): a Glm4 text tower plus a one-block vision tower, with
     GLM's image/video tokens, its processors and chat template (what vLLM's GLM-4V processor needs).
-    text / vision: settings over the tiny ones (e.g. real widths at reduced depth)."""
+    text / vision: settings over the tiny ones (e.g. real widths at reduced depth); synthetic_weights: why the weights
+    are made up, written into config.json (benchmarks/gpu_dvc_repro.py's random bases)."""
     from transformers import Glm4vConfig, Glm4vForConditionalGeneration
 
     tok = glm_vision_tokenizer()
@@ -280,11 +283,11 @@ def save_tiny_glm4v(path: Path, seed: int = 0, dtype=torch.float16, text: dict |
     with torch.device(device):  # real widths are built on the GPU
         model = Glm4vForConditionalGeneration(config).to(dtype)
     _randomize_norms(model)
-    return _save_tiny_vision(model, path, dtype, tok, visual)
+    return _save_tiny_vision(model, path, dtype, tok, visual, synthetic_weights)
 
 
 def save_tiny_glm4v_moe(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
-                        vision: dict | None = None, device: str = "cpu") -> Path:
+                        vision: dict | None = None, device: str = "cpu", synthetic_weights: str | None = None) -> Path:
     """Glm4vMoeForConditionalGeneration (GLM-4.5V layout): layer 0 dense, layer 1 routed experts
     (4 experts, top 2) plus a shared expert, a sigmoid router, and a vision tower; GLM's tokens,
     processors and chat template as in save_tiny_glm4v."""
@@ -306,4 +309,4 @@ def save_tiny_glm4v_moe(path: Path, seed: int = 0, dtype=torch.float16, text: di
         for name, param in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 param.normal_(0, 0.5)
-    return _save_tiny_vision(model, path, dtype, tok, visual)
+    return _save_tiny_vision(model, path, dtype, tok, visual, synthetic_weights)

@@ -66,7 +66,13 @@ def _load_hf(source: Path, dtype):
     return auto_model_class(config).from_pretrained(source, dtype=dtype)
 
 
+# a multimodal checkpoint's processor files: how images (and videos) become the vision tower's inputs
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+
+
 def _copy_processor(source: Path, out: Path, gguf_file: str | None = None) -> None:
+    import shutil
+
     import transformers
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
@@ -75,6 +81,11 @@ def _copy_processor(source: Path, out: Path, gguf_file: str | None = None) -> No
     except Exception:  # text-only models have no processor, only a tokenizer
         processor = transformers.AutoTokenizer.from_pretrained(source, **kwargs)
     processor.save_pretrained(out)
+    # a processor transformers cannot build here (GLM-4.1V's video processor needs torchvision) left only the
+    # tokenizer: its files go as they are, or no engine could prepare an image for models/base
+    for name in PROCESSOR_FILES if not gguf_file else ():
+        if (source / name).is_file() and not (out / name).exists():
+            shutil.copy2(source / name, out / name)
 
 
 def _drop_gguf_quantizer(model) -> None:
