@@ -564,7 +564,7 @@ class Run:
             starts = {s["name"]: s["server_starts"] for s in figures["stages"] if s["server_starts"]}
             phases.append({"name": phase["name"], "fixes": phase.get("fixes", []), "ran": ran,
                            "server_starts_by_stage": starts, **{k: v for k, v in figures.items()
-                                                                if k not in ("servers", "calls")}})
+                                                                if k not in ("servers", "calls", "model", "variants")}})
         return phases
 
     def figures(self, calls: list[dict] | None = None, records: list[dict] | None = None) -> dict:
@@ -604,6 +604,9 @@ class Run:
             # 1: the run's holder (and so its servers) lived through every cut; more: the machine ended them
             "run_holders": self.state.get("holders", 0),
             "model": self.state["model"], "suite_limit": self.state.get("suite_limit"),
+            # this script's calls, each from its start to the end of its dvc repro (setup included): what they hold
+            # of a lease, beside the carries, the unpacking and the machine's start
+            "calls_s": round(sum(c.get("call_s") or 0.0 for c in calls), 1),
             "variants": self.variant_figures(),
         }
 
@@ -958,6 +961,8 @@ def main() -> None:
             print("state: done (nothing to run; `run --fix V` adds a fix to it, `reset` starts over)")
         else:
             outcome = run.call(args.budget - (time.perf_counter() - started), args.target, args.grace, keep=args.keep)
+            run.state["calls"][-1]["call_s"] = round(time.perf_counter() - started, 1)  # setup included: the lease's
+            run.save()
             print(f"dvc repro: {outcome}", flush=True)
             if outcome.startswith("failed"):
                 print(Path(run.state["calls"][-1]["log"]).read_text()[-4000:])

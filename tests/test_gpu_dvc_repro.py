@@ -90,11 +90,13 @@ def test_the_driver_cuts_resumes_accounts_every_stage_and_a_fix_costs_only_the_f
 
 @pytest.mark.slow
 def test_a_vision_base_runs_the_same_dag_vqa_scored_through_the_server_on_every_model(tmp_path):
-    """`--model glm46v-flash --tiny`: the same DAG on a tiny Glm4v (issue 55). Every model's VQA items go to its
-    server as OpenAI chat requests with the images as data URLs, one server per model; every variant's vision tower
-    is bit-identical to the base's (verify, in the quantize stage)."""
+    """`--model glm46v-flash --tiny`: the same DAG on a tiny Glm4v (issue 55), up to every model's evaluation (the
+    judge, KL, bench and report stages are the text run's, above). Every model's VQA items go to its server as
+    OpenAI chat requests with the images as data URLs, one server per model, started early by its warm stage; every
+    variant's vision tower is bit-identical to the base's (verify, in the quantize stage)."""
     work, out = tmp_path / "work", tmp_path / "out"
-    figures, printed = call(work, out, "--budget", "800", "--model", "glm46v-flash", keep=False)
+    targets = [f"{kind}@{name}" for name in MODELS for kind in ("warm", "evaluate")]
+    figures, printed = call(work, out, "--budget", "800", "--model", "glm46v-flash", "--target", *targets, keep=False)
     assert figures["done"], printed
     model = figures["model"]
     assert model["name"] == "glm46v-flash" and model["architecture"] == "Glm4vForConditionalGeneration"
