@@ -166,9 +166,9 @@ def disk_plan(spec: BaseModel, free_bytes: int, cache_copies: int, depth: int | 
 
     def need(layers: int) -> tuple[float, dict]:
         sizes = checkpoint_bytes(spec.text, spec.vision, layers, group)
-        after_resave = sum(sizes.values())  # base + the three variants: the source is gone by then
-        during_resave = 2 * sizes["base"]  # the random source and models/base
-        return max(after_resave, during_resave) * (1 + cache_copies), sizes
+        after_resave = sum(sizes.values()) * (1 + cache_copies)  # base + the three variants: the source is gone
+        during_resave = sizes["base"] * (2 + cache_copies)  # the random source (no DVC output) and models/base
+        return max(after_resave, during_resave), sizes
 
     room = free_bytes - DISK_RESERVE_GIB * 2**30
     if depth is None and spec.depth_from_disk:
