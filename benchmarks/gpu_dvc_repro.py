@@ -21,10 +21,24 @@ appends its wall time and engine start to a log
     stages: [{name, wall_s, engine_start_s, attempts, server_starts}]   (a cut stage's attempts add up)
     wall_s, engine_start_s, engine_start_fraction: the whole matrix (dvc repro's time over all calls)
     resumed: how many times the run was cut and resumed; calls; setup_s (building the random base: not a stage)
+    model: the base (name, architecture, shapes, results_file; a vision base's planned and built depth, disk plan)
+    variants: per variant its scheme, group, experts' scheme and the vision tower's tensors verify found changed
 
 `--tiny` runs the same on the CPU: a tiny Glm, tests/openai_server.py in vLLM's place, a few items per suite
 (tests/test_gpu_dvc_repro.py). `--target STAGE...` runs `quantize repro STAGE...` (and what they need, in the whole
 run's order) only.
+
+The base (`--model`, at the first call; BASES): `glm4-9b` (the default: GlmForCausalLM at GLM-4-9B's shapes),
+`glm46v-flash` (Glm4vForConditionalGeneration at GLM-4.6V-Flash's published text and vision widths and depths) or
+`glm46v-moe` (Glm4vMoeForConditionalGeneration at GLM-4.6V's widths: 128 routed experts top-8 and a shared expert,
+at the depth the machine's disk holds for the run's four checkpoints, computed at setup: disk_plan; AWQ and RTN at
+group 64; FP8 with its experts dynamic, as the fp8 method does for every MoE). A vision base gets random bf16
+weights built on the GPU with tests/tiny.py's builders (GLM's image tokens, processors and chat template), and the
+same DAG: the vqa suite, which a text-only base records as not applicable, is scored on every model through vLLM
+(images in OpenAI chat format, pipeline/engines/vllm.py), and every variant's verify checks its vision tower
+bit-identical (`variants` in the JSON). Its runs default to 16 items per suite (one 30-minute lease); the JSON
+names the model (`model`: its shapes, planned and built depth, the disk plan, `results_file`, where its figures are
+kept once run). `--tiny --model glm46v-flash|glm46v-moe` runs it on the CPU with save_tiny_glm4v / _moe.
 
 The fix loop (issue 52): `--fix V` (repeatable) at the first call adds V's fix to the run before it starts (`quantize
 profile --fix V`, as a user would after a NO-GO); `--fix V` on a run that is done adds V's fix to the finished run and
@@ -43,6 +57,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,11 +67,142 @@ IGNORE = shutil.ignore_patterns(".git", ".venv", ".device", ".vllm-*", "models",
                                 "*.egg-info", ".pytest_cache", "build", "index.html", "verdict.json", "dvc.lock")
 
 
+# ------------------------------------------------------------ the base the run is built on (--model)
+
+# GLM-4.6V-Flash (zai-org/GLM-4.6V-Flash, Glm4vForConditionalGeneration): the published config's text tower (GLM-4-9B's
+# widths: 40 layers of 4096, 32 query / 2 KV heads, MLP 13696; 3-D rotary over half of each head, theta 500000,
+# a 128k window) and its 24-block vision tower (1536 wide, MLP 13696, 14-pixel patches, 2 x 2 merge into 4096).
+GLM46V_FLASH_TEXT = dict(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
+                         num_attention_heads=32, num_key_value_heads=2, max_position_embeddings=131072,
+                         rms_norm_eps=1e-05, attention_bias=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5,
+                                          "mrope_section": [8, 12, 12]})
+GLM46V_FLASH_VISION = dict(depth=24, hidden_size=1536, num_heads=12, intermediate_size=13696, out_hidden_size=4096,
+                           patch_size=14, image_size=336, spatial_merge_size=2, temporal_patch_size=2)
+# GLM-4.6V (zai-org/GLM-4.6V, Glm4vMoeForConditionalGeneration; transformers' Glm4vMoeConfig defaults agree on the
+# widths): 46 text layers of 4096, the first dense (MLP 10944), the rest 128 routed experts of 1408 (top 8) plus
+# one shared expert behind a sigmoid router; 96 query / 8 KV heads of 128; a 24-block vision tower (MLP 10944).
+GLM46V_TEXT = dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
+                   num_attention_heads=96, num_key_value_heads=8, head_dim=128, moe_intermediate_size=1408,
+                   n_routed_experts=128, num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                   topk_group=1, max_position_embeddings=131072, rms_norm_eps=1e-05, attention_bias=True,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5,
+                                    "mrope_section": [8, 12, 12]})
+GLM46V_VISION = dict(depth=24, hidden_size=1536, num_heads=12, intermediate_size=10944, out_hidden_size=4096,
+                     patch_size=14, image_size=336, spatial_merge_size=2, temporal_patch_size=2)
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """A base the run can be built on: random bf16 weights at a published model's shapes on the GPU machine, the
+    matching fixture of tests/tiny.py with --tiny."""
+    name: str
+    architecture: str
+    words: str  # what the results JSON and the table say it is
+    results_file: str  # where its run's $OUT/gpu_dvc_repro.json is kept in the repo once run
+    tiny_builder: str  # tests/tiny.py's function for --tiny
+    text: dict | None = None  # the published text and vision configs (None: the text run's, gpu_quantize.GLM4_9B)
+    vision: dict | None = None
+    depth_from_disk: bool = False  # text layers: as many as the machine's disk holds (all four checkpoints)
+    suite_limit: int | None = None  # items per suite unless --suite-limit says otherwise (the run must fit one lease)
+    group_size: int | None = None  # the W4A16 variants' group (every quantized width must divide by it)
+
+
+BASES = {b.name: b for b in (
+    BaseModel("glm4-9b", "GlmForCausalLM", "GLM-4-9B shapes (GlmForCausalLM), random bf16 weights",
+              "benchmarks/results/gpu_dvc_repro.json", "save_tiny_glm"),
+    BaseModel("glm46v-flash", "Glm4vForConditionalGeneration",
+              "GLM-4.6V-Flash shapes (Glm4vForConditionalGeneration: 40 text layers, 24-block vision tower), random "
+              "bf16 weights", "benchmarks/results/gpu_dvc_repro_glm46v.json", "save_tiny_glm4v",
+              GLM46V_FLASH_TEXT, GLM46V_FLASH_VISION, suite_limit=16),
+    BaseModel("glm46v-moe", "Glm4vMoeForConditionalGeneration",
+              "GLM-4.6V widths (Glm4vMoeForConditionalGeneration: 128 routed experts top-8 and a shared expert, "
+              "24-block vision tower) at the depth the disk holds, random bf16 weights",
+              "benchmarks/results/gpu_dvc_repro_glm46v_moe.json", "save_tiny_glm4v_moe",
+              GLM46V_TEXT, GLM46V_VISION, depth_from_disk=True, suite_limit=16,
+              group_size=64),  # 128 does not divide the dense MLP's 10944 (= 64 x 171)
+)}
+DEFAULT_BASE = "glm4-9b"
+# disk the run needs beside its checkpoints: calibration, results, logs, vLLM's compile cache, DVC's state
+DISK_RESERVE_GIB = 6.0
+
+
+def checkpoint_bytes(text: dict, vision: dict, layers: int, group_size: int) -> dict[str, float]:
+    """Bytes on disk of each checkpoint a run writes of a Glm4v / Glm4vMoe base with `layers` text layers, from the
+    model built on the meta device (no memory, no weights): bf16 everywhere for the base; every decoder Linear
+    (experts included, the router not) at 1 byte for FP8 and at 4 bits plus a bf16 scale and a 4-bit zero point per
+    `group_size` weights for AWQ and RTN; embeddings, lm_head, norms and the vision tower stay bf16 in all."""
+    import torch
+    from transformers import (Glm4vConfig, Glm4vForConditionalGeneration, Glm4vMoeConfig,
+                              Glm4vMoeForConditionalGeneration)
+
+    moe = "n_routed_experts" in text
+    config_class, model_class = ((Glm4vMoeConfig, Glm4vMoeForConditionalGeneration) if moe else
+                                 (Glm4vConfig, Glm4vForConditionalGeneration))
+    config = config_class(text_config={**text, "num_hidden_layers": layers}, vision_config=vision,
+                          tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = model_class(config)
+    quantized = kept = 0
+    for name, param in model.named_parameters():
+        in_layer = ".layers." in name and "visual" not in name
+        if in_layer and param.ndim >= 2 and not name.endswith("mlp.gate.weight"):
+            quantized += param.numel()
+        else:
+            kept += param.numel()
+    w4a16 = 0.5 + (2 + 0.5) / group_size
+    return {"base": 2.0 * (quantized + kept), "fp8-w8a8": 1.0 * quantized + 2.0 * kept,
+            "awq-w4a16": w4a16 * quantized + 2.0 * kept, "rtn-w4a16": w4a16 * quantized + 2.0 * kept}
+
+
+def disk_plan(spec: BaseModel, free_bytes: int, cache_copies: int, depth: int | None = None) -> dict:
+    """The text depth of the run and the disk it needs: the base, its random source (until resave has made
+    models/base), AWQ, FP8 and RTN, and DVC's copy of each when its cache copies (`cache_copies`); for a base whose
+    depth comes from the disk (glm46v-moe), the deepest that leaves DISK_RESERVE_GIB free, at least one dense and
+    one MoE layer. `depth` given: that depth, checked."""
+    group = spec.group_size or 128
+    full = spec.text["num_hidden_layers"]
+    dense = spec.text.get("first_k_dense_replace", full)
+
+    def need(layers: int) -> tuple[float, dict]:
+        sizes = checkpoint_bytes(spec.text, spec.vision, layers, group)
+        after_resave = sum(sizes.values()) * (1 + cache_copies)  # base + the three variants: the source is gone
+        during_resave = sizes["base"] * (2 + cache_copies)  # the random source (no DVC output) and models/base
+        return max(after_resave, during_resave), sizes
+
+    room = free_bytes - DISK_RESERVE_GIB * 2**30
+    if depth is None and spec.depth_from_disk:
+        one, two = need(dense + 1)[0], need(dense + 2)[0]
+        per_layer = two - one  # one more MoE layer, in every checkpoint
+        depth = dense + 1 + int(max(0.0, room - one) // per_layer) if room >= one else dense + 1
+        depth = min(depth, full)
+        why = (f"{per_layer / 1e9:.2f} GB per MoE layer over the checkpoints (base, AWQ, FP8, RTN"
+               f"{', and DVC copying each' if cache_copies else '; DVC links them into its cache'}), "
+               f"{one / 1e9:.1f} GB at {dense + 1} layers; {free_bytes / 1e9:.1f} GB free, {DISK_RESERVE_GIB} GiB "
+               f"kept for the rest of the run")
+    else:
+        depth = depth or full
+        why = "the published depth" if depth == full else "--depth"
+    total, sizes = need(depth)
+    return {"layers": depth, "published_layers": full, "why": why, "free_bytes": free_bytes,
+            "reserve_bytes": int(DISK_RESERVE_GIB * 2**30), "cache_copies": cache_copies,
+            "checkpoint_bytes": {k: int(v) for k, v in sizes.items()}, "peak_bytes": int(total),
+            "fits": total <= room}
+
+
 def sh(cmd: list[str], cwd: Path, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     return done
+
+
+def config_text_section(model_dir: Path) -> dict:
+    """The text tower's settings in a checkpoint's config.json (pipeline/checkpoints/config_json.py reads it)."""
+    sys.path.insert(0, str(REPO))
+    from pipeline.checkpoints import config_json
+
+    return config_json.text_section(config_json.read(model_dir))
 
 
 class Run:
@@ -67,6 +213,11 @@ class Run:
         self.state = json.loads(self.state_file.read_text()) if self.state_file.exists() else {
             "calls": [], "cuts": 0, "done": False, "setup_s": None, "phases": [{"name": "run", "fixes": []}]}
         self.state.setdefault("phases", [{"name": "run", "fixes": []}])
+        self.state.setdefault("model", {"name": DEFAULT_BASE})  # a run set up before --model: the text run
+
+    @property
+    def base_model(self) -> BaseModel:
+        return BASES[self.state["model"]["name"]]
 
     def save(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -76,16 +227,63 @@ class Run:
 
     def build_base(self) -> Path:
         sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
+        spec = self.base_model
         if self.tiny:
-            from tiny import save_tiny_glm
+            import tiny
 
-            base = self.work / "glm-tiny"
+            base = self.work / ("glm-tiny" if spec.name == DEFAULT_BASE else f"{spec.name}-tiny")
             if not (base / "config.json").exists():
-                save_tiny_glm(base)
+                getattr(tiny, spec.tiny_builder)(base)
             return base
-        from gpu_quantize import build_model
+        if spec.text is None:
+            from gpu_quantize import build_model
 
-        return build_model(self.work, 40)  # GLM-4-9B shapes, random bf16, on the GPU
+            return build_model(self.work, 40)  # GLM-4-9B shapes, random bf16, on the GPU
+        return self.build_vision_base(spec)
+
+    def build_vision_base(self, spec: BaseModel) -> Path:
+        """The published widths at the planned depth, random bf16 weights, built on the GPU with tests/tiny.py's
+        builder (GLM's image and video tokens, processors and chat template over the tiny tokenizer; ids stay in the
+        vocabulary), marked `synthetic_weights` so the report says its accuracy figures time the pipeline only."""
+        import torch
+
+        import tiny
+
+        layers = self.state["model"]["layers"]
+        base = self.work / f"{spec.name}-random"
+        if (base / "config.json").exists():
+            return base
+        started = time.perf_counter()
+        why = f"random bf16 weights at {spec.name} widths, {layers} text layers (benchmarks/gpu_dvc_repro.py)"
+        getattr(tiny, spec.tiny_builder)(base, dtype=torch.bfloat16, text={**spec.text, "num_hidden_layers": layers},
+                                         vision=spec.vision, device="cuda", synthetic_weights=why)
+        torch.cuda.empty_cache()
+        print(f"built {base} ({layers} text layers) in {time.perf_counter() - started:.0f} s", flush=True)
+        return base
+
+    def plan_depth(self, depth: int | None) -> None:
+        """A vision base's text depth and the disk its run needs (disk_plan), recorded in the state and printed; a
+        run that would not fit stops here, before anything is built (exit 2). With --tiny: the plan at the real
+        widths on this machine's disk, for the record; the tiny fixture is built."""
+        spec = self.base_model
+        if spec.text is None:
+            return
+        self.work.mkdir(parents=True, exist_ok=True)
+        config = (REPO / ".dvc" / "config").read_text()
+        copies = 0 if any(kind in config for kind in ("hardlink", "symlink", "reflink")) else 1
+        plan = disk_plan(spec, shutil.disk_usage(self.work).free, copies, depth)
+        if self.tiny:
+            plan["note"] = "--tiny: the plan at the published widths on this machine's disk; tests/tiny.py's fixture is built"
+        self.state["model"].update(layers=plan["layers"], disk=plan)
+        print(f"{spec.name}{' (the plan at the published widths; --tiny builds the fixture)' if self.tiny else ''}: "
+              f"{plan['layers']} text layers ({plan['why']}); the run's checkpoints need "
+              f"{plan['peak_bytes'] / 1e9:.1f} GB at most: " + ", ".join(
+                  f"{name} {size / 1e9:.1f} GB" for name, size in plan["checkpoint_bytes"].items()), flush=True)
+        if not plan["fits"] and not self.tiny:
+            print(f"cannot run {spec.name}: {plan['peak_bytes'] / 1e9:.1f} GB of checkpoints at {plan['layers']} text "
+                  f"layers do not fit in {plan['free_bytes'] / 1e9:.1f} GB free less {DISK_RESERVE_GIB} GiB kept for "
+                  "the run; free disk, or give --depth N (fewer text layers)", file=sys.stderr)
+            raise SystemExit(2)
 
     def settings(self, base: Path, suite_limit: int | None, share: bool = True) -> dict:
         """This machine's settings over the gpu-h200 profile."""
@@ -117,6 +315,9 @@ class Run:
         else:
             engine.update(server_command=["python3", "-m", "vllm.entrypoints.cli.main", "serve"],
                           server_env={"PYTHONPATH": VSITE, "VLLM_USE_FLASHINFER_SAMPLER": "0"})
+            for variant in params["variants"].values():  # e.g. GLM-4.6V's 10944-wide dense MLP: group 64
+                if "group_size" in variant and self.base_model.group_size:
+                    variant.update(group_size=self.base_model.group_size)
         engine["share_server"] = share  # --no-share: every stage starts its own server (the before of item 2)
         if suite_limit:  # items per suite, and prompts the judge judges
             for suite in params["suites"].values():
@@ -126,10 +327,19 @@ class Run:
             params["suites"]["code"]["allow_unsandboxed"] = True
         return params
 
-    def setup(self, suite_limit: int | None, share: bool = True, fixes: list[str] | None = None) -> None:
+    def setup(self, suite_limit: int | None, share: bool = True, fixes: list[str] | None = None,
+              model: str = DEFAULT_BASE, depth: int | None = None) -> None:
         import yaml
 
         started = time.perf_counter()
+        spec = BASES[model]
+        self.state["model"] = {"name": model, "architecture": spec.architecture, "shapes": spec.words,
+                               "results_file": spec.results_file}
+        if suite_limit is None and spec.suite_limit and not self.tiny:  # tiny: 2 items per suite (settings)
+            suite_limit = spec.suite_limit
+            self.state["model"]["suite_limit_why"] = (f"{spec.name}'s default: the whole run (carry, setup and dvc "
+                                                      "repro) in one 30-minute lease")
+        self.plan_depth(depth)  # a vision base: its depth and disk, before anything is built
         if self.project.exists():
             shutil.rmtree(self.project)
         shutil.copytree(REPO, self.project, ignore=IGNORE)
@@ -141,6 +351,10 @@ class Run:
            {k: v for k, v in self.env().items() if k != "QUANTIZE_STAGE_LOG"})  # not a stage of the run
         self.compile_bytecode()
         base = self.build_base()
+        text = config_text_section(base)
+        self.state["model"]["built"] = {key: text.get(key) for key in (  # what the base really is (tiny: the fixture)
+            "num_hidden_layers", "hidden_size", "n_routed_experts", "num_experts_per_tok", "first_k_dense_replace")
+            if text.get(key) is not None}
         (self.project / "params.yaml").write_text(yaml.safe_dump(self.settings(base, suite_limit, share), sort_keys=False))
         for variant in fixes or []:  # as a user adds a NO-GO's fix (the profile lists none)
             self.add_fix(variant)
@@ -350,7 +564,7 @@ class Run:
             starts = {s["name"]: s["server_starts"] for s in figures["stages"] if s["server_starts"]}
             phases.append({"name": phase["name"], "fixes": phase.get("fixes", []), "ran": ran,
                            "server_starts_by_stage": starts, **{k: v for k, v in figures.items()
-                                                                if k not in ("servers", "calls")}})
+                                                                if k not in ("servers", "calls", "model", "variants")}})
         return phases
 
     def figures(self, calls: list[dict] | None = None, records: list[dict] | None = None) -> dict:
@@ -389,7 +603,30 @@ class Run:
             "python_dont_write_bytecode": self.state.get("python_dont_write_bytecode"),
             # 1: the run's holder (and so its servers) lived through every cut; more: the machine ended them
             "run_holders": self.state.get("holders", 0),
+            "model": self.state["model"], "suite_limit": self.state.get("suite_limit"),
+            # this script's calls, each from its start to the end of its dvc repro (setup included): what they hold
+            # of a lease, beside the carries, the unpacking and the machine's start
+            "calls_s": round(sum(c.get("call_s") or 0.0 for c in calls), 1),
+            "variants": self.variant_figures(),
         }
+
+    def variant_figures(self) -> dict:
+        """Per built variant, from its quant.json: the scheme (FP8 of a MoE: its experts' own), the W4A16 group, and
+        what verify found of the vision tower (every tensor bit-identical to the base's, or the stage refused)."""
+        out = {}
+        for quant in sorted((self.project / "models").glob("*/quant.json")):
+            try:
+                info = json.loads(quant.read_text())
+            except (OSError, ValueError):
+                continue
+            vision = (info.get("verify") or {}).get("vision") or {}
+            out[quant.parent.name] = {"scheme": info.get("scheme"), "group_size": info.get("group_size"),
+                                      "expert_scheme": info.get("expert_scheme"),
+                                      "quantized_modules": info.get("quantized_modules"),
+                                      "size_bytes": info.get("size_bytes"),
+                                      "vision_tensors": vision.get("vision_tensors"),
+                                      "vision_mismatched": vision.get("mismatched")}
+        return out
 
     def stage_figures(self, records: list[dict]) -> dict[str, dict]:
         """Per stage, every attempt: its process's wall time, engine start (waits), work, and the time DVC took
@@ -635,6 +872,13 @@ def preflight(tiny: bool, vllm: bool = True) -> None:
 
 
 def print_table(figures: dict) -> None:
+    model = figures.get("model") or {}
+    built = model.get("built") or {}
+    print(f"\nbase: {model.get('name')} ({model.get('shapes')}; built with {built.get('num_hidden_layers')} text layers"
+          + (f"; planned {model['layers']}: {model['disk']['why']}" if model.get("layers") else "") + ")")
+    for name, v in (figures.get("variants") or {}).items():
+        print(f"  {name}: {v['scheme']}" + (f", vision tower: {v['vision_tensors']} tensors, "
+                                            f"{len(v['vision_mismatched'] or [])} changed" if v["vision_tensors"] else ""))
     print("\n| stage | wall s | work s | ahead work s | engine start s | DVC before s | attempts (cut) |\n"
           "|---|---|---|---|---|---|---|")
     for s in figures["stages"]:
@@ -674,6 +918,12 @@ def main() -> None:
                              "as a new phase that runs only what it adds (repeatable)")
     parser.add_argument("--keep", action="store_true",
                         help="a finished run keeps its servers --grace seconds (for a fix added next, `run --fix`)")
+    parser.add_argument("--model", choices=sorted(BASES), default=None,
+                        help=f"the base, at the first call (default {DEFAULT_BASE}; later calls keep the run's): "
+                             + "; ".join(f"{b.name}: {b.words}" for b in BASES.values()))
+    parser.add_argument("--depth", type=int, default=None,
+                        help="text layers of a vision base (default: glm46v-flash the published 40, glm46v-moe as many "
+                             "as the disk holds)")
     args = parser.parse_args()
     work = Path(args.work or ("/tmp/gpu-dvc-tiny" if args.tiny else "/tmp/gpu-dvc"))
     if args.action == "reset":
@@ -687,8 +937,16 @@ def main() -> None:
         started = time.perf_counter()
         preflight(args.tiny, vllm=args.action == "run")
         fresh = run.state["setup_s"] is None
+        if not fresh and args.model and args.model != run.base_model.name:
+            print(f"--model {args.model}: the run in {work} is {run.base_model.name}'s; `reset` it first (or give "
+                  "another --work)", file=sys.stderr)
+            raise SystemExit(2)
+        if args.depth is not None and (args.depth < 2 or BASES[args.model or DEFAULT_BASE].text is None):
+            print("--depth: a vision base's text layers (--model glm46v-flash or glm46v-moe), at least 2", file=sys.stderr)
+            raise SystemExit(2)
         if fresh:
-            run.setup(args.suite_limit, share=not args.no_share, fixes=args.fix)
+            run.setup(args.suite_limit, share=not args.no_share, fixes=args.fix, model=args.model or DEFAULT_BASE,
+                      depth=args.depth)
             print(f"set up {run.project} in {run.state['setup_s']} s", flush=True)
         if args.action == "setup":
             print("state: set up; `run` starts dvc repro")
@@ -703,6 +961,8 @@ def main() -> None:
             print("state: done (nothing to run; `run --fix V` adds a fix to it, `reset` starts over)")
         else:
             outcome = run.call(args.budget - (time.perf_counter() - started), args.target, args.grace, keep=args.keep)
+            run.state["calls"][-1]["call_s"] = round(time.perf_counter() - started, 1)  # setup included: the lease's
+            run.save()
             print(f"dvc repro: {outcome}", flush=True)
             if outcome.startswith("failed"):
                 print(Path(run.state["calls"][-1]["log"]).read_text()[-4000:])

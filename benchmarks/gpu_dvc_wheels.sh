@@ -14,10 +14,22 @@ set -euo pipefail
 dest=.device/dvc-wheels
 mkdir -p "$dest"
 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT  # uv installed for this run goes too, whatever fails
 printf 'dvc==3.67.1\ntyper>=0.15\n' > "$tmp/req.in"
-# uv resolves for the GPU machine's Python and platform: on PATH, or the project's .venv (`make install`: the dev extra)
+# uv resolves for the GPU machine's Python and platform (pip cannot: it evaluates dependencies' markers such as
+# python_version against the Python it runs on, pypa/pip#11010): uv on PATH, or the project's .venv (`make install`:
+# the dev extra), or else uv installed for this run only into the temporary folder (pip --target: no venv needed,
+# and allowed where the system Python is externally managed), removed at the end
 uv=$(command -v uv || true)
-[ -n "$uv" ] || { [ -x .venv/bin/uv ] && uv=.venv/bin/uv; } || { echo "uv not found: run make install (uv comes with the dev extra) or pip install uv" >&2; exit 2; }
+[ -n "$uv" ] || { [ -x .venv/bin/uv ] && uv=.venv/bin/uv; } || true
+if [ -z "$uv" ]; then
+  echo "uv not found: installing it into $tmp/uv for this run" >&2
+  python3 -m pip install -q --disable-pip-version-check --target "$tmp/uv" uv \
+    || { echo "could not install uv (python3 -m pip install --target $tmp/uv uv failed): install uv, or run make install" >&2; exit 2; }
+  uv="$tmp/uv/bin/uv"
+fi
+# the system's certificates, as pip uses them (uv's own bundle refuses a TLS-inspecting proxy's)
+export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
 "$uv" pip compile -q "$tmp/req.in" --python-version 3.12 --python-platform x86_64-manylinux_2_28 -o "$tmp/req.txt"
 skip='^(hydra-core|omegaconf|antlr4-python3-runtime|setuptools|fsspec|filelock|pyyaml|requests|urllib3|certifi|idna|charset-normalizer|packaging|typing-extensions|pydantic|pydantic-core|annotated-types|typing-inspection|tqdm|six|python-dateutil|networkx|jinja2|markupsafe)=='
 grep -v '^ *#' "$tmp/req.txt" | grep -Ev "$skip" | sed 's/ *;.*//' > "$tmp/keep.txt"
@@ -32,5 +44,4 @@ if [ "${1:-}" = "--scipy" ]; then
     -d .device-scipy scipy
   du -sh .device-scipy
 fi
-rm -rf "$tmp"
 du -sh "$dest"

@@ -1,9 +1,9 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1, backed by a real (tiny) transformers model.
 
 It speaks what the pipeline uses of vLLM's API: `/v1/completions` with token-id or text prompts,
-`/v1/chat/completions` with image parts for a vision checkpoint (as vLLM does with `--chat-template-content-
+`/v1/chat/completions` with image parts (data URLs) for a vision checkpoint (as vLLM does with `--chat-template-content-
 format string`: text parts joined, one image placeholder added per image the text does not already mark,
-then the server's `--chat-template` applied),
+then the server's `--chat-template` applied; run as a script, an access-log line per chat request with its images),
 greedy decoding, `stream` (server-sent events, one token per event), vLLM's `return_token_ids`,
 `ignore_eos` / `min_tokens` and `prompt_logprobs` (log-probability and rank of every prompt token),
 plus `/health`, `/version` and `/v1/models`. The answers are the model's own, computed with
@@ -128,6 +128,7 @@ class CompletionsServer:
         self.die_after: int | None = None  # exit the whole process at this completion request (a crashed engine)
         self.faults: list[str] = []  # "drop" / "never" / "close", one per completion request, in order
         self.latency = 0.0  # seconds added to every completion, outside the model's lock
+        self.log_requests = False  # run as a script: an access-log line per chat request (its images counted)
         self.fake_tokens: int | None = None  # answer with this many of the prompt's ids, the model not run (load tests)
         self.running = self.waiting = 0  # as vLLM's /metrics counts them
         self.peak_running = 0  # most running at once since the last stats line
@@ -302,7 +303,8 @@ class CompletionsServer:
                         server._count(running=1, waiting=-1)
 
             def _chat(self, body):
-                """vLLM's chat path with content format `string` and the server's chat template."""
+                """vLLM's chat path with content format `string` and the server's chat template: image parts are
+                data URLs (what the engines send), decoded to the very pixels and run through the model's vision tower."""
                 import base64
                 import io
 
@@ -310,6 +312,8 @@ class CompletionsServer:
                 from PIL import Image
 
                 model = server.model
+                if body.get("model") != server.served_name:
+                    return self._json(404, {"error": f"model {body.get('model')!r} does not exist"})
                 placeholder = "<|begin_of_image|><|image|><|end_of_image|>"
                 messages, images = [], []
                 for message in body["messages"]:
@@ -329,7 +333,14 @@ class CompletionsServer:
                     messages.append({**message, "content": content})
                 template = server.chat_template or model.tokenizer.chat_template
                 text = jinja2.Template(template).render(messages=messages, add_generation_prompt=True)
-                tokens = model.chat_with_images(text, images, int(body.get("max_tokens") or 16))
+                server._count(running=1)  # counted as vLLM's /metrics counts every request it answers
+                try:
+                    tokens = model.chat_with_images(text, images, int(body.get("max_tokens") or 16))
+                finally:
+                    server._count(running=-1)
+                if server.log_requests:  # a line per request, as uvicorn's access log under `vllm serve`
+                    print(f'INFO: 127.0.0.1 - "POST /v1/chat/completions HTTP/1.1" 200 OK ({len(images)} image(s))',
+                          flush=True)
                 content = model.tokenizer.decode([t for t in tokens if t not in model.eos], skip_special_tokens=True)
                 choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
                 if body.get("return_token_ids"):
@@ -448,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     server = CompletionsServer(model, args.served_model_name, args.port, chat_template=args.chat_template)
     server.die_after, server.latency, server.fake_tokens = args.die_after, args.latency, args.fake_tokens
+    server.log_requests = True
     log_start_figures(server.model, args, time.perf_counter() - started)
     threading.Thread(target=_log_stats, args=(server, args.log_stats_interval), daemon=True).start()
     time.sleep(args.start_delay)

@@ -86,3 +86,28 @@ def test_the_driver_cuts_resumes_accounts_every_stage_and_a_fix_costs_only_the_f
         (project / name).write_text(text)
     assert dvc_status(project) == {"report"}
     assert not list((work / "servers").glob("*.json"))  # the run ended: its servers with it
+
+
+@pytest.mark.slow
+def test_a_vision_base_runs_the_same_dag_vqa_scored_through_the_server_on_every_model(tmp_path):
+    """`--model glm46v-flash --tiny`: the same DAG on a tiny Glm4v (issue 55), up to every model's evaluation (the
+    judge, KL, bench and report stages are the text run's, above). Every model's VQA items go to its server as
+    OpenAI chat requests with the images as data URLs, one server per model, started early by its warm stage; every
+    variant's vision tower is bit-identical to the base's (verify, in the quantize stage)."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    targets = [f"{kind}@{name}" for name in MODELS for kind in ("warm", "evaluate")]
+    figures, printed = call(work, out, "--budget", "800", "--model", "glm46v-flash", "--target", *targets, keep=False)
+    assert figures["done"], printed
+    model = figures["model"]
+    assert model["name"] == "glm46v-flash" and model["architecture"] == "Glm4vForConditionalGeneration"
+    assert model["results_file"] == "benchmarks/results/gpu_dvc_repro_glm46v.json"
+    assert model["disk"]["layers"] == 40 and model["built"]["num_hidden_layers"] == 2  # planned at full size; tiny built
+    results, vqa_rows = work / "project" / "results", {r["model"]: r for r in figures["suites"] if r["suite"] == "vqa"}
+    for name in MODELS:
+        vqa = json.loads((results / name / "vqa.json").read_text())
+        assert (vqa_rows[name]["status"], vqa["engine"], vqa["n"]) == ("scored", "vllm", 2), (name, vqa)
+        log = (results / name / "vllm-server.log").read_text()
+        assert log.count('"POST /v1/chat/completions HTTP/1.1" 200 OK (1 image(s))') >= 2, name
+    for name in MODELS[1:]:
+        assert figures["variants"][name]["vision_tensors"] > 0 and figures["variants"][name]["vision_mismatched"] == []
+    assert {name: server["starts"] for name, server in figures["servers"].items()} == dict.fromkeys(MODELS, 1)

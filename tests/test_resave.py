@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from pipeline.stages import resave
 from pipeline.errors import UserError
-from tiny import save_tiny_llama, tiny_tokenizer, write_tiny_gguf
+from tiny import save_tiny_glm4v, save_tiny_llama, tiny_tokenizer, write_tiny_gguf
 
 
 def test_hf_to_hf_keeps_weights_and_tokenizer(tmp_path, tiny_llama):
@@ -16,6 +16,19 @@ def test_hf_to_hf_keeps_weights_and_tokenizer(tmp_path, tiny_llama):
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert (tmp_path / "out" / "tokenizer.json").exists()
     assert result.architecture == "LlamaForCausalLM" and result.source_kind == "hf"
+
+
+def test_a_vision_checkpoint_keeps_its_processor_files(tmp_path):
+    """GLM-4.1V's processor needs torchvision, which this machine lacks: its files travel as they are, so the image
+    processor of models/base prepares images as the source's would."""
+    from pipeline.engines.vision import load_image_processor
+
+    source = save_tiny_glm4v(tmp_path / "src")
+    result = resave.run(source, tmp_path / "out", "float16")
+    assert result.architecture == "Glm4vForConditionalGeneration"
+    for name in resave.PROCESSOR_FILES:
+        assert json.loads((tmp_path / "out" / name).read_text()) == json.loads((source / name).read_text()), name
+    assert load_image_processor(tmp_path / "out").to_dict() == load_image_processor(source).to_dict()
 
 
 def test_hf_to_hf_bfloat16(tmp_path, tiny_llama):

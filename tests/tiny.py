@@ -250,10 +250,13 @@ def save_tiny_glm4(path: Path, seed: int = 0, dtype=torch.float16, **overrides) 
 _GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}
 
 
-def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict, family: str = "Glm4v") -> Path:
+def _save_tiny_vision(model, path: Path, dtype, tok, vision: dict, family: str = "Glm4v",
+                      synthetic_weights: str | None = None) -> Path:
     from pipeline.checkpoints.serving_names import finish_config
 
     model = model.to(dtype)
+    if synthetic_weights:  # a random model built to time the pipeline (config_json.synthetic_weights): the report says so
+        model.config.synthetic_weights = synthetic_weights
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(path)
@@ -270,7 +273,7 @@ _TINY_MOE = dict(moe_intermediate_size=32, n_routed_experts=4, num_experts_per_t
 
 def _build_tiny_glm_vision(config_cls, model_cls, path: Path, seed: int, dtype, text: dict | None, vision: dict | None,
                            device: str, moe: bool, text_type: str | None = None, vision_type: str | None = None,
-                           family: str = "Glm4v") -> Path:
+                           family: str = "Glm4v", synthetic_weights: str | None = None) -> Path:
     """A GLM vision-language model of config_cls / model_cls with GLM's tokens, processors and chat template.
     text_type / vision_type: the sub-configs' model_type where the class does not imply it (Glm46V)."""
     tok = glm_vision_tokenizer()
@@ -292,29 +295,29 @@ def _build_tiny_glm_vision(config_cls, model_cls, path: Path, seed: int, dtype, 
             for name, param in model.named_parameters():
                 if name.endswith("mlp.gate.weight"):
                     param.normal_(0, 0.5)
-    return _save_tiny_vision(model, path, dtype, tok, visual, family)
+    return _save_tiny_vision(model, path, dtype, tok, visual, family, synthetic_weights)
 
 
 def save_tiny_glm4v(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
-                    vision: dict | None = None, device: str = "cpu") -> Path:
+                    vision: dict | None = None, device: str = "cpu", synthetic_weights: str | None = None) -> Path:
     """Glm4vForConditionalGeneration (GLM-4.1V layout, GLM-4.6V-Flash's as published): a Glm4 text tower plus a
     one-block vision tower, with GLM's image/video tokens, its processors and chat template (what vLLM's GLM-4V
     processor needs). text / vision: settings over the tiny ones (e.g. real widths at reduced depth)."""
     from transformers import Glm4vConfig, Glm4vForConditionalGeneration
 
     return _build_tiny_glm_vision(Glm4vConfig, Glm4vForConditionalGeneration, path, seed, dtype, text, vision, device,
-                                  moe=False)
+                                  moe=False, synthetic_weights=synthetic_weights)
 
 
 def save_tiny_glm4v_moe(path: Path, seed: int = 0, dtype=torch.float16, text: dict | None = None,
-                        vision: dict | None = None, device: str = "cpu") -> Path:
+                        vision: dict | None = None, device: str = "cpu", synthetic_weights: str | None = None) -> Path:
     """Glm4vMoeForConditionalGeneration (GLM-4.5V layout, GLM-4.6V's as published): layer 0 dense, layer 1 routed
     experts (4 experts, top 2) plus a shared expert, a sigmoid router, and a vision tower; GLM's tokens,
     processors and chat template as in save_tiny_glm4v."""
     from transformers import Glm4vMoeConfig, Glm4vMoeForConditionalGeneration
 
     return _build_tiny_glm_vision(Glm4vMoeConfig, Glm4vMoeForConditionalGeneration, path, seed, dtype, text, vision,
-                                  device, moe=True)
+                                  device, moe=True, synthetic_weights=synthetic_weights)
 
 
 def save_tiny_glm46v(path: Path, seed: int = 0, dtype=torch.float16, moe: bool = False) -> Path:
