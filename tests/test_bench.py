@@ -110,6 +110,13 @@ def test_bench_times_requests_with_images_on_a_vision_model_in_process(tmp_path,
         assert summary["capacity"]["by_load"][load["name"]]["kv_tokens_per_request"] == load["kv_tokens_per_request"]
         assert summary["capacity"]["by_load"][load["name"]]["requests_in_kv_pool"] is None  # no KV pool in-process
     assert summary["workloads"]["4-images"]["prompt_tokens_mean"] > summary["workloads"]["1-image"]["prompt_tokens_mean"] + 3 * 64 - 8
+    # an engine that takes no images measures the text-only loads and says why there are no others
+    from pipeline.engines import engine_spec
+    from pipeline.settings.params import BenchParams
+    from pipeline.stages.bench import _image_counts
+
+    assert _image_counts(model, BenchParams(), engine_spec("lmdeploy"), "lmdeploy") == (
+        [], "lmdeploy takes no images; requests with images are measured on hf, vllm or openai (--engine)")
 
     # a request that does not fit the model's context is refused before the weights load (32 text tokens and 4 images
     # at least), naming the settings to change; nothing written

@@ -81,24 +81,22 @@ def _vs_base(value, base_value) -> str:
 
 
 def _load_line(load: dict, base_load: dict | None) -> str:
-    """One load of a bench with images on the first screen: "1 image (1,369 tokens each), c=1: 120 tok/s, TTFT 310 ms;
-    1.79k KV tokens a request, 891 in the KV pool (1.8× base)"; the text-only load gives its KV figures only (its
-    speed leads the cell)."""
-    parts = []
+    """One load of a bench with images on the first screen, short: "1 image (1,369 tokens each): TTFT 84.0 ms at c=1,
+    891 in the KV pool (1.8× base)", the text-only load its KV figure only (its speed leads the cell); the table of
+    loads in the speed section has every figure of each (KV tokens per request, decode rates, goodput)."""
+    head = str(load["label"])
     if load.get("images_per_request"):
         each = load.get("image_tokens_per_image")
-        tokens = f" ({each:,} tokens each)" if isinstance(each, int) else f" ({compact(each)} tokens each)" if _num(each) else ""
-        speed = [f"{figures.rate(load['batch1_tokens_per_s'])} tok/s" if _num(load.get("batch1_tokens_per_s")) else None,
-                 f"TTFT {figures.ms(load['batch1_ttft_ms'])}" if _num(load.get("batch1_ttft_ms")) else None]
-        parts.append(f"{load['label']}{tokens}, c={load['batch1_concurrency']}: " + ", ".join(p for p in speed if p))
-    else:
-        parts.append(str(load["label"]))
-    kv = [f"{compact(load['kv_tokens_per_request'])} KV tokens a request" if _num(load.get("kv_tokens_per_request")) else None,
-          f"{compact(load['requests_in_kv_pool'])} in the KV pool" + _vs_base(load["requests_in_kv_pool"],
-                                                                               (base_load or {}).get("requests_in_kv_pool"))
-          if _num(load.get("requests_in_kv_pool")) else None]
-    kv = [k for k in kv if k]
-    return parts[0] + (("; " if load.get("images_per_request") else ": ") + ", ".join(kv) if kv else "")
+        head += f" ({each:,} tokens each)" if isinstance(each, int) else f" ({compact(each)} tokens each)" if _num(each) else ""
+    parts = []
+    if load.get("images_per_request") and _num(load.get("batch1_ttft_ms")):
+        parts.append(f"TTFT {figures.ms(load['batch1_ttft_ms'])} at c={load['batch1_concurrency']}")
+    if _num(load.get("requests_in_kv_pool")):
+        parts.append(f"{compact(load['requests_in_kv_pool'])} in the KV pool"
+                     + _vs_base(load["requests_in_kv_pool"], (base_load or {}).get("requests_in_kv_pool")))
+    elif _num(load.get("kv_tokens_per_request")):  # no pool reported (an in-process engine): what one request holds
+        parts.append(f"{compact(load['kv_tokens_per_request'])} KV tokens a request")
+    return head + (": " + ", ".join(parts) if parts else "")
 
 
 def _measured(row: dict, base_row: dict | None, comparison: dict, human_size) -> dict:
