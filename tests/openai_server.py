@@ -3,7 +3,8 @@
 It speaks what the pipeline uses of vLLM's API: `/v1/completions` with token-id or text prompts,
 `/v1/chat/completions` with image parts (data URLs) for a vision checkpoint (as vLLM does with `--chat-template-content-
 format string`: text parts joined, one image placeholder added per image the text does not already mark,
-then the server's `--chat-template` applied; run as a script, an access-log line per chat request with its images),
+then the server's `--chat-template` applied; streamed or not, its usage counting the prompt with each image's
+tokens, as vLLM's does; run as a script, an access-log line per chat request with its images),
 greedy decoding, `stream` (server-sent events, one token per event), vLLM's `return_token_ids`,
 `ignore_eos` / `min_tokens` and `prompt_logprobs` (log-probability and rank of every prompt token),
 plus `/health`, `/version` and `/v1/models`. The answers are the model's own, computed with
@@ -86,18 +87,52 @@ class TinyModel:
                     return
                 inputs = torch.tensor([[token]])
 
-    def chat_with_images(self, text: str, images: list, max_tokens: int) -> list[int]:
-        """Greedy tokens for a rendered prompt with images (the image token expanded per image grid)."""
+    def chat_inputs(self, text: str, images: list):
+        """A rendered prompt with images as the model takes it: each image token expanded per image grid."""
         from pipeline.engines.vision import ImagePrompter
 
-        prompter = ImagePrompter(self.model_dir, self.tokenizer)
-        inputs = prompter.encode([text], [images])
-        with self.lock, self.torch.inference_mode():
-            out = self.model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False,
-                                      pad_token_id=self.tokenizer.pad_token_id)
-        tokens = out[0, inputs["input_ids"].shape[1]:].tolist()
-        cut = next((i + 1 for i, t in enumerate(tokens) if t in self.eos), len(tokens))
-        return tokens[:cut]
+        return ImagePrompter(self.model_dir, self.tokenizer).encode([text], [images])
+
+    def chat_stream(self, inputs, max_tokens: int, ignore_eos: bool = False, min_tokens: int = 0):
+        """Yields greedy token ids for chat_inputs' inputs as the model makes them (transformers' generate in a
+        thread, a streamer handing each step's token over), stopping after EOS unless ignored."""
+        import queue
+
+        from transformers.generation.streamers import BaseStreamer
+
+        arrived: queue.Queue = queue.Queue()
+
+        class Handover(BaseStreamer):
+            prompt_seen = False
+
+            def put(self, value):
+                if not self.prompt_seen:  # generate hands the prompt over first
+                    self.prompt_seen = True
+                    return
+                for token in value.reshape(-1).tolist():
+                    arrived.put(token)
+
+            def end(self):
+                arrived.put(None)
+
+        def run():
+            try:
+                with self.lock, self.torch.inference_mode():
+                    self.model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, streamer=Handover(),
+                                        min_new_tokens=max_tokens if ignore_eos else min_tokens,
+                                        pad_token_id=self.tokenizer.pad_token_id)
+            finally:
+                arrived.put(None)
+
+        threading.Thread(target=run, daemon=True).start()
+        while (token := arrived.get()) is not None:
+            yield token
+            if token in self.eos and not ignore_eos:
+                return
+
+    def chat_with_images(self, text: str, images: list, max_tokens: int) -> list[int]:
+        """Greedy tokens for a rendered prompt with images (the image token expanded per image grid)."""
+        return list(self.chat_stream(self.chat_inputs(text, images), max_tokens))
 
     def prompt_logprobs(self, ids: list[int]) -> list[dict | None]:
         torch = self.torch
@@ -333,22 +368,56 @@ class CompletionsServer:
                     messages.append({**message, "content": content})
                 template = server.chat_template or model.tokenizer.chat_template
                 text = jinja2.Template(template).render(messages=messages, add_generation_prompt=True)
-                server._count(running=1)  # counted as vLLM's /metrics counts every request it answers
-                try:
-                    tokens = model.chat_with_images(text, images, int(body.get("max_tokens") or 16))
-                finally:
-                    server._count(running=-1)
+                with server._lock:
+                    server.requests[-1]["rendered"] = text
+                inputs = model.chat_inputs(text, images)
+                prompt_tokens, max_tokens = int(inputs["input_ids"].shape[1]), int(body.get("max_tokens") or 16)
                 if server.log_requests:  # a line per request, as uvicorn's access log under `vllm serve`
                     print(f'INFO: 127.0.0.1 - "POST /v1/chat/completions HTTP/1.1" 200 OK ({len(images)} image(s))',
                           flush=True)
+                server._count(running=1)  # counted as vLLM's /metrics counts every request it answers
+                try:
+                    tokens = model.chat_stream(inputs, max_tokens, bool(body.get("ignore_eos")),
+                                               int(body.get("min_tokens") or 0))
+                    if body.get("stream"):
+                        return self._chat_stream(body, tokens, prompt_tokens)
+                    tokens = list(tokens)
+                finally:
+                    server._count(running=-1)
                 content = model.tokenizer.decode([t for t in tokens if t not in model.eos], skip_special_tokens=True)
                 choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
                 if body.get("return_token_ids"):
                     choice["token_ids"] = tokens
-                with server._lock:
-                    server.requests[-1]["rendered"] = text
                 self._json(200, {"id": "chat-test", "object": "chat.completion", "model": server.served_name,
-                                 "choices": [choice], "usage": {"completion_tokens": len(tokens)}})
+                                 "choices": [choice], "usage": {"prompt_tokens": prompt_tokens,
+                                                                "completion_tokens": len(tokens)}})
+
+            def _chat_stream(self, body, tokens, prompt_tokens: int):
+                """vLLM's streamed chat: a first chunk with the role, a chunk per token (delta.content, and its id
+                with return_token_ids), the finish reason, then the usage when stream_options asks for it."""
+                model = server.model
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                head = {"id": "chat-test", "object": "chat.completion.chunk", "model": server.served_name}
+                self._event({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                  "finish_reason": None}]})
+                count, last = 0, None
+                for token in tokens:
+                    count, last = count + 1, token
+                    choice = {"index": 0, "delta": {"content": model.tokenizer.decode([token])}, "finish_reason": None}
+                    if body.get("return_token_ids"):
+                        choice["token_ids"] = [token]
+                    self._event({**head, "choices": [choice]})
+                finish = "stop" if last in model.eos and not body.get("ignore_eos") else "length"
+                self._event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    self._event({**head, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": count,
+                                                                  "total_tokens": prompt_tokens + count}})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
 
             def _stream(self, body, edit=lambda event: event):
                 model = server.model

@@ -141,3 +141,91 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
     }
     params["suites"]["ppl-chat"]["options"] = {"data": "calib_data/build/holdout.jsonl"}
     return results, models, params
+
+
+# ---------------------------------------------------------------- a vision-language model's run
+
+VLM_IMAGE_TOKENS = {1: 1369, 4: 1369}  # a 1024 x 1024 image at GLM-4.1V's 14-pixel patches, 2 x 2 merged: 37 x 37
+
+
+def vlm_bench_summary(tpot: float, kv_pool: int) -> dict:
+    """bench.json of a vision-language model as `quantize bench` writes it on vLLM: the text-only load and the
+    same requests with 1 and 4 images (each image's tokens by the model's processor, KV tokens per request as the
+    server counted the prompt), and the capacity per load."""
+    from test_bench import bench_summary
+
+    summary = bench_summary(tpot, "vllm")
+    fixed = summary["workloads"]["fixed"]
+    fixed.update(name="fixed", label="text only", kv_tokens_per_request=384,
+                 kv_tokens_source="prompt + output, the prompt as the server counted it (usage.prompt_tokens)")
+    by_load = {"fixed": {"label": "text only", "kv_tokens_per_request": 384, "requests_in_kv_pool": kv_pool // 384,
+                         "goodput_tok_s_per_gpu": 60000.0 / tpot}}
+    for count in (1, 4):
+        name, label = f"{count}-image{'s' if count > 1 else ''}", f"{count} image{'s' if count > 1 else ''}"
+        prompt = 170 + count * VLM_IMAGE_TOKENS[count]
+        levels = []
+        for level in fixed["levels"]:
+            slower = 1 + 0.2 * count
+            levels.append({**level, "ttft_p50_ms": level["ttft_p50_ms"] * (1 + 3 * count),
+                           "ttft_ms": {k: v * (1 + 3 * count) for k, v in level["ttft_ms"].items()},
+                           "tpot_ms": level["tpot_ms"] * slower, "output_tokens_per_s": level["output_tokens_per_s"] / slower,
+                           "input_tokens_mean": prompt, "server_prompt_tokens_mean": prompt})
+        summary["workloads"][name] = {
+            "name": name, "prompts": 64, "label": label, "images_per_request": count, "image_size": [1024, 1024],
+            "image_tokens_per_image": VLM_IMAGE_TOKENS[count],
+            "image_tokens_rule": "the model's image processor: grid t*h*w / merge^2 per image", "text_tokens_mean": 170,
+            "prompt_tokens_mean": prompt, "kv_tokens_per_request": prompt + 256,
+            "kv_tokens_source": "prompt + output, the prompt as the server counted it (usage.prompt_tokens)",
+            "levels": levels, "rates": []}
+        by_load[name] = {"label": label, "kv_tokens_per_request": prompt + 256,
+                         "requests_in_kv_pool": kv_pool // (prompt + 256),
+                         "goodput_tok_s_per_gpu": 60000.0 / tpot / (1 + count)}
+    summary["capacity"] = {"kv_cache_tokens": kv_pool, "max_context_batch1": 65536, "weight_bytes": 40 << 30,
+                           "kv_cache_bytes": 60 << 30, "goodput_tok_s_per_gpu": by_load["fixed"]["goodput_tok_s_per_gpu"],
+                           "slo": {"ttft_ms": 2000, "tpot_ms": 15}, "by_load": by_load}
+    return summary
+
+
+def vlm_like(root: Path) -> tuple[Path, Path, dict]:
+    """A GLM-4.6V-like run: VQA (100 right/wrong items, about two thirds right for the base) and held-out perplexity for the base, an FP8
+    and an AWQ variant, each variant's quant.json with its vision tower's check (FP8's kept bit-identical in bf16;
+    AWQ's with two tensors changed, as a checkpoint from elsewhere could hold), and bench.json with images for the
+    base and FP8. Returns (results, models, params dict)."""
+    rng = np.random.default_rng(7)
+    results, models = root / "results", root / "models"
+    right = rng.random(100) < 0.62
+    lost = {"fp8-w8a8": set(), "awq-w4a16": set(np.flatnonzero(right)[:12].tolist())}
+    for model in ("base", *lost):
+        lines = [{"id": f"easyvqa-{i}", "suite": "vqa", "variant": model, "prompt": f"<image>\nwhat shape? {XSS}",
+                  "target": "circle", "output": "circle" if r and i not in lost.get(model, ()) else "square",
+                  "score": float(r and i not in lost.get(model, ())), "correct": bool(r and i not in lost.get(model, ())),
+                  "n_tokens": 2, "seconds": 0.2} for i, r in enumerate(right)]
+        _write_lines(results / model / "vqa.jsonl", lines, {"suite": "vqa", "n": 100, "score": sum(l["score"] for l in lines) / 100})
+    tokens = rng.integers(150, 600, size=12)
+    base_nll = tokens * rng.uniform(2.0, 3.0, size=12)
+    for model, rise in (("base", 0.0), ("fp8-w8a8", 0.01), ("awq-w4a16", 0.05)):
+        nll = base_nll + tokens * (math.log1p(rise) + (rng.normal(0, 0.005, size=12) if rise else 0))
+        lines = [{"id": f"ppl-chat-{i}", "suite": "ppl-chat", "variant": model, "prompt": f"conversation {i}", "target": "",
+                  "output": "", "score": float(math.exp(l / t)), "correct": None, "loglikelihood": -float(l),
+                  "n_tokens": int(t), "seconds": None} for i, (l, t) in enumerate(zip(nll, tokens))]
+        _write_lines(results / model / "ppl-chat.jsonl", lines, {"suite": "ppl-chat", "n": 12, "score": 1.0})
+    vision = {"fp8-w8a8": {"vision_tensors": 182, "mismatched": [], "dtypes": ["BF16"]},
+              "awq-w4a16": {"vision_tensors": 182, "mismatched": ["model.visual.blocks.0.attn.qkv.weight",
+                                                                   f"model.visual.merger.proj.weight {XSS}"],
+                            "dtypes": ["BF16"]}}
+    for model, scheme in (("fp8-w8a8", "FP8 W8A8 (dynamic activations)"), ("awq-w4a16", "W4A16 asymmetric, group 128")):
+        (models / model).mkdir(parents=True, exist_ok=True)
+        (models / model / "quant.json").write_text(json.dumps({
+            "method": model.split("-")[0], "scheme": scheme, "size_bytes": 60 << 30, "base_size_bytes": 200 << 30,
+            "quantized_modules": 9000, "calibration": {"blocks": 64, "seq_len": 2048, "sha256": "0" * 64},
+            "seconds": {"total": 3600}, "device": "cuda", "ignored": {"re:.*visual.*": "vision tower: kept in full precision by design"},
+            "verify": {"reloads": True, "sample": "", "vision": vision[model]}}))
+    for model, tpot, pool in (("base", 12.0, 900_000), ("fp8-w8a8", 9.0, 1_600_000)):
+        (results / model / "bench.json").write_text(json.dumps(vlm_bench_summary(tpot, pool)))
+    params = {
+        "model": {"source": "tiny-hf", "base_dir": "models/base", "dtype": "bfloat16"},
+        "variants": {"fp8-w8a8": {"method": "fp8"}, "awq-w4a16": {"method": "awq", "group_size": 128}},
+        "suites": {"vqa": {"task": "quant_vqa"}, "ppl-chat": {"task": "quant_ppl_chat"}},
+        "verdict": {"margins": {"perplexity": 0.10, "suites": {"vqa": 0.06}}},
+    }
+    return results, models, params

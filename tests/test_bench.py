@@ -42,6 +42,9 @@ def test_bench_sweeps_concurrency_on_both_workloads(tmp_path, tiny_llama, monkey
 
     fixed, real = summary["workloads"]["fixed"], summary["workloads"]["holdout"]
     assert [l["concurrency"] for l in fixed["levels"]] == [1, 2] == [l["concurrency"] for l in real["levels"]]
+    # a text-only model: bench.images (default [1, 4]) asks nothing of it, and its figures carry no load's name
+    assert set(summary["workloads"]) == {"fixed", "holdout"} and "label" not in fixed
+    assert "by_load" not in summary["capacity"] and "images_not_measured" not in summary
     for level in fixed["levels"] + real["levels"]:
         assert level["failed"] == 0 and level["requests"] == 4
         assert 0 < level["ttft_p50_ms"] <= level["ttft_p90_ms"] < 1000 * level["wall_s"]
@@ -73,6 +76,64 @@ def test_bench_weight_bytes_leave_out_the_untied_embedding(tiny_llama):
     everything = sum(p.numel() * 2 for p in engine.model.parameters())
     assert engine.weight_bytes_per_token() == everything - embedding.numel() * 2
     assert checkpoint_weight_bytes(tiny_llama) == engine.weight_bytes_per_token()  # fp16 on disk, fp16 in memory
+
+
+def test_bench_times_requests_with_images_on_a_vision_model_in_process(tmp_path, monkeypatch):
+    """A vision model on the hf engine: the text-only load and the same text with 1 and 4 of the VQA suite's images,
+    each image's tokens by the model's processor, the engine expanding each image token to as many."""
+    from tiny import save_tiny_glm4v
+
+    model = save_tiny_glm4v(tmp_path / "glm4v")
+    write_params(tmp_path, {**TINY_PARAMS, "bench": {"holdout": False}})
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "16", "--output-len",
+                                      "3", "--images", "4,1", "--image-size", "32", "--out", "bench.json"])
+    assert result.exit_code == 0, result.output
+    assert "1 image (64 tokens each): TTFT p50" in result.output
+    summary = json.loads((tmp_path / "bench.json").read_text())
+    assert list(summary["workloads"]) == ["fixed", "1-image", "4-images"]
+    fixed = summary["workloads"]["fixed"]
+    assert fixed["label"] == "text only" and fixed["kv_tokens_per_request"] == 16 + 3
+    # a 32 x 32 image at 2-pixel patches, 2 x 2 merged: 16 x 16 patches, 64 tokens
+    for count in (1, 4):
+        load = summary["workloads"][f"{count}-image" + ("s" if count > 1 else "")]
+        assert load["label"] == f"{count} image" + ("s" if count > 1 else "") and load["images_per_request"] == count
+        assert load["image_size"] == [32, 32] and load["image_tokens_per_image"] == 64
+        [level] = load["levels"]
+        assert level["failed"] == 0 and level["requests"] == 4 and level["output_tokens_mean"] == 3
+        # the engine's own count of each prompt: its text (the fixed workload's 16 tokens, the question and the
+        # chat template) and 64 tokens per image
+        assert level["input_tokens_mean"] - count * 64 == pytest.approx(load["text_tokens_mean"], abs=8)
+        assert load["text_tokens_mean"] > 16
+        assert load["kv_tokens_per_request"] == pytest.approx(level["input_tokens_mean"] + 3)
+        assert "image processor" in load["kv_tokens_source"]
+        assert summary["capacity"]["by_load"][load["name"]]["kv_tokens_per_request"] == load["kv_tokens_per_request"]
+        assert summary["capacity"]["by_load"][load["name"]]["requests_in_kv_pool"] is None  # no KV pool in-process
+    assert summary["workloads"]["4-images"]["prompt_tokens_mean"] > summary["workloads"]["1-image"]["prompt_tokens_mean"] + 3 * 64 - 8
+    # an engine that takes no images measures the text-only loads and says why there are no others
+    from pipeline.engines import engine_spec
+    from pipeline.settings.params import BenchParams
+    from pipeline.stages.bench import _image_counts
+
+    assert _image_counts(model, BenchParams(), engine_spec("lmdeploy"), "lmdeploy") == (
+        [], "lmdeploy takes no images; requests with images are measured on hf, vllm or openai (--engine)")
+
+    # a request that does not fit the model's context is refused before the weights load (32 text tokens and 4 images
+    # at least), naming the settings to change; nothing written
+    result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "32", "--output-len", "3",
+                                      "--images", "4", "--image-size", "64", "--out", "big.json"])
+    assert result.exit_code == 2 and "bench.images: a request with 4 images (516 prompt tokens:" in result.output
+    # 64 x 64 x 2 frames passes the processor's 4,096-pixel cap: scaled to 44 x 44, 22 x 22 patches, 121 tokens
+    assert "each image 121 tokens at bench.image_size 64" in result.output and "512-token context" in result.output
+    assert not (tmp_path / "big.json").exists()
+    result = CliRunner().invoke(app, ["bench", str(model), "--images", "0"])
+    assert result.exit_code == 2 and "--images [0]: must be a list of image counts per request" in result.output
+    import shutil
+
+    bare = Path(shutil.copytree(model, tmp_path / "bare"))
+    (bare / "preprocessor_config.json").unlink()  # a checkpoint copied without its image processor
+    result = CliRunner().invoke(app, ["bench", str(bare), "--images", "1"])
+    assert result.exit_code == 2 and "no preprocessor_config.json" in result.output and "--images none" in result.output
 
 
 def test_bench_refuses_lengths_beyond_the_context(tmp_path, tiny_llama, monkeypatch):

@@ -236,3 +236,40 @@ def test_text_suites_run_on_a_vision_model_through_the_vllm_engine_as_on_hf(tmp_
     hf = _eval(model, tmp_path / "hf", "hf", tmp_path, suite="math", task="quant_gsm8k")
     vllm = _eval(model, tmp_path / "vllm", "vllm", tmp_path, suite="math", task="quant_gsm8k")
     assert strip(vllm) == strip(hf) and len(hf) == 4
+
+
+def test_bench_sends_requests_with_images_to_the_vllm_engines_chat_endpoint_and_reads_its_prompt_counts(tmp_path,
+                                                                                                     monkeypatch):
+    """The image workloads through a real HTTP server started as `vllm serve` is: streamed /v1/chat/completions with
+    the images as data URLs, exactly output_len tokens each (ignore_eos), the server's own prompt count (image tokens
+    expanded by its processor) equal to ours, and the requests of each load that its KV pool holds."""
+    from typer.testing import CliRunner
+
+    from conftest import TINY_PARAMS, write_params
+    from pipeline.cli.app import app
+
+    model = save_tiny_glm4v(tmp_path / "model")
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["engine"].update(name="vllm", server_command=SERVER, start_timeout=120, share_server=False)
+    settings["bench"] = {"holdout": False, "slo": {"ttft_ms": 600000}}
+    write_params(tmp_path, settings)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "16", "--output-len", "3",
+                                      "--images", "2", "--image-size", "32", "--out", "r/bench.json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "r" / "bench.json").read_text())
+    load = summary["workloads"]["2-images"]
+    [level] = load["levels"]
+    assert level["failed"] == 0 and level["output_tokens_mean"] == 3  # streamed token ids, ignore_eos honoured
+    # the server counted each prompt itself (usage.prompt_tokens): its text and 64 tokens per 32 x 32 image, as here
+    assert level["server_prompt_tokens_mean"] == level["input_tokens_mean"] > 2 * 64 + 16
+    assert load["kv_tokens_per_request"] == level["server_prompt_tokens_mean"] + 3
+    assert "usage.prompt_tokens" in load["kv_tokens_source"]
+    fixed = summary["workloads"]["fixed"]
+    assert fixed["label"] == "text only" and fixed["levels"][0]["server_prompt_tokens_mean"] == 16
+    log = (tmp_path / "r" / "bench.vllm.log").read_text()
+    pool = int(log.split("GPU KV cache size: ")[1].split(" tokens")[0].replace(",", ""))
+    by_load = summary["capacity"]["by_load"]
+    assert by_load["2-images"]["requests_in_kv_pool"] == int(pool // load["kv_tokens_per_request"]) > 0
+    assert by_load["fixed"]["requests_in_kv_pool"] == pool // 19
+    assert by_load["2-images"]["goodput_tok_s_per_gpu"] > 0  # a generous TTFT SLO: every request good

@@ -6,7 +6,7 @@ from conftest import TINY_PARAMS, with_variants
 from pipeline.stages import report
 from pipeline.settings.params import Params
 from test_report import XSS, write_results
-from report_fixture import demo_like
+from report_fixture import demo_like, vlm_like
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -199,6 +199,28 @@ def test_first_screen_reads_on_a_laptop_a_phone_and_a4_paper(tmp_path):
         browser.close()
     assert pdf.startswith(b"%PDF") and pdf.count(b"/Type /Page\n") + pdf.count(b"/Type /Page>") + \
         pdf.count(b"/Type /Page/") >= 3
+
+
+def test_a_vision_language_models_first_screen_fits_a_laptop_a_phone_and_paper_with_its_loads(tmp_path):
+    """Issue 55: a VLM's first screen (VQA's column, the vision tower beside the size, a speed line per load) still
+    reads at 1280 x 800 without scrolling, and nothing passes the width of a phone or of A4 paper."""
+    from playwright.sync_api import sync_playwright
+
+    results, models, params = vlm_like(tmp_path)
+    html = report.run(results, tmp_path / "reports", Params.model_validate(params), models_dir=models).html
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = _open(browser, html, 1280, 800)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280 and page.evaluate(OVERFLOWING, 1280) == []
+        for selector in ("#summary", "#variant-fp8-w8a8", "#variant-awq-w4a16", "#cell-fp8-w8a8-vqa", "#vision-awq-w4a16"):
+            assert _inside(page.locator(selector).bounding_box()), selector
+        speed = " ".join(page.locator("#row-fp8-w8a8 td.speed").inner_text().split())
+        assert "(text only, c=1)" in speed and "1 image (1,369 tokens each): TTFT" in speed and "4 images" in speed
+        for width, media in ((390, "screen"), (A4_CONTENT_PX, "print")):
+            narrow = _open(browser, html, width, 844, media=media)
+            assert narrow.evaluate("document.documentElement.scrollWidth") <= width
+            assert narrow.evaluate(OVERFLOWING, width) == [], (width, media)
+        browser.close()
 
 
 def test_on_a_phone_the_first_screen_names_what_to_ship_and_every_decision_go_first(tmp_path):

@@ -193,11 +193,15 @@ def bench(
     output_len: Optional[int] = typer.Option(None, help="Output tokens of the fixed workload (default: params bench.output_len)"),
     holdout: Optional[Path] = typer.Option(None, help="Held-out conversations for the real-length workload (default: params "
                                            "calib.out/holdout.jsonl if bench.holdout)"),
+    images: Optional[str] = typer.Option(None, help="A model with a vision tower: images per request of the image "
+                                         "workloads, comma-separated, or none (default: params bench.images)"),
+    image_size: Optional[int] = typer.Option(None, help="Pixels on the longest side the images are sent at "
+                                             "(default: params bench.image_size)"),
     out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<model dir name>/bench.json)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Serving speed: TTFT, TPOT, ITL, latency percentiles, tokens/s and goodput over a concurrency and a
-    request-rate sweep; batch 1 beside its roofline."""
+    request-rate sweep; batch 1 beside its roofline; for a model with a vision tower, requests with images too."""
     from pipeline.stages import bench as bench_stage
     from pipeline.engines import engine_spec
 
@@ -219,8 +223,15 @@ def bench(
             rates = [-1.0]
         if any(not 0 < r <= 10000 for r in rates):
             raise UserError(f"--request-rates {request_rates}: use rates in requests/s separated by commas, e.g. 1,4,16")
+    counts = None
+    if images is not None:
+        try:
+            counts = [] if images.strip().lower() in ("", "none") else sorted({int(c) for c in images.split(",")})
+        except ValueError:
+            raise UserError(f"--images {images}: use image counts per request separated by commas, e.g. 1,4, or none") \
+                from None
     settings = with_overrides(p.bench, concurrency=levels, request_rates=rates, input_len=input_len,
-                              output_len=output_len)
+                              output_len=output_len, images=counts, image_size=image_size)
     if holdout is None and settings.holdout:
         holdout = p.calib.out / "holdout.jsonl"
     out = out or Path("results") / model_dir.name / "bench.json"

@@ -33,6 +33,7 @@ class Timing:
     token_ids: list[int] = field(default_factory=list)
     error: str | None = None
     itl: list[float] = field(default_factory=list)  # seconds between successive token arrivals (streamed chunks)
+    server_prompt_tokens: int | None = None  # the server's own count of the prompt (usage.prompt_tokens), if reported
 
     @property
     def tpot(self) -> float | None:

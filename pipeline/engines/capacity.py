@@ -11,7 +11,10 @@ releases word the first one slightly differently, both are read):
 
 (newer releases print the last two on one line; each is matched anywhere in a line, after vLLM's
 prefix). Under tensor parallelism the first two appear once per GPU; the token count is the engine's.
-`capacity()` turns them into the figures `quantize bench` writes as `capacity` in bench.json.
+`capacity()` turns them into the figures `quantize bench` writes as `capacity` in bench.json; for a model benched
+with images, per load (text only, 1 image, 4 images) the requests of that load the KV pool holds at once: its
+tokens over the KV tokens one request takes (prompt, image tokens included, + output), as vLLM's own "Maximum
+concurrency for N tokens per request" divides them.
 """
 
 from __future__ import annotations
@@ -97,13 +100,33 @@ def tokens_at_fraction(engine_figures: dict, fraction: float, configured: float 
     return max(0, round((fraction * device_bytes - not_pool) * tokens / pool))
 
 
+def requests_in_pool(kv_cache_tokens: int | None, kv_tokens_per_request: float | None) -> int | None:
+    """Requests of kv_tokens_per_request tokens each that a pool of kv_cache_tokens holds at once; None when either
+    is unknown."""
+    if not kv_cache_tokens or not kv_tokens_per_request:
+        return None
+    return int(kv_cache_tokens // kv_tokens_per_request)
+
+
+def by_load(loads: dict[str, dict], kv_cache_tokens: int | None, tensor_parallel_size: int) -> dict:
+    """Per load of a bench with images ({name: its bench.json workload, with `label` and `kv_tokens_per_request`}):
+    what one request holds in the KV cache, how many the pool holds at once, and the load's goodput per GPU."""
+    found = {}
+    for name, load in loads.items():
+        goodput = goodput_tokens_per_s(load["levels"] + (load.get("rates") or []))
+        found[name] = {"label": load["label"], "kv_tokens_per_request": load.get("kv_tokens_per_request"),
+                       "requests_in_kv_pool": requests_in_pool(kv_cache_tokens, load.get("kv_tokens_per_request")),
+                       "goodput_tok_s_per_gpu": goodput / max(1, tensor_parallel_size) if goodput is not None else None}
+    return found
+
+
 def capacity(engine_figures: dict, *, levels: list[dict], slo: dict | None, tensor_parallel_size: int,
              model_window: int | None, checkpoint_weight_bytes: int | None, settings: dict | None = None,
-             device_bytes: int | None = None, alone_fraction: float = 0.9) -> dict:
+             device_bytes: int | None = None, alone_fraction: float = 0.9, loads: dict[str, dict] | None = None) -> dict:
     """The `capacity` object of bench.json: KV-cache tokens at the configured memory fraction, the longest
     context one request can have (the KV pool and the model's window, whichever is smaller), weight memory
-    and goodput per GPU at the SLO. Figures the engine did not report are None, and `source` says where
-    each came from."""
+    and goodput per GPU at the SLO; with `loads` (a bench with images), the same per load (`by_load`). Figures the
+    engine did not report are None, and `source` says where each came from."""
     tokens = engine_figures.get("kv_cache_tokens")
     fits = [n for n in (tokens, model_window) if n]
     goodput = goodput_tokens_per_s(levels)
@@ -124,6 +147,7 @@ def capacity(engine_figures: dict, *, levels: list[dict], slo: dict | None, tens
         # derived, not measured: the same server's figures scaled to the GPU alone (tokens_at_fraction)
         "kv_cache_tokens_alone": {"gpu_memory_utilization": alone_fraction, "tokens": tokens_at_fraction(
             engine_figures, alone_fraction, settings.get("gpu_memory_utilization"), device_bytes)},
+        **({"by_load": by_load(loads, tokens, tensor_parallel_size)} if loads else {}),
         "source": {"kv_cache_tokens": "engine log" if tokens else None,
                    # planned: the pool engine.kv_cache_memory: planned gave the server (vllm.planned_kv_cache_bytes)
                    "kv_cache_bytes": engine_figures.get("kv_cache_bytes_source") or (

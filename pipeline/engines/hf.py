@@ -271,21 +271,29 @@ class HFEngine:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int | None,
-                       rate: float | None = None, seed: int = 0) -> list[Timing]:
+                       rate: float | None = None, seed: int = 0, images: list | None = None) -> list[Timing]:
         """Static batches of `concurrency` requests (what transformers' generate can do), each request
-        decoding exactly output_tokens[i] tokens (EOS ignored); every batch counts from its own start."""
+        decoding exactly output_tokens[i] tokens (EOS ignored); every batch counts from its own start.
+        images: per request its PromptImages (pipeline/engines/vision.py; a model with a vision tower), else None."""
         if rate is not None:
             from pipeline.errors import UserError
 
             raise UserError("bench.request_rates: request-rate sweeps need a server engine (vllm or openai)")
         timings = []
         for start in range(0, len(prompts), concurrency):
-            timings += self._timed_batch(prompts[start:start + concurrency], output_tokens[start:start + concurrency])
+            end = start + concurrency
+            timings += self._timed_batch(prompts[start:end], output_tokens[start:end], images[start:end] if images else None)
             if self.progress:
-                self.progress(len(prompts[start:start + concurrency]))
+                self.progress(len(prompts[start:end]))
         return timings
 
-    def _timed_batch(self, prompts: list[list[int]], output_tokens: list[int]) -> list[Timing]:
+    def _timed_inputs(self, prompts: list[list[int]], images: list | None):
+        """The batch's model inputs (left-padded) and each prompt's length in tokens."""
+        if images:
+            raise ValueError(f"{self.model_dir}: a text-only model takes no images")
+        return self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device), [len(p) for p in prompts]
+
+    def _timed_batch(self, prompts: list[list[int]], output_tokens: list[int], images: list | None = None) -> list[Timing]:
         import torch
         from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -296,18 +304,18 @@ class HFEngine:
                 steps.append(time.perf_counter())
                 return scores
 
-        batch = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
+        started = time.perf_counter()  # the inputs' preparation (an image's processing) counts, as on a server
+        batch, lengths = self._timed_inputs(prompts, images)
         longest = max(output_tokens)
-        started = time.perf_counter()
         with torch.inference_mode():
             self.model.generate(**batch, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
                                 pad_token_id=self.tokenizer.pad_token_id,
                                 past_key_values=self._cache(batch["input_ids"].shape[1] + longest),
                                 logits_processor=LogitsProcessorList([StepClock()]))
         gaps = [b - a for a, b in zip(steps, steps[1:])]
-        return [Timing(ttft=steps[0] - started, seconds=steps[n - 1] - started, n_tokens=n, input_tokens=len(p),
+        return [Timing(ttft=steps[0] - started, seconds=steps[n - 1] - started, n_tokens=n, input_tokens=length,
                        itl=gaps[:n - 1])
-                for p, n in zip(prompts, output_tokens)]
+                for length, n in zip(lengths, output_tokens)]
 
     def device_memory_used(self) -> int | None:
         import torch

@@ -165,9 +165,20 @@ def prompt_logprobs(data: dict, ids: list[int], start: int) -> tuple[float, bool
     return total, greedy
 
 
-def stream_chunk(event: dict, max_tokens: int | None = None) -> tuple[int, int | None]:
-    """(tokens this streamed /v1/completions chunk carries, its usage.completion_tokens or None). A chunk
-    carries its token ids (vLLM's return_token_ids) or, without them, one token per non-empty text."""
+@dataclass
+class StreamChunk:
+    """What one streamed chunk says: the tokens it carries, and the usage it reports (the last chunk, with
+    stream_options.include_usage), each None when absent."""
+
+    tokens: int
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+
+def stream_chunk(event: dict, max_tokens: int | None = None, chat: bool = False) -> StreamChunk:
+    """A streamed /v1/completions chunk (chat: /v1/chat/completions, whose text is each choice's delta.content). A
+    chunk carries its token ids (vLLM's return_token_ids) or, without them, one token per non-empty text; a chat
+    stream's first chunk (the role, empty content) carries none."""
     choices = event.get("choices")
     if choices is not None and not isinstance(choices, list):
         raise BadReply("choices", "an array", choices)
@@ -175,18 +186,24 @@ def stream_chunk(event: dict, max_tokens: int | None = None) -> tuple[int, int |
     for i, choice in enumerate(choices or []):
         choice = obj(choice, f"choices[{i}]")
         ids = choice.get("token_ids")
-        piece = choice.get("text")
+        if chat:
+            delta = optional_obj(choice, "delta", f"choices[{i}].delta") or {}
+            piece, where = delta.get("content"), f"choices[{i}].delta.content"
+        else:
+            piece, where = choice.get("text"), f"choices[{i}].text"
         if piece is not None:
-            text(piece, f"choices[{i}].text")
+            text(piece, where)
         if ids is not None:
             count += len(token_ids(ids, f"choices[{i}].token_ids", None, max_tokens))
         elif piece:
             count += 1
     usage = optional_obj(event, "usage", "usage")
-    total = None
+    completion = prompt = None
     if usage is not None and usage.get("completion_tokens") is not None:
-        total = whole_number(usage["completion_tokens"], "usage.completion_tokens", max_tokens)
-    return count, total
+        completion = whole_number(usage["completion_tokens"], "usage.completion_tokens", max_tokens)
+    if usage is not None and usage.get("prompt_tokens") is not None:
+        prompt = whole_number(usage["prompt_tokens"], "usage.prompt_tokens")
+    return StreamChunk(count, completion, prompt)
 
 
 def version(value) -> str | None:

@@ -6,6 +6,9 @@ prompt. The engine renders the chat as for text, swaps each `<image>` for the mo
 as many as the vision tower yields for that image (grid t*h*w / merge^2), as the model's own
 processor does. The processor is not used as a whole: GLM's bundles a video processor that needs
 torchvision, which images do not; the image processor is loaded with the PIL backend.
+
+`quantize bench` times requests with images too (`PromptImages`: a request's images beside its token ids, each
+image token expanded by the same rule, `image_tokens`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,32 @@ IMAGE_PLACEHOLDER = "<image>"  # lm-eval's placeholder in a multimodal task's pr
 @dataclass
 class VisionRequest(GenRequest):
     images: list = field(default_factory=list)  # PIL images, in the order of the prompt's markup
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """What a timed request with images (`quantize bench`) carries beside its token ids, whose image markup holds
+    one image token per image: the images (PIL, for an in-process engine), the same images as PNG data URLs (for a
+    server; encoded once, before any clock starts), the rendered prompt text, markup in place (a server tokenizes
+    it), and the prompt's tokens with each image token expanded as the model's processor expands it."""
+
+    images: tuple
+    urls: tuple[str, ...]
+    text: str
+    prompt_tokens: int
+
+
+def tokens_per_grid(grid_thw, merge_size: int) -> list[int]:
+    """Image tokens per image from the processor's grids: t*h*w / merge^2 (the vision tower merges merge x merge
+    patches into one token)."""
+    return (grid_thw.prod(-1) // merge_size ** 2).tolist()
+
+
+def image_tokens(image_processor, images) -> list[int]:
+    """The image tokens each image takes, as the model's processor computes them (what the hf engine expands an
+    image token to, and what vLLM's processor for the model does)."""
+    grid = image_processor(images=list(images), return_tensors="pt")["image_grid_thw"]
+    return tokens_per_grid(grid, image_processor.merge_size)
 
 
 def is_multimodal(model_dir: Path | str) -> bool:
@@ -118,8 +147,7 @@ class ImagePrompter:
                 raise ValueError(f"prompt has {prompt.count(self.image_token)} image markers but {len(own)} images")
         flat = [image for own in images for image in own]
         pixels = self.image_processor(images=flat, return_tensors="pt")
-        merge = self.image_processor.merge_size ** 2
-        counts = iter((pixels["image_grid_thw"].prod(-1) // merge).tolist())
+        counts = iter(tokens_per_grid(pixels["image_grid_thw"], self.image_processor.merge_size))
         expanded = []
         for prompt in prompts:
             head, *rest = prompt.split(self.image_token)
@@ -128,6 +156,22 @@ class ImagePrompter:
         inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.image_token_id).long()
         inputs.update(pixels)
         return inputs
+
+    def encode_ids(self, prompts: list[list[int]], images: list[list]):
+        """encode for prompts already tokenized (one image token per image): left-padded inputs with pixel values,
+        and each prompt's length with its image tokens expanded."""
+        for ids, own in zip(prompts, images):
+            if ids.count(self.image_token_id) != len(own):
+                raise ValueError(f"prompt has {ids.count(self.image_token_id)} image tokens but {len(own)} images")
+        flat = [image for own in images for image in own]
+        pixels = self.image_processor(images=flat, return_tensors="pt")
+        counts = iter(tokens_per_grid(pixels["image_grid_thw"], self.image_processor.merge_size))
+        expanded = [[t for token in ids for t in ([token] * next(counts) if token == self.image_token_id else [token])]
+                    for ids in prompts]
+        inputs = self.tokenizer.pad({"input_ids": expanded}, return_tensors="pt")
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.image_token_id).long()
+        inputs.update(pixels)
+        return inputs, [len(ids) for ids in expanded]
 
 
 class VisionEngine(HFEngine):
@@ -169,3 +213,12 @@ class VisionEngine(HFEngine):
         for row, completion in enumerate(completions if on_done else []):  # image batches: all at their end
             on_done(row, completion)
         return completions
+
+    def _timed_inputs(self, prompts: list[list[int]], images: list[PromptImages] | None):
+        """`quantize bench`'s requests with images: pixel values and each image token expanded (the processor runs
+        inside the request's clock, as a server's does)."""
+        if not images:
+            return super()._timed_inputs(prompts, images)
+        inputs, lengths = self.prompter.encode_ids(prompts, [list(own.images) for own in images])
+        inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+        return inputs.to(self.device), lengths

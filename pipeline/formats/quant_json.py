@@ -17,7 +17,7 @@ SPEC = {"scheme": "text", "size_bytes": "count", "quantized_modules": "count",
         "seconds": {"total": "non-negative number"}, "device": "text", "peak_rss_bytes?": ("count", None),
         "ignored?": {"*": "any"}, "serving?": SERVING,
         "verify?": {"reloads?": "flag", "sample?": "any",
-                    "vision?": {"vision_tensors": "count", "mismatched": ["any"]}}}
+                    "vision?": {"vision_tensors": "count", "mismatched": ["any"], "dtypes?": ["text"]}}}
 COMMAND = "quantize variant {model}"  # what writes it again
 
 

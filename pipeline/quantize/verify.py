@@ -39,21 +39,23 @@ def _tensors(model_dir: Path) -> dict[str, "object"]:
 
 
 def vision_tensors_identical(variant_dir: Path, base_dir: Path) -> dict:
-    """Every vision-tower tensor of the variant must equal the base's, bit for bit."""
+    """Every vision-tower tensor of the variant must equal the base's, bit for bit; also the dtypes the variant
+    stores them in (safetensors' names, e.g. BF16: the report says what the tower is kept in)."""
     import torch
     from safetensors import safe_open
 
     base, variant = _tensors(base_dir), _tensors(variant_dir)
     vision = [k for k in base if ".visual." in k or k.startswith("visual.")]
-    mismatched = []
+    mismatched, dtypes = [], set()
     for key in vision:
         if key not in variant:
             mismatched.append(f"{key} (missing)")
             continue
         with safe_open(base[key][0], "pt") as fb, safe_open(variant[key][0], "pt") as fv:
+            dtypes.add(fv.get_slice(key).get_dtype())
             if not torch.equal(fb.get_tensor(key), fv.get_tensor(key)):
                 mismatched.append(key)
-    return {"vision_tensors": len(vision), "mismatched": mismatched}
+    return {"vision_tensors": len(vision), "mismatched": mismatched, "dtypes": sorted(dtypes)}
 
 
 # ---------------------------------------------------------------- the plan

@@ -1,7 +1,8 @@
 """What the page says about deploying each variant, every state in words that show and print (never only in a
 tooltip): where it is served (shown with its run, refused with the engine's error, not tried with the command),
-its speed (measured, refused on the deployment engine with the engine's error, not tried with the command), and
-its own memory (its weights and its KV pool; never the device's total, which counts every server up at the time).
+its speed (measured, refused on the deployment engine with the engine's error, not tried with the command; a model
+benched with images names the load each figure is from: "text only, c=1", "1 image"), and its own memory (its
+weights and its KV pool; never the device's total, which counts every server up at the time).
 """
 
 from __future__ import annotations
@@ -79,20 +80,45 @@ def _vs_base(value, base_value) -> str:
     return f" ({figures.ratio(value / base_value)} base)" if _num(value) and _num(base_value) and base_value else ""
 
 
+def _load_line(load: dict, base_load: dict | None) -> str:
+    """One load of a bench with images on the first screen, short: "1 image (1,369 tokens each): TTFT 84.0 ms at c=1,
+    891 in the KV pool (1.8× base)", the text-only load its KV figure only (its speed leads the cell); the table of
+    loads in the speed section has every figure of each (KV tokens per request, decode rates, goodput)."""
+    head = str(load["label"])
+    if load.get("images_per_request"):
+        each = load.get("image_tokens_per_image")
+        head += f" ({each:,} tokens each)" if isinstance(each, int) else f" ({compact(each)} tokens each)" if _num(each) else ""
+    parts = []
+    if load.get("images_per_request") and _num(load.get("batch1_ttft_ms")):
+        parts.append(f"TTFT {figures.ms(load['batch1_ttft_ms'])} at c={load['batch1_concurrency']}")
+    if _num(load.get("requests_in_kv_pool")):
+        parts.append(f"{compact(load['requests_in_kv_pool'])} in the KV pool"
+                     + _vs_base(load["requests_in_kv_pool"], (base_load or {}).get("requests_in_kv_pool")))
+    elif _num(load.get("kv_tokens_per_request")):  # no pool reported (an in-process engine): what one request holds
+        parts.append(f"{compact(load['kv_tokens_per_request'])} KV tokens a request")
+    return head + (": " + ", ".join(parts) if parts else "")
+
+
 def _measured(row: dict, base_row: dict | None, comparison: dict, human_size) -> dict:
-    """A measured speed: batch-1 decode (against the base's, or why not), goodput, KV cache and context, memory."""
+    """A measured speed: batch-1 decode (against the base's, or why not), goodput, KV cache and context, memory; a
+    bench with images names the load of each figure and adds a line per load."""
     rate = row.get("batch1_tokens_per_s")
     text = f"{row['engine']}: " + (f"{figures.rate(rate)} tok/s at batch 1" if _num(rate) else "measured")
+    if row.get("batch1_load"):
+        text += f" ({row['batch1_load']})"
     if comparison.get("comparable"):
         text += f" ({figures.ratio(comparison['ratio'])} base)"
     same = base_row is not None and all(base_row.get(k) == row.get(k) for k in ("engine", "device"))
     cap, base_cap = row.get("capacity") or {}, ((base_row or {}).get("capacity") or {}) if same else {}
     more = [] if comparison.get("comparable") or not comparison.get("reason") else [f"vs base: {comparison['reason']}"]
-    for key, words in (("goodput_tok_s_per_gpu", "goodput {} tok/s/GPU"), ("kv_cache_tokens", "KV cache {} tokens")):
+    text_only = f" ({row['loads'][0]['label']})" if row.get("loads") else ""
+    for key, words in (("goodput_tok_s_per_gpu", "goodput {} tok/s/GPU" + text_only), ("kv_cache_tokens", "KV cache {} tokens")):
         if _num(cap.get(key)):
             more.append(words.format(compact(cap[key])) + _vs_base(cap[key], base_cap.get(key)))
     if _num(cap.get("max_context_batch1")):
         more.append(f"context {compact(cap['max_context_batch1'])} at batch 1")
+    base_loads = {load.get("name"): load for load in ((base_row or {}).get("loads") or [])} if same else {}
+    more += [_load_line(load, base_loads.get(load.get("name"))) for load in row.get("loads") or []]
     return {"state": "measured", "text": text, "more": [*more, memory(row, human_size)], "commands": []}
 
 

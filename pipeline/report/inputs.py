@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from pipeline.formats import quant_json, results
-from pipeline.formats.checked_json import CHECKS, key_line, kind_of, problem, read_checked_json
+from pipeline.formats.checked_json import CHECKS, Mismatch, check, key_line, kind_of, problem, read_checked_json
 from pipeline.formats.judge_lines import read_judge_lines
 from pipeline.formats.kl_lines import KL_ROUNDING, lines_path, read_kl_lines
 
@@ -31,6 +31,12 @@ LEVEL_AT_RATE = {"output_tokens_per_s?": ("non-negative number", None), "ttft_ms
 LEVEL = {**LEVEL_AT_RATE, "concurrency": "positive count", "tpot_ms?": ("non-negative number", None),
          "ttft_p50_ms": "non-negative number", "output_tokens_per_s": ("non-negative number", None),
          "memory_bytes?": COUNT_OR_NULL, "itl_ms?": DISTRIBUTION, "e2el_ms?": DISTRIBUTION}
+NON_NEGATIVE_OR_NULL = ("non-negative number", None)
+# a load of a bench with images (pipeline/scoring/bench_load.py: image_workload): what the report shows of it
+LOAD = {"name?": "text", "label?": "text", "images_per_request?": "count", "image_size?": (["positive count"], None),
+        "image_tokens_per_image?": NON_NEGATIVE_OR_NULL, "prompt_tokens_mean?": NON_NEGATIVE_OR_NULL,
+        "kv_tokens_per_request?": NON_NEGATIVE_OR_NULL, "kv_tokens_source?": ("text", None)}
+IMAGE_WORKLOAD = {**LOAD, "name": "text", "label": "text", "images_per_request": "positive count", "levels": [LEVEL]}
 SCHEMAS = {  # file name -> (spec, command that writes it again)
     "kl.json": ({"sequences?": "count", "tokens": "count", "kl_mean": "number", "kl_p99": "number", "kl_max": "number",
                  "top1_agreement": "share"}, "quantize kl models/{model}"),
@@ -44,11 +50,14 @@ SCHEMAS = {  # file name -> (spec, command that writes it again)
                    "quantize judge models/{model}"),
     "bench.json": ({"engine": "text", "device": "text", "date?": ("text", None), "input_len": "count",
                     "output_len": "count", "engine_info?": ({"tensor_parallel_size?": COUNT_OR_NULL}, None),
-                    "workloads": {"fixed": {"levels": [LEVEL], "rates?": ([LEVEL_AT_RATE], None)}},
+                    "workloads": {"fixed": {"levels": [LEVEL], "rates?": ([LEVEL_AT_RATE], None), **LOAD}},
                     "roofline?": ({"fraction_of_bound?": NUMBER_OR_NULL, "bound_tokens_per_s?": NUMBER_OR_NULL}, None),
                     "capacity?": ({"kv_cache_tokens?": COUNT_OR_NULL, "max_context_batch1?": COUNT_OR_NULL,
                                    "weight_bytes?": COUNT_OR_NULL, "kv_cache_bytes?": COUNT_OR_NULL,
-                                   "goodput_tok_s_per_gpu?": ("non-negative number", None)},
+                                   "goodput_tok_s_per_gpu?": ("non-negative number", None),
+                                   "by_load?": ({"*": {"label": "text", "kv_tokens_per_request?": NON_NEGATIVE_OR_NULL,
+                                                       "requests_in_kv_pool?": COUNT_OR_NULL,
+                                                       "goodput_tok_s_per_gpu?": NON_NEGATIVE_OR_NULL}}, None)},
                                   None)},
                    "quantize bench models/{model}"),
     "stats.json": ({"source": "text", "records_in": "count", "records_kept": "count", "dropped": {"*": "count"},
@@ -104,6 +113,17 @@ def _check_consistent(path: Path, data: dict, command: str) -> None:
                 raise problem(path, key_line(path, key), f"{key}: {data[key]:g} is not a win rate (in [0, 1])", command)
     if path.name == "bench.json" and not data["workloads"]["fixed"]["levels"]:
         raise problem(path, "", "workloads.fixed.levels: expected at least one level, found none", command)
+    if path.name == "bench.json":  # the loads with images the report shows beside the text-only one
+        for name, workload in data["workloads"].items():
+            if not (isinstance(workload, dict) and "images_per_request" in workload):
+                continue
+            try:
+                check(workload, IMAGE_WORKLOAD, f"workloads.{name}")
+            except Mismatch as exc:
+                key, expected, found = exc.args
+                raise problem(path, "", f"{key}: expected {expected}, found {found}", command) from None
+            if not workload["levels"]:
+                raise problem(path, "", f"workloads.{name}.levels: expected at least one level, found none", command)
 
 
 # ---------------------------------------------------------------- summaries recomputed from their lines

@@ -22,7 +22,7 @@ from pipeline import engines, methods
 from pipeline.outputs import human_size
 from pipeline.report.deploy import served_by, speed_state
 from pipeline.report.render import decided_only
-from pipeline.report.screen import matrix_cell, matrix_columns, recovery_note
+from pipeline.report.screen import matrix_cell, matrix_columns, recovery_note, vision_tower
 from pipeline.verdict.coverage import DECIDED
 from pipeline.verdict.headline import GO, GO_INCOMPLETE, INCONCLUSIVE, NO_GO, label, phrase, rests
 
@@ -41,6 +41,7 @@ SHIPPED_DATA = {
     "quant_ppl_humaneval": ("openai/openai_humaneval", "HumanEval prompts with their canonical solutions"),
 }
 JUDGE_DATA = ("quant_judge", "held-out user prompts, judged against the base's answers")
+TASK_TYPES = {"quant_vqa": "visual-question-answering"}  # the Hub's task of a shipped suite, where not text-generation
 
 
 # ---------------------------------------------------------------- text that goes into Markdown
@@ -122,8 +123,8 @@ def eval_results(name: str, entry: dict, tasks: dict[str, str]) -> list:
     results = []
     for row in counted_figures(entry):
         data = JUDGE_DATA if row["kind"] == "judge" else _suite_data(row["suite"], tasks)
-        common = {"task_type": "text-generation", "task_name": row["suite"], "dataset_type": data[0],
-                  "dataset_name": data[1]}
+        task_type = TASK_TYPES.get(tasks.get(row["suite"]) or row["suite"], "text-generation")
+        common = {"task_type": task_type, "task_name": row["suite"], "dataset_type": data[0], "dataset_name": data[1]}
         results.append(EvalResult(**common, metric_type=row["metric"], metric_value=row["value"],
                                   metric_name=f"{row['suite']} {row['metric'].replace('_', ' ')}"))
         if row["recovery"] is not None:
@@ -237,10 +238,8 @@ def _recipe(quant: dict, name: str) -> list[str]:
         lines.append(f"- kept in full precision: {code(pattern)}: {md(why)}")
     vision = (quant.get("verify") or {}).get("vision")
     if isinstance(vision, dict):
-        n, bad = vision.get("vision_tensors", 0), vision.get("mismatched") or []
-        lines.append("- vision tower: none (a text-only model)" if not n else
-                     f"- vision tower: {n} tensors, " + ("bit-identical to the base's" if not bad else
-                                                          f"{len(bad)} differ from the base's: {md(', '.join(map(str, bad[:5])))}"))
+        tower = vision_tower(quant)
+        lines.append(f"- {md(tower['text'])}" if tower else "- vision tower: none (a text-only model)")
     verify = quant.get("verify") or {}
     plan = verify.get("plan") or {}
     checks = [f"{plan.get('quantized')} of {plan.get('planned')} planned modules quantized" if plan else
@@ -308,18 +307,34 @@ def _speed(name: str, entry: dict, verdict: dict, speed_engine: str | None) -> l
     if state["commands"]:
         lines.append(f"- to measure it: {', '.join(code(c) for c in ['quantize bench models/base', *state['commands']])}")
     row = (verdict.get("speed") or {}).get(name) or {}
-    if row.get("tokens_per_s"):
-        lines.append("- output tokens/s by requests in flight: " + ", ".join(
-            f"{c}: {figures.rate(v)}" for c, v in row["tokens_per_s"].items()))
+    loads = row.get("loads") or []  # a bench with images: every figure names its load
+    for load in loads or ([{"label": None, "tokens_per_s": row["tokens_per_s"]}] if row.get("tokens_per_s") else []):
+        which = f" ({md(load['label'])})" if load["label"] else ""
+        lines.append(f"- output tokens/s by requests in flight{which}: "
+                     + ", ".join(f"{c}: {figures.rate(v)}" for c, v in load["tokens_per_s"].items()))
     if row:
         lines.append(f"- measured with {md(row.get('engine'))} {md(row.get('engine_version') or '')} on {md(row.get('device'))}, "
-                     f"{md(row.get('date') or '')}, {row.get('input_len')} tokens in, {row.get('output_len')} out")
+                     f"{md(row.get('date') or '')}, {row.get('input_len')} tokens in, {row.get('output_len')} out"
+                     + "".join(f"; {md(load['label'])}: {_images_sent(load)}" for load in loads if load["images_per_request"]))
     kl = entry.get("kl")
     if kl:
         lines.append(f"- drift from the base: KL {figures.kl(kl['kl_mean'])} nats per token (p99 {figures.kl(kl.get('kl_p99'))}), "
                      f"top-1 agreement {figures.share(kl['top1_agreement'])}, on {kl.get('tokens')} tokens of "
                      f"{kl.get('sequences')} held-out conversations")
     return lines
+
+
+def _images_sent(load: dict) -> str:
+    """"the same text with 1 image of 1024 x 1024 pixels (1,369 tokens each, by the model's image processor), 1,525 KV
+    tokens a request"."""
+    size = load.get("image_size")
+    shown = f" of {size[0]} x {size[1]} pixels" if isinstance(size, list) and len(size) == 2 else ""
+    tokens = load.get("image_tokens_per_image")
+    each = f" ({tokens:,} tokens each, by the model's image processor)" if isinstance(tokens, int) else (
+        f" ({tokens} tokens each on average, by the model's image processor)" if tokens is not None else "")
+    kv = load.get("kv_tokens_per_request")
+    return (f"the same text with {load['images_per_request']} image{'s' if load['images_per_request'] != 1 else ''}"
+            f"{shown}{each}" + (f", {kv:,} KV tokens a request" if kv is not None else ""))
 
 
 def _limitations(entry: dict, verdict: dict, source: dict | None, base: str) -> list[str]:

@@ -1,6 +1,7 @@
-"""The first screen: per variant its decision and what it rests on, a cell per counted suite, size, drift,
-where it is served and its speed, and beside a NO-GO its fix (what it bought, the layers kept in 8 bits, the
-sensitivity chart) or the command that builds one; the suites shown but not counted; the forest plot."""
+"""The first screen: per variant its decision and what it rests on, a cell per counted suite, size, drift (and, for a
+model with a vision tower, the tower's state), where it is served and its speed, and beside a NO-GO its fix (what it
+bought, the layers kept in 8 bits, the sensitivity chart) or the command that builds one; the suites shown but not
+counted; the forest plot."""
 
 from __future__ import annotations
 
@@ -63,6 +64,25 @@ def cell_note(variant: dict, suite: str) -> str:
     return f"{state}: {why}" if why else str(state)
 
 
+DTYPE_NAMES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "F8_E4M3": "fp8 (e4m3)", "F8_E5M2": "fp8 (e5m2)"}
+
+
+def vision_tower(quant: dict | None) -> dict | None:
+    """The variant's vision tower as quantize's checks found it (quant.json's verify.vision): `bit-identical` (every
+    tensor the base's, bit for bit: kept in the dtype it is stored in) or `changed` (which differ), with the words the
+    page and the model card give; None for a model without one (nothing to say)."""
+    vision = ((quant or {}).get("verify") or {}).get("vision")
+    if not isinstance(vision, dict) or not vision.get("vision_tensors"):
+        return None
+    n, changed = vision["vision_tensors"], [str(name) for name in vision.get("mismatched") or []]
+    dtypes = " / ".join(DTYPE_NAMES.get(str(d), str(d).lower()) for d in vision.get("dtypes") or [])
+    if not changed:
+        kept = f"kept in {dtypes}" if dtypes else "kept as the base's"
+        return {"state": "bit-identical", "text": f"vision tower {kept}: {n} tensors bit-identical to the base's"}
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return {"state": "changed", "text": f"vision tower changed: {len(changed)} of {n} tensors differ from the base's ({shown})"}
+
+
 def recovery_note(variant: dict) -> dict:
     """The average recovery as model cards give it (over the counted accuracy suites), or why there is none: the
     accuracy suites the base ran that the decision does not count, by state ("math, code not run"); the verdict's
@@ -98,6 +118,7 @@ def _row(name: str, v: dict, columns: list, speed: dict, base: dict, human_size,
         "size": human_size(size) if size else None,
         "size_share": f"{figures.share(size / base_size)} of base" if size and base_size else None,
         "kl": (figures.kl(kl["kl_mean"]), figures.share(kl["top1_agreement"])) if kl else None,
+        "vision": vision_tower(quant),
         "served": served_by(v.get("serving"), name), "speed": speed_state(name, v, speed, speed_engine, human_size),
         # beside a NO-GO its fix (verdict.json's variants.<v>.fix: pipeline/verdict/fix.py), its kept layers and chart
         "fix": v.get("fix"), "fix_of": v.get("fix_of"), "fix_chart": sensitivity_chart(v.get("fix"), f"fix-chart-{name}"),

@@ -1,21 +1,24 @@
-"""What `quantize bench` sends and how it measures it (pipeline/stages/bench.py is the stage): the two workloads (fixed
-lengths of real text; the held-out conversations' real lengths), a closed-loop level at a concurrency and an
-open-loop level at a Poisson request rate, their latency metrics and goodput against the SLOs, and a server
-engine's requests timed over HTTP with streamed `/v1/completions`."""
+"""What `quantize bench` sends and how it measures it (pipeline/stages/bench.py is the stage): the workloads (fixed
+lengths of real text; the held-out conversations' real lengths; for a model with a vision tower, requests with
+images), a closed-loop level at a concurrency and an open-loop level at a Poisson request rate, their latency
+metrics and goodput against the SLOs, and a server engine's requests timed over HTTP with streamed
+`/v1/completions` (requests with images: streamed `/v1/chat/completions`, the images as PNG data URLs)."""
 
 from __future__ import annotations
 
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.engines import Timing
 from pipeline.errors import UserError
 
 log = logging.getLogger(__name__)
-HAYSTACK = Path(__file__).resolve().parents[2] / "evals" / "long_context" / "alice29.txt"
+EVALS = Path(__file__).resolve().parents[2] / "evals"
+HAYSTACK = EVALS / "long_context" / "alice29.txt"
+VQA_ITEMS = EVALS / "vqa" / "easy_vqa_test.jsonl"  # the VQA suite's items: an image (evals/vqa/images) and a question
 STATS = ("mean", "median", "p90", "p99")
 
 
@@ -24,11 +27,17 @@ class Workload:
     name: str
     prompts: list[list[int]]
     output_tokens: list[int]
+    images: list | None = None  # per prompt its PromptImages (pipeline/engines/vision.py): a workload with images
+    facts: dict = field(default_factory=dict)  # what bench.json states of it beside its levels (image_workload)
 
     def take(self, n: int) -> tuple[list[list[int]], list[int]]:
         """n requests, cycling through the workload's prompts."""
         picks = [i % len(self.prompts) for i in range(n)]
         return [self.prompts[i] for i in picks], [self.output_tokens[i] for i in picks]
+
+    def images_of(self, n: int) -> dict:
+        """The images of the n requests `take(n)` gives, as timed_generate's keyword (none: {})."""
+        return {"images": [self.images[i % len(self.prompts)] for i in range(n)]} if self.images else {}
 
 
 def fixed_workload(encode, input_len: int, output_len: int, n: int = 64) -> Workload:
@@ -62,6 +71,130 @@ def holdout_workload(engine, holdout: Path, max_output: int, context: int | None
     return Workload("holdout", prompts, lengths)
 
 
+def image_label(count: int) -> str:
+    """"1 image", "4 images": how the report names an image workload's load."""
+    return f"{count} image{'s' if count != 1 else ''}"
+
+
+def image_workload(engine, model_dir: Path, fixed: Workload, per_request: int, image_size: int,
+                   context: int | None) -> Workload:
+    """Requests with `per_request` images each, as a deployer's client sends them: one user turn holding the fixed
+    workload's text (its input_len tokens of real text, decoded) as the context, the images (the VQA suite's real
+    images, evals/vqa/images, scaled to `image_size` pixels on their longest side, as photos arrive), and the
+    suite's question; rendered by the checkpoint's chat template with the model's image markup, each answered with
+    as many tokens as the fixed workload's requests. Each image takes the tokens the model's own processor gives it
+    (grid t*h*w / merge^2, pipeline/engines/vision.py: image_tokens), so a request's prompt is its text tokens
+    plus those (`facts`: over the workload's distinct prompts; the KV tokens per request are taken from the requests
+    measured, `kv_tokens`). Refused (UserError) when a request does not fit the context."""
+    import json
+
+    from pipeline.checkpoints import checkpoint
+    from pipeline.engines.vision import PromptImages, image_markup, load_image_processor, render_images
+
+    items = [json.loads(line) for line in VQA_ITEMS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    processor = load_image_processor(model_dir)
+    markup = image_markup(model_dir, engine.tokenizer)
+    image_token_id = checkpoint.open(model_dir).config["image_token_id"]
+    shipped: dict[str, tuple] = {}  # image file -> (PIL image at image_size, PNG data URL, its image tokens)
+    prompts, images, counts, text_tokens = [], [], [], []
+    for index, context_ids in enumerate(fixed.prompts):
+        picked = [items[(index * per_request + k) % len(items)] for k in range(per_request)]
+        for item in picked:
+            if item["image"] not in shipped:
+                shipped[item["image"]] = _scaled(VQA_ITEMS.parent / item["image"], image_size, processor)
+        own = [shipped[item["image"]] for item in picked]
+        question = f"{picked[0]['question']}\nAnswer with a single word."
+        content = engine.tokenizer.decode(context_ids) + "\n" + "<image>" * per_request + "\n" + question
+        text = render_images(engine.apply_chat_template([{"role": "user", "content": content}]), markup)
+        ids = engine.encode(text)
+        if ids.count(image_token_id) != per_request:
+            raise UserError(f"{model_dir}: its tokenizer does not keep the image markup {markup!r} as tokens "
+                            f"({ids.count(image_token_id)} image tokens for {per_request} images); requests with "
+                            "images cannot be built for it: set bench.images: []")
+        tokens = len(ids) - per_request + sum(count for _, _, count in own)
+        prompts.append(ids)
+        images.append(PromptImages(tuple(i for i, _, _ in own), tuple(u for _, u, _ in own), text, tokens))
+        counts += [count for _, _, count in own]
+        text_tokens.append(len(ids) - per_request)
+    output_len = fixed.output_tokens[0]
+    refuse_beyond_context(model_dir, per_request, max(i.prompt_tokens for i in images), max(counts), image_size,
+                          output_len, context)
+    width, height = images[0].images[0].size
+    prompt_mean = sum(i.prompt_tokens for i in images) / len(images)
+    facts = {"label": image_label(per_request), "images_per_request": per_request, "image_size": [width, height],
+             "image_tokens_per_image": _whole(sum(counts) / len(counts)),
+             "image_tokens_rule": "the model's image processor: grid t*h*w / merge^2 per image",
+             "text_tokens_mean": _whole(sum(text_tokens) / len(text_tokens)),
+             "prompt_tokens_mean": _whole(prompt_mean)}
+    return Workload(image_label(per_request).replace(" ", "-"), prompts, [output_len] * len(prompts), images, facts)
+
+
+def refuse_beyond_context(model_dir: Path, per_request: int, prompt_tokens: int, per_image: int, image_size: int,
+                          output_len: int, context: int | None) -> None:
+    """A request with images whose prompt and output do not fit the model's context: UserError naming the settings."""
+    if context is not None and prompt_tokens + output_len > context:
+        raise UserError(f"bench.images: a request with {per_request} images ({prompt_tokens} prompt tokens: each image "
+                        f"{per_image} tokens at bench.image_size {image_size}) + --output-len {output_len} exceeds "
+                        f"{model_dir}'s {context}-token context; lower bench.image_size or take {per_request} out of "
+                        "bench.images")
+
+
+def check_image_requests(model_dir: Path, counts: list[int], image_size: int, input_len: int, output_len: int,
+                         context: int | None) -> None:
+    """Before any weight loads: the checkpoint's image processor must load, and the image workloads' requests, counted
+    at their least (input_len text tokens and the first shipped image's tokens at image_size for each image;
+    image_workload checks each request in full), must fit the context; else a UserError saying what to change."""
+    import json
+
+    from pipeline.engines.vision import load_image_processor
+
+    if not counts:
+        return
+    try:
+        processor = load_image_processor(model_dir)
+    except ValueError as exc:  # no preprocessor_config.json, or a processor transformers lacks
+        raise UserError(f"{exc}; or measure without images: bench.images: [] (--images none)") from None
+    first = json.loads(VQA_ITEMS.read_text(encoding="utf-8").splitlines()[0])
+    per_image = _scaled(VQA_ITEMS.parent / first["image"], image_size, processor)[2]
+    most = max(counts)
+    if context is not None:
+        refuse_beyond_context(model_dir, most, input_len + most * per_image, per_image, image_size, output_len,
+                              context)
+
+
+def _scaled(path: Path, longest_side: int, processor) -> tuple:
+    """The shipped image scaled (aspect kept) to `longest_side` pixels on its longest side, its PNG data URL (lossless:
+    the server decodes these very pixels) and the image tokens the model's processor gives it."""
+    from PIL import Image
+
+    from pipeline.engines.vision import image_data_url, image_tokens
+
+    with Image.open(path) as shipped:
+        image = shipped.convert("RGB")
+    scale = longest_side / max(image.size)
+    image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BICUBIC)
+    return image, image_data_url(image), image_tokens(processor, [image])[0]
+
+
+def _whole(value: float) -> float | int:
+    """A mean that is a whole number as an int (every image the same size: its tokens per image, exactly)."""
+    return int(value) if float(value).is_integer() else round(value, 1)
+
+
+def kv_tokens(workload: dict) -> tuple[float | int | None, bool]:
+    """KV-cache tokens one request of a measured workload holds at its end, and whether the server counted its
+    prompt: the server's own count (usage.prompt_tokens) where every level reports it, else as measured here (the
+    image tokens by the model's processor), plus its output."""
+    levels = workload["levels"]
+    if not levels:
+        return None, False
+    output = sum(level["output_tokens_mean"] for level in levels) / len(levels)
+    served = [level.get("server_prompt_tokens_mean") for level in levels]
+    counted_by_server = None not in served
+    prompt = served if counted_by_server else [level["input_tokens_mean"] for level in levels]
+    return _whole(round(sum(prompt) / len(prompt) + output, 1)), counted_by_server
+
+
 def distribution(values: list[float]) -> dict | None:
     """Mean, median, p90 and p99 (numpy's linear interpolation, as vLLM's bench computes them)."""
     import numpy as np
@@ -87,9 +220,12 @@ def level_metrics(timings: list[Timing], wall: float, slo: dict | None = None, *
     ttft, tpot = ms([t.ttft for t in good]), ms([t.tpot for t in good if t.tpot is not None])
     generated = sum(t.n_tokens for t in good)
     slo = {k: v for k, v in (slo or {}).items() if v is not None}
+    served = [t.server_prompt_tokens for t in good]
     return {
         **label, "requests": len(timings), "failed": len(timings) - len(good),
         "input_tokens_mean": sum(t.input_tokens for t in good) / len(good),
+        # the server's own count of each prompt (usage.prompt_tokens), where it reports it for every request
+        **({"server_prompt_tokens_mean": sum(served) / len(served)} if None not in served else {}),
         "output_tokens_mean": generated / len(good),
         "ttft_ms": ttft, "tpot_ms_stats": tpot, "itl_ms": ms([gap for t in good for gap in t.itl]),
         "e2el_ms": ms([t.seconds for t in good]),
@@ -109,7 +245,7 @@ def sweep_level(engine, workload: Workload, concurrency: int, requests: int, slo
     with progress(f"bench {workload.name} c={concurrency}", requests, "requests") as advance:
         engine.progress = advance  # each engine reports finished requests (hf: finished batches)
         started = time.perf_counter()
-        timings = engine.timed_generate(prompts, outputs, concurrency)
+        timings = engine.timed_generate(prompts, outputs, concurrency, **workload.images_of(requests))
         wall = time.perf_counter() - started
         engine.progress = None
     level = level_metrics(timings, wall, slo, concurrency=concurrency)
@@ -126,7 +262,7 @@ def rate_level(engine, workload: Workload, rate: float, requests: int, slo: dict
     with progress(f"bench {workload.name} {rate:g} req/s", requests, "requests") as advance:
         engine.progress = advance
         started = time.perf_counter()
-        timings = engine.timed_generate(prompts, outputs, None, rate=rate, seed=seed)
+        timings = engine.timed_generate(prompts, outputs, None, rate=rate, seed=seed, **workload.images_of(requests))
         wall = time.perf_counter() - started
         engine.progress = None
     level = level_metrics(timings, wall, slo, request_rate=rate)
@@ -136,8 +272,10 @@ def rate_level(engine, workload: Workload, rate: float, requests: int, slo: dict
 
 class HttpTiming:
     """`timed_generate` for a server engine: streamed /v1/completions with token-id prompts, each
-    chunk timed on arrival. Wraps the engine (vllm or openai) and adds nothing between the clock
-    and the socket but JSON parsing of each event."""
+    chunk timed on arrival; a request with images (PromptImages) goes to streamed /v1/chat/completions as the
+    rendered text (image markup in place) followed by its images as PNG data URLs, as the VQA suite sends them
+    (pipeline/engines/openai.py). Wraps the engine (vllm or openai) and adds nothing between the clock and the
+    socket but JSON parsing of each event."""
 
     def __init__(self, engine, vllm_extras: bool):
         self.engine, self.vllm_extras = engine, vllm_extras
@@ -146,14 +284,19 @@ class HttpTiming:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def _body(self, prompt: list[int], output_len: int) -> dict:
-        body = {"model": self.engine.served_model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+    def _body(self, prompt: list[int], output_len: int, images=None) -> dict:
+        body = {"model": self.engine.served_model, "max_tokens": output_len, "temperature": 0.0,
                 "stream": True, "stream_options": {"include_usage": True}}
+        if images is None:
+            body["prompt"] = prompt
+        else:
+            body["messages"] = [{"role": "user", "content": [{"type": "text", "text": images.text}] + [
+                {"type": "image_url", "image_url": {"url": url}} for url in images.urls]}]
         if self.vllm_extras:  # exactly output_len tokens each, counted by id
             body |= {"ignore_eos": True, "min_tokens": output_len, "return_token_ids": True}
         return body
 
-    async def _one(self, http, prompt: list[int], output_len: int) -> Timing:
+    async def _one(self, http, prompt: list[int], output_len: int, images=None) -> Timing:
         """One streamed request, timed chunk by chunk, the whole of it within one wall-clock deadline; a chunk
         that is not what the API specifies (pipeline/engines/replies.py: stream_chunk) makes it a failed request,
         with the reason."""
@@ -161,52 +304,55 @@ class HttpTiming:
 
         limits = Limits(deadline=max(600.0, self.engine.limits.deadline if hasattr(self.engine, "limits") else 600.0),
                         max_bytes=256 << 20)
+        prompt_tokens = images.prompt_tokens if images is not None else len(prompt)
         started = time.perf_counter()
-        seen = {"first": None, "last": None, "itl": [], "n": 0, "usage": None}
+        seen = {"first": None, "last": None, "itl": [], "n": 0, "usage": None, "prompt_tokens": None}
         try:
-            await within(limits, self._consume(http, prompt, output_len, limits, seen), "stream not finished")
+            await within(limits, self._consume(http, prompt, output_len, limits, seen, images), "stream not finished")
         except (RetryableError, FatalError) as exc:
             done = time.perf_counter()
-            return Timing(ttft=done - started, seconds=done - started, n_tokens=0, input_tokens=len(prompt),
+            return Timing(ttft=done - started, seconds=done - started, n_tokens=0, input_tokens=prompt_tokens,
                           error=str(exc))
         done = time.perf_counter()
         if self.progress:
             self.progress(1)
         n_tokens = seen["usage"] if seen["usage"] and not self.vllm_extras else seen["n"]
         return Timing(ttft=(seen["first"] or done) - started, seconds=done - started, n_tokens=n_tokens,
-                      input_tokens=len(prompt), itl=seen["itl"])
+                      input_tokens=prompt_tokens, itl=seen["itl"], server_prompt_tokens=seen["prompt_tokens"])
 
-    async def _consume(self, http, prompt: list[int], output_len: int, limits, seen: dict) -> None:
+    async def _consume(self, http, prompt: list[int], output_len: int, limits, seen: dict, images=None) -> None:
         from pipeline.engines.http import stream_events
         from pipeline.engines.replies import BadReply, stream_chunk
 
-        url = self.engine.base_url + "/completions"
-        async for arrived, event in stream_events(http, url, self._body(prompt, output_len), self.engine.headers,
-                                                  limits):
-            count, total = stream_chunk(event, output_len)
-            seen["usage"] = total if total is not None else seen["usage"]
-            if not count:
+        url = self.engine.base_url + ("/completions" if images is None else "/chat/completions")
+        async for arrived, event in stream_events(http, url, self._body(prompt, output_len, images),
+                                                  self.engine.headers, limits):
+            chunk = stream_chunk(event, output_len, chat=images is not None)
+            seen["usage"] = chunk.completion_tokens if chunk.completion_tokens is not None else seen["usage"]
+            seen["prompt_tokens"] = chunk.prompt_tokens if chunk.prompt_tokens is not None else seen["prompt_tokens"]
+            if not chunk.tokens:
                 continue
             if seen["first"] is None:
                 seen["first"] = arrived
             else:
                 seen["itl"].append(arrived - seen["last"])
             seen["last"] = arrived
-            seen["n"] += count
+            seen["n"] += chunk.tokens
             if self.vllm_extras and seen["n"] > output_len:  # counted by id: never more than asked
                 raise BadReply("choices[0].token_ids", f"{output_len} tokens in all", seen["n"])
 
     def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int | None,
-                       rate: float | None = None, seed: int = 0) -> list[Timing]:
+                       rate: float | None = None, seed: int = 0, images: list | None = None) -> list[Timing]:
         """Closed loop (`concurrency` in flight, the next sent as one finishes) or open loop (Poisson arrivals of
         `rate` per second, each sent when it arrives, however many are in flight): one event loop, a connection of
-        its own for every request in flight (pipeline/engines/http.py: client)."""
+        its own for every request in flight (pipeline/engines/http.py: client). images: per request its
+        PromptImages, else None."""
         import asyncio
 
-        jobs = list(zip(prompts, output_tokens))
+        jobs = list(zip(prompts, output_tokens, images or [None] * len(prompts)))
         return asyncio.run(self._timed(jobs, concurrency, rate, seed))
 
-    async def _timed(self, jobs: list[tuple[list[int], int]], concurrency: int | None, rate: float | None,
+    async def _timed(self, jobs: list[tuple], concurrency: int | None, rate: float | None,
                      seed: int) -> list[Timing]:
         import asyncio
 
@@ -218,7 +364,7 @@ class HttpTiming:
         async with client(width + 4) as http:
             start = time.perf_counter()
 
-            async def one(job: tuple[list[int], int], at: float) -> Timing:
+            async def one(job: tuple, at: float) -> Timing:
                 await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
                 async with gate:
                     return await self._one(http, *job)

@@ -268,7 +268,18 @@ class BenchParams(Section):
     output_len: int = Field(256, ge=2, le=1 << 20)
     requests_per_level: int = Field(2, ge=1, le=1000)  # requests per level, as a multiple of the concurrency
     holdout: bool = True  # also the held-out prompts' real lengths
+    # a model with a vision tower: also requests with this many images each (the VQA suite's images), one workload
+    # per count beside the text-only ones; [] for none. A text-only model ignores it
+    images: list[int] = Field([1, 4], max_length=8)
+    image_size: int = Field(1024, ge=16, le=8192)  # pixels on the longest side the images are sent at (aspect kept)
     slo: SloParams = SloParams()
+
+    @field_validator("images")
+    @classmethod
+    def _image_counts(cls, counts: list[int]) -> list[int]:
+        if any(c < 1 or c > 64 for c in counts):
+            raise ValueError("must be a list of image counts per request from 1 to 64, e.g. [1, 4] ([] for none)")
+        return sorted(set(counts))
 
     @field_validator("concurrency")
     @classmethod

@@ -2,7 +2,12 @@
 
 Two workloads: `fixed` (every request has the same prompt and output length: real text from
 evals/long_context, cut to length) and `holdout` (the held-out conversations' real prompts, each
-answered with as many tokens as its real reply had). Two kinds of load, as `vllm bench serve` offers:
+answered with as many tokens as its real reply had). For a model with a vision tower, on an engine that takes
+images, one more per count in `bench.images` (`1-image`, `4-images`): the fixed workload's text with that many of
+the VQA suite's real images (scaled to `bench.image_size`) and a question, in the chat format vLLM serves
+(pipeline/scoring/bench_load.py: image_workload); each states its image tokens per image (the model's processor's
+rule), its prompt and KV tokens per request (the server's own prompt count where it reports one), and the
+capacity counts how many requests of each load the KV pool holds. Two kinds of load, as `vllm bench serve` offers:
 a closed-loop sweep over max concurrency (default 1, 4, 16, 64 requests in flight) and, for server
 engines, a sweep over request rates with Poisson arrivals (on the fixed workload). Per level, as vLLM's bench reports them:
 TTFT, TPOT, ITL and end-to-end latency (mean, median, p90, p99), output tokens/s, requests/s,
@@ -10,7 +15,8 @@ goodput (requests/s that meet every SLO in `bench.slo`) and device memory.
 
 Server engines (`vllm`: `vllm serve` started and stopped by the stage, its log kept beside the
 results; `openai`: a server already running) are timed over HTTP with streamed `/v1/completions`,
-token-id prompts and, on vLLM, `ignore_eos` so each request decodes exactly its output length.
+token-id prompts (requests with images: streamed `/v1/chat/completions`) and, on vLLM, `ignore_eos` so each
+request decodes exactly its output length.
 In-process engines (`hf`, `lmdeploy`) time requests with their own clocks (`timed_generate`).
 
 Beside batch 1 stands its roofline: decoding one token reads every weight once plus the KV cache
@@ -26,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.scoring.bench_load import (  # noqa: F401  (the workloads and levels: the stage's and its callers')
-    HttpTiming, Workload, distribution, fixed_workload, holdout_workload, level_metrics, meets_slo, rate_level,
-    sweep_level,
+    HttpTiming, Workload, check_image_requests, distribution, fixed_workload, holdout_workload, image_workload,
+    kv_tokens, level_metrics, meets_slo, rate_level, sweep_level,
 )
 from pipeline.checkpoints.sizes import kv_bytes_per_token
 from pipeline.engines import EngineSettings, capability
@@ -79,8 +85,11 @@ class BenchResult:
         by_c = ", ".join(f"c{l['concurrency']} {l['output_tokens_per_s']:.0f}" for l in fixed["levels"])
         r = self.figures.get("roofline") or {}
         bound = f"; batch 1 at {r['fraction_of_bound']:.0%} of its roofline" if r.get("fraction_of_bound") else ""
+        images = [w for w in self.figures["workloads"].values() if w.get("images_per_request")]
+        with_images = "".join(f"; {w['label']} ({w['image_tokens_per_image']} tokens each): TTFT p50 "
+                              f"{w['levels'][0]['ttft_p50_ms']:.0f} ms at c{w['levels'][0]['concurrency']}" for w in images)
         return (f"bench: wrote {self.path} ({self.figures['engine']}, {fixed['name']} workload, output tok/s "
-                f"{by_c}{bound}) in {self.seconds:.0f} s")
+                f"{by_c}{bound}{with_images}) in {self.seconds:.0f} s")
 
 
 def versions() -> dict:
@@ -142,6 +151,8 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     spec = engine_spec(engine)
     chosen = settings_for(e, engine)  # a missing setting (openai: engine.model) stops before any work
     context = _checked(model_dir, b, spec, engine)
+    images, no_images = _image_counts(model_dir, b, spec, engine)
+    check_image_requests(model_dir, images, b.image_size, b.input_len, b.output_len, context)
     chosen = chosen.model_copy(update={"batch_size": max(max(b.concurrency), chosen.batch_size)})
     options = chosen.model_dump()
     stage = {"log_path": out.with_name(out.stem + ".vllm.log")} if spec.starts_server else {}
@@ -152,10 +163,11 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     try:
         quiet_wait = _quiet_gpu(lm) if spec.starts_server else 0.0
         timer = HttpTiming(lm, vllm_extras=spec.starts_server) if spec.timing == "http" else lm
-        workloads = _sweep(timer, b, holdout, context)
+        workloads = _sweep(timer, b, holdout, context, model_dir, images)
         summary = _summary(lm, model_dir, engine, spec, options, b, workloads, bandwidth)
-        summary["capacity"] = engine_capacity(lm, model_dir, summary, workloads["fixed"], b.slo.model_dump(), context,
-                                              options)
+        if no_images:
+            summary["images_not_measured"] = no_images
+        summary["capacity"] = engine_capacity(lm, model_dir, summary, workloads, b.slo.model_dump(), context, options)
         summary["engine_start_s"] = engine_start_seconds(starts_before)
         summary["waited_for_other_starts_s"] = round(quiet_wait, 2)
     finally:
@@ -184,18 +196,36 @@ def _checked(model_dir: Path, b: BenchParams, spec, engine: str) -> int | None:
     return context
 
 
-def _sweep(timer, b: BenchParams, holdout: Path | None, context: int | None) -> dict:
-    """Each workload (fixed lengths; the held-out prompts' real lengths) at every concurrency, and the fixed one
-    at every request rate."""
+def _image_counts(model_dir: Path, b: BenchParams, spec, engine: str) -> tuple[list[int], str | None]:
+    """The image workloads' images per request (bench.images) for a model with a vision tower on an engine that
+    takes images, and why there are none when such a model's engine takes no images (None otherwise: a text-only
+    model's bench says nothing of images)."""
+    from pipeline.engines import engine_names
+    from pipeline.engines.vision import is_multimodal
+
+    if not b.images or not is_multimodal(model_dir):
+        return [], None
+    if not spec.images:
+        return [], (f"{engine} takes no images; requests with images are measured on "
+                    f"{engine_names(where=lambda s: s.images)} (--engine)")
+    return list(b.images), None
+
+
+def _sweep(timer, b: BenchParams, holdout: Path | None, context: int | None, model_dir: Path | None = None,
+           images: list[int] = ()) -> dict:
+    """Each workload (fixed lengths; the held-out prompts' real lengths; the fixed text with `images` images per
+    request, one workload per count) at every concurrency, and the fixed one at every request rate."""
     slo = b.slo.model_dump()
-    loads = [fixed_workload(timer.encode, b.input_len, b.output_len)]
+    fixed = fixed_workload(timer.encode, b.input_len, b.output_len)
+    loads = [fixed]
     if holdout is not None:
         loads.append(holdout_workload(timer, Path(holdout), b.output_len, context))
+    loads += [image_workload(timer, model_dir, fixed, count, b.image_size, context) for count in images]
     workloads = {}
     for load in loads:
         # warm-up on this workload's own shapes: kernels autotune on the first new size (seen:
         # a 4 s first request of AWQ on lmdeploy with 800-token prompts after a 128-token warm-up)
-        timer.timed_generate(*load.take(1), 1)
+        timer.timed_generate(*load.take(1), 1, **load.images_of(1))
         levels, rates = [], []
         for c in b.concurrency:
             levels.append(sweep_level(timer, load, c, max(4, b.requests_per_level * c), slo))
@@ -205,7 +235,16 @@ def _sweep(timer, b: BenchParams, holdout: Path | None, context: int | None) -> 
             rates.append(rate_level(timer, load, rate, max(8, round(rate * b.rate_seconds)), slo))
             log.info(f"  {load.name} {rate:g} req/s: {rates[-1]['output_tokens_per_s']:.1f} tok/s, "
                      f"TTFT p50 {rates[-1]['ttft_p50_ms']:.0f} ms")
-        workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), "levels": levels, "rates": rates}
+        workloads[load.name] = {"name": load.name, "prompts": len(load.prompts), **load.facts, "levels": levels,
+                                "rates": rates}
+        if images:  # a model measured with images: what each load's request holds in the KV cache, text-only too
+            tokens, counted_by_server = kv_tokens(workloads[load.name])
+            workloads[load.name]["kv_tokens_per_request"] = tokens
+            workloads[load.name]["kv_tokens_source"] = "prompt + output, the prompt " + (
+                "as the server counted it (usage.prompt_tokens)" if counted_by_server else
+                "as counted here (image tokens: the model's image processor)" if load.images else "as sent")
+    if images:
+        workloads["fixed"]["label"] = "text only"
     return workloads
 
 
@@ -225,11 +264,12 @@ def _summary(lm, model_dir: Path, engine: str, spec, options: dict, b: BenchPara
     }
 
 
-def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, context: int | None,
+def engine_capacity(lm, model_dir: Path, summary: dict, workloads: dict, slo: dict, context: int | None,
                     options: dict) -> dict:
     """What the variant buys (pipeline/engines/capacity.py): KV-cache tokens at the configured memory
     fraction, the longest context one request can have, weight memory (from the engine's own start-up
-    figures where it reports them: vLLM), and output tokens/s per GPU of the requests that met bench.slo."""
+    figures where it reports them: vLLM), and output tokens/s per GPU of the requests that met bench.slo; measured
+    with images, per load (text only, 1 image, ...) the requests the KV pool holds and their goodput."""
     from pipeline.checkpoints.sizes import checkpoint_weight_bytes
     from pipeline.engines.capacity import capacity
 
@@ -246,8 +286,11 @@ def engine_capacity(lm, model_dir: Path, summary: dict, fixed: dict, slo: dict, 
         import torch
 
         device_bytes = torch.cuda.get_device_properties(0).total_memory
+    fixed = workloads["fixed"]
+    loads = {name: w for name, w in workloads.items() if "label" in w}  # measured with images: the loads by name
     return capacity(figures, levels=fixed["levels"] + fixed["rates"], slo=slo, tensor_parallel_size=tp,
-                    model_window=context, checkpoint_weight_bytes=weights, settings=options, device_bytes=device_bytes)
+                    model_window=context, checkpoint_weight_bytes=weights, settings=options, device_bytes=device_bytes,
+                    loads=loads)
 
 
 def _quiet_gpu(lm) -> float:

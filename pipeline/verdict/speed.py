@@ -2,7 +2,10 @@
 batch-1 decode rate against the base's (`compare_speed`; it counts, as NO-GO, only when
 verdict.nogo_if_slower_at_batch1 is set and it was measured on verdict.speed_engine: `speed_verdict`), and
 one line per variant beside its decision, e.g. "GO, 1.5× tokens/s, 2.0× KV capacity" (`capacity_line`, from
-bench.json's `capacity`, pipeline/engines/capacity.py).
+bench.json's `capacity`, pipeline/engines/capacity.py). A model benched with images (a vision-language model) has
+its loads too (`load_rows`: text only, 1 image, 4 images, each with its image and KV tokens per request and the
+requests the KV pool holds), and every figure names the load it is from ("text only, c=1"); a text-only model's
+figures stay unlabelled.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ def compare_speed(base: dict | None, variant: dict, tolerance: float, deploy_eng
         return {"comparable": False, "reason": why, "ratio": None, "slower": None, "deployment_engine": None}
     ratio = variant["batch1_tokens_per_s"] / base["batch1_tokens_per_s"]
     on_deploy = deploy_engine is not None and variant["engine"] == deploy_engine
-    reason = (f"batch-1 decode {figures.rate(variant['batch1_tokens_per_s'])} vs base {figures.rate(base['batch1_tokens_per_s'])} "
-              f"tokens/s ({figures.ratio(ratio)}) on {variant['engine']}, {variant['device']}")
+    load = f" ({variant['batch1_load']})" if variant.get("batch1_load") else ""  # a bench with images: which load
+    reason = (f"batch-1 decode{load} {figures.rate(variant['batch1_tokens_per_s'])} vs base "
+              f"{figures.rate(base['batch1_tokens_per_s'])} tokens/s ({figures.ratio(ratio)}) on {variant['engine']}, "
+              f"{variant['device']}")
     if deploy_engine is not None and not on_deploy:
         reason += (f"; measured on {variant['engine']}, but the variants are deployed on {deploy_engine} "
                    f"(verdict.speed_engine): engines invert which variant is faster, so it is shown, not counted")
@@ -50,19 +55,52 @@ def speed_verdict(speeds: dict, variant: str, p) -> dict | None:
     return comparison
 
 
+def _decode_rate(level: dict) -> float | None:
+    return 1000 / level["tpot_ms"] if level.get("tpot_ms") else None
+
+
+def load_rows(summary: dict) -> list[dict] | None:
+    """A bench with images (bench.json's workloads with a `label`: text only, then each image count): per load its
+    images and their tokens, prompt and KV tokens per request, the requests the KV pool holds at once and goodput
+    (capacity.by_load), batch-1 decode and TTFT, output tokens/s and TTFT p50 per concurrency. None without images."""
+    labelled = [w for w in summary["workloads"].values() if isinstance(w, dict) and w.get("label") and w.get("levels")]
+    if not any(w.get("images_per_request") for w in labelled):
+        return None
+    by_load = (summary.get("capacity") or {}).get("by_load") or {}
+    rows = []
+    for w in sorted(labelled, key=lambda w: w.get("images_per_request") or 0):
+        first, cap = w["levels"][0], by_load.get(w.get("name")) or {}
+        rows.append({
+            "name": w.get("name"), "label": w["label"], "images_per_request": w.get("images_per_request") or 0,
+            "image_size": w.get("image_size"), "image_tokens_per_image": w.get("image_tokens_per_image"),
+            # the text-only load's prompt: as the server counted it, else as sent
+            "prompt_tokens_mean": w.get("prompt_tokens_mean") or first.get("server_prompt_tokens_mean") or first.get(
+                "input_tokens_mean"), "kv_tokens_per_request": w.get("kv_tokens_per_request"),
+            "kv_tokens_source": w.get("kv_tokens_source"),
+            "batch1_concurrency": first["concurrency"], "batch1_tokens_per_s": _decode_rate(first),
+            "batch1_ttft_ms": first["ttft_p50_ms"],
+            "tokens_per_s": {str(l["concurrency"]): l["output_tokens_per_s"] for l in w["levels"]},
+            "ttft_p50_ms": {str(l["concurrency"]): l["ttft_p50_ms"] for l in w["levels"]},
+            "requests_in_kv_pool": cap.get("requests_in_kv_pool"), "goodput_tok_s_per_gpu": cap.get("goodput_tok_s_per_gpu"),
+        })
+    return rows
+
+
 def speed_row(summary: dict) -> dict:
-    """The figures the report's speed table and charts show, from one bench.json."""
+    """The figures the report's speed table and charts show, from one bench.json; a bench with images adds its
+    loads (`load_rows`) and the load the batch-1 figures are from (`batch1_load`, "text only, c=1")."""
     fixed = summary["workloads"]["fixed"]
     batch1 = fixed["levels"][0]
     info = summary.get("engine_info") or {"engine": summary["engine"]}
     roof = summary.get("roofline") or {}
+    loads = load_rows(summary)
     return {
         "engine": summary["engine"], "engine_version": info.get("version"), "engine_settings": info.get("settings"),
         "tensor_parallel_size": int(info.get("tensor_parallel_size") or 1), "kv_cache_dtype": info.get("kv_cache_dtype"),
         "device": summary["device"], "date": summary.get("date"),
         "input_len": summary["input_len"], "output_len": summary["output_len"],
         "batch1_concurrency": batch1["concurrency"],
-        "batch1_tokens_per_s": 1000 / batch1["tpot_ms"] if batch1.get("tpot_ms") else None,
+        "batch1_tokens_per_s": _decode_rate(batch1),
         "batch1_ttft_ms": batch1["ttft_p50_ms"],
         "tokens_per_s": {str(l["concurrency"]): l["output_tokens_per_s"] for l in fixed["levels"]},
         "levels": [{k: l.get(k) for k in ("concurrency", "output_tokens_per_s", "ttft_ms", "tpot_ms_stats", "itl_ms",
@@ -75,6 +113,7 @@ def speed_row(summary: dict) -> dict:
         "capacity": capacity_figures(summary.get("capacity")),
         "roofline_fraction": roof.get("fraction_of_bound"),
         "roofline_tokens_per_s": roof.get("bound_tokens_per_s"),
+        **({"loads": loads, "batch1_load": f"{loads[0]['label']}, c={batch1['concurrency']}"} if loads else {}),
     }
 
 
@@ -115,7 +154,8 @@ def capacity_line(decision: str, variant: dict | None, base: dict | None) -> str
         peak = lambda row: max((row.get("tokens_per_s") or {}).values(), default=None)  # noqa: E731
         speed = _ratio(peak(variant), peak(base))
     if speed is not None:
-        parts.append(f"{figures.ratio(speed)} tokens/s")
+        text_only = f" ({variant['loads'][0]['label']})" if variant.get("loads") else ""  # a bench with images
+        parts.append(f"{figures.ratio(speed)} tokens/s{text_only}")
     kv = _ratio(v_cap.get("kv_cache_tokens"), b_cap.get("kv_cache_tokens"))
     if kv is not None:
         parts.append(f"{figures.ratio(kv)} KV capacity")
