@@ -130,10 +130,6 @@ class TinyModel:
             if token in self.eos and not ignore_eos:
                 return
 
-    def chat_with_images(self, text: str, images: list, max_tokens: int) -> list[int]:
-        """Greedy tokens for a rendered prompt with images (the image token expanded per image grid)."""
-        return list(self.chat_stream(self.chat_inputs(text, images), max_tokens))
-
     def prompt_logprobs(self, ids: list[int]) -> list[dict | None]:
         torch = self.torch
         with self.lock, torch.inference_mode():
