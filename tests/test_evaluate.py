@@ -335,3 +335,18 @@ def test_eval_engine_hf_runs_on_a_params_yaml_written_for_vllm(tmp_path, tiny_ll
     [settings] = made
     assert settings.model_dump() == {"name": "hf", "batch_size": 3, "max_batch_tokens": 65536, "dtype": "float32",
                                      "threads": 0}
+
+
+def test_a_suite_scored_again_in_another_dtype_computes_its_own_scores(tmp_path, tiny_llama):
+    """The resume cache is keyed by the checkpoint and the engine's answering settings: after a run in float32, a run
+    in bfloat16 scores every document itself (the cache had served it the float32 scores under a bfloat16 label),
+    and a rerun in float32 finds its own scores again."""
+    def run(dtype):
+        evaluate.run(tiny_llama, suite="ppl-book", task="quant_ppl_book", variant="base", out_dir=tmp_path, limit=2,
+                     dtype=dtype)
+        return [l["loglikelihood"] for l in read_jsonl(tmp_path / "ppl-book.jsonl")]
+
+    fp32 = run("float32")
+    bf16 = run("bfloat16")
+    assert all(a != b for a, b in zip(fp32, bf16)), (fp32, bf16)
+    assert run("float32") == fp32

@@ -21,6 +21,23 @@ from pipeline.formats.checked_json import unpaired_surrogate
 from pipeline.formats.keyed_jsonl import KeyedJsonl
 
 
+# engine settings that change how a run is carried out, never what it answers (the KV pool's size stays in: the
+# long-context ladder skips lengths the served KV cache cannot hold)
+OPERATIONAL = {"name", "share_server", "server_idle_timeout", "max_servers", "start_timeout", "timeout", "retries",
+               "max_response_bytes", "warm_servers", "score_ahead", "build_memory_fraction"}
+
+
+def answers_fingerprint(model_dir: Path, engine: str, settings) -> str:
+    """What a cached answer or score was computed from: the checkpoint's content, the engine and its settings that
+    change what it answers (its dtype: bfloat16 scores differ from float32's; its batch size: an FP8 variant's
+    greedy outputs move with it). A rerun with the same engine resumes where it stopped; a run with another engine
+    or dtype computes its own, never another's (the cache had been keyed by the checkpoint alone: a suite scored
+    again in bfloat16 was served the float32 scores)."""
+    engine_settings = settings.model_dump(mode="json", exclude=OPERATIONAL) if settings is not None else None
+    payload = json.dumps([model_fingerprint(model_dir), engine, engine_settings], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
 def score_key(context: list[int], continuation: list[int]) -> str:
     """Key of a token-level scoring request: the same tokens score the same on any engine."""
     return "ll:" + hashlib.sha256(json.dumps([list(context), list(continuation)]).encode()).hexdigest()

@@ -28,7 +28,7 @@ from pipeline.scoring import sandbox
 from pipeline.checkpoints import checkpoint
 from pipeline.engines import Engine, EngineSettings, capability, default_settings, engine_names, settings_for
 from pipeline.errors import UserError
-from pipeline.scoring.eval_cache import GenerationCache, model_fingerprint
+from pipeline.scoring.eval_cache import GenerationCache, answers_fingerprint
 from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
@@ -262,7 +262,8 @@ def _evaluate(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: s
 
     from pipeline.console import progress
 
-    cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl", model_fingerprint(model_dir))
+    cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl",
+                            answers_fingerprint(model_dir, shared.name, shared.settings))
     # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
     with progress(f"eval {variant}/{suite}", None, "requests") as advance, \
             sandbox.allow_unsandboxed(s.allow_unsandboxed):

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 from pipeline.checkpoints import config_json
 from pipeline.engines import Engine, EngineSettings, GenRequest
 from pipeline.errors import UserError
-from pipeline.scoring.eval_cache import GenerationCache, model_fingerprint
+from pipeline.scoring.eval_cache import GenerationCache, answers_fingerprint
 from pipeline.formats.holdout import read_holdout
 from pipeline.judge.client import Ask, Judge, JudgmentCache
 from pipeline.judge.prompts import conversation_text
@@ -175,7 +175,8 @@ def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label:
     from pipeline.engines import make_engine
     from pipeline.formats.chat import render_prompt
 
-    cache = GenerationCache(out_dir / ".cache" / f"judge-answers-{label}.jsonl", model_fingerprint(model_dir))
+    cache = GenerationCache(out_dir / ".cache" / f"judge-answers-{label}.jsonl",
+                            answers_fingerprint(model_dir, engine_name, engine_options[0]))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     requests = [GenRequest(render_prompt(tokenizer, r["messages"]), max_new_tokens) for r in records]
     todo = list({cache.key(r): r for r in requests if cache.get(r) is None}.values())
@@ -239,7 +240,7 @@ def judge_engine(jp, base_dir: Path, engine_options: tuple[EngineSettings | None
     description = f"{model_dir} ({jp.backend})" + (" - the base model judging itself" if weak else "")
     settings, stage = engine_options
     return (lambda: make_engine(jp.backend, model_dir, settings, **stage)), \
-        f"{jp.backend}:{model_fingerprint(model_dir)}", description, weak
+        f"{jp.backend}:{answers_fingerprint(model_dir, jp.backend, settings)}", description, weak
 
 
 def judge_pairwise(judge: Judge, records: list[dict], base_answers: list[str], variant_answers: list[str],
