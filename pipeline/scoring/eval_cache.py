@@ -21,20 +21,18 @@ from pipeline.formats.checked_json import unpaired_surrogate
 from pipeline.formats.keyed_jsonl import KeyedJsonl
 
 
-# engine settings that change how a run is carried out, never what it answers (the KV pool's size stays in: the
-# long-context ladder skips lengths the served KV cache cannot hold)
-OPERATIONAL = {"name", "share_server", "server_idle_timeout", "max_servers", "start_timeout", "timeout", "retries",
-               "max_response_bytes", "warm_servers", "score_ahead", "build_memory_fraction"}
+# an engine's settings that change the numbers it computes: the precision it runs in, and the KV cache's
+NUMERICS = ("dtype", "kv_cache_dtype")
 
 
 def answers_fingerprint(model_dir: Path, engine: str, settings) -> str:
-    """What a cached answer or score was computed from: the checkpoint's content, the engine and its settings that
-    change what it answers (its dtype: bfloat16 scores differ from float32's; its batch size: an FP8 variant's
-    greedy outputs move with it). A rerun with the same engine resumes where it stopped; a run with another engine
-    or dtype computes its own, never another's (the cache had been keyed by the checkpoint alone: a suite scored
-    again in bfloat16 was served the float32 scores)."""
-    engine_settings = settings.model_dump(mode="json", exclude=OPERATIONAL) if settings is not None else None
-    payload = json.dumps([model_fingerprint(model_dir), engine, engine_settings], sort_keys=True, default=str)
+    """What a cached answer or score was computed from: the checkpoint's content, the engine and the precision it
+    computes in (NUMERICS: bfloat16 scores differ from float32's). A rerun resumes where it stopped, and a setting
+    that changes how the engine runs but not its arithmetic (a server's arguments, the batch size, a timeout) keeps
+    the cache; another engine or dtype computes its own, never another's (the cache had been keyed by the checkpoint
+    alone: a suite scored again in bfloat16 was served the float32 scores under a bfloat16 label)."""
+    numerics = {name: getattr(settings, name) for name in NUMERICS if hasattr(settings, name)}
+    payload = json.dumps([model_fingerprint(model_dir), engine, numerics], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 

@@ -11,13 +11,17 @@ from functools import lru_cache
 from pathlib import Path
 
 from pipeline.engines import EngineSettings
-from pipeline.scoring.eval_cache import OPERATIONAL, model_fingerprint
+from pipeline.scoring.eval_cache import model_fingerprint
 from pipeline.settings.params import SuiteParams
 
 EVALS_DIR = Path(__file__).resolve().parents[2] / "evals"
 SCORED_BY = "pipeline.stages.evaluate"  # the stage that scores a suite: its code (and what it imports) is an input
 
 
+# engine settings that change how a run is carried out, never what it answers (the KV pool's size stays in: the
+# long-context ladder skips lengths the served KV cache cannot hold)
+OPERATIONAL = {"name", "share_server", "server_idle_timeout", "max_servers", "start_timeout", "timeout", "retries",
+               "max_response_bytes", "warm_servers", "score_ahead", "build_memory_fraction"}
 
 
 @lru_cache(maxsize=None)

@@ -1,5 +1,6 @@
 """Test instrumentation, never installed: tests/test_dvc_pipeline.py puts this directory on PYTHONPATH
-of `dvc repro`, so every Python process it starts imports this module first. When
+of `dvc repro`, so every Python process it starts imports this module first (the run's warm interpreter too:
+there it keeps pipeline modules out of the preload, and each forked command records from the fork on). When
 QUANTIZE_ACCESS_LOG names a file, each process that ran `pipeline.cli.app` appends one JSON line on exit:
 
     {"argv": [...], "params": [dotted params.yaml keys its command read], "files": [paths it read]}
@@ -151,13 +152,43 @@ def _install() -> None:
 
     sys.meta_path.insert(0, AfterParamsImport())
 
+    # The run's warm interpreter (pipeline/cli/forkserver.py) forks each stage's command: here it preloads the
+    # libraries only, never a pipeline module, so each forked command imports (and is charged with) the pipeline
+    # modules it needs itself; the child starts with nothing recorded and counts only the modules it imported.
+    preloaded: set[str] = set()
+
+    class ThirdPartyPreload(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "pipeline.cli.forkserver":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                module.PRELOAD = tuple(m for m in module.PRELOAD if m.split(".")[0] != "pipeline")
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, ThirdPartyPreload())
+
+    def forked() -> None:
+        reads.clear(), writes.clear(), params.clear(), registry.clear()
+        preloaded.update(sys.modules)
+
+    os.register_at_fork(after_in_child=forked)
+
     def write():
         main = getattr(sys.modules.get("__main__"), "__spec__", None)
         if "pipeline.cli.app" not in sys.modules and getattr(main, "name", None) != "pipeline.cli.app":
             return
         code_root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["pipeline"].__file__)))
         files = set()
-        for module in list(sys.modules.values()):
+        for name, module in list(sys.modules.items()):
+            if name in preloaded:  # imported by the warm interpreter before the fork: not this command's doing
+                continue
             file = getattr(module, "__file__", None)
             if file:
                 reads.add(os.path.abspath(file))
