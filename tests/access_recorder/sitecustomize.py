@@ -21,6 +21,7 @@ LOG = os.environ.get("QUANTIZE_ACCESS_LOG")
 
 
 def _install() -> None:
+    import importlib
     import importlib.abc
     import importlib.util
 
@@ -152,27 +153,21 @@ def _install() -> None:
 
     sys.meta_path.insert(0, AfterParamsImport())
 
-    # The run's warm interpreter (pipeline/cli/forkserver.py) forks each stage's command: here it preloads the
-    # libraries only, never a pipeline module, so each forked command imports (and is charged with) the pipeline
-    # modules it needs itself; the child starts with nothing recorded and counts only the modules it imported.
+    # The run's warm interpreter (`python -m pipeline.cli.forkserver`) forks each stage's command: here it preloads
+    # the libraries only, never a pipeline module (its preload imports each by importlib.import_module and skips one
+    # that fails), so each forked command imports, and is charged with, the pipeline modules it needs itself; the
+    # child starts with nothing recorded and counts only the modules it imported.
     preloaded: set[str] = set()
+    if "pipeline.cli.forkserver" in getattr(sys, "orig_argv", []):
+        real_import_module = importlib.import_module
 
-    class ThirdPartyPreload(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name != "pipeline.cli.forkserver":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            execute = spec.loader.exec_module
+        def libraries_only(name, package=None):
+            if name == "pipeline" or name.startswith("pipeline."):
+                raise ImportError(f"{name}: not preloaded while recording (each command imports its own)")
+            return real_import_module(name, package)
 
-            def exec_module(module):
-                execute(module)
-                module.PRELOAD = tuple(m for m in module.PRELOAD if m.split(".")[0] != "pipeline")
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, ThirdPartyPreload())
+        importlib.import_module = libraries_only
+        os.register_at_fork(after_in_child=lambda: setattr(importlib, "import_module", real_import_module))
 
     def forked() -> None:
         reads.clear(), writes.clear(), params.clear(), registry.clear()
