@@ -61,6 +61,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# the environment this script was started with: what the run's commands get (torch, once this script imports it to
+# build a base, adds its own variables, and commands started with those had another key for the run's warm
+# interpreter than those of the call before: a second one started)
+STARTED_ENV = dict(os.environ)
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-dvc-out"))
 VSITE = os.environ.get("VLLM_SITE", "/tmp/vsite")
 IGNORE = shutil.ignore_patterns(".git", ".venv", ".device", ".vllm-*", "models", "results", ".cache", "__pycache__",
@@ -452,9 +456,9 @@ class Run:
             time.sleep(0.2)
 
     def env(self) -> dict:
-        return {**os.environ, "PATH": f"{self.bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
-                                      f"{os.environ.get('PATH', '')}",
-                "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(self.project)) if p),
+        return {**STARTED_ENV, "PATH": f"{self.bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+                                       f"{STARTED_ENV.get('PATH', '')}",
+                "PYTHONPATH": os.pathsep.join(p for p in (STARTED_ENV.get("PYTHONPATH"), str(self.project)) if p),
                 "QUANTIZE_STAGE_LOG": str(self.stage_log), "QUANTIZE_SERVER_DIR": str(self.work / "servers"),
                 "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

@@ -14,6 +14,22 @@ from pipeline.errors import UserError
 
 RUN_PID_ENV = "QUANTIZE_RUN_PID"
 
+_STARTED_WITH: dict[str, str] | None = None  # the environment this command was started with (remember_environment)
+
+
+def remember_environment(env=None) -> None:
+    """Keeps the environment the command starts with (the `quantize` launcher's, or the one a forked command is
+    handed), before any library sets its own variables in it (torch: KMP_*, TORCHINDUCTOR_CACHE_DIR; the console:
+    TQDM_DISABLE)."""
+    global _STARTED_WITH
+    _STARTED_WITH = dict(os.environ if env is None else env)
+
+
+def started_environment() -> dict[str, str]:
+    """The environment this command was started with: what a command it starts in the run gets, so that the run's
+    warm interpreter (keyed by the environment its modules saw) serves that one too; os.environ where none was kept."""
+    return dict(os.environ if _STARTED_WITH is None else _STARTED_WITH)
+
 
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None when gone:

@@ -69,6 +69,9 @@ def test_the_driver_cuts_resumes_accounts_every_stage_and_a_fix_costs_only_the_f
     assert json.loads((project / "results" / "base" / "math.json").read_text())["engine"] == "vllm"
     log = [r for r in map(json.loads, (work / "stages.jsonl").read_text().splitlines()) if r.get("event") != "begin"]
     assert log[0]["forked"] is False and any(r["forked"] for r in log[1:])
+    # one warm interpreter serves the run's commands, the jobs scoring ahead of their stages included (each job had
+    # started one of its own, which served nothing: the variables torch and the console set changed its key)
+    assert len(list((project / ".cache" / "forkserver").glob("*.log"))) == 1
 
     # a fix added to the finished run (issue 52 item 1): its own stages and the report run, nothing else; one
     # server starts, the fix's (the base's, which its judge asks, is the run's still)

@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 
 from pipeline.cli.launcher import receive_request, send_message
-from pipeline.runs import alive
+from pipeline.runs import alive, remember_environment
 
 IDLE_S = 1800.0
 POLL_S = 0.5
@@ -208,6 +208,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.umask(int(request["umask"]))
         os.environ.clear()
         os.environ.update(request["env"])
+        remember_environment(request["env"])
         sys.argv = ["quantize", *request["argv"]]
         _fresh_process_state()
         code = _run_cli()

@@ -53,6 +53,9 @@ def socket_dir() -> Path:
 
 def main() -> None:
     started = time.time()
+    from pipeline.runs import remember_environment
+
+    remember_environment()  # before any library adds its own variables (the commands this one starts get this one)
     where = _forkserver()
     if where is not None:
         code = _run_there(*where, started)

@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.runs import alive, run_owner, start_time
+from pipeline.runs import alive, run_owner, start_time, started_environment
 
 AHEAD_ENV = "QUANTIZE_AHEAD"  # set in a job: the stage name it works ahead of (e.g. evaluate@base)
 KINDS = {"eval": "evaluate", "judge": "judge"}  # command -> the DVC stage it works ahead of
@@ -95,7 +95,9 @@ def start(kind: str, model_dir: Path, params_file: Path) -> str | None:
     log = Path("results") / Path(model_dir).name / f"{kind}.ahead.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     stage = f"{KINDS[kind]}@{Path(model_dir).name}"
-    env = {**os.environ, AHEAD_ENV: stage, "QUANTIZE_RUN_PID": str(owner_pid)}
+    # the environment the stage was started with, not os.environ after torch and the console added their variables:
+    # a job started with those had its own key for the run's warm interpreter, and started one that served nothing
+    env = {**started_environment(), AHEAD_ENV: stage, "QUANTIZE_RUN_PID": str(owner_pid)}
     env.pop("DVC_STAGE", None)
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli.launcher", kind, str(model_dir), "--params",
