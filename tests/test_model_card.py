@@ -174,8 +174,13 @@ def test_the_serving_command_is_given_as_served_only_where_a_recorded_run_showed
     line = next(line for line in text.splitlines() if line.startswith("- **vLLM**"))
     assert "served with" not in text and "not shown" in line
     assert "the command to try: `vllm serve models/fp8-w8a8 --kv-cache-dtype fp8 --dtype bfloat16`" in line
-    # the example's verdict predates the command in serving entries: the command to try comes from the words it has
-    old = model_card("awq-w4a16", example_verdict(), source=SOURCE, tasks=TASKS).content
+    # a verdict written before serving entries carried their command: the command to try comes from the words it has
+    written_before = example_verdict()
+    for decided in written_before["variants"].values():
+        for entries in (decided.get("serving") or {}, (decided.get("quant") or {}).get("serving") or {}):
+            for entry in entries.values():
+                entry.pop("command", None)
+    old = model_card("awq-w4a16", written_before, source=SOURCE, tasks=TASKS).content
     assert "the command to try: `vllm serve models/awq-w4a16` (or benchmarks/gpu_glm46v_vllm.py" in old
 
 
