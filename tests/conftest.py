@@ -15,6 +15,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="hf-modules-"))
 # shared vLLM servers' registry (pipeline/engines/shared.py): a temp dir, not the checkout's .cache
 os.environ.setdefault("QUANTIZE_SERVER_DIR", tempfile.mkdtemp(prefix="quantize-servers-"))
+# Under pytest-xdist (`make test`: two workers on two cores) each worker's torch, and every process it starts, gets its
+# share of the cores: two OpenMP threads per worker spin against the other worker's (a quantize/KL subset: 39 s ->
+# 26 s at one thread each). Set before anything imports torch; a run without workers keeps torch's default.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 from tiny import save_tiny_llama  # noqa: E402
 
@@ -42,6 +48,14 @@ TINY_PARAMS = {
     "fix": {"max_bits": 4.5, "variants": ["rtn-w4a16"]},  # as the demo's dvc.yaml: the fix of rtn-w4a16
     "verdict": {"margins": {"judge": 0.05, "suites": {"math": 0.03}}, "bootstrap": 2000, "confidence": 0.95, "seed": 0},
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_test_servers():
+    """One warm interpreter per test process for the test servers it starts (tests/warm_servers.py)."""
+    import warm_servers
+
+    warm_servers.start(os.getpid())  # it ends, its servers with it, when this process does
 
 
 @pytest.fixture(scope="session")

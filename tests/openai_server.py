@@ -533,4 +533,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from warm_servers import run_there  # this folder is sys.path[0]: the script's own
+
+    code = run_there()  # in a child of the test process's warm interpreter (tests/warm_servers.py), when one answers
+    sys.exit(code) if code is not None else main()

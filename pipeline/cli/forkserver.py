@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.cli.launcher import receive_request, send_message
@@ -97,11 +99,29 @@ def preload(modules=PRELOAD) -> tuple[list[str], str | None]:
     return missing, None
 
 
-def serve(path: Path, owner_pid: int, owner_started: int | None) -> int:
+@dataclass(frozen=True)
+class Program:
+    """What a fork server serves: the modules it imports once, the name its children run as (sys.argv[0]) and
+    the function each child runs, as the program's own `main` would run in a fresh process."""
+    name: str
+    preload: tuple[str, ...]
+    main: Callable[[], object]
+
+
+def _quantize_main() -> None:
+    from pipeline.cli.app import app
+
+    app()
+
+
+QUANTIZE = Program("quantize", PRELOAD, _quantize_main)
+
+
+def serve(path: Path, owner_pid: int, owner_started: int | None, program: Program = QUANTIZE) -> int:
     lock = path.with_suffix(".starting")
     try:
         began = time.perf_counter()
-        missing, culprit = preload()
+        missing, culprit = preload(program.preload)
         refusal = _why_not_fork() or (f"importing {culprit} asked torch.cuda (CUDA may be initialized)" if culprit
                                       else None)
         print(f"preloaded in {time.perf_counter() - began:.1f} s; not found: {missing or 'none'}", flush=True)
@@ -114,7 +134,7 @@ def serve(path: Path, owner_pid: int, owner_started: int | None) -> int:
         with contextlib.suppress(OSError):
             lock.unlink()
     try:
-        return _loop(listener, owner_pid, owner_started)
+        return _loop(listener, owner_pid, owner_started, program)
     finally:
         listener.close()
         with contextlib.suppress(OSError):
@@ -142,7 +162,7 @@ def _listen(path: Path) -> socket.socket:
     return listener
 
 
-def _loop(listener: socket.socket, owner_pid: int, owner_started: int | None) -> int:
+def _loop(listener: socket.socket, owner_pid: int, owner_started: int | None, program: Program) -> int:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}  # child pid -> its launcher's connection
@@ -151,7 +171,7 @@ def _loop(listener: socket.socket, owner_pid: int, owner_started: int | None) ->
         for key, _ in selector.select(POLL_S):
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                pid = _start(conn, listener, children)
+                pid = _start(conn, listener, children, program)
                 if pid is not None:
                     children[pid] = conn
                     selector.register(conn, selectors.EVENT_READ, pid)
@@ -166,7 +186,7 @@ def _loop(listener: socket.socket, owner_pid: int, owner_started: int | None) ->
     return 0
 
 
-def _start(conn: socket.socket, listener: socket.socket, children: dict) -> int | None:
+def _start(conn: socket.socket, listener: socket.socket, children: dict, program: Program) -> int | None:
     try:
         received = receive_request(conn)
     except (OSError, ValueError):
@@ -182,10 +202,10 @@ def _start(conn: socket.socket, listener: socket.socket, children: dict) -> int 
         listener.close()
         for other in children.values():
             other.close()
-        _child(conn, request, fds)  # never returns
+        _child(conn, request, fds, program)  # never returns
     for fd in fds:
         os.close(fd)
-    print(f"{time.strftime('%H:%M:%S')} child {pid}: quantize {' '.join(request['argv'])}", flush=True)
+    print(f"{time.strftime('%H:%M:%S')} child {pid}: {program.name} {' '.join(request['argv'])}", flush=True)
     try:
         send_message(conn, {"pid": pid})
     except OSError:
@@ -193,7 +213,7 @@ def _start(conn: socket.socket, listener: socket.socket, children: dict) -> int 
     return pid
 
 
-def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
+def _child(conn: socket.socket, request: dict, fds: list[int], program: Program) -> None:
     code = 1
     inherited = (sys.stdout, sys.stderr)  # objects a preloaded module may hold: they write to fds 1 and 2 too
     try:
@@ -209,9 +229,9 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         remember_environment(request["env"])
-        sys.argv = ["quantize", *request["argv"]]
+        sys.argv = [program.name, *request["argv"]]
         _fresh_process_state()
-        code = _run_cli()
+        code = _run_main(program.main)
     except BaseException:  # noqa: BLE001 - whatever happens, the child exits here and says why
         traceback.print_exc()
     finally:
@@ -239,13 +259,12 @@ def _fresh_process_state() -> None:
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding=sys.stdin.encoding)
 
 
-def _run_cli() -> int:
+def _run_main(main: Callable[[], object]) -> int:
+    """main()'s exit status as a process running it would have it (SystemExit, Ctrl-C, exit handlers run)."""
     import atexit
 
-    from pipeline.cli.app import app
-
     try:
-        app()
+        main()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -131,7 +131,13 @@ def _start_forkserver(key: str, path: Path, owner_pid: int, owner_started: int |
 def _run_there(conn: socket.socket, owner_pid: int, started: float) -> int | None:
     """Hands this command to the fork server and relays signals to the child; its exit status, or None when
     the server refused before the child started (the command then runs here)."""
-    env = {**os.environ, "QUANTIZE_RUN_PID": str(owner_pid), STARTED_ENV: repr(started)}
+    return hand_over(conn, {**os.environ, "QUANTIZE_RUN_PID": str(owner_pid), STARTED_ENV: repr(started)})
+
+
+def hand_over(conn: socket.socket, env: dict[str, str]) -> int | None:
+    """This process's command line, working directory, umask and standard streams, with `env`, to the fork server
+    on `conn` (pipeline/cli/forkserver.py); then relays signals to the child it forks until it ends. The child's
+    exit status, or None when the server refused before a child started (the caller then runs it itself)."""
     request = json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": env,
                           "umask": _umask()}).encode()
     with conn:
