@@ -20,6 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from gpu_dvc_repro import GLM46V_FLASH_TEXT, GLM46V_FLASH_VISION  # noqa: E402
 
 GLM4_9B = dict(
     vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_attention_heads=32,
@@ -29,16 +32,10 @@ GLM4_9B = dict(
 )
 
 
-# GLM-4.6V-Flash (Glm4vForConditionalGeneration): a GLM-4-9B-sized Glm4 text tower and a 24-block vision tower.
-GLM46V_TEXT = dict(
-    vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_attention_heads=32, num_key_value_heads=2,
-    max_position_embeddings=65536, rms_norm_eps=1e-05, attention_bias=True, pad_token_id=151329,
-    eos_token_id=[151329, 151336, 151338],
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                     "mrope_section": [8, 12, 12]},
-)
-GLM46V_VISION = dict(depth=24, hidden_size=1536, num_heads=12, intermediate_size=13696, out_hidden_size=4096,
-                     patch_size=14, image_size=336, spatial_merge_size=2, temporal_patch_size=2)
+# GLM-4.6V-Flash (Glm4vForConditionalGeneration): its published text and vision towers as the whole run builds them
+# (benchmarks/gpu_dvc_repro.py, the one place they are written), with GLM-4's pad and end-of-turn ids.
+GLM46V_TEXT = {**GLM46V_FLASH_TEXT, "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338]}
+GLM46V_VISION = GLM46V_FLASH_VISION
 
 
 def _random_model(arch: str, layers: int):
