@@ -16,8 +16,8 @@ an oversized answer. Faults for the next requests, one each (`server.faults`, a 
 computed, counted out of the running ones, and never sent: the connection stays open), "never" (the request is
 accepted and never read or answered), "close" (the request is read and the connection closed with no reply, as
 a kept-alive connection closed under a request). `server.latency` seconds are added to every completion,
-outside the model's lock, so requests run side by side as on a batching server. `/metrics` reports, as vLLM's
-Prometheus page does, `vllm:num_requests_running` (requests being answered) and `vllm:num_requests_waiting`
+outside the model's lock, so requests run side by side as on a batching server; `server.decode_step` seconds
+separate a streamed answer's tokens. `/metrics` reports, as vLLM's Prometheus page does, `vllm:num_requests_running` (requests being answered) and `vllm:num_requests_waiting`
 (requests waiting for the model); run as a script the server also logs vLLM's periodic stats line
 (`Running: N reqs, Waiting: M reqs`, every --log-stats-interval seconds, the most seen since the last line).
 Replies that break the API on purpose (`server.edits`): each /v1/completions request takes the next function
@@ -159,6 +159,8 @@ class CompletionsServer:
         self.die_after: int | None = None  # exit the whole process at this completion request (a crashed engine)
         self.faults: list[str] = []  # "drop" / "never" / "close", one per completion request, in order
         self.latency = 0.0  # seconds added to every completion, outside the model's lock
+        self.decode_step = 0.0  # seconds between a streamed answer's tokens (a GPU's decoding step; the tiny model's
+        # own is so short that a busy client reads several tokens at once, and their gaps are 0)
         self.log_requests = False  # run as a script: an access-log line per chat request (its images counted)
         self.fake_tokens: int | None = None  # answer with this many of the prompt's ids, the model not run (load tests)
         self.running = self.waiting = 0  # as vLLM's /metrics counts them
@@ -431,6 +433,7 @@ class CompletionsServer:
                         choice["token_ids"] = [token]
                     self._event(edit({"id": "cmpl-test", "object": "text_completion", "model": server.served_name,
                                       "choices": [choice]}))
+                    time.sleep(server.decode_step)
                 if (body.get("stream_options") or {}).get("include_usage"):
                     self._event(edit({"id": "cmpl-test", "choices": [], "model": server.served_name,
                                       "usage": {"prompt_tokens": len(ids), "completion_tokens": count}}))
@@ -511,6 +514,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="the KV pool's bytes (vLLM's flag)")
     parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to sleep before listening")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every completion, side by side")
+    parser.add_argument("--decode-step", type=float, default=0.0, help="seconds between a streamed answer's tokens")
     parser.add_argument("--fake-tokens", type=int, default=None, help="answer with this many prompt ids, no model run")
     parser.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between vLLM's stats lines")
     args, rest = parser.parse_known_args(argv)
@@ -524,6 +528,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     server = CompletionsServer(model, args.served_model_name, args.port, chat_template=args.chat_template)
     server.die_after, server.latency, server.fake_tokens = args.die_after, args.latency, args.fake_tokens
+    server.decode_step = args.decode_step
     server.log_requests = True
     log_start_figures(server.model, args, time.perf_counter() - started)
     threading.Thread(target=_log_stats, args=(server, args.log_stats_interval), daemon=True).start()

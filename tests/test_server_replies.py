@@ -176,14 +176,29 @@ def test_a_bad_streamed_chunk_fails_that_timed_request_alone(server, vllm_client
     assert good.error is None and good.n_tokens == 4 and len(good.itl) == 3
 
 
+def test_every_timed_request_to_vllm_carries_a_cache_salt_of_its_own(server, vllm_client):
+    """bench sends the same prompts at every level: a salt per request keeps vLLM's prefix cache from serving a later
+    level the KV blocks of an earlier one (the first block's hash includes the salt)."""
+    from pipeline.stages.bench import HttpTiming
+
+    prompt = vllm_client.encode("Where is my order?")
+    sent = len(server.requests)
+    for _ in range(2):  # two levels of the same two prompts
+        assert all(t.error is None for t in HttpTiming(vllm_client, vllm_extras=True).timed_generate([prompt] * 2, [2, 2], 2))
+    salts = [r["body"].get("cache_salt") for r in server.requests[sent:]]
+    assert len(salts) == 4 and all(isinstance(s, str) and s for s in salts) and len(set(salts)) == 4
+
+
 def test_an_openai_engine_streams_for_bench_and_counts_by_usage(server, tiny_llama):
     """`quantize bench --engine openai` times a server it did not start: tokens counted from the reply's usage."""
     from pipeline.stages.bench import HttpTiming
 
     client = openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="tokens", retries=0)
     timer = HttpTiming(client, vllm_extras=False)
+    sent = len(server.requests)
     [timing] = timer.timed_generate([client.encode("Name a colour.")], [3], 1)
     assert timing.error is None and 1 <= timing.n_tokens <= 3
+    assert "cache_salt" not in server.requests[sent]["body"]  # vLLM's field: not sent to a server of unknown make
 
 
 # ---------------------------------------------------------------- the checks themselves

@@ -212,6 +212,7 @@ def test_bench_through_a_server_sweeps_concurrency_and_request_rates(tmp_path, t
     from test_bench import write_holdout
 
     settings = vllm_settings(tmp_path)
+    settings["engine"]["server_args"] += ["--decode-step", "0.01"]  # tokens apart in time, as a GPU decodes them
     settings["bench"] = {"request_rates": [20.0], "rate_seconds": 0.5, "slo": {"ttft_ms": 60000, "tpot_ms": 60000}}
     write_params(tmp_path, settings)
     holdout = write_holdout(tmp_path / "holdout.jsonl")

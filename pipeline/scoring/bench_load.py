@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,7 +276,10 @@ class HttpTiming:
     chunk timed on arrival; a request with images (PromptImages) goes to streamed /v1/chat/completions as the
     rendered text (image markup in place) followed by its images as PNG data URLs, as the VQA suite sends them
     (pipeline/engines/openai.py). Wraps the engine (vllm or openai) and adds nothing between the clock and the
-    socket but JSON parsing of each event."""
+    socket but JSON parsing of each event. Every level sends the workload's prompts again, and vLLM caches prompt
+    prefixes by default: each vLLM request carries a salt of its own (`cache_salt`, which vLLM mixes into its prefix
+    cache's block hashes), so every request is prefilled, as a deployment's distinct prompts are, instead of being
+    served the KV blocks of an earlier level's identical prompt."""
 
     def __init__(self, engine, vllm_extras: bool):
         self.engine, self.vllm_extras = engine, vllm_extras
@@ -292,8 +296,9 @@ class HttpTiming:
         else:
             body["messages"] = [{"role": "user", "content": [{"type": "text", "text": images.text}] + [
                 {"type": "image_url", "image_url": {"url": url}} for url in images.urls]}]
-        if self.vllm_extras:  # exactly output_len tokens each, counted by id
-            body |= {"ignore_eos": True, "min_tokens": output_len, "return_token_ids": True}
+        if self.vllm_extras:  # exactly output_len tokens each, counted by id; a prefill of its own (cache_salt)
+            body |= {"ignore_eos": True, "min_tokens": output_len, "return_token_ids": True,
+                     "cache_salt": uuid.uuid4().hex}
         return body
 
     async def _one(self, http, prompt: list[int], output_len: int, images=None) -> Timing:
