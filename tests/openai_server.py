@@ -17,8 +17,9 @@ computed, counted out of the running ones, and never sent: the connection stays 
 accepted and never read or answered), "close" (the request is read and the connection closed with no reply, as
 a kept-alive connection closed under a request). `server.latency` seconds are added to every completion,
 outside the model's lock, so requests run side by side as on a batching server; `server.decode_step` seconds
-separate a streamed answer's tokens. `/metrics` reports, as vLLM's Prometheus page does, `vllm:num_requests_running` (requests being answered) and `vllm:num_requests_waiting`
-(requests waiting for the model); run as a script the server also logs vLLM's periodic stats line
+separate a streamed answer's tokens. `/metrics` reports, as vLLM's Prometheus page does,
+`vllm:num_requests_running` (requests being answered) and `vllm:num_requests_waiting` (requests waiting for the
+model); run as a script the server also logs vLLM's periodic stats line
 (`Running: N reqs, Waiting: M reqs`, every --log-stats-interval seconds, the most seen since the last line).
 Replies that break the API on purpose (`server.edits`): each /v1/completions request takes the next function
 from the list (none left: the reply as it is) and sends fn(reply) as JSON; a streamed request sends fn(event)
