@@ -1,9 +1,9 @@
 """One server per checkpoint per run: stages that serve the same checkpoint with the same engine
 settings share one running `vllm serve` instead of starting their own (~90-125 s each on the H200).
 
-A registry directory (`QUANTIZE_SERVER_DIR`, default `.cache/servers` in the project) holds one JSON
-entry per running server, keyed by the checkpoint's files (their stat signature) and the server's command line
-(engine settings, environment), so a checkpoint that changed gets a new key and never an old server's
+A registry directory (`QUANTIZE_SERVER_DIR`, default `.cache/servers` in the project;
+pipeline/engines/server_registry.py) holds one JSON entry per running server, keyed by the checkpoint's files
+(their stat signature) and the server's command line (engine settings, environment), so a checkpoint that changed gets a new key and never an old server's
 answers. The first stage that needs a key starts a small supervisor process (`python -m
 pipeline.engines.supervisor`), detached from the stage, which starts the server, waits for `/health`, writes
 the entry and then watches three things every half second:
@@ -33,12 +33,9 @@ so two stages never start the same server twice.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -46,190 +43,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.engines.server_registry import (  # noqa: F401  (REGISTRY_ENV, keep_last: callers ask them here)
+    POLL_S, REGISTRY_ENV, content_fingerprint, entries, forget, keep_last, lease_name, leases_dir, live_leases, locked,
+    read_entry, registry_dir, server_key, stop_entry, stop_idle, write_entry)
 from pipeline.errors import UserError
 from pipeline.runs import RUN_PID_ENV, alive, run_owner, start_time  # noqa: F401  (the run a server belongs to)
-
-REGISTRY_ENV = "QUANTIZE_SERVER_DIR"
-POLL_S = 0.5
-
-
-def registry_dir() -> Path:
-    return Path(os.environ.get(REGISTRY_ENV) or Path.cwd() / ".cache" / "servers")
-
-
-# ---------------------------------------------------------------- keys
-
-def content_fingerprint(model_dir: Path | str, registry: Path | None = None) -> str:
-    """What a server is keyed by for its checkpoint: the checkpoint files' stat signature (checkpoints/
-    fingerprint.py: names, sizes, modification times, inodes; not change times, which DVC's cache links change),
-    which changes whenever a file is written again, so
-    a changed checkpoint never gets an old server's answers; read without hashing a byte (hashing GLM-4-9B's 18.8
-    GB cost a warm or served stage 12-20 s on the H200, 2026-12-02)."""
-    from pipeline.checkpoints.fingerprint import stat_signature
-
-    return stat_signature(Path(model_dir).resolve(), change_time=False)[:16]
-
-
-def server_key(fingerprint: str, command: list[str], env: dict | None) -> str:
-    """command: the server's full command line without its port (model path and every setting)."""
-    canonical = json.dumps({"fingerprint": fingerprint, "command": command, "env": env or {}}, sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:20]
-
-
-# ---------------------------------------------------------------- the registry
-
-@contextlib.contextmanager
-def _locked(registry: Path):
-    registry.mkdir(parents=True, exist_ok=True)
-    with open(registry / "lock", "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def locked(registry: Path | None = None):
-    """The registry's lock (stop_idle and stop_entry expect it held)."""
-    return _locked(registry or registry_dir())
-
-
-def _entry_path(registry: Path, key: str) -> Path:
-    return registry / f"{key}.json"
-
-
-def _leases_dir(registry: Path, key: str) -> Path:
-    return registry / f"{key}.leases"
-
-
-def read_entry(registry: Path, key: str) -> dict | None:
-    try:
-        return json.loads(_entry_path(registry, key).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def write_entry(registry: Path, key: str, entry: dict) -> None:
-    path = _entry_path(registry, key)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entry, indent=1))
-    tmp.replace(path)
-
-
-def entries(registry: Path | None = None) -> dict[str, dict]:
-    registry = registry or registry_dir()
-    found = {}
-    for path in sorted(registry.glob("*.json")) if registry.exists() else []:
-        entry = read_entry(registry, path.stem)
-        if entry and entry.get("key") == path.stem:
-            found[path.stem] = entry
-    return found
-
-
-def live_leases(registry: Path, key: str) -> list[str]:
-    """Lease files whose process still runs; the others (a stage killed with SIGKILL) are removed."""
-    live = []
-    folder = _leases_dir(registry, key)
-    for lease in folder.glob("*") if folder.exists() else []:
-        try:
-            pid, started = (int(x) for x in lease.name.split("-"))
-        except ValueError:
-            continue
-        if alive(pid, started):
-            live.append(lease.name)
-        else:
-            with contextlib.suppress(OSError):
-                lease.unlink()
-    return live
-
-
-def _lease_name() -> str:
-    return f"{os.getpid()}-{start_time(os.getpid())}"
-
-
-def forget(registry: Path, key: str) -> None:
-    with contextlib.suppress(OSError):
-        _entry_path(registry, key).unlink()
-    folder = _leases_dir(registry, key)
-    if folder.exists():
-        for lease in folder.glob("*"):
-            with contextlib.suppress(OSError):
-                lease.unlink()
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
-def stop_entry(registry: Path, key: str, entry: dict, wait: float = 60.0) -> None:
-    """Asks the supervisor to stop its server (SIGTERM) and waits for both to be gone; SIGKILL after
-    `wait` seconds. The server's process group is killed too, in case the supervisor could not."""
-    supervisor, started = entry.get("supervisor_pid"), entry.get("supervisor_started")
-    if alive(supervisor, started):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(supervisor, signal.SIGTERM)
-        deadline = time.monotonic() + wait
-        while alive(supervisor, started) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if alive(supervisor, started):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(supervisor, signal.SIGKILL)
-    server = entry.get("server_pid")
-    if server and alive(server, entry.get("server_started")):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(server, signal.SIGKILL)
-    forget(registry, key)
-
-
-KEEP_LAST = "keep-last"  # in the registry: the checkpoint whose idle server goes last (the run's base)
-
-
-def keep_last(model_dir: Path | str, registry: Path | None = None) -> None:
-    """Names the checkpoint whose idle server is stopped after every other one (the base: every variant's judge asks
-    it), for every stop_idle of the run that names none itself."""
-    registry = registry or registry_dir()
-    registry.mkdir(parents=True, exist_ok=True)
-    path = registry / KEEP_LAST
-    value = str(Path(model_dir).resolve())
-    with contextlib.suppress(OSError):
-        if not path.is_file() or path.read_text() != value:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(value)
-            tmp.replace(path)
-
-
-def kept_last(registry: Path) -> str | None:
-    try:
-        return (registry / KEEP_LAST).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
-              exclude: str | None = None, last: str | None = None) -> list[str]:
-    """Stops idle servers (no live lease): those serving `model_path` (another content of that
-    checkpoint), then the least recently used beyond `keep` servers in all, the one serving `last` (a checkpoint
-    path: the base, which every variant's judge asks) after every other. Call with the lock held.
-    Returns the keys stopped."""
-    registry = registry or registry_dir()
-    stopped = []
-    current = {k: e for k, e in entries(registry).items() if k != exclude}
-    for key, entry in list(current.items()):
-        if not alive(entry.get("supervisor_pid"), entry.get("supervisor_started")):
-            forget(registry, key)  # its supervisor died (SIGKILL): the server died with it
-            current.pop(key)
-    last = str(Path(last).resolve()) if last else kept_last(registry)
-    idle = sorted((e.get("model_path") == last, e.get("last_used", 0), k) for k, e in current.items()
-                  if not live_leases(registry, k))
-    idle = [(used, key) for _, used, key in idle]
-    for _, key in idle:
-        if model_path is not None and current[key].get("model_path") == model_path:
-            stop_entry(registry, key, current.pop(key))
-            stopped.append(key)
-    for _, key in idle:  # a server still starting (warm) is about to be asked for: not evicted for room
-        if key in current and len(current) > keep and current[key].get("state") != "starting":
-            stop_entry(registry, key, current.pop(key))
-            stopped.append(key)
-    return stopped
-
 
 # ---------------------------------------------------------------- what a stage holds
 
@@ -267,9 +85,9 @@ class SharedServer:
     def release(self) -> None:
         """Gives the lease back; the server stays for the next stage of the run unless this stage owns
         it alone (no run), in which case it is stopped now."""
-        with _locked(self.registry):
+        with locked(self.registry):
             with contextlib.suppress(OSError):
-                (_leases_dir(self.registry, self.key) / _lease_name()).unlink()
+                (leases_dir(self.registry, self.key) / lease_name()).unlink()
             entry = read_entry(self.registry, self.key)
             if entry is None:
                 return
@@ -319,7 +137,7 @@ def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Pa
     key = server_key(content_fingerprint(model_dir, registry), command, env)
     started, told = time.monotonic(), False
     while True:
-        with _locked(registry):
+        with locked(registry):
             entry = read_entry(registry, key)
             if entry and _live(entry):
                 _lease(registry, key)  # a starting server is waited for below, holding the lease
@@ -357,7 +175,7 @@ def _names(busy: dict) -> str:
 def _refuse_when_all_mine(registry: Path, busy: dict, max_servers: int, name: str) -> None:
     """max_servers are up and none is idle: a stage waits for one to be given back, unless this process holds every
     one itself (nobody else would give one back). Call with the lock held."""
-    mine = _lease_name()
+    mine = lease_name()
     if not [k for k, e in busy.items() if e.get("state") == "starting" or set(live_leases(registry, k)) - {mine}]:
         raise UserError(f"{name}: engine.max_servers is {max_servers} and this stage holds every server up "
                         f"({_names(busy)}) while it needs one more at once; raise engine.max_servers to "
@@ -391,7 +209,7 @@ def warm(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path,
     owner = run_owner()
     env = dict(env or {})
     key = server_key(content_fingerprint(model_dir, registry), command, env)
-    with _locked(registry):
+    with locked(registry):
         entry = read_entry(registry, key)
         if entry and _live(entry):
             return None
@@ -470,11 +288,11 @@ def _wait_ready(registry: Path, key: str, start_timeout: float, name: str, log_p
         if entry is None or entry.get("state") == "failed" or supervisor_gone:
             failure = (entry or {}).get("error") or "its supervisor exited before the server was ready"
             log = Path((entry or {}).get("log") or log_path)
-            with _locked(registry):
+            with locked(registry):
                 forget(registry, key)
             raise UserError(f"{name} {failure}; the end of {log}:\n{_tail(log)}")
         if time.monotonic() > deadline:
-            with _locked(registry):
+            with locked(registry):
                 stop_entry(registry, key, entry)
             raise UserError(f"{name} did not become ready within {start_timeout:.0f} s (engine.start_timeout); "
                             f"the end of {entry.get('log') or log_path}:\n{_tail(Path(entry.get('log') or log_path))}")
@@ -482,9 +300,9 @@ def _wait_ready(registry: Path, key: str, start_timeout: float, name: str, log_p
 
 
 def _lease(registry: Path, key: str) -> None:
-    folder = _leases_dir(registry, key)
+    folder = leases_dir(registry, key)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / _lease_name()).touch()
+    (folder / lease_name()).touch()
 
 
 def _tail(path: Path, lines: int = 15) -> str:

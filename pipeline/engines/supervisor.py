@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.engines.shared import POLL_S, alive, forget, live_leases, read_entry, start_time, write_entry
+from pipeline.engines.server_registry import POLL_S, forget, live_leases, read_entry, write_entry
+from pipeline.runs import alive, start_time
 
 
 class Supervisor:
