@@ -1,4 +1,4 @@
-"""The GPU run as a whole: `dvc repro` with the gpu-h200 profile on GLM-4-9B shapes, cut by the machine's
+"""The GPU run as a whole: `dvc repro` with the gpu profile on GLM-4-9B shapes, cut by the machine's
 10-minute command limit and resumed, and what it cost per stage (issue 24, item 3).
 
 On the GPU machine, from the project root, once the vLLM bundle is unpacked in /tmp/vsite (see
@@ -8,7 +8,7 @@ benchmarks/gpu_dvc_wheels.sh for DVC), call this again and again until it prints
     python3 benchmarks/gpu_dvc_repro.py run [--budget 540] [--suite-limit N]
 
 Each call (the machine keeps /tmp between calls while warm) sets the run up the first time: a copy of the
-project under /tmp/gpu-dvc/project with `quantize profile gpu-h200` applied and this machine's settings on top
+project under /tmp/gpu-dvc/project with `quantize profile gpu` applied and this machine's settings on top
 (model.source: a GlmForCausalLM with GLM-4-9B's shapes and random bf16 weights, built here; vLLM started
 from /tmp/vsite), then runs `dvc repro` there. A call that reaches --budget seconds stops `dvc repro`
 (SIGINT, as a cut would) and the next call runs `dvc repro` again: DVC skips the finished stages, the eval
@@ -290,7 +290,7 @@ class Run:
             raise SystemExit(2)
 
     def settings(self, base: Path, suite_limit: int | None, share: bool = True) -> dict:
-        """This machine's settings over the gpu-h200 profile."""
+        """This machine's settings over the gpu profile."""
         import yaml
 
         params = yaml.safe_load((self.project / "params.yaml").read_text())
@@ -351,7 +351,7 @@ class Run:
         wrapper = self.bin / "quantize"  # what dvc.yaml's commands call
         wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m pipeline.cli.launcher \"$@\"\n")
         wrapper.chmod(0o755)
-        sh([str(wrapper), "profile", "gpu-h200"], self.project,
+        sh([str(wrapper), "profile", "gpu"], self.project,
            {k: v for k, v in self.env().items() if k != "QUANTIZE_STAGE_LOG"})  # not a stage of the run
         self.compile_bytecode()
         base = self.build_base()
@@ -374,7 +374,7 @@ class Run:
         if shutil.which("git"):
             git_env = {**self.env(), "GIT_AUTHOR_NAME": "run", "GIT_AUTHOR_EMAIL": "run@localhost",
                        "GIT_COMMITTER_NAME": "run", "GIT_COMMITTER_EMAIL": "run@localhost"}
-            for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "gpu-h200 run"]):
+            for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "gpu run"]):
                 sh(cmd, self.project, git_env)
         self.state["setup_s"] = round(time.perf_counter() - started, 1)
         self.state["base"] = str(base)
@@ -740,7 +740,7 @@ class Run:
                           "per_suite_s": round((process + stage["dvc_gap_s"] + setup) / len(rows), 2)}
         return out
 
-    # the suites at full size (README): GSM8K, HumanEval, the long-context ladder of the gpu-h200 profile (5
+    # the suites at full size (README): GSM8K, HumanEval, the long-context ladder of the gpu profile (5
     # lengths x 3 depths x 2 kinds), Alice's documents, GSM8K's and HumanEval's solutions, the held-out
     # conversations (calib.holdout), the judge's prompts
     FULL = {"math": 1319, "code": 164, "ppl-book": 124, "ppl-math": 1319, "ppl-code": 164, "ppl-chat": 100,

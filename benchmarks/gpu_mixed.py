@@ -1,7 +1,7 @@
 """GPU benchmark (issue 45): the fix for a NO-GO W4A16 variant at GLM-4-9B shapes on the H200.
 
     python benchmarks/gpu_mixed.py build     # base (random bf16, 40 layers), RTN W4A16 / W8A16, AWQ W4A16 as the
-                                             # gpu-h200 profile builds it, `quantize sensitivity` of both (its cost
+                                             # gpu profile builds it, `quantize sensitivity` of both (its cost
                                              # beside each variant's quantization time), the mixed checkpoint
     python benchmarks/gpu_mixed.py compare   # benchmarks/mixed_choice.py's comparison at these shapes (RTN)
     python benchmarks/gpu_mixed.py serve     # vLLM serves W4A16, W8A16 and the mixed checkpoint: tok/s at 1/16/64
@@ -9,7 +9,7 @@
     python benchmarks/gpu_mixed.py rankcost  # AWQ W4A16, then side by side twice: `quantize kl`, `quantize kl
                                              # --rank` (the fix stage's pass) and `quantize sensitivity` alone
     python benchmarks/gpu_mixed.py fixstage  # `quantize fix awq-w4a16` as dvc.yaml's fix stage runs it, in a project
-                                             # with the gpu-h200 profile's params.yaml; then vLLM serves AWQ W4A16
+                                             # with the gpu profile's params.yaml; then vLLM serves AWQ W4A16
                                              # and its fix: tok/s at 1/16/64 (--build-only: no vLLM)
     python benchmarks/gpu_mixed.py table     # the short table of what the parts measured
 
@@ -41,9 +41,9 @@ OUT = Path(os.environ.get("OUT", "/tmp/gpu-mixed-out"))
 TINY = "--tiny" in sys.argv
 ROOT = Path("/tmp/gpu-mixed-tiny" if TINY else "/tmp/gpu-mixed")
 LAYERS = 40  # GLM-4-9B's depth
-GROUP = 32 if TINY else 128  # the gpu-h200 profile's group size
-SEQUENCES, MAX_TOKENS = (4, 64) if TINY else (32, 512)  # the gpu-h200 profile's `kl` (what `quantize fix` ranks on)
-CALIB = (8, 64) if TINY else (128, 512)  # the gpu-h200 profile's calibration blocks x tokens
+GROUP = 32 if TINY else 128  # the gpu profile's group size
+SEQUENCES, MAX_TOKENS = (4, 64) if TINY else (32, 512)  # the gpu profile's `kl` (what `quantize fix` ranks on)
+CALIB = (8, 64) if TINY else (128, 512)  # the gpu profile's calibration blocks x tokens
 SERVED = {"rtn-w4a16": "w4", "rtn-w8a16": "w8", "rtn-mixed-4.5": "mixed-4.5"}  # name -> folder under ROOT
 
 
@@ -75,7 +75,7 @@ def build_awq(p: dict, results: dict, part: str) -> Path:
 
     awq = ROOT / "awq"
     if not (awq / "quant.json").exists():
-        step(results, part, "AWQ W4A16 (the gpu-h200 profile's settings)", lambda: quantize_run(
+        step(results, part, "AWQ W4A16 (the gpu profile's settings)", lambda: quantize_run(
             p["base"], awq, p["calib"] / "calib.jsonl", "awq", group_size=GROUP, batch_size=16,
             n_grid=4 if TINY else 20).summary())
         free_gpu()
@@ -157,7 +157,7 @@ def rankcost() -> dict:
 # ---------------------------------------------------------------- fixstage
 
 def fix_project(p: dict, awq: Path) -> Path:
-    """A project folder as `dvc repro` of the gpu-h200 profile leaves it before the fix stage: its params.yaml (the
+    """A project folder as `dvc repro` of the gpu profile leaves it before the fix stage: its params.yaml (the
     calibration and group size of what was built here), models/base and models/awq-w4a16, the calibration blocks and
     the held-out conversations (links to what this script built)."""
     import yaml
@@ -165,7 +165,7 @@ def fix_project(p: dict, awq: Path) -> Path:
     from pipeline import profiles
 
     project = ROOT / "project"
-    params = yaml.safe_load(profiles.stored("gpu-h200", "params.yaml").read_text())
+    params = yaml.safe_load(profiles.stored("gpu", "params.yaml").read_text())
     params["calib"].update({"seq_len": CALIB[1], "num_blocks": CALIB[0]})
     for variant in params["variants"].values():
         if "group_size" in variant:

@@ -28,12 +28,12 @@ def test_one_command_switches_to_the_gpu_profile_and_back(tmp_path, monkeypatch)
     monkeypatch.chdir(repo)
     runner = CliRunner()
     listed = runner.invoke(app, ["profile"])
-    assert listed.exit_code == 0 and "in use: cpu-demo" in listed.output and "gpu-h200" in listed.output
-    result = runner.invoke(app, ["profile", "gpu-h200"])
+    assert listed.exit_code == 0 and "in use: cpu-demo" in listed.output and "gpu:" in listed.output
+    result = runner.invoke(app, ["profile", "gpu"])
     assert result.exit_code == 0, result.output
     assert "wrote params.yaml, dvc.yaml" in result.output
     p = params_mod.load(repo / "params.yaml")  # validated, dvc.yaml's matrices included (check_against_dvc)
-    assert p.engine.name == "vllm" and p.engine.share_server and p.engine.max_servers == 4
+    assert p.engine.name == "vllm" and p.engine.share_server and p.engine.kv_cache_memory == "fitted"
     assert p.bench.engine == "vllm" and p.verdict.speed_engine == "vllm" and p.judge.backend == "vllm"
     assert all(s.limit is None for s in p.suites.values())  # every suite at full size
     assert {"math", "code", "long_context", "vqa", "ppl-chat", "ppl-book", "ppl-math", "ppl-code"} == set(p.suites)
@@ -50,12 +50,14 @@ def test_local_edits_are_not_overwritten_without_force(tmp_path, monkeypatch):
     monkeypatch.chdir(repo)
     edited = (repo / "params.yaml").read_text().replace("limit: 20 ", "limit: 30 ")
     (repo / "params.yaml").write_text(edited)
-    result = CliRunner().invoke(app, ["profile", "gpu-h200"])
+    result = CliRunner().invoke(app, ["profile", "gpu"])
     assert result.exit_code == 2 and "params.yaml" in result.output and "--force" in result.output
     assert (repo / "params.yaml").read_text() == edited
-    assert CliRunner().invoke(app, ["profile", "gpu-h200", "--force"]).exit_code == 0
+    old_name = CliRunner().invoke(app, ["profile", "gpu-h200", "--force"])  # the name it had: the same profile
+    assert old_name.exit_code == 0 and "profile gpu: wrote" in old_name.output
+    assert (repo / "params.yaml").read_bytes() == profiles.stored("gpu", "params.yaml").read_bytes()
     unknown = CliRunner().invoke(app, ["profile", "tpu"])
-    assert unknown.exit_code == 2 and "use one of cpu-demo, gpu-h200" in unknown.output
+    assert unknown.exit_code == 2 and "use one of cpu-demo, gpu" in unknown.output
 
 
 def planned_stages(repo, env, *args, seed=0):
@@ -75,7 +77,7 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     covers every variant; bench is a stage; the report comes last."""
     repo = copy_repo(tmp_path / "repo")
     for name in profiles.FILES:
-        (repo / name).write_bytes(profiles.stored("gpu-h200", name).read_bytes())
+        (repo / name).write_bytes(profiles.stored("gpu", name).read_bytes())
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     fixed = ["awq-w4a16", "rtn-w4a16"]  # the profile lists no fix: a verdict's offer adds them, as a user would
@@ -87,7 +89,7 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
         assert "stages.rank" not in added.stdout  # the rank stage measures it already: no stage of its own changes
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
-    gpu = yaml.safe_load(profiles.stored("gpu-h200", "params.yaml").read_text())
+    gpu = yaml.safe_load(profiles.stored("gpu", "params.yaml").read_text())
     models = ["base", *gpu["variants"], *(f"{v}-mixed" for v in fixed)]
     stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():  # deps are what a stage reads: its own model's files and the base's
@@ -131,7 +133,7 @@ def test_gpu_stages_depend_on_at_least_what_the_demos_do():
     """The demo's dvc.yaml is checked against what each stage reads (test_dvc_pipeline.py); the GPU one
     runs the same commands, so each of its stages lists at least the demo's deps and params."""
     demo = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    gpu = yaml.safe_load(profiles.stored("gpu-h200", "dvc.yaml").read_text())["stages"]
+    gpu = yaml.safe_load(profiles.stored("gpu", "dvc.yaml").read_text())["stages"]
     body = lambda stage: stage.get("do", stage)  # noqa: E731
     pairs = [(n, n) for n in demo if n in gpu]
     fixes = tuple(f"{v}-mixed/" for v in demo["fix"]["foreach"] if v not in gpu["fix"]["foreach"])

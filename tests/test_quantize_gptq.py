@@ -131,7 +131,7 @@ def test_gptq_is_registered_and_the_gpu_profile_offers_it():
     from conftest import REPO
 
     assert methods.method("gptq") is gptq and gptq in methods.METHODS
-    text = (REPO / "pipeline" / "profiles" / "gpu-h200" / "params.yaml").read_text()
+    text = (REPO / "pipeline" / "profiles" / "gpu" / "params.yaml").read_text()
     start = text.index("  # gptq-w4a16:")
     block = []
     for line in text[start:].splitlines():

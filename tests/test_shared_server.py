@@ -346,3 +346,37 @@ def test_warming_follows_the_run_and_leaves_room_for_in_process_stages(tmp_path,
     argv = [e["command"] for e in shared.entries(registry).values()][0]
     assert argv[argv.index("--kv-cache-memory-bytes") + 1].isdigit()
     assert yaml.safe_load((tmp_path / "params.yaml").read_text())["engine"]["warm_servers"] is True
+
+
+def test_planned_memory_decides_how_many_servers_are_up_and_the_base_stays(tmp_path, tiny_llama, registry, run):
+    """engine.kv_cache_memory: fitted (pipeline/engines/server_plan.py): a server starts when its planned bytes fit
+    beside the others' in the budget, whatever max_servers allows; an idle server is stopped for room, never the
+    run's base; while the others are in use a stage waits (no timeout: every holder gives its server back), then
+    starts."""
+    base, first, second = (tmp_path / name for name in ("base", "first", "second"))
+    for folder in (base, first, second):
+        shutil.copytree(tiny_llama, folder)
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    memory = ["--max-servers", "8", "--gpu-budget", "100"]
+    shared.keep_last(base)  # the run's base: every variant's judge asks it
+    base_report, _ = stage(base, tmp_path / "base.log", *memory, "--gpu-bytes", "50", env=env)
+    one, holder = stage(first, tmp_path / "first.log", *memory, "--gpu-bytes", "40", env=env, hold=True)
+    assert len(shared.entries(registry)) == 2  # 50 + 40 of 100: side by side
+    waiting = subprocess.Popen([*STAGE, str(second), str(tmp_path / "second.log"), *memory, "--gpu-bytes", "40"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    deadline = time.monotonic() + 30
+    while "waiting for room in the GPU memory" not in (tmp_path / "second.log").read_text(errors="replace") \
+            if (tmp_path / "second.log").exists() else True:
+        assert time.monotonic() < deadline and waiting.poll() is None, waiting.stderr.read() if waiting.poll() else ""
+        time.sleep(0.2)
+    time.sleep(1.0)  # the base is idle, yet not stopped for room: first is in use, so second waits
+    assert waiting.poll() is None and shared.alive(base_report["server_pid"], None)
+    assert len(shared.entries(registry)) == 2
+    holder.kill()
+    holder.wait()
+    two = json.loads(waiting.stdout.readline())
+    assert waiting.wait(timeout=60) == 0 and two["started"]
+    assert gone(one["server_pid"])  # the idle variant went for room
+    assert shared.alive(base_report["server_pid"], None)  # the base stayed
+    planned = sorted(e["gpu_bytes"] for e in shared.entries(registry).values())
+    assert planned == [40, 50] and sum(planned) <= 100

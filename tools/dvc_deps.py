@@ -37,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "pipeline"
-DVC_FILES = ("dvc.yaml", "pipeline/profiles/cpu-demo/dvc-stages.yaml", "pipeline/profiles/gpu-h200/dvc-stages.yaml")
+DVC_FILES = ("dvc.yaml", "pipeline/profiles/cpu-demo/dvc-stages.yaml", "pipeline/profiles/gpu/dvc-stages.yaml")
 TARGET = re.compile(r"^(pipeline(?:\.\w+)+)(?::(\w+))?$")
 TOP = ""  # a module's top level, as a unit name
 # the run's warm interpreter (started by the launcher, `python -m pipeline.cli.forkserver`): it only forks, and the

@@ -108,6 +108,11 @@ def _corrupt(path: Path, why: str) -> UserError:
                      f"again, or {REBUILD}")
 
 
+def safetensors_shapes(path: Path) -> dict[str, tuple[list[int], str]]:
+    """name -> (shape, torch dtype name) of every tensor of a safetensors file, from its header alone (no torch)."""
+    return _safetensors_header(path)
+
+
 def _safetensors_header(path: Path) -> dict[str, tuple[list[int], str]]:
     """The header, parsed and checked against the file's size, without reading the data."""
     size = path.stat().st_size

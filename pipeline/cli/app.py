@@ -247,13 +247,30 @@ def bench(
 @app.command()
 @stage
 def warm(
-    model_dir: Path = typer.Argument(..., help="Checkpoint whose server to start (models/base or models/<variant>)"),
+    model_dir: Optional[Path] = typer.Argument(None, help="Checkpoint whose server to start (models/base or "
+                                               "models/<variant>)"),
+    plan: bool = typer.Option(False, "--plan", help="Print the run's server plan (engine.kv_cache_memory: fitted: each "
+                              "server's memory and KV tokens on this GPU, which run side by side) and start nothing"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Inside a run: start this checkpoint's vLLM server in the background for the run's later stages, when the
-    GPU has room (engine.warm_servers); returns at once. The GPU profile runs it as soon as each checkpoint exists."""
+    GPU has room (engine.warm_servers); returns at once. The GPU profile runs it as soon as each checkpoint exists.
+    With fitted servers it prints the run's server plan first (pipeline/stages/warm.py)."""
+    from pipeline.stages import warm as warm_stage
+
     p = load_params(params_file)
-    checked_model(model_dir)
+    if model_dir is None and not plan:
+        raise UserError("quantize warm: give the checkpoint whose server to start (e.g. models/base), or --plan")
+    if model_dir is not None:
+        checked_model(model_dir)
+    lines = warm_stage.announce(p)
+    for line in lines:
+        typer.echo(line)
+    if plan:
+        if not lines:
+            typer.echo(f"no server plan: engine.kv_cache_memory is {getattr(p.engine, 'kv_cache_memory', None)} "
+                       f"(engine {p.engine.name}); the GPU profile's is fitted")
+        return
     console.summary(f"warm: {warm_server(p, model_dir)}")
     started = start_ahead(p, params_file)
     if started:
@@ -365,7 +382,7 @@ cli_verdict.register(app)
 @app.command()
 @stage
 def profile(
-    name: Optional[str] = typer.Argument(None, help="cpu-demo or gpu-h200 (none: list the profiles and say which is in use)"),
+    name: Optional[str] = typer.Argument(None, help="cpu-demo or gpu (gpu-h200: the same; none: list the profiles and say which is in use)"),
     force: bool = typer.Option(False, "--force", help="Replace params.yaml and dvc.yaml even when they hold local edits"),
     fix: Optional[list[str]] = typer.Option(None, "--fix", help="A W4A16 variant whose fix (<variant>-mixed: its most "
                                             "costly groups kept in 8 bits) dvc.yaml should build, measure and decide: "
@@ -385,10 +402,11 @@ def profile(
         typer.echo(profiles.describe(root))  # and the fixes a verdict's NO-GO offers
         return
     if name is not None:
+        name = profiles.ALIASES.get(name, name)
         changed = profiles.switch(name, root, force)
         what = ", ".join(changed) if changed else "nothing (already in use)"
         typer.echo(f"profile {name}: wrote {what}; {profiles.SUMMARIES.get(name, '')}")
-        if name == "gpu-h200":
+        if name == "gpu":
             typer.echo("  set model.source in params.yaml to your checkpoint (and engine.server_command if vLLM lives "
                        "in another environment), then: dvc repro")
     for variant in fix or []:

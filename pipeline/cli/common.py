@@ -293,7 +293,7 @@ def warm_server(p, model_dir: Path, pending: list[str] | None = None, name: str 
     if Path(model_dir).name == "base":  # its server, idle, is stopped for room after every other
         shared.keep_last(model_dir)
     pending = builds_to_come() if pending is None else pending
-    if not _room_for_a_server(e, building=bool(pending)):
+    if not _room_for_a_server(p, Path(model_dir), building=bool(pending)):
         return (f"not started: the GPU has no room for it yet, leaving engine.build_memory_fraction free for "
                 f"{', '.join(pending[:3])}{' ...' if len(pending) > 3 else ''} (its stages start it when they need it)"
                 if pending else "not started: the GPU has no room for it yet (its stages start it when they need it)")
@@ -333,17 +333,20 @@ def start_ahead(p, params_file: Path, exclude: tuple[str, Path] | None = None) -
             if (kind, m.resolve()) != skip and ahead.start(kind, m, params_file)]
 
 
-def _room_for_a_server(e, building: bool) -> bool:
-    """Whether one more server (gpu_memory_utilization of the GPU) fits now, leaving build_memory_fraction of
-    it free while in-process stages are still to come (building); servers still starting are counted at their full
-    share.
+def _room_for_a_server(p, model_dir: Path, building: bool) -> bool:
+    """Whether this checkpoint's server fits now, leaving build_memory_fraction of the GPU free while in-process
+    stages are still to come (building): its planned memory (fitted: pipeline/stages/warm.py), else
+    gpu_memory_utilization of the GPU; servers still starting are counted at their full share.
     Without nvidia-smi (no GPU here): yes."""
     from pipeline.engines import gpu_memory, shared
+    from pipeline.stages.warm import server_bytes
 
+    e = p.engine
     total, free = gpu_memory.device_memory_bytes(e.device_memory_gib), gpu_memory.device_memory_free_bytes()
     if total is None or free is None:
         return True
-    share = e.gpu_memory_utilization * total
-    starting = len(shared.starting())  # may not have taken their memory yet: counted as if they had
+    share = server_bytes(p, model_dir) or e.gpu_memory_utilization * total
+    starting = shared.starting()  # may not have taken their memory yet: counted as if they had
+    pending = sum(int(s.get("gpu_bytes") or 0) or e.gpu_memory_utilization * total for s in starting)
     keep = e.build_memory_fraction * total if building else 0.0
-    return free - starting * share - share >= keep
+    return free - pending - share >= keep

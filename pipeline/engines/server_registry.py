@@ -173,11 +173,19 @@ def kept_last(registry: Path) -> str | None:
         return None
 
 
+def planned_bytes(found: dict[str, dict]) -> int:
+    """The GPU memory the servers `found` (entries) were planned to hold (engine.kv_cache_memory: fitted)."""
+    return sum(int(e.get("gpu_bytes") or 0) for e in found.values())
+
+
 def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
-              exclude: str | None = None, last: str | None = None) -> list[str]:
+              exclude: str | None = None, last: str | None = None, need_bytes: int | None = None,
+              budget_bytes: int | None = None, pinned: str | None = None) -> list[str]:
     """Stops idle servers (no live lease): those serving `model_path` (another content of that
-    checkpoint), then the least recently used beyond `keep` servers in all, the one serving `last` (a checkpoint
-    path: the base, which every variant's judge asks) after every other. Call with the lock held.
+    checkpoint), then the least recently used beyond `keep` servers in all, or while the servers' planned memory
+    and need_bytes together pass budget_bytes (a server about to start: server_plan.py), the one serving `last` (a
+    checkpoint path: the base, which every variant's judge asks) after every other; the one serving `pinned` (the
+    run's base, when another server needs room) is not stopped for room. Call with the lock held.
     Returns the keys stopped."""
     registry = registry or registry_dir()
     stopped = []
@@ -194,8 +202,13 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
         if model_path is not None and current[key].get("model_path") == model_path:
             stop_entry(registry, key, current.pop(key))
             stopped.append(key)
+    def crowded() -> bool:
+        over = budget_bytes is not None and planned_bytes(current) + (need_bytes or 0) > budget_bytes
+        return len(current) > keep or over
+
     for _, key in idle:  # a server still starting (warm) is about to be asked for: not evicted for room
-        if key in current and len(current) > keep and current[key].get("state") != "starting":
+        if key in current and crowded() and current[key].get("state") != "starting" \
+                and (pinned is None or current[key].get("model_path") != pinned):
             stop_entry(registry, key, current.pop(key))
             stopped.append(key)
     return stopped

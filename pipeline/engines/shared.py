@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.engines.server_registry import (  # noqa: F401  (REGISTRY_ENV, keep_last: callers ask them here)
-    POLL_S, REGISTRY_ENV, content_fingerprint, entries, forget, keep_last, lease_name, leases_dir, live_leases, locked,
-    read_entry, registry_dir, server_key, stop_entry, stop_idle, write_entry)
+    POLL_S, REGISTRY_ENV, content_fingerprint, entries, forget, keep_last, kept_last, lease_name, leases_dir, live_leases,
+    locked, planned_bytes, read_entry, registry_dir, server_key, stop_entry, stop_idle, write_entry)
 from pipeline.errors import UserError
 from pipeline.runs import RUN_PID_ENV, alive, run_owner, start_time  # noqa: F401  (the run a server belongs to)
 
@@ -124,11 +124,13 @@ class _Watched:
 
 def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path, env: dict | None = None,
             start_timeout: float = 900.0, idle_timeout: float | None = None, max_servers: int = 1,
-            name: str = "server") -> SharedServer:
+            name: str = "server", gpu_bytes: int | None = None, gpu_budget: int | None = None) -> SharedServer:
     """A lease on the server `command` (without its port: `port_flag PORT` is appended) for the
     checkpoint model_dir: attached when a live one has the same key (waiting for it when an earlier stage
     or `warm` is still starting it), else started through a supervisor (the server's output goes to
-    log_path). Raises UserError when the start fails."""
+    log_path). With gpu_bytes and gpu_budget (engine.kv_cache_memory: fitted, server_plan.py) a server starts only
+    when its planned memory fits beside the others' in the budget, idle ones stopped for it (least recently used
+    first, never the run's base); else it waits until one is given back. Raises UserError when the start fails."""
     registry = registry_dir()
     model_dir = Path(model_dir).resolve()
     owner_pid, owner_started, owner_what = run_owner()
@@ -145,17 +147,19 @@ def acquire(command: list[str], port_flag: str, *, model_dir: Path, log_path: Pa
                 break
             if entry:
                 stop_entry(registry, key, entry)  # a dead server under this key
-            stop_idle(registry, keep=max(0, max_servers - 1), model_path=str(model_dir), exclude=key)
+            stop_idle(registry, keep=max(0, max_servers - 1), model_path=str(model_dir), exclude=key,
+                      need_bytes=gpu_bytes, budget_bytes=gpu_budget,
+                      pinned=kept_last(registry) if gpu_budget else None)
             busy = {k: e for k, e in entries(registry).items() if k != key}
-            if len(busy) < max_servers:
+            if _fits(busy, max_servers, gpu_bytes, gpu_budget):
                 _lease(registry, key)
                 _spawn_supervisor(registry, key, command, port_flag, model_dir=model_dir, log_path=log_path, env=env,
                                   owner=(owner_pid, owner_started, owner_what), start_timeout=start_timeout,
-                                  idle_timeout=idle_timeout, name=name)
+                                  idle_timeout=idle_timeout, name=name, gpu_bytes=gpu_bytes)
                 attach = False
                 break
-            _refuse_when_all_mine(registry, busy, max_servers, name)  # else wait for one to be given back
-        told = _wait_note(busy, max_servers, name, Path(log_path), started, start_timeout, told)
+            _refuse_when_all_mine(registry, busy, max_servers, name, gpu_budget)  # else wait for one to be given back
+        told = _wait_note(busy, max_servers, name, Path(log_path), told, gpu_budget)
         time.sleep(POLL_S)
     entry = _wait_ready(registry, key, start_timeout, name, Path(log_path))
     if attach:
@@ -172,37 +176,51 @@ def _names(busy: dict) -> str:
     return ", ".join(Path(e.get("model_path") or "?").name for e in busy.values())
 
 
-def _refuse_when_all_mine(registry: Path, busy: dict, max_servers: int, name: str) -> None:
-    """max_servers are up and none is idle: a stage waits for one to be given back, unless this process holds every
-    one itself (nobody else would give one back). Call with the lock held."""
+def _fits(busy: dict, max_servers: int, gpu_bytes: int | None, gpu_budget: int | None) -> bool:
+    """Whether one more server may start beside `busy`: fewer than max_servers, and (planned memory) its bytes
+    beside theirs within the budget; alone on the GPU it always may (its plan checked that it fits alone)."""
+    if len(busy) >= max_servers:
+        return False
+    return gpu_budget is None or not busy or planned_bytes(busy) + (gpu_bytes or 0) <= gpu_budget
+
+
+def _refuse_when_all_mine(registry: Path, busy: dict, max_servers: int, name: str, gpu_budget: int | None) -> None:
+    """No room for one more server and none is idle: a stage waits for one to be given back, unless this process
+    holds every one itself (nobody else would give one back). Call with the lock held."""
     mine = lease_name()
-    if not [k for k, e in busy.items() if e.get("state") == "starting" or set(live_leases(registry, k)) - {mine}]:
+    if [k for k, e in busy.items() if e.get("state") == "starting" or set(live_leases(registry, k)) - {mine}]:
+        return
+    if len(busy) >= max_servers:
         raise UserError(f"{name}: engine.max_servers is {max_servers} and this stage holds every server up "
                         f"({_names(busy)}) while it needs one more at once; raise engine.max_servers to "
                         f"{len(busy) + 1}")
+    raise UserError(f"{name}: this stage holds every server up ({_names(busy)}) while it needs one more at once, and "
+                    f"it does not fit beside them in the {gpu_budget / 2**30:.1f} GiB the servers may hold "
+                    "(engine.gpu_memory_utilization); lower engine.batch_size or engine.plan_request_tokens")
 
 
-def _wait_note(busy: dict, max_servers: int, name: str, log_path: Path, started: float, timeout: float,
-               told: bool) -> bool:
-    """While a stage waits for a server slot: said once in its log; past `timeout` a UserError. Returns told."""
-    if time.monotonic() - started > timeout:
-        raise UserError(f"{name}: engine.max_servers ({max_servers}) are up and none was given back within "
-                        f"{timeout:.0f} s (engine.start_timeout); the servers' models: {_names(busy)}")
+def _wait_note(busy: dict, max_servers: int, name: str, log_path: Path, told: bool, gpu_budget: int | None) -> bool:
+    """While a stage waits for room for its server: said once in its log. It waits as long as another process holds
+    a server (every holder holds one server at a time and gives it back when its work ends: no cycle). Returns
+    told."""
     if not told:
+        room = (f"room in the GPU memory the servers may hold ({gpu_budget / 2**30:.1f} GiB)" if gpu_budget
+                else f"one of the {max_servers} servers engine.max_servers allows")
         with contextlib.suppress(OSError):
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a") as log:
-                log.write(f"[quantize] waiting for one of the {max_servers} servers engine.max_servers allows to be "
-                          f"given back (up: {_names(busy)})\n")
+                log.write(f"[quantize] {name}: waiting for {room}: a server in use to be given back (up: "
+                          f"{_names(busy)})\n")
     return True
 
 
 def warm(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path, env: dict | None = None,
          start_timeout: float = 900.0, idle_timeout: float | None = None, max_servers: int = 1,
-         name: str = "server") -> str | None:
+         name: str = "server", gpu_bytes: int | None = None, gpu_budget: int | None = None) -> str | None:
     """Starts the server `command` for model_dir in the background, so that it is up when a stage asks for it
     (acquire then attaches): no lease is taken and nothing is waited for. Does nothing when a server under
-    that key is running or starting, or when max_servers are up already (warming never stops a server).
+    that key is running or starting, or when max_servers are up already or (planned memory: gpu_bytes,
+    gpu_budget) it does not fit beside them (warming never stops a server for room).
     Returns the key of a server it started, else None."""
     registry = registry_dir()
     model_dir = Path(model_dir).resolve()
@@ -216,10 +234,11 @@ def warm(command: list[str], port_flag: str, *, model_dir: Path, log_path: Path,
         if entry:
             stop_entry(registry, key, entry)
         stop_idle(registry, keep=len(entries(registry)), model_path=str(model_dir), exclude=key)  # its old content only
-        if len(entries(registry)) >= max_servers:
+        if not _fits(entries(registry), max_servers, gpu_bytes, gpu_budget):
             return None
         _spawn_supervisor(registry, key, command, port_flag, model_dir=model_dir, log_path=log_path, env=env,
-                          owner=owner, start_timeout=start_timeout, idle_timeout=idle_timeout, name=name)
+                          owner=owner, start_timeout=start_timeout, idle_timeout=idle_timeout, name=name,
+                          gpu_bytes=gpu_bytes)
     return key
 
 
@@ -251,7 +270,7 @@ def _live(entry: dict) -> bool:
 
 def _spawn_supervisor(registry: Path, key: str, command: list[str], port_flag: str, *, model_dir: Path,
                       log_path: Path, env: dict, owner: tuple, start_timeout: float, idle_timeout: float | None,
-                      name: str) -> None:
+                      name: str, gpu_bytes: int | None = None) -> None:
     """Writes the entry (state starting) and starts the supervisor, detached: it outlives the caller. Call with
     the lock held."""
     from pipeline.engines.server import free_port
@@ -263,7 +282,7 @@ def _spawn_supervisor(registry: Path, key: str, command: list[str], port_flag: s
     spec = {"key": key, "command": [*command, port_flag, str(port)], "port": port, "env": env,
             "log": str(log_path), "model_path": str(model_dir), "owner_pid": owner_pid,
             "owner_started": owner_started, "owner": owner_what, "idle_timeout": idle_timeout,
-            "start_timeout": start_timeout, "registry": str(registry), "name": name}
+            "start_timeout": start_timeout, "registry": str(registry), "name": name, "gpu_bytes": gpu_bytes}
     package_root = str(Path(__file__).resolve().parents[2])
     child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}

@@ -28,6 +28,7 @@ class Supervisor:
         self.spec, self.registry, self.key = spec, Path(spec["registry"]), spec["key"]
         self.entry = {**{k: spec[k] for k in ("key", "port", "log", "model_path", "owner_pid", "owner_started",
                                               "owner", "idle_timeout")},
+                      "gpu_bytes": spec.get("gpu_bytes"),  # its planned memory (server_plan.py), None: not planned
                       "supervisor_pid": os.getpid(), "supervisor_started": start_time(os.getpid()),
                       "state": "starting", "command": spec["command"], "last_used": time.time()}
         self.stopping = {"now": False}

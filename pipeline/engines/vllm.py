@@ -53,7 +53,8 @@ from pipeline.engines.server import ServerProcess, free_port
 from pipeline.engines.vision import IMAGE_PLACEHOLDER, image_markup, is_multimodal, render_images
 from pipeline.engines.vllm_server import (  # noqa: F401  (the server's command line, re-exported: the registry's warm)
     PASSTHROUGH_TEMPLATE, SERVED_NAME, SERVER_SETTINGS, server_settings, kv_cache_scheme, resolve_kv_cache_dtype,
-    serving_dtype, refuse_unservable, server_args, server_command_for, planned_kv_cache_bytes, warm,
+    serving_dtype, refuse_unservable, server_args, server_command_for, planned_kv_cache_bytes, server_memory,
+    fitted_share, warm,
 )
 from pipeline.errors import UserError
 
@@ -94,10 +95,16 @@ class Settings(HTTPSettings):
     max_servers: int = Field(1, ge=1, le=16)  # servers kept at once (idle ones beyond: stopped, oldest first)
     # the KV pool: auto, sized by vLLM's start-up profiling (the server must have the GPU to itself while it starts:
     # the profiling reads the whole device's free memory); planned, gpu_memory_utilization x the GPU's memory less
-    # the checkpoint's weights and non_kv_memory_gib, so a server can start while other work runs
-    kv_cache_memory: Literal["auto", "planned"] = "auto"
-    non_kv_memory_gib: float = Field(4.0, ge=0, le=1024)  # planned: activations, CUDA graphs, the CUDA context
-    device_memory_gib: float | None = Field(None, gt=0, le=1 << 20)  # planned: one GPU's memory (None: nvidia-smi)
+    # the checkpoint's weights and non_kv_memory_gib, so a server can start while other work runs; fitted, the pool
+    # its requests need (batch_size x plan_request_tokens tokens, at least one of max_model_len) or what is left,
+    # each server sized from what it holds and gpu_memory_utilization the share of the GPU the run's servers hold
+    # together: as many resident at once as fit (pipeline/engines/server_plan.py)
+    kv_cache_memory: Literal["auto", "planned", "fitted"] = "auto"
+    non_kv_memory_gib: float = Field(4.0, ge=0, le=1024)  # planned, fitted: activations, CUDA graphs, the CUDA context
+    device_memory_gib: float | None = Field(None, gt=0, le=1 << 20)  # planned, fitted: one GPU's memory (None: nvidia-smi)
+    # fitted: the tokens one request in flight holds in the KV cache (prompt + answer); GSM8K's prompt and its 512 new
+    # tokens: 256 of them ran at once on the H200 in a 245,872-token pool (2026-12-02)
+    plan_request_tokens: int = Field(768, ge=16, le=1 << 21)
     # inside a run, start each checkpoint's server as soon as the checkpoint exists and memory allows, so starts
     # overlap other stages' work (needs share_server and kv_cache_memory: planned)
     warm_servers: bool = False
@@ -110,10 +117,10 @@ class Settings(HTTPSettings):
 
     @model_validator(mode="after")
     def _warm_needs_planned_pools(self):
-        if self.warm_servers and not (self.share_server and self.kv_cache_memory == "planned"):
-            raise ValueError("warm_servers: true needs share_server: true and kv_cache_memory: planned (a server that "
-                             "sizes its KV pool by profiling must start with the GPU to itself); set both, or "
-                             "warm_servers: false")
+        if self.warm_servers and not (self.share_server and self.kv_cache_memory in ("planned", "fitted")):
+            raise ValueError("warm_servers: true needs share_server: true and kv_cache_memory: fitted or planned (a "
+                             "server that sizes its KV pool by profiling must start with the GPU to itself); set both, "
+                             "or warm_servers: false")
         if self.score_ahead and not self.warm_servers:
             raise ValueError("score_ahead: true needs warm_servers: true (work starts ahead of its stage on a server "
                              "started ahead of it); set both, or score_ahead: false")
@@ -138,7 +145,7 @@ class VLLMEngine:
         self.progress = progress
         self.launch = {"server_env": settings.server_env, "start_timeout": settings.start_timeout,
                        "idle_timeout": settings.server_idle_timeout, "max_servers": settings.max_servers,
-                       "share": settings.share_server,
+                       "share": settings.share_server, **server_memory(self.model_dir, settings),
                        "log_path": Path(log_path) if log_path else Path("results") / self.model_dir.name /
                        "vllm-server.log"}
         self.command = server_command_for(self.model_dir, settings)
@@ -169,7 +176,8 @@ class VLLMEngine:
             self.server = shared.acquire(self.command, "--port", model_dir=self.model_dir,
                                          log_path=launch["log_path"], env=launch["server_env"],
                                          start_timeout=launch["start_timeout"], idle_timeout=launch["idle_timeout"],
-                                         max_servers=launch["max_servers"], name="vLLM server")
+                                         max_servers=launch["max_servers"], name="vLLM server",
+                                         gpu_bytes=launch["gpu_bytes"], gpu_budget=launch["gpu_budget"])
         else:
             port = free_port()
             self.server = ServerProcess([*self.command, "--port", str(port)], port=port, log_path=launch["log_path"],
@@ -286,6 +294,22 @@ class VLLMEngine:
 
         self.start()
         return {**planned_kv_figures(self.command), **from_vllm_log(self.server.log_path)}
+
+    def server_plan(self) -> dict | None:
+        """engine.kv_cache_memory: fitted. What this server was measured at (bench.json's capacity.plan): its share
+        of the GPU (pipeline/engines/server_plan.py), the servers resident beside it now, and the run's plan as
+        `quantize warm` printed it (None outside a run)."""
+        if self.settings.kv_cache_memory != "fitted":
+            return None
+        import pipeline.engines.shared as shared
+        from pipeline.engines import server_plan
+
+        share, device = fitted_share(self.model_dir, self.settings)
+        beside = sorted(Path(e.get("model_path") or "?").name for e in shared.entries().values()
+                        if Path(e.get("model_path") or "").resolve() != self.model_dir.resolve())
+        return {"server": share.as_dict(device), "device_bytes": device,
+                "budget_bytes": int(self.settings.gpu_memory_utilization * device),
+                "resident_beside": beside, "run": server_plan.read(shared.registry_dir())}
 
     def _version(self) -> str | None:
         import httpx

@@ -74,9 +74,13 @@ def server_args(model_dir: Path, port: int | None, settings: Settings) -> list[s
     args = [str(model_dir), "--host", "127.0.0.1", *(["--port", str(port)] if port is not None else []),
             "--served-model-name", SERVED_NAME,
             "--generation-config", "vllm", "--seed", "0",
-            "--tensor-parallel-size", str(settings.tensor_parallel_size),
-            "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
-            "--kv-cache-dtype", kv]
+            "--tensor-parallel-size", str(settings.tensor_parallel_size)]
+    if settings.kv_cache_memory == "fitted":  # its own share of the GPU, and the pool it was fitted
+        share, device = fitted_share(model_dir, settings)
+        args += ["--gpu-memory-utilization", str(share.utilization(device)), "--kv-cache-dtype", kv,
+                 "--kv-cache-memory-bytes", str(share.pool_bytes)]
+    else:
+        args += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization), "--kv-cache-dtype", kv]
     for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
         if getattr(settings, name):
             args += [f"--{name.replace('_', '-')}", str(getattr(settings, name))]
@@ -103,6 +107,42 @@ def server_command_for(model_dir: Path, settings: Settings) -> list[str]:
     return list(settings.server_command) + server_args(Path(model_dir), None, settings)
 
 
+def fitted_share(model_dir: Path, settings: Settings):
+    """engine.kv_cache_memory: fitted. This checkpoint's server share of the GPU (pipeline/engines/server_plan.py):
+    its weights, the KV pool its requests need or what is left, the reserve; and the GPU's memory."""
+    from pipeline.engines import server_plan
+    from pipeline.engines.long_context import context_length
+
+    device = _device_bytes(settings, "fitted")
+    model_dir = Path(model_dir)
+    tp = settings.tensor_parallel_size
+    config = checkpoint.open(model_dir).config
+    kv = resolve_kv_cache_dtype(settings.kv_cache_dtype, model_dir)
+    share = server_plan.fit(
+        model_dir.name, server_plan.weight_bytes(model_dir, tp), server_plan.kv_bytes_per_token(config, kv, 2, tp),
+        device_bytes=device, fraction=settings.gpu_memory_utilization, reserve_bytes=int(settings.non_kv_memory_gib * GIB),
+        batch_size=settings.batch_size, request_tokens=settings.plan_request_tokens,
+        max_model_len=int(settings.max_model_len or context_length(model_dir) or 4096))
+    return share, device
+
+
+def server_memory(model_dir: Path, settings: Settings) -> dict:
+    """What a shared server is admitted by (pipeline/engines/shared.py): fitted, its planned bytes and the budget of
+    the run's servers together; otherwise none (engine.max_servers alone bounds them)."""
+    if settings.kv_cache_memory != "fitted" or not settings.share_server:
+        return {"gpu_bytes": None, "gpu_budget": None}
+    share, device = fitted_share(model_dir, settings)
+    return {"gpu_bytes": share.total_bytes, "gpu_budget": int(settings.gpu_memory_utilization * device)}
+
+
+def _device_bytes(settings: Settings, mode: str) -> int:
+    device = device_memory_bytes(settings.device_memory_gib)
+    if device is None:
+        raise UserError(f"params.yaml: engine.kv_cache_memory: {mode} needs the GPU's memory: no nvidia-smi here; "
+                        "set engine.device_memory_gib, or use engine.kv_cache_memory: auto")
+    return device
+
+
 def planned_kv_cache_bytes(model_dir: Path, settings: Settings) -> int:
     """engine.kv_cache_memory: planned. The KV pool of one GPU, fixed before the server starts instead of
     measured by vLLM's start-up profiling: gpu_memory_utilization x the GPU's memory, less this GPU's share
@@ -110,10 +150,7 @@ def planned_kv_cache_bytes(model_dir: Path, settings: Settings) -> int:
     vLLM's profiling reads the whole device's free memory, so a server that profiles while another process
     allocates or frees GPU memory sizes its pool wrongly or stops; a planned pool lets a server start while
     other work runs (pipeline/engines/shared.py: warm)."""
-    device = device_memory_bytes(settings.device_memory_gib)
-    if device is None:
-        raise UserError("params.yaml: engine.kv_cache_memory: planned needs the GPU's memory: no nvidia-smi here; "
-                        "set engine.device_memory_gib, or use engine.kv_cache_memory: auto")
+    device = _device_bytes(settings, "planned")
     tp = settings.tensor_parallel_size
     weights = sum(path.stat().st_size for path in Path(model_dir).glob("*.safetensors")) // tp  # all of them load
     reserve = int(settings.non_kv_memory_gib * GIB)
@@ -142,4 +179,5 @@ def warm(model_dir: Path | str, settings: Settings, *, log_path: Path | str | No
     return shared.warm(command, "--port", model_dir=model_dir,
                        log_path=Path(log_path) if log_path else Path("results") / model_dir.name / "vllm-server.log",
                        env=settings.server_env, start_timeout=settings.start_timeout,
-                       idle_timeout=settings.server_idle_timeout, max_servers=settings.max_servers, name="vLLM server")
+                       idle_timeout=settings.server_idle_timeout, max_servers=settings.max_servers, name="vLLM server",
+                       **server_memory(model_dir, settings))

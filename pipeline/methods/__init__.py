@@ -10,6 +10,8 @@ A method module declares, once:
   SERVING_FORMAT     the checkpoint format it writes (where it is served: pipeline/checkpoints/serving.py, from the
                      checkpoint's config.json and the runs recorded on the GPU machine, never from the method's name)
   CARD_TAGS          the model card's tags for it: the method and the scheme it writes ("awq", "w4a16", "int4")
+  WEIGHT_BITS        bits per quantized weight before scales (4, 8): the server plan sizes a checkpoint not yet built
+                     by it (pipeline/stages/warm.py); `mixed` has none: its budget, max_bits, is its size
   COMPARED_WITH      {other method: why}: the report compares each of its variants with the other method's at the
                      same group size, paired per document (shown, not counted)
   Params             its params.yaml section: typed fields with their bounds and help (the CLI flags' help too)

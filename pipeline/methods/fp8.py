@@ -32,6 +32,7 @@ NEEDS_CALIBRATION = True  # static activation scales and the KV-cache scales com
 CALIBRATION_STATE = "none"
 SERVING_FORMAT = "compressed-tensors float-quantized (FP8 W8A8, FP8 KV-cache scales)"
 CARD_TAGS = ("fp8", "w8a8")  # the model card's tags for its scheme (pipeline/report/model_card.py)
+WEIGHT_BITS = 8  # bits per quantized weight (FP8 weights), before scales: the server plan sizes an unbuilt checkpoint by it
 COMPARED_WITH: dict[str, str] = {}
 
 

@@ -21,6 +21,7 @@ NEEDS_CALIBRATION = False
 CALIBRATION_STATE = "none"
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16)"
 CARD_TAGS = ("rtn", "w4a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
+WEIGHT_BITS = 4  # bits per quantized weight (int4 weights), before scales: the server plan sizes an unbuilt checkpoint by it
 COMPARED_WITH: dict[str, str] = {}
 
 

@@ -1,7 +1,8 @@
 """Profiles: a params.yaml and its dvc.yaml that go together, switched with one command.
 
     quantize profile              # which profile the project's files are, and the ones there are
-    quantize profile gpu-h200     # GLM-4-9B-class model on one H200 with vLLM: full suites, bench, vLLM judge
+    quantize profile gpu          # GLM-4-9B-class model on one GPU with vLLM (an 80 GB H100 or a 141 GB H200: its
+                                  # servers fitted to the card found), full suites, bench, vLLM judge
     quantize profile cpu-demo     # back to the CPU demo (`make demo`)
     quantize profile --fix V      # dvc.yaml in use: build, measure and decide the fix of W4A16 variant V (fix.py)
 
@@ -27,9 +28,11 @@ def stored(name: str, file: str) -> Path:
     return PROFILES / name / STORED[file]
 SUMMARIES = {
     "cpu-demo": "the CPU demo: SmolLM2-135M, hf engine, small suites, one fix stage (rtn-w4a16), ~13 minutes on 2 cores",
-    "gpu-h200": "a GLM-4-9B-class model on one H200: vLLM (one server per model per run), every suite at full "
-                "size, long context to 128k, quantize bench in the DAG, the judge through vLLM",
+    "gpu": "a GLM-4-9B-class model on one GPU of 80 GB or more (H100, H200): vLLM, each server sized from what it "
+           "holds and as many resident at once as the card fits (`quantize warm --plan`), every suite at full size, "
+           "long context to 128k, quantize bench in the DAG, the judge through vLLM",
 }
+ALIASES = {"gpu-h200": "gpu"}  # the GPU profile's name before it fitted its servers to the card (issue 59)
 
 
 def names() -> list[str]:
@@ -56,6 +59,7 @@ def describe(root: Path) -> str:
 
 def switch(name: str, root: Path, force: bool = False) -> list[str]:
     """Writes the profile's files into root; returns the files that changed."""
+    name = ALIASES.get(name, name)
     if name not in names():
         raise UserError(f"profile {name!r}: use one of {', '.join(names())}")
     if not force and current(root) is None:

@@ -70,7 +70,7 @@ def _list_changes(stages: dict, variant: str) -> tuple[dict[str, str], dict[str,
     if not fix_stages:
         raise UserError("dvc.yaml has no fix stage (`cmd: quantize fix ${item}`) to add the variant to; copy the fix "
                         "stage of pipeline/profiles/cpu-demo/dvc-stages.yaml into it, or `quantize profile cpu-demo` "
-                        "(or gpu-h200) to start from a profile's dvc.yaml")
+                        "(or gpu) to start from a profile's dvc.yaml")
     rank_stages = [name for name, stage in stages.items() if ranks(stage)]
     if not rank_stages:
         raise UserError("dvc.yaml has no rank stage (`cmd: quantize kl models/${item} --rank`) to rank the variant's "

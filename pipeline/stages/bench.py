@@ -288,9 +288,13 @@ def engine_capacity(lm, model_dir: Path, summary: dict, workloads: dict, slo: di
         device_bytes = torch.cuda.get_device_properties(0).total_memory
     fixed = workloads["fixed"]
     loads = {name: w for name, w in workloads.items() if "label" in w}  # measured with images: the loads by name
-    return capacity(figures, levels=fixed["levels"] + fixed["rates"], slo=slo, tensor_parallel_size=tp,
-                    model_window=context, checkpoint_weight_bytes=weights, settings=options, device_bytes=device_bytes,
-                    loads=loads)
+    plan = lm.server_plan() if hasattr(lm, "server_plan") else None
+    if plan:  # a fitted server: its own share of the GPU, not the run's (engine.kv_cache_memory: fitted)
+        options = {**options, "gpu_memory_utilization": plan["server"]["gpu_memory_utilization"]}
+    found = capacity(figures, levels=fixed["levels"] + fixed["rates"], slo=slo, tensor_parallel_size=tp,
+                     model_window=context, checkpoint_weight_bytes=weights, settings=options, device_bytes=device_bytes,
+                     loads=loads)
+    return {**found, "plan": plan} if plan else found
 
 
 def _quiet_gpu(lm) -> float:

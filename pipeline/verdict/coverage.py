@@ -78,7 +78,7 @@ def suite_coverage(variant: str, decision: str, params: Params, results: dict, n
         if task not in configured_tasks and name not in suites:
             suites[name] = {"state": NOT_CONFIGURED, "key": f"suites.{name}",
                             "why": f"params.yaml has no suite running {task}: add suites.{name} (task: {task}) and "
-                                   "its results to the outs of dvc.yaml's evaluate stage (the gpu-h200 profile runs every shipped suite)"}
+                                   "its results to the outs of dvc.yaml's evaluate stage (the gpu profile runs every shipped suite)"}
     for entry in suites.values():
         entry["label"] = LABELS[entry["state"]]
     base_ran = [s for s in params.suites if s in results.get("base", {}) and not not_applicable.get("base", {}).get(s)]

@@ -1,0 +1,123 @@
+"""The run's server plan (engine.kv_cache_memory: fitted): every model the run serves, sized from its checkpoint or,
+not built yet, from the base's tensors and its method (pipeline/engines/server_plan.py), side by side on this GPU.
+
+`quantize warm` prints it before the first server starts (warm@base, right after resave) and again as each checkpoint
+is built, and keeps it in the servers' registry, where `quantize bench` reads it into bench.json; `quantize warm
+--plan` prints it alone. A GPU on which a model does not fit alone, or a variant not beside the base whose server
+judges it, stops the run there (exit 2, with the setting to change).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.outputs import STAGE_RECORD
+
+GROUP_WHEN_AUTO = 128  # a group_size of `auto` in the estimate: the first int4.GROUP_SIZES that divides GLM's widths
+
+
+def served_models(p) -> list[str]:
+    """base, the variants and their fixes, in the run's order."""
+    from pipeline.settings import fixes
+
+    return fixes.models(p)
+
+
+def model_dir(p, name: str) -> Path:
+    return Path(p.model.base_dir) if name == "base" else Path("models") / name
+
+
+def _bits_and_group(p, name: str) -> tuple[float, int | None]:
+    """A variant's bits per quantized weight and its group (None: per channel), from params.yaml."""
+    from pipeline import methods
+    from pipeline.settings import fixes
+
+    fixed = name.removesuffix(fixes.SUFFIX) if name.endswith(fixes.SUFFIX) else None
+    settings = p.variants[fixed] if fixed in p.variants else p.variants[name]
+    group = getattr(settings, "group_size", None)
+    group = group if isinstance(group, int) else (GROUP_WHEN_AUTO if group is not None else None)
+    if fixed is not None:
+        return float(p.fix.max_bits), group
+    if settings.method == "mixed":
+        return float(settings.max_bits), group
+    return float(methods.method(settings.method).WEIGHT_BITS), group
+
+
+def shares(p, device_bytes: int):
+    """Each served model's share (server_plan.Share) with the run's engine settings on a GPU of device_bytes."""
+    from pipeline.checkpoints import checkpoint
+    from pipeline.engines import server_plan
+    from pipeline.engines.long_context import context_length
+    from pipeline.engines.vllm_server import resolve_kv_cache_dtype
+
+    e = p.engine
+    base = Path(p.model.base_dir)
+    config = checkpoint.open(base).config
+    tp = e.tensor_parallel_size
+    found = []
+    for name in served_models(p):
+        directory = model_dir(p, name)
+        built = (directory / STAGE_RECORD).is_file() and any(directory.glob("*.safetensors"))
+        if built:
+            weights = server_plan.weight_bytes(directory, tp)
+            kv = resolve_kv_cache_dtype(e.kv_cache_dtype, directory)
+        else:
+            bits, group = _bits_and_group(p, name)
+            weights = server_plan.estimated_weight_bytes(base, bits, group, tp)
+            kv = _planned_kv_dtype(p, name, e.kv_cache_dtype)
+        found.append(server_plan.fit(
+            name, weights, server_plan.kv_bytes_per_token(config, kv, 2, tp), device_bytes=device_bytes,
+            fraction=e.gpu_memory_utilization, reserve_bytes=int(e.non_kv_memory_gib * server_plan.GIB),
+            batch_size=e.batch_size, request_tokens=e.plan_request_tokens,
+            max_model_len=int(e.max_model_len or context_length(base) or 4096), estimated=not built))
+    return found
+
+
+def _planned_kv_dtype(p, name: str, setting: str) -> str:
+    """The KV cache an unbuilt variant will be served with: `checkpoint` gives FP8 to a variant whose method writes
+    FP8 KV-cache scales (fp8 with kv per-head or per-tensor)."""
+    if setting != "checkpoint":
+        return setting
+    settings = p.variants.get(name)
+    return "fp8" if settings is not None and getattr(settings, "kv", "none") != "none" else "auto"
+
+
+def run_plan(p):
+    """The run's plan (server_plan.Plan), or None when the engine does not fit its servers (kv_cache_memory other
+    than fitted, or no server engine). Raises UserError when a model does not fit this GPU."""
+    from pipeline.engines import capability, server_plan
+    from pipeline.engines.gpu_memory import device_memory_bytes
+
+    e = p.engine
+    if not capability(e.name, "starts_server") or getattr(e, "kv_cache_memory", None) != "fitted":
+        return None
+    device = device_memory_bytes(e.device_memory_gib)
+    if device is None:
+        from pipeline.errors import UserError
+
+        raise UserError("params.yaml: engine.kv_cache_memory: fitted needs the GPU's memory: no nvidia-smi here; set "
+                        "engine.device_memory_gib, or use engine.kv_cache_memory: auto")
+    pinned = "base" if p.judge.model == "base" and capability(p.judge.backend, "starts_server") else None
+    return server_plan.plan(shares(p, device), device_bytes=device, fraction=e.gpu_memory_utilization,
+                            pinned=pinned, device_source="engine.device_memory_gib" if e.device_memory_gib
+                            else "nvidia-smi")
+
+
+def announce(p) -> list[str]:
+    """The plan's lines, kept in the servers' registry for bench.json; [] when the engine plans nothing."""
+    from pipeline.engines import server_plan, shared
+
+    found = run_plan(p)
+    if found is None:
+        return []
+    server_plan.write(found, shared.registry_dir())
+    return found.lines()
+
+
+def server_bytes(p, model: Path) -> int | None:
+    """The planned memory of one model's server (fitted), None otherwise: what the early start leaves room for."""
+    from pipeline.engines.vllm_server import fitted_share
+
+    if getattr(p.engine, "kv_cache_memory", None) != "fitted":
+        return None
+    return fitted_share(model, p.engine)[0].total_bytes
