@@ -115,9 +115,9 @@ def test_the_glm46v_moe_at_the_depth_a_disk_allows_fits_an_h100():
     plan = server_plan.plan(shares("glm46v-moe", H100, layers=6, group=64), device_bytes=H100, fraction=0.92,
                             pinned="base")
     check(plan)
-    base = plan.share("base")
     kv = server_plan.kv_bytes_per_token(meta_model("glm46v-moe", 6)[1], "auto")
     assert kv == 2 * 6 * 8 * 128 * 2  # its 8 KV heads of 128 at 6 layers
+    assert plan.share("base").kv_bytes_per_token == kv
 
 
 @pytest.mark.parametrize("gib", [24, 40, 48, 80, 94, 141, 192])
