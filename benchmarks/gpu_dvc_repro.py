@@ -194,6 +194,15 @@ def disk_plan(spec: BaseModel, free_bytes: int, cache_copies: int, depth: int | 
             "fits": total <= room}
 
 
+def gpu_name() -> str | None:
+    """nvidia-smi's name and memory of the first GPU (e.g. "NVIDIA H100 80GB HBM3, 81559 MiB"), None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    done = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                          capture_output=True, text=True)
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+
+
 def sh(cmd: list[str], cwd: Path, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and done.returncode != 0:
@@ -612,7 +621,15 @@ class Run:
             # of a lease, beside the carries, the unpacking and the machine's start
             "calls_s": round(sum(c.get("call_s") or 0.0 for c in calls), 1),
             "variants": self.variant_figures(),
+            # the servers' plan on this GPU as `quantize warm` printed it (engine.kv_cache_memory: fitted), and the GPU
+            "server_plan": self.server_plan(), "gpu": gpu_name(),
         }
+
+    def server_plan(self) -> dict | None:
+        try:
+            return json.loads((self.work / "servers" / "plan" / "servers.json").read_text())
+        except (OSError, ValueError):
+            return None
 
     def variant_figures(self) -> dict:
         """Per built variant, from its quant.json: the scheme (FP8 of a MoE: its experts' own), the W4A16 group, and

@@ -180,8 +180,8 @@ def test_quantize_warm_plan_prints_the_plan_from_the_checkpoints_and_the_unbuilt
     write_params(tmp_path, gpu_params(device_gib=10))  # all at once
     roomy = warm_plan(tmp_path)
     assert roomy.returncode == 0, roomy.stderr
-    sizes = {s["model"]: s["total_bytes"] for s in json.loads((tmp_path / "servers" / "plan.json").read_text())["servers"]}
-    assert len(json.loads((tmp_path / "servers" / "plan.json").read_text())["waves"]) == 1
+    sizes = {s["model"]: s["total_bytes"] for s in json.loads((tmp_path / "servers" / server_plan.PLAN_FILE).read_text())["servers"]}
+    assert len(json.loads((tmp_path / "servers" / server_plan.PLAN_FILE).read_text())["waves"]) == 1
     variant = max(v for m, v in sizes.items() if m != "base")
     write_params(tmp_path, gpu_params(device_gib=(sizes["base"] + 1.5 * variant) / 0.9 / GIB))  # the base and one
     done = warm_plan(tmp_path)
@@ -189,7 +189,7 @@ def test_quantize_warm_plan_prints_the_plan_from_the_checkpoints_and_the_unbuilt
     assert "server plan:" in done.stdout and "(engine.device_memory_gib)" in done.stdout
     assert "awq-w4a16: " in done.stdout and "(estimated: not built yet)" in done.stdout
     assert "rtn-w4a16-mixed" in done.stdout  # the fix params.yaml lists
-    stored = json.loads((tmp_path / "servers" / "plan.json").read_text())  # what bench.json's capacity.plan reads
+    stored = json.loads((tmp_path / "servers" / server_plan.PLAN_FILE).read_text())  # what bench.json's capacity.plan reads
     assert stored["pinned"] == "base" and [s["model"] for s in stored["servers"]][:2] == ["base", "awq-w4a16"]
     assert all(sum(next(s["total_bytes"] for s in stored["servers"] if s["model"] == m) for m in wave)
                <= stored["budget_bytes"] for wave in stored["waves"])

@@ -31,7 +31,9 @@ from pathlib import Path
 from pipeline.errors import UserError
 
 GIB = 1 << 30
-PLAN_FILE = "plan.json"  # in the servers' registry (.cache/servers): the run's plan as `quantize warm` printed it
+# in the servers' registry (.cache/servers; a folder of its own: the registry's *.json are its servers' entries): the
+# run's plan as `quantize warm` printed it
+PLAN_FILE = Path("plan") / "servers.json"
 
 
 @dataclass(frozen=True)
@@ -230,8 +232,8 @@ def estimated_weight_bytes(base_dir: Path, bits: float, group_size: int | None, 
 # ---------------------------------------------------------------- the plan's file
 
 def write(plan_: Plan, registry: Path) -> Path:
-    registry.mkdir(parents=True, exist_ok=True)
     path = registry / PLAN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(plan_.as_dict(), indent=1))
     tmp.replace(path)

@@ -26,6 +26,7 @@ from pipeline.checkpoints import checkpoint, config_json, headers
 from pipeline.checkpoints.loading import load_model
 from pipeline.checkpoints.serving import serving_support
 from pipeline.checkpoints.serving_names import finish_config
+from pipeline.checkpoints.streaming import MAX_SHARD
 from pipeline.errors import UserError
 from pipeline.formats.quant_json import write_quant_json
 from pipeline.methods.recipe import Recipe, Target
@@ -327,7 +328,7 @@ def save(loaded: Loaded, inputs: Inputs, tmp: Path, watch: Stopwatch) -> Saved:
 
     started = watch.seconds
     _set_dtype(loaded.model, inputs.base_dtype, inputs.work_dtype)
-    loaded.model.save_pretrained(tmp, save_compressed=True)
+    loaded.model.save_pretrained(tmp, save_compressed=True, max_shard_size=MAX_SHARD)  # DVC hashes shards side by side
     _copy_side_files(inputs.model_dir, tmp)
     config_added = finish_config(tmp)  # keys vLLM reads, and an ignore entry in vLLM's names
     saved = Saved(config_added, watch.seconds - started)

@@ -23,6 +23,7 @@ from pipeline.checkpoints import chatglm, checkpoint, config_json, headers
 from pipeline.checkpoints.gguf_file import parsed_once
 from pipeline.checkpoints.origin import read_origin
 from pipeline.checkpoints.serving_names import finish_config, served_config
+from pipeline.checkpoints.streaming import MAX_SHARD
 from pipeline.errors import UserError
 from pipeline.formats.source_json import write_source_json
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
@@ -31,7 +32,6 @@ SUPPORTED = (
     "a Hugging Face checkpoint directory (config.json + safetensors/bin weights), "
     "a ChatGLM2/3 or GLM-4-9B remote-code directory, a .gguf file, or 'demo'"
 )
-MAX_SHARD = "5GB"
 # the processor's files, copied as they are when transformers cannot load the processor here
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 
@@ -184,7 +184,7 @@ def _resave(source: Path, kind: str, out: Path, torch_dtype, dtype: str, demo: b
         else:
             model, written_as = _load_hf(source, torch_dtype)
             _copy_processor(source, tmp)
-        model.save_pretrained(tmp, max_shard_size=MAX_SHARD)
+        model.save_pretrained(tmp, max_shard_size=MAX_SHARD)  # streaming.MAX_SHARD: DVC hashes shards side by side
         finish_config(tmp)  # config keys GLM's releases carry that transformers does not write (vLLM reads them)
         architecture = model.config.architectures[0] if model.config.architectures else type(model).__name__
         _write_source_json(tmp, source, kind, dtype, demo)
