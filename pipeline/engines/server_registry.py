@@ -149,6 +149,23 @@ def stop_entry(registry: Path, key: str, entry: dict, wait: float = 60.0) -> Non
     forget(registry, key)
 
 
+JOBS = "jobs"  # in the registry: the run's work started ahead of its stages (pipeline/scoring/ahead.py), an entry each
+
+
+def running_jobs(registry: Path | None = None) -> list[dict]:
+    """The entries of the run's jobs still working (each names its `model`, `kind`, `pid`)."""
+    folder = (registry or registry_dir()) / JOBS
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and alive(entry.get("pid"), entry.get("started")):
+            found.append(entry)
+    return found
+
+
 KEEP_LAST = "keep-last"  # in the registry: the checkpoint whose idle server goes last (the run's base)
 
 
@@ -195,8 +212,12 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
             forget(registry, key)  # its supervisor died (SIGKILL): the server died with it
             current.pop(key)
     last = str(Path(last).resolve()) if last else kept_last(registry)
+    # a server whose model a job of the run is still working on (its judging between its two servers, say) is kept
+    # while another server needs room: it would be started again for that job
+    working = {str(Path(j["model"]).resolve()) for j in running_jobs(registry) if j.get("model")} \
+        if budget_bytes is not None else set()
     idle = sorted((e.get("model_path") == last, e.get("last_used", 0), k) for k, e in current.items()
-                  if not live_leases(registry, k))
+                  if not live_leases(registry, k) and e.get("model_path") not in working)
     idle = [(used, key) for _, used, key in idle]
     for _, key in idle:
         if model_path is not None and current[key].get("model_path") == model_path:

@@ -36,9 +36,9 @@ KINDS = {"eval": "evaluate", "judge": "judge"}  # command -> the DVC stage it wo
 
 
 def _jobs_dir() -> Path:
-    from pipeline.engines.shared import registry_dir
+    from pipeline.engines.server_registry import JOBS, registry_dir
 
-    return registry_dir() / "jobs"
+    return registry_dir() / JOBS
 
 
 def _name(kind: str, model_dir: Path) -> str:
@@ -126,9 +126,9 @@ def finished(kind: str, model_dir: Path, complete: bool) -> None:
 
 def running() -> list[dict]:
     """The jobs of the registry still working."""
-    folder = _jobs_dir()
-    found = [_read(path) for path in sorted(folder.glob("*.json"))] if folder.exists() else []
-    return [e for e in found if e and alive(e.get("pid"), e.get("started"))]
+    from pipeline.engines.server_registry import running_jobs
+
+    return running_jobs()
 
 
 def wait_quiet(timeout: float = 3600.0) -> float:
