@@ -1,5 +1,7 @@
-"""Each DVC stage's pipeline/ deps are the modules its command imports, derived from the source (tools/dvc_deps.py),
-in dvc.yaml and in both profiles' dvc-stages.yaml; so editing a module reruns only the stages that import it."""
+"""Each DVC stage's code is the pipeline/ modules its command imports, derived from the source
+(pipeline/cli/code_deps.py) and kept with their hashes in the code stage's file for that command; every `quantize`
+stage of dvc.yaml and of both profiles' dvc-stages.yaml depends on its command's file; so editing a module reruns only
+the stages that import it."""
 
 import subprocess
 import sys
@@ -8,15 +10,14 @@ import textwrap
 import pytest
 
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "tools"))  # the generator lives beside the other tools, not among the tests
-import dvc_deps  # noqa: E402
+from pipeline.cli import code_deps as dvc_deps
 
 FILES = dvc_deps.DVC_FILES
 
 
 def listed(text: str) -> dict[str, list[str]]:
-    return {name: [d for d in stage["deps"] if d.startswith("pipeline/")] for name, stage in dvc_deps.stages(text).items()}
+    return {name: [d for d in stage["deps"] if d.startswith(("pipeline", ".cache/code"))]
+            for name, stage in dvc_deps.stages(text).items()}
 
 
 def covers(deps: list[str], path: str) -> bool:
@@ -30,16 +31,42 @@ def derived():
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_each_stage_lists_exactly_the_modules_its_command_imports(name, derived):
+def test_each_stage_depends_on_its_commands_code_file_and_the_code_stage_on_the_source(name, derived):
     text = (REPO / name).read_text()
     have = listed(text)
-    problems = []
-    for stage, want in derived[name].items():
-        extra, missing = sorted(set(have[stage]) - set(want)), sorted(set(want) - set(have[stage]))
-        if extra or missing:
-            problems.append(f"{stage}: listed but not imported {extra}; imported but not listed {missing}")
-    assert not problems, f"{name} (run `python -m tools.dvc_deps --write`):\n  " + "\n  ".join(problems)
-    assert dvc_deps.rewrite(text, derived[name]) == text  # the command would change nothing
+    stages = dvc_deps.stages(text)
+    assert stages["code"]["cmd"] == "quantize code" and have["code"] == ["pipeline"] and "evals" in stages["code"]["deps"]
+    for stage in derived[name]:
+        command = stages[stage]["cmd"].split()[1]
+        assert have[stage] == [f".cache/code/{command}.txt"], f"{name}: {stage}: {have[stage]}"
+    assert dvc_deps.rewrite(text, dvc_deps.code_deps(text)) == text  # the command would change nothing
+
+
+def test_the_code_files_list_exactly_what_each_command_imports_with_hashes(tmp_path, derived):
+    """`quantize code` (the code stage): one file per command the stages run, each the files the derivation reaches
+    (every stage running that command), with their sha256; written again unchanged, the same bytes (DVC then reruns
+    no stage)."""
+    import hashlib
+
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli.app", "code", "--out", str(tmp_path / "code")],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    texts = [(REPO / name).read_text() for name in FILES]
+    for command, listing in dvc_deps.by_command(texts).items():
+        path = tmp_path / "code" / f"{command}.txt"
+        files = dvc_deps.read_code_file(path)
+        assert files == [f.relative_to(REPO).as_posix() for f in dvc_deps.files_of(listing)]
+        for stage_deps in (d for name in FILES for stage, d in derived[name].items()
+                           if dvc_deps.stages((REPO / name).read_text())[stage]["cmd"].split()[1] == command):
+            assert all(covers(files, f) or any(f2.startswith(f.rstrip("/") + "/") for f2 in files) for f in stage_deps)
+        first = path.read_text().splitlines()[1].split()
+        assert first[0] == hashlib.sha256((REPO / first[1]).read_bytes()).hexdigest()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "code").iterdir()}
+    subprocess.run([sys.executable, "-m", "pipeline.cli.app", "code", "--out", str(tmp_path / "code")], cwd=REPO,
+                   check=True, capture_output=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "code").iterdir()} == before
+    eval_files = dvc_deps.read_code_file(tmp_path / "code" / "eval.txt")
+    assert "pipeline/stages/quantize.py" not in eval_files and "pipeline/stages/evaluate.py" in eval_files
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -135,16 +162,18 @@ def test_rules_on_a_small_package(tmp_path):
     assert "pipeline.engine" not in reach(("pipeline.user", "names"))
 
 
-def test_rewrite_replaces_only_the_pipeline_entries_of_each_stage():
+def test_rewrite_replaces_only_the_code_entries_of_each_stage():
     text = (REPO / "dvc.yaml").read_text()
-    current = listed(text)
+    current = dvc_deps.code_deps(text)
     changed = {stage: (deps + ["pipeline/extra.py"] if stage == "report" else deps) for stage, deps in current.items()}
     new = dvc_deps.rewrite(text, changed)
     added = [line for line in new.splitlines() if line not in text.splitlines()]
     assert added == ["      - pipeline/extra.py"]
     assert len(new.splitlines()) == len(text.splitlines()) + 1
+    old_style = text.replace("      - .cache/code/report.txt\n", "      - pipeline/a.py\n      - pipeline/b\n")
+    assert dvc_deps.rewrite(old_style, current) == text  # a list of modules becomes the code file
 
 
 def test_the_command_says_what_is_stale_and_writes_nothing_without_write():
     done = subprocess.run([sys.executable, "-m", "tools.dvc_deps"], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0 and "match" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "code file" in done.stdout, done.stdout + done.stderr

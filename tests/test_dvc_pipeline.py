@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from conftest import TINY_PARAMS, copy_repo, read_jsonl, write_params
+from pipeline.cli.code_deps import read_code_file
 
 
 RECORDER = Path(__file__).resolve().parent / "access_recorder"  # its sitecustomize logs what each command reads
@@ -43,6 +44,8 @@ def undeclared_reads(repo: Path, access_log: Path) -> list[str]:
             if not whole and not _under(key, declared, "."):
                 problems.append(f"{name}: reads params {key}, not in its params")
         paths = [d["path"] for d in entry.get("deps", [])] + [o["path"] for o in entry.get("outs", [])]
+        for code in [p for p in paths if p.startswith(".cache/code/")]:  # the code stage's list of its modules
+            paths += read_code_file(repo / code)
         for file in record["files"]:
             if any(file == n.strip("/") or file.startswith(n.lstrip("/")) or n in f"/{file}" for n in NOT_DEPENDENCIES):
                 continue
@@ -92,7 +95,7 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     # (math on fp8-w8a8), the libraries' chatter in each stage's log, nothing staged in git
     # (18: resave, calib, 3 quantize, 2 rank (the W4A16 variants' KL and ranking in one pass), the fix of rtn-w4a16
     # (from its ranking), 2 kl (FP8 and the fix), 2 judge, 5 evaluate, report)
-    assert len(stage_lines(first)) == len(ran) == 18 and "is empty" not in first, first
+    assert len(stage_lines(first)) == len(ran) == 19 and "is empty" not in first, first
     assert {"rank@awq-w4a16", "rank@rtn-w4a16", "fix@rtn-w4a16", "kl@fp8-w8a8", "kl@rtn-w4a16-mixed"} <= set(ran)
     assert "compression lifecycle" in (repo / ".cache" / "logs" / "quantize@awq-w4a16.log").read_text().lower()
     assert sorted(log.stem for log in (repo / ".cache" / "logs").glob("*.log")) == sorted(ran)
@@ -150,6 +153,16 @@ def test_dvc_repro_end_to_end_then_noop_then_only_report(tmp_path, tiny_llama):
     changed = sh(["dvc", "repro"], repo, env)
     ran = [line for line in changed.splitlines() if line.startswith("Running stage")]
     assert ran == ["Running stage 'report':"], changed
+    # a module only the report imports, edited: the code stage writes the report's code file again and only the report
+    # runs; every other command's code file is the same bytes, so no other stage does (dvc.lock: one code entry each)
+    module = repo / "pipeline" / "report" / "charts.py"
+    module.write_text(module.read_text() + "\n# edited\n")
+    edited = sh(["dvc", "repro"], repo, env)
+    assert [line for line in edited.splitlines() if line.startswith("Running stage")] == [
+        "Running stage 'code':", "Running stage 'report':"], edited
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert all(not d["path"].startswith("pipeline") for name, entry in lock.items() if name != "code"
+               for d in entry.get("deps", []))
 
     (repo / "params.yaml").write_text(yaml.safe_dump({**params, "verdict": {**params["verdict"], "floor_ceiling": 0.06}},
                                                      sort_keys=False))

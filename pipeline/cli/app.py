@@ -246,6 +246,21 @@ def bench(
 
 @app.command()
 @stage
+def code(
+    out: Path = typer.Option(Path(".cache/code"), help="Where the code files go (dvc.yaml's code stage: .cache/code)"),
+):
+    """The code stage: for each `quantize` command a stage runs, the pipeline/ files it imports with their hashes
+    (OUT/<command>.txt, derived from the source: pipeline/cli/code_deps.py); each stage depends on its command's
+    file, so an edit reruns exactly the stages whose code it changes."""
+    from pipeline.cli import code_deps
+
+    counts = code_deps.write_code(out, Path.cwd())
+    console.summary(f"code: {len(counts)} commands' code files in {out} "
+                    f"({', '.join(f'{c} {n}' for c, n in counts.items())} files)")
+
+
+@app.command()
+@stage
 def warm(
     model_dir: Optional[Path] = typer.Argument(None, help="Checkpoint whose server to start (models/base or "
                                                "models/<variant>)"),

@@ -1,0 +1,519 @@
+"""Each DVC stage's code: the pipeline/ modules its command imports, derived from the source, kept in one file per
+command that the stage depends on (so dvc.lock holds one entry for a stage's code, not ~50).
+
+    quantize code                       # the `code` stage: .cache/code/<command>.txt, each file a module with its hash
+    python -m tools.dvc_deps            # which stages of dvc.yaml and pipeline/profiles/*/dvc-stages.yaml differ
+    python -m tools.dvc_deps --write    # make every `quantize` stage depend on its command's code file
+
+A stage's command is `quantize <subcommand> ...`; the modules it imports are found from the source, without
+running it, at the level of functions and classes ("units"), so that a module imported by every command (params.py
+and the registries it validates with) does not hand every command what only one of them calls:
+
+- the roots: the CLI's top level (what `quantize` imports before it parses the command line), the function the
+  subcommand runs (typer's registry says which, and the `stage` wrapper around it), typer's callback, and the
+  .py files under the stage's non-pipeline deps (evals/: lm-eval imports them, and they import pipeline modules);
+- a reached unit reaches the modules it imports (function-level imports included: a lazy import is a dependency
+  once its function runs) and the units and top-level data it names; a module's top level runs on import and
+  reaches its classes (their bodies run then, their methods are called by whoever holds an instance); importing
+  a module imports its parent packages;
+- in the CLI's own modules (pipeline/cli/) the top level reaches no function: it only registers the
+  commands, and each command is its own root;
+- a function reaches the modules its "pipeline.x[:attr]" strings name (`python -m pipeline.engines.supervisor`),
+  and, when it calls importlib's `import_module`, those of its module's top level (the engine registry's
+  targets); a call `x.f()` on something that is no module reaches the function `f` of every
+  module held as a value (the method registry: `METHODS = (awq, fp8, ...)`, whose `recipe` the quantize stage
+  calls).
+
+The `code` stage (first in dvc.yaml; deps: pipeline/ and evals/) writes, for every `quantize` subcommand a stage of
+dvc.yaml or of a profile runs, `.cache/code/<subcommand>.txt`: one line per file that command reaches (a package
+directory's files, and the data files beside a reached module) with its sha256. Every `quantize` stage depends on
+its command's file, so an edit reruns the `code` stage (about a second) and then exactly the stages whose file's
+content changed; the others are not run. tests/test_dvc_deps.py checks dvc.yaml and the profiles against it;
+tests/test_dvc_pipeline.py checks it from the other side (what `dvc repro` really reads).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "pipeline"
+DVC_FILES = ("dvc.yaml", "pipeline/profiles/cpu-demo/dvc-stages.yaml", "pipeline/profiles/gpu/dvc-stages.yaml")
+CODE_DIR = ".cache/code"  # the code stage's outputs: one file per `quantize` subcommand
+CODE_STAGE = "code"  # its subcommand (`quantize code`), whose deps are pipeline/ and evals/ themselves
+TARGET = re.compile(r"^(pipeline(?:\.\w+)+)(?::(\w+))?$")
+TOP = ""  # a module's top level, as a unit name
+# the run's warm interpreter (started by the launcher, `python -m pipeline.cli.forkserver`): it only forks, and the
+# command runs in the child as it would in a process of its own, so what it preloads is no input of any stage
+NOT_A_DEPENDENCY = {"pipeline.cli.forkserver"}
+
+
+@dataclass
+class Unit:
+    imports: list = field(default_factory=list)  # (module, [(name, as)]) of a from-import, (module, as) of an import
+    names: set = field(default_factory=set)  # Name ids read
+    attributes: set = field(default_factory=set)  # (base Name id, attr) read
+    duck_calls: set = field(default_factory=set)  # attr of `x.attr(...)` whose x is not a Name of a module
+    values: set = field(default_factory=set)  # Name ids used as a value (not as the base of an attribute)
+    import_module: bool = False  # calls importlib's import_module
+    strings: set = field(default_factory=set)  # "pipeline.x[:attr]" strings (a program run with -m, a target)
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    units: dict = field(default_factory=dict)  # unit name -> Unit (TOP: the top level; defs, classes, data)
+    kinds: dict = field(default_factory=dict)  # unit name -> "def" | "class" | "data"
+    bindings: dict = field(default_factory=dict)  # name -> ("module", m) | ("member", m, attr), top-level imports
+    targets: set = field(default_factory=set)  # "pipeline.x[:attr]" strings of its top level (a registry's)
+    cli: bool = False
+
+
+# ---------------------------------------------------------------- reading the source
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _collect(unit: Unit, nodes) -> None:
+    """Imports, names, attributes and calls in `nodes` (not descending into nested defs' decorators twice)."""
+    parents = {}
+    for node in nodes:
+        for parent in ast.walk(node):
+            for child in ast.iter_child_nodes(parent):
+                parents[child] = parent
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Import):
+                unit.imports += [(alias.name, alias.asname) for alias in sub.names]
+            elif isinstance(sub, ast.ImportFrom) and sub.module and not sub.level:
+                unit.imports.append((sub.module, [(alias.name, alias.asname) for alias in sub.names]))
+            elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                unit.names.add(sub.id)
+                parent = parents.get(sub)
+                if not (isinstance(parent, ast.Attribute) and parent.value is sub):
+                    unit.values.add(sub.id)
+            elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name):
+                unit.attributes.add((sub.value.id, sub.attr))
+            elif isinstance(sub, ast.Constant) and isinstance(sub.value, str) and TARGET.match(sub.value):
+                unit.strings.add(sub.value)
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
+                if sub.func.attr == "import_module":
+                    unit.import_module = True
+                unit.duck_calls.add((sub.func.value.id if isinstance(sub.func.value, ast.Name) else None, sub.func.attr))
+
+
+def _is_type_checking(node) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _top_statements(body):
+    """Top-level statements, descending into if/try/with blocks (but not `if TYPE_CHECKING:`)."""
+    for node in body:
+        if _is_type_checking(node):
+            continue
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                for child in getattr(node, block, []) or []:
+                    yield from _top_statements(child.body if isinstance(child, ast.ExceptHandler) else [child])
+        else:
+            yield node
+
+
+def read_module(path: Path, name: str | None = None) -> Module:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    module = Module(name or module_name(path), path)
+    module.cli = module.name == "pipeline.cli" or module.name.startswith("pipeline.cli.")
+    top = Unit()
+    for node in _top_statements(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            unit = Unit()
+            _collect(unit, [node])
+            module.units[node.name] = unit
+            module.kinds[node.name] = "class" if isinstance(node, ast.ClassDef) else "def"
+            # what runs when the module is imported: decorators, default values, base classes
+            evaluated = list(node.decorator_list)
+            if isinstance(node, ast.ClassDef):
+                evaluated += node.bases + [k.value for k in node.keywords]
+            else:
+                evaluated += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+            _collect(top, evaluated)
+            continue
+        _collect(top, [node])
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) and node.value is not None else []
+        for target in targets:
+            if isinstance(target, ast.Name):
+                data = Unit()
+                _collect(data, [node.value])
+                module.units[target.id] = data
+                module.kinds[target.id] = "data"
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    module.bindings[alias.asname] = ("module", alias.name)
+                else:
+                    module.bindings[alias.name.split(".")[0]] = ("module", alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                module.bindings[alias.asname or alias.name] = ("member", node.module, alias.name)
+    module.units[TOP] = top
+    module.targets = set(top.strings)
+    return module
+
+
+def read_package() -> dict[str, Module]:
+    return {module.name: module for module in map(read_module, sorted(PACKAGE.rglob("*.py")))}
+
+
+# ---------------------------------------------------------------- what a command reaches
+
+class Reach:
+    def __init__(self, modules: dict[str, Module]):
+        self.modules = modules
+        self.reached: set[tuple[str, str]] = set()
+        self.todo: list[tuple[str, str]] = []
+        self.duck: set[str] = set()
+        self.held: set[str] = set()  # modules held as values
+
+    def add(self, module: str, unit: str = TOP) -> None:
+        if module not in self.modules or (module, unit) in self.reached or module in NOT_A_DEPENDENCY:
+            return
+        self.reached.add((module, unit))
+        self.todo.append((module, unit))
+        parts = module.split(".")
+        for i in range(1, len(parts)):  # importing a module imports its parent packages
+            self.add(".".join(parts[:i]))
+        if unit != TOP:
+            self.add(module)
+
+    def member(self, module: str, attr: str) -> None:
+        """`from module import attr`, or `module.attr`: a submodule, a unit, or nothing of ours."""
+        if f"{module}.{attr}" in self.modules:
+            self.add(f"{module}.{attr}")
+        elif module in self.modules:
+            self.add(module)
+            if attr in self.modules[module].units:
+                self.add(module, attr)
+            else:
+                binding = self.modules[module].bindings.get(attr)  # a name the module imported (a re-export)
+                if binding:
+                    self._bound(binding)
+
+    def _bound(self, binding) -> None:
+        if binding[0] == "module":
+            self.add(binding[1])
+        else:
+            self.member(binding[1], binding[2])
+
+    def _resolve(self, module: Module, local: dict, name: str):
+        binding = local.get(name) or module.bindings.get(name)
+        if binding is None and name in module.units and name:
+            return ("unit", module.name, name)
+        return binding
+
+    def run(self) -> set[str]:
+        while True:
+            while self.todo:
+                self._visit(*self.todo.pop())
+            before = len(self.reached)
+            for held in sorted(self.held):
+                for attr in sorted(self.duck):
+                    if self.modules[held].kinds.get(attr) == "def":
+                        self.add(held, attr)
+            if len(self.reached) == before and not self.todo:
+                return {name for name, _ in self.reached}
+
+    def _target(self, binding) -> str | None:
+        """The module a binding names, if it names one."""
+        if binding and binding[0] == "module":
+            return binding[1]
+        if binding and binding[0] == "member" and f"{binding[1]}.{binding[2]}" in self.modules:
+            return f"{binding[1]}.{binding[2]}"
+        return None
+
+    def _cli_function(self, binding) -> bool:
+        """A function of the CLI's own modules: registered as a command at the top level, not run there."""
+        if binding[0] == "unit":
+            module, attr = binding[1], binding[2]
+        elif binding[0] == "member" and binding[1] in self.modules:
+            module, attr = binding[1], binding[2]
+        else:
+            return False
+        return self.modules[module].cli and self.modules[module].kinds.get(attr) == "def"
+
+    def _visit(self, name: str, unit_name: str) -> None:
+        module = self.modules[name]
+        unit = module.units[unit_name]
+        local = {}
+        for target, names in unit.imports:
+            if not target.startswith("pipeline"):
+                continue
+            self.add(target)
+            if isinstance(names, list):  # `from m import f` imports m (and m.f if a module); f runs when named
+                for attr, alias in names:
+                    self.add(f"{target}.{attr}")
+                    local[alias or attr] = ("member", target, attr)
+            else:  # import pipeline.x.y [as z]
+                local[names or target.split(".")[0]] = ("module", target if names else target.split(".")[0])
+        if unit_name == TOP:
+            for other, kind in module.kinds.items():
+                if kind == "class":
+                    self.add(name, other)
+        registering = module.cli and unit_name == TOP  # the CLI's top level registers its commands, runs none
+        for ident in unit.names:
+            binding = self._resolve(module, local, ident)
+            if binding is None or (registering and self._cli_function(binding)):
+                continue
+            if binding[0] == "unit":
+                self.add(name, ident)
+            else:
+                self._bound(binding)
+            held = self._target(binding)
+            if held and ident in unit.values:
+                self.held.add(held)
+        for base, attr in unit.attributes:
+            target = self._target(self._resolve(module, local, base))
+            if target and not (registering and self._cli_function(("member", target, attr))):
+                self.member(target, attr)
+        for base, attr in unit.duck_calls:
+            if not self._target(self._resolve(module, local, base) if base else None):
+                self.duck.add(attr)
+        strings = set(unit.strings) if module.kinds.get(unit_name) in ("def", "class") else set()
+        if unit.import_module and unit_name != TOP:
+            strings |= module.targets
+        for text in sorted(strings):
+            target, attr = TARGET.match(text).groups()
+            self.member(target, attr) if attr else self.add(target)
+
+
+def command_roots(subcommand: str) -> list[tuple[str, str]]:
+    """The units `quantize <subcommand>` runs: the console script's launcher (pipeline/cli/launcher.py), the CLI's
+    top level, typer's callback, the command's function and the `stage` wrapper around it, as typer registered
+    them."""
+    sys.path.insert(0, str(REPO))
+    from pipeline.cli.app import app
+
+    def unit_of(function) -> tuple[str, str]:
+        return function.__module__, function.__qualname__.split(".")[0]
+
+    roots = [("pipeline.cli.launcher", TOP), ("pipeline.cli.launcher", "main"), ("pipeline.cli.app", TOP)]
+    if app.registered_callback is not None:
+        roots.append(unit_of(app.registered_callback.callback))
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__.replace("_", "-")
+        if name == subcommand:
+            function = command.callback
+            while function is not None:
+                roots.append(unit_of(function))
+                function = getattr(function, "__wrapped__", None)
+            return roots
+    raise SystemExit(f"quantize {subcommand}: no such subcommand registered on pipeline.cli.app's app")
+
+
+def derive(subcommand: str, other_deps: list[str], modules: dict[str, Module] | None = None) -> list[str]:
+    """The pipeline/ deps of a stage whose command is `quantize <subcommand>` and whose other deps are `other_deps`."""
+    modules = modules or read_package()
+    reach = Reach(modules)
+    for module, unit in command_roots(subcommand):
+        reach.add(module, unit)
+    for dep in other_deps:  # python files lm-eval (or anything) imports from the stage's other inputs
+        path = REPO / dep
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.suffix == ".py" else []
+        for file in files:
+            try:
+                extra = read_module(file, name=f"<{file.relative_to(REPO)}>")
+            except (SyntaxError, UnicodeDecodeError):  # not Python this interpreter reads: nothing it imports
+                continue
+            reach.modules = {**reach.modules, extra.name: extra}
+            for unit in extra.units:
+                reach.add(extra.name, unit)
+    names = {name for name in reach.run() if not name.startswith("<")}
+    return listing({modules[name].path for name in names})
+
+
+def listing(files: set[Path]) -> list[str]:
+    """Files as dvc.yaml lists them: a fully reached package directory as the directory, package data beside."""
+    chosen: set[Path] = set()
+    for directory in sorted({p.parent for p in files}, key=lambda d: len(d.parts)):
+        if directory == PACKAGE or any(parent in chosen for parent in directory.parents):
+            continue
+        sources = set(directory.rglob("*.py"))
+        if sources <= files:
+            chosen.add(directory)
+    out = set(chosen)
+    for path in files:
+        if not any(parent in chosen for parent in path.parents):
+            out.add(path)
+            for data in path.parent.iterdir():  # templates and data files a reached package reads
+                if data.is_file() and data.suffix not in (".py", ".pyc") and path.parent != PACKAGE:
+                    out.add(data)
+    return sorted(p.relative_to(REPO).as_posix() for p in out)
+
+
+# ---------------------------------------------------------------- dvc.yaml
+
+def stages(text: str) -> dict[str, dict]:
+    """{stage: {"cmd", "deps"}} of a dvc.yaml (foreach/matrix stages: their template)."""
+    import yaml
+
+    result = {}
+    for name, stage in (yaml.safe_load(text).get("stages") or {}).items():
+        body = stage.get("do", stage)
+        result[name] = {"cmd": body.get("cmd", ""), "deps": [d if isinstance(d, str) else next(iter(d))
+                                                             for d in body.get("deps") or []]}
+    return result
+
+
+def expected(text: str, modules: dict[str, Module] | None = None) -> dict[str, list[str]]:
+    """{stage: its derived pipeline/ deps} for every stage of a dvc.yaml that runs `quantize` (but the code stage)."""
+    modules = modules or read_package()
+    result = {}
+    for name, stage in stages(text).items():
+        words = stage["cmd"].split()
+        if len(words) < 2 or words[0] != "quantize" or words[1] == CODE_STAGE:
+            continue
+        result[name] = derive(words[1], other_deps(stage), modules)
+    return result
+
+
+def other_deps(stage: dict) -> list[str]:
+    """A stage's deps that are not its code (evals/, data): the .py files under them are roots of the derivation."""
+    return [d for d in stage["deps"] if not d.startswith(("pipeline/", CODE_DIR + "/")) and "$" not in d]
+
+
+def code_file(subcommand: str) -> str:
+    return f"{CODE_DIR}/{subcommand}.txt"
+
+
+def code_deps(text: str) -> dict[str, list[str]]:
+    """{stage: [its command's code file]} for every `quantize` stage of a dvc.yaml but the code stage."""
+    return {name: [code_file(stage["cmd"].split()[1])] for name, stage in stages(text).items()
+            if len(stage["cmd"].split()) > 1 and stage["cmd"].split()[0] == "quantize"
+            and stage["cmd"].split()[1] != CODE_STAGE}
+
+
+def by_command(texts: list[str], modules: dict[str, Module] | None = None) -> dict[str, list[str]]:
+    """{subcommand: the pipeline/ files it reaches} over every `quantize` stage of the dvc.yaml texts (a command
+    run by several stages, e.g. `kl` by kl and rank: what any of them reaches)."""
+    modules = modules or read_package()
+    found: dict[str, set[str]] = {}
+    for text in texts:
+        for stage in stages(text).values():
+            words = stage["cmd"].split()
+            if len(words) < 2 or words[0] != "quantize" or words[1] == CODE_STAGE:
+                continue
+            found.setdefault(words[1], set()).update(derive(words[1], other_deps(stage), modules))
+    return {command: sorted(files) for command, files in sorted(found.items())}
+
+
+def files_of(listing: list[str]) -> list[Path]:
+    """The files a listing covers: a directory's files (no bytecode), each file itself."""
+    out = set()
+    for entry in listing:
+        path = REPO / entry
+        if path.is_dir():
+            out.update(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                       and p.suffix != ".pyc")
+        elif path.is_file():
+            out.add(path)
+    return sorted(out)
+
+
+def write_code(out: Path, project: Path) -> dict[str, int]:
+    """The code stage: out/<subcommand>.txt for every `quantize` subcommand that the project's dvc.yaml and the
+    profiles run, each line `sha256  path` of a file it reaches, hashed in the project (the files DVC tracks as the
+    code stage's deps; the package imported when the project holds none). Returns {subcommand: files}."""
+    import hashlib
+
+    root = project if (project / "pipeline").is_dir() else REPO
+
+    texts = [(project / "dvc.yaml").read_text(encoding="utf-8")] if (project / "dvc.yaml").is_file() else []
+    texts += [(REPO / relative).read_text(encoding="utf-8") for relative in DVC_FILES[1:]]
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for command, listing in by_command(texts).items():
+        files = files_of(listing)
+        lines = [f"# what `quantize {command}` runs: every pipeline/ file it imports or reads beside them "
+                 "(pipeline/cli/code_deps.py), with its sha256\n"]
+        names = [f.relative_to(REPO).as_posix() for f in files]
+        lines += [f"{hashlib.sha256((root / name).read_bytes()).hexdigest()}  {name}\n" for name in names
+                  if (root / name).is_file()]
+        target = out / f"{command}.txt"
+        text = "".join(lines)
+        if not target.is_file() or target.read_text(encoding="utf-8") != text:
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(target)
+        counts[command] = len(files)
+    return counts
+
+
+def read_code_file(path: Path) -> list[str]:
+    """The paths a code file lists."""
+    return [line.split(None, 1)[1].strip() for line in Path(path).read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+CODE_ENTRY = re.compile(r"^(\s+)- ((?:pipeline/|" + re.escape(CODE_DIR) + r"/)\S+)")
+
+
+def rewrite(text: str, wanted: dict[str, list[str]]) -> str:
+    """`text` with each stage's code deps (pipeline/ entries, its code file) replaced by `wanted[stage]` in their
+    place (first of the list); every other line, comment and dep kept as it was."""
+    lines = text.splitlines(keepends=True)
+    out, stage, i = [], None, 0
+    while i < len(lines):
+        line = lines[i]
+        header = re.match(r"^  ([A-Za-z0-9_.-]+):\s*(#.*)?$", line)
+        if header:
+            stage = header.group(1)
+        deps = re.match(r"^(\s+)deps:\s*$", line)
+        if not (deps and stage in wanted):
+            out.append(line)
+            i += 1
+            continue
+        out.append(line)
+        indent = len(deps.group(1))
+        i += 1
+        items, placed = [], False
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
+            item = CODE_ENTRY.match(lines[i])
+            if item:
+                if not placed:
+                    items += [f"{item.group(1)}- {dep}\n" for dep in wanted[stage]]
+                    placed = True
+            else:
+                items.append(lines[i])
+            i += 1
+        if not placed:
+            pad = " " * (indent + 2)
+            items = [f"{pad}- {dep}\n" for dep in wanted[stage]] + items
+        out += items
+    return "".join(out)
+
+
+def main(argv: list[str]) -> int:
+    write = "--write" in argv
+    stale = []
+    for relative in DVC_FILES:
+        path = REPO / relative
+        text = path.read_text(encoding="utf-8")
+        new = rewrite(text, code_deps(text))
+        if new != text:
+            stale.append(relative)
+            if write:
+                path.write_text(new, encoding="utf-8")
+    verb = "rewrote" if write else "stale (run `python -m tools.dvc_deps --write`)"
+    print(f"{verb}: {', '.join(stale)}" if stale else "every quantize stage depends on its command's code file")
+    return 1 if stale and not write else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
