@@ -289,6 +289,10 @@ def test_no_internal_material_goes_on_a_card():
             found = re.search(pattern, prose(text))
             assert not found, f"{name}: {found.group(0)!r} ({pattern})"
         assert ".cache/" not in text and "results/" not in text  # nor in a code block
+    # the calibration set in words: which kinds of personal data were redacted, never how many of each
+    assert ("- calibration: 16 blocks of 256 tokens from 468 conversations of the publisher's own logs, e-mail "
+            "addresses and phone numbers redacted; 32 more conversations held out") in texts["awq-w4a16"]
+    assert "- calibration: none: the rtn method rounds each weight on its own" in texts["rtn-w4a16-mixed"]
 
 
 def test_the_card_has_the_sections_the_published_cards_have():

@@ -133,19 +133,32 @@ def recipe_facts(quant: dict) -> list[str]:
     return lines
 
 
+REDACTED = {"email": "e-mail addresses", "phone": "phone numbers", "card": "card numbers", "iban": "IBANs",
+            "ip": "IP addresses"}  # pipeline/calib/redact.py's kinds, in words (which kinds, never how many)
+
+
 def calibration(quant: dict, calib: dict | None) -> list[str]:
-    """The calibration data in words: how many tokens of which conversations, redacted or not, what was held out."""
-    module = method_module(quant)
+    """The calibration data in words: how many tokens of which conversations, what kinds of personal data were
+    redacted, what was held out. A method whose weights no data shapes (RTN, and a mixed variant on RTN) says so."""
+    weights_from = method_module({"method": quant.get("base_method")}) or method_module(quant)
     used = quant.get("calibration") or {}
     blocks = f"{used.get('blocks')} blocks of {used.get('seq_len')} tokens"
-    if module is not None and not module.NEEDS_CALIBRATION:
-        return [f"- calibration: none: {md(quant.get('method'))} rounds each weight on its own, so no data shaped it "
-                f"({blocks} were read only to check the checkpoint)"]
-    if not calib:
-        return [f"- calibration: {blocks}; where they came from was not recorded with this card"]
-    redacted = ", personal data (e-mail addresses, phone numbers, ...) redacted" if calib.get("redaction") else ""
-    return [f"- calibration: {blocks} from {calib.get('calib_conversations')} conversations of the publisher's own "
-            f"logs{redacted}; {calib.get('holdout')} more conversations held out, never calibrated on"]
+    lines = []
+    if weights_from is not None and not weights_from.NEEDS_CALIBRATION:
+        lines.append(f"- calibration: none: the {weights_from.NAME} method rounds each weight on its own, so no data "
+                     f"shaped them ({blocks} were read only to check the checkpoint)")
+    elif not calib:
+        lines.append(f"- calibration: {blocks}; where they came from was not recorded with this card")
+    else:
+        kinds = [REDACTED.get(kind, kind) for kind in calib.get("redactions") or {}]
+        redacted = (f", {names(kinds) if kinds else 'personal data'} redacted" if calib.get("redaction") else "")
+        lines.append(f"- calibration: {blocks} from {calib.get('calib_conversations')} conversations of the "
+                     f"publisher's own logs{redacted}; {calib.get('holdout')} more conversations held out, never "
+                     "calibrated on")
+    if quant.get("groups_in_8_bits") is not None:
+        lines.append("- the groups kept in 8 bits were ranked by the KL from the base each costs, on the held-out "
+                     "conversations")
+    return lines
 
 
 # ---------------------------------------------------------------- scoring it again

@@ -115,8 +115,9 @@ def scheme_words(quant: dict) -> str:
                "gptq": "by GPTQ (each rounding error fed back through its layer's Hessian)"}
         text += f", {how[quant.get('base_method') or method]}" if (quant.get("base_method") or method) in how else ""
         if quant.get("groups_in_8_bits") is not None:
+            bits = quant.get("bits_per_weight")
             text += (f"; {quant['groups_in_8_bits']} of {quant.get('groups_total')} groups of layers kept in 8-bit "
-                     f"integers (W8A16), {quant.get('bits_per_weight'):.2f} bits per weight on average")
+                     "integers (W8A16)" + (f", {bits:.2f} bits per weight on average" if bits is not None else ""))
         return text
     return str(quant.get("scheme") or "an unrecorded scheme")
 
@@ -181,13 +182,15 @@ def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base
     coverage = (entry.get("coverage") or {}).get("suites") or {}
     by_state: dict[str, list[str]] = {}
     for suite, state in coverage.items():
-        by_state.setdefault(state.get("state"), []).append(suite)
+        by_state.setdefault(state.get("state"), []).append("the judge" if suite == "judge" else suite)
     if by_state.get(NOT_RUN):
         lines.append(f"- {md(names(by_state[NOT_RUN]))} {'was' if len(by_state[NOT_RUN]) == 1 else 'were'} not run "
                      "on this model: nothing here says what it does to them")
     if not synthetic:
-        for suite in by_state.get(NOT_COUNTED, []):
-            lines.append(f"- {md(suite)}: shown, not counted: {md(coverage[suite].get('why') or '')}")
+        for suite, state in coverage.items():
+            if state.get("state") == NOT_COUNTED:
+                lines.append(f"- {'the judge' if suite == 'judge' else md(suite)}: shown, not counted: "
+                             f"{md(state.get('why') or '')}")
     if by_state.get(NOT_CONFIGURED):
         lines.append(f"- {md(names(by_state[NOT_CONFIGURED]))} {'was' if len(by_state[NOT_CONFIGURED]) == 1 else 'were'}"
                      " not part of this evaluation")
