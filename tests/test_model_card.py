@@ -485,6 +485,13 @@ def test_vllm_is_said_tested_only_where_a_recorded_run_showed_it():
             for entry in entries.values():
                 entry.pop("command", None)
                 entry["how"] = entry.get("how", "").split("; try: ")[0]
+    # an engine that cannot load it: said, and no snippet for it
+    glm46v = _config(ARCHS["Glm46V"], "fp8-static", "per-head", moe=False)
+    text = model_card("fp8-w8a8", _with_serving(glm46v), source=SOURCE, tasks=TASKS, repo_id="o/m").content
+    assert "**vLLM**: vLLM 0.24 has no model of its own for Glm46VForConditionalGeneration" in text
+    assert "so it is not served with vLLM; transformers loads it (below)." in text
+    assert "vllm serve" not in text and "from vllm" not in text and 'model_id = "o/m"' in text
+    assert "deployment commands are untested" not in text
     old = model_card("fp8-w8a8", written_before, source=SOURCE, tasks=TASKS, repo_id="o/m").content
     assert "vllm serve o/m --kv-cache-dtype fp8 --dtype bfloat16" in old
     assert "vllm serve o/m\n" in model_card("awq-w4a16", written_before, source=SOURCE, tasks=TASKS, repo_id="o/m").content

@@ -39,21 +39,21 @@ def how_scored(name: str, entry: dict, verdict: dict, source: dict | None, run: 
     used = scored_by(name, verdict) or ([run["engine"]] if (run or {}).get("engine") else [])
     if not used:
         return "The engine that scored it was not recorded with this verdict."
-    dtype = (run or {}).get("dtype")
     machine = (verdict.get("environment") or {}).get("machine")
     parts = []
     for engine in used:
-        if engines.capability(engine, "starts_server"):
+        dtype = (run or {}).get("dtype") if (run or {}).get("engine") == engine else None  # params.yaml's, for its engine
+        if engine not in engines.ENGINES:
+            parts.append(engines.shown_as(engine))
+        elif engines.capability(engine, "starts_server"):
             parts.append(f"{engines.shown_as(engine)}, serving each model in its own format"
                          + (f" in {dtype}" if dtype else ""))
-        elif engine in engines.ENGINES:
+        else:
             precision = in_process_precision(SCHEME_KEYS.get(family(entry.get("quant") or {}), "other"))
             at = f"in {dtype}" if dtype else "in the engine's dtype (not recorded with this verdict)"
             base_dtype = (source or {}).get("dtype")
             parts.append(f"{engines.shown_as(engine)}, in process, {at}: the base's "
                          f"{base_dtype + ' ' if base_dtype else ''}weights as stored, this model's {precision}")
-        else:
-            parts.append(engines.shown_as(engine))
     return (f"Scored with {'; and '.join(parts)}" + (f", on {md(machine)}" if machine else "")
             + ". Both models were scored alike, item by item on the same items: each suite's decision comes from "
             "the 95% interval of the paired change against the suite's margin (GO within it, NO-GO beyond it, "
@@ -121,11 +121,11 @@ def evaluation_table(name: str, entry: dict, verdict: dict, tasks: dict[str, str
             lines.append(_perplexity_row(suite, perplexity[suite], data, _decision_cell(perplexity[suite], state)))
         elif state.get("state") in (NOT_RUN, NOT_APPLICABLE):
             base = base_suites.get(suite) or {}
-            shown = (figures.perplexity(base["perplexity"]) if base.get("perplexity") is not None
-                     else figures.share(base.get("score")))
+            base_figure = (figures.perplexity(base["perplexity"]) if base.get("perplexity") is not None
+                           else figures.share(base.get("score")))
             why = ("not run on this model" if state["state"] == NOT_RUN else
                    f"not applicable: {not_applicable_reason(str(state.get('why') or ''), ['base', name])}")
-            lines.append(f"| {md(suite)} | {md(data)} | – | {shown} | – | | | {md(why)} |")
+            lines.append(f"| {md(suite)} | {md(data)} | – | {base_figure} | – | | | {md(why)} |")
     judge = entry.get("judge") or {}
     if judge.get("summary") and judge["summary"].get("win_rate") is not None:
         lines.append(_judge_row(judge, _decision_cell(judge, coverage.get("judge") or {})))
@@ -189,9 +189,10 @@ def _fix(entry: dict, verdict: dict) -> list[str]:
     fix, fix_of = entry.get("fix") or {}, entry.get("fix_of")
     lines = []
     if fix.get("state") == "built":
-        bought = (f"keeps {fix.get('groups_in_8_bits')} of {fix.get('groups_total')} groups in 8 bits "
-                  f"({fix['bits_per_weight']:.2f} bits per weight" if fix.get("bits_per_weight") is not None else "(")
-        bought += f", {figures.ratio(fix['size_ratio'])} this model's size)" if fix.get("size_ratio") else ")"
+        details = ([f"{fix['bits_per_weight']:.2f} bits per weight"] if fix.get("bits_per_weight") is not None else [])
+        details += [f"{figures.ratio(fix['size_ratio'])} this model's size"] if fix.get("size_ratio") else []
+        bought = (f"keeps {fix.get('groups_in_8_bits')} of {fix.get('groups_total')} groups in 8 bits"
+                  + (f" ({', '.join(details)})" if details else ""))
         fixed = (verdict.get("variants") or {}).get(fix.get("variant"))
         decided = outcome(fixed) if fixed else str(fix.get("label") or fix.get("decision"))
         lines.append(f"Its fix, {md(fix.get('variant'))}, {bought} and is {md(decided)}.")

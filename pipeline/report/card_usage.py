@@ -47,7 +47,7 @@ def python_arguments(flags: list[str]) -> list[str]:
                 value = json.loads(raw) if raw[:1] in "[{" else raw
             except ValueError:
                 value = raw
-            found.append(f"{key}={value!r}" if not isinstance(value, str) else f'{key}="{value}"')
+            found.append(f"{key}={json.dumps(value) if isinstance(value, str) else repr(value)}")
             i += 2
         else:
             found.append(f"{key}=True")
@@ -55,13 +55,14 @@ def python_arguments(flags: list[str]) -> list[str]:
     return found
 
 
-def _vllm_state(entry: dict, name: str) -> dict:
+def vllm_state(entry: dict, name: str) -> dict:
+    """vLLM's row of where the variant is served (pipeline/report/deploy.py: shown, refused or not tried)."""
     return next((row for row in served_by(entry.get("serving"), name) if row["engine"] == "vllm"),
                 {"state": "not tried", "detail": ""})
 
 
 def _vllm(entry: dict, name: str, repo: str, source: dict | None, vision: bool) -> list[str]:
-    row = _vllm_state(entry, name)
+    row = vllm_state(entry, name)
     vllm = (entry.get("serving") or {}).get("vllm") or {}
     arch = (entry.get("quant") or {}).get("architecture")
     checkpoint = f"a {md(arch)} checkpoint" if arch else "a checkpoint of this architecture"

@@ -28,7 +28,7 @@ from pipeline.report.card_header import card_data
 from pipeline.report.card_recipe import creation, reproduction
 from pipeline.report.card_text import (base_name, binary_size, family, md, names, reference, reference_is_quantized,
                                        valid_repo_id)
-from pipeline.report.card_usage import deployment
+from pipeline.report.card_usage import deployment, vllm_state
 from pipeline.report.render import decided_only
 from pipeline.report.screen import vision_tower
 from pipeline.verdict import figures
@@ -196,8 +196,7 @@ def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base
                      " not part of this evaluation")
     if not synthetic:
         lines += _few_items(entry)
-    vllm = (entry.get("serving") or {}).get("vllm") or {}
-    if not vllm.get("serves"):
+    if vllm_state(entry, name)["state"] == "not tried":
         lines.append("- no vLLM run of a checkpoint of this architecture and format was recorded: the deployment "
                      "commands are untested")
     unsandboxed = [s for d in (entry.get("suites") or {}).values() for s in d.get("unsandboxed") or []]
