@@ -232,7 +232,9 @@ def test_sizes_are_in_binary_units_named_so_and_each_card_says_its_own_formats_p
     assert "159.1 MiB" in cards["fp8-w8a8"]  # 166,785,653 bytes
     fp8, awq = section(cards["fp8-w8a8"], "Evaluation"), section(cards["awq-w4a16"], "Evaluation")
     assert "this model's FP8 weights decompressed at load" in fp8 and "int4" not in fp8
-    assert "this model's int4 weights (and any int8 group) decompressed at load" in awq and "FP8" not in awq
+    assert "this model's int4 weights decompressed at load" in awq and "FP8" not in awq
+    mixed = section(cards["rtn-w4a16-mixed"], "Evaluation")
+    assert "this model's int4 and int8 weights decompressed at load" in mixed
     assert "decompressing its FP8 weights at load" in cards["fp8-w8a8"]
     assert "decompressing its int4 weights at load" in cards["awq-w4a16"]
     glm = _config(ARCHS["Glm"], "fp8-static", "per-head", moe=False)
@@ -306,6 +308,26 @@ def test_the_card_has_the_sections_the_published_cards_have():
         assert "LlamaForCausalLM" in overview and "210 linear layers quantized" in overview
     assert ("- **What changed**: FP8 weights with one scale per output channel, FP8 activations with one calibrated "
             "scale per tensor, an FP8 KV cache with one calibrated scale per attention head") in example_cards()["fp8-w8a8"]
+
+
+def test_each_method_says_what_it_changed_from_its_own_record():
+    """What changed is the method's own words (its card_words), from what its quant.json recorded."""
+    from pipeline.methods import awq, fp8, gptq, mixed, rtn
+
+    symmetric = {"group_size": 128, "symmetric": True}
+    assert awq.card_words(symmetric) == ("4-bit integer weights with one scale per group of 128 weights, activations in "
+                                         "16 bits, after AWQ smoothing (per-channel scales searched on calibration "
+                                         "data, folded into the layers before)")
+    assert rtn.card_words({**symmetric, "symmetric": False}).startswith("4-bit integer weights with one scale and zero "
+                                                                          "point per group of 128 weights")
+    assert gptq.card_words(symmetric).endswith("by GPTQ (each rounding error fed back through its layer's Hessian)")
+    assert fp8.card_words({"activations": "dynamic", "kv_cache": "none"}) == (
+        "FP8 weights with one scale per output channel, FP8 activations scaled per token at run time, the KV cache "
+        "unquantized")
+    fixed = mixed.card_words({**symmetric, "base_method": "awq", "groups_in_8_bits": 3, "groups_total": 40,
+                              "bits_per_weight": 4.3})
+    assert "after AWQ smoothing" in fixed and fixed.endswith("; 3 of 40 groups of layers kept in 8-bit integers "
+                                                             "(W8A16), 4.30 bits per weight on average")
 
 
 def test_the_usage_snippets_name_the_repository_and_say_what_it_needs(tmp_path):
@@ -433,6 +455,13 @@ def test_the_recipe_is_a_params_yaml_quantize_reads_and_its_commands_are_quantiz
                 if words[0] == "quantize":
                     assert words[1] in commands, f"{name}: {line}"
     assert Params.model_validate(_yaml_blocks(example_cards(verdict)["fp8-w8a8"])[0]).variants["fp8-w8a8"].kv == "per-head"
+    # a fix: its W4A16 variant, ranked by `quantize kl --rank` into the file the fix's settings name
+    fixed = example_cards(verdict)["rtn-w4a16-mixed"]
+    params = Params.model_validate(_yaml_blocks(fixed)[0])
+    assert list(params.variants) == ["rtn-w4a16", "rtn-w4a16-mixed"]
+    assert str(params.variants["rtn-w4a16-mixed"].sensitivity) == "ranking/sensitivity.json"
+    assert ("quantize variant rtn-w4a16\nquantize kl models/rtn-w4a16 --rank --out ranking/kl.json\n"
+            "quantize variant rtn-w4a16-mixed\n") in fixed
 
 
 def test_the_transformers_snippet_runs_on_a_checkpoint_of_that_format(tiny_variants, capsys):

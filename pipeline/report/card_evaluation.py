@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import pipeline.verdict.figures as figures
 from pipeline import engines
-from pipeline.checkpoints.serving import in_process_precision
 from pipeline.report.card_header import data_of
-from pipeline.report.card_text import family, md, names
+from pipeline.report.card_text import md, method_module, names
 from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN
-from pipeline.verdict.headline import label
-from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
+from pipeline.verdict.headline import GO, INCONCLUSIVE, NO_GO, label
 
-SCHEME_KEYS = {"fp8": "fp8", "int4": "w4a16"}  # the card's scheme family -> serving.in_process_precision's key
 RECOVERY_DEFINED = ("Recovery: this model's accuracy over the base's; for perplexity, where lower is better, the base's "
                     "perplexity over this model's; 100% is no loss either way. The Average is over the counted "
                     "accuracy suites.")
@@ -49,7 +46,8 @@ def how_scored(name: str, entry: dict, verdict: dict, source: dict | None, run: 
             parts.append(f"{engines.shown_as(engine)}, serving each model in its own format"
                          + (f" in {dtype}" if dtype else ""))
         else:
-            precision = in_process_precision(SCHEME_KEYS.get(family(entry.get("quant") or {}), "other"))
+            module = method_module(entry.get("quant") or {})
+            precision = module.CARD_PRECISION if module is not None else "weights decompressed at load"
             at = f"in {dtype}" if dtype else "in the engine's dtype (not recorded with this verdict)"
             base_dtype = (source or {}).get("dtype")
             parts.append(f"{engines.shown_as(engine)}, in process, {at}: the base's "

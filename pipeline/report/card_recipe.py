@@ -17,6 +17,8 @@ from pipeline.report.card_header import data_of
 from pipeline.report.card_text import binary_size, code, md, method_module, names, repo_id_or_placeholder, source_file
 
 CALIB_DIR = "calib"  # where the recipe's `quantize calib` writes (its calib.out): the held-out conversations too
+RANKING_DIR = "ranking"  # where the recipe's `quantize kl --rank` writes a fix's ranking (sensitivity.json beside kl.json)
+RANKING = f"{RANKING_DIR}/sensitivity.json"
 QUANT_KEYS = {"kv": "kv_cache", "base": "base_method"}  # a method's setting -> the quant.json key recording it
 LEFT_OUT = {"method", "batch_size", "sensitivity"}  # not the variant's recipe: memory only, or a path of the run
 BUILD_PACKAGES = ("llmcompressor", "compressed-tensors", "transformers", "torch")
@@ -49,7 +51,7 @@ def _model_section(source: dict | None, origin: dict) -> tuple[dict, list[str]]:
     """params.yaml's `model` and the command that fetches the source first (a Hub repository)."""
     found = source_file(source) or "SOURCE"
     fetch = []
-    if (source or {}).get("kind") in ("hf", "chatglm") and origin.get("hub_id"):
+    if source and source.get("kind") != "gguf" and origin.get("hub_id"):  # a folder of a Hub repository's files
         found = origin["hub_id"].split("/")[-1]
         fetch = [f"hf download {origin['hub_id']} --local-dir {found}"]
     model = {"source": found}
@@ -82,10 +84,10 @@ def creation_params(name: str, entry: dict, verdict: dict, source: dict | None, 
     commands = [*fetch, "quantize resave", "quantize calib"]
     fix_of = entry.get("fix_of")
     fixed = ((verdict.get("variants") or {}).get(fix_of) or {}).get("quant") if fix_of else None
-    if fixed:  # the fix: its W4A16 variant first, ranked by the KL each group costs, then the variant itself
-        variants[fix_of] = variant_settings(fixed)
-        commands += [f"quantize variant {fix_of}", f"quantize kl models/{fix_of} --rank"]
     variants[name] = variant_settings(quant)
+    if fixed:  # the fix: its W4A16 variant first, its groups ranked by the KL each costs, then the variant itself
+        variants = {fix_of: variant_settings(fixed), name: {**variants[name], "sensitivity": RANKING}}
+        commands += [f"quantize variant {fix_of}", f"quantize kl models/{fix_of} --rank --out {RANKING_DIR}/kl.json"]
     commands.append(f"quantize variant {name}")
     return {"model": model, "calib": _calib_section(quant, calib), "variants": variants}, commands
 
@@ -179,8 +181,8 @@ def reproduction_params(name: str, entry: dict, verdict: dict, tasks: dict[str, 
             suites[suite] = setting
             if d.get("margin") is not None:
                 margins[suite] = d["margin"]
-    engine = {"name": (run or {}).get("engine") or next(iter(sorted({e for row in verdict.get("engines") or []
-                                                                     for e in row.get("engines") or []})), "hf")}
+    scored = sorted({e for row in verdict.get("engines") or [] for e in row.get("engines") or []})
+    engine = {"name": (run or {}).get("engine") or scored[0]} if (run or {}).get("engine") or scored else {}
     if (run or {}).get("dtype"):
         engine["dtype"] = run["dtype"]
     confidence = next((d.get("confidence") for part in ("suites", "perplexity")
@@ -188,7 +190,7 @@ def reproduction_params(name: str, entry: dict, verdict: dict, tasks: dict[str, 
     verdict_section = {"margins": {"suites": margins}}
     if confidence:
         verdict_section = {"confidence": confidence, **verdict_section}
-    return {"engine": engine, "suites": suites, "verdict": verdict_section}
+    return {**({"engine": engine} if engine else {}), "suites": suites, "verdict": verdict_section}
 
 
 def reproduction(name: str, entry: dict, verdict: dict, *, tasks: dict[str, str], repo_id: str | None,

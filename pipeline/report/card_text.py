@@ -1,6 +1,6 @@
 """The words every part of a model card shares (pipeline/report/model_card.py assembles them): text from the verdict
 made safe for Markdown, sizes in binary units named as such, the base and what the variant was compared with,
-the repository the usage snippets name, and the scheme's family. Nothing here reads a file."""
+the repository the usage snippets name, and the variant's method module. Nothing here reads a file."""
 
 from __future__ import annotations
 
@@ -99,10 +99,3 @@ def method_module(quant: dict):
     """The variant's method module (pipeline/methods/), None for a name the registry does not hold."""
     name = quant.get("method")
     return methods.method(name) if methods.is_method(name) else None
-
-
-def family(quant: dict) -> str:
-    """"fp8", "int4" (W4A16, and the mixed method's W4A16 + W8A16) or "other", from the method's tags."""
-    module = method_module(quant)
-    tags = set(module.CARD_TAGS) if module else set()
-    return "fp8" if "fp8" in tags else "int4" if "int4" in tags else "other"

@@ -15,7 +15,7 @@ import shlex
 
 import pipeline.verdict.figures as figures
 from pipeline.checkpoints.serving import vllm_serve_command
-from pipeline.report.card_text import binary_size, code, family, md, repo_id_or_placeholder
+from pipeline.report.card_text import binary_size, code, md, method_module, repo_id_or_placeholder
 from pipeline.report.deploy import served_by, speed_state
 
 PROMPT = "Give me three tips for writing a clear bug report."
@@ -89,7 +89,8 @@ def _vllm(entry: dict, name: str, repo: str, source: dict | None, vision: bool) 
 
 
 def _transformers(quant: dict, repo: str, vision: bool) -> list[str]:
-    what = {"int4": "its int4 weights", "fp8": "its FP8 weights"}.get(family(quant), "its weights")
+    module = method_module(quant)
+    what = f"its {module.CARD_WEIGHTS}" if module is not None else "its weights"
     head = (f"**transformers** (with the `compressed-tensors` package) loads it too, decompressing {what} at load: "
             "right for checking its answers, not a serving speed.")
     if vision:

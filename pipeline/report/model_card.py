@@ -26,12 +26,12 @@ from pipeline.report.card_evaluation import (evaluation, recovery_phrase, rests_
                                              unsettled)
 from pipeline.report.card_header import card_data
 from pipeline.report.card_recipe import creation, reproduction
-from pipeline.report.card_text import (base_name, binary_size, family, md, names, reference, reference_is_quantized,
-                                       valid_repo_id)
+from pipeline.report.card_text import (base_name, binary_size, md, method_module, names, reference,
+                                       reference_is_quantized, valid_repo_id)
 from pipeline.report.card_usage import deployment, vllm_state
 from pipeline.report.render import decided_only
 from pipeline.report.screen import vision_tower
-from pipeline.verdict import figures
+import pipeline.verdict.figures as figures
 from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN
 from pipeline.verdict.headline import GO, GO_INCOMPLETE, INCONCLUSIVE, NO_GO, label
 
@@ -95,31 +95,9 @@ def why_not_publish(entry: dict, verdict: dict, base: str) -> str | None:
 
 
 def scheme_words(quant: dict) -> str:
-    """What changed in the weights, in words a reader of the Hub knows."""
-    fam, method = family(quant), quant.get("method")
-    if fam == "fp8":
-        acts = {"static": "FP8 activations with one calibrated scale per tensor",
-                "dynamic": "FP8 activations scaled per token at run time"}.get(quant.get("activations"))
-        kv = {"per-head": "an FP8 KV cache with one calibrated scale per attention head",
-              "per-tensor": "an FP8 KV cache with one calibrated scale per tensor",
-              "none": "the KV cache unquantized"}.get(quant.get("kv_cache"))
-        experts = ", MoE experts with per-token activation scales" if quant.get("expert_scheme") else ""
-        return "FP8 weights with one scale per output channel" + "".join(f", {p}" for p in (acts, kv) if p) + experts
-    if fam == "int4":
-        group, symmetric = quant.get("group_size"), quant.get("symmetric")
-        text = (f"4-bit integer weights with one scale{'' if symmetric else ' and zero point'} per group of {group} "
-                "weights, activations in 16 bits")
-        how = {"awq": "after AWQ smoothing (per-channel scales searched on calibration data, folded into the layers "
-                      "before)",
-               "rtn": "rounded to nearest (no calibration)",
-               "gptq": "by GPTQ (each rounding error fed back through its layer's Hessian)"}
-        text += f", {how[quant.get('base_method') or method]}" if (quant.get("base_method") or method) in how else ""
-        if quant.get("groups_in_8_bits") is not None:
-            bits = quant.get("bits_per_weight")
-            text += (f"; {quant['groups_in_8_bits']} of {quant.get('groups_total')} groups of layers kept in 8-bit "
-                     "integers (W8A16)" + (f", {bits:.2f} bits per weight on average" if bits is not None else ""))
-        return text
-    return str(quant.get("scheme") or "an unrecorded scheme")
+    """What changed in the weights, in words a reader of the Hub knows: the method's own (its card_words)."""
+    module = method_module(quant)
+    return module.card_words(quant) if module is not None else str(quant.get("scheme") or "an unrecorded scheme")
 
 
 def overview_sentence(name: str, entry: dict, verdict: dict, base: str, source: dict | None) -> str:
