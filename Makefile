@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test docs install gpu-install system-deps sandbox-deps clean-demo example-report example-gpu-report
+.PHONY: demo test docs install gpu-install system-deps sandbox-deps clean-demo example-report example-cards example-gpu-report
 
 # torch 2.13.0 is the CPU build these machines take from local disk (pyproject.toml pins no torch, so a
 # GPU machine keeps its CUDA build).
@@ -59,7 +59,14 @@ example-report: install system-deps
 	cp -L reports/index.html reports/verdict.json reports/example/
 	cp dvc.lock reports/example/dvc.lock  # the run's lock: what produced the example (the project keeps none in git)
 	rm -rf reports/example/cards && cp -rL reports/cards reports/example/cards
+	mkdir -p reports/example/card_inputs  # what the cards were written from, for make example-cards
+	cp params.yaml models/base/source.json $$($(BIN)/python -c "from pipeline.settings.params import load; print(load().calib.out)")/stats.json reports/example/card_inputs/
 	$(BIN)/python benchmarks/report_screenshots.py reports/example
+
+# The example's model cards written again from the committed verdict and card inputs (no demo run): after a change
+# to the cards' code (tests/test_model_card.py checks the committed cards are what this writes).
+example-cards: $(BIN)/quantize
+	$(BIN)/python benchmarks/example_cards.py reports/example
 
 # The GPU example (reports/example-gpu/) re-rendered on the CPU from the stored copy of what the GPU run's report
 # read (benchmarks/report_bundle.py pack, on the GPU machine), with its screenshots.

@@ -24,6 +24,9 @@ ALLOWED: dict[str, set[str]] = {
     # the serving-support table (moved out of engines/ to sit below the engines that read it): what each engine
     # was seen to do with a checkpoint on the GPU machine, a table of recorded evidence per engine name
     "checkpoints/serving.py": {"hf", "vllm", "lmdeploy"},
+    # a model card's usage snippets are vLLM's own Python API and `vllm serve` (what a Hub user runs a published
+    # compressed-tensors checkpoint with): code for that one engine, written from its row of the serving table
+    "report/card_usage.py": {"vllm"},
 }
 
 # each engine's defaults, written once: in its module's Settings (the fields every engine shares: engines/settings.py)

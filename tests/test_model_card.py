@@ -1,11 +1,21 @@
-"""Issue 54: every decided variant comes with a model card a team can publish as is (pipeline/report/model_card.py),
-checked by readers nobody here wrote: huggingface_hub's ModelCard parses each back with verdict.json's figures in its
-model-index, and Python-Markdown (what the docs site renders with) renders its table."""
+"""Issues 54 and 61: every decided variant comes with a model card a team can publish as it is
+(pipeline/report/model_card.py and its parts), checked by readers nobody here wrote: huggingface_hub's ModelCard parses
+each back with verdict.json's figures in its model-index, Python-Markdown (what the docs site renders with) renders
+it, Python parses its snippets and transformers runs its transformers snippet, and `quantize` reads its recipe.
 
+Issue 61's list, one test each (each fails on the card issue 54 wrote): a perplexity recovery named by what it
+divides; the base named as what it was (a GGUF dequantized), never "the unquantized model"; no lmdeploy prose in a
+code span; no ChatGLM reason on a Llama; the fix's own decision; sizes in MiB named MiB and each format's own
+precision; a timing-only card without a decision, a recovery or a doubled "base: base:"; no internal material;
+overview, usage by repository id, recipe, engine and precision, datasets with config and split, math and code in the
+evaluation. Then: a card not decided GO says first, in one sentence, why not to publish it."""
+
+import ast
 import copy
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +23,7 @@ import pytest
 from conftest import TINY_PARAMS, with_variants, write_params
 from pipeline.checkpoints import origin as origins
 from pipeline.checkpoints import serving
-from pipeline.report.model_card import NOT_STATED, TIMING_ONLY, model_card, model_cards
+from pipeline.report.model_card import NOT_STATED, TIMING_ONLY, model_card, model_cards, run_settings
 from pipeline.settings.params import Params
 from pipeline.stages import report
 from test_bad_inputs import assert_refused, invoke, snapshot
@@ -22,15 +32,35 @@ from test_report import write_results
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "reports" / "example"
+INPUTS = EXAMPLE / "card_inputs"
 TASKS = {"math": "quant_gsm8k", "code": "quant_humaneval", "ppl-chat": "quant_ppl_chat", "ppl-book": "quant_ppl_book",
          "ppl-math": "quant_ppl_gsm8k", "ppl-code": "quant_ppl_humaneval"}
 ORIGIN = {"license": "apache-2.0", "license_name": None, "license_link": None,
           "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct", "name": "SmolLM2", "read_from": "x.gguf: GGUF metadata"}
 SOURCE = {"source": ".cache/demo/SmolLM2-135M-Instruct.Q4_1.gguf", "kind": "gguf", "dtype": "float16", "origin": ORIGIN}
+CALIB = json.loads((INPUTS / "stats.json").read_text())
+HEADINGS = ("Model overview", "Deployment", "Evaluation", "Creation", "Reproduction", "Limitations")
 
 
 def example_verdict() -> dict:
     return json.loads((EXAMPLE / "verdict.json").read_text())
+
+
+def example_params() -> Params:
+    from pipeline.settings.params import load
+
+    return load(INPUTS / "params.yaml")
+
+
+def example_cards(verdict: dict | None = None, **facts) -> dict[str, str]:
+    """The example's cards as the report stage writes them (its source, calibration summary and run settings)."""
+    verdict = verdict or example_verdict()
+    facts = {"source": SOURCE, "calib": CALIB, "tasks": TASKS, "run": run_settings(verdict, example_params()), **facts}
+    return model_cards(verdict, **facts)
+
+
+def gpu_verdict() -> dict:
+    return json.loads((REPO / "reports" / "example-gpu" / "verdict.json").read_text())
 
 
 def loaded(text: str, tmp_path: Path, name: str = "README.md"):
@@ -60,18 +90,37 @@ def figures_of(card) -> dict:
     return {(r.task_name, r.metric_type): r.metric_value for r in card.data.eval_results or []}
 
 
-def first_sentence(card) -> str:
-    """The paragraph under the card's title."""
-    body = card.text.strip().split("\n\n")
-    assert body[0].startswith("# ")
-    return body[1]
+def body(text: str) -> str:
+    """The card below its YAML header."""
+    return text.split("\n---\n", 1)[1] if text.startswith("---\n") else text
+
+
+def paragraphs(text: str) -> list[str]:
+    return [p for p in body(text).strip().split("\n\n") if p.strip()]
+
+
+def prose(text: str) -> str:
+    """The card's body without its code blocks: what a reader reads as sentences."""
+    return re.sub(r"```.*?```", "", body(text), flags=re.S)
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def section(text: str, heading: str) -> str:
+    """The text under `## heading`, up to the next `## `."""
+    after = body(text).split(f"\n## {heading}\n", 1)[1]
+    return after.split("\n## ", 1)[0]
 
 
 # ---------------------------------------------------------------- the Hub's reader, on the example's cards
 
 def test_every_decided_variant_of_the_example_gets_a_card_the_hub_reads_back_with_the_verdicts_figures(tmp_path):
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
     verdict = example_verdict()
-    cards = model_cards(verdict, source=SOURCE, tasks=TASKS)
+    cards = example_cards(verdict)
     assert sorted(cards) == sorted(verdict["variants"])  # the example decided all four
     for name, text in cards.items():
         card, entry = loaded(text, tmp_path, f"{name}.md"), verdict["variants"][name]
@@ -79,79 +128,363 @@ def test_every_decided_variant_of_the_example_gets_a_card_the_hub_reads_back_wit
         assert card.data.base_model_relation == "quantized" and card.data.license == "apache-2.0"
         assert {"compressed-tensors", "quantized", entry["quant"]["method"]} <= set(card.data.tags)
         assert figures_of(card) == expected_figures(entry) and figures_of(card), name
-        assert card.data.to_dict()["model-index"][0]["name"] == name
+        index = card.data.to_dict()["model-index"]
+        assert index[0]["name"] == name
+        assert {(r.task_name, r.metric_type): r.metric_value for r in model_index_to_eval_results(index)[1]} == \
+            expected_figures(entry)  # the round trip through the Hub's own parser
     assert {"fp8", "w8a8"} <= set(loaded(cards["fp8-w8a8"], tmp_path).data.tags)
     assert {"mixed", "rtn", "w4a16", "w8a16"} <= set(loaded(cards["rtn-w4a16-mixed"], tmp_path).data.tags)
 
 
-def test_the_committed_example_cards_are_the_committed_verdicts():
-    """reports/example/cards/ (make example-report copies the demo's): each parses back with its verdict's figures."""
-    from huggingface_hub import ModelCard
+def test_the_committed_example_cards_are_what_the_committed_verdict_and_card_inputs_write():
+    """reports/example/cards/ is re-rendered by `make example-cards` (benchmarks/example_cards.py) from the verdict and
+    what the demo's report stage handed the cards (reports/example/card_inputs/): never stale."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import example_cards as script
 
+    rendered = script.rendered(EXAMPLE)
+    committed = {str(p.relative_to(EXAMPLE)): p.read_text() for p in (EXAMPLE / "cards").glob("*/README.md")}
+    assert sorted(committed) == sorted(rendered) == sorted(f"cards/{v}/README.md" for v in example_verdict()["variants"])
+    for name, text in rendered.items():
+        assert committed[name] == text, f"{name}: run `make example-cards`"
+    assert example_params().digest() == example_verdict()["params_sha256"]  # the inputs are the run's
+
+
+# ---------------------------------------------------------------- issue 61: each error of the issue-54 card
+
+def test_a_perplexity_recovery_is_named_by_what_it_divides(tmp_path):
+    """The verdict's perplexity recovery is base / variant: its model-index entry says so, an accuracy one says the
+    other way round, and both equal the quotient computed here."""
     verdict = example_verdict()
-    committed = sorted(p.parent.name for p in (EXAMPLE / "cards").glob("*/README.md"))
-    assert committed == sorted(verdict["variants"])
-    for name in committed:
-        card = ModelCard.load(EXAMPLE / "cards" / name / "README.md")
-        assert figures_of(card) == expected_figures(verdict["variants"][name]), name
-        assert first_sentence(card).startswith({"GO, incomplete": "GO, incomplete:", "NO-GO": "NO-GO,",
-                                                 "INCONCLUSIVE": "INCONCLUSIVE,"}[_label(verdict, name)])
+    for name, text in example_cards(verdict).items():
+        entry = verdict["variants"][name]
+        for result in loaded(text, tmp_path).data.eval_results:
+            if result.metric_type != "recovery":
+                continue
+            suite = result.task_name
+            if suite in (entry.get("perplexity") or {}):
+                d = entry["perplexity"][suite]
+                assert result.metric_name == f"{suite} recovery (the base's perplexity / this model's)"
+                assert result.metric_value == pytest.approx(d["base_ppl"] / d["variant_ppl"])
+            else:
+                d = entry["suites"][suite]
+                assert result.metric_name == f"{suite} recovery (this model's accuracy / the base's)"
+                assert result.metric_value == pytest.approx(d["variant_score"] / d["base_score"])
+        assert "variant / base" not in text
 
 
-def _label(verdict: dict, name: str) -> str:
-    return next(d["label"] for d in verdict["decisions"] if d["variant"] == name)
+def test_the_card_names_the_base_it_was_compared_with_a_gguf_dequantized_never_the_unquantized_model():
+    for name, text in example_cards().items():
+        assert "unquantized model" not in text, name
+        opening = next(p for p in paragraphs(text) if p.startswith(f"{name} is "))
+        assert ("against HuggingFaceTB/SmolLM2-135M-Instruct as converted from the GGUF file "
+                "SmolLM2-135M-Instruct.Q4_1.gguf (its quantized weights dequantized to float16), not the original "
+                "unquantized release, it recovers") in opening
+    hf = {"source": "/x/snapshots/abc", "kind": "hf", "dtype": "bfloat16", "origin": ORIGIN}
+    text = model_card("fp8-w8a8", example_verdict(), source=hf, tasks=TASKS).content
+    assert "against HuggingFaceTB/SmolLM2-135M-Instruct in bfloat16, it recovers" in text and "GGUF" not in text
 
 
-# ---------------------------------------------------------------- honest cards only
-
-def test_a_no_go_an_inconclusive_and_an_incomplete_go_say_so_in_their_first_sentence(tmp_path):
-    verdict = example_verdict()
-    cards = {name: loaded(text, tmp_path, f"{name}.md") for name, text in model_cards(verdict, source=SOURCE, tasks=TASKS).items()}
-    assert first_sentence(cards["awq-w4a16"]).startswith("NO-GO, not a replacement for HuggingFaceTB/SmolLM2-135M-Instruct:")
-    assert first_sentence(cards["rtn-w4a16"]).startswith("NO-GO,")
-    assert first_sentence(cards["rtn-w4a16-mixed"]).startswith("INCONCLUSIVE, not yet shown to replace")
-    fp8 = first_sentence(cards["fp8-w8a8"])
-    assert fp8.startswith("GO, incomplete:") and "(math, code not run)" in fp8
-    assert "recovers 94.5% to 97.4% of the base's perplexity score" in fp8  # the recovery, as the verdict has it per suite
-    for name in ("awq-w4a16", "rtn-w4a16-mixed", "fp8-w8a8"):
-        assert "**Before publishing**" in cards[name].text and "not as a replacement for the base" in cards[name].text
-    # the same variant, decided on everything the base ran: a plain GO opens with what it is, and no warning
-    complete = copy.deepcopy(verdict)
-    complete["variants"]["fp8-w8a8"]["coverage"]["complete"] = True
-    card = loaded(model_card("fp8-w8a8", complete, source=SOURCE, tasks=TASKS).content, tmp_path)
-    assert first_sentence(card).startswith("fp8-w8a8 is HuggingFaceTB/SmolLM2-135M-Instruct quantized to FP8 W8A8")
-    assert ", and it is GO: within the margin on all 4 counted suites." in first_sentence(card)
-    assert "Before publishing" not in card.text
+def test_no_lmdeploy_prose_in_a_code_span_and_every_code_block_is_code_that_runs_as_written():
+    """lmdeploy needs this project's `quantize export` first: no Hub user's command. Each Python block parses; each
+    shell line is a command of a tool a reader has (vllm, hf, quantize), with no word left to fill in."""
+    for name, text in example_cards().items():
+        assert "lmdeploy" not in text and "EXPORT" not in text and " DIR" not in text, name
+        for span in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", prose(text)):
+            assert ", then " not in span, f"{name}: prose in a code span: {span}"
+        for block in code_blocks(text, "python"):
+            ast.parse(block)
+        for block in code_blocks(text, "bash"):
+            for line in block.strip().splitlines():
+                assert shlex.split(line)[0] in ("vllm", "hf", "quantize"), f"{name}: {line}"
 
 
-def test_a_run_on_made_up_weights_writes_a_timing_only_card_with_no_figures_for_the_hub(tmp_path):
-    """The GPU example ran on random weights (verdict.json's `synthetic`): its cards are headed "Timing only" and put no
-    accuracy figure in the model-index, whatever the paired tests said."""
-    verdict = json.loads((REPO / "reports" / "example-gpu" / "verdict.json").read_text())
+def test_the_fp8_card_of_a_llama_gives_no_chatglm_reason_and_the_serving_record_gives_it_only_to_glm():
+    fp8 = example_cards()["fp8-w8a8"]
+    assert example_verdict()["variants"]["fp8-w8a8"]["quant"]["architecture"] == "LlamaForCausalLM"
+    assert "ChatGLM" not in fp8 and "query_key_value" not in fp8
+    glm = _config(ARCHS["Glm"], "fp8-static", "per-tensor", moe=False)
+    llama = {**glm, "architectures": ["LlamaForCausalLM"]}
+    assert "ChatGLM loader splits every query_key_value" in serving.support_from_config(glm)["lmdeploy"]["how"]
+    refused = serving.support_from_config(llama)["lmdeploy"]
+    assert refused["status"] == "cannot" and "ChatGLM" not in refused["how"]
+    assert refused["how"].startswith("lmdeploy 0.18 cannot serve FP8 W8A8: it reads compressed-tensors")
+
+
+def test_the_fix_line_gives_the_fix_its_own_decision():
+    """"Its fix (rtn-w4a16-mixed): NO-GO; ... leaves it INCONCLUSIVE" read as if the fix were NO-GO."""
+    text = example_cards()["rtn-w4a16"]
+    line = next(line for line in text.splitlines() if line.startswith("Its fix"))
+    assert line == ("Its fix, rtn-w4a16-mixed, keeps 17 of 120 groups in 8 bits (4.50 bits per weight, 1.1× this "
+                    "model's size) and is INCONCLUSIVE: the evidence settles neither way on ppl-book, ppl-code and "
+                    "ppl-math.")
+    fixed = example_cards()["rtn-w4a16-mixed"]
+    assert "It is the fix of rtn-w4a16, a NO-GO W4A16 variant" in fixed
+
+
+def test_sizes_are_in_binary_units_named_so_and_each_card_says_its_own_formats_precision():
+    cards, verdict = example_cards(), example_verdict()
+    for name, text in cards.items():
+        quant = verdict["variants"][name]["quant"]
+        assert f"{quant['size_bytes'] / 2**20:.1f} MiB" in text and f"{quant['base_size_bytes'] / 2**20:.1f} MiB" in text
+        assert not re.search(r"\d \b[KMG]B\b", text), name  # MiB counted, MB written: gone
+        assert "W4A16 dequantized and FP8 fake-quantized" not in text
+    assert "159.1 MiB" in cards["fp8-w8a8"]  # 166,785,653 bytes
+    fp8, awq = section(cards["fp8-w8a8"], "Evaluation"), section(cards["awq-w4a16"], "Evaluation")
+    assert "this model's FP8 weights decompressed at load" in fp8 and "int4" not in fp8
+    assert "this model's int4 weights decompressed at load" in awq and "FP8" not in awq
+    mixed = section(cards["rtn-w4a16-mixed"], "Evaluation")
+    assert "this model's int4 and int8 weights decompressed at load" in mixed
+    assert "decompressing its FP8 weights at load" in cards["fp8-w8a8"]
+    assert "decompressing its int4 weights at load" in cards["awq-w4a16"]
+    glm = _config(ARCHS["Glm"], "fp8-static", "per-head", moe=False)
+    assert "FP8 weights decompressed" in serving.support_from_config(glm)["hf"]["how"]
+    int4 = _config(ARCHS["Glm"], "awq", "none", moe=False)
+    assert "int4 weights" in serving.support_from_config(int4)["hf"]["how"]
+    assert "FP8" not in serving.support_from_config(int4)["hf"]["how"]
+
+
+def test_a_timing_only_card_says_no_decision_no_recovery_and_each_reason_once(tmp_path):
+    """The GPU example ran on random weights: its cards put no figure in the model-index and say no GO, no recovery
+    (the issue-54 card said "GO, incomplete" and "recovery 100.7%"), and no "base: base:"."""
+    verdict = gpu_verdict()
     assert verdict["synthetic"]["made_up"]
     cards = model_cards(verdict, tasks=TASKS)
     assert cards
     for name, text in cards.items():
         card = loaded(text, tmp_path, f"{name}.md")
         assert card.text.lstrip().startswith(f"# {TIMING_ONLY}: {name}")
-        assert first_sentence(card).startswith(f"{TIMING_ONLY}, not for publishing:")
+        assert paragraphs(text)[1] == ("**Do not publish this model: the base's weights were made up by the run, so "
+                                       "none of its accuracy figures means anything; this card records what was built "
+                                       "and how fast it runs.**")
         assert not card.data.eval_results and "model-index" not in card.data.to_dict()
-        assert "do not publish" in card.text
+        assert not re.search(r"\bGO\b", text) and "recover" not in text.lower() and "100.7" not in text, name
+        assert "base: base:" not in text and f"{name}: {name}:" not in text
+        assert "Speed" in text and "tok/s at batch 1" in section(text, "Deployment")  # what it is for: timing
     real = copy.deepcopy(verdict)  # the same verdict on a real base: figures again
     del real["synthetic"]
     assert figures_of(loaded(model_card("fp8-w8a8", real, tasks=TASKS).content, tmp_path))
+
+
+def test_a_suite_not_applicable_to_both_models_says_its_reason_once():
+    from pipeline.verdict.coverage import not_applicable_why
+
+    same = {"base": "base: text-only model (no vision_config in config.json); the suite needs images",
+            "fp8-w8a8": "fp8-w8a8: text-only model (no vision_config in config.json); the suite needs images"}
+    assert not_applicable_why(same) == "text-only model (no vision_config in config.json); the suite needs images"
+    assert not_applicable_why({"base": None, "v": "v: no images"}) == "no images"
+    assert not_applicable_why({"base": "base: a", "v": "v: b"}) == "base: a; v: b"
+
+
+# what a reader outside this project cannot use: the pipeline operator's keys, this machine's paths, the calibration
+# log's redaction counts, the report's shorthand
+INTERNAL = [r"Before publishing", r"\.cache/", r"\bresults/", r"calib_data/", r"benchmarks/", r"\bemail \d", r"phone \d",
+            r"ppl-chat open", r"search gram", r"\b(suites|judge|fix|calib|verdict|engine|kl)\.[a-z_]+\b",
+            r"in params\.yaml", r"params\.yaml (digest|has)", r"dvc\b", r"`quantize (bench|report|eval)` first", r"the gpu-h200 profile",
+            r"\bmodel\.(source|base_dir|dtype)\b"]
+
+
+def test_no_internal_material_goes_on_a_card():
+    texts = {**example_cards(), **{f"gpu {n}": t for n, t in model_cards(gpu_verdict(), tasks=TASKS).items()}}
+    for name, text in texts.items():
+        for pattern in INTERNAL:
+            found = re.search(pattern, prose(text))
+            assert not found, f"{name}: {found.group(0)!r} ({pattern})"
+        assert ".cache/" not in text and "results/" not in text  # nor in a code block
+    # the calibration set in words: which kinds of personal data were redacted, never how many of each
+    assert ("- calibration: 16 blocks of 256 tokens from 468 conversations of the publisher's own logs, e-mail "
+            "addresses and phone numbers redacted; 32 more conversations held out") in texts["awq-w4a16"]
+    assert "- calibration: none: the rtn method rounds each weight on its own" in texts["rtn-w4a16-mixed"]
+
+
+def test_the_card_has_the_sections_the_published_cards_have():
+    for name, text in example_cards().items():
+        headings = re.findall(r"^## (.+)$", body(text), flags=re.M)
+        assert headings == list(HEADINGS), name
+        overview = section(text, "Model overview")
+        for item in ("Base model", "Architecture", "What changed", "Checkpoint", "Compared with", "Intended use",
+                     "License", "Decision"):
+            assert f"- **{item}**: " in overview, f"{name}: {item}"
+        assert "LlamaForCausalLM" in overview and "210 linear layers quantized" in overview
+    assert ("- **What changed**: FP8 weights with one scale per output channel, FP8 activations with one calibrated "
+            "scale per tensor, an FP8 KV cache with one calibrated scale per attention head") in example_cards()["fp8-w8a8"]
+
+
+def test_each_method_says_what_it_changed_from_its_own_record():
+    """What changed is the method's own words (its card_words), from what its quant.json recorded."""
+    from pipeline.methods import awq, fp8, gptq, mixed, rtn
+
+    symmetric = {"group_size": 128, "symmetric": True}
+    assert awq.card_words(symmetric) == ("4-bit integer weights with one scale per group of 128 weights, activations in "
+                                         "16 bits, after AWQ smoothing (per-channel scales searched on calibration "
+                                         "data, folded into the layers before)")
+    assert rtn.card_words({**symmetric, "symmetric": False}).startswith("4-bit integer weights with one scale and zero "
+                                                                          "point per group of 128 weights")
+    assert gptq.card_words(symmetric).endswith("by GPTQ (each rounding error fed back through its layer's Hessian)")
+    assert fp8.card_words({"activations": "dynamic", "kv_cache": "none"}) == (
+        "FP8 weights with one scale per output channel, FP8 activations scaled per token at run time, the KV cache "
+        "unquantized")
+    fixed = mixed.card_words({**symmetric, "base_method": "awq", "groups_in_8_bits": 3, "groups_total": 40,
+                              "bits_per_weight": 4.3})
+    assert "after AWQ smoothing" in fixed and fixed.endswith("; 3 of 40 groups of layers kept in 8-bit integers "
+                                                             "(W8A16), 4.30 bits per weight on average")
+
+
+def test_the_usage_snippets_name_the_repository_and_say_what_it_needs(tmp_path):
+    verdict = example_verdict()
+    text = model_card("fp8-w8a8", verdict, source=SOURCE, tasks=TASKS, repo_id="my-org/SmolLM2-135M-FP8").content
+    deployment = section(text, "Deployment")
+    assert 'llm = LLM(model="my-org/SmolLM2-135M-FP8", kv_cache_dtype="fp8", dtype="bfloat16")' in deployment
+    assert "vllm serve my-org/SmolLM2-135M-FP8 --kv-cache-dtype fp8 --dtype bfloat16" in deployment
+    assert 'model_id = "my-org/SmolLM2-135M-FP8"' in deployment and "your-org" not in text
+    assert "hf download my-org/SmolLM2-135M-FP8 --local-dir models/fp8-w8a8" in section(text, "Reproduction")
+    assert text.split("\n---\n", 1)[1].lstrip().startswith("# my-org/SmolLM2-135M-FP8\n")
+    assert "- weights: 159.1 MiB, 61.2% of the base's 260.0 MiB" in deployment  # the GPU memory its weights take
+    assert "`--gpu-memory-utilization`" in deployment
+    placeholder = example_cards()["awq-w4a16"]
+    assert ("`your-org/awq-w4a16` stands for the repository this card is published in: replace it (`quantize card "
+            "--repo-id ORG/NAME` writes the card with it).") in placeholder
+    assert 'LLM(model="your-org/awq-w4a16")' in placeholder
+    with pytest.raises(ValueError, match="not a Hub repository id"):
+        model_card("fp8-w8a8", verdict, repo_id="no slash")
+
+
+def test_the_datasets_carry_their_hub_id_config_split_and_the_items_scored(tmp_path):
+    hub = {"openai/gsm8k": ("main", "test"), "openai/openai_humaneval": ("openai_humaneval", "test")}
+    cards = example_cards()
+    for name, text in cards.items():
+        for result in loaded(text, tmp_path).data.eval_results:
+            assert re.search(r"\(\d+ (items|documents|pairs) scored\)$", result.dataset_name), (name, result)
+            if result.dataset_type in hub:
+                assert (result.dataset_config, result.dataset_split) == hub[result.dataset_type], (name, result)
+    ppl_math = next(r for r in loaded(cards["fp8-w8a8"], tmp_path).data.eval_results if r.task_name == "ppl-math")
+    assert (ppl_math.dataset_type, ppl_math.dataset_config, ppl_math.dataset_split) == ("openai/gsm8k", "main", "test")
+    assert ppl_math.dataset_name == "GSM8K test questions with their reference solutions (10 documents scored)"
+
+
+def test_the_evaluation_says_which_engine_and_precision_scored_it_and_shows_math_and_code_beside_perplexity():
+    cards = example_cards()
+    awq = section(cards["awq-w4a16"], "Evaluation").strip()
+    assert awq.startswith("Scored with transformers, in process, in float32: the base's float16 weights as stored, "
+                          "this model's int4 weights")
+    assert ("| math | GSM8K test questions (accuracy) | 20 items | 5.0% | 0.0% | -5.00 pts [-30.10, +19.45] | 0.0% | "
+            "not counted: the base model scores 5.0%, at the floor |") in awq
+    assert "| code | HumanEval problems (accuracy) | 10 items | 0.0% | 0.0% |" in awq
+    rows = [line.split(" | ")[0] for line in awq.splitlines() if line.startswith("| ")][1:]
+    assert rows[:2] == ["| math", "| code"] and "| ppl-book" in rows  # accuracy first, then perplexity
+    fp8 = section(cards["fp8-w8a8"], "Evaluation")
+    assert "| math | GSM8K test questions | – | 5.0% | – | | | not run on this model |" in fp8
+    # a params.yaml other than the one the verdict was decided under says nothing of the dtype
+    other = model_card("awq-w4a16", example_verdict(), source=SOURCE, tasks=TASKS, run=None).content
+    assert "in the engine's dtype (not recorded with this verdict)" in other
+
+
+# ---------------------------------------------------------------- issue 61 item 3: why not, first
+
+def test_a_variant_not_decided_go_says_first_in_one_sentence_why_it_should_not_be_published(tmp_path):
+    cards = example_cards()
+    first = {name: paragraphs(text)[1] for name, text in cards.items()}
+    assert first["awq-w4a16"] == ("**Do not publish this model as a replacement for HuggingFaceTB/SmolLM2-135M-Instruct: "
+                                  "it is NO-GO, its perplexity rises by more than the margin on ppl-book, ppl-code and "
+                                  "ppl-math.**")
+    assert first["rtn-w4a16-mixed"] == ("**Do not publish this model as a replacement for "
+                                        "HuggingFaceTB/SmolLM2-135M-Instruct yet: it is INCONCLUSIVE, the evidence "
+                                        "settles neither way on ppl-book, ppl-code and ppl-math.**")
+    assert first["fp8-w8a8"] == ("**Do not publish this model as a replacement for HuggingFaceTB/SmolLM2-135M-Instruct "
+                                 "yet: it is GO on ppl-chat, ppl-book, ppl-math and ppl-code only; math and code were "
+                                 "not run on it.**")
+    for name, sentence in first.items():
+        assert len(re.findall(r"[.!?](?=\*\*$|\s)", sentence)) == 1, f"{name}: one sentence: {sentence}"
+    # the same variant, decided on everything the base ran: a plain GO opens with what it is, and no warning
+    complete = copy.deepcopy(example_verdict())
+    complete["variants"]["fp8-w8a8"]["coverage"]["complete"] = True
+    text = model_card("fp8-w8a8", complete, source=SOURCE, tasks=TASKS).content
+    assert paragraphs(text)[1].startswith("fp8-w8a8 is HuggingFaceTB/SmolLM2-135M-Instruct quantized to FP8 W8A8")
+    assert paragraphs(text)[1].endswith(", and it is GO: within the margin on all 4 counted suites.")
+    assert "Do not publish" not in text
+    assert "- **Intended use**: what the base model is for, in less GPU memory, served with vLLM" in text
 
 
 def test_a_licence_the_base_does_not_state_is_said_and_never_invented(tmp_path):
     unstated = {**SOURCE, "origin": {**ORIGIN, "license": None, "hub_id": None}}
     card = loaded(model_card("fp8-w8a8", example_verdict(), source=unstated, tasks=TASKS).content, tmp_path)
     assert card.data.license is None and "license" not in card.data.to_dict()
-    assert f"License: {NOT_STATED}; check before publishing." in card.text
-    assert card.data.base_model is None and "add `base_model: ORG/NAME` to the header" in card.text
+    assert f"- **License**: {NOT_STATED}; the base model's own terms apply" in card.text
+    assert card.data.base_model is None
     missing = loaded(model_card("fp8-w8a8", example_verdict(), source=None, tasks=TASKS).content, tmp_path)
-    assert missing.data.license is None and f"License: {NOT_STATED}" in missing.text
+    assert missing.data.license is None and NOT_STATED in missing.text
+    assert "- **Base model**: not recorded" in missing.text
     stated = loaded(model_card("fp8-w8a8", example_verdict(), source=SOURCE, tasks=TASKS).content, tmp_path)
     assert stated.data.license == "apache-2.0" and NOT_STATED not in stated.text
+
+
+# ---------------------------------------------------------------- peers: quantize reads the recipe, transformers runs it
+
+def _yaml_blocks(text: str) -> list[dict]:
+    import yaml
+
+    return [yaml.safe_load(block) for block in code_blocks(text, "yaml")]
+
+
+def test_the_recipe_is_a_params_yaml_quantize_reads_and_its_commands_are_quantize_commands(tmp_path, monkeypatch):
+    """The creation and reproduction sections' params.yaml, merged as the card says, validates as params.yaml does,
+    with each variant's settings the verdict's quant.json recorded; every `quantize` command the card gives exists."""
+    from typer.main import get_command
+
+    from pipeline.cli.app import app
+
+    commands = set(get_command(app).commands)
+    monkeypatch.chdir(tmp_path)
+    verdict = example_verdict()
+    for name, text in example_cards(verdict).items():
+        creation, repro = _yaml_blocks(text)
+        params = Params.model_validate({**creation, **repro})
+        quant = verdict["variants"][name]["quant"]
+        assert params.calib.num_blocks == quant["calibration"]["blocks"] and params.calib.seq_len == 256
+        assert params.model.dtype == "float16" and str(params.model.source) == "SmolLM2-135M-Instruct.Q4_1.gguf"
+        settings = params.variants[name]
+        assert settings.method == quant["method"]
+        for key in ("group_size", "symmetric", "n_grid", "activations", "max_bits"):
+            if key in quant:
+                assert getattr(settings, key) == quant[key], (name, key)
+        for suite, d in {**verdict["variants"][name]["suites"], **verdict["variants"][name]["perplexity"]}.items():
+            assert params.suites[suite].limit == d["n"] and params.verdict.margins.suites[suite] == d["margin"]
+        for block in code_blocks(text, "bash"):
+            for line in block.strip().splitlines():
+                words = shlex.split(line)
+                if words[0] == "quantize":
+                    assert words[1] in commands, f"{name}: {line}"
+    assert Params.model_validate(_yaml_blocks(example_cards(verdict)["fp8-w8a8"])[0]).variants["fp8-w8a8"].kv == "per-head"
+    # a fix: its W4A16 variant, ranked by `quantize kl --rank` into the file the fix's settings name
+    fixed = example_cards(verdict)["rtn-w4a16-mixed"]
+    params = Params.model_validate(_yaml_blocks(fixed)[0])
+    assert list(params.variants) == ["rtn-w4a16", "rtn-w4a16-mixed"]
+    assert str(params.variants["rtn-w4a16-mixed"].sensitivity) == "ranking/sensitivity.json"
+    assert ("quantize variant rtn-w4a16\nquantize kl models/rtn-w4a16 --rank --out ranking/kl.json\n"
+            "quantize variant rtn-w4a16-mixed\n") in fixed
+
+
+def test_the_transformers_snippet_runs_on_a_checkpoint_of_that_format(tiny_variants, capsys):
+    """The card's transformers code, run as written on a tiny checkpoint of each format (its repository id replaced
+    by the folder, fewer new tokens): it loads, decompresses and answers."""
+    verdict = example_verdict()
+    for name in ("awq-w4a16", "fp8-w8a8"):
+        text = model_card(name, verdict, source=SOURCE, tasks=TASKS, repo_id=f"my-org/{name}").content
+        snippet = next(b for b in code_blocks(text, "python") if "transformers" in b)
+        snippet = snippet.replace(f'"my-org/{name}"', repr(str(tiny_variants[name]))).replace("max_new_tokens=256",
+                                                                                           "max_new_tokens=4")
+        exec(compile(snippet, f"<{name} card>", "exec"), {})
+        assert capsys.readouterr().out.strip(), name
+
+
+def test_vllm_flags_become_the_keyword_arguments_of_vllms_python_api():
+    from pipeline.report.card_usage import python_arguments
+
+    assert python_arguments(["--kv-cache-dtype", "fp8", "--dtype", "bfloat16"]) == ['kv_cache_dtype="fp8"',
+                                                                                    'dtype="bfloat16"']
+    flags = shlex.split(serving._GLM4V_FLAGS)
+    assert python_arguments(flags) == ["compilation_config={'custom_ops': ['-rotary_embedding']}"]
+    assert python_arguments(["--enforce-eager"]) == ["enforce_eager=True"]
 
 
 # ---------------------------------------------------------------- the serving command: only where a run showed it
@@ -162,26 +495,35 @@ def _with_serving(config: dict) -> dict:
     return verdict
 
 
-def test_the_serving_command_is_given_as_served_only_where_a_recorded_run_showed_it(tmp_path):
+def test_vllm_is_said_tested_only_where_a_recorded_run_showed_it():
     glm = _config(ARCHS["Glm"], "fp8-static", "per-head", moe=False)  # GLM-4-9B's FP8: vLLM 0.24 on the H200
     assert [r for r in serving.runs_for("vllm", glm) if r.served]
-    text = model_card("fp8-w8a8", _with_serving(glm), source=SOURCE, tasks=TASKS).content
-    line = next(line for line in text.splitlines() if line.startswith("- **vLLM**"))
-    assert "shown on the GPU machine (vllm 0.24.0, 2026-11-30)" in line and "evidence: benchmarks/results/" in line
-    assert line.endswith("served with: `vllm serve models/fp8-w8a8 --kv-cache-dtype fp8 --dtype bfloat16`")
+    text = model_card("fp8-w8a8", _with_serving(glm), source=SOURCE, tasks=TASKS, repo_id="o/m").content
+    assert ("**vLLM**. vLLM 0.24.0 served a LlamaForCausalLM checkpoint in this format on the publisher's GPU machine "
+            "(2026-11-30).") in text
+    assert "vllm serve o/m --kv-cache-dtype fp8 --dtype bfloat16" in text and "untested" not in text
     llama = {**glm, "architectures": ["LlamaForCausalLM"]}  # no run of a Llama was recorded
-    text = model_card("fp8-w8a8", _with_serving(llama), source=SOURCE, tasks=TASKS).content
-    line = next(line for line in text.splitlines() if line.startswith("- **vLLM**"))
-    assert "served with" not in text and "not shown" in line
-    assert "the command to try: `vllm serve models/fp8-w8a8 --kv-cache-dtype fp8 --dtype bfloat16`" in line
-    # a verdict written before serving entries carried their command: the command to try comes from the words it has
+    text = model_card("fp8-w8a8", _with_serving(llama), source=SOURCE, tasks=TASKS, repo_id="o/m").content
+    assert "**vLLM**. Not yet tested on vLLM: no vLLM run of a LlamaForCausalLM checkpoint in this format" in text
+    assert "vllm serve o/m --kv-cache-dtype fp8 --dtype bfloat16" in text
+    assert "- no vLLM run of a checkpoint of this architecture and format was recorded" in section(text, "Limitations")
+    # a verdict written before serving entries carried their command: the flags its scheme needs
     written_before = example_verdict()
     for decided in written_before["variants"].values():
         for entries in (decided.get("serving") or {}, (decided.get("quant") or {}).get("serving") or {}):
             for entry in entries.values():
                 entry.pop("command", None)
-    old = model_card("awq-w4a16", written_before, source=SOURCE, tasks=TASKS).content
-    assert "the command to try: `vllm serve models/awq-w4a16` (or benchmarks/gpu_glm46v_vllm.py" in old
+                entry["how"] = entry.get("how", "").split("; try: ")[0]
+    # an engine that cannot load it: said, and no snippet for it
+    glm46v = _config(ARCHS["Glm46V"], "fp8-static", "per-head", moe=False)
+    text = model_card("fp8-w8a8", _with_serving(glm46v), source=SOURCE, tasks=TASKS, repo_id="o/m").content
+    assert "**vLLM**: vLLM 0.24 has no model of its own for Glm46VForConditionalGeneration" in text
+    assert "so it is not served with vLLM; transformers loads it (below)." in text
+    assert "vllm serve" not in text and "from vllm" not in text and 'model_id = "o/m"' in text
+    assert "deployment commands are untested" not in text
+    old = model_card("fp8-w8a8", written_before, source=SOURCE, tasks=TASKS, repo_id="o/m").content
+    assert "vllm serve o/m --kv-cache-dtype fp8 --dtype bfloat16" in old
+    assert "vllm serve o/m\n" in model_card("awq-w4a16", written_before, source=SOURCE, tasks=TASKS, repo_id="o/m").content
 
 
 def test_a_glm41v_run_s_flags_are_the_engines_workaround_for_its_defect():
@@ -200,24 +542,25 @@ def test_the_card_renders_as_markdown_with_its_table_and_no_html_from_the_verdic
     import markdown
 
     verdict = example_verdict()
-    verdict["variants"]["awq-w4a16"]["why"] += " <script>alert(1)</script> | a pipe"
+    verdict["variants"]["awq-w4a16"]["perplexity"]["ppl-book"]["sentence"] += " <script>alert(1)</script> | a pipe"
     card = loaded(model_card("awq-w4a16", verdict, source=SOURCE, tasks=TASKS).content, tmp_path)
-    page = markdown.markdown(card.text, extensions=["tables"])
+    page = markdown.markdown(card.text, extensions=["tables", "fenced_code"])
     assert "<script" not in page and "&lt;script&gt;" in page
     table = re.sub(r"<t([dh]) [^>]*>", r"<t\1>", page[page.index("<table>"):page.index("</table>")])  # alignment
-    assert table.count("<tr>") == 1 + 4 + 1  # header, the four counted suites, the Average row
+    assert table.count("<tr>") == 1 + 2 + 4 + 1 + 1  # header, math and code, four perplexity suites, judge, Average
     assert "<td>ppl-code</td>" in table and "<td><strong>Average</strong></td>" in table
     assert "<td>+19.3% [+15.2%, +23.5%]</td>" in table and "<td>83.8%</td>" in table  # change, interval, recovery
-    for heading in ("Evaluation", "Decision", "How it was made", "Calibration data", "Serving", "Speed and capacity",
-                    "Limitations"):
+    for heading in HEADINGS:
         assert f"<h2>{heading}</h2>" in page
+    assert page.count("<pre><code") == 7  # vLLM in Python and served, transformers; recipe and reproduction, each
+    # its params.yaml and its commands
 
 
 # ---------------------------------------------------------------- the report stage writes them
 
 def test_the_report_writes_a_card_per_decided_variant_beside_page_and_verdict(tmp_path):
-    """A GO decided on an accuracy suite: the Average row and the first sentence give its recovery; a NO-GO's card
-    says so; a variant of params.yaml without results gets no card."""
+    """A GO decided on an accuracy suite: the Average row and the opening give its recovery; a NO-GO's card says
+    so first; a variant of params.yaml without results gets no card."""
     results = tmp_path / "results"
     write_results(results, "base", [1] * 1200 + [0] * 800)
     write_results(results, "copy", [1] * 1180 + [0] * 820)  # 20 right answers turned wrong: -1 point
@@ -228,13 +571,16 @@ def test_the_report_writes_a_card_per_decided_variant_beside_page_and_verdict(tm
     assert sorted(p.name for p in cards.iterdir()) == ["broken", "copy"] and out.cards
     assert (cards / "copy" / "README.md").resolve().is_relative_to((tmp_path / "reports" / ".report").resolve())
     verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
-    copy_card = loaded((cards / "copy" / "README.md").read_text(), tmp_path)
+    text = (cards / "copy" / "README.md").read_text()
+    copy_card = loaded(text, tmp_path)
     entry = verdict["variants"]["copy"]
     assert entry["decision"] == "GO" and figures_of(copy_card) == expected_figures(entry)
-    assert copy_card.data.eval_results[0].dataset_type == "openai/gsm8k"
-    assert "recovers 98.3% of the base's accuracy on average over 1 suite (math), and it is GO" in first_sentence(copy_card)
-    assert "| **Average** | accuracy (math) | 60.0% | 59.0% | | **98.3%** | |" in copy_card.text
-    assert first_sentence(loaded((cards / "broken" / "README.md").read_text(), tmp_path)).startswith("NO-GO,")
+    result = copy_card.data.eval_results[0]
+    assert (result.dataset_type, result.dataset_config, result.dataset_split) == ("openai/gsm8k", "main", "test")
+    assert "recovers 98.3% of the base's accuracy on average over 1 suite (math), and it is GO" in paragraphs(text)[1]
+    assert "| **Average** | accuracy over math | | 60.0% | 59.0% | | **98.3%** | |" in text
+    assert "Scored with transformers, in process, in float32" in text  # the report's own params.yaml: its dtype
+    assert paragraphs((cards / "broken" / "README.md").read_text())[1].startswith("**Do not publish this model")
 
 
 # ---------------------------------------------------------------- the base's origin, read off its source
@@ -302,14 +648,26 @@ def test_quantize_card_writes_the_card_the_report_writes(card_project, tmp_path)
     result = invoke(["card", "models/fp8-w8a8", "--out", "published"])
     assert result.exit_code == 0, result.output
     assert "card: wrote published/fp8-w8a8/README.md (GO, incomplete)" in result.output
+    assert "before publishing: GO, incomplete: the card opens by saying why it should not replace the base" in result.output
+    assert "before publishing: no --repo-id: the usage snippets load your-org/fp8-w8a8" in result.output
     text = (card_project / "published" / "fp8-w8a8" / "README.md").read_text()
     params = Params.model_validate({**TINY_PARAMS, "suites": {s: {"task": t} for s, t in TASKS.items()}})
     assert text == report.card_files(example_verdict(), params, SOURCE, None)["cards/fp8-w8a8/README.md"]
+    assert "before publishing" not in text.lower()  # the publisher's checks are printed, not written on the card
     assert invoke(["card", "models/fp8-w8a8", "--out", "published"]).exit_code == 0  # its own output: replaced
 
 
+def test_quantize_card_with_a_repo_id_writes_the_snippets_with_it(card_project):
+    result = invoke(["card", "models/awq-w4a16", "--out", "published", "--repo-id", "my-org/SmolLM2-135M-AWQ"])
+    assert result.exit_code == 0, result.output
+    assert "no --repo-id" not in result.output
+    text = (card_project / "published" / "awq-w4a16" / "README.md").read_text()
+    assert 'LLM(model="my-org/SmolLM2-135M-AWQ")' in text and "vllm serve my-org/SmolLM2-135M-AWQ\n" in text
+    assert "your-org" not in text and "- name: SmolLM2-135M-AWQ\n" in text  # the model-index's name
+
+
 @pytest.mark.parametrize("case", ["no verdict", "not json", "the base", "not a folder", "not decided", "built again",
-                                  "out over an input"])
+                                  "out over an input", "not a repo id"])
 def test_quantize_card_refuses_bad_input_with_one_message_and_writes_nothing(card_project, case):
     args, expected = ["card", "models/fp8-w8a8", "--out", "published"], []
     verdict = card_project / "reports" / "verdict.json"
@@ -333,6 +691,9 @@ def test_quantize_card_refuses_bad_input_with_one_message_and_writes_nothing(car
         quant.write_text(json.dumps({**json.loads(quant.read_text()), "size_bytes": 1}))
         expected = ["models/fp8-w8a8/quant.json: not the build reports/verdict.json decided (size_bytes differ)",
                     "run `quantize report`"]
+    elif case == "not a repo id":
+        args += ["--repo-id", "my org/model"]
+        expected = ["--repo-id my org/model: not a Hub repository id", "pass ORG/NAME", "--repo-id my-org/awq-w4a16"]
     else:
         args[3], expected = "models", ["--out models", "contains the variant models/fp8-w8a8"]
     before = snapshot(card_project)

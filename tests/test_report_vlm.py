@@ -6,7 +6,7 @@ text-only model's report says none of it."""
 import re
 from html import unescape
 
-from pipeline.report.model_card import model_cards
+from pipeline.report.model_card import model_cards, run_settings
 from pipeline.settings.params import Params
 from pipeline.stages import report
 from report_fixture import demo_like, vlm_like
@@ -15,6 +15,7 @@ from report_fixture import demo_like, vlm_like
 def _report(tmp_path, fixture):
     results, models, params = fixture(tmp_path)
     out = report.run(results, tmp_path / "reports", Params.model_validate(params), models_dir=models)
+    out.params = Params.model_validate(params)
     return out.verdict, unescape(out.html.read_text()), out
 
 
@@ -67,13 +68,15 @@ def test_a_vlm_report_counts_vqa_states_the_vision_tower_and_names_each_speed_fi
 
     # ... and in the model card, with VQA's figure for the Hub and the pipeline tag of an image-text model
     card = model_cards(verdict, tasks={"vqa": "quant_vqa", "ppl-chat": "quant_ppl_chat"},
-                       speed_engine=None)["fp8-w8a8"]
+                       speed_engine=None, run=run_settings(verdict, out.params))["fp8-w8a8"]
     assert "pipeline_tag: image-text-to-text" in card
-    assert "type: visual-question-answering\n      name: vqa\n    dataset:\n      name: easy-VQA (test)\n      type: easy-vqa" in card
+    assert ("type: visual-question-answering\n      name: vqa\n    dataset:\n      name: easy-VQA test questions (100 items "
+            "scored)\n      type: easy-vqa\n      split: test") in card
     score = f"{100 * fp8['suites']['vqa']['base_score']:.1f}%"
-    assert f"| vqa | accuracy | {score} | {score} | +0.00 pts" in card
-    assert "- vision tower kept in bf16: 182 tensors bit-identical to the base's" in card
-    assert "- speed: vllm: 111 tok/s at batch 1 (text only, c=1) (1.3× base) (goodput 6.67k tok/s/GPU (text only)" in card
+    assert f"| vqa | easy-VQA test questions (accuracy) | 100 items | {score} | {score} | +0.00 pts" in card
+    assert "- **Vision tower**: vision tower kept in bf16: 182 tensors bit-identical to the base's" in card
+    assert "- vllm: 111 tok/s at batch 1 (text only, c=1) (1.3× base) (goodput 6.67k tok/s/GPU (text only)" in card
+    assert "AutoModelForImageTextToText" in card and '{"type": "image_url"' in card  # its snippets send an image
     assert "- output tokens/s by requests in flight (1 image): 1: 93," in card
     assert ("; 4 images: the same text with 4 images of 1024 x 1024 pixels (1,369 tokens each, by the model's image "
             f"processor), {kv4:,} KV tokens a request") in card
@@ -87,4 +90,4 @@ def test_a_text_only_models_report_says_nothing_of_loads_images_or_a_vision_towe
         assert words not in html, words
     assert verdict["variants"]["fp8-w8a8"]["capacity_line"] == "GO, 1.4× tokens/s, 1.8× KV capacity"
     for card in model_cards(verdict, tasks={}, speed_engine=None).values():
-        assert "text only" not in card and "- vision tower: none (a text-only model)" in card
+        assert "text only" not in card and "Vision tower" not in card and "AutoModelForCausalLM" in card

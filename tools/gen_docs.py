@@ -394,8 +394,9 @@ def model_card_page() -> str:
     return (GENERATED_NOTE.format(source=f"`{path}`") +
             f"# A model card, as the report writes it\n\nThe demo's card for `{variant}`, the variant its verdict ships "
             "first: `quantize report` writes one per decided variant into `reports/cards/<variant>/README.md`, from the "
-            "verdict itself (`quantize card models/<variant>` writes one from a `verdict.json`; see "
-            "[card](../commands.md#card)). The committed copy is `" + path + "`.\n\n"
+            "verdict itself (`quantize card models/<variant> --repo-id ORG/NAME` writes one from a `verdict.json`, its "
+            "usage snippets loading that repository; see [card](../commands.md#card)). The committed copy is `" + path +
+            "`, re-rendered from the committed verdict by `make example-cards`; below, whole, as the Hub shows it.\n\n"
             "## The header the Hub reads\n\n```yaml\n" + card.data.to_yaml() + "\n```\n\n"
             "## The card\n\n" + _demoted(card.text.strip()) + "\n")
 

@@ -195,12 +195,17 @@ def runs_for(engine: str, config: dict) -> list[Run]:
 
 # ---------------------------------------------------------------- what each engine does with it
 
-def _vllm_command(config: dict) -> str:
+def vllm_serve_command(kv_quantized: bool, dtype: str | None) -> str:
     """`vllm serve DIR` with what the checkpoint needs: its FP8 KV cache, served in bfloat16 (vLLM 0.24's FP8 attention
-    writes bfloat16 only: a float16 model died at its first request; pipeline/engines/vllm_server.py: serving_dtype)."""
-    if kv_strategy(config) == "none":
+    writes bfloat16 only: a float16 model died at its first request; pipeline/engines/vllm_server.py: serving_dtype).
+    `dtype`: the checkpoint's (config.json's)."""
+    if not kv_quantized:
         return "vllm serve DIR"
-    return "vllm serve DIR --kv-cache-dtype fp8" + (" --dtype bfloat16" if config_json.dtype(config) == "float16" else "")
+    return "vllm serve DIR --kv-cache-dtype fp8" + (" --dtype bfloat16" if dtype == "float16" else "")
+
+
+def _vllm_command(config: dict) -> str:
+    return vllm_serve_command(kv_strategy(config) != "none", config_json.dtype(config))
 
 
 # the serving engines SHOWN records runs of, each with the command that serves a checkpoint (DIR: its folder)
@@ -244,21 +249,40 @@ def _engine_entry(engine: str, config: dict) -> dict:
 def support_from_config(config: dict) -> dict[str, dict]:
     """{engine: {"serves": bool, "status": shown | refused | cannot | not shown, "how": str, ...}} for hf, vllm, lmdeploy;
     `command`: the command a recorded run served it with (shown), or the one to try (not shown)."""
-    result = {"hf": {"serves": True, "status": "in-process",
-                     "how": "in-process transformers; W4A16 dequantized and FP8 fake-quantized at load: right for "
-                            "accuracy, not a serving speed"}}
+    kind, kv = scheme(config), kv_strategy(config)
+    result = {"hf": {"serves": True, "status": "in-process", "how": f"in-process transformers; {in_process_precision(kind)}: "
+                     "right for accuracy, not a serving speed"}}
     for engine in SERVE_COMMANDS:
         result[engine] = _engine_entry(engine, config)
-    kind, kv = scheme(config), kv_strategy(config)
     # known from lmdeploy's loader: no run to try (an architecture it has no model for says so first)
     if kind.startswith("fp8") and result["lmdeploy"]["status"] not in ("shown", "cannot"):
         why = ("its FP8 KV cache takes one scale per tensor, where this variant has one per KV head"
                if kv == "per-head" else "it reads compressed-tensors checkpoints as int4 weights only")
+        # a GLM checkpoint reaches lmdeploy through `quantize export`, in ChatGLM's names (pipeline/checkpoints/export.py)
+        glm = architecture(config) in GLM_EXPORTED
+        split = (", and its ChatGLM loader splits every query_key_value tensor, so a fused QKV's static input scale "
+                 "does not load") if glm else ""
         result["lmdeploy"] = {"serves": False, "status": "cannot",
-                              "how": f"lmdeploy 0.18 cannot serve FP8 W8A8: {why}, and its ChatGLM loader splits every "
-                                     "query_key_value tensor, so a fused QKV's static input scale does not load; serve "
-                                     "it with vLLM"}
+                              "how": f"lmdeploy 0.18 cannot serve FP8 W8A8: {why}{split}; serve it with vLLM"}
     return result
+
+
+# the architectures `quantize export --engine lmdeploy` writes in ChatGLM's names
+GLM_EXPORTED = ("GlmForCausalLM", "ChatGLMModel", "ChatGLMForConditionalGeneration")
+
+
+def in_process_precision(kind: str) -> str:
+    """What an in-process engine (transformers, with compressed-tensors) does with a checkpoint of scheme `kind` at
+    load (pipeline/checkpoints/loading.py): its weights decompressed to the exact values they hold, an FP8 variant's
+    activations and KV cache fake-quantized with their calibrated scales in every forward."""
+    if kind == "none":
+        return "unquantized weights, as stored"
+    if kind.startswith("fp8"):
+        return ("FP8 weights decompressed at load to the values they hold; activations and KV cache fake-quantized to "
+                "FP8 with their scales in every forward")
+    if kind.startswith("w"):
+        return "int4 weights (and any int8 group) decompressed at load to the values they hold"
+    return "decompressed at load"
 
 
 def serving_support(model_dir: Path | str) -> dict[str, dict]:

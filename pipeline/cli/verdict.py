@@ -55,10 +55,13 @@ def card(
     verdict: Path = typer.Option(Path("reports/verdict.json"), help="The verdict the card is written from"),
     out: Path = typer.Option(Path("cards"), help="Where <variant>/README.md goes (the report stage writes every "
                                                 "decided variant's into reports/cards/)"),
+    repo_id: Optional[str] = typer.Option(None, help="The Hub repository the card is published in (ORG/NAME): its "
+                                          "usage snippets load it (default: your-org/<variant>, which the card says "
+                                          "to replace)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """One variant's model card (README.md, Hub front matter included), written from the verdict: what the report
-    stage writes into reports/cards/ for every decided variant."""
+    stage writes into reports/cards/ for every decided variant, with the repository it is published in."""
     from pipeline.report import card_file
 
     p = load_params(params_file)
@@ -66,7 +69,7 @@ def card(
     refuse_overlap(out, variant=variant_dir, verdict=verdict, base=p.model.base_dir, calibration_stats=stats,
                    params_file=params_file)
     with working():
-        result = card_file.run(variant_dir, verdict, out, p, calib_stats=stats)
+        result = card_file.run(variant_dir, verdict, out, p, calib_stats=stats, repo_id=repo_id)
     console.summary(result.summary())
 
 

@@ -33,6 +33,10 @@ CALIBRATION_STATE = "none"
 SERVING_FORMAT = "compressed-tensors float-quantized (FP8 W8A8, FP8 KV-cache scales)"
 CARD_TAGS = ("fp8", "w8a8")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 WEIGHT_BITS = 8  # bits per quantized weight (FP8 weights), before scales: the server plan sizes an unbuilt checkpoint by it
+CARD_WEIGHTS = "FP8 weights"  # what its checkpoint stores, in a model card's words
+# what an in-process engine does with it (pipeline/checkpoints/loading.py)
+CARD_PRECISION = (f"{CARD_WEIGHTS} decompressed at load to the values they hold; activations and KV cache "
+                  "fake-quantized to FP8 with their scales in every forward")
 COMPARED_WITH: dict[str, str] = {}
 
 
@@ -45,6 +49,17 @@ class Params(Section):
     kv: Literal["per-head", "per-tensor", "none"] = Field("per-head", description="FP8 KV-cache scales: per-head, "
                                                            "per-tensor, or none (KV cache unquantized)")
     batch_size: BatchSize = 32  # scales only
+
+
+def card_words(record: dict) -> str:
+    """What it changes, in a model card's words, from its quant.json record (its activations, KV cache, experts)."""
+    activations = {"static": "FP8 activations with one calibrated scale per tensor",
+                   "dynamic": "FP8 activations scaled per token at run time"}.get(record.get("activations"))
+    kv = {"per-head": "an FP8 KV cache with one calibrated scale per attention head",
+          "per-tensor": "an FP8 KV cache with one calibrated scale per tensor",
+          "none": "the KV cache unquantized"}.get(record.get("kv_cache"))
+    experts = ", MoE experts with per-token activation scales" if record.get("expert_scheme") else ""
+    return "FP8 weights with one scale per output channel" + "".join(f", {p}" for p in (activations, kv) if p) + experts
 
 
 def recipe(settings: Params, target: Target) -> Recipe:

@@ -29,6 +29,7 @@ CALIBRATION_STATE = "hessians"  # per layer: one float32 in x in matrix per quan
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16), with the activation order in config.json"
 CARD_TAGS = ("gptq", "w4a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 WEIGHT_BITS = 4  # bits per quantized weight (int4 weights), before scales: the server plan sizes an unbuilt checkpoint by it
+CARD_WEIGHTS, CARD_PRECISION = int4.CARD_WEIGHTS, int4.CARD_PRECISION
 COMPARED_WITH = {"awq": "the two calibrated W4A16 methods a W4A16 checkpoint is chosen between",
                  "rtn": "the GPTQ paper's baseline: the same int4 quantizer without error feedback"}
 
@@ -48,6 +49,11 @@ class Params(Section):
     block_size: int = Field(128, ge=1, le=4096, description="Columns quantized per block of the error update "
                             "(llm-compressor's default 128; memory, not the result)")
     batch_size: BatchSize = 32
+
+
+def card_words(record: dict) -> str:
+    """What it changes, in a model card's words, from its quant.json record."""
+    return f"{int4.card_words(record)}, by GPTQ (each rounding error fed back through its layer's Hessian)"
 
 
 def recipe(settings: Params, target: Target, eight_bit_targets: tuple[str, ...] = ()) -> Recipe:

@@ -79,5 +79,17 @@ def config_groups(group_size: int, symmetric: bool, eight_bit_targets: tuple[str
     return groups
 
 
+CARD_WEIGHTS = "int4 weights"  # what a W4A16 checkpoint stores, in a model card's words
+CARD_PRECISION = f"{CARD_WEIGHTS} decompressed at load to the values they hold"  # what an in-process engine does
+
+
+def card_words(record: dict) -> str:
+    """What W4A16 changes, from quant.json's record: "4-bit integer weights with one scale and zero point per group of
+    64 weights, activations in 16 bits"."""
+    zero = "" if record.get("symmetric") else " and zero point"
+    return (f"4-bit integer weights with one scale{zero} per group of {record.get('group_size')} weights, activations "
+            "in 16 bits")
+
+
 def scheme(group_size: int, symmetric: bool) -> str:
     return f"W4A16 {'symmetric' if symmetric else 'asymmetric'}, group {group_size}"

@@ -52,6 +52,8 @@ CALIBRATION_STATE = "activation-cache"  # the default base's (AWQ): the plan's m
 SEARCH_PASS_BYTES = awq.SEARCH_PASS_BYTES
 SERVING_FORMAT = "compressed-tensors pack-quantized, one config group per scheme (W4A16 and W8A16)"
 CARD_TAGS = ("mixed", "w4a16", "w8a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
+CARD_WEIGHTS = "int4 and int8 weights"  # what its checkpoint stores, in a model card's words
+CARD_PRECISION = f"{CARD_WEIGHTS} decompressed at load to the values they hold"  # what an in-process engine does
 COMPARED_WITH: dict[str, str] = {}
 
 
@@ -68,6 +70,16 @@ class Params(Section):
     group_size: int4.GroupSize = "auto"
     symmetric: int4.Symmetric = False
     batch_size: BatchSize = 32
+
+
+def card_words(record: dict) -> str:
+    """What it changes, in a model card's words, from its quant.json record: its base method's W4A16 and the groups
+    kept in 8 bits."""
+    base = BASES.get(record.get("base_method"))
+    words = base.card_words(record) if base is not None else int4.card_words(record)
+    bits = record.get("bits_per_weight")
+    return (f"{words}; {record.get('groups_in_8_bits')} of {record.get('groups_total')} groups of layers kept in 8-bit "
+            "integers (W8A16)" + (f", {bits:.2f} bits per weight on average" if bits is not None else ""))
 
 
 def sensitivity_path(settings: Params) -> Path:

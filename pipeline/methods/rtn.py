@@ -22,6 +22,7 @@ CALIBRATION_STATE = "none"
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16)"
 CARD_TAGS = ("rtn", "w4a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 WEIGHT_BITS = 4  # bits per quantized weight (int4 weights), before scales: the server plan sizes an unbuilt checkpoint by it
+CARD_WEIGHTS, CARD_PRECISION = int4.CARD_WEIGHTS, int4.CARD_PRECISION
 COMPARED_WITH: dict[str, str] = {}
 
 
@@ -32,6 +33,11 @@ class Params(Section):
     group_size: int4.GroupSize = "auto"
     symmetric: int4.Symmetric = False
     batch_size: BatchSize = 32  # the per-layer check's forward passes
+
+
+def card_words(record: dict) -> str:
+    """What it changes, in a model card's words, from its quant.json record."""
+    return f"{int4.card_words(record)}, rounded to nearest (no calibration)"
 
 
 def recipe(settings: Params, target: Target, eight_bit_targets: tuple[str, ...] = ()) -> Recipe:

@@ -2,15 +2,21 @@
 verdict.json (the report's, or one a CI run kept): the very card the report stage writes into reports/cards/<variant>/ from the same
 verdict (pipeline/report/model_card.py), with the base's source.json and the calibration summary beside it.
 
+`--repo-id ORG/NAME` names the Hub repository the card is published in: its usage snippets load it (without it they
+load your-org/<variant>, and the card says to replace it). What the publisher should check before uploading (a
+variant that is not a plain GO, a licence or base repository the base's source does not state, no repository id)
+is printed after the path, never written on the card.
+
 Refused with one message naming the file and the fix, and nothing written: a verdict that is missing or was not
-written by `quantize report`, a folder that is no variant (no quant.json) or one the verdict did not decide, and a
-variant built again since the verdict (its quant.json is not the one the verdict holds).
+written by `quantize report`, a folder that is no variant (no quant.json) or one the verdict did not decide, a
+variant built again since the verdict (its quant.json is not the one the verdict holds), and a repository id that is
+not one.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import UserError
@@ -28,9 +34,11 @@ IDENTITY = ("method", "scheme", "size_bytes", "calibration")  # what says two qu
 class CardResult:
     path: Path
     label: str
+    checks: list[str] = field(default_factory=list)  # what to check before publishing it
 
     def summary(self) -> str:
-        return f"card: wrote {self.path} ({self.label})"
+        return "\n".join([f"card: wrote {self.path} ({self.label})",
+                          *(f"  before publishing: {check}" for check in self.checks)])
 
 
 def read_verdict(path: Path) -> dict:
@@ -73,20 +81,27 @@ def _decided_variant(variant_dir: Path, verdict: dict, verdict_path: Path) -> st
 
 
 def run(variant_dir: Path | str, verdict_path: Path | str, out: Path | str, params: Params, *,
-        calib_stats: Path | str | None = None) -> CardResult:
+        calib_stats: Path | str | None = None, repo_id: str | None = None) -> CardResult:
     """Writes OUT/<variant>/README.md for the variant in `variant_dir`, from the verdict at `verdict_path`, the base's
-    source.json (params model.base_dir) and the calibration summary `calib_stats`."""
-    from pipeline.report.model_card import README, model_card
+    source.json (params model.base_dir) and the calibration summary `calib_stats`; `repo_id`: the Hub repository the
+    card is published in."""
+    from pipeline.report.card_text import valid_repo_id
+    from pipeline.report.model_card import README, model_card, publishing_checks, run_settings
     from pipeline.verdict.headline import label
 
+    if repo_id is not None and not valid_repo_id(repo_id):
+        raise UserError(f"--repo-id {repo_id}: not a Hub repository id; pass ORG/NAME (letters, digits, '-', '_' and "
+                        "'.', e.g. --repo-id my-org/awq-w4a16)")
     variant_dir, verdict_path, out = Path(variant_dir), Path(verdict_path), Path(out)
     verdict = read_verdict(verdict_path)
     name = _decided_variant(variant_dir, verdict, verdict_path)
     calib = inputs.read_json(Path(calib_stats)) if calib_stats and Path(calib_stats).is_file() else None
+    source = read_source_json(params.model.base_dir)
     try:
-        card = model_card(name, verdict, source=read_source_json(params.model.base_dir), calib=calib,
+        card = model_card(name, verdict, source=source, calib=calib,
                           tasks={suite: s.task for suite, s in params.suites.items()},
-                          speed_engine=params.verdict.speed_engine)
+                          speed_engine=params.verdict.speed_engine, repo_id=repo_id, run=run_settings(verdict, params))
+        checks = publishing_checks(name, verdict, source, repo_id)
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise UserError(f"{verdict_path}: variants.{name} is not as `quantize report` writes it ({type(exc).__name__}: "
                         f"{exc}); rerun `quantize report`") from None
@@ -94,4 +109,4 @@ def run(variant_dir: Path | str, verdict_path: Path | str, out: Path | str, para
                                         "base source": params.model.base_dir / "source.json",
                                         "calibration stats": calib_stats}) as tmp:
         (tmp / README).write_text(card.content, encoding="utf-8")
-    return CardResult(out / name / README, label(verdict["variants"][name]))
+    return CardResult(out / name / README, label(verdict["variants"][name]), checks)

@@ -182,11 +182,12 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
 
 def card_files(verdict: dict, params: Params, source: dict | None, calib: dict | None) -> dict[str, str]:
     """{cards/<variant>/README.md: its model card} for every variant the verdict decided (pipeline/report/model_card.py),
-    from the base's source.json and the calibration summary the page shows."""
-    from pipeline.report.model_card import README, model_cards
+    from the base's source.json and the calibration summary the page shows; the usage snippets name your-org/<variant>
+    (`quantize card --repo-id` writes one with the repository it is published in)."""
+    from pipeline.report.model_card import README, model_cards, run_settings
 
     cards = model_cards(verdict, source=source, calib=calib, tasks={name: s.task for name, s in params.suites.items()},
-                        speed_engine=params.verdict.speed_engine)
+                        speed_engine=params.verdict.speed_engine, run=run_settings(verdict, params))
     return {f"{CARDS}/{name}/{README}": text for name, text in cards.items()}
 
 

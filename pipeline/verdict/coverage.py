@@ -51,6 +51,16 @@ def _not_run(suite: str, variant: str, params: Params, results: dict) -> dict:
     return {"state": NOT_RUN, "key": None, "why": "no results"}  # not reached: a suite with both results is compared
 
 
+def not_applicable_why(skipped: dict[str, str | None]) -> str:
+    """Why a suite is not applicable, from each model's reason ({model: reason}): said once when the reasons agree
+    (a reason that opens with its model's folder name, "base: text-only model ...", compared without it), else per
+    model, each named once."""
+    reasons = {model: reason.removeprefix(f"{model}: ") for model, reason in skipped.items() if reason}
+    if len(set(reasons.values())) == 1:
+        return next(iter(reasons.values()))
+    return "; ".join(f"{model}: {reason}" for model, reason in reasons.items())
+
+
 def suite_coverage(variant: str, decision: str, params: Params, results: dict, not_applicable: dict[str, dict[str, str]],
                    suite_verdicts: list, perplexity: dict, judged: dict | None) -> dict:
     """variants.<variant>.coverage of verdict.json: each suite's state (and kind, decision, why, key), the suites
@@ -60,8 +70,7 @@ def suite_coverage(variant: str, decision: str, params: Params, results: dict, n
     for suite in params.suites:
         skipped = {model: not_applicable.get(model, {}).get(suite) for model in ("base", variant)}
         if any(skipped.values()):
-            reasons = {reason for reason in skipped.values() if reason}
-            why = reasons.pop() if len(reasons) == 1 else "; ".join(f"{m}: {r}" for m, r in skipped.items() if r)
+            why = not_applicable_why(skipped)
             suites[suite] = {"state": NOT_APPLICABLE, "why": why}
         elif suite in paired or suite in perplexity:
             v = paired.get(suite) or perplexity[suite]

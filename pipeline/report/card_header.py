@@ -1,0 +1,116 @@
+"""A model card's YAML header, the metadata the Hub reads (huggingface_hub's ModelCardData): `base_model` with
+`base_model_relation: quantized`, the base's licence as its source states it, `library_name`, `pipeline_tag`, tags,
+and the evaluation results.
+
+Where the results go. The Hub's documentation (docs/hub/model-cards.md, "Evaluation Results"; the spec in
+hub-docs' modelcard.md) still parses `model-index` from the README's front matter and shows it on the model page;
+its newer `.eval_results/*.yaml` files (docs/hub/eval-results.md; huggingface_hub's EvalResultEntry) are scores on a
+registered *benchmark* dataset (one with an eval.yaml naming the task, its config and split and the harness that
+scores it), aggregated into that benchmark's leaderboard. These figures are paired comparisons against the base on
+this project's own tasks (evals/: a GSM8K or HumanEval subset with its own prompt and scoring, the publisher's
+held-out conversations, Alice in Wonderland), often on a few dozen items: a leaderboard would rank them beside full
+runs of the benchmark's own harness. So they go in `model-index`, each dataset with its Hub id, config and split
+where it has one and the number of items scored in its name, and no `.eval_results/` file is written.
+
+Each counted suite's figure (accuracy, perplexity, the judge's win rate) and its recovery are verdict.json's numbers,
+unrounded; a recovery is named by what it divides: this model's accuracy over the base's, or the base's perplexity
+over this model's. A run on made-up weights (verdict.json's `synthetic`) puts no figure in the header.
+"""
+
+from __future__ import annotations
+
+from pipeline.report.card_text import method_module
+
+# Per shipped task (evals/README.md), the data it scores: (model-index dataset type: the Hub's id where there is one,
+# its name, config, split), and the unit its items are counted in
+SHIPPED_DATA = {
+    "quant_gsm8k": ("openai/gsm8k", "GSM8K test questions", "main", "test"),
+    "quant_humaneval": ("openai/openai_humaneval", "HumanEval problems", "openai_humaneval", "test"),
+    "quant_long_context": ("quant_long_context", "needle and multi-key retrieval in Alice in Wonderland", None, None),
+    "quant_vqa": ("easy-vqa", "easy-VQA test questions", None, "test"),
+    "quant_ppl_chat": ("quant_ppl_chat", "held-out conversations of the publisher's own logs", None, None),
+    "quant_ppl_book": ("quant_ppl_book", "Alice in Wonderland, 1,000-character documents", None, None),
+    "quant_ppl_gsm8k": ("openai/gsm8k", "GSM8K test questions with their reference solutions", "main", "test"),
+    "quant_ppl_humaneval": ("openai/openai_humaneval", "HumanEval prompts with their canonical solutions",
+                            "openai_humaneval", "test"),
+}
+JUDGE_DATA = ("quant_judge", "held-out prompts of the publisher's own logs, judged against the base's answers", None,
+              None)
+TASK_TYPES = {"quant_vqa": "visual-question-answering"}  # the Hub's task of a shipped suite, where not text-generation
+RECOVERY_NAMES = {"accuracy": "this model's accuracy / the base's", "perplexity": "the base's perplexity / this model's"}
+
+
+def data_of(suite: str, tasks: dict[str, str]) -> tuple[str, str, str | None, str | None]:
+    """The data a suite scores: (dataset type, name, config, split); a task this project does not ship by its name."""
+    task = tasks.get(suite) or suite
+    return SHIPPED_DATA.get(task, (task, task, None, None))
+
+
+def tags(quant: dict) -> list[str]:
+    """The scheme's tags: the method's (awq / gptq / rtn / mixed and the scheme it writes), a mixed variant's base
+    method, compressed-tensors and quantized."""
+    from pipeline import methods
+
+    base = methods.method(quant["base_method"]) if methods.is_method(quant.get("base_method")) else None
+    modules = [method_module(quant), base]
+    return list(dict.fromkeys([*(tag for m in modules if m is not None for tag in m.CARD_TAGS), "compressed-tensors",
+                               "quantized"]))
+
+
+def counted_figures(entry: dict) -> list[dict]:
+    """Per counted suite its figures as verdict.json holds them: {suite, kind, metric, value, base, recovery, n}, the
+    right/wrong suites (accuracy), the perplexity suites, then the judge (win rate)."""
+    rows = []
+    for suite, d in sorted((entry.get("suites") or {}).items()):
+        if d.get("counted"):
+            rows.append({"suite": suite, "kind": "accuracy", "metric": "accuracy", "value": d["variant_score"],
+                         "base": d["base_score"], "recovery": d.get("recovery"), "n": d.get("n")})
+    for suite, d in sorted((entry.get("perplexity") or {}).items()):
+        if d.get("counted"):
+            rows.append({"suite": suite, "kind": "perplexity", "metric": "perplexity", "value": d["variant_ppl"],
+                         "base": d["base_ppl"], "recovery": d.get("recovery"), "n": d.get("n")})
+    judge = entry.get("judge") or {}
+    if judge.get("counted"):
+        rows.append({"suite": "judge", "kind": "judge", "metric": "win_rate", "value": judge["summary"]["win_rate"],
+                     "base": 0.5, "recovery": None, "n": judge["summary"].get("n")})
+    return rows
+
+
+UNITS = {"accuracy": "items", "perplexity": "documents", "judge": "pairs"}
+
+
+def eval_results(entry: dict, tasks: dict[str, str]) -> list:
+    """huggingface_hub EvalResults: per counted suite its figure and, where defined, its recovery (verdict.json's
+    numbers, unrounded), each dataset with its config and split and the items scored in its name."""
+    from huggingface_hub import EvalResult
+
+    results = []
+    for row in counted_figures(entry):
+        kind, suite = row["kind"], row["suite"]
+        dataset, name, config, split = JUDGE_DATA if kind == "judge" else data_of(suite, tasks)
+        scored = f" ({row['n']} {UNITS[kind]} scored)" if row["n"] else ""
+        common = {"task_type": TASK_TYPES.get(tasks.get(suite) or suite, "text-generation"), "task_name": suite,
+                  "dataset_type": dataset, "dataset_name": name + scored, "dataset_config": config,
+                  "dataset_split": split}
+        results.append(EvalResult(**common, metric_type=row["metric"], metric_value=row["value"],
+                                  metric_name=f"{suite} {row['metric'].replace('_', ' ')}"))
+        if row["recovery"] is not None:
+            results.append(EvalResult(**common, metric_type="recovery", metric_value=row["recovery"],
+                                      metric_name=f"{suite} recovery ({RECOVERY_NAMES[kind]})"))
+    return results
+
+
+def card_data(name: str, entry: dict, verdict: dict, origin: dict, tasks: dict[str, str], repo_id: str | None):
+    """The YAML header the Hub reads (huggingface_hub.ModelCardData)."""
+    from huggingface_hub import ModelCardData
+
+    quant = entry.get("quant") or {}
+    vision = ((quant.get("verify") or {}).get("vision") or {}).get("vision_tensors")
+    fields = {"base_model": origin.get("hub_id"), "base_model_relation": "quantized" if origin.get("hub_id") else None,
+              "license": origin.get("license"), "license_name": origin.get("license_name"),
+              "license_link": origin.get("license_link"), "library_name": "transformers",
+              "pipeline_tag": "image-text-to-text" if vision else "text-generation", "tags": tags(quant),
+              "model_name": repo_id.split("/")[-1] if repo_id else name}
+    if not verdict.get("synthetic"):  # made-up weights: their figures go on no model page
+        fields["eval_results"] = eval_results(entry, tasks) or None
+    return ModelCardData(**{key: value for key, value in fields.items() if value is not None})

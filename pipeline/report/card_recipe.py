@@ -1,0 +1,215 @@
+"""A model card's creation and reproduction sections: the `quantize` commands and the params.yaml that built the
+variant (the base's conversion, the calibration set, the variant's own settings as its quant.json recorded them),
+the versions they ran on, the calibration data in words, the checks after quantizing; then what scores it again
+with the published checkpoint (its repository id), the suites, engine and margins the verdict was decided with.
+
+Every setting comes from the verdict (the variant's quant.json as it holds it, its suites' items and margins, the
+run's environment), the base's source.json and the calibration summary; the engine's dtype and the suites'
+generation settings from params.yaml only where it is the one the verdict was decided under (`run`). Nothing here
+reads a file.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from pipeline.report.card_header import data_of
+from pipeline.report.card_text import binary_size, code, md, method_module, names, repo_id_or_placeholder, source_file
+
+CALIB_DIR = "calib"  # where the recipe's `quantize calib` writes (its calib.out): the held-out conversations too
+RANKING_DIR = "ranking"  # where the recipe's `quantize kl --rank` writes a fix's ranking (sensitivity.json beside kl.json)
+RANKING = f"{RANKING_DIR}/sensitivity.json"
+QUANT_KEYS = {"kv": "kv_cache", "base": "base_method"}  # a method's setting -> the quant.json key recording it
+LEFT_OUT = {"method", "batch_size", "sensitivity"}  # not the variant's recipe: memory only, or a path of the run
+BUILD_PACKAGES = ("llmcompressor", "compressed-tensors", "transformers", "torch")
+HELD_OUT_TASKS = ("quant_ppl_chat",)  # the shipped tasks that score the held-out conversations (options.data)
+
+
+def variant_settings(quant: dict) -> dict:
+    """The variant's params.yaml entry, from what its quant.json recorded of each of its method's settings."""
+    module = method_module(quant)
+    if module is None:
+        return {"method": quant.get("method")}
+    found = {"method": quant["method"]}
+    for field in module.Params.model_fields:
+        key = QUANT_KEYS.get(field, field)
+        if field not in LEFT_OUT and key in quant:
+            found[field] = quant[key]
+    return found
+
+
+def _yaml(data: dict) -> list[str]:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip().splitlines()
+
+
+def _versions(verdict: dict, packages) -> str:
+    found = ((verdict.get("environment") or {}).get("packages") or {})
+    return ", ".join(f"{name} {found[name]}" for name in packages if found.get(name))
+
+
+def _model_section(source: dict | None, origin: dict) -> tuple[dict, list[str]]:
+    """params.yaml's `model` and the command that fetches the source first (a Hub repository)."""
+    found = source_file(source) or "SOURCE"
+    fetch = []
+    if source and source.get("kind") != "gguf" and origin.get("hub_id"):  # a folder of a Hub repository's files
+        found = origin["hub_id"].split("/")[-1]
+        fetch = [f"hf download {origin['hub_id']} --local-dir {found}"]
+    model = {"source": found}
+    if (source or {}).get("dtype"):
+        model["dtype"] = source["dtype"]
+    return model, fetch
+
+
+def _calib_section(quant: dict, calib: dict | None) -> dict:
+    used = quant.get("calibration") or {}
+    section = {"source": source_file({"source": (calib or {}).get("source")}) or "conversations.jsonl",
+               "out": CALIB_DIR}
+    if used.get("seq_len"):
+        section["seq_len"] = used["seq_len"]
+    if used.get("blocks"):
+        section["num_blocks"] = used["blocks"]
+    if calib and calib.get("holdout") is not None:
+        section["holdout"] = calib["holdout"]
+    if calib and calib.get("redaction") is not None:
+        section["redact"] = bool(calib["redaction"])
+    return section
+
+
+def creation_params(name: str, entry: dict, verdict: dict, source: dict | None, origin: dict,
+                    calib: dict | None) -> tuple[dict, list[str]]:
+    """params.yaml (model, calib, variants) and the commands that build the variant with it."""
+    quant = entry.get("quant") or {}
+    model, fetch = _model_section(source, origin)
+    variants = {}
+    commands = [*fetch, "quantize resave", "quantize calib"]
+    fix_of = entry.get("fix_of")
+    fixed = ((verdict.get("variants") or {}).get(fix_of) or {}).get("quant") if fix_of else None
+    variants[name] = variant_settings(quant)
+    if fixed:  # the fix: its W4A16 variant first, its groups ranked by the KL each costs, then the variant itself
+        variants = {fix_of: variant_settings(fixed), name: {**variants[name], "sensitivity": RANKING}}
+        commands += [f"quantize variant {fix_of}", f"quantize kl models/{fix_of} --rank --out {RANKING_DIR}/kl.json"]
+    commands.append(f"quantize variant {name}")
+    return {"model": model, "calib": _calib_section(quant, calib), "variants": variants}, commands
+
+
+def creation(name: str, entry: dict, verdict: dict, *, source: dict | None, origin: dict,
+             calib: dict | None) -> list[str]:
+    """The creation section's lines (under its heading)."""
+    quant = entry.get("quant") or {}
+    env = verdict.get("environment") or {}
+    params, commands = creation_params(name, entry, verdict, source, origin, calib)
+    made = (f"Made with `quantize` (glm-quant-pipeline, git revision {md(env.get('git_revision') or 'not recorded')}) "
+            f"on {md(_versions(verdict, BUILD_PACKAGES) or 'package versions not recorded')}"
+            + (f", on {md(env['machine'])}" if env.get("machine") else "")
+            + (f", {md(env['generated'])}" if env.get("generated") else "") + ": this params.yaml, then the commands "
+            "below (the variant's folder is models/" + md(name) + ").")
+    unknown = ([f"{code('SOURCE')} stands for the checkpoint the base was converted from, which was not recorded "
+                "with this card.", ""] if params["model"]["source"] == "SOURCE" else [])
+    return [made, "", "```yaml", *_yaml(params), "```", "", "```bash", *commands, "```", "", *unknown,
+            *recipe_facts(quant), *calibration(quant, calib)]
+
+
+def recipe_facts(quant: dict) -> list[str]:
+    """What the recipe kept out, the groups a mixed variant keeps in 8 bits, the checks after quantizing."""
+    lines = []
+    module = method_module(quant)
+    if module is not None:
+        lines.append(f"- method: {md(quant['method'])}: {md(module.SUMMARY)}")
+    for pattern, why in (quant.get("ignored") or {}).items():
+        lines.append(f"- kept in full precision: {code(pattern)} ({md(why)})")
+    if quant.get("groups_in_8_bits") is not None:
+        kept = [g["name"] for g in quant.get("groups") or [] if g.get("scheme") == "W8A16"]
+        lines.append(f"- kept in 8 bits (W8A16): {quant['groups_in_8_bits']} of {quant.get('groups_total')} groups, "
+                     "those whose int4 error cost the W4A16 variant most KL from the base: " + md(", ".join(kept)))
+    verify = quant.get("verify") or {}
+    plan = verify.get("plan") or {}
+    checks = [f"{plan.get('quantized')} of {plan.get('planned')} planned linear layers quantized" if plan else
+              f"{quant.get('quantized_modules')} linear layers quantized",
+              "reloads and generates" if verify.get("reloads") else "reload not checked"]
+    if (verify.get("layer_error") or {}).get("max") is not None:
+        checks.append(f"largest relative layer error {verify['layer_error']['max']:.4f} "
+                      f"({verify['layer_error'].get('worst_layer')})")
+    lines.append(f"- checked after quantizing: {md('; '.join(checks))}")
+    if quant.get("size_bytes"):
+        lines.append(f"- size: {binary_size(quant['size_bytes'])}")
+    return lines
+
+
+REDACTED = {"email": "e-mail addresses", "phone": "phone numbers", "card": "card numbers", "iban": "IBANs",
+            "ip": "IP addresses"}  # pipeline/calib/redact.py's kinds, in words (which kinds, never how many)
+
+
+def calibration(quant: dict, calib: dict | None) -> list[str]:
+    """The calibration data in words: how many tokens of which conversations, what kinds of personal data were
+    redacted, what was held out. A method whose weights no data shapes (RTN, and a mixed variant on RTN) says so."""
+    weights_from = method_module({"method": quant.get("base_method")}) or method_module(quant)
+    used = quant.get("calibration") or {}
+    blocks = f"{used.get('blocks')} blocks of {used.get('seq_len')} tokens"
+    lines = []
+    if weights_from is not None and not weights_from.NEEDS_CALIBRATION:
+        lines.append(f"- calibration: none: the {weights_from.NAME} method rounds each weight on its own, so no data "
+                     f"shaped them ({blocks} were read only to check the checkpoint)")
+    elif not calib:
+        lines.append(f"- calibration: {blocks}; where they came from was not recorded with this card")
+    else:
+        kinds = [REDACTED.get(kind, kind) for kind in calib.get("redactions") or {}]
+        redacted = (f", {names(kinds) if kinds else 'personal data'} redacted" if calib.get("redaction") else "")
+        lines.append(f"- calibration: {blocks} from {calib.get('calib_conversations')} conversations of the "
+                     f"publisher's own logs{redacted}; {calib.get('holdout')} more conversations held out, never "
+                     "calibrated on")
+    if quant.get("groups_in_8_bits") is not None:
+        lines.append("- the groups kept in 8 bits were ranked by the KL from the base each costs, on the held-out "
+                     "conversations")
+    return lines
+
+
+# ---------------------------------------------------------------- scoring it again
+
+def reproduction_params(name: str, entry: dict, verdict: dict, tasks: dict[str, str], run: dict | None) -> dict:
+    """params.yaml's engine, suites and verdict margins the verdict was decided with (the generation settings and
+    the engine's dtype only where `run`, the params.yaml of that run, has them)."""
+    suites, margins = {}, {}
+    run_suites = (run or {}).get("suites") or {}
+    for part in ("suites", "perplexity"):
+        for suite, d in (entry.get(part) or {}).items():
+            setting = {"task": tasks.get(suite) or data_of(suite, tasks)[0], "limit": d.get("n")}
+            known = run_suites.get(suite) or {}
+            setting.update({k: v for k, v in known.items() if k in ("task", "limit")
+                            or (k == "max_new_tokens" and part == "suites")})
+            if known.get("options", {}).get("data") or setting["task"] in HELD_OUT_TASKS:  # `quantize calib` writes them
+                setting["options"] = {"data": f"{CALIB_DIR}/holdout.jsonl"}
+            suites[suite] = setting
+            if d.get("margin") is not None:
+                margins[suite] = d["margin"]
+    scored = sorted({e for row in verdict.get("engines") or [] for e in row.get("engines") or []})
+    engine = {"name": (run or {}).get("engine") or scored[0]} if (run or {}).get("engine") or scored else {}
+    if (run or {}).get("dtype"):
+        engine["dtype"] = run["dtype"]
+    confidence = next((d.get("confidence") for part in ("suites", "perplexity")
+                       for d in (entry.get(part) or {}).values() if d.get("confidence")), None)
+    verdict_section = {"margins": {"suites": margins}}
+    if confidence:
+        verdict_section = {"confidence": confidence, **verdict_section}
+    return {**({"engine": engine} if engine else {}), "suites": suites, "verdict": verdict_section}
+
+
+def reproduction(name: str, entry: dict, verdict: dict, *, tasks: dict[str, str], repo_id: str | None,
+                 run: dict | None) -> list[str]:
+    """The reproduction section's lines (under its heading)."""
+    repo = repo_id_or_placeholder(name, repo_id)
+    env = verdict.get("environment") or {}
+    params = reproduction_params(name, entry, verdict, tasks, run)
+    lm_eval = _versions(verdict, ("lm-eval",))
+    held_out = [s for s, d in params["suites"].items() if d.get("options")]
+    lines = [f"With glm-quant-pipeline at git revision {md(env.get('git_revision') or 'not recorded')} (its evals/ "
+             f"folder holds these suites as lm-eval tasks{', run by ' + md(lm_eval) if lm_eval else ''}), the "
+             "creation section's params.yaml and these sections added to it, the published checkpoint is scored "
+             "again against the base, item by item, and decided as above:", "",
+             "```yaml", *_yaml(params), "```", "",
+             "```bash", f"hf download {repo} --local-dir models/{name}", "quantize resave", "quantize calib",
+             "quantize eval models/base", f"quantize eval models/{name}", "quantize report", "```"]
+    if held_out:
+        lines += ["", f"{md(names(held_out))} score{'s' if len(held_out) == 1 else ''} the held-out conversations "
+                  "of the publisher's own logs, which are not published with the model: without them "
+                  f"{'it is' if len(held_out) == 1 else 'they are'} left out."]
+    return lines

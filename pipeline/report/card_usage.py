@@ -1,0 +1,189 @@
+"""A model card's deployment section: how to run the published checkpoint, by its repository id, with vLLM (Python and
+`vllm serve`) and with transformers, whether a run of a checkpoint like it was recorded on the GPU machine
+(pipeline/checkpoints/serving.py: shown, refused, or not tried), the GPU memory it needs, and its speed.
+
+vLLM's flags are the ones the recorded run served it with (the verdict's serving entry), or, for a verdict written
+before entries carried their command, those its scheme needs (serving.vllm_serve_command). lmdeploy is left out: a
+Hub user serves a compressed-tensors checkpoint with vLLM or loads it with transformers, and lmdeploy needs this
+project's `quantize export` first. Nothing here reads a file.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pipeline.verdict.figures as figures
+from pipeline.checkpoints.serving import vllm_serve_command
+from pipeline.report.card_text import binary_size, code, md, method_module, repo_id_or_placeholder
+from pipeline.report.deploy import served_by, speed_state
+
+PROMPT = "Give me three tips for writing a clear bug report."
+
+
+def vllm_flags(entry: dict, source: dict | None) -> list[str]:
+    """The flags `vllm serve` takes for this checkpoint: the recorded run's (or the command to try), else what its
+    scheme needs."""
+    vllm = (entry.get("serving") or {}).get("vllm") or {}
+    command = vllm.get("command")
+    if not command and "try: " in str(vllm.get("how") or ""):  # a verdict written before entries had their command
+        command = str(vllm["how"]).split("try: ", 1)[1].split(" (or ")[0]
+    if not command:
+        kv = (entry.get("quant") or {}).get("kv_cache")
+        command = vllm_serve_command(kv not in (None, "none"), (source or {}).get("dtype"))
+    words = shlex.split(command)
+    return words[3:] if words[:3] == ["vllm", "serve", "DIR"] else []
+
+
+def python_arguments(flags: list[str]) -> list[str]:
+    """`vllm serve` flags as vllm.LLM's keyword arguments: --kv-cache-dtype fp8 -> kv_cache_dtype="fp8", a JSON
+    value as the Python value it is, a flag alone as True."""
+    found, i = [], 0
+    while i < len(flags):
+        key = flags[i].lstrip("-").replace("-", "_")
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            raw = flags[i + 1]
+            try:
+                value = json.loads(raw) if raw[:1] in "[{" else raw
+            except ValueError:
+                value = raw
+            found.append(f"{key}={json.dumps(value) if isinstance(value, str) else repr(value)}")
+            i += 2
+        else:
+            found.append(f"{key}=True")
+            i += 1
+    return found
+
+
+def vllm_state(entry: dict, name: str) -> dict:
+    """vLLM's row of where the variant is served (pipeline/report/deploy.py: shown, refused or not tried)."""
+    return next((row for row in served_by(entry.get("serving"), name) if row["engine"] == "vllm"),
+                {"state": "not tried", "detail": ""})
+
+
+def _vllm(entry: dict, name: str, repo: str, source: dict | None, vision: bool) -> list[str]:
+    row = vllm_state(entry, name)
+    vllm = (entry.get("serving") or {}).get("vllm") or {}
+    arch = (entry.get("quant") or {}).get("architecture")
+    checkpoint = f"a {md(arch)} checkpoint" if arch else "a checkpoint of this architecture"
+    if row["state"] == "refused":
+        return [f"**vLLM**: {md(row['detail'])}, so it is not served with vLLM; transformers loads it (below)."]
+    if row["state"] == "shown":
+        tested = (f"vLLM {md(vllm.get('version') or '')} served {checkpoint} in this format on the "
+                  f"publisher's GPU machine ({md(vllm.get('date') or 'date not recorded')}).")
+    else:
+        tested = (f"Not yet tested on vLLM: no vLLM run of {checkpoint} in this format was recorded. These "
+                  "are the commands vLLM takes for it.")
+    flags = vllm_flags(entry, source)
+    arguments = ", ".join([f'model="{repo}"', *python_arguments(flags)])
+    content = ('[{"type": "image_url", "image_url": {"url": "https://example.com/image.png"}}, '
+               '{"type": "text", "text": "Describe the image."}]' if vision else f'"{PROMPT}"')
+    return [f"**vLLM**. {tested}", "",
+            "```python", "from vllm import LLM, SamplingParams", "",
+            f"llm = LLM({arguments})",
+            f'messages = [{{"role": "user", "content": {content}}}]',
+            "outputs = llm.chat(messages, SamplingParams(temperature=0, max_tokens=256))",
+            "print(outputs[0].outputs[0].text)", "```", "",
+            "As an OpenAI-compatible server:", "",
+            "```bash", " ".join(["vllm serve", repo, *(shlex.quote(f) for f in flags)]), "```"]
+
+
+def _transformers(quant: dict, repo: str, vision: bool) -> list[str]:
+    module = method_module(quant)
+    what = f"its {module.CARD_WEIGHTS}" if module is not None else "its weights"
+    head = (f"**transformers** (with the `compressed-tensors` package) loads it too, decompressing {what} at load: "
+            "right for checking its answers, not a serving speed.")
+    if vision:
+        body = ["from transformers import AutoModelForImageTextToText, AutoProcessor", "",
+                f'model_id = "{repo}"',
+                "processor = AutoProcessor.from_pretrained(model_id)",
+                'model = AutoModelForImageTextToText.from_pretrained(model_id, device_map="auto")',
+                'messages = [{"role": "user", "content": [{"type": "image", "path": "image.png"}, '
+                '{"type": "text", "text": "Describe the image."}]}]',
+                "inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, "
+                'return_dict=True, return_tensors="pt").to(model.device)',
+                "outputs = model.generate(**inputs, max_new_tokens=256)",
+                'print(processor.decode(outputs[0][inputs["input_ids"].shape[-1]:], skip_special_tokens=True))']
+    else:
+        body = ["from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                f'model_id = "{repo}"',
+                "tokenizer = AutoTokenizer.from_pretrained(model_id)",
+                'model = AutoModelForCausalLM.from_pretrained(model_id, device_map="auto")',
+                f'messages = [{{"role": "user", "content": "{PROMPT}"}}]',
+                "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, "
+                'return_tensors="pt").to(model.device)',
+                "outputs = model.generate(**inputs, max_new_tokens=256)",
+                'print(tokenizer.decode(outputs[0][inputs["input_ids"].shape[-1]:], skip_special_tokens=True))']
+    return [head, "", "```python", *body, "```"]
+
+
+def gpu_memory(name: str, entry: dict, verdict: dict) -> list[str]:
+    """What it holds on the GPU: its weights (the checkpoint's size), and what a recorded bench measured of its
+    weights and KV cache pool."""
+    quant = entry.get("quant") or {}
+    size, base_size = quant.get("size_bytes"), quant.get("base_size_bytes")
+    lines = []
+    if size:
+        lines.append(f"- weights: {binary_size(size)}" + (f", {figures.share(size / base_size)} of the base's "
+                                                          f"{binary_size(base_size)}" if base_size else ""))
+    row = (verdict.get("speed") or {}).get(name) or {}
+    cap = row.get("capacity") or {}
+    if cap.get("weight_bytes") and cap.get("kv_cache_bytes"):
+        share = (row.get("engine_settings") or {}).get("gpu_memory_utilization")
+        lines.append(f"- measured with {md(row.get('engine'))} {md(row.get('engine_version') or '')} on "
+                     f"{md(row.get('device'))}: weights {binary_size(cap['weight_bytes'])} + KV cache pool "
+                     f"{binary_size(cap['kv_cache_bytes'])}" + (f" ({cap['kv_cache_tokens']:,} tokens)"
+                                                                 if cap.get("kv_cache_tokens") else "")
+                     + (f", the server given {figures.share(share)} of the GPU's memory" if share else ""))
+    lines.append("- the KV cache comes on top of the weights: vLLM gives it what `--gpu-memory-utilization` leaves of "
+                 "the GPU, and `--max-model-len` bounds what one request may hold")
+    return lines
+
+
+def speed(name: str, entry: dict, verdict: dict, speed_engine: str | None) -> list[str]:
+    """Its speed where a bench measured it (tokens/s by requests in flight, on which device), else "not measured"."""
+    state = speed_state(name, entry, verdict.get("speed") or {}, speed_engine, binary_size)
+    if state["state"] != "measured":
+        return ["- not measured" + (f": {md(state['more'][0])}" if state["state"] == "refused" and state["more"] else "")]
+    lines = [f"- {md(state['text'])}" + (f" ({md('; '.join(state['more']))})" if state["more"] else "")]
+    row = (verdict.get("speed") or {}).get(name) or {}
+    for load in row.get("loads") or ([{"label": None, "tokens_per_s": row["tokens_per_s"]}] if row.get("tokens_per_s")
+                                     else []):
+        which = f" ({md(load['label'])})" if load.get("label") else ""
+        lines.append(f"- output tokens/s by requests in flight{which}: "
+                     + ", ".join(f"{c}: {figures.rate(v)}" for c, v in load["tokens_per_s"].items()))
+    lines.append(f"- measured with {md(row.get('engine'))} {md(row.get('engine_version') or '')} on "
+                 f"{md(row.get('device'))}, {md(row.get('date') or '')}, {row.get('input_len')} tokens in, "
+                 f"{row.get('output_len')} out per request"
+                 + "".join(f"; {md(load['label'])}: {images_sent(load)}" for load in row.get("loads") or []
+                           if load.get("images_per_request")))
+    return lines
+
+
+def images_sent(load: dict) -> str:
+    """"the same text with 1 image of 1024 x 1024 pixels (1,369 tokens each, by the model's image processor), 1,525 KV
+    tokens a request"."""
+    size = load.get("image_size")
+    shown = f" of {size[0]} x {size[1]} pixels" if isinstance(size, list) and len(size) == 2 else ""
+    tokens = load.get("image_tokens_per_image")
+    each = f" ({tokens:,} tokens each, by the model's image processor)" if isinstance(tokens, int) else (
+        f" ({tokens} tokens each on average, by the model's image processor)" if tokens is not None else "")
+    kv = load.get("kv_tokens_per_request")
+    return (f"the same text with {load['images_per_request']} image{'s' if load['images_per_request'] != 1 else ''}"
+            f"{shown}{each}" + (f", {kv:,} KV tokens a request" if kv is not None else ""))
+
+
+def deployment(name: str, entry: dict, verdict: dict, *, repo_id: str | None, source: dict | None, vision: bool,
+               speed_engine: str | None) -> list[str]:
+    """The deployment section's lines (under its heading)."""
+    repo = repo_id_or_placeholder(name, repo_id)
+    quant = entry.get("quant") or {}
+    lines = []
+    if not repo_id:
+        lines += [f"{code(repo)} stands for the repository this card is published in: replace it (`quantize card "
+                  f"--repo-id ORG/NAME` writes the card with it).", ""]
+    lines += [*_vllm(entry, name, repo, source, vision), "", *_transformers(quant, repo, vision), "",
+              "### GPU memory", "", *gpu_memory(name, entry, verdict), "",
+              "### Speed", "", *speed(name, entry, verdict, speed_engine)]
+    return lines
+
