@@ -38,7 +38,7 @@ DEFAULTS = {
              "max_num_batched_tokens": None, "max_num_seqs": None, "server_command": ["vllm", "serve"],
              "server_env": {}, "server_args": [], "defect_workarounds": True, "start_timeout": 900.0,
              "share_server": True, "server_idle_timeout": None, "max_servers": 1, "kv_cache_memory": "auto",
-             "non_kv_memory_gib": 4.0, "device_memory_gib": None, "warm_servers": False, "build_memory_fraction": 0.5,
+             "non_kv_memory_gib": 4.0, "device_memory_gib": None, "plan_request_tokens": 768, "warm_servers": False, "build_memory_fraction": 0.5,
              "score_ahead": False},
     "lmdeploy": {"name": "lmdeploy", "batch_size": 32, "dtype": "float32", "tensor_parallel_size": 1},
     "openai": {"name": "openai", "batch_size": 32, "timeout": 120.0, "retries": 3, "max_response_bytes": 16777216,

@@ -119,7 +119,7 @@ def test_the_gpu_dag_loads_models_in_process_before_any_server_and_benches_every
     assert {s for s in planned if s.startswith("judge@")} == {f"judge@{m}" for m in models[1:]}
     assert planned[-1] == "report"
     targets = ["warm@base", "evaluate@base", "bench@base", "kl@fp8-w8a8"]
-    wanted = ["resave", "warm@base", "calib", "quantize@fp8-w8a8", "kl@fp8-w8a8", "evaluate@base", "bench@base"]
+    wanted = ["code", "resave", "warm@base", "calib", "quantize@fp8-w8a8", "kl@fp8-w8a8", "evaluate@base", "bench@base"]
     assert [s for s in planned if s in wanted] == wanted  # the whole run's order, restricted to what they need
     quantize_repro = [sys.executable, "-m", "pipeline.cli.launcher", "repro", "--dry", "--force", *targets]
     plain = set()

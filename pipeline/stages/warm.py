@@ -38,9 +38,8 @@ def _bits_and_group(p, name: str) -> tuple[float, int | None]:
     group = group if isinstance(group, int) else (GROUP_WHEN_AUTO if group is not None else None)
     if fixed is not None:
         return float(p.fix.max_bits), group
-    if settings.method == "mixed":
-        return float(settings.max_bits), group
-    return float(methods.method(settings.method).WEIGHT_BITS), group
+    bits = getattr(methods.method(settings.method), "WEIGHT_BITS", None)  # none: a budget of its own (mixed)
+    return float(bits if bits is not None else settings.max_bits), group
 
 
 def shares(p, device_bytes: int):
