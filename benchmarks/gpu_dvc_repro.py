@@ -503,6 +503,7 @@ class Run:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         wall = time.perf_counter() - started
+        self.state.setdefault("gpu_samples", []).append(self.sample_gpu())  # the servers are still up here
         if outcome == "cut" or (outcome == "done" and keep):  # the run goes on in the next call (a fix added to the
             self.hold(grace)                                  # finished run): its servers wait `grace` seconds
         else:
@@ -516,6 +517,33 @@ class Run:
         self.state["done"] = outcome == "done"
         self.save()
         return outcome
+
+    def sample_gpu(self) -> dict | None:
+        """What each of the run's servers holds on the GPU now (nvidia-smi's per-process memory, summed over the
+        server's process group: vLLM's engine core is a child of `vllm serve`) beside what the server plan gave it
+        (the registry's gpu_bytes), and the GPU's total use; None without nvidia-smi."""
+        if not shutil.which("nvidia-smi"):
+            return None
+        sys.path.insert(0, str(REPO))
+        from pipeline.engines.server_registry import entries
+
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout
+        used: dict[int, int] = {}
+        for line in apps.splitlines():
+            try:
+                pid, mib = (int(x) for x in line.split(","))
+                used[os.getpgid(pid)] = used.get(os.getpgid(pid), 0) + (mib << 20)
+            except (ValueError, ProcessLookupError, PermissionError):
+                continue
+        total = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True).stdout.split(",")
+        servers = {Path(e.get("model_path") or "?").name: {"planned_bytes": e.get("gpu_bytes"),
+                                                            "used_bytes": used.get(e.get("server_pid"))}
+                   for e in entries(self.work / "servers").values()}
+        return {"at": round(time.time(), 1), "servers": servers,
+                "gpu_used_bytes": int(total[0]) << 20 if total and total[0].strip().isdigit() else None,
+                "gpu_total_bytes": int(total[1]) << 20 if len(total) > 1 and total[1].strip().isdigit() else None}
 
     def drop_source_once_resaved(self) -> None:
         """The random source checkpoint is resave's input only (model.source is a param, not a file dep: DVC
@@ -623,6 +651,8 @@ class Run:
             "variants": self.variant_figures(),
             # the servers' plan on this GPU as `quantize warm` printed it (engine.kv_cache_memory: fitted), and the GPU
             "server_plan": self.server_plan(), "gpu": gpu_name(),
+            # at the end of each call: each server's GPU memory (nvidia-smi) beside its plan's
+            "gpu_samples": self.state.get("gpu_samples", []),
         }
 
     def server_plan(self) -> dict | None:
