@@ -67,8 +67,17 @@ REPO = Path(__file__).resolve().parent.parent
 STARTED_ENV = dict(os.environ)
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-dvc-out"))
 VSITE = os.environ.get("VLLM_SITE", "/tmp/vsite")
-IGNORE = shutil.ignore_patterns(".git", ".venv", ".device", ".vllm-*", "models", "results", ".cache", "__pycache__",
+_IGNORED = shutil.ignore_patterns(".git", ".venv", ".device", ".gpu-carry", ".vllm-*", "models", "results", ".cache", "__pycache__",
                                 "*.egg-info", ".pytest_cache", "build", "index.html", "verdict.json", "dvc.lock")
+
+
+def IGNORE(folder: str, names: list[str]) -> set[str]:  # noqa: N802 - copytree's ignore, as shutil's own
+    """What the run's copy of the checkout leaves out: the patterns above, and a report a `make demo` here left in
+    reports/ (its links, followed by the copy, would be plain folders the run's report stage refuses to replace)."""
+    left = set(_IGNORED(folder, names))
+    if Path(folder).name == "reports" and Path(folder).parent == REPO:
+        left |= {n for n in names if n.startswith(".report") or n == "cards"}
+    return left
 
 
 # ------------------------------------------------------------ the base the run is built on (--model)

@@ -45,3 +45,9 @@ if [ "${1:-}" = "--scipy" ]; then
   du -sh .device-scipy
 fi
 du -sh "$dest"
+# .gpu-carry/wheels (git-ignored): .device/wheels without lmdeploy's server wheels, which a vLLM run does not use, so
+# that vLLM's last part, DVC's wheels, these and the checkout travel in one 64 MiB carry (docs/results/h200-run.md)
+rm -rf .gpu-carry/wheels && mkdir -p .gpu-carry/wheels && cp .device/wheels/*.whl .gpu-carry/wheels/
+(cd .gpu-carry/wheels && rm -f openai_harmony-* apache_tvm_ffi-* xgrammar-* pyzmq-* mmengine_lite-* fire-* yapf-* \
+  addict-* shortuuid-* termcolor-*)
+du -sh .gpu-carry/wheels

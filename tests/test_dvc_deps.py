@@ -11,6 +11,7 @@ import pytest
 
 from conftest import REPO
 from pipeline.cli import code_deps as dvc_deps
+from pipeline.cli.app import app
 
 FILES = dvc_deps.DVC_FILES
 
@@ -27,7 +28,7 @@ def covers(deps: list[str], path: str) -> bool:
 @pytest.fixture(scope="module")
 def derived():
     modules = dvc_deps.read_package()
-    return {name: dvc_deps.expected((REPO / name).read_text(), modules) for name in FILES}
+    return {name: dvc_deps.expected((REPO / name).read_text(), app, modules) for name in FILES}
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -52,7 +53,7 @@ def test_the_code_files_list_exactly_what_each_command_imports_with_hashes(tmp_p
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     texts = [(REPO / name).read_text() for name in FILES]
-    for command, listing in dvc_deps.by_command(texts).items():
+    for command, listing in dvc_deps.by_command(texts, app).items():
         path = tmp_path / "code" / f"{command}.txt"
         files = dvc_deps.read_code_file(path)
         assert files == [f.relative_to(REPO).as_posix() for f in dvc_deps.files_of(listing)]

@@ -80,7 +80,8 @@ def test_every_folder_is_a_layer_and_few_modules_stay_at_the_top():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 8, top
     stages = {p.stem for p in (PACKAGE / "stages").glob("*.py")} - {"__init__"}
-    assert stages == {"calib", "resave", "quantize", "evaluate", "kl", "sensitivity", "fix", "judge", "bench", "report"}
+    assert stages == {"calib", "resave", "quantize", "evaluate", "kl", "sensitivity", "fix", "judge", "bench", "report",
+                      "warm"}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:

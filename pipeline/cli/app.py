@@ -254,7 +254,7 @@ def code(
     file, so an edit reruns exactly the stages whose code it changes."""
     from pipeline.cli import code_deps
 
-    counts = code_deps.write_code(out, Path.cwd())
+    counts = code_deps.write_code(out, Path.cwd(), app)
     console.summary(f"code: {len(counts)} commands' code files in {out} "
                     f"({', '.join(f'{c} {n}' for c, n in counts.items())} files)")
 

@@ -293,15 +293,15 @@ class Reach:
             self.member(target, attr) if attr else self.add(target)
 
 
-def command_roots(subcommand: str) -> list[tuple[str, str]]:
+def command_roots(subcommand: str, app) -> list[tuple[str, str]]:
     """The units `quantize <subcommand>` runs: the console script's launcher (pipeline/cli/launcher.py), the CLI's
     top level, typer's callback, the command's function and the `stage` wrapper around it, as typer registered
-    them."""
-    sys.path.insert(0, str(REPO))
-    from pipeline.cli.app import app
+    them on `app` (pipeline.cli.app's, handed in by the caller: this module is one of its commands')."""
 
     def unit_of(function) -> tuple[str, str]:
-        return function.__module__, function.__qualname__.split(".")[0]
+        module = function.__module__  # `python -m pipeline.cli.app`: __main__, whose spec names the module
+        spec = getattr(sys.modules.get(module), "__spec__", None) if module == "__main__" else None
+        return (spec.name if spec else module), function.__qualname__.split(".")[0]
 
     roots = [("pipeline.cli.launcher", TOP), ("pipeline.cli.launcher", "main"), ("pipeline.cli.app", TOP)]
     if app.registered_callback is not None:
@@ -317,11 +317,11 @@ def command_roots(subcommand: str) -> list[tuple[str, str]]:
     raise SystemExit(f"quantize {subcommand}: no such subcommand registered on pipeline.cli.app's app")
 
 
-def derive(subcommand: str, other_deps: list[str], modules: dict[str, Module] | None = None) -> list[str]:
+def derive(subcommand: str, other_deps: list[str], app, modules: dict[str, Module] | None = None) -> list[str]:
     """The pipeline/ deps of a stage whose command is `quantize <subcommand>` and whose other deps are `other_deps`."""
     modules = modules or read_package()
     reach = Reach(modules)
-    for module, unit in command_roots(subcommand):
+    for module, unit in command_roots(subcommand, app):
         reach.add(module, unit)
     for dep in other_deps:  # python files lm-eval (or anything) imports from the stage's other inputs
         path = REPO / dep
@@ -371,7 +371,7 @@ def stages(text: str) -> dict[str, dict]:
     return result
 
 
-def expected(text: str, modules: dict[str, Module] | None = None) -> dict[str, list[str]]:
+def expected(text: str, app, modules: dict[str, Module] | None = None) -> dict[str, list[str]]:
     """{stage: its derived pipeline/ deps} for every stage of a dvc.yaml that runs `quantize` (but the code stage)."""
     modules = modules or read_package()
     result = {}
@@ -379,7 +379,7 @@ def expected(text: str, modules: dict[str, Module] | None = None) -> dict[str, l
         words = stage["cmd"].split()
         if len(words) < 2 or words[0] != "quantize" or words[1] == CODE_STAGE:
             continue
-        result[name] = derive(words[1], other_deps(stage), modules)
+        result[name] = derive(words[1], other_deps(stage), app, modules)
     return result
 
 
@@ -399,7 +399,7 @@ def code_deps(text: str) -> dict[str, list[str]]:
             and stage["cmd"].split()[1] != CODE_STAGE}
 
 
-def by_command(texts: list[str], modules: dict[str, Module] | None = None) -> dict[str, list[str]]:
+def by_command(texts: list[str], app, modules: dict[str, Module] | None = None) -> dict[str, list[str]]:
     """{subcommand: the pipeline/ files it reaches} over every `quantize` stage of the dvc.yaml texts (a command
     run by several stages, e.g. `kl` by kl and rank: what any of them reaches)."""
     modules = modules or read_package()
@@ -409,7 +409,7 @@ def by_command(texts: list[str], modules: dict[str, Module] | None = None) -> di
             words = stage["cmd"].split()
             if len(words) < 2 or words[0] != "quantize" or words[1] == CODE_STAGE:
                 continue
-            found.setdefault(words[1], set()).update(derive(words[1], other_deps(stage), modules))
+            found.setdefault(words[1], set()).update(derive(words[1], other_deps(stage), app, modules))
     return {command: sorted(files) for command, files in sorted(found.items())}
 
 
@@ -426,7 +426,7 @@ def files_of(listing: list[str]) -> list[Path]:
     return sorted(out)
 
 
-def write_code(out: Path, project: Path) -> dict[str, int]:
+def write_code(out: Path, project: Path, app) -> dict[str, int]:
     """The code stage: out/<subcommand>.txt for every `quantize` subcommand that the project's dvc.yaml and the
     profiles run, each line `sha256  path` of a file it reaches, hashed in the project (the files DVC tracks as the
     code stage's deps; the package imported when the project holds none). Returns {subcommand: files}."""
@@ -438,7 +438,7 @@ def write_code(out: Path, project: Path) -> dict[str, int]:
     texts += [(REPO / relative).read_text(encoding="utf-8") for relative in DVC_FILES[1:]]
     out.mkdir(parents=True, exist_ok=True)
     counts = {}
-    for command, listing in by_command(texts).items():
+    for command, listing in by_command(texts, app).items():
         files = files_of(listing)
         lines = [f"# what `quantize {command}` runs: every pipeline/ file it imports or reads beside them "
                  "(pipeline/cli/code_deps.py), with its sha256\n"]

@@ -302,7 +302,7 @@ class VLLMEngine:
         if self.settings.kv_cache_memory != "fitted":
             return None
         import pipeline.engines.shared as shared
-        from pipeline.engines import server_plan
+        import pipeline.engines.server_plan as server_plan
 
         share, device = fitted_share(self.model_dir, self.settings)
         beside = sorted(Path(e.get("model_path") or "?").name for e in shared.entries().values()

@@ -110,7 +110,7 @@ def server_command_for(model_dir: Path, settings: Settings) -> list[str]:
 def fitted_share(model_dir: Path, settings: Settings):
     """engine.kv_cache_memory: fitted. This checkpoint's server share of the GPU (pipeline/engines/server_plan.py):
     its weights, the KV pool its requests need or what is left, the reserve; and the GPU's memory."""
-    from pipeline.engines import server_plan
+    import pipeline.engines.server_plan as server_plan
     from pipeline.engines.long_context import context_length
 
     device = _device_bytes(settings, "fitted")
