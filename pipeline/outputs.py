@@ -331,12 +331,13 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 
 
 def human_size(n_bytes: int) -> str:
+    """A size in binary units, named as such: 1 KiB is 1,024 bytes, 1 GiB 1,073,741,824 (nvidia-smi's MiB, vLLM's GiB)."""
     size = float(n_bytes)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    return f"{size:.1f} GB"
+    return f"{size:.1f} GiB"
 
 
 class Stopwatch:

@@ -86,15 +86,20 @@ def test_the_planner_and_the_methods_recipes_are_deps_of_the_quantize_stages_onl
 
 def test_the_derivation_follows_what_runs(derived):
     """On the real code: the engine registry's targets reach the stages that make engines (eval: hf, vLLM and the
-    supervisor it starts with -m); every stage validates params.yaml's `engine` as the section its engine's module
-    declares (as `variants` with the method modules), so every stage depends on the engine modules, as on the
-    method modules; KL stops idle servers (engines/shared.py); the report reads the serving table."""
+    supervisor it starts with -m); every stage validates params.yaml's `engine` with the engines' sections
+    (engines/sections.py), which import no engine's code, so a stage that runs no engine (resave, calib, quantize,
+    report) does not depend on the engines' modules: an edit to vllm_server.py reruns no quantization; KL and
+    quantize stop idle servers (engines/shared.py); the report reads the serving table."""
     deps = derived["dvc.yaml"]
-    assert covers(deps["evaluate"], "pipeline/engines/hf.py") and covers(deps["evaluate"], "pipeline/engines/supervisor.py")
+    engine_code = ["pipeline/engines/hf.py", "pipeline/engines/vllm.py", "pipeline/engines/vllm_server.py",
+                   "pipeline/engines/lmdeploy.py", "pipeline/engines/openai.py", "pipeline/engines/supervisor.py"]
+    assert all(covers(deps["evaluate"], path) for path in engine_code)
     for stage in deps.values():
-        assert covers(stage, "pipeline/engines/__init__.py") and covers(stage, "pipeline/engines/vllm.py")
+        assert covers(stage, "pipeline/engines/__init__.py") and covers(stage, "pipeline/engines/sections.py")
         assert covers(stage, "pipeline/engines/settings.py") and covers(stage, "pipeline/methods/awq.py")
-    assert covers(deps["kl"], "pipeline/engines/shared.py")
+    for stage in ("resave", "calib", "quantize", "report"):
+        assert not [path for path in engine_code if covers(deps[stage], path)], stage
+    assert covers(deps["kl"], "pipeline/engines/shared.py") and covers(deps["quantize"], "pipeline/engines/shared.py")
     assert covers(deps["report"], "pipeline/checkpoints/serving.py")
     assert covers(deps["report"], "pipeline/report/template.html")  # package data beside a reached module
 

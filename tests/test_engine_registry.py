@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "report/card_usage.py": {"vllm"},
 }
 
-# each engine's defaults, written once: in its module's Settings (the fields every engine shares: engines/settings.py)
+# each engine's defaults, written once: in its section (engines/sections.py; the fields every engine shares: engines/settings.py)
 DEFAULTS = {
     "hf": {"name": "hf", "batch_size": 32, "max_batch_tokens": 65536, "dtype": "float32", "threads": 0},
     "vllm": {"name": "vllm", "batch_size": 32, "timeout": 600.0, "retries": 1, "max_response_bytes": 16777216,

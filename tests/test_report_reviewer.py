@@ -105,9 +105,9 @@ def test_served_refused_not_tried_and_speed_in_words_and_memory_the_models_own(t
     assert "vllm: shown</span> <span class=\"small serve-detail\">gpu_vllm_bench.json" in fp8
     assert "lmdeploy: refused</span> <span class=\"small serve-detail\">lmdeploy 0.18 cannot serve FP8 W8A8<" in fp8
     assert "vllm: 244 tok/s at batch 1 (1.5× base)" in fp8 and "goodput 7k tok/s/GPU (1.4× base)" in fp8
-    assert "KV cache 900k tokens (1.8× base)" in fp8 and "memory 42.0 GB: weights 17.0 GB + KV pool 25.0 GB" in fp8
-    assert "30.0 GB" not in page  # the device's total with every server up is no model's memory
-    assert "weights 17.0 GB; KV pool not recorded" in page  # the base's bench.json has no pool: said
+    assert "KV cache 900k tokens (1.8× base)" in fp8 and "memory 42.0 GiB: weights 17.0 GiB + KV pool 25.0 GiB" in fp8
+    assert "30.0 GiB" not in page  # the device's total with every server up is no model's memory
+    assert "weights 17.0 GiB; KV pool not recorded" in page  # the base's bench.json has no pool: said
     awq = page[page.index('id="row-awq-w4a16"'):page.index('class="rests-row"', page.index('id="row-awq-w4a16"'))]
     assert "lmdeploy: not tried</span> <span class=\"small serve-detail\"><code>quantize export models/awq-w4a16 " \
            "--engine lmdeploy, then …</code>" in awq

@@ -25,6 +25,19 @@ def test_codes_equal_compressed_tensors_own_unpacking(num_bits, packed_dim, shap
     assert torch.equal(ours, theirs) and torch.equal(ours, codes)
 
 
+@pytest.mark.parametrize("packed_dim", [0, 1])
+@pytest.mark.parametrize("shape", [(64, 576), (3, 1), (2, 5, 40)])
+def test_codes_stay_on_the_device_of_what_was_packed(packed_dim, shape):
+    """The codes come back where the packed words were, as compressed-tensors' own: a zero point (packed along dim 0,
+    transposed, copied) once came back on the host from a GPU load, and dequantizing every asymmetric W4A16 checkpoint
+    on the GPU failed with "cuda:0 and cpu" (H100, 2026-12-06). The meta device stands in for the GPU here (the
+    values are checked against compressed-tensors' on the host above; its own function takes no meta tensor)."""
+    # contiguous, as a tensor read from a checkpoint is (the packer's own output along dim 0 is a transposed view)
+    packed = pack_to_int32(torch.zeros(shape, dtype=torch.int8), 4, packed_dim=packed_dim).contiguous().to("meta")
+    ours = unpack_codes(packed, 4, torch.Size(shape), packed_dim=packed_dim)
+    assert ours.device == packed.device and ours.shape == shape and ours.dtype == torch.int8
+
+
 def test_other_widths_keep_compressed_tensors_own_function_and_it_is_put_back():
     original = base.unpack_from_int32
     codes = torch.randint(-4, 4, (5, 70), dtype=torch.int8)

@@ -23,10 +23,10 @@ import torch
 from pipeline.errors import UserError
 from pipeline.console import progress
 
-# the uncompressed checkpoints the pipeline writes (resave, export) in shards of at most 1 GB: DVC hashes the files of
-# a directory output side by side (core.checksum_jobs, .dvc/config), one file per thread, so a checkpoint in one file
-# is hashed by one thread (10.6 GB of FP8 in one file took 21.7 s of DVC's time on the H200, 2026-12-02). The
-# quantize stage's compressed checkpoints stay in one file (pipeline/stages/quantize.py says why).
+# every checkpoint the pipeline writes (resave, quantize, fix, export) in shards of at most 1 GB: DVC hashes the
+# files of a directory output side by side (core.checksum_jobs, .dvc/config), one file per thread, so a 10.6 GB FP8
+# checkpoint in one file took 21.7 s of DVC's time after its stage on the H200 (2026-12-02). (The W4A16 failure of
+# the H100 run of 2026-12-06, first put down to shards, was a zero point unpacked to the host: unpack.py.)
 MAX_SHARD_BYTES = 10**9
 MAX_SHARD = "1GB"  # the same, as transformers' save_pretrained(max_shard_size=...) takes it
 CHUNK_BYTES = 64 << 20

@@ -29,7 +29,9 @@ def unpack_codes(value, num_bits: int, shape, packed_dim: int = 1):
     if packed_dim == 0:
         value = value.transpose(0, 1)
     if value.stride(-1) != 1 or not value.is_contiguous():  # (a size-1 dimension can leave a stride that view refuses)
-        value = torch.empty(value.shape, dtype=value.dtype).copy_(value)
+        # on the value's own device: a zero point (packed along dim 0) copied to the host broke the dequantization
+        # of every asymmetric W4A16 checkpoint loaded onto a GPU (H100, 2026-12-06: cuda:0 and cpu)
+        value = torch.empty(value.shape, dtype=value.dtype, device=value.device).copy_(value)
     rows, cols = value.shape[0], int(shape[packed_dim])
     data = value.view(torch.uint8)  # (rows, words x 4), bytes in memory order: the lowest bits first
     if num_bits == 4:

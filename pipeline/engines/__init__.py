@@ -7,35 +7,46 @@ uses the checkpoint's own chat template and tokenizer, so switching engines chan
 In-process engines also time single requests (`timed_generate`) for `quantize bench`; server
 engines are timed over HTTP by the bench itself.
 
-An engine is one module, registered in MODULES below, the one place engine names live. It declares:
-  Settings   its params.yaml section, a subclass of EngineSettings (pipeline/engines/settings.py: the fields
-             every engine shares): `engine:` is validated as the Settings of the engine `engine.name` names, so
-             each default is written once, in its engine's module, and an unknown key is refused with the
-             engine that takes it
-  SPEC       its EngineSpec: its Settings, its class ("module:Class", made with (model_dir, settings, **what
-             the stage supplies: a log path, a progress callback)) and what it can do (local_weights,
-             starts_server, likelihoods, images, deployed, ...). Callers ask these flags (`capability`),
-             never compare a name.
-Adding an engine is its module and its entry in MODULES (and its row in the README).
+An engine is one module, registered in ENGINES below, the one place engine names live, by:
+  its section   params.yaml's `engine:` when `engine.name` names it, a subclass of EngineSettings in
+                pipeline/engines/sections.py (every engine's section, each default written once there)
+  its EngineSpec  its section, its class ("module:Class", made with (model_dir, settings, **what the stage
+                supplies: a log path, a progress callback)) and what it can do (local_weights, starts_server,
+                likelihoods, images, deployed, ...). Callers ask these flags (`capability`), never compare a name.
+Adding an engine is its module, its section and its entry in ENGINES (and its row in the README).
 
-This module stays light (the engine modules import their heavy libraries when an engine is made): params.py
-imports it to validate `engine` and engine names.
+This module stays light: it names each engine's class by a string and imports an engine's module only when that
+engine is made, warmed or checked (make_engine, warm, require), so params.py validates `engine` without importing
+any engine's code, and a stage that runs no engine (resave, calib, quantize) does not depend on them
+(pipeline/cli/code_deps.py follows the strings from the functions that import them).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from pipeline.engines import hf, lmdeploy, openai, vllm
 from pipeline.engines.base import (  # noqa: F401  (the engine protocol's types, for callers)
     Completion, GenRequest, Timing, eos_token_ids, to_completion, truncate_at_stop,
 )
 from pipeline.engines.records import PEAK_IN_FLIGHT, STALLS, STARTS, engine_start_seconds  # noqa: F401
+from pipeline.engines.sections import HFSettings, LMDeploySettings, OpenAISettings, VLLMSettings
 from pipeline.engines.settings import EngineSettings, EngineSpec  # noqa: F401
 
-MODULES = (hf, vllm, lmdeploy, openai)  # the registry, in the order help texts list the engines
-ENGINES: dict[str, EngineSpec] = {module.SPEC.name: module.SPEC for module in MODULES}
-DEFAULT = hf.SPEC.name  # the engine that runs everywhere: params.yaml's `engine` without a name
+SPECS = (  # the registry, in the order help texts list the engines
+    EngineSpec("hf", HFSettings, "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True,
+               images=True, vision_target="pipeline.engines.vision:VisionEngine", package="transformers",
+               shown_as="transformers"),
+    EngineSpec("vllm", VLLMSettings, "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
+               starts_server=True, likelihoods=True, images=True, deployed=True, package="vllm",
+               warm="pipeline.engines.vllm:warm", shown_as="vLLM"),
+    EngineSpec("lmdeploy", LMDeploySettings, "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA",
+               "in-process", "lmdeploy", package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy",
+               deployed=True, shown_as="lmdeploy"),
+    EngineSpec("openai", OpenAISettings, "pipeline.engines.openai:OpenAIEngine", "a running server", "http",
+               local_weights=False, images=True),
+)
+ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in SPECS}
+DEFAULT = "hf"  # the engine that runs everywhere: params.yaml's `engine` without a name
 
 
 class Engine(Protocol):

@@ -6,12 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from typing import Literal
-
-from pydantic import Field
-
 from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
-from pipeline.engines.settings import EngineSettings, EngineSpec, ModelDtype
+from pipeline.engines.sections import HFSettings as Settings  # its params section
 from pipeline.formats.chat import render_prompt
 
 # Scoring a batch keeps the logits of the scored positions only, in float32: at most this many bytes
@@ -23,20 +19,6 @@ def fed_tokens(context: list[int], continuation: list[int]) -> tuple[int, ...]:
     """The tokens a scoring request feeds the model: its context and its continuation but the last token, which is
     only predicted."""
     return tuple(context) + tuple(continuation[:-1])
-
-
-class Settings(EngineSettings):
-    """`engine:` with `name: hf`: transformers in this process (CPU or GPU)."""
-
-    name: Literal["hf"] = "hf"
-    max_batch_tokens: int = Field(65536, ge=1, le=1 << 24)  # rows x (longest prompt + new tokens) per batch
-    dtype: ModelDtype = "float32"
-    threads: int = Field(0, ge=0, le=1024)  # CPU threads (0: torch's default)
-
-
-SPEC = EngineSpec("hf", Settings, "pipeline.engines.hf:HFEngine", "in-process", "in-process", likelihoods=True,
-                  images=True, vision_target="pipeline.engines.vision:VisionEngine", package="transformers",
-                  shown_as="transformers")
 
 
 class HFEngine:

@@ -20,14 +20,10 @@ import logging
 import time
 from pathlib import Path
 
-from typing import Literal
-
-from pydantic import Field
-
 from pipeline.checkpoints import checkpoint, config_json
 from pipeline.engines.base import Completion, GenRequest, Timing, eos_token_ids, to_completion
 from pipeline.engines.replies import token_ids
-from pipeline.engines.settings import EngineSettings, EngineSpec, ModelDtype
+from pipeline.engines.sections import LMDeploySettings as Settings  # its params section
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
@@ -91,19 +87,6 @@ def remove_stale_exports(model_dir: Path, current: Path, cache_root: Path) -> No
                 log.warning(f"export: left {old} in place: {exc}")
                 continue
             log.info(f"export: removed {old} ({human_size(size)}), an export of {model_dir} made before it changed")
-
-
-class Settings(EngineSettings):
-    """`engine:` with `name: lmdeploy`: lmdeploy's PyTorch engine in this process, on the GPUs."""
-
-    name: Literal["lmdeploy"] = "lmdeploy"
-    dtype: ModelDtype = "float32"  # float32: the checkpoint's own dtype (lmdeploy's auto)
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
-
-
-SPEC = EngineSpec("lmdeploy", Settings, "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA", "in-process",
-                  "lmdeploy", package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy", deployed=True,
-                  shown_as="lmdeploy")
 
 
 class LMDeployEngine:

@@ -40,47 +40,19 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Callable, Literal, TypeVar
-
-from pydantic import Field, field_validator
+from typing import Callable, TypeVar
 
 import pipeline.engines.replies as replies  # not `from pipeline.engines import`: the registry imports this module
 from pipeline.checkpoints import checkpoint, config_json
 from pipeline.engines.base import Completion, GenRequest, eos_token_ids, to_completion, truncate_at_stop
 from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
 from pipeline.engines.inflight import LOST_AFTER_S, POLL_S, LoadProbe, Runner, Tracker
-from pipeline.engines.settings import EngineSpec, HTTPSettings, env_var_name
+from pipeline.engines.sections import PROMPT_FORMATS, OpenAISettings as Settings  # its params section
 from pipeline.errors import UserError
 from pipeline.formats.chat import render_prompt
 
 MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is treated as a plain failure after that wait
-PromptFormat = Literal["tokens", "text", "chat"]
-PROMPT_FORMATS = PromptFormat.__args__
 T = TypeVar("T")
-
-
-class Settings(HTTPSettings):
-    """`engine:` with `name: openai`: a server already running that serves the checkpoint being evaluated (vLLM,
-    lmdeploy api_server, ...). The judge's openai backend takes the judge section's own settings."""
-
-    name: Literal["openai"] = "openai"
-    base_url: str | None = None  # e.g. http://127.0.0.1:8000/v1
-    model: str | None = None  # the served model's name
-    api_key_env: str | None = None  # NAME of the environment variable holding the key, never the key
-    # tokens: our rendered prompt as token ids to /v1/completions (no token changes); text: the same as text;
-    # chat: messages to /v1/chat/completions, the server's own chat template
-    prompt_format: PromptFormat = "tokens"
-    concurrency: int = Field(8, ge=1, le=256)  # requests in flight
-
-    _key_is_named = field_validator("api_key_env")(lambda value: env_var_name(value))
-
-    def check(self) -> None:
-        if not self.model:
-            raise UserError("params.yaml: engine.model: with the openai engine, set the served model's name")
-
-
-SPEC = EngineSpec("openai", Settings, "pipeline.engines.openai:OpenAIEngine", "a running server", "http",
-                  local_weights=False, images=True)
 
 
 class OpenAIEngine:

@@ -1,9 +1,9 @@
 """What every engine declares: its params.yaml section (a subclass of EngineSettings: the `engine:` mapping when
 `engine.name` names it) and its EngineSpec (what it can do, where its class lives).
 
-Each engine module (hf.py, vllm.py, lmdeploy.py, openai.py) declares `Settings` and `SPEC`; the registry
-(pipeline/engines/__init__.py) lists the modules. Nothing here imports the registry or params.py (params.py
-validates `engine` with the registry's sections, as it validates `variants` with the methods').
+The sections are in pipeline/engines/sections.py, the specs in the registry (pipeline/engines/__init__.py). Nothing
+here imports the registry or params.py (params.py validates `engine` with the registry's sections, as it validates
+`variants` with the methods').
 """
 
 from __future__ import annotations

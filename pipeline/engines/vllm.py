@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Literal
-
-from pydantic import Field, model_validator
 
 import pipeline.engines.openai as openai  # not `from pipeline.engines import`: the registry imports this module
 import pipeline.engines.replies as replies
@@ -48,7 +45,7 @@ from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.http import FatalError, RetryableError, get_ok
 from pipeline.engines.inflight import vllm_load
 from pipeline.engines.openai import OpenAIEngine
-from pipeline.engines.settings import MAX_TIMEOUT_S, EngineSpec, HTTPSettings
+from pipeline.engines.sections import VLLMSettings as Settings  # its params section
 from pipeline.engines.server import ServerProcess, free_port
 from pipeline.engines.vision import IMAGE_PLACEHOLDER, image_markup, is_multimodal, render_images
 from pipeline.engines.vllm_server import (  # noqa: F401  (the server's command line, re-exported: the registry's warm)
@@ -58,78 +55,6 @@ from pipeline.engines.vllm_server import (  # noqa: F401  (the server's command 
 )
 from pipeline.errors import UserError
 
-KvCacheDtype = Literal["checkpoint", "auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"]
-
-
-class Settings(HTTPSettings):
-    """`engine:` with `name: vllm`: `vllm serve`, started by the stage. vLLM's settings keep vLLM's own names."""
-
-    name: Literal["vllm"] = "vllm"
-    # float16 / bfloat16: served in it; None (or float32, an in-process engine's setting carried over): the
-    # checkpoint's own dtype
-    dtype: Literal["float32", "float16", "bfloat16"] | None = None
-    timeout: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)  # seconds for a whole request: a long suite's last one waits
-    retries: int = Field(1, ge=0, le=20)  # the lost-request watchdog asks a lost one again (inflight.py)
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
-    enable_expert_parallel: bool = False  # MoE experts spread over the GPUs instead of sliced (--enable-expert-parallel)
-    max_model_len: int | None = Field(None, ge=16, le=1 << 21)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    # checkpoint: fp8 when the checkpoint carries FP8 KV-cache scales (served with them), else the model's dtype
-    kv_cache_dtype: KvCacheDtype = "checkpoint"
-    enable_prefix_caching: bool | None = None  # None: vLLM's default
-    max_num_batched_tokens: int | None = Field(None, ge=16, le=1 << 24)
-    max_num_seqs: int | None = Field(None, ge=1, le=4096)
-    server_command: list[str] = ["vllm", "serve"]  # another interpreter: [python3, -m, vllm.entrypoints.cli.main, serve]
-    server_env: dict[str, str] = {}  # extra environment for the server only (e.g. PYTHONPATH of its own install)
-    server_args: list[str] = []  # further `vllm serve` flags, passed as given
-    # add the settings that avoid known vLLM defects hitting the checkpoint (vllm_defects.py, e.g. GLM-4.1V's image
-    # positions under --enforce-eager); false: vLLM as it ships (the report still names them)
-    defect_workarounds: bool = True
-    start_timeout: float = Field(900.0, gt=0, le=7200)  # seconds for the server to answer /health
-    # one server per checkpoint and settings for the whole `dvc repro` (shared.py): stages attach to the server an
-    # earlier stage started; false: every stage starts and stops its own
-    share_server: bool = True
-    # seconds without a stage before a shared server stops; None: it lives until the run ends (DVC's stage order
-    # can leave a model unused for many minutes before its next stage; a restart costs ~100 s on the H200)
-    server_idle_timeout: float | None = Field(None, gt=0, le=86400)
-    max_servers: int = Field(1, ge=1, le=16)  # servers kept at once (idle ones beyond: stopped, oldest first)
-    # the KV pool: auto, sized by vLLM's start-up profiling (the server must have the GPU to itself while it starts:
-    # the profiling reads the whole device's free memory); planned, gpu_memory_utilization x the GPU's memory less
-    # the checkpoint's weights and non_kv_memory_gib, so a server can start while other work runs; fitted, the pool
-    # its requests need (batch_size x plan_request_tokens tokens, at least one of max_model_len) or what is left,
-    # each server sized from what it holds and gpu_memory_utilization the share of the GPU the run's servers hold
-    # together: as many resident at once as fit (pipeline/engines/server_plan.py)
-    kv_cache_memory: Literal["auto", "planned", "fitted"] = "auto"
-    non_kv_memory_gib: float = Field(4.0, ge=0, le=1024)  # planned, fitted: activations, CUDA graphs, the CUDA context
-    device_memory_gib: float | None = Field(None, gt=0, le=1 << 20)  # planned, fitted: one GPU's memory (None: nvidia-smi)
-    # fitted: the tokens one request in flight holds in the KV cache (prompt + answer); GSM8K's prompt and its 512 new
-    # tokens: 256 of them ran at once on the H200 in a 245,872-token pool (2026-12-02)
-    plan_request_tokens: int = Field(768, ge=16, le=1 << 21)
-    # inside a run, start each checkpoint's server as soon as the checkpoint exists and memory allows, so starts
-    # overlap other stages' work (needs share_server and kv_cache_memory: planned)
-    warm_servers: bool = False
-    # while stages that load a model on the GPU in-process (quantize, kl) may still come, early starts leave at
-    # least this fraction of the GPU's memory free
-    build_memory_fraction: float = Field(0.5, ge=0, le=1)
-    # inside a run, start each model's evaluation (and each variant's judging) in the background as soon as its
-    # server is up, the stage collecting the results when DVC reaches it (pipeline/scoring/ahead.py; needs warm_servers)
-    score_ahead: bool = False
-
-    @model_validator(mode="after")
-    def _warm_needs_planned_pools(self):
-        if self.warm_servers and not (self.share_server and self.kv_cache_memory in ("planned", "fitted")):
-            raise ValueError("warm_servers: true needs share_server: true and kv_cache_memory: fitted or planned (a "
-                             "server that sizes its KV pool by profiling must start with the GPU to itself); set both, "
-                             "or warm_servers: false")
-        if self.score_ahead and not self.warm_servers:
-            raise ValueError("score_ahead: true needs warm_servers: true (work starts ahead of its stage on a server "
-                             "started ahead of it); set both, or score_ahead: false")
-        return self
-
-
-SPEC = EngineSpec("vllm", Settings, "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
-                  starts_server=True, likelihoods=True, images=True, deployed=True, package="vllm",
-                  warm="pipeline.engines.vllm:warm", shown_as="vLLM")
 class VLLMEngine:
     name = "vllm"
 

@@ -10,7 +10,7 @@ import pipeline.engines.vllm_defects as vllm_defects
 from pipeline.checkpoints import checkpoint
 from pipeline.engines.gpu_memory import GIB, device_memory_bytes
 from pipeline.engines.vision import is_multimodal
-from pipeline.engines.settings import HTTPSettings as Settings  # vllm.Settings (it imports this module)
+from pipeline.engines.sections import VLLMSettings as Settings
 from pipeline.errors import UserError
 
 SERVED_NAME = "model"

@@ -26,6 +26,7 @@ from pipeline.checkpoints import checkpoint, config_json, headers
 from pipeline.checkpoints.loading import load_model
 from pipeline.checkpoints.serving import serving_support
 from pipeline.checkpoints.serving_names import finish_config
+from pipeline.checkpoints.streaming import MAX_SHARD
 from pipeline.errors import UserError
 from pipeline.formats.quant_json import write_quant_json
 from pipeline.methods.recipe import Recipe, Target
@@ -327,11 +328,7 @@ def save(loaded: Loaded, inputs: Inputs, tmp: Path, watch: Stopwatch) -> Saved:
 
     started = watch.seconds
     _set_dtype(loaded.model, inputs.base_dtype, inputs.work_dtype)
-    # one file, transformers' default (up to 50 GB): saved in 1 GB shards, AWQ's and RTN's W4A16 checkpoints failed
-    # verify's reload on an H100 (2026-12-06: "Expected all tensors to be on the same device, cuda:0 and cpu" in
-    # compressed-tensors' dequantize, a zero point left on the host) where the same stages in one file had passed on
-    # the H200 (2026-12-04); FP8, which has no zero point, passed. Not reproduced on the CPU.
-    loaded.model.save_pretrained(tmp, save_compressed=True)
+    loaded.model.save_pretrained(tmp, save_compressed=True, max_shard_size=MAX_SHARD)  # DVC hashes shards side by side
     _copy_side_files(inputs.model_dir, tmp)
     config_added = finish_config(tmp)  # keys vLLM reads, and an ignore entry in vLLM's names
     saved = Saved(config_added, watch.seconds - started)
