@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def glm_shapes(divisor: int, vocab: int, tokenizer) -> dict:
-    from gpu_quantize import GLM4_9B
+    from glm_shapes import GLM4_9B
 
     heads = max(GLM4_9B["num_attention_heads"] // divisor, 1)
     return {**GLM4_9B, "hidden_size": GLM4_9B["hidden_size"] // divisor,

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from gpu_quantize import GLM4_9B  # noqa: E402 (GLM-4-9B's shapes, one copy for the GPU benchmarks)
+from glm_shapes import GLM4_9B  # noqa: E402 (GLM-4-9B's shapes, one copy for the GPU benchmarks)
 TINY = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             partial_rotary_factor=0.5, max_position_embeddings=2048, rms_norm_eps=1e-5, attention_bias=True,
             tie_word_embeddings=False)

@@ -60,6 +60,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from glm_shapes import GLM46V_FLASH_TEXT, GLM46V_FLASH_VISION, GLM46V_MOE_TEXT, GLM46V_MOE_VISION  # beside this script
+
 REPO = Path(__file__).resolve().parent.parent
 # the environment this script was started with: what the run's commands get (torch, once this script imports it to
 # build a base, adds its own variables, and commands started with those had another key for the run's warm
@@ -82,29 +84,6 @@ def IGNORE(folder: str, names: list[str]) -> set[str]:  # noqa: N802 - copytree'
 
 # ------------------------------------------------------------ the base the run is built on (--model)
 
-# GLM-4.6V-Flash (zai-org/GLM-4.6V-Flash, Glm4vForConditionalGeneration): the published config's text tower (GLM-4-9B's
-# widths: 40 layers of 4096, 32 query / 2 KV heads, MLP 13696; 3-D rotary over half of each head, theta 500000,
-# a 128k window) and its 24-block vision tower (1536 wide, MLP 13696, 14-pixel patches, 2 x 2 merge into 4096).
-GLM46V_FLASH_TEXT = dict(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
-                         num_attention_heads=32, num_key_value_heads=2, max_position_embeddings=131072,
-                         rms_norm_eps=1e-05, attention_bias=True,
-                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5,
-                                          "mrope_section": [8, 12, 12]})
-GLM46V_FLASH_VISION = dict(depth=24, hidden_size=1536, num_heads=12, intermediate_size=13696, out_hidden_size=4096,
-                           patch_size=14, image_size=336, spatial_merge_size=2, temporal_patch_size=2)
-# GLM-4.6V (zai-org/GLM-4.6V, Glm4vMoeForConditionalGeneration; transformers' Glm4vMoeConfig defaults agree on the
-# widths): 46 text layers of 4096, the first dense (MLP 10944), the rest 128 routed experts of 1408 (top 8) plus
-# one shared expert behind a sigmoid router; 96 query / 8 KV heads of 128; a 24-block vision tower (MLP 10944).
-GLM46V_TEXT = dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
-                   num_attention_heads=96, num_key_value_heads=8, head_dim=128, moe_intermediate_size=1408,
-                   n_routed_experts=128, num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
-                   topk_group=1, max_position_embeddings=131072, rms_norm_eps=1e-05, attention_bias=True,
-                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5,
-                                    "mrope_section": [8, 12, 12]})
-GLM46V_VISION = dict(depth=24, hidden_size=1536, num_heads=12, intermediate_size=10944, out_hidden_size=4096,
-                     patch_size=14, image_size=336, spatial_merge_size=2, temporal_patch_size=2)
-
-
 @dataclass(frozen=True)
 class BaseModel:
     """A base the run can be built on: random bf16 weights at a published model's shapes on the GPU machine, the
@@ -114,7 +93,7 @@ class BaseModel:
     words: str  # what the results JSON and the table say it is
     results_file: str  # where its run's $OUT/gpu_dvc_repro.json is kept in the repo once run
     tiny_builder: str  # tests/tiny.py's function for --tiny
-    text: dict | None = None  # the published text and vision configs (None: the text run's, gpu_quantize.GLM4_9B)
+    text: dict | None = None  # the published text and vision configs (None: the text run's, glm_shapes.GLM4_9B)
     vision: dict | None = None
     depth_from_disk: bool = False  # text layers: as many as the machine's disk holds (all four checkpoints)
     suite_limit: int | None = None  # items per suite unless --suite-limit says otherwise (the run must fit one lease)
@@ -132,7 +111,7 @@ BASES = {b.name: b for b in (
               "GLM-4.6V widths (Glm4vMoeForConditionalGeneration: 128 routed experts top-8 and a shared expert, "
               "24-block vision tower) at the depth the disk holds, random bf16 weights",
               "benchmarks/results/gpu_dvc_repro_glm46v_moe.json", "save_tiny_glm4v_moe",
-              GLM46V_TEXT, GLM46V_VISION, depth_from_disk=True, suite_limit=16,
+              GLM46V_MOE_TEXT, GLM46V_MOE_VISION, depth_from_disk=True, suite_limit=16,
               group_size=64),  # 128 does not divide the dense MLP's 10944 (= 64 x 171)
 )}
 DEFAULT_BASE = "glm4-9b"

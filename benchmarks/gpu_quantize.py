@@ -22,18 +22,12 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from gpu_dvc_repro import GLM46V_FLASH_TEXT, GLM46V_FLASH_VISION  # noqa: E402
+from glm_shapes import GLM4_9B, GLM46V_FLASH_TEXT, GLM46V_FLASH_VISION  # noqa: E402
 
-GLM4_9B = dict(
-    vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_attention_heads=32,
-    num_key_value_heads=2, head_dim=128, partial_rotary_factor=0.5, max_position_embeddings=131072,
-    rms_norm_eps=1.5625e-07, attention_bias=True, rope_theta=5000000.0, pad_token_id=151329,
-    eos_token_id=[151329, 151336, 151338], tie_word_embeddings=False,
-)
 
 
 # GLM-4.6V-Flash (Glm4vForConditionalGeneration): its published text and vision towers as the whole run builds them
-# (benchmarks/gpu_dvc_repro.py, the one place they are written), with GLM-4's pad and end-of-turn ids.
+# (benchmarks/glm_shapes.py, the one place they are written), with GLM-4's pad and end-of-turn ids.
 GLM46V_TEXT = {**GLM46V_FLASH_TEXT, "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338]}
 GLM46V_VISION = GLM46V_FLASH_VISION
 

@@ -16,8 +16,7 @@ from pipeline.engines import server_plan
 from pipeline.errors import UserError
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from gpu_dvc_repro import GLM46V_FLASH_TEXT, GLM46V_FLASH_VISION, GLM46V_TEXT, GLM46V_VISION  # noqa: E402
-from gpu_quantize import GLM4_9B  # noqa: E402
+from glm_shapes import GLM4_9B, GLM46V_FLASH_TEXT, GLM46V_FLASH_VISION, GLM46V_MOE_TEXT, GLM46V_MOE_VISION  # noqa: E402
 
 GIB = server_plan.GIB
 H100 = 81559 << 20  # what nvidia-smi reports of an H100 80GB HBM3
@@ -39,8 +38,8 @@ def meta_model(name: str, layers: int | None = None):
         config = Glm4vConfig(text_config=GLM46V_FLASH_TEXT, vision_config=GLM46V_FLASH_VISION, tie_word_embeddings=False)
         model_class = Glm4vForConditionalGeneration
     else:
-        text = {**GLM46V_TEXT, "num_hidden_layers": layers or GLM46V_TEXT["num_hidden_layers"]}
-        config = Glm4vMoeConfig(text_config=text, vision_config=GLM46V_VISION, tie_word_embeddings=False)
+        text = {**GLM46V_MOE_TEXT, "num_hidden_layers": layers or GLM46V_MOE_TEXT["num_hidden_layers"]}
+        config = Glm4vMoeConfig(text_config=text, vision_config=GLM46V_MOE_VISION, tie_word_embeddings=False)
         model_class = Glm4vMoeForConditionalGeneration
     with torch.device("meta"):
         model = model_class(config)
