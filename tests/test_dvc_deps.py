@@ -1,5 +1,5 @@
 """Each DVC stage's code is the pipeline/ modules its command imports, derived from the source
-(pipeline/cli/code_deps.py) and kept with their hashes in the code stage's file for that command; every `quantize`
+(pipeline/cli/code_reach.py) and kept with their hashes in the code stage's file for that command; every `quantize`
 stage of dvc.yaml and of both profiles' dvc-stages.yaml depends on its command's file; so editing a module reruns only
 the stages that import it."""
 
@@ -11,6 +11,7 @@ import pytest
 
 from conftest import REPO
 from pipeline.cli import code_deps as dvc_deps
+from pipeline.cli import code_reach
 from pipeline.cli.app import app
 
 FILES = dvc_deps.DVC_FILES
@@ -27,7 +28,7 @@ def covers(deps: list[str], path: str) -> bool:
 
 @pytest.fixture(scope="module")
 def derived():
-    modules = dvc_deps.read_package()
+    modules = code_reach.read_package()
     return {name: dvc_deps.expected((REPO / name).read_text(), app, modules) for name in FILES}
 
 
@@ -109,7 +110,7 @@ def _package(tmp_path, files: dict[str, str]) -> dict:
     for name, source in files.items():
         path = tmp_path / (name.replace(".", "_") + ".py")
         path.write_text(textwrap.dedent(source))
-        modules[name] = dvc_deps.read_module(path, name)
+        modules[name] = code_reach.read_module(path, name)
     return modules
 
 
@@ -154,7 +155,7 @@ def test_rules_on_a_small_package(tmp_path):
     })
 
     def reach(*roots):
-        r = dvc_deps.Reach(modules)
+        r = code_reach.Reach(modules)
         for root in roots:
             r.add(*root)
         return r.run()

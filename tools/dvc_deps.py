@@ -1,5 +1,5 @@
 """`python -m tools.dvc_deps [--write]`: whether every `quantize` stage of dvc.yaml and the profiles depends on its
-command's code file (and, with --write, make it so). The derivation and the code stage: pipeline/cli/code_deps.py."""
+command's code file (and, with --write, make it so). The code stage: pipeline/cli/code_deps.py; the derivation: code_reach.py."""
 
 import sys
 from pathlib import Path

@@ -18,7 +18,7 @@ Adding an engine is its module, its section and its entry in ENGINES (and its ro
 This module stays light: it names each engine's class by a string and imports an engine's module only when that
 engine is made, warmed or checked (make_engine, warm, require), so params.py validates `engine` without importing
 any engine's code, and a stage that runs no engine (resave, calib, quantize) does not depend on them
-(pipeline/cli/code_deps.py follows the strings from the functions that import them).
+(pipeline/cli/code_reach.py follows the strings from the functions that import them).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 default written once, here. The registry (pipeline/engines/__init__.py) pairs each section with its engine's class
 by name ("pipeline.engines.vllm:VLLMEngine"), so what validates params.yaml imports none of an engine's code: a
 stage that only reads `engine:` (resave, calib, quantize) does not depend on the engines' modules, and an edit to
-vllm_server.py reruns the stages that run an engine, not the quantization (pipeline/cli/code_deps.py).
+vllm_server.py reruns the stages that run an engine, not the quantization (pipeline/cli/code_reach.py).
 
 Nothing here imports the registry, params.py or an engine module.
 """
