@@ -81,8 +81,10 @@ _TORCH_DTYPES = {
     "U16": "uint16", "U32": "uint32", "U64": "uint64",
 }
 
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+# bytes per element of each safetensors dtype (the one table: sizes.py and server_plan.py read it too)
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+            "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8}
+TORCH_ITEMSIZE = {_TORCH_DTYPES[code]: size for code, size in ITEMSIZE.items() if code in _TORCH_DTYPES}
 
 
 def read_headers(files: list[Path]) -> dict:
@@ -135,7 +137,7 @@ def _safetensors_header(path: Path) -> dict[str, tuple[list[int], str]]:
     for name, entry in header.items():
         try:
             dtype, shape, (start, stop) = entry["dtype"], [int(n) for n in entry["shape"]], entry["data_offsets"]
-            itemsize = _ITEMSIZE[dtype]
+            itemsize = ITEMSIZE[dtype]
         except (KeyError, TypeError, ValueError):
             raise _corrupt(path, f"tensor {name!r} has no valid dtype, shape and offsets") from None
         if stop - start != math.prod(shape) * itemsize or start < 0:

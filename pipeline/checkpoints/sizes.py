@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from pipeline.checkpoints import checkpoint
+from pipeline.checkpoints.headers import ITEMSIZE
 from pipeline.errors import UserError
 
 
@@ -29,12 +30,9 @@ def checkpoint_weight_bytes(model_dir: Path) -> int:
                 meta = handle.get_slice(name)
                 is_embedding = "embed_tokens" in name or "word_embeddings" in name
                 if not is_embedding or tied:
-                    if meta.get_dtype() not in _DTYPE_BYTES:
+                    if meta.get_dtype() not in ITEMSIZE:
                         raise UserError(f"{path}: {name} has dtype {meta.get_dtype()}, which the roofline "
                                         "does not know the size of")
-                    total += math.prod(meta.get_shape()) * _DTYPE_BYTES[meta.get_dtype()]
+                    total += math.prod(meta.get_shape()) * ITEMSIZE[meta.get_dtype()]
     return total
 
-
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "BOOL": 1}

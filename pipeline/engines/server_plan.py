@@ -28,9 +28,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipeline.engines.gpu_memory import GIB
 from pipeline.errors import UserError
 
-GIB = 1 << 30
 # in the servers' registry (.cache/servers; a folder of its own: the registry's *.json are its servers' entries): the
 # run's plan as `quantize warm` printed it
 PLAN_FILE = Path("plan") / "servers.json"
@@ -193,21 +193,6 @@ def weight_bytes(model_dir: Path, tensor_parallel: int = 1) -> int:
     return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors")) // tensor_parallel
 
 
-def tensor_sizes(model_dir: Path) -> dict[str, tuple[int, int]]:
-    """name -> (elements, bytes per element) of every tensor of a safetensors checkpoint, from its headers."""
-    from pipeline.checkpoints.headers import safetensors_shapes
-
-    found = {}
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        for name, (shape, dtype) in safetensors_shapes(path).items():
-            found[name] = (math.prod(shape), _ELEMENT_BYTES.get(dtype, 2))
-    return found
-
-
-_ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-                  "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
-
-
 def quantized(name: str, elements_2d: bool) -> bool:
     """Whether a variant quantizes the tensor: a decoder layer's matrix outside the vision tower and the MoE router
     (what every method here targets: lm_head, embeddings, norms and the vision tower stay as they are)."""
@@ -217,7 +202,7 @@ def quantized(name: str, elements_2d: bool) -> bool:
 def estimated_weight_bytes(base_dir: Path, bits: float, group_size: int | None, tensor_parallel: int = 1) -> int:
     """A variant's weight bytes before it is built: the base's tensors, each quantized one at `bits` per weight plus
     a 16-bit scale and a 4-bit zero point per group (group_size None: per channel, negligible), the rest as they are."""
-    from pipeline.checkpoints.headers import safetensors_shapes
+    from pipeline.checkpoints.headers import TORCH_ITEMSIZE, safetensors_shapes
 
     total = 0.0
     per_weight = bits / 8 + ((2 + 0.5) / group_size if group_size else 0.0)
@@ -225,7 +210,7 @@ def estimated_weight_bytes(base_dir: Path, bits: float, group_size: int | None, 
         for name, (shape, dtype) in safetensors_shapes(path).items():
             elements = math.prod(shape)
             total += elements * per_weight if quantized(name, len(shape) >= 2) else \
-                elements * _ELEMENT_BYTES.get(dtype, 2)
+                elements * TORCH_ITEMSIZE.get(dtype, 2)
     return int(total) // tensor_parallel
 
 

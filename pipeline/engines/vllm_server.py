@@ -150,9 +150,11 @@ def planned_kv_cache_bytes(model_dir: Path, settings: Settings) -> int:
     vLLM's profiling reads the whole device's free memory, so a server that profiles while another process
     allocates or frees GPU memory sizes its pool wrongly or stops; a planned pool lets a server start while
     other work runs (pipeline/engines/shared.py: warm)."""
+    import pipeline.engines.server_plan as server_plan
+
     device = _device_bytes(settings, "planned")
     tp = settings.tensor_parallel_size
-    weights = sum(path.stat().st_size for path in Path(model_dir).glob("*.safetensors")) // tp  # all of them load
+    weights = server_plan.weight_bytes(Path(model_dir), tp)
     reserve = int(settings.non_kv_memory_gib * GIB)
     budget = int(settings.gpu_memory_utilization * device)
     pool = budget - weights - reserve
