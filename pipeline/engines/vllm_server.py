@@ -107,22 +107,27 @@ def server_command_for(model_dir: Path, settings: Settings) -> list[str]:
     return list(settings.server_command) + server_args(Path(model_dir), None, settings)
 
 
-def fitted_share(model_dir: Path, settings: Settings):
+def fitted_share(model_dir: Path, settings: Settings, *, device: int | None = None, name: str | None = None,
+                 estimated_weights: int | None = None, kv_cache_dtype: str | None = None):
     """engine.kv_cache_memory: fitted. This checkpoint's server share of the GPU (pipeline/engines/server_plan.py):
-    its weights, the KV pool its requests need or what is left, the reserve; and the GPU's memory."""
+    its weights, the KV pool its requests need or what is left, the reserve; and the GPU's memory (device: given, else
+    device_bytes). A checkpoint not built yet (the run's plan, pipeline/stages/warm.py): model_dir the base, whose
+    shapes it has, with its estimated weights and the KV cache dtype it will be served with."""
     import pipeline.engines.server_plan as server_plan
     from pipeline.engines.long_context import context_length
 
-    device = _device_bytes(settings, "fitted")
+    device = device or device_bytes(settings, "fitted")
     model_dir = Path(model_dir)
     tp = settings.tensor_parallel_size
     config = checkpoint.open(model_dir).config
-    kv = resolve_kv_cache_dtype(settings.kv_cache_dtype, model_dir)
+    kv = kv_cache_dtype or resolve_kv_cache_dtype(settings.kv_cache_dtype, model_dir)
+    weights = estimated_weights if estimated_weights is not None else server_plan.weight_bytes(model_dir, tp)
     share = server_plan.fit(
-        model_dir.name, server_plan.weight_bytes(model_dir, tp), server_plan.kv_bytes_per_token(config, kv, 2, tp),
+        name or model_dir.name, weights, server_plan.kv_bytes_per_token(config, kv, 2, tp),
         device_bytes=device, fraction=settings.gpu_memory_utilization, reserve_bytes=int(settings.non_kv_memory_gib * GIB),
         batch_size=settings.batch_size, request_tokens=settings.plan_request_tokens,
-        max_model_len=int(settings.max_model_len or context_length(model_dir) or 4096))
+        max_model_len=int(settings.max_model_len or context_length(model_dir) or 4096),
+        estimated=estimated_weights is not None)
     return share, device
 
 
@@ -135,7 +140,8 @@ def server_memory(model_dir: Path, settings: Settings) -> dict:
     return {"gpu_bytes": share.total_bytes, "gpu_budget": int(settings.gpu_memory_utilization * device)}
 
 
-def _device_bytes(settings: Settings, mode: str) -> int:
+def device_bytes(settings: Settings, mode: str) -> int:
+    """One GPU's memory for engine.kv_cache_memory `mode` (fitted, planned): refused, saying what to set, without it."""
     device = device_memory_bytes(settings.device_memory_gib)
     if device is None:
         raise UserError(f"params.yaml: engine.kv_cache_memory: {mode} needs the GPU's memory: no nvidia-smi here; "
@@ -152,7 +158,7 @@ def planned_kv_cache_bytes(model_dir: Path, settings: Settings) -> int:
     other work runs (pipeline/engines/shared.py: warm)."""
     import pipeline.engines.server_plan as server_plan
 
-    device = _device_bytes(settings, "planned")
+    device = device_bytes(settings, "planned")
     tp = settings.tensor_parallel_size
     weights = server_plan.weight_bytes(Path(model_dir), tp)
     reserve = int(settings.non_kv_memory_gib * GIB)

@@ -43,32 +43,24 @@ def _bits_and_group(p, name: str) -> tuple[float, int | None]:
 
 
 def shares(p, device_bytes: int):
-    """Each served model's share (server_plan.Share) with the run's engine settings on a GPU of device_bytes."""
-    from pipeline.checkpoints import checkpoint
+    """Each served model's share (server_plan.Share) with the run's engine settings on a GPU of device_bytes: a built
+    checkpoint's as its server will be started with (vllm_server.fitted_share), one not built yet estimated."""
     from pipeline.engines import server_plan
-    from pipeline.engines.long_context import context_length
-    from pipeline.engines.vllm_server import resolve_kv_cache_dtype
+    from pipeline.engines.vllm_server import fitted_share
 
     e = p.engine
     base = Path(p.model.base_dir)
-    config = checkpoint.open(base).config
-    tp = e.tensor_parallel_size
     found = []
     for name in served_models(p):
         directory = model_dir(p, name)
-        built = (directory / STAGE_RECORD).is_file() and any(directory.glob("*.safetensors"))
-        if built:
-            weights = server_plan.weight_bytes(directory, tp)
-            kv = resolve_kv_cache_dtype(e.kv_cache_dtype, directory)
+        if (directory / STAGE_RECORD).is_file() and any(directory.glob("*.safetensors")):
+            share, _ = fitted_share(directory, e, device=device_bytes, name=name)
         else:
             bits, group = _bits_and_group(p, name)
-            weights = server_plan.estimated_weight_bytes(base, bits, group, tp)
-            kv = _planned_kv_dtype(p, name, e.kv_cache_dtype)
-        found.append(server_plan.fit(
-            name, weights, server_plan.kv_bytes_per_token(config, kv, 2, tp), device_bytes=device_bytes,
-            fraction=e.gpu_memory_utilization, reserve_bytes=int(e.non_kv_memory_gib * server_plan.GIB),
-            batch_size=e.batch_size, request_tokens=e.plan_request_tokens,
-            max_model_len=int(e.max_model_len or context_length(base) or 4096), estimated=not built))
+            share, _ = fitted_share(
+                base, e, device=device_bytes, name=name, kv_cache_dtype=_planned_kv_dtype(p, name, e.kv_cache_dtype),
+                estimated_weights=server_plan.estimated_weight_bytes(base, bits, group, e.tensor_parallel_size))
+        found.append(share)
     return found
 
 
@@ -85,17 +77,12 @@ def run_plan(p):
     """The run's plan (server_plan.Plan), or None when the engine does not fit its servers (kv_cache_memory other
     than fitted, or no server engine). Raises UserError when a model does not fit this GPU."""
     from pipeline.engines import capability, server_plan
-    from pipeline.engines.gpu_memory import device_memory_bytes
+    from pipeline.engines.vllm_server import device_bytes
 
     e = p.engine
     if not capability(e.name, "starts_server") or getattr(e, "kv_cache_memory", None) != "fitted":
         return None
-    device = device_memory_bytes(e.device_memory_gib)
-    if device is None:
-        from pipeline.errors import UserError
-
-        raise UserError("params.yaml: engine.kv_cache_memory: fitted needs the GPU's memory: no nvidia-smi here; set "
-                        "engine.device_memory_gib, or use engine.kv_cache_memory: auto")
+    device = device_bytes(e, "fitted")
     pinned = "base" if p.judge.model == "base" and capability(p.judge.backend, "starts_server") else None
     return server_plan.plan(shares(p, device), device_bytes=device, fraction=e.gpu_memory_utilization,
                             pinned=pinned, device_source="engine.device_memory_gib" if e.device_memory_gib
