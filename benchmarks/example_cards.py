@@ -15,42 +15,46 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 INPUTS = "card_inputs"
 
 
 def rendered(example: Path) -> dict[str, str]:
     """{cards/<variant>/README.md: text} as the report stage writes them, from EXAMPLE/verdict.json and EXAMPLE/card_inputs."""
-    sys.path.insert(0, str(REPO))
+    from pipeline.formats.source_json import read_source_json
+    from pipeline.report.card_file import read_verdict
+    from pipeline.report.inputs import read_json
     from pipeline.settings.params import load
     from pipeline.stages.report import card_files
 
     inputs = (example / INPUTS).resolve()
-    verdict = json.loads((example / "verdict.json").read_text(encoding="utf-8"))
+    verdict = read_verdict(example / "verdict.json")  # each read as the pipeline reads it: a bad file, one message
     with tempfile.TemporaryDirectory() as elsewhere, contextlib.chdir(elsewhere):  # not this checkout's models/
         params = load(inputs / "params.yaml")
-    source = json.loads((inputs / "source.json").read_text(encoding="utf-8"))
-    calib = json.loads((inputs / "stats.json").read_text(encoding="utf-8"))
-    return card_files(verdict, params, source, calib)
+    return card_files(verdict, params, read_source_json(inputs), read_json(inputs / "stats.json"))
 
 
 def write(example: Path) -> list[Path]:
     """EXAMPLE/cards/ replaced by the cards rendered now; returns the files written."""
     cards = rendered(example)
-    shutil.rmtree(example / "cards", ignore_errors=True)
-    written = []
+    new = Path(tempfile.mkdtemp(prefix=".cards-", dir=example))  # written whole beside, then swapped in
     for name, text in sorted(cards.items()):
-        path = example / name
+        path = new / Path(name).relative_to("cards")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
+    old = example / ".cards-old"
+    shutil.rmtree(old, ignore_errors=True)
+    if (example / "cards").exists():
+        (example / "cards").replace(old)
+    new.replace(example / "cards")
+    shutil.rmtree(old, ignore_errors=True)
+    return [example / name for name in sorted(cards)]
 
 
 def main() -> int:
@@ -62,7 +66,14 @@ def main() -> int:
     if missing:
         print(f"{', '.join(missing)}: missing; `make demo`, then `make example-report` keeps them", file=sys.stderr)
         return 2
-    for path in write(args.example):
+    from pipeline.errors import UserError
+
+    try:
+        written = write(args.example)
+    except UserError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for path in written:
         print(f"wrote {path}")
     return 0
 

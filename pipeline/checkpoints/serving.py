@@ -250,8 +250,9 @@ def support_from_config(config: dict) -> dict[str, dict]:
     """{engine: {"serves": bool, "status": shown | refused | cannot | not shown, "how": str, ...}} for hf, vllm, lmdeploy;
     `command`: the command a recorded run served it with (shown), or the one to try (not shown)."""
     kind, kv = scheme(config), kv_strategy(config)
-    result = {"hf": {"serves": True, "status": "in-process", "how": f"in-process transformers; {in_process_precision(kind)}: "
-                     "right for accuracy, not a serving speed"}}
+    precision = in_process_precision(kind)  # the model card says it too (pipeline/report/card_evaluation.py)
+    result = {"hf": {"serves": True, "status": "in-process", "precision": precision,
+                     "how": f"in-process transformers; {precision}: right for accuracy, not a serving speed"}}
     for engine in SERVE_COMMANDS:
         result[engine] = _engine_entry(engine, config)
     # known from lmdeploy's loader: no run to try (an architecture it has no model for says so first)
@@ -281,7 +282,8 @@ def in_process_precision(kind: str) -> str:
         return ("FP8 weights decompressed at load to the values they hold; activations and KV cache fake-quantized to "
                 "FP8 with their scales in every forward")
     if kind.startswith("w"):
-        return "int4 weights (and any int8 group) decompressed at load to the values they hold"
+        stored = "int4 and int8 weights" if "w8a16" in kind else "int4 weights"  # `mixed`: one group per scheme
+        return f"{stored} decompressed at load to the values they hold"
     return "decompressed at load"
 
 

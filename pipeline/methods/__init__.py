@@ -13,7 +13,6 @@ A method module declares, once:
   WEIGHT_BITS        bits per quantized weight before scales (4, 8): the server plan sizes a checkpoint not yet built
                      by it (pipeline/stages/warm.py); `mixed` has none: its budget, max_bits, is its size
   CARD_WEIGHTS       what its checkpoint stores, in a model card's words ("int4 weights")
-  CARD_PRECISION     what an in-process engine (transformers with compressed-tensors) does with it at load
   card_words(record) -> str   what it changes, in a model card's words, from its quant.json record
   COMPARED_WITH      {other method: why}: the report compares each of its variants with the other method's at the
                      same group size, paired per document (shown, not counted)

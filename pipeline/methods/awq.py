@@ -22,7 +22,7 @@ CALIBRATION_STATE = "activation-cache"  # per layer: the attention's cached inpu
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16)"
 CARD_TAGS = ("awq", "w4a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 WEIGHT_BITS = 4  # bits per quantized weight (int4 weights), before scales: the server plan sizes an unbuilt checkpoint by it
-CARD_WEIGHTS, CARD_PRECISION = int4.CARD_WEIGHTS, int4.CARD_PRECISION
+CARD_WEIGHTS = int4.CARD_WEIGHTS
 COMPARED_WITH = {"rtn": "the contrast the AWQ paper draws: the same int4 quantizer without AWQ's smoothing"}
 SEARCHES = ("gram", "forward")
 # the X^T X search scores several scale candidates at once, stacked (awq_gram.py): at most this many bytes of them

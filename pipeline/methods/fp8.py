@@ -34,9 +34,6 @@ SERVING_FORMAT = "compressed-tensors float-quantized (FP8 W8A8, FP8 KV-cache sca
 CARD_TAGS = ("fp8", "w8a8")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 WEIGHT_BITS = 8  # bits per quantized weight (FP8 weights), before scales: the server plan sizes an unbuilt checkpoint by it
 CARD_WEIGHTS = "FP8 weights"  # what its checkpoint stores, in a model card's words
-# what an in-process engine does with it (pipeline/checkpoints/loading.py)
-CARD_PRECISION = (f"{CARD_WEIGHTS} decompressed at load to the values they hold; activations and KV cache "
-                  "fake-quantized to FP8 with their scales in every forward")
 COMPARED_WITH: dict[str, str] = {}
 
 

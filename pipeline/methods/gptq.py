@@ -29,7 +29,7 @@ CALIBRATION_STATE = "hessians"  # per layer: one float32 in x in matrix per quan
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16), with the activation order in config.json"
 CARD_TAGS = ("gptq", "w4a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 WEIGHT_BITS = 4  # bits per quantized weight (int4 weights), before scales: the server plan sizes an unbuilt checkpoint by it
-CARD_WEIGHTS, CARD_PRECISION = int4.CARD_WEIGHTS, int4.CARD_PRECISION
+CARD_WEIGHTS = int4.CARD_WEIGHTS
 COMPARED_WITH = {"awq": "the two calibrated W4A16 methods a W4A16 checkpoint is chosen between",
                  "rtn": "the GPTQ paper's baseline: the same int4 quantizer without error feedback"}
 

@@ -80,7 +80,6 @@ def config_groups(group_size: int, symmetric: bool, eight_bit_targets: tuple[str
 
 
 CARD_WEIGHTS = "int4 weights"  # what a W4A16 checkpoint stores, in a model card's words
-CARD_PRECISION = f"{CARD_WEIGHTS} decompressed at load to the values they hold"  # what an in-process engine does
 
 
 def card_words(record: dict) -> str:

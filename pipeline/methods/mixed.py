@@ -53,7 +53,6 @@ SEARCH_PASS_BYTES = awq.SEARCH_PASS_BYTES
 SERVING_FORMAT = "compressed-tensors pack-quantized, one config group per scheme (W4A16 and W8A16)"
 CARD_TAGS = ("mixed", "w4a16", "w8a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 CARD_WEIGHTS = "int4 and int8 weights"  # what its checkpoint stores, in a model card's words
-CARD_PRECISION = f"{CARD_WEIGHTS} decompressed at load to the values they hold"  # what an in-process engine does
 COMPARED_WITH: dict[str, str] = {}
 
 

@@ -22,7 +22,7 @@ CALIBRATION_STATE = "none"
 SERVING_FORMAT = "compressed-tensors pack-quantized (W4A16)"
 CARD_TAGS = ("rtn", "w4a16", "int4")  # the model card's tags for its scheme (pipeline/report/model_card.py)
 WEIGHT_BITS = 4  # bits per quantized weight (int4 weights), before scales: the server plan sizes an unbuilt checkpoint by it
-CARD_WEIGHTS, CARD_PRECISION = int4.CARD_WEIGHTS, int4.CARD_PRECISION
+CARD_WEIGHTS = int4.CARD_WEIGHTS
 COMPARED_WITH: dict[str, str] = {}
 
 

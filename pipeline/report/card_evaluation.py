@@ -13,7 +13,7 @@ from __future__ import annotations
 import pipeline.verdict.figures as figures
 from pipeline import engines
 from pipeline.report.card_header import data_of
-from pipeline.report.card_text import md, method_module, names
+from pipeline.report.card_text import md, names
 from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN
 from pipeline.verdict.headline import GO, INCONCLUSIVE, NO_GO, label
 
@@ -46,8 +46,8 @@ def how_scored(name: str, entry: dict, verdict: dict, source: dict | None, run: 
             parts.append(f"{engines.shown_as(engine)}, serving each model in its own format"
                          + (f" in {dtype}" if dtype else ""))
         else:
-            module = method_module(entry.get("quant") or {})
-            precision = module.CARD_PRECISION if module is not None else "weights decompressed at load"
+            in_process = ((entry.get("serving") or {}).get("hf") or {})  # pipeline/checkpoints/serving.py
+            precision = in_process.get("precision") or "weights decompressed at load"
             at = f"in {dtype}" if dtype else "in the engine's dtype (not recorded with this verdict)"
             base_dtype = (source or {}).get("dtype")
             parts.append(f"{engines.shown_as(engine)}, in process, {at}: the base's "
@@ -88,19 +88,7 @@ def _decision_cell(d: dict | None, state: dict) -> str:
     return str((d or {}).get("decision") or state.get("decision") or state.get("label") or "")
 
 
-def not_applicable_reason(why: str, models: list[str]) -> str:
-    """A not-applicable suite's reason said once, without the model folders it opens with ("base: base: text-only
-    model ...; awq-w4a16: awq-w4a16: text-only model ..." in a verdict written before coverage said it once)."""
-    parts = []
-    for part in why.split("; "):
-        prefix = next((f"{m}: " for m in models if part.startswith(f"{m}: ")), None)
-        while prefix and part.startswith(prefix):
-            part = part[len(prefix):]
-        parts.append(part)
-    return "; ".join(dict.fromkeys(parts))
-
-
-def evaluation_table(name: str, entry: dict, verdict: dict, tasks: dict[str, str]) -> list[str]:
+def evaluation_table(entry: dict, verdict: dict, tasks: dict[str, str]) -> list[str]:
     """Every suite the base ran (and the judge), accuracy first, then perplexity, then the judge; the Average row."""
     lines = ["| suite | data | scored | base | this model | change [95% interval] | recovery | decision |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
@@ -122,7 +110,7 @@ def evaluation_table(name: str, entry: dict, verdict: dict, tasks: dict[str, str
             base_figure = (figures.perplexity(base["perplexity"]) if base.get("perplexity") is not None
                            else figures.share(base.get("score")))
             why = ("not run on this model" if state["state"] == NOT_RUN else
-                   f"not applicable: {not_applicable_reason(str(state.get('why') or ''), ['base', name])}")
+                   f"not applicable: {md(state.get('why') or '')}")
             lines.append(f"| {md(suite)} | {md(data)} | – | {base_figure} | – | | | {md(why)} |")
     judge = entry.get("judge") or {}
     if judge.get("summary") and judge["summary"].get("win_rate") is not None:
@@ -218,8 +206,9 @@ def drift(entry: dict) -> list[str]:
     if not kl:
         return []
     return [f"Drift from the base: KL {figures.kl(kl['kl_mean'])} nats per token (p99 {figures.kl(kl.get('kl_p99'))}), "
-            f"top-1 agreement {figures.share(kl['top1_agreement'])}, on {kl.get('tokens'):,} tokens of "
-            f"{kl.get('sequences')} held-out conversations."]
+            f"top-1 agreement {figures.share(kl['top1_agreement'])}"
+            + (f", on {kl['tokens']:,} tokens of {kl.get('sequences')} held-out conversations"
+               if isinstance(kl.get("tokens"), int) else "") + "."]
 
 
 def evaluation(name: str, entry: dict, verdict: dict, *, tasks: dict[str, str], source: dict | None,
@@ -229,7 +218,7 @@ def evaluation(name: str, entry: dict, verdict: dict, *, tasks: dict[str, str], 
     if synthetic:
         return [f"No evaluation figures: {md(synthetic_why(synthetic))}, so no score of this model against it means "
                 "anything."]
-    lines = [how_scored(name, entry, verdict, source, run), "", *evaluation_table(name, entry, verdict, tasks), "",
+    lines = [how_scored(name, entry, verdict, source, run), "", *evaluation_table(entry, verdict, tasks), "",
              RECOVERY_DEFINED, "", "### Decision", "", *decision(entry, verdict)]
     more = drift(entry)
     return lines + (["", *more] if more else [])

@@ -102,7 +102,7 @@ def run(variant_dir: Path | str, verdict_path: Path | str, out: Path | str, para
                           tasks={suite: s.task for suite, s in params.suites.items()},
                           speed_engine=params.verdict.speed_engine, repo_id=repo_id, run=run_settings(verdict, params))
         checks = publishing_checks(name, verdict, source, repo_id)
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+    except (LookupError, TypeError, AttributeError, ValueError) as exc:
         raise UserError(f"{verdict_path}: variants.{name} is not as `quantize report` writes it ({type(exc).__name__}: "
                         f"{exc}); rerun `quantize report`") from None
     with atomic_dir(out / name, STAGE, {"verdict": verdict_path, "variant": variant_dir,

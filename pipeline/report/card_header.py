@@ -58,21 +58,21 @@ def tags(quant: dict) -> list[str]:
 
 
 def counted_figures(entry: dict) -> list[dict]:
-    """Per counted suite its figures as verdict.json holds them: {suite, kind, metric, value, base, recovery, n}, the
+    """Per counted suite its figures as verdict.json holds them: {suite, kind, metric, value, recovery, n}, the
     right/wrong suites (accuracy), the perplexity suites, then the judge (win rate)."""
     rows = []
     for suite, d in sorted((entry.get("suites") or {}).items()):
         if d.get("counted"):
             rows.append({"suite": suite, "kind": "accuracy", "metric": "accuracy", "value": d["variant_score"],
-                         "base": d["base_score"], "recovery": d.get("recovery"), "n": d.get("n")})
+                         "recovery": d.get("recovery"), "n": d.get("n")})
     for suite, d in sorted((entry.get("perplexity") or {}).items()):
         if d.get("counted"):
             rows.append({"suite": suite, "kind": "perplexity", "metric": "perplexity", "value": d["variant_ppl"],
-                         "base": d["base_ppl"], "recovery": d.get("recovery"), "n": d.get("n")})
+                         "recovery": d.get("recovery"), "n": d.get("n")})
     judge = entry.get("judge") or {}
     if judge.get("counted"):
         rows.append({"suite": "judge", "kind": "judge", "metric": "win_rate", "value": judge["summary"]["win_rate"],
-                     "base": 0.5, "recovery": None, "n": judge["summary"].get("n")})
+                     "recovery": None, "n": judge["summary"].get("n")})
     return rows
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import yaml
 
 from pipeline.report.card_header import data_of
-from pipeline.report.card_text import binary_size, code, md, method_module, names, repo_id_or_placeholder, source_file
+from pipeline.outputs import human_size
+from pipeline.report.card_text import code, md, method_module, names, repo_id_or_placeholder, source_file
 
 CALIB_DIR = "calib"  # where the recipe's `quantize calib` writes (its calib.out): the held-out conversations too
 RANKING_DIR = "ranking"  # where the recipe's `quantize kl --rank` writes a fix's ranking (sensitivity.json beside kl.json)
@@ -131,7 +132,7 @@ def recipe_facts(quant: dict) -> list[str]:
                       f"({verify['layer_error'].get('worst_layer')})")
     lines.append(f"- checked after quantizing: {md('; '.join(checks))}")
     if quant.get("size_bytes"):
-        lines.append(f"- size: {binary_size(quant['size_bytes'])}")
+        lines.append(f"- size: {human_size(quant['size_bytes'])}")
     return lines
 
 
@@ -165,7 +166,7 @@ def calibration(quant: dict, calib: dict | None) -> list[str]:
 
 # ---------------------------------------------------------------- scoring it again
 
-def reproduction_params(name: str, entry: dict, verdict: dict, tasks: dict[str, str], run: dict | None) -> dict:
+def reproduction_params(entry: dict, verdict: dict, tasks: dict[str, str], run: dict | None) -> dict:
     """params.yaml's engine, suites and verdict margins the verdict was decided with (the generation settings and
     the engine's dtype only where `run`, the params.yaml of that run, has them)."""
     suites, margins = {}, {}
@@ -198,7 +199,7 @@ def reproduction(name: str, entry: dict, verdict: dict, *, tasks: dict[str, str]
     """The reproduction section's lines (under its heading)."""
     repo = repo_id_or_placeholder(name, repo_id)
     env = verdict.get("environment") or {}
-    params = reproduction_params(name, entry, verdict, tasks, run)
+    params = reproduction_params(entry, verdict, tasks, run)
     lm_eval = _versions(verdict, ("lm-eval",))
     held_out = [s for s, d in params["suites"].items() if d.get("options")]
     lines = [f"With glm-quant-pipeline at git revision {md(env.get('git_revision') or 'not recorded')} (its evals/ "

@@ -1,5 +1,5 @@
 """The words every part of a model card shares (pipeline/report/model_card.py assembles them): text from the verdict
-made safe for Markdown, sizes in binary units named as such, the base and what the variant was compared with,
+made safe for Markdown, the base and what the variant was compared with,
 the repository the usage snippets name, and the variant's method module. Nothing here reads a file."""
 
 from __future__ import annotations
@@ -32,16 +32,6 @@ def names(items) -> str:
     """"a", "a and b", "a, b and c"."""
     items = [str(i) for i in items]
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}" if items else ""
-
-
-def binary_size(n_bytes) -> str:
-    """A size in the binary units it is counted in, named as such: 166785653 -> '159.1 MiB'."""
-    size = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # not reached
 
 
 def valid_repo_id(text: str) -> bool:

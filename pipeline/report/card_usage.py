@@ -15,8 +15,10 @@ import shlex
 
 import pipeline.verdict.figures as figures
 from pipeline.checkpoints.serving import vllm_serve_command
-from pipeline.report.card_text import binary_size, code, md, method_module, repo_id_or_placeholder
-from pipeline.report.deploy import served_by, speed_state
+from pipeline.outputs import human_size
+from pipeline.report.card_text import code, md, method_module, repo_id_or_placeholder
+from pipeline.engines import shown_as
+from pipeline.report.deploy import memory, served_by, speed_state
 
 PROMPT = "Give me three tips for writing a clear bug report."
 
@@ -26,8 +28,6 @@ def vllm_flags(entry: dict, source: dict | None) -> list[str]:
     scheme needs."""
     vllm = (entry.get("serving") or {}).get("vllm") or {}
     command = vllm.get("command")
-    if not command and "try: " in str(vllm.get("how") or ""):  # a verdict written before entries had their command
-        command = str(vllm["how"]).split("try: ", 1)[1].split(" (or ")[0]
     if not command:
         kv = (entry.get("quant") or {}).get("kv_cache")
         command = vllm_serve_command(kv not in (None, "none"), (source or {}).get("dtype"))
@@ -124,15 +124,14 @@ def gpu_memory(name: str, entry: dict, verdict: dict) -> list[str]:
     size, base_size = quant.get("size_bytes"), quant.get("base_size_bytes")
     lines = []
     if size:
-        lines.append(f"- weights: {binary_size(size)}" + (f", {figures.share(size / base_size)} of the base's "
-                                                          f"{binary_size(base_size)}" if base_size else ""))
+        lines.append(f"- weights: {human_size(size)}" + (f", {figures.share(size / base_size)} of the base's "
+                                                          f"{human_size(base_size)}" if base_size else ""))
     row = (verdict.get("speed") or {}).get(name) or {}
     cap = row.get("capacity") or {}
     if cap.get("weight_bytes") and cap.get("kv_cache_bytes"):
         share = (row.get("engine_settings") or {}).get("gpu_memory_utilization")
-        lines.append(f"- measured with {md(row.get('engine'))} {md(row.get('engine_version') or '')} on "
-                     f"{md(row.get('device'))}: weights {binary_size(cap['weight_bytes'])} + KV cache pool "
-                     f"{binary_size(cap['kv_cache_bytes'])}" + (f" ({cap['kv_cache_tokens']:,} tokens)"
+        lines.append(f"- as the bench measured it (Speed, below): weights {human_size(cap['weight_bytes'])} + KV cache pool "
+                     f"{human_size(cap['kv_cache_bytes'])}" + (f" ({cap['kv_cache_tokens']:,} tokens)"
                                                                  if cap.get("kv_cache_tokens") else "")
                      + (f", the server given {figures.share(share)} of the GPU's memory" if share else ""))
     lines.append("- the KV cache comes on top of the weights: vLLM gives it what `--gpu-memory-utilization` leaves of "
@@ -142,17 +141,18 @@ def gpu_memory(name: str, entry: dict, verdict: dict) -> list[str]:
 
 def speed(name: str, entry: dict, verdict: dict, speed_engine: str | None) -> list[str]:
     """Its speed where a bench measured it (tokens/s by requests in flight, on which device), else "not measured"."""
-    state = speed_state(name, entry, verdict.get("speed") or {}, speed_engine, binary_size)
+    state = speed_state(name, entry, verdict.get("speed") or {}, speed_engine, human_size)
     if state["state"] != "measured":
         return ["- not measured" + (f": {md(state['more'][0])}" if state["state"] == "refused" and state["more"] else "")]
-    lines = [f"- {md(state['text'])}" + (f" ({md('; '.join(state['more']))})" if state["more"] else "")]
     row = (verdict.get("speed") or {}).get(name) or {}
+    more = [m for m in state["more"] if m != memory(row, human_size)]  # the GPU memory section says it
+    lines = [f"- {md(state['text'])}" + (f" ({md('; '.join(more))})" if more else "")]
     for load in row.get("loads") or ([{"label": None, "tokens_per_s": row["tokens_per_s"]}] if row.get("tokens_per_s")
                                      else []):
         which = f" ({md(load['label'])})" if load.get("label") else ""
         lines.append(f"- output tokens/s by requests in flight{which}: "
                      + ", ".join(f"{c}: {figures.rate(v)}" for c, v in load["tokens_per_s"].items()))
-    lines.append(f"- measured with {md(row.get('engine'))} {md(row.get('engine_version') or '')} on "
+    lines.append(f"- measured with {md(shown_as(row.get('engine') or ''))} {md(row.get('engine_version') or '')} on "
                  f"{md(row.get('device'))}, {md(row.get('date') or '')}, {row.get('input_len')} tokens in, "
                  f"{row.get('output_len')} out per request"
                  + "".join(f"; {md(load['label'])}: {images_sent(load)}" for load in row.get("loads") or []

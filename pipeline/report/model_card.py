@@ -26,8 +26,9 @@ from pipeline.report.card_evaluation import (evaluation, recovery_phrase, rests_
                                              unsettled)
 from pipeline.report.card_header import card_data
 from pipeline.report.card_recipe import creation, reproduction
-from pipeline.report.card_text import (base_name, binary_size, md, method_module, names, reference,
-                                       reference_is_quantized, valid_repo_id)
+from pipeline.outputs import human_size
+from pipeline.report.card_text import (base_name, md, method_module, names, reference,
+                                       reference_is_quantized)
 from pipeline.report.card_usage import deployment, vllm_state
 from pipeline.report.render import decided_only
 from pipeline.report.screen import vision_tower
@@ -126,15 +127,16 @@ def overview(name: str, entry: dict, verdict: dict, base: str, source: dict | No
     size, base_size = quant.get("size_bytes"), quant.get("base_size_bytes")
     checkpoint = md(quant.get("serving_format") or "compressed-tensors")
     if size:
-        checkpoint += f", {binary_size(size)}" + (f", {figures.share(size / base_size)} of the base's "
-                                                   f"{binary_size(base_size)}" if base_size else "")
+        checkpoint += f", {human_size(size)}" + (f", {figures.share(size / base_size)} of the base's "
+                                                   f"{human_size(base_size)}" if base_size else "")
     lines.append(f"- **Checkpoint**: {checkpoint}")
     if not verdict.get("synthetic"):
         lines.append(f"- **Compared with**: {md(reference(source, base))}")
     if verdict.get("synthetic"):
         use = "none: a timing run on made-up weights"
     elif label(entry) == GO:
-        use = "what the base model is for, in less GPU memory, served with vLLM"
+        use = "what the base model is for, in less GPU memory" + (
+            ", served with vLLM" if vllm_state(entry, name)["state"] == "shown" else "")
     else:
         use = "measuring what this quantization does to the base; not yet as its replacement (the first line says why)"
     lines.append(f"- **Intended use**: {use}")
@@ -191,7 +193,7 @@ def _few_items(entry: dict) -> list[str]:
     sizes = sorted({d.get("n") for _, d, _ in counted if d.get("n")})
     margins = "; ".join(f"{s}: {figures.relative(d['margin']) if part == 'perplexity' else figures.points(-d['margin']) + ' points'}"
                         for s, d, part in counted)
-    spread = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}"
+    spread = (f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}") if sizes else "few"
     lines = [f"- each suite scored {spread} items: GO means the interval of the change lies within the margin "
              f"({md(margins)}); a loss smaller than that cannot be told apart from none"]
     for step in entry.get("next_steps") or []:
@@ -232,8 +234,6 @@ def model_card(name: str, verdict: dict, *, source: dict | None = None, calib: d
     run_settings of the params.yaml the verdict was decided under."""
     from huggingface_hub import ModelCard
 
-    if repo_id is not None and not valid_repo_id(repo_id):
-        raise ValueError(f"{repo_id!r} is not a Hub repository id (ORG/NAME)")
     entry, tasks = verdict["variants"][name], tasks or {}
     origin = (source or {}).get("origin") or {}
     base = base_name(origin, source)
