@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import yaml
 
+from pipeline.report.card_evaluation import scored_by
 from pipeline.report.card_header import data_of
 from pipeline.outputs import human_size
 from pipeline.report.card_text import code, md, method_module, names, repo_id_or_placeholder, source_file
@@ -166,7 +167,7 @@ def calibration(quant: dict, calib: dict | None) -> list[str]:
 
 # ---------------------------------------------------------------- scoring it again
 
-def reproduction_params(entry: dict, verdict: dict, tasks: dict[str, str], run: dict | None) -> dict:
+def reproduction_params(name: str, entry: dict, verdict: dict, tasks: dict[str, str], run: dict | None) -> dict:
     """params.yaml's engine, suites and verdict margins the verdict was decided with (the generation settings and
     the engine's dtype only where `run`, the params.yaml of that run, has them)."""
     suites, margins = {}, {}
@@ -182,7 +183,7 @@ def reproduction_params(entry: dict, verdict: dict, tasks: dict[str, str], run: 
             suites[suite] = setting
             if d.get("margin") is not None:
                 margins[suite] = d["margin"]
-    scored = sorted({e for row in verdict.get("engines") or [] for e in row.get("engines") or []})
+    scored = scored_by(name, verdict)  # as the evaluation section says it
     engine = {"name": (run or {}).get("engine") or scored[0]} if (run or {}).get("engine") or scored else {}
     if (run or {}).get("dtype"):
         engine["dtype"] = run["dtype"]
@@ -199,7 +200,7 @@ def reproduction(name: str, entry: dict, verdict: dict, *, tasks: dict[str, str]
     """The reproduction section's lines (under its heading)."""
     repo = repo_id_or_placeholder(name, repo_id)
     env = verdict.get("environment") or {}
-    params = reproduction_params(entry, verdict, tasks, run)
+    params = reproduction_params(name, entry, verdict, tasks, run)
     lm_eval = _versions(verdict, ("lm-eval",))
     held_out = [s for s, d in params["suites"].items() if d.get("options")]
     lines = [f"With glm-quant-pipeline at git revision {md(env.get('git_revision') or 'not recorded')} (its evals/ "

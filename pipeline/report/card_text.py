@@ -4,17 +4,13 @@ the repository the usage snippets name, and the variant's method module. Nothing
 
 from __future__ import annotations
 
-import re
 from pathlib import PurePath
 
 from pipeline import methods
+from pipeline.verdict.headline import and_list as names  # noqa: F401  (the cards' "a, b and c")
 
 # What the snippets name when the card is written without --repo-id: the card says to replace it
 PLACEHOLDER_ORG = "your-org"
-# A Hub repository id: ORG/NAME, each of letters, digits, '-', '_', '.', not starting or ending with '-' or '.',
-# no '--' or '..', at most 96 characters (the Hub's rules for a repository name)
-_REPO_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
-REPO_ID = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 
 
 def md(text) -> str:
@@ -28,15 +24,16 @@ def code(text) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
-def names(items) -> str:
-    """"a", "a and b", "a, b and c"."""
-    items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}" if items else ""
-
-
 def valid_repo_id(text: str) -> bool:
-    """Whether `text` is a Hub repository id (ORG/NAME) a card may name."""
-    return bool(REPO_ID.match(text or "")) and len(text) <= 96 and "--" not in text and ".." not in text
+    """Whether `text` is a Hub repository id with its owner (ORG/NAME), by huggingface_hub's own rules."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return text.count("/") == 1
 
 
 def repo_id_or_placeholder(name: str, repo_id: str | None) -> str:

@@ -91,8 +91,10 @@ def phrase(entry: dict) -> str:
     return f"{name}: {why}" if why else name
 
 
-def _names(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+def and_list(items) -> str:
+    """"a", "a and b", "a, b and c" ("" for none)."""
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}" if items else ""
 
 
 def _grouped(variants: dict, names: list[str]) -> list[str]:
@@ -100,7 +102,7 @@ def _grouped(variants: dict, names: list[str]) -> list[str]:
     groups: dict[str, list[str]] = {}
     for name in names:
         groups.setdefault(phrase(variants[name]), []).append(name)
-    return [f"{_names(members)} {text}" for text, members in groups.items()]
+    return [f"{and_list(members)} {text}" for text, members in groups.items()]
 
 
 def headline(verdict: dict) -> str:
@@ -116,7 +118,7 @@ def headline(verdict: dict) -> str:
     if len(ship) == 1:
         parts = [f"Ship {ship[0]}: {phrase(variants[ship[0]])}"]
     elif ship:
-        parts = [f"Ship any of {_names(ship)}: " + "; ".join(_grouped(variants, ship))]
+        parts = [f"Ship any of {and_list(ship)}: " + "; ".join(_grouped(variants, ship))]
     elif synthetic:
         parts = [f"Ship none on this evidence: {synthetic.get('short') or synthetic.get('why')} (timing only: these "
                  "accuracy figures mean nothing); as computed"]
