@@ -702,3 +702,12 @@ def test_quantize_card_refuses_bad_input_with_one_message_and_writes_nothing(car
     before = snapshot(card_project)
     assert_refused(invoke(args), expected, case)
     assert snapshot(card_project) == before
+
+
+def test_every_shipped_suite_has_its_data_named_for_the_hub():
+    """The cards' table of what each shipped task scores (card_header.SHIPPED_DATA) covers the shipped suites
+    (coverage.SHIPPED_SUITES, checked against evals/ elsewhere) and nothing else."""
+    from pipeline.report.card_header import SHIPPED_DATA
+    from pipeline.verdict.coverage import SHIPPED_SUITES
+
+    assert set(SHIPPED_DATA) == set(SHIPPED_SUITES.values())

@@ -38,6 +38,7 @@ from pipeline.section import Section
 
 BASES = {method.NAME: method for method in (awq, gptq, rtn)}  # the W4A16 methods a mixed variant starts from
 LOW_BITS, HIGH_BITS = 4, 8
+LOW_SCHEME, HIGH_SCHEME = "W4A16", "W8A16"  # a group's scheme in its plan's rows (and quant.json's groups)
 DEFAULT_MAX_BITS = 4.5  # the budget of a mixed variant and of `quantize fix` (params.yaml `fix.max_bits`)
 MaxBits = Annotated[float, Field(ge=LOW_BITS, le=HIGH_BITS, description="Budget: mean bits per quantized weight (4 or "
                                  "8 each, weighted by weight count); the most sensitive groups are kept in 8 bits "
@@ -93,12 +94,12 @@ def choose(groups: list[dict], max_bits: float) -> tuple[list[dict], float]:
         extra = (HIGH_BITS - LOW_BITS) * group["weights"]
         removes = f"rank {rank}: restoring it removes {group['share_removed']:.1%} of the variant's KL"
         if group["kl_removed"] <= 0:
-            scheme, why = "W4A16", f"rank {rank}: restoring it removes none of the variant's KL"
+            scheme, why = LOW_SCHEME, f"rank {rank}: restoring it removes none of the variant's KL"
         elif spent + extra <= extra_allowed + 1e-9 * total:
             spent += extra
-            scheme, why = "W8A16", f"{removes}; within the budget ({LOW_BITS + spent / total:.3f} bits per weight)"
+            scheme, why = HIGH_SCHEME, f"{removes}; within the budget ({LOW_BITS + spent / total:.3f} bits per weight)"
         else:
-            scheme, why = "W4A16", (f"{removes}, but in 8 bits the mean would be "
+            scheme, why = LOW_SCHEME, (f"{removes}, but in 8 bits the mean would be "
                                     f"{LOW_BITS + (spent + extra) / total:.3f} bits per weight, over {max_bits:g}")
         rows.append({"name": group["name"], "layer": group["layer"], "weights": group["weights"], "scheme": scheme,
                      "why": why, "modules": group["modules"]})
@@ -184,11 +185,11 @@ def recipe(settings: Params, target: Target, base_settings=None) -> Recipe:
     int4.choose_group_size(target.config, own.group_size, target.model_dir)  # a group size that does not fit: refused first
     rows, bits = choose(ranking["groups"], settings.max_bits)
     kept = [fused.Group(r["name"], r["layer"], r["name"].rpartition(".")[2], r["modules"]) for r in rows
-            if r["scheme"] == "W8A16"]
+            if r["scheme"] == HIGH_SCHEME]
     base_recipe = base.recipe(own, target, eight_bit_targets=eight_bit_targets(kept, target))
     group, symmetric = base_recipe.details["group_size"], base_recipe.details["symmetric"]
     _check_vllm(target, group, symmetric, kept, [m for r in rows for m in r["modules"]])
-    share_high = sum(r["weights"] for r in rows if r["scheme"] == "W8A16") / sum(r["weights"] for r in rows)
+    share_high = sum(r["weights"] for r in rows if r["scheme"] == HIGH_SCHEME) / sum(r["weights"] for r in rows)
     details = {"base_method": base.NAME, **base_recipe.details, "max_bits": settings.max_bits,
                "bits_per_weight": round(bits, 4),
                "bits_per_weight_with_scales": round(bits_with_scales(bits, group, symmetric, share_high), 4),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import yaml
 
+from pipeline.methods import mixed
 from pipeline.report.card_evaluation import scored_by
 from pipeline.report.card_header import data_of
 from pipeline.outputs import human_size
@@ -120,7 +121,7 @@ def recipe_facts(quant: dict) -> list[str]:
     for pattern, why in (quant.get("ignored") or {}).items():
         lines.append(f"- kept in full precision: {code(pattern)} ({md(why)})")
     if quant.get("groups_in_8_bits") is not None:
-        kept = [g["name"] for g in quant.get("groups") or [] if g.get("scheme") == "W8A16"]
+        kept = [g["name"] for g in quant.get("groups") or [] if g.get("scheme") == mixed.HIGH_SCHEME]
         lines.append(f"- kept in 8 bits (W8A16): {quant['groups_in_8_bits']} of {quant.get('groups_total')} groups, "
                      "those whose int4 error cost the W4A16 variant most KL from the base: " + md(", ".join(kept)))
     verify = quant.get("verify") or {}
