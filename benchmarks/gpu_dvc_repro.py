@@ -296,7 +296,8 @@ class Run:
         if self.tiny:
             # the test server pretends a 1 GiB device (its --device-memory-gib default): planned KV pools fit in it
             engine.update(server_command=[sys.executable, str(REPO / "tests" / "openai_server.py")],
-                          max_model_len=512, batch_size=8, device_memory_gib=1.0, non_kv_memory_gib=0.01)
+                          max_model_len=512, batch_size=8, device_memory_gib=1.0, non_kv_memory_gib=0.01,
+                          vision_memory_gib=0.01)
             params["model"]["dtype"] = "float16"
             params["calib"].update(seq_len=64, num_blocks=8, holdout=8)
             for variant in params["variants"].values():  # the tiny Glm is 64 wide: every grouped method at 32
@@ -508,27 +509,23 @@ class Run:
 
     def sample_gpu(self) -> dict | None:
         """What each of the run's servers holds on the GPU now (nvidia-smi's per-process memory, summed over the
-        server's process group: vLLM's engine core is a child of `vllm serve`) beside what the server plan gave it
-        (the registry's gpu_bytes), and the GPU's total use; None without nvidia-smi."""
+        server's process group: pipeline/engines/gpu_memory.py) beside its plan (the registry's gpu_bytes) and the
+        most its supervisor measured (server_registry.measured_memory), and the GPU's total use; None without
+        nvidia-smi."""
         if not shutil.which("nvidia-smi"):
             return None
         sys.path.insert(0, str(REPO))
-        from pipeline.engines.server_registry import entries
+        from pipeline.engines.gpu_memory import used_by_process_group
+        from pipeline.engines.server_registry import entries, measured_memory
 
-        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True).stdout
-        used: dict[int, int] = {}
-        for line in apps.splitlines():
-            try:
-                pid, mib = (int(x) for x in line.split(","))
-                used[os.getpgid(pid)] = used.get(os.getpgid(pid), 0) + (mib << 20)
-            except (ValueError, ProcessLookupError, PermissionError):
-                continue
+        registry = self.work / "servers"
+        used = used_by_process_group() or {}
         total = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits"],
                                capture_output=True, text=True).stdout.split(",")
         servers = {Path(e.get("model_path") or "?").name: {"planned_bytes": e.get("gpu_bytes"),
-                                                            "used_bytes": used.get(e.get("server_pid"))}
-                   for e in entries(self.work / "servers").values()}
+                                                            "used_bytes": used.get(e.get("server_pid")),
+                                                            "peak_bytes": measured_memory(registry, k).get("peak_bytes")}
+                   for k, e in entries(registry).items()}
         return {"at": round(time.time(), 1), "servers": servers,
                 "gpu_used_bytes": int(total[0]) << 20 if total and total[0].strip().isdigit() else None,
                 "gpu_total_bytes": int(total[1]) << 20 if len(total) > 1 and total[1].strip().isdigit() else None}
@@ -623,7 +620,6 @@ class Run:
             "stage_wall_s": round(sum(s["wall_s"] for s in stages.values()), 1),
             "suites": suites, "fixed_cost_per_model_suite": self.fixed_costs(stages, suites),
             "servers": servers, "server_starts": sum(len(v["starts_s"]) for v in servers.values()),
-            "projection_full_size": self.projection(stages, suites),
             # what the stages' own records say they started (a phase's: `servers` reads the whole run's logs)
             "server_starts_in_stages": sum(s["server_starts"] for s in stages.values()),
             "resumed": sum(c["outcome"] == "cut" for c in calls[:-1]),  # a call after a cut resumes the run
@@ -775,44 +771,6 @@ class Run:
                           "per_suite_s": round((process + stage["dvc_gap_s"] + setup) / len(rows), 2)}
         return out
 
-    # the suites at full size (README): GSM8K, HumanEval, the long-context ladder of the gpu profile (5
-    # lengths x 3 depths x 2 kinds), Alice's documents, GSM8K's and HumanEval's solutions, the held-out
-    # conversations (calib.holdout), the judge's prompts
-    FULL = {"math": 1319, "code": 164, "ppl-book": 124, "ppl-math": 1319, "ppl-code": 164, "ppl-chat": 100,
-            "judge": 100}
-    LADDER = [1024, 8192, 32768, 65536, 120000]
-
-    def projection(self, stages: dict, suites: list[dict]) -> dict | None:
-        """dvc repro at full suites from this run: the same fixed costs and quantization, each suite's work scaled
-        by its items (long context: by prompt tokens, from the lengths this run scored; attention grows faster
-        than linearly, so that part is a lower bound), the judge's by its prompts."""
-        if not suites:
-            return None
-        wall = sum(c["dvc_repro_s"] for c in self.state["calls"])
-        added, per_model = 0.0, {}
-        for r in suites:
-            if r["status"] != "scored" or not r["n"] or not r["work_s"]:
-                continue
-            if r["suite"] == "long_context" and r["lengths"]:
-                measured_tokens = sum(int(i.split("-")[1]) for i in self.item_ids(
-                    self.project / "results" / r["model"] / "long_context.json"))
-                full = r["work_s"] * (sum(self.LADDER) * 6) / max(measured_tokens, 1)
-            elif r["suite"] in self.FULL:
-                full = r["work_s"] * self.FULL[r["suite"]] / r["n"]
-            else:
-                continue
-            added += full - r["work_s"]
-            per_model.setdefault(r["model"], {})[r["suite"]] = round(full, 1)
-        judged = {name: s for name, s in stages.items() if name.startswith("judge@")}
-        limit = self.state.get("suite_limit")
-        for name, s in judged.items():
-            if limit:
-                full = s["work_s"] * self.FULL["judge"] / limit
-                added += full - s["work_s"]
-                per_model.setdefault(name.split("@")[1], {})["judge"] = round(full, 1)
-        return {"dvc_repro_s": round(wall + added, 0), "added_work_s": round(added, 0), "work_s_by_model": per_model,
-                "note": "fixed costs, quantization, KL and bench as measured; suites and judge scaled by items"}
-
     def server_figures(self) -> dict:
         """Per model: each server start's duration (the supervisor's note in the server's log) and the most requests
         it held, from its own periodic stats lines (vLLM's `Running: N reqs, Waiting: M reqs`, every 10 s)."""
@@ -936,8 +894,6 @@ def print_table(figures: dict) -> None:
           f"{ratio or 0:.2f}), engine start visible {figures['engine_start_s']:.0f} s "
           f"({(figures['engine_start_fraction'] or 0):.1%}), DVC between stages {figures['dvc_between_stages_s']:.0f} s, "
           f"cut and resumed {figures['resumed']} time(s); setup {figures['setup_s']} s (bytecode {figures['bytecode_s']} s)")
-    if figures["projection_full_size"]:
-        print(f"projection at full suites: {figures['projection_full_size']['dvc_repro_s']:.0f} s of dvc repro")
 
 
 def main() -> None:

@@ -90,7 +90,7 @@ def test_the_derivation_follows_what_runs(derived):
     supervisor it starts with -m); every stage validates params.yaml's `engine` with the engines' sections
     (engines/sections.py), which import no engine's code, so a stage that runs no engine (resave, calib, quantize,
     report) does not depend on the engines' modules: an edit to vllm_server.py reruns no quantization; KL and
-    quantize stop idle servers (engines/shared.py); the report reads the serving table."""
+    quantize make their room on the GPU (engines/gpu_room.py); the report reads the serving table."""
     deps = derived["dvc.yaml"]
     engine_code = ["pipeline/engines/hf.py", "pipeline/engines/vllm.py", "pipeline/engines/vllm_server.py",
                    "pipeline/engines/lmdeploy.py", "pipeline/engines/openai.py", "pipeline/engines/supervisor.py"]
@@ -100,7 +100,7 @@ def test_the_derivation_follows_what_runs(derived):
         assert covers(stage, "pipeline/engines/settings.py") and covers(stage, "pipeline/methods/awq.py")
     for stage in ("resave", "calib", "quantize", "report"):
         assert not [path for path in engine_code if covers(deps[stage], path)], stage
-    assert covers(deps["kl"], "pipeline/engines/shared.py") and covers(deps["quantize"], "pipeline/engines/shared.py")
+    assert covers(deps["kl"], "pipeline/engines/gpu_room.py") and covers(deps["quantize"], "pipeline/engines/gpu_room.py")
     assert covers(deps["report"], "pipeline/checkpoints/serving.py")
     assert covers(deps["report"], "pipeline/report/template.html")  # package data beside a reached module
 

@@ -83,7 +83,7 @@ def test_residency_on_a_gpu_both_where_they_fit_and_the_ranking_refused_with_its
     monkeypatch.setattr(kl_stage, "gpu_bytes_needed", lambda *args: needs[args[-1]])
     args = ("cuda", Path("b"), Path("v"), [[1, 2]], 8, 2)
     assert kl_stage.residency("auto", False, *args) == "both" and kl_stage.residency("one", False, *args) == "one"
-    with pytest.raises(UserError, match=r"need ~95 GiB of GPU memory, 100 GiB is free"):
+    with pytest.raises(UserError, match=r"need ~95 GiB of GPU memory at 8 sequence\(s\) a pass, and 100 GiB is free"):
         kl_stage.residency("auto", True, *args)
     needs[True] = 80 * 2**30
     assert kl_stage.residency("auto", True, *args) == "both" and kl_stage.residency("one", True, *args) == "both"

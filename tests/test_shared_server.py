@@ -214,8 +214,7 @@ def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room
     """quantize and kl load a model on the GPU in-process: the servers the run keeps (idle between stages) hold
     its memory. While the GPU has room for the stage (free memory as nvidia-smi says, here stood in for) they
     stay; when it lacks room, idle ones go, least recently used first, and a server a stage holds stays."""
-    from pipeline.cli.common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
-    from pipeline.engines import gpu_memory
+    from pipeline.engines import gpu_memory, gpu_room
 
     env = {shared.RUN_PID_ENV: str(run.pid)}
     idle, _ = stage(tiny_llama, tmp_path / "a.log", env=env)
@@ -224,9 +223,9 @@ def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room
     held, proc = stage(other, tmp_path / "b.log", "--max-servers", "2", env=env, hold=True)
     try:
         monkeypatch.setattr(gpu_memory, "device_memory_free_bytes", lambda: 40 << 30)
-        _free_gpu_of_idle_servers("kl", need_bytes=30 << 30)  # room enough: nothing stops
+        gpu_room.make_room("kl", 30 << 30)  # room enough: nothing stops
         assert shared.alive(idle["server_pid"], None) and len(shared.entries(registry)) == 2
-        _free_gpu_of_idle_servers("kl", need_bytes=50 << 30)  # too little: the idle one goes, the held one stays
+        gpu_room.make_room("kl", 50 << 30)  # too little: the idle one goes, the held one stays
         assert gone(idle["server_pid"]) and shared.alive(held["server_pid"], None)
         assert list(shared.entries(registry)) == [held["key"]]
     finally:
@@ -237,8 +236,7 @@ def test_an_in_process_gpu_stage_stops_idle_servers_only_when_the_gpu_lacks_room
 def test_making_room_stops_the_bases_server_after_every_other(tmp_path, tiny_llama, registry, run, monkeypatch):
     """A fix added to a finished run loads the base in-process while the run's idle servers hold the GPU: they go
     least recently used first, but the base's last (every variant's judge asks it), so the fix's judge finds it."""
-    from pipeline.cli.common import free_gpu_of_idle_servers as _free_gpu_of_idle_servers
-    from pipeline.engines import gpu_memory
+    from pipeline.engines import gpu_memory, gpu_room
 
     env = {shared.RUN_PID_ENV: str(run.pid)}
     base = tmp_path / "base"
@@ -248,9 +246,10 @@ def test_making_room_stops_the_bases_server_after_every_other(tmp_path, tiny_lla
     for name in ("awq", "fp8"):
         shutil.copytree(tiny_llama, tmp_path / name)
         others.append(stage(tmp_path / name, tmp_path / f"{name}.log", "--max-servers", "3", env=env)[0])
-    frees = iter([1 << 30, 1 << 30, 100 << 30])  # room after two servers have gone
-    monkeypatch.setattr(gpu_memory, "device_memory_free_bytes", lambda: next(frees))
-    _free_gpu_of_idle_servers("fix", need_bytes=50 << 30, last=base)
+    # room once two servers have gone
+    monkeypatch.setattr(gpu_memory, "device_memory_free_bytes",
+                        lambda: (100 << 30) if len(shared.entries(registry)) <= 1 else 1 << 30)
+    gpu_room.make_room("fix", 50 << 30, last=base)
     assert all(gone(r["server_pid"]) for r in others) and shared.alive(first["server_pid"], None)
     assert [e["model_path"] for e in shared.entries(registry).values()] == [str(base.resolve())]
 

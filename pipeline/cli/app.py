@@ -312,8 +312,7 @@ def kl(
     out = out or Path("results") / variant_dir.name / "kl.json"
     for written in [out, *([out.with_name(SENSITIVITY_FILE)] if rank else [])]:
         refuse_overlap(written, base_checkpoint=base, variant_checkpoint=variant_dir, held_out_prompts=holdout)
-    make_room_on_gpu("kl", [base, variant_dir], factor=2.5 if rank else 1.5, last=p.model.base_dir)
-    with working():
+    with working():  # on a GPU the stage makes its own room, sized by the pass it will run (pipeline/engines/gpu_room.py)
         result = kl_stage.run(base, variant_dir, holdout, out, p.kl, p.engine, rank=rank)
     console.summary(result.summary())
 

@@ -190,40 +190,13 @@ def checked_model(model_dir: Path, weights: bool = True) -> Path:
     return model_dir
 
 
-def free_gpu_of_idle_servers(what: str, need_bytes: int | None = None, last: Path | None = None) -> None:
-    """A stage that loads a model in-process (quantize, kl) first stops vLLM servers the run keeps idle
-    (pipeline/engines/shared.py) when they leave the GPU less free memory than the stage needs (need_bytes;
-    None: all of it), least recently used first. A whole run of the GPU profile's dvc.yaml runs these stages before
-    any served one, so only servers started early (engine.warm_servers, which leave engine.build_memory_fraction free
-    while builds are to come) or a run in another order (named targets through plain `dvc repro`) meet this; on a
-    machine without nvidia-smi there is no GPU to free."""
-    from pipeline.engines import shared
-
-    if not shared.entries():
-        return
-    from pipeline.engines import gpu_memory
-
-    stopped = []
-    with shared.locked():
-        while shared.entries():
-            free = gpu_memory.device_memory_free_bytes()
-            if free is None or (need_bytes is not None and free >= need_bytes):
-                break
-            gone = shared.stop_idle(keep=len(shared.entries()) - 1, last=str(last) if last else None)
-            if not gone:
-                break
-            stopped += gone
-    if stopped:
-        log.info(f"{what}: stopped {len(stopped)} idle vLLM server(s) to free the GPU for an in-process model")
-
-
 def make_room_on_gpu(what: str, models: list[Path], factor: float, last: Path | None = None) -> None:
-    """Before a stage loads models in-process on the GPU: idle servers go when the GPU has less free memory than
-    `factor` x the models' weights (the stage's peak: measured on the H200, AWQ ~1.5x, FP8 ~2.3x of a 9B
-    checkpoint, KL both models plus logits), least recently used first and `last`'s (the base's: every variant's
-    judge asks it) after every other."""
-    weights = sum(f.stat().st_size for m in models for f in Path(m).glob("*.safetensors"))
-    free_gpu_of_idle_servers(what, int(factor * weights), last)
+    """Before a stage loads models in-process on the GPU: the run's GPU memory (pipeline/engines/gpu_room.py) makes
+    room for `factor` x the models' weights, stopping idle servers (`last`'s, the base's, after every other) and
+    then work started ahead, and saying which."""
+    from pipeline.engines import gpu_room
+
+    gpu_room.room_for_models(what, models, factor, last)
 
 
 def builds_to_come(root: Path | None = None) -> list[str]:
@@ -334,19 +307,17 @@ def start_ahead(p, params_file: Path, exclude: tuple[str, Path] | None = None) -
 
 
 def _room_for_a_server(p, model_dir: Path, building: bool) -> bool:
-    """Whether this checkpoint's server fits now, leaving build_memory_fraction of the GPU free while in-process
-    stages are still to come (building): its planned memory (fitted: pipeline/stages/warm.py), else
-    gpu_memory_utilization of the GPU; servers still starting are counted at their full share.
-    Without nvidia-smi (no GPU here): yes."""
-    from pipeline.engines import gpu_memory, shared
-    from pipeline.stages.warm import server_bytes
+    """Whether this checkpoint's server fits now (pipeline/engines/gpu_room.py), leaving build_memory_fraction of the
+    GPU free while in-process stages are still to come (building): its planned memory (fitted), else
+    gpu_memory_utilization of the GPU."""
+    from pipeline.engines import gpu_memory, gpu_room
+    from pipeline.engines.vllm_server import server_memory
 
     e = p.engine
-    total, free = gpu_memory.device_memory_bytes(e.device_memory_gib), gpu_memory.device_memory_free_bytes()
-    if total is None or free is None:
+    total = gpu_memory.device_memory_bytes(e.device_memory_gib)
+    if total is None:
         return True
-    share = server_bytes(p, model_dir) or e.gpu_memory_utilization * total
-    starting = shared.starting()  # may not have taken their memory yet: counted as if they had
-    pending = sum(int(s.get("gpu_bytes") or 0) or e.gpu_memory_utilization * total for s in starting)
-    keep = e.build_memory_fraction * total if building else 0.0
-    return free - pending - share >= keep
+    share = server_memory(model_dir, e)["gpu_bytes"] or e.gpu_memory_utilization * total
+    return gpu_room.room_for_server(int(share), budget_fraction=e.gpu_memory_utilization,
+                                    keep_fraction=e.build_memory_fraction if building else 0.0,
+                                    device_memory_gib=e.device_memory_gib)

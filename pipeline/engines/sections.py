@@ -70,6 +70,11 @@ class VLLMSettings(HTTPSettings):
     # together: as many resident at once as fit (pipeline/engines/server_plan.py)
     kv_cache_memory: Literal["auto", "planned", "fitted"] = "auto"
     non_kv_memory_gib: float = Field(4.0, ge=0, le=1024)  # planned, fitted: activations, CUDA graphs, the CUDA context
+    # planned, fitted, a vision-language model only: what its server holds beyond non_kv_memory_gib once images come
+    # (the vision tower's activations and vLLM's encoder cache): GLM-4.6V-Flash's base server held 36.6 GiB under
+    # images against 31.7 planned with a text model's 5 (one H100, 2026-12-07). A server's measured footprint replaces
+    # its plan once it has run (its supervisor reads nvidia-smi: pipeline/engines/server_registry.py)
+    vision_memory_gib: float = Field(5.0, ge=0, le=1024)
     device_memory_gib: float | None = Field(None, gt=0, le=1 << 20)  # planned, fitted: one GPU's memory (None: nvidia-smi)
     # fitted: the tokens one request in flight holds in the KV cache (prompt + answer); GSM8K's prompt and its 512 new
     # tokens: 256 of them ran at once on the H200 in a 245,872-token pool (2026-12-02)

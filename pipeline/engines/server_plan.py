@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pipeline.engines.gpu_memory import GIB
@@ -48,14 +48,24 @@ class Share:
     wanted_tokens: int
     estimated: bool = False  # weights estimated from the base and the method: the checkpoint is not built yet
     why: str = ""  # when the pool holds fewer tokens than wanted: what limited it
+    measured_bytes: int | None = None  # the most a server of it was measured to hold, where more than planned
 
     @property
     def kv_tokens(self) -> int:
         return self.pool_bytes // self.kv_bytes_per_token if self.kv_bytes_per_token else 0
 
     @property
-    def total_bytes(self) -> int:
+    def planned_bytes(self) -> int:
         return self.weight_bytes + self.pool_bytes + self.reserve_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """What the server is counted at: its plan, or what it was measured to hold where that is more."""
+        return max(self.planned_bytes, self.measured_bytes or 0)
+
+    def measured(self, peak_bytes: int | None) -> Share:
+        """This share counted at peak_bytes (a server of it measured on the GPU) where that passes the plan."""
+        return replace(self, measured_bytes=peak_bytes) if peak_bytes and peak_bytes > self.planned_bytes else self
 
     def utilization(self, device_bytes: int) -> float:
         """vLLM's --gpu-memory-utilization for this server: its share of the GPU, rounded up (vLLM checks the GPU's
@@ -63,7 +73,8 @@ class Share:
         return min(1.0, math.ceil(self.total_bytes / device_bytes * 10000) / 10000)
 
     def as_dict(self, device_bytes: int | None = None) -> dict:
-        shown = {**asdict(self), "kv_tokens": self.kv_tokens, "total_bytes": self.total_bytes,
+        shown = {**asdict(self), "kv_tokens": self.kv_tokens, "planned_bytes": self.planned_bytes,
+                 "total_bytes": self.total_bytes,
                  "total_gib": round(self.total_bytes / GIB, 2)}
         if device_bytes:
             shown["gpu_memory_utilization"] = self.utilization(device_bytes)
@@ -83,7 +94,8 @@ def fit(model: str, weight_bytes: int, kv_bytes_per_token: int, *, device_bytes:
         fits = max(0, left // kv_bytes_per_token) if kv_bytes_per_token else 0
         raise UserError(
             f"{model}: does not fit on this GPU: {_gib(weight_bytes)} of weights, {_gib(reserve_bytes)} reserved "
-            f"(engine.non_kv_memory_gib) and one request of engine.max_model_len {max_model_len:,} tokens "
+            f"(engine.non_kv_memory_gib, and engine.vision_memory_gib for a vision-language model) and one request "
+            f"of engine.max_model_len {max_model_len:,} tokens "
             f"({_gib(need)} of KV cache) are more than engine.gpu_memory_utilization {fraction:g} of "
             f"{_gib(device_bytes)}; " + (f"lower engine.max_model_len to {_round_down(fits):,} at most, " if fits >= 16
                                         else "") + "or serve it on a larger GPU or with engine.tensor_parallel_size")
@@ -139,6 +151,7 @@ class Plan:
             rows.append(f"  {s.model}: {_gib(s.total_bytes)} = weights {_gib(s.weight_bytes)}"
                         f"{' (estimated: not built yet)' if s.estimated else ''} + KV {_gib(s.pool_bytes)} "
                         f"({s.kv_tokens:,} tokens) + reserve {_gib(s.reserve_bytes)}"
+                        + (f"; measured {_gib(s.measured_bytes)}: counted so" if s.measured_bytes else "")
                         + (f"; KV limited to {s.why}" if s.why else ""))
         together = ["  side by side: " + " | then ".join(", ".join(w) for w in self.waves)]
         if len(self.waves) > 1:

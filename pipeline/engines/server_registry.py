@@ -120,6 +120,8 @@ def lease_name() -> str:
 def forget(registry: Path, key: str) -> None:
     with contextlib.suppress(OSError):
         _entry_path(registry, key).unlink()
+    with contextlib.suppress(OSError):
+        _memory_path(registry, key).unlink()  # the checkpoint's peak (models/) stays: a restart is counted by it
     folder = leases_dir(registry, key)
     if folder.exists():
         for lease in folder.glob("*"):
@@ -190,9 +192,69 @@ def kept_last(registry: Path) -> str | None:
         return None
 
 
-def planned_bytes(found: dict[str, dict]) -> int:
-    """The GPU memory the servers `found` (entries) were planned to hold (engine.kv_cache_memory: fitted)."""
-    return sum(int(e.get("gpu_bytes") or 0) for e in found.values())
+# ---------------------------------------------------------------- what each server holds, measured
+
+MEMORY = "memory"  # in the registry: each server's GPU memory as its supervisor measured it (nvidia-smi), a file each
+
+
+def _memory_path(registry: Path, key: str) -> Path:
+    return registry / MEMORY / f"{key}.json"
+
+
+def _model_memory_path(registry: Path, model_path: str) -> Path:
+    return registry / MEMORY / "models" / f"{hashlib.sha256(model_path.encode()).hexdigest()[:16]}.json"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _write_json(path: Path, value: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
+
+
+def record_memory(registry: Path, key: str, model_path: str, used_bytes: int, planned: int | None) -> dict:
+    """One measurement of a server's GPU memory (its process group's, nvidia-smi): kept per server (now and its peak)
+    and per checkpoint path (the peak of every server it had in this registry), so that a server started again, and
+    the run's plan, count what the model was seen to hold rather than what it was planned to. Written by the
+    server's supervisor alone (no lock: one writer a file)."""
+    now = _read_json(_memory_path(registry, key))
+    peak = max(int(now.get("peak_bytes") or 0), int(used_bytes))
+    record = {"key": key, "model_path": model_path, "used_bytes": int(used_bytes), "peak_bytes": peak,
+              "planned_bytes": planned, "samples": int(now.get("samples") or 0) + 1, "at": round(time.time(), 1)}
+    _write_json(_memory_path(registry, key), record)
+    by_model = _read_json(_model_memory_path(registry, model_path))
+    if peak > int(by_model.get("peak_bytes") or 0):
+        _write_json(_model_memory_path(registry, model_path), {"model_path": model_path, "peak_bytes": peak,
+                                                               "planned_bytes": planned, "at": record["at"]})
+    return record
+
+
+def measured_memory(registry: Path, key: str) -> dict:
+    """What record_memory kept of a server ({} when it was never measured: no nvidia-smi, or not yet)."""
+    return _read_json(_memory_path(registry, key))
+
+
+def model_peak_bytes(model_path: Path | str, registry: Path | None = None) -> int | None:
+    """The most GPU memory a server of this checkpoint path was measured to hold in this registry; None if never."""
+    found = _read_json(_model_memory_path(registry or registry_dir(), str(Path(model_path).resolve())))
+    return int(found["peak_bytes"]) if found.get("peak_bytes") else None
+
+
+def held_bytes(found: dict[str, dict], registry: Path | None = None) -> int:
+    """The GPU memory the servers `found` (entries) hold, each counted at the larger of its plan (gpu_bytes,
+    engine.kv_cache_memory: fitted) and the most it was measured to hold: a server that grew past its plan under
+    load (a vision-language model's images) is counted as it is."""
+    registry = registry or registry_dir()
+    return sum(max(int(e.get("gpu_bytes") or 0), int(measured_memory(registry, k).get("peak_bytes") or 0))
+               for k, e in found.items())
 
 
 def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
@@ -224,7 +286,7 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
             stop_entry(registry, key, current.pop(key))
             stopped.append(key)
     def crowded() -> bool:
-        over = budget_bytes is not None and planned_bytes(current) + (need_bytes or 0) > budget_bytes
+        over = budget_bytes is not None and held_bytes(current, registry) + (need_bytes or 0) > budget_bytes
         return len(current) > keep or over
 
     for _, key in idle:  # a server still starting (warm) is about to be asked for: not evicted for room

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from pipeline.engines.server_registry import (  # noqa: F401  (REGISTRY_ENV, keep_last: callers ask them here)
     POLL_S, REGISTRY_ENV, content_fingerprint, entries, forget, keep_last, kept_last, lease_name, leases_dir, live_leases,
-    locked, planned_bytes, read_entry, registry_dir, server_key, stop_entry, stop_idle, write_entry)
+    locked, held_bytes, read_entry, registry_dir, server_key, stop_entry, stop_idle, write_entry)
 from pipeline.errors import UserError
 from pipeline.runs import RUN_PID_ENV, alive, run_owner, start_time  # noqa: F401  (the run a server belongs to)
 
@@ -181,7 +181,7 @@ def _fits(busy: dict, max_servers: int, gpu_bytes: int | None, gpu_budget: int |
     beside theirs within the budget; alone on the GPU it always may (its plan checked that it fits alone)."""
     if len(busy) >= max_servers:
         return False
-    return gpu_budget is None or not busy or planned_bytes(busy) + (gpu_bytes or 0) <= gpu_budget
+    return gpu_budget is None or not busy or held_bytes(busy) + (gpu_bytes or 0) <= gpu_budget
 
 
 def _refuse_when_all_mine(registry: Path, busy: dict, max_servers: int, name: str, gpu_budget: int | None) -> None:

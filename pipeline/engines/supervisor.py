@@ -17,8 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.engines.server_registry import POLL_S, forget, live_leases, read_entry, write_entry
+from pipeline.engines.server_registry import POLL_S, forget, live_leases, read_entry, record_memory, write_entry
 from pipeline.runs import alive, start_time
+
+MEASURE_EVERY_S = 5.0  # how often a serving server's GPU memory is read (nvidia-smi takes ~50 ms)
 
 
 class Supervisor:
@@ -33,6 +35,8 @@ class Supervisor:
                       "state": "starting", "command": spec["command"], "last_used": time.time()}
         self.stopping = {"now": False}
         self.proc: subprocess.Popen | None = None
+        self.measured_at = 0.0  # monotonic time of the last GPU memory reading
+        self.told_over = False  # its log says once that it grew past its plan
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):  # stop_entry asks with SIGTERM
@@ -46,7 +50,28 @@ class Supervisor:
             return 3
         self.write(state="ready")
         _note(self.spec["log"], f"server ready after {time.monotonic() - began:.1f} s", "")
+        self.measure(note=True)
         return self.watch()
+
+    def measure(self, note: bool = False) -> None:
+        """What the server's process group holds on the GPU now (nvidia-smi), kept in the registry beside its plan
+        (server_registry.record_memory): once it is ready and then every MEASURE_EVERY_S while it serves, so a server
+        that grows under load is counted as it is. Nothing without nvidia-smi."""
+        from pipeline.engines.gpu_memory import used_by_process_group
+
+        self.measured_at = time.monotonic()
+        used = (used_by_process_group() or {}).get(self.proc.pid)
+        if not used:
+            return
+        planned = self.spec.get("gpu_bytes")
+        record = record_memory(self.registry, self.key, self.spec["model_path"], used, planned)
+        if note:
+            _note(self.spec["log"], f"GPU memory at ready: {used / 2**30:.2f} GiB"
+                  + (f" (planned {planned / 2**30:.2f} GiB)" if planned else ""), "")
+        elif planned and record["peak_bytes"] == used > planned and not self.told_over:
+            self.told_over = True
+            _note(self.spec["log"], f"GPU memory {used / 2**30:.2f} GiB, past its planned {planned / 2**30:.2f} GiB: "
+                  "counted as measured from now on", "")
 
     def write(self, **changes) -> None:
         self.entry.update(changes)
@@ -119,6 +144,8 @@ class Supervisor:
                     if held and current and current.get("supervisor_pid") == os.getpid():
                         forget(self.registry, self.key)
                 return 0
+            if time.monotonic() - self.measured_at >= MEASURE_EVERY_S:
+                self.measure()
             time.sleep(POLL_S)
 
     def why_stop(self, idle_since: float | None) -> tuple[str | None, float | None]:

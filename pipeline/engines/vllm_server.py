@@ -19,7 +19,7 @@ PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% 
 # the settings that shape the server (its command line, hence a shared server's key): the report names them
 SERVER_SETTINGS = ("tensor_parallel_size", "enable_expert_parallel", "max_model_len", "gpu_memory_utilization",
                    "kv_cache_dtype", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "dtype",
-                   "server_args", "kv_cache_memory", "non_kv_memory_gib", "device_memory_gib", "defect_workarounds")
+                   "server_args", "kv_cache_memory", "non_kv_memory_gib", "vision_memory_gib", "device_memory_gib", "defect_workarounds")
 
 
 def server_settings(settings: Settings) -> dict:
@@ -124,11 +124,18 @@ def fitted_share(model_dir: Path, settings: Settings, *, device: int | None = No
     weights = estimated_weights if estimated_weights is not None else server_plan.weight_bytes(model_dir, tp)
     share = server_plan.fit(
         name or model_dir.name, weights, server_plan.kv_bytes_per_token(config, kv, 2, tp),
-        device_bytes=device, fraction=settings.gpu_memory_utilization, reserve_bytes=int(settings.non_kv_memory_gib * GIB),
+        device_bytes=device, fraction=settings.gpu_memory_utilization, reserve_bytes=reserve_bytes(model_dir, settings),
         batch_size=settings.batch_size, request_tokens=settings.plan_request_tokens,
         max_model_len=int(settings.max_model_len or context_length(model_dir) or 4096),
         estimated=estimated_weights is not None)
     return share, device
+
+
+def reserve_bytes(model_dir: Path, settings: Settings) -> int:
+    """What a server holds beside its weights and KV pool: engine.non_kv_memory_gib, and for a vision-language model
+    engine.vision_memory_gib more (its images' activations and encoder cache)."""
+    vision = settings.vision_memory_gib if is_multimodal(model_dir) else 0.0
+    return int((settings.non_kv_memory_gib + vision) * GIB)
 
 
 def server_memory(model_dir: Path, settings: Settings) -> dict:
@@ -136,8 +143,11 @@ def server_memory(model_dir: Path, settings: Settings) -> dict:
     the run's servers together; otherwise none (engine.max_servers alone bounds them)."""
     if settings.kv_cache_memory != "fitted" or not settings.share_server:
         return {"gpu_bytes": None, "gpu_budget": None}
+    from pipeline.engines.server_registry import model_peak_bytes
+
     share, device = fitted_share(model_dir, settings)
-    return {"gpu_bytes": share.total_bytes, "gpu_budget": int(settings.gpu_memory_utilization * device)}
+    seen = model_peak_bytes(model_dir) or 0  # a server of this checkpoint measured earlier in the run, under load
+    return {"gpu_bytes": max(share.total_bytes, seen), "gpu_budget": int(settings.gpu_memory_utilization * device)}
 
 
 def device_bytes(settings: Settings, mode: str) -> int:
@@ -161,7 +171,7 @@ def planned_kv_cache_bytes(model_dir: Path, settings: Settings) -> int:
     device = device_bytes(settings, "planned")
     tp = settings.tensor_parallel_size
     weights = server_plan.weight_bytes(Path(model_dir), tp)
-    reserve = int(settings.non_kv_memory_gib * GIB)
+    reserve = reserve_bytes(Path(model_dir), settings)
     budget = int(settings.gpu_memory_utilization * device)
     pool = budget - weights - reserve
     if pool <= 0:

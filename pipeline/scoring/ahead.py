@@ -92,9 +92,11 @@ def start(kind: str, model_dir: Path, params_file: Path) -> str | None:
     done = _read(entry_path.with_suffix(".done")) or {}
     if done.get("complete") and done.get("owner") == [owner_pid, owner_started]:
         return None  # a job of this run did all of it: the stage will find it current
+    stage = f"{KINDS[kind]}@{Path(model_dir).name}"
+    if recorded_current(stage):
+        return None  # DVC ran it already: work ahead would only write its outputs again, and DVC would rerun it
     log = Path("results") / Path(model_dir).name / f"{kind}.ahead.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    stage = f"{KINDS[kind]}@{Path(model_dir).name}"
     # the environment the stage was started with, not os.environ after torch and the console added their variables:
     # a job started with those had its own key for the run's warm interpreter, and started one that served nothing
     env = {**started_environment(), AHEAD_ENV: stage, "QUANTIZE_RUN_PID": str(owner_pid)}
@@ -110,6 +112,35 @@ def start(kind: str, model_dir: Path, params_file: Path) -> str | None:
     tmp.write_text(json.dumps(entry))
     tmp.replace(entry_path)
     return str(log)
+
+
+def recorded_current(stage: str, lock: Path = Path("dvc.lock")) -> bool:
+    """Whether dvc.lock records `stage` with every output still as it recorded it (size and md5, the way DVC hashes
+    a file): DVC has run it, and a job ahead of it would rewrite its outputs (a judge's timings, a summary's
+    seconds), which makes the next `dvc repro` run it again. A stage whose outputs changed, or that the lock does not
+    hold (a fix added to a finished run), is not. Its inputs are not compared: a stage whose inputs changed runs in
+    its turn, without the head start."""
+    try:
+        import yaml
+
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        recorded = ((yaml.load(lock.read_text(), Loader=loader) or {}).get("stages") or {}).get(stage)
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return False
+    outs = recorded.get("outs") if isinstance(recorded, dict) else None
+    if not outs:
+        return False
+    for out in outs:
+        path = Path(str(out.get("path") or ""))
+        if not path.is_file() or out.get("md5") is None or path.stat().st_size != out.get("size"):
+            return False
+        digest = hashlib.md5(usedforsecurity=False)
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != out["md5"]:
+            return False
+    return True
 
 
 def finished(kind: str, model_dir: Path, complete: bool) -> None:

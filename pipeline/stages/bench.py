@@ -37,6 +37,7 @@ from pipeline.scoring.bench_load import (  # noqa: F401  (the workloads and leve
 )
 from pipeline.checkpoints.sizes import kv_bytes_per_token
 from pipeline.engines import EngineSettings, capability
+from pipeline.engines.gpu_memory import GIB
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
 from pipeline.settings.params import BenchParams, sections_with_overrides
@@ -61,6 +62,23 @@ def measure_bandwidth(device: str, gib: float = 1.0, repeats: int = 5) -> float:
     if device == "cuda":
         torch.cuda.empty_cache()  # hand the memory back: a server engine starts next and sizes its KV pool by it
     return rate
+
+
+PROBE_GIB = 1.0  # the bandwidth probe's copy on a GPU (two tensors of it: source and destination)
+
+
+def _probe_gib(device: str, model_dir: Path) -> float:
+    """The probe's size: on a GPU, PROBE_GIB once the run's GPU memory has made room for its two tensors and the CUDA
+    context (pipeline/engines/gpu_room.py: idle servers of other models go first, this model's last), else what is
+    free (a smaller copy measures the same bandwidth less steadily); 0.25 GiB on a CPU."""
+    if device != "cuda":
+        return 0.25
+    from pipeline.engines import gpu_memory, gpu_room
+
+    need = int((2 * PROBE_GIB + 0.5) * GIB)
+    gpu_room.make_room("bench's bandwidth probe", need, last=model_dir)
+    free = gpu_memory.device_memory_free_bytes()
+    return PROBE_GIB if free is None or free >= need else max(0.0625, (free - GIB // 2) / 2 / GIB)
 
 
 def roofline(engine, model_dir: Path, batch1: dict, bandwidth: float, kv_dtype_bytes: int) -> dict:
@@ -158,7 +176,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     stage = {"log_path": out.with_name(out.stem + ".vllm.log")} if spec.starts_server else {}
     device = "cuda" if _cuda() else "cpu"
     # measured before the engine starts: a server takes most of the GPU's memory for its KV pool
-    bandwidth = measure_bandwidth(device, 1.0 if device == "cuda" else 0.25) if spec.local_weights else None
+    bandwidth = measure_bandwidth(device, _probe_gib(device, model_dir)) if spec.local_weights else None
     lm = make_engine(engine, model_dir, chosen, **stage)
     try:
         quiet_wait = _quiet_gpu(lm) if spec.starts_server else 0.0

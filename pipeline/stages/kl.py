@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.checkpoints import checkpoint
-from pipeline.engines import DEFAULT, EngineSettings, default_settings, settings_for
+from pipeline.engines import DEFAULT, EngineSettings, default_settings, gpu_room, settings_for
 from pipeline.errors import UserError
 from pipeline.formats.kl_lines import lines_path, write_kl_lines
 from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
@@ -149,13 +149,25 @@ def gpu_bytes_needed(base_dir: Path, sequences: list[list[int]], batch_size: int
     return 3 * weights + 2 * activations + kept
 
 
+FIT_SHARE = 0.9  # of the GPU's free memory, what an in-process pass may plan to use (the rest: the allocator's slack)
+
+
 def ranking_batch(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int, free: int) -> int:
     """The ranking's sequences per pass on a GPU: `batch_size`, halved until the pass fits in 90 % of `free`
     (the KL and the ranking are sums over sequences: the batch changes their rounding, not what they sum), at
     least 1."""
-    while batch_size > 1 and gpu_bytes_needed(base_dir, sequences, batch_size, dtype_bytes, True) >= 0.9 * free:
+    while batch_size > 1 and gpu_bytes_needed(base_dir, sequences, batch_size, dtype_bytes, True) >= FIT_SHARE * free:
         batch_size //= 2
     return batch_size
+
+
+def _room_and_batch(base_dir: Path, sequences: list[list[int]], batch_size: int, dtype_bytes: int, rank: bool) -> int:
+    """On a GPU: the run's GPU memory makes room for the smallest pass this stage can run (the ranking's at one
+    sequence, the KL's at its batch; pipeline/engines/gpu_room.py stops idle servers, then work started ahead), and the
+    ranking's batch is the largest that fits what is free then."""
+    need = gpu_bytes_needed(base_dir, sequences, 1 if rank else batch_size, dtype_bytes, rank)
+    gpu_room.make_room("kl --rank" if rank else "kl", int(need / FIT_SHARE), last=base_dir)
+    return ranking_batch(base_dir, sequences, batch_size, dtype_bytes, gpu_free_bytes()) if rank else batch_size
 
 
 def gpu_free_bytes() -> int:
@@ -171,13 +183,15 @@ def residency(resident: str, rank: bool, device: str, base_dir: Path, variant_di
     if device != "cuda" or (resident != "auto" and not rank):
         return "both" if resident == "auto" else resident
     need, free = gpu_bytes_needed(base_dir, sequences, batch_size, dtype_bytes, rank), gpu_free_bytes()
-    fits = need < 0.9 * free
+    fits = need < FIT_SHARE * free
     if rank and not fits:
+        held = gpu_room.holders()
         raise UserError(f"kl --rank: {base_dir} and {variant_dir} resident together with the gradients of the "
-                        f"variant's weights need ~{need / 2**30:.0f} GiB of GPU memory, {free / 2**30:.0f} GiB is "
-                        "free (idle servers of this run already stopped); the ranking needs both models resident. "
-                        "Free the GPU of other processes or lower params.yaml kl.max_tokens (each batch's "
-                        "log-probabilities); a model whose weights do not fit three times cannot be ranked here")
+                        f"variant's weights need ~{need / 2**30:.0f} GiB of GPU memory at {batch_size} sequence(s) a "
+                        f"pass, and {free / 2**30:.0f} GiB is free" + (f" ({held})" if held else "") + "; the "
+                        "ranking needs both models resident. Free the GPU of other processes or lower params.yaml "
+                        "kl.max_tokens (each batch's log-probabilities); a model whose weights do not fit three "
+                        "times cannot be ranked here")
     return "both" if resident != "auto" or fits else "one"
 
 
@@ -214,8 +228,8 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     place = "cuda" if device == "cuda" else None
     load = lambda path: load_for_inference(path, torch_dtype, device=place).eval()  # noqa: E731
     dtype_bytes = torch.tensor([], dtype=torch_dtype).element_size()
-    if rank and device == "cuda":  # the other processes on the GPU (the run's servers) leave what they leave
-        batch_size = ranking_batch(Path(base_dir), sequences, batch_size, dtype_bytes, gpu_free_bytes())
+    if device == "cuda":
+        batch_size = _room_and_batch(Path(base_dir), sequences, batch_size, dtype_bytes, rank)
     resident = residency(resident, rank, device, Path(base_dir), Path(variant_dir), sequences, batch_size, dtype_bytes)
     ranking = None
     if rank:

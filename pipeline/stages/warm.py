@@ -44,8 +44,10 @@ def _bits_and_group(p, name: str) -> tuple[float, int | None]:
 
 def shares(p, device_bytes: int):
     """Each served model's share (server_plan.Share) with the run's engine settings on a GPU of device_bytes: a built
-    checkpoint's as its server will be started with (vllm_server.fitted_share), one not built yet estimated."""
+    checkpoint's as its server will be started with (vllm_server.fitted_share), or what a server of it was measured to
+    hold in this run where that is more (pipeline/engines/gpu_room.py); one not built yet estimated."""
     from pipeline.engines import server_plan
+    from pipeline.engines.server_registry import model_peak_bytes
     from pipeline.engines.vllm_server import fitted_share
 
     e = p.engine
@@ -55,6 +57,7 @@ def shares(p, device_bytes: int):
         directory = model_dir(p, name)
         if (directory / STAGE_RECORD).is_file() and any(directory.glob("*.safetensors")):
             share, _ = fitted_share(directory, e, device=device_bytes, name=name)
+            share = share.measured(model_peak_bytes(directory))  # what its server was seen to hold, if more
         else:
             bits, group = _bits_and_group(p, name)
             share, _ = fitted_share(
@@ -99,11 +102,3 @@ def announce(p) -> list[str]:
     server_plan.write(found, shared.registry_dir())
     return found.lines()
 
-
-def server_bytes(p, model: Path) -> int | None:
-    """The planned memory of one model's server (fitted), None otherwise: what the early start leaves room for."""
-    from pipeline.engines.vllm_server import fitted_share
-
-    if getattr(p.engine, "kv_cache_memory", None) != "fitted":
-        return None
-    return fitted_share(model, p.engine)[0].total_bytes
