@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from conftest import REPO, TINY_PARAMS, write_params
+from pipeline.checkpoints import config_json
+from pipeline.checkpoints.sizes import kv_bytes_per_token, kv_element_bytes
 from pipeline.engines import server_plan
 from pipeline.errors import UserError
 
@@ -55,7 +57,7 @@ def shares(name: str, device: int, layers: int | None = None, group: int = 128) 
     for model_name in MODELS:
         weights = 2 * (quantized + kept) if model_name == "base" else \
             quantized * (BITS[model_name] / 8 + (2.5 / group if model_name != "fp8-w8a8" else 0)) + 2 * kept
-        kv = server_plan.kv_bytes_per_token(config, "fp8" if model_name == "fp8-w8a8" else "auto")
+        kv = kv_bytes_per_token(config_json.kv_cache_shape(config), kv_element_bytes("fp8" if model_name == "fp8-w8a8" else "auto"))
         found.append(server_plan.fit(model_name, int(weights), kv, device_bytes=device, **PROFILE))
     return found
 
@@ -114,7 +116,7 @@ def test_the_glm46v_moe_at_the_depth_a_disk_allows_fits_an_h100():
     plan = server_plan.plan(shares("glm46v-moe", H100, layers=6, group=64), device_bytes=H100, fraction=0.92,
                             pinned="base")
     check(plan)
-    kv = server_plan.kv_bytes_per_token(meta_model("glm46v-moe", 6)[1], "auto")
+    kv = kv_bytes_per_token(config_json.kv_cache_shape(meta_model("glm46v-moe", 6)[1]))
     assert kv == 2 * 6 * 8 * 128 * 2  # its 8 KV heads of 128 at 6 layers
     assert plan.share("base").kv_bytes_per_token == kv
 

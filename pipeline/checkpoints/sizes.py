@@ -11,10 +11,24 @@ from pipeline.checkpoints.headers import ITEMSIZE
 from pipeline.errors import UserError
 
 
-def kv_bytes_per_token(model_dir: Path, dtype_bytes: int = 2) -> int:
-    """KV cache bytes one token of context adds: 2 (K and V) x layers x KV heads x head dim."""
-    layers, kv_heads, head_dim = checkpoint.open(model_dir).kv_cache_shape
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+def kv_bytes_per_token(kv_cache_shape: tuple[int, int, int], element_bytes: int = 2, tensor_parallel: int = 1) -> int:
+    """KV cache bytes one token of context adds on one GPU: 2 (K and V) x layers x KV heads (split over the GPUs of
+    tensor parallelism, at least one each) x head dim x the cache's element size (kv_element_bytes). The shape is
+    a checkpoint's `kv_cache_shape` (checkpoint.open(dir), or config_json.kv_cache_shape(config))."""
+    layers, kv_heads, head_dim = kv_cache_shape
+    return 2 * layers * max(1, math.ceil(kv_heads / tensor_parallel)) * head_dim * element_bytes
+
+
+def kv_element_bytes(kv_cache_dtype: str, model_dtype_bytes: int = 2) -> int:
+    """A KV cache element's bytes: 1 for an FP8 cache (fp8, fp8_e4m3, ...), else the model's dtype's."""
+    return 1 if kv_cache_dtype.startswith("fp8") else model_dtype_bytes
+
+
+def stored_bits_per_weight(bits: float, group_size: int | None, zero_point_bits: float = 0.0) -> float:
+    """Bits a quantized weight takes in its checkpoint: its own, and per group of group_size weights a 16-bit scale
+    and (asymmetric) a zero point of zero_point_bits; per channel (group_size None) its own bits (one scale a row is
+    negligible)."""
+    return bits + ((16 + zero_point_bits) / group_size if group_size else 0.0)
 
 
 def checkpoint_weight_bytes(model_dir: Path) -> int:

@@ -191,16 +191,6 @@ def plan(shares: list[Share], *, device_bytes: int, fraction: float, pinned: str
 
 # ---------------------------------------------------------------- sizes read off the checkpoints
 
-def kv_bytes_per_token(config: dict, kv_cache_dtype: str, model_dtype_bytes: int = 2, tensor_parallel: int = 1) -> int:
-    """KV bytes one token of context takes on one GPU: K and V x layers x KV heads (split over the GPUs) x head
-    dim x the cache's element size (1 for an FP8 cache)."""
-    from pipeline.checkpoints import config_json
-
-    layers, kv_heads, head_dim = config_json.kv_cache_shape(config)
-    element = 1 if kv_cache_dtype.startswith("fp8") else model_dtype_bytes
-    return 2 * layers * max(1, math.ceil(kv_heads / tensor_parallel)) * head_dim * element
-
-
 def weight_bytes(model_dir: Path, tensor_parallel: int = 1) -> int:
     """The bytes of the checkpoint's weight files, per GPU (all of them load)."""
     return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors")) // tensor_parallel
@@ -216,9 +206,10 @@ def estimated_weight_bytes(base_dir: Path, bits: float, group_size: int | None, 
     """A variant's weight bytes before it is built: the base's tensors, each quantized one at `bits` per weight plus
     a 16-bit scale and a 4-bit zero point per group (group_size None: per channel, negligible), the rest as they are."""
     from pipeline.checkpoints.headers import TORCH_ITEMSIZE, safetensors_shapes
+    from pipeline.checkpoints.sizes import stored_bits_per_weight
 
     total = 0.0
-    per_weight = bits / 8 + ((2 + 0.5) / group_size if group_size else 0.0)
+    per_weight = stored_bits_per_weight(bits, group_size, zero_point_bits=4) / 8
     for path in sorted(Path(base_dir).glob("*.safetensors")):
         for name, (shape, dtype) in safetensors_shapes(path).items():
             elements = math.prod(shape)

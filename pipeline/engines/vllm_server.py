@@ -114,6 +114,8 @@ def fitted_share(model_dir: Path, settings: Settings, *, device: int | None = No
     device_bytes). A checkpoint not built yet (the run's plan, pipeline/stages/warm.py): model_dir the base, whose
     shapes it has, with its estimated weights and the KV cache dtype it will be served with."""
     import pipeline.engines.server_plan as server_plan
+    from pipeline.checkpoints import config_json
+    from pipeline.checkpoints.sizes import kv_bytes_per_token, kv_element_bytes
     from pipeline.engines.long_context import context_length
 
     device = device or device_bytes(settings, "fitted")
@@ -123,7 +125,7 @@ def fitted_share(model_dir: Path, settings: Settings, *, device: int | None = No
     kv = kv_cache_dtype or resolve_kv_cache_dtype(settings.kv_cache_dtype, model_dir)
     weights = estimated_weights if estimated_weights is not None else server_plan.weight_bytes(model_dir, tp)
     share = server_plan.fit(
-        name or model_dir.name, weights, server_plan.kv_bytes_per_token(config, kv, 2, tp),
+        name or model_dir.name, weights, kv_bytes_per_token(config_json.kv_cache_shape(config), kv_element_bytes(kv), tp),
         device_bytes=device, fraction=settings.gpu_memory_utilization, reserve_bytes=reserve_bytes(model_dir, settings),
         batch_size=settings.batch_size, request_tokens=settings.plan_request_tokens,
         max_model_len=int(settings.max_model_len or context_length(model_dir) or 4096),

@@ -109,8 +109,10 @@ def choose(groups: list[dict], max_bits: float) -> tuple[list[dict], float]:
 def bits_with_scales(bits: float, group_size: int, symmetric: bool, share_high: float) -> float:
     """Stored bits per weight: each group of `group_size` weights adds a 16-bit scale and, asymmetric, a zero point
     packed at the weights' own bits."""
-    zero = 0.0 if symmetric else (LOW_BITS * (1 - share_high) + HIGH_BITS * share_high) / group_size
-    return bits + 16 / group_size + zero
+    from pipeline.checkpoints.sizes import stored_bits_per_weight
+
+    zero = 0.0 if symmetric else LOW_BITS * (1 - share_high) + HIGH_BITS * share_high
+    return stored_bits_per_weight(bits, group_size, zero)
 
 
 def _check_modules(ranking: dict, path: Path, target: Target) -> None:

@@ -35,6 +35,7 @@ from pipeline.scoring.bench_load import (  # noqa: F401  (the workloads and leve
     HttpTiming, Workload, check_image_requests, distribution, fixed_workload, holdout_workload, image_workload,
     kv_tokens, level_metrics, meets_slo, rate_level, sweep_level,
 )
+from pipeline.checkpoints import checkpoint
 from pipeline.checkpoints.sizes import kv_bytes_per_token
 from pipeline.engines import EngineSettings, capability
 from pipeline.engines.gpu_memory import GIB
@@ -84,7 +85,7 @@ def _probe_gib(device: str, model_dir: Path) -> float:
 def roofline(engine, model_dir: Path, batch1: dict, bandwidth: float, kv_dtype_bytes: int) -> dict:
     context = batch1["input_tokens_mean"] + batch1["output_tokens_mean"] / 2
     weights = engine.weight_bytes_per_token()
-    per_token = weights + kv_bytes_per_token(model_dir, kv_dtype_bytes) * context
+    per_token = weights + kv_bytes_per_token(checkpoint.open(model_dir).kv_cache_shape, kv_dtype_bytes) * context
     bound = bandwidth / per_token
     achieved = 1000 / batch1["tpot_ms"] if batch1.get("tpot_ms") else None
     return {"bandwidth_gb_s": bandwidth / 1e9, "weight_bytes": weights, "bytes_per_token": per_token,
