@@ -55,8 +55,8 @@ def card(
     out: Path = typer.Option(Path("cards"), help="Where <variant>/README.md goes (the report stage writes every "
                                                 "decided variant's into reports/cards/)"),
     repo_id: Optional[str] = typer.Option(None, help="The Hub repository the card is published in (ORG/NAME): its "
-                                          "usage snippets load it (default: your-org/<variant>, which the card says "
-                                          "to replace)"),
+                                          "title, first sentence and model-index name, and what its snippets load "
+                                          "(without it: a local record, not a Hub card, loading models/<variant>)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """One variant's model card (README.md, Hub front matter included), written from the verdict: what the report

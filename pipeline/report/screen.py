@@ -10,7 +10,7 @@ from pipeline.report.charts import sensitivity_chart
 from pipeline.report.deploy import served_by, speed_state
 from pipeline.report.forest import forest_plot, forest_plot_narrow
 from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
-from pipeline.verdict import facts
+import pipeline.verdict.facts as facts
 from pipeline.verdict.coverage import LABELS, NOT_APPLICABLE, NOT_COUNTED
 from pipeline.verdict.headline import label, ordered, rests
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from pipeline.settings.params import Params
-from pipeline.verdict import facts
+import pipeline.verdict.facts as facts
 from pipeline.verdict.coverage import incomplete_why, suite_coverage, variants_without_results
 from pipeline.verdict.engines import engine_notes, unpaired_why
 from pipeline.verdict.fix import attach_fixes

@@ -95,15 +95,16 @@ def and_list(items) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}" if items else ""
 
 
-def rests_on(entry: dict, name=str) -> str:
-    """What the decision rests on, in plain words: "decided on ppl-chat and ppl-book; math and code not run; the judge
-    shown, not counted" (`name`: how a reader names a suite)."""
-    states = by_state(entry)
-    shown = {state: [name(s) for s in suites] for state, suites in states.items()}
+RESTS_WORDS = {NOT_RUN: "not run on this model", NOT_COUNTED: LABELS[NOT_COUNTED], NOT_APPLICABLE: LABELS[NOT_APPLICABLE]}
+
+
+def rests_on(entry: dict, name=str, words: dict[str, str] | None = None) -> str:
+    """What the decision rests on, in plain words: "decided on ppl-chat and ppl-book; math and code not run on this
+    model; the judge shown, not counted" (`name`: how a reader names a suite; `words`: how it says each state)."""
+    words = {**RESTS_WORDS, **(words or {})}
+    shown = {state: [name(s) for s in suites] for state, suites in by_state(entry).items()}
     parts = [f"decided on {and_list(shown[DECIDED])}" if shown.get(DECIDED) else "nothing decided"]
-    for state in (NOT_RUN, NOT_COUNTED, NOT_APPLICABLE):
-        if shown.get(state):
-            parts.append(f"{and_list(shown[state])} {LABELS[state] if state != NOT_RUN else 'not run on this model'}")
+    parts += [f"{and_list(shown[state])} {words[state]}" for state in words if shown.get(state)]
     return "; ".join(parts)
 
 

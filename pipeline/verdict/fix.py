@@ -21,7 +21,7 @@ report stage read them with their own readers).
 from __future__ import annotations
 
 from pipeline.settings import fixes
-from pipeline.verdict import facts
+import pipeline.verdict.facts as facts
 from pipeline.verdict.headline import SHIPPABLE, label
 from pipeline.verdict.intervals import GO, NO_GO
 

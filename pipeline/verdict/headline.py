@@ -19,7 +19,7 @@ config.json the report stage hands it (whether the base is synthetic: pipeline/v
 
 from __future__ import annotations
 
-from pipeline.verdict import facts
+import pipeline.verdict.facts as facts
 from pipeline.verdict.coverage import LABELS, coverage_line
 from pipeline.verdict.facts import and_list  # noqa: F401  (the readers' "a, b and c")
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
