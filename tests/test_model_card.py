@@ -633,6 +633,17 @@ def test_the_origin_is_read_off_a_gguf_and_a_hub_folder_and_never_guessed(tmp_pa
     writer.close()
     found = origins.read_origin(path, "gguf")
     assert (found["license"], found["hub_id"], found["name"]) == ("mit", "OrgA/Tiny-1B", "Tiny")
+    import hashlib  # issue 68 item 2: the file's quantization type (none stated here) and checksum, for the card
+
+    assert origins.gguf_file(path) == {"file_type": None, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    typed = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(str(typed), "llama")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert origins.gguf_file(typed)["file_type"] == "Q4_1"
     snapshot_dir = tmp_path / "hub" / "models--THUDM--glm-4-9b-chat" / "snapshots" / "abc123"
     snapshot_dir.mkdir(parents=True)
     (snapshot_dir / "README.md").write_text("---\nlicense: other\nlicense_name: glm-4\nlicense_link: LICENSE\n---\n# GLM\n")
