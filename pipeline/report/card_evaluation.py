@@ -58,7 +58,7 @@ def how_scored(name: str, entry: dict, verdict: dict, source: dict | None, run: 
             parts.append(f"{engines.shown_as(engine)}, serving each model in its own format"
                          + (f" in {dtype}" if dtype else ""))
         else:
-            in_process = ((entry.get("serving") or {}).get("hf") or {})  # pipeline/checkpoints/serving.py
+            in_process = ((entry.get("serving") or {}).get(engine) or {})  # pipeline/checkpoints/serving.py
             precision = in_process.get("precision") or "weights decompressed at load"
             at = f"in {dtype}" if dtype else "in the engine's dtype (not recorded with this verdict)"
             base_dtype = (source or {}).get("dtype")
