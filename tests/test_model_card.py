@@ -585,7 +585,7 @@ def test_the_card_renders_as_markdown_with_its_table_and_no_html_from_the_verdic
     assert "<td>83.8%</td>" not in table  # a perplexity has no recovery
     for heading in HEADINGS:
         assert f"<h2>{heading}</h2>" in page
-    assert page.count("<pre><code") == 8  # vLLM in Python and served, transformers; recipe (2); lm_eval, params, quantize
+    assert page.count("<pre><code") == 9  # vLLM in Python and served, transformers; recipe (3); lm_eval, params, quantize
     # its params.yaml and its commands
 
 

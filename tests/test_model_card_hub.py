@@ -183,3 +183,21 @@ def test_the_cards_code_names_no_engine_by_string():
                     if isinstance(node, ast.Constant) and isinstance(node.value, str)}
         assert not literals & names, f"{path.name}: {literals & names}"
     assert json.dumps(sorted(n for n, s in ENGINES.items() if s.hub_serving)) == '["vllm"]'
+
+
+def test_the_recipe_runs_with_llm_compressor_alone(tiny_llama, tiny_variants, tmp_path, monkeypatch):
+    """Item 3: the creation section's llm-compressor snippet, run as written (the base, the checkpoint's own
+    recipe.yaml and a calibration file of one's own in their places), writes a checkpoint of the same scheme."""
+    text = example_cards()["fp8-w8a8"]
+    snippet = next(b for b in code_blocks(text, "python") if "oneshot(" in b)
+    recipe = tiny_variants["fp8-w8a8"] / "recipe.yaml"
+    assert recipe.is_file()  # llm-compressor wrote it beside the weights: it ships with the checkpoint
+    (tmp_path / "calibration.jsonl").write_text("".join(json.dumps({"text": f"Order {i} is late, please help."}) + "\n"
+                                                        for i in range(16)))
+    monkeypatch.chdir(tmp_path)
+    snippet = (snippet.replace('"models/base"', repr(str(tiny_llama))).replace('"recipe.yaml"', repr(str(recipe)))
+               .replace("max_seq_length=256", "max_seq_length=32"))
+    exec(compile(snippet, "<fp8 card: creation>", "exec"), {})
+    config = json.loads((tmp_path / "quantized" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert config["quantization_config"]["config_groups"]["group_0"]["weights"]["type"] == "float"

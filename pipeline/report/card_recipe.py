@@ -111,7 +111,33 @@ def creation(name: str, entry: dict, verdict: dict, *, source: dict | None, orig
     unknown = ([f"{code('SOURCE')} stands for the checkpoint the base was converted from, which was not recorded "
                 "with this card.", ""] if params["model"]["source"] == "SOURCE" else [])
     return [made, "", "```yaml", *_yaml(params), "```", "", "```bash", *commands, "```", "", *unknown,
-            *recipe_facts(quant), *calibration(quant, calib)]
+            *llm_compressor(quant, verdict), *recipe_facts(quant), *calibration(quant, calib)]
+
+
+RECIPE_FILE = "recipe.yaml"  # what llm-compressor writes beside the weights it saves: the recipe as it ran it
+
+
+def llm_compressor(quant: dict, verdict: dict) -> list[str]:
+    """The recipe as llm-compressor runs it, with llm-compressor alone: its own recipe.yaml, shipped with the
+    checkpoint, applied by `oneshot` to the base as converted above, with calibration text of the reader's own where
+    the method needs data (the set used here is private)."""
+    weights_from = method_module({"method": quant.get("base_method")}) or method_module(quant)
+    used = quant.get("calibration") or {}
+    needs_data = weights_from is None or weights_from.NEEDS_CALIBRATION
+    version = _versions(verdict, ("llmcompressor",))
+    arguments = ['model="models/base"', f'recipe="{RECIPE_FILE}"']
+    if needs_data:
+        arguments += ['dataset=load_dataset("json", data_files="calibration.jsonl", split="train")',
+                      f"max_seq_length={used.get('seq_len') or 2048}",
+                      f"num_calibration_samples={used.get('blocks') or 512}"]
+    arguments.append('output_dir="quantized"')
+    head = (f"The recipe as llm-compressor runs it is the checkpoint's own `{RECIPE_FILE}` (llm-compressor writes it "
+            "beside the weights). With llm-compressor" + (f" ({md(version)})" if version else "") + " alone, on the base "
+            "as converted above" + (", and calibration conversations of your own, a `text` field each (the set used "
+            "here is private)" if needs_data else " (no calibration data: the method rounds each weight on its own)")
+            + ":")
+    return [head, "", "```python", *(["from datasets import load_dataset"] if needs_data else []),
+            "from llmcompressor import oneshot", "", "oneshot(" + ", ".join(arguments) + ")", "```", ""]
 
 
 def applicable_ignores(quant: dict) -> dict[str, str]:
