@@ -185,9 +185,11 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     if speed and speed.get("counted"):
         reasons.append(f"slower than the base at batch 1: {speed['reason']}")
     steps = next_steps(variant, suite_verdicts, perplexity, judged, evidence.summaries, params)
+    parts = {"suites": {v.suite: v.to_dict() for v in suite_verdicts},
+             "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()}, "judge": judged, "speed": speed}
     return {
         "decision": decision,
-        "why": why_in_brief(decision, suite_verdicts, perplexity, judged, speed, steps),
+        "why": why_in_brief(decision, parts),
         "coverage": suite_coverage(variant, decision, params, results, n_a, suite_verdicts, perplexity, judged),
         "recovery": average_recovery(suite_verdicts),
         "reasons": reasons,

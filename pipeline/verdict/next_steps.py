@@ -6,26 +6,23 @@ this suite (164 items)", and the step says what could settle it instead."""
 
 from __future__ import annotations
 
+import pipeline.verdict.facts as facts
 from pipeline.settings.params import Params
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO, beyond_suite, cannot_settle
 from pipeline.verdict.figures import share
 from pipeline.verdict.judge import UNRELIABLE, min_judged_pairs_for_go
 
 
-def why_in_brief(decision: str, suite_verdicts: list, perplexity: dict, judged: dict | None, speed: dict | None,
-                 steps: list[dict]) -> str:
+def why_in_brief(decision: str, parts: dict) -> str:
     """The decision's reason in a few words, for the first screen (the full sentences stay in the suites'
-    details, verdict.json and `quantize show-verdict`)."""
-    counted = [(v.suite, v.decision) for v in suite_verdicts if v.counted]
-    counted += [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
-    if judged and judged["counted"]:
-        counted.append(("judge", judged["decision"]))
-    if speed and speed.get("counted"):
+    details, verdict.json and `quantize show-verdict`); `parts`: the entry's suites, perplexity, judge and speed as
+    verdict.json holds them, read through pipeline/verdict/facts.py."""
+    if (parts.get("speed") or {}).get("counted"):
         return "slower than the base at batch 1 on the deployment engine"
+    counted = facts.counted(parts)
     if not counted:
         return "nothing counted: every suite at the floor or ceiling, or empty"
-    no_go = [name for name, d in counted if d == NO_GO]
-    open_ = [name for name, d in counted if d not in (GO, NO_GO)]
+    no_go, open_ = facts.nogo_on(parts), facts.not_settled_on(parts)
     if decision == NO_GO:
         text = f"beyond the margin on {', '.join(no_go)}"
         return text + (f"; {', '.join(open_)} open" if open_ else "")
