@@ -15,7 +15,7 @@ import pipeline.verdict.facts as facts
 from hub_rules import problems
 from pipeline.report.model_card import model_card, model_cards
 from pipeline.verdict.headline import headline
-from test_model_card import CALIB, SOURCE, TASKS, body, code_blocks, example_cards, example_verdict, gpu_verdict, paragraphs
+from test_model_card import CALIB, SOURCE, TASKS, body, code_blocks, example_cards, example_verdict, gpu_verdict, paragraphs, section
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = {"example": REPO / "reports" / "example" / "cards", "example-gpu": REPO / "reports" / "example-gpu" / "cards"}
@@ -156,6 +156,7 @@ def test_the_card_has_what_published_quantized_cards_have_and_no_boilerplate_tha
         for said in ("re:.*visual.*", "MoE router", "output head: small", "qkv_proj", "gate_up_proj"):
             assert said not in text, f"{name}: {said}"
     cpu = (COMMITTED["example"] / "awq-w4a16" / "README.md").read_text()
+    assert "vqa" not in section(cpu, "Limitations")  # a text model's limitations name no image suite
     assert "then quantized again: a re-quantization of weights the GGUF file already held quantized" in cpu
     hub = model_card("awq-w4a16", example_verdict(), source=SOURCE, tasks=TASKS, repo_id="my-org/awq").content
     assert "- **Quantized by**: my-org" in hub

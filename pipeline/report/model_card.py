@@ -32,7 +32,7 @@ import re
 
 from pipeline.report.card_evaluation import (card_label, evaluation, recovery_phrase, rests_on, still_nogo,
                                              synthetic_why, unsettled)
-from pipeline.report.card_header import card_data
+from pipeline.report.card_header import TASK_TYPES, card_data
 from pipeline.report.card_recipe import creation, reproduction
 from pipeline.outputs import human_size
 from pipeline.report.card_text import (base_name, md, method_module, names, reference, source_file, suite_name,
@@ -42,7 +42,7 @@ from pipeline.report.render import decided_only
 from pipeline.report.screen import vision_tower
 import pipeline.verdict.figures as figures
 import pipeline.verdict.facts as facts
-from pipeline.verdict.coverage import NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN
+from pipeline.verdict.coverage import NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN, SHIPPED_SUITES
 from pipeline.verdict.headline import GO, GO_INCOMPLETE, INCONCLUSIVE, NO_GO, label
 
 README = "README.md"  # the file a Hub repository shows as its card
@@ -151,8 +151,8 @@ def overview(name: str, entry: dict, verdict: dict, base: str, source: dict | No
              "- **Base model**: " + (f"[{md(hub)}](https://huggingface.co/{hub})" if hub else named),
              f"- **Architecture**: {md(quant.get('architecture') or 'not recorded')}, as the base"
              + (f"; {quant['quantized_modules']} linear layers quantized" if quant.get("quantized_modules") else ""),
-             f"- **Inputs and outputs**: {'text and images in' if vision else 'text in'}, text out, with the base's "
-             "chat template (its tokenizer_config.json, unchanged)",
+             f"- **Inputs and outputs**: {'text and images in' if vision else 'text in'}, text out, in the base's "
+             "chat template (shipped unchanged with the checkpoint)",
              f"- **What changed**: {md(scheme_words(quant))}"]
     if vision:
         lines.append(f"- **Vision tower**: {md(vision['text'])}")
@@ -202,9 +202,10 @@ def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base
         lines.append(f"- it was compared with {md(reference(source, base))}: every change is against that, and the "
                      "loss against the original release may differ")
     states = facts.by_state(entry)
+    vision = bool(vision_tower(entry.get("quant") or {}))
     for state, words in ((NOT_RUN, "not run on this model: nothing here says what it does to them"),
                          (NOT_CONFIGURED, "not part of this evaluation")):
-        found = [suite_name(s) for s in states.get(state) or []]
+        found = [suite_name(s) for s in states.get(state) or [] if vision or not needs_images(s)]
         if found:
             lines.append(f"- {md(names(found))} {'was' if len(found) == 1 else 'were'} {words}")
     if not synthetic:
@@ -221,6 +222,11 @@ def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base
     if unsandboxed:
         lines.append(f"- model-written code ran without the sandbox for: {md(names(unsandboxed))}")
     return lines or ["- none recorded"]
+
+
+def needs_images(suite: str) -> bool:
+    """Whether a suite the product ships asks about images (its Hub task type): never a limitation of a text model."""
+    return TASK_TYPES.get(SHIPPED_SUITES.get(suite, suite), "text-generation") != "text-generation"
 
 
 def _few_items(entry: dict) -> list[str]:
