@@ -145,6 +145,12 @@ def long_context_tables(results: dict, summaries: dict[str, dict[str, dict]]) ->
     return tables
 
 
+def _parts(suite_verdicts: list, perplexity: dict, judged: dict | None, speed: dict | None) -> dict:
+    """The entry's suites, perplexity suites, judge and speed as verdict.json holds them (what facts.py reads)."""
+    return {"suites": {v.suite: v.to_dict() for v in suite_verdicts},
+            "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()}, "judge": judged, "speed": speed}
+
+
 def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: dict, flagged: list[str]) -> dict:
     """verdict.json's variants.<variant>: each suite, the judge and speed against the base, the decision, why,
     what it rests on, recovery, what to run next, and what the report shows beside it."""
@@ -185,11 +191,9 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     if speed and speed.get("counted"):
         reasons.append(f"slower than the base at batch 1: {speed['reason']}")
     steps = next_steps(variant, suite_verdicts, perplexity, judged, evidence.summaries, params)
-    parts = {"suites": {v.suite: v.to_dict() for v in suite_verdicts},
-             "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()}, "judge": judged, "speed": speed}
     return {
         "decision": decision,
-        "why": why_in_brief(decision, parts),
+        "why": why_in_brief(decision, _parts(suite_verdicts, perplexity, judged, speed)),
         "coverage": suite_coverage(variant, decision, params, results, n_a, suite_verdicts, perplexity, judged),
         "recovery": average_recovery(suite_verdicts),
         "reasons": reasons,
