@@ -202,3 +202,17 @@ def test_the_recipe_runs_with_llm_compressor_alone(tiny_llama, tiny_variants, tm
     config = json.loads((tmp_path / "quantized" / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "compressed-tensors"
     assert config["quantization_config"]["config_groups"]["group_0"]["weights"]["type"] == "float"
+
+
+def test_a_go_card_says_first_whether_vllm_serves_it():
+    """Item 5: a plain GO card carried no caveat at all; now a GO that vLLM refused, or that no vLLM run covers, says
+    so first, and only a GO a recorded vLLM run served opens with what it is."""
+    from test_glm4v_vllm import ARCHS, _config
+    from test_model_card import _with_serving
+
+    glm46v = _with_serving(_config(ARCHS["Glm46V"], "fp8-static", "per-head", moe=False))
+    glm46v["variants"]["fp8-w8a8"]["coverage"]["complete"] = True
+    text = model_card("fp8-w8a8", glm46v, source=SOURCE, tasks=TASKS, repo_id="o/m").content
+    assert paragraphs(text)[1].startswith("**GO against HuggingFaceTB/SmolLM2-135M-Instruct on every suite the base "
+                                          "ran, not served with vLLM, which refused a checkpoint like it")
+    assert "; not served with vLLM, which refused it\n" in text

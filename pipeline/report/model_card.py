@@ -77,8 +77,12 @@ def caveat(name: str, entry: dict, verdict: dict, base: str) -> str | None:
                 "figures means anything; this card records what was built and how fast it runs.")
     shown = label(entry)
     if shown == GO:
-        if vllm_state(entry, name)["state"] == "shown":
+        served = vllm_state(entry, name)
+        if served["state"] == "shown":
             return None
+        if served["state"] == "refused":
+            return (f"GO against {base} on every suite the base ran, not served with {serving_name()}, which refused "
+                    "a checkpoint like it; transformers loads it (Deployment).")
         return (f"GO against {base} on every suite the base ran, not yet served with {serving_name()}: no "
                 f"{serving_name()} run of a checkpoint like it was recorded (Deployment).")
     if shown == NO_GO:
@@ -168,9 +172,10 @@ def overview(name: str, entry: dict, verdict: dict, base: str, source: dict | No
     if verdict.get("synthetic"):
         use = "none: a timing run on made-up weights"
     elif label(entry) == GO:
+        state = vllm_state(entry, name)["state"]
         use = (f"the base model's, as {base_card} states them, in less GPU memory" + (
-            f", served with {serving_name()}" if vllm_state(entry, name)["state"] == "shown" else
-            f"; not yet served with {serving_name()}"))
+            f", served with {serving_name()}" if state == "shown" else f"; not served with {serving_name()}, which "
+            "refused it" if state == "refused" else f"; not yet served with {serving_name()}"))
     else:
         use = "measuring what this quantization does to the base; not as its replacement (the first line says why)"
     lines.append(f"- **Intended use**: {use}")
