@@ -141,9 +141,6 @@ def not_counted(verdict: dict) -> list[dict]:
     (coverage.suites.<suite>.why): {suite, why, variants}, variants with the same why named together."""
     found: dict[tuple[str, str], list[str]] = {}
     for name in ordered(verdict["variants"]):
-        suites = (verdict["variants"][name].get("coverage") or {}).get("suites") or {}
-        for suite, entry in suites.items():
-            if entry.get("state") in (NOT_COUNTED, NOT_APPLICABLE):
-                why = str(entry.get("why") or entry.get("label") or entry.get("state"))
-                found.setdefault((suite, why), []).append(name)
+        for suite, why in facts.whys(verdict["variants"][name], NOT_COUNTED, NOT_APPLICABLE).items():
+            found.setdefault((suite, why), []).append(name)
     return [{"suite": suite, "why": why, "variants": names} for (suite, why), names in sorted(found.items())]

@@ -83,10 +83,16 @@ def missing(entry: dict) -> dict[str, list[str]]:
     return {state: suites for state, suites in by_state(entry, base_ran_only=True).items() if state != DECIDED}
 
 
+def whys(entry: dict, *states: str) -> dict[str, str]:
+    """{suite: why} of the suites (the judge included) in any of `states`, with the verdict's own why (else the
+    state's label)."""
+    return {suite: str(e.get("why") or e.get("label") or e.get("state")) for suite, e in coverage_states(entry).items()
+            if e.get("state") in states}
+
+
 def not_counted(entry: dict) -> dict[str, str]:
     """{suite: why} of what is shown and not counted (the judge included), with the verdict's own why."""
-    return {suite: str(e.get("why") or "") for suite, e in coverage_states(entry).items()
-            if e.get("state") == NOT_COUNTED}
+    return whys(entry, NOT_COUNTED)
 
 
 def and_list(items) -> str:
