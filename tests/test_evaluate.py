@@ -22,6 +22,7 @@ def test_math_suite_on_three_items_writes_the_contract(tmp_path, tiny_llama):
     assert all(0 < l["n_tokens"] <= 8 for l in lines)
     summary = json.loads((tmp_path / "math.json").read_text())
     assert summary["n"] == 3 and summary["metric"] == "acc" and summary == result.figures
+    assert summary["available"] == 1319  # the suite's items before the limit: no next step asks for more (issue 69)
 
 
 def test_same_prompts_for_every_variant(tmp_path, tiny_llama, tiny_variants):

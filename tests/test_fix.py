@@ -360,8 +360,8 @@ def test_the_gate_takes_a_no_go_variant_with_its_fix(tmp_path, monkeypatch, fixe
     assert verdict["variants"]["rtn-w4a16"]["decision"] == "NO-GO"
     if passes:
         assert gated.exit_code == 0, gated.output
-        assert ("gate: rtn-w4a16 is NO-GO; its fix rtn-w4a16-mixed passes --fail-on no-go in its place: ship "
-                "rtn-w4a16-mixed") in gated.output
+        assert ("gate: rtn-w4a16 is NO-GO; its fix rtn-w4a16-mixed is GO and passes --fail-on no-go in its place: "
+                "ship rtn-w4a16-mixed") in gated.output
         assert failing(verdict, "no-go") == {} and passed_by_fix(verdict, "no-go") == {"rtn-w4a16": "rtn-w4a16-mixed"}
         assert "rtn-w4a16" not in failing(verdict, "incomplete")  # the fix's GO rests on every suite the base ran
     else:
@@ -369,3 +369,19 @@ def test_the_gate_takes_a_no_go_variant_with_its_fix(tmp_path, monkeypatch, fixe
         assert failing(verdict, "no-go") == {"rtn-w4a16": "NO-GO; its fix rtn-w4a16-mixed: NO-GO"}
         assert "rtn-w4a16: NO-GO; its fix rtn-w4a16-mixed: NO-GO" in gated.output
         assert passed_by_fix(verdict, "no-go") == {}
+
+
+def test_the_gate_says_to_ship_a_fix_in_its_place_only_when_the_fix_is_go(tmp_path, monkeypatch):
+    """Issue 69 item 5: an INCONCLUSIVE fix passes --fail-on no-go (it is not NO-GO), and the gate says so, never
+    "ship" it: only a fix that is GO is shipped in its variant's place."""
+    write_fix_evidence(tmp_path, [0] * 200, [1] * 112 + [0] * 88)
+    write_params(tmp_path, EVERY_MODEL)
+    monkeypatch.chdir(tmp_path)
+    gated = CliRunner().invoke(app, ["report", "--fail-on", "no-go"])
+    verdict = json.loads((tmp_path / "reports" / "verdict.json").read_text())
+    assert verdict["variants"]["rtn-w4a16-mixed"]["decision"] == "INCONCLUSIVE"
+    assert gated.exit_code == 0, gated.output
+    assert ("gate: rtn-w4a16 is NO-GO; its fix rtn-w4a16-mixed passes --fail-on no-go but is INCONCLUSIVE, not GO: "
+            "ship neither yet") in gated.output
+    assert "ship rtn-w4a16-mixed" not in gated.output and "in its place" not in gated.output
+    assert verdict["headline"].startswith("Ship none:")

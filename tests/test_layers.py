@@ -146,14 +146,15 @@ def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
     imports only the settings (params, the method registry: which methods a method is compared with, and the fixes'
     names: which variant fixes which);
     the report stage takes the decision from pipeline.verdict.decision, its words for the reviewer from headline
-    (what to ship, each variant's label) and coverage (each suite's state), its number formats from figures, and
-    computes no statistic itself."""
+    (what to ship, each variant's label) and coverage (each suite's state), what a decision means (counted, NO-GO
+    on, not settled on, coverage by state: issue 65) from facts, its number formats from figures, and computes no
+    statistic itself."""
     edges = graph()
     from_report = {target for name, targets in edges.items()
                    if stage_of(name) == "report" or name.split(".")[:2] == ["pipeline", "report"]
                    for target in targets if target.startswith("pipeline.verdict")}
     assert from_report == {"pipeline.verdict.decision", "pipeline.verdict.figures", "pipeline.verdict.headline",
-                           "pipeline.verdict.coverage"}
+                           "pipeline.verdict.coverage", "pipeline.verdict.facts"}
     outside = {f"{name} imports {target}" for name, targets in edges.items() if name.startswith("pipeline.verdict")
                for target in targets if not target.startswith("pipeline.verdict")
                and target not in ("pipeline", "pipeline.settings", "pipeline.settings.params", "pipeline.methods",

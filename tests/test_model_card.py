@@ -78,9 +78,9 @@ def expected_figures(entry: dict) -> dict:
     for suite, d in (entry.get("suites") or {}).items():
         if d["counted"]:
             found[(suite, "accuracy")], found[(suite, "recovery")] = d["variant_score"], d["recovery"]
-    for suite, d in (entry.get("perplexity") or {}).items():
+    for suite, d in (entry.get("perplexity") or {}).items():  # its rise, never a recovery (issue 68 item 4)
         if d["counted"]:
-            found[(suite, "perplexity")], found[(suite, "recovery")] = d["variant_ppl"], d["recovery"]
+            found[(suite, "perplexity")], found[(suite, "perplexity_change")] = d["variant_ppl"], d["change"]
     if (entry.get("judge") or {}).get("counted"):
         found[("judge", "win_rate")] = entry["judge"]["summary"]["win_rate"]
     return found
@@ -177,17 +177,25 @@ def test_the_card_names_the_base_it_was_compared_with_a_gguf_dequantized_never_t
     for name, text in example_cards().items():
         assert "unquantized model" not in text, name
         opening = next(p for p in paragraphs(text) if p.startswith(f"{name} is "))
-        assert ("against HuggingFaceTB/SmolLM2-135M-Instruct as converted from the GGUF file "
+        assert ("Against HuggingFaceTB/SmolLM2-135M-Instruct as converted from the GGUF file "
                 "SmolLM2-135M-Instruct.Q4_1.gguf (its quantized weights dequantized to float16), not the original "
-                "unquantized release, it recovers") in opening
+                "unquantized release, it") in opening
+        # issue 68 item 2: the whole chain its weights were made from, the re-quantization said
+        assert ("with llm-compressor, made from the GGUF file SmolLM2-135M-Instruct.Q4_1.gguf of "
+                "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1, by its file name; its checksum not recorded), dequantized "
+                "to float16, then quantized again: a re-quantization of weights the GGUF file already held "
+                "quantized.") in opening
     hf = {"source": "/x/snapshots/abc", "kind": "hf", "dtype": "bfloat16", "origin": ORIGIN}
     text = model_card("fp8-w8a8", example_verdict(), source=hf, tasks=TASKS).content
-    assert "against HuggingFaceTB/SmolLM2-135M-Instruct in bfloat16, it recovers" in text and "GGUF" not in text
+    assert "Against HuggingFaceTB/SmolLM2-135M-Instruct in bfloat16, its perplexity rises" in text and "GGUF" not in text
+    recorded = {**SOURCE, "file_type": "Q4_1", "sha256": "ab" * 32}
+    text = model_card("fp8-w8a8", example_verdict(), source=recorded, tasks=TASKS).content
+    assert f"(Q4_1, by its GGUF metadata; sha256 {'ab' * 32})" in text
 
 
 def test_no_lmdeploy_prose_in_a_code_span_and_every_code_block_is_code_that_runs_as_written():
     """lmdeploy needs this project's `quantize export` first: no Hub user's command. Each Python block parses; each
-    shell line is a command of a tool a reader has (vllm, hf, quantize), with no word left to fill in."""
+    shell line is a command of a tool a reader has (vllm, hf, lm_eval, quantize), with no word left to fill in."""
     for name, text in example_cards().items():
         assert "lmdeploy" not in text and "EXPORT" not in text and " DIR" not in text, name
         for span in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", prose(text)):
@@ -196,7 +204,7 @@ def test_no_lmdeploy_prose_in_a_code_span_and_every_code_block_is_code_that_runs
             ast.parse(block)
         for block in code_blocks(text, "bash"):
             for line in block.strip().splitlines():
-                assert shlex.split(line)[0] in ("vllm", "hf", "quantize"), f"{name}: {line}"
+                assert shlex.split(line)[0] in ("vllm", "hf", "lm_eval", "quantize"), f"{name}: {line}"
 
 
 def test_the_fp8_card_of_a_llama_gives_no_chatglm_reason_and_the_serving_record_gives_it_only_to_glm():
@@ -254,9 +262,9 @@ def test_a_timing_only_card_says_no_decision_no_recovery_and_each_reason_once(tm
     for name, text in cards.items():
         card = loaded(text, tmp_path, f"{name}.md")
         assert card.text.lstrip().startswith(f"# {TIMING_ONLY}: {name}")
-        assert paragraphs(text)[1] == ("**Do not publish this model: the base's weights were made up by the run, so "
-                                       "none of its accuracy figures means anything; this card records what was built "
-                                       "and how fast it runs.**")
+        assert paragraphs(text)[2] == ("**Not evaluated: the base's weights were made up by the run, so none of its "
+                                       "accuracy figures means anything; this card records what was built and how "
+                                       "fast it runs.**")
         assert not card.data.eval_results and "model-index" not in card.data.to_dict()
         assert not re.search(r"\bGO\b", text) and "recover" not in text.lower() and "100.7" not in text, name
         assert "base: base:" not in text and f"{name}: {name}:" not in text
@@ -281,7 +289,11 @@ def test_a_suite_not_applicable_to_both_models_says_its_reason_once():
 INTERNAL = [r"Before publishing", r"\.cache/", r"\bresults/", r"calib_data/", r"benchmarks/", r"\bemail \d", r"phone \d",
             r"ppl-chat open", r"search gram", r"\b(suites|judge|fix|calib|verdict|engine|kl)\.[a-z_]+\b",
             r"in params\.yaml", r"params\.yaml (digest|has)", r"dvc\b", r"`quantize (bench|report|eval)` first", r"the gpu-h200 profile",
-            r"\bmodel\.(source|base_dir|dtype)\b"]
+            r"\bmodel\.(source|base_dir|dtype)\b",
+            # issue 68: the tool's own words and instructions to the publisher, on a page for the Hub's readers
+            r"GO, incomplete", r"shown, not counted", r"your-org", r"quantize card", r"--repo-id", r"Do not publish",
+            r"publisher's GPU machine", r"output head: small", r"MoE router", r"vision tower: kept",
+            r"\.(qkv_proj|gate_up_proj)\b"]
 
 
 def test_no_internal_material_goes_on_a_card():
@@ -338,13 +350,19 @@ def test_the_usage_snippets_name_the_repository_and_say_what_it_needs(tmp_path):
     assert "vllm serve my-org/SmolLM2-135M-FP8 --kv-cache-dtype fp8 --dtype bfloat16" in deployment
     assert 'model_id = "my-org/SmolLM2-135M-FP8"' in deployment and "your-org" not in text
     assert "hf download my-org/SmolLM2-135M-FP8 --local-dir models/fp8-w8a8" in section(text, "Reproduction")
+    # issue 68 item 1: the repository id is the title, the first sentence and the model-index name
     assert text.split("\n---\n", 1)[1].lstrip().startswith("# my-org/SmolLM2-135M-FP8\n")
+    assert any(p.startswith("my-org/SmolLM2-135M-FP8 is HuggingFaceTB/SmolLM2-135M-Instruct quantized to FP8")
+               for p in paragraphs(text))
+    assert loaded(text, tmp_path).data.to_dict()["model-index"][0]["name"] == "my-org/SmolLM2-135M-FP8"
+    assert "local record" not in text
     assert "- weights: 159.1 MiB, 61.2% of the base's 260.0 MiB" in deployment  # the GPU memory its weights take
     assert "`--gpu-memory-utilization`" in deployment
-    placeholder = example_cards()["awq-w4a16"]
-    assert ("`your-org/awq-w4a16` stands for the repository this card is published in: replace it (`quantize card "
-            "--repo-id ORG/NAME` writes the card with it).") in placeholder
-    assert 'LLM(model="your-org/awq-w4a16")' in placeholder
+    # without a repository id: a local record that says so, its snippets loading the checkpoint's folder
+    local = example_cards()["awq-w4a16"]
+    assert body(local).lstrip().startswith("# awq-w4a16 (local record)\n\n*A local record of awq-w4a16, not a Hub card")
+    assert 'LLM(model="models/awq-w4a16")' in local and 'model_id = "models/awq-w4a16"' in local
+    assert "hf download" not in local
 
 
 def test_the_datasets_carry_their_hub_id_config_split_and_the_items_scored(tmp_path):
@@ -365,13 +383,17 @@ def test_the_evaluation_says_which_engine_and_precision_scored_it_and_shows_math
     awq = section(cards["awq-w4a16"], "Evaluation").strip()
     assert awq.startswith("Scored with transformers, in process, in float32: the base's float16 weights as stored, "
                           "this model's int4 weights")
-    assert ("| math | GSM8K test questions (accuracy) | 20 items | 5.0% | 0.0% | -5.00 pts [-30.10, +19.45] | 0.0% | "
-            "not counted: the base model scores 5.0%, at the floor |") in awq
+    assert ("| math | GSM8K test questions (accuracy) | 20 items | 5.0% | 0.0% | -5.00 pts [-30.10, +19.45] | -3.00 pts "
+            "| 0.0% | not counted: the base model scores 5.0%, at the floor |") in awq
     assert "| code | HumanEval problems (accuracy) | 10 items | 0.0% | 0.0% |" in awq
     rows = [line.split(" | ")[0] for line in awq.splitlines() if line.startswith("| ")][1:]
     assert rows[:2] == ["| math", "| code"] and "| ppl-book" in rows  # accuracy first, then perplexity
     fp8 = section(cards["fp8-w8a8"], "Evaluation")
-    assert "| math | GSM8K test questions | – | 5.0% | – | | | not run on this model |" in fp8
+    assert "| math | GSM8K test questions | – | 5.0% | – | | | | not run on this model |" in fp8
+    # issue 68 item 4: perplexity as its rise with its interval and margin, never a recovery
+    assert ("| ppl-chat | held-out conversations of the publisher's own logs (perplexity, lower is better) | 12 documents "
+            "(6,233 tokens) | 18.166 | 18.660 | +2.7% [+1.9%, +3.5%] | +10.0% | – | GO |") in fp8
+    assert "recovers" not in fp8 and "perplexity score" not in cards["fp8-w8a8"]
     # a params.yaml other than the one the verdict was decided under says nothing of the dtype
     other = model_card("awq-w4a16", example_verdict(), source=SOURCE, tasks=TASKS, run=None).content
     assert "in the engine's dtype (not recorded with this verdict)" in other
@@ -381,31 +403,34 @@ def test_the_evaluation_says_which_engine_and_precision_scored_it_and_shows_math
 
 def test_a_variant_not_decided_go_says_first_in_one_sentence_why_it_should_not_be_published(tmp_path):
     cards = example_cards()
-    first = {name: paragraphs(text)[1] for name, text in cards.items()}
-    assert first["awq-w4a16"] == ("**Do not publish this model as a replacement for HuggingFaceTB/SmolLM2-135M-Instruct: "
-                                  "it is NO-GO, its perplexity rises by more than the margin on ppl-book, ppl-code and "
-                                  "ppl-math.**")
-    assert first["rtn-w4a16-mixed"] == ("**Do not publish this model as a replacement for "
-                                        "HuggingFaceTB/SmolLM2-135M-Instruct yet: it is INCONCLUSIVE, the evidence "
-                                        "settles neither way on ppl-book, ppl-code and ppl-math.**")
-    assert first["fp8-w8a8"] == ("**Do not publish this model as a replacement for HuggingFaceTB/SmolLM2-135M-Instruct "
-                                 "yet: it is GO on ppl-chat, ppl-book, ppl-math and ppl-code only; math and code were "
-                                 "not run on it.**")
+    first = {name: paragraphs(text)[2] for name, text in cards.items()}  # after the title and the local record's note
+    assert first["awq-w4a16"] == ("**Not a replacement for HuggingFaceTB/SmolLM2-135M-Instruct: it is NO-GO, its "
+                                  "perplexity rises by more than the margin on ppl-book, ppl-code and ppl-math.**")
+    assert first["rtn-w4a16-mixed"] == ("**Not shown to replace HuggingFaceTB/SmolLM2-135M-Instruct: it is INCONCLUSIVE, "
+                                        "the evidence settles neither way on ppl-book, ppl-code and ppl-math.**")
+    assert first["fp8-w8a8"] == ("**Not yet shown to replace HuggingFaceTB/SmolLM2-135M-Instruct: it is GO on ppl-chat, "
+                                 "ppl-book, ppl-math and ppl-code only; math and code were not run on it.**")
     for name, sentence in first.items():
         assert len(re.findall(r"[.!?](?=\*\*$|\s)", sentence)) == 1, f"{name}: one sentence: {sentence}"
     # the same variant, decided on everything the base ran: a plain GO opens with what it is, and no warning
     complete = copy.deepcopy(example_verdict())
     complete["variants"]["fp8-w8a8"]["coverage"]["complete"] = True
     text = model_card("fp8-w8a8", complete, source=SOURCE, tasks=TASKS).content
-    assert paragraphs(text)[1].startswith("fp8-w8a8 is HuggingFaceTB/SmolLM2-135M-Instruct quantized to FP8 W8A8")
-    assert paragraphs(text)[1].endswith(", and it is GO: within the margin on all 4 counted suites.")
-    assert "Do not publish" not in text
-    # served with vLLM only where a vLLM run showed it (the CPU demo's FP8 has none)
-    assert "- **Intended use**: what the base model is for, in less GPU memory\n" in text
+    # issue 68 item 5: a GO without a recorded vLLM run says so first; what scored it and what serves it, both said
+    assert paragraphs(text)[2] == ("**GO against HuggingFaceTB/SmolLM2-135M-Instruct on every suite the base ran, not "
+                                   "yet served with vLLM: no vLLM run of a checkpoint like it was recorded "
+                                   "(Deployment).**")
+    assert paragraphs(text)[3].startswith("fp8-w8a8 is HuggingFaceTB/SmolLM2-135M-Instruct quantized to FP8 W8A8")
+    assert paragraphs(text)[3].endswith(", and it is GO: within the margin on all 4 counted suites.")
+    assert "- **Intended use**: the base model's, as [its card]" in text and "; not yet served with vLLM\n" in text
+    assert ("- its figures were scored with transformers on x86_64, 2 CPUs (FP8 weights decompressed at "
+            "load to the values they hold; activations and KV cache fake-quantized to FP8 with their scales in every "
+            "forward); served with vLLM it runs on vLLM's own kernels in bfloat16, which was not scored") in text
     complete["variants"]["fp8-w8a8"]["serving"]["vllm"].update(
         serves=True, status="shown", version="0.24.0", date="2026-12-02", command="vllm serve DIR --kv-cache-dtype fp8")
     text = model_card("fp8-w8a8", complete, source=SOURCE, tasks=TASKS).content
-    assert "- **Intended use**: what the base model is for, in less GPU memory, served with vLLM\n" in text
+    assert paragraphs(text)[2].startswith("fp8-w8a8 is ")  # a GO served: no caveat
+    assert ", in less GPU memory, served with vLLM\n" in text and "- vLLM: 0.24.0 or newer" in text
 
 
 def test_a_licence_the_base_does_not_state_is_said_and_never_invented(tmp_path):
@@ -451,6 +476,10 @@ def test_the_recipe_is_a_params_yaml_quantize_reads_and_its_commands_are_quantiz
             if key in quant:
                 assert getattr(settings, key) == quant[key], (name, key)
         for suite, d in {**verdict["variants"][name]["suites"], **verdict["variants"][name]["perplexity"]}.items():
+            if suite == "ppl-chat":  # the publisher's own held-out conversations: private, named, in no command
+                assert suite not in params.suites and "ppl-chat scores held-out conversations of the publisher's own " \
+                    "logs, which are private" in section(text, "Reproduction")
+                continue
             assert params.suites[suite].limit == d["n"] and params.verdict.margins.suites[suite] == d["margin"]
         for block in code_blocks(text, "bash"):
             for line in block.strip().splitlines():
@@ -502,14 +531,14 @@ def test_vllm_is_said_tested_only_where_a_recorded_run_showed_it():
     glm = _config(ARCHS["Glm"], "fp8-static", "per-head", moe=False)  # GLM-4-9B's FP8: vLLM 0.24 on the H200
     assert [r for r in serving.runs_for("vllm", glm) if r.served]
     text = model_card("fp8-w8a8", _with_serving(glm), source=SOURCE, tasks=TASKS, repo_id="o/m").content
-    assert ("**vLLM**. vLLM 0.24.0 served a LlamaForCausalLM checkpoint in this format on the publisher's GPU machine "
-            "(2026-11-30).") in text
+    assert "**vLLM**. vLLM 0.24.0 served a LlamaForCausalLM checkpoint in this format (2026-11-30)." in text
     assert "vllm serve o/m --kv-cache-dtype fp8 --dtype bfloat16" in text and "untested" not in text
     llama = {**glm, "architectures": ["LlamaForCausalLM"]}  # no run of a Llama was recorded
     text = model_card("fp8-w8a8", _with_serving(llama), source=SOURCE, tasks=TASKS, repo_id="o/m").content
-    assert "**vLLM**. Not yet tested on vLLM: no vLLM run of a LlamaForCausalLM checkpoint in this format" in text
+    assert "**vLLM**. Not yet served with vLLM: no vLLM run of a LlamaForCausalLM checkpoint in this format" in text
     assert "vllm serve o/m --kv-cache-dtype fp8 --dtype bfloat16" in text
-    assert "- no vLLM run of a checkpoint of this architecture and format was recorded" in section(text, "Limitations")
+    assert ("- not yet served with vLLM: no vLLM run of a checkpoint of this architecture and format was recorded"
+            in section(text, "Limitations"))
     # a verdict written before serving entries carried their command: the flags its scheme needs
     written_before = example_verdict()
     for decided in written_before["variants"].values():
@@ -552,10 +581,11 @@ def test_the_card_renders_as_markdown_with_its_table_and_no_html_from_the_verdic
     table = re.sub(r"<t([dh]) [^>]*>", r"<t\1>", page[page.index("<table>"):page.index("</table>")])  # alignment
     assert table.count("<tr>") == 1 + 2 + 4 + 1 + 1  # header, math and code, four perplexity suites, judge, Average
     assert "<td>ppl-code</td>" in table and "<td><strong>Average</strong></td>" in table
-    assert "<td>+19.3% [+15.2%, +23.5%]</td>" in table and "<td>83.8%</td>" in table  # change, interval, recovery
+    assert "<td>+19.3% [+15.2%, +23.5%]</td><td>+10.0%</td>".replace("</td><td>", "</td>\n<td>") in table  # change, interval, margin
+    assert "<td>83.8%</td>" not in table  # a perplexity has no recovery
     for heading in HEADINGS:
         assert f"<h2>{heading}</h2>" in page
-    assert page.count("<pre><code") == 7  # vLLM in Python and served, transformers; recipe and reproduction, each
+    assert page.count("<pre><code") == 9  # vLLM in Python and served, transformers; recipe (3); lm_eval, params, quantize
     # its params.yaml and its commands
 
 
@@ -580,10 +610,11 @@ def test_the_report_writes_a_card_per_decided_variant_beside_page_and_verdict(tm
     assert entry["decision"] == "GO" and figures_of(copy_card) == expected_figures(entry)
     result = copy_card.data.eval_results[0]
     assert (result.dataset_type, result.dataset_config, result.dataset_split) == ("openai/gsm8k", "main", "test")
-    assert "recovers 98.3% of the base's accuracy on average over 1 suite (math), and it is GO" in paragraphs(text)[1]
-    assert "| **Average** | accuracy over math | | 60.0% | 59.0% | | **98.3%** | |" in text
+    opening = next(p for p in paragraphs(text) if p.startswith("copy is "))
+    assert "it recovers 98.3% of the base's accuracy on average over 1 suite (math), and it is GO" in opening
+    assert "| **Average** | accuracy over math | | 60.0% | 59.0% | | | **98.3%** | |" in text
     assert "Scored with transformers, in process, in float32" in text  # the report's own params.yaml: its dtype
-    assert paragraphs((cards / "broken" / "README.md").read_text())[1].startswith("**Do not publish this model")
+    assert paragraphs((cards / "broken" / "README.md").read_text())[2].startswith("**Not a replacement for ")
 
 
 # ---------------------------------------------------------------- the base's origin, read off its source
@@ -602,6 +633,17 @@ def test_the_origin_is_read_off_a_gguf_and_a_hub_folder_and_never_guessed(tmp_pa
     writer.close()
     found = origins.read_origin(path, "gguf")
     assert (found["license"], found["hub_id"], found["name"]) == ("mit", "OrgA/Tiny-1B", "Tiny")
+    import hashlib  # issue 68 item 2: the file's quantization type (none stated here) and checksum, for the card
+
+    assert origins.gguf_file(path) == {"file_type": None, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    typed = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(str(typed), "llama")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert origins.gguf_file(typed)["file_type"] == "Q4_1"
     snapshot_dir = tmp_path / "hub" / "models--THUDM--glm-4-9b-chat" / "snapshots" / "abc123"
     snapshot_dir.mkdir(parents=True)
     (snapshot_dir / "README.md").write_text("---\nlicense: other\nlicense_name: glm-4\nlicense_link: LICENSE\n---\n# GLM\n")
@@ -651,8 +693,10 @@ def test_quantize_card_writes_the_card_the_report_writes(card_project, tmp_path)
     result = invoke(["card", "models/fp8-w8a8", "--out", "published"])
     assert result.exit_code == 0, result.output
     assert "card: wrote published/fp8-w8a8/README.md (GO, incomplete)" in result.output
-    assert "before publishing: GO, incomplete: the card opens by saying why it should not replace the base" in result.output
-    assert "before publishing: no --repo-id: the usage snippets load your-org/fp8-w8a8" in result.output
+    assert ("before publishing: GO, incomplete: not one to ship; the card opens by saying why it does not replace the "
+            "base") in result.output
+    assert ("before publishing: no --repo-id: written as a local record (snippets load models/fp8-w8a8), not a Hub "
+            "card") in result.output
     text = (card_project / "published" / "fp8-w8a8" / "README.md").read_text()
     params = Params.model_validate({**TINY_PARAMS, "suites": {s: {"task": t} for s, t in TASKS.items()}})
     assert text == report.card_files(example_verdict(), params, SOURCE, None)["cards/fp8-w8a8/README.md"]
@@ -666,7 +710,7 @@ def test_quantize_card_with_a_repo_id_writes_the_snippets_with_it(card_project):
     assert "no --repo-id" not in result.output
     text = (card_project / "published" / "awq-w4a16" / "README.md").read_text()
     assert 'LLM(model="my-org/SmolLM2-135M-AWQ")' in text and "vllm serve my-org/SmolLM2-135M-AWQ\n" in text
-    assert "your-org" not in text and "- name: SmolLM2-135M-AWQ\n" in text  # the model-index's name
+    assert "your-org" not in text and "- name: my-org/SmolLM2-135M-AWQ\n" in text  # the model-index's name
 
 
 @pytest.mark.parametrize("case", ["no verdict", "not json", "the base", "not a folder", "not decided", "built again",

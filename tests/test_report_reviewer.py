@@ -50,7 +50,9 @@ def test_go_first_then_incomplete_inconclusive_no_go_and_anything_else_last():
                            "1 perplexity suite (math not run); open INCONCLUSIVE, not settled on ppl-chat; nogo NO-GO "
                            "on ppl-chat; built-not NOT BUILT.")
     only_partial = {k: v for k, v in variants.items() if k != "whole"}
-    assert headline({"variants": only_partial}).startswith("Ship partial: GO, incomplete, on 1 perplexity suite (math not run);")
+    # issue 69 item 5: a GO on fewer suites than the base ran is never said to ship (its card says so too)
+    assert headline({"variants": only_partial}).startswith(
+        "Ship none yet: partial GO, incomplete, on 1 perplexity suite (math not run);")
     assert headline({"variants": {"nogo": variants["nogo"]}}) == "Ship none: nogo NO-GO on ppl-chat."
     assert headline({"variants": variants, "synthetic": {"short": "the base scores at chance everywhere"}}).startswith(
         "Ship none on this evidence: the base scores at chance everywhere (timing only: these accuracy figures mean "
@@ -62,9 +64,9 @@ def test_the_headline_opens_verdict_json_and_the_page_and_the_incomplete_go_is_l
     out = report.run(results, tmp_path / "reports", Params.model_validate(params), models_dir=models)
     verdict = json.loads(out.verdict_json.read_text())
     assert list(verdict)[:2] == ["headline", "decisions"] and "synthetic" not in verdict
-    assert verdict["headline"] == ("Ship fp8-w8a8: GO, incomplete, on 4 perplexity suites (math, code not run); awq-w4a16 "
-                                   "NO-GO on ppl-book, ppl-code, ppl-math; rtn-w4a16 NO-GO on ppl-book, ppl-chat, ppl-code, "
-                                   "ppl-math.")
+    assert verdict["headline"] == ("Ship none yet: fp8-w8a8 GO, incomplete, on 4 perplexity suites (math, code not run); "
+                                   "awq-w4a16 NO-GO on ppl-book, ppl-code, ppl-math; rtn-w4a16 NO-GO on ppl-book, ppl-chat, "
+                                   "ppl-code, ppl-math.")
     assert [(d["variant"], d["label"]) for d in verdict["decisions"]] == [
         ("fp8-w8a8", "GO, incomplete"), ("awq-w4a16", "NO-GO"), ("rtn-w4a16", "NO-GO")]
     assert verdict["decisions"][0]["rests_on"].startswith("GO, incomplete on 4 perplexity suites; math, code not run")

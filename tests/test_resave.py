@@ -48,6 +48,12 @@ def test_gguf_to_hf_recovers_the_weights(tmp_path):
         assert torch.allclose(original[key].half().float(), converted[key].float(), atol=1e-3), key
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert "quantization_config" not in config  # the GGUF quantizer is dropped before saving
+    import hashlib
+
+    from pipeline.formats.source_json import read_source_json
+
+    recorded = read_source_json(tmp_path / "out")  # what the model cards say of the file (issue 68 item 2)
+    assert recorded["sha256"] == hashlib.sha256(gguf_file.read_bytes()).hexdigest() and "file_type" in recorded
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tmp_path / "out")

@@ -383,7 +383,7 @@ def _demoted(markdown: str) -> str:
 
 
 def model_card_page() -> str:
-    """The committed example's card of the variant its verdict ships first (reports/example/cards/<variant>/README.md,
+    """The committed example's card of the variant its verdict lists first (reports/example/cards/<variant>/README.md,
     as `quantize report` wrote it in the demo): the YAML header the Hub reads, then the card as the Hub renders it."""
     from huggingface_hub import ModelCard
 
@@ -392,10 +392,12 @@ def model_card_page() -> str:
     path = f"reports/example/cards/{variant}/README.md"
     card = ModelCard.load(REPO / path)
     return (GENERATED_NOTE.format(source=f"`{path}`") +
-            f"# A model card, as the report writes it\n\nThe demo's card for `{variant}`, the variant its verdict ships "
+            f"# A model card, as the report writes it\n\nThe demo's card for `{variant}`, the variant its verdict lists "
             "first: `quantize report` writes one per decided variant into `reports/cards/<variant>/README.md`, from the "
-            "verdict itself (`quantize card models/<variant> --repo-id ORG/NAME` writes one from a `verdict.json`, its "
-            "usage snippets loading that repository; see [card](../commands.md#card)). The committed copy is `" + path +
+            "verdict itself, as a local record (no Hub repository named, its snippets loading `models/<variant>`); "
+            "`quantize card models/<variant> --repo-id ORG/NAME` writes the card of that Hub repository, its title, "
+            "first sentence and model-index name the repository id (see [card](../commands.md#card)). The committed "
+            "copy is `" + path +
             "`, re-rendered from the committed verdict by `make example-cards`; below, whole, as the Hub shows it.\n\n"
             "## The header the Hub reads\n\n```yaml\n" + card.data.to_yaml() + "\n```\n\n"
             "## The card\n\n" + _demoted(card.text.strip()) + "\n")

@@ -54,6 +54,27 @@ def _gguf_fields(path: Path) -> dict:
     return found
 
 
+def gguf_file(path: Path | str) -> dict:
+    """What a model card says of the GGUF file the base was dequantized from: its quantization type as its metadata
+    states it (general.file_type: "Q4_1"), and its sha256 (read in chunks: a file of gigabytes is never held)."""
+    import hashlib
+
+    from gguf import GGUFReader, LlamaFileType
+
+    found = {}
+    field = GGUFReader(str(path)).fields.get("general.file_type")
+    try:
+        found["file_type"] = LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_") if field else None
+    except (ValueError, IndexError, TypeError):  # a type this gguf release does not name
+        found["file_type"] = None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    found["sha256"] = digest.hexdigest()
+    return found
+
+
 def gguf_origin(path: Path | str) -> dict:
     """A GGUF file's licence, name and Hub repository, as its metadata states them."""
     fields = _gguf_fields(Path(path))

@@ -28,7 +28,7 @@ def report(
     """Paired statistics, GO / NO-GO / INCONCLUSIVE per variant, and the HTML report."""
     from pipeline.stages import report as report_stage
     from pipeline.outputs import Stopwatch
-    from pipeline.verdict.decision import FAIL_ON, failing, passed_by_fix
+    from pipeline.verdict.decision import FAIL_ON, failing, fix_gate_lines
 
     if fail_on is not None and fail_on not in FAIL_ON:
         raise UserError(f"--fail-on {fail_on}: use {', '.join(FAIL_ON[:-1])} or {FAIL_ON[-1]}")
@@ -40,9 +40,8 @@ def report(
         result = report_stage.run(results, out, p, models_dir=models, calib_stats=p.calib.out / "stats.json")
     console.summary(f"{result.summary()} in {watch}")
     failed = failing(result.verdict, fail_on)
-    for variant, fixed in passed_by_fix(result.verdict, fail_on).items():
-        typer.echo(f"gate: {variant} is {result.verdict['variants'][variant]['decision']}; its fix {fixed} passes "
-                   f"--fail-on {fail_on} in its place: ship {fixed}")
+    for line in fix_gate_lines(result.verdict, fail_on):
+        typer.echo(line)
     if failed:
         console.error("\n".join([f"gate: {', '.join(failed)} did not pass --fail-on {fail_on}",
                                  *(f"  {name}: {why}" for name, why in failed.items())]))
@@ -56,8 +55,8 @@ def card(
     out: Path = typer.Option(Path("cards"), help="Where <variant>/README.md goes (the report stage writes every "
                                                 "decided variant's into reports/cards/)"),
     repo_id: Optional[str] = typer.Option(None, help="The Hub repository the card is published in (ORG/NAME): its "
-                                          "usage snippets load it (default: your-org/<variant>, which the card says "
-                                          "to replace)"),
+                                          "title, first sentence and model-index name, and what its snippets load "
+                                          "(without it: a local record, not a Hub card, loading models/<variant>)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """One variant's model card (README.md, Hub front matter included), written from the verdict: what the report

@@ -38,7 +38,7 @@ SPECS = (  # the registry, in the order help texts list the engines
                shown_as="transformers"),
     EngineSpec("vllm", VLLMSettings, "pipeline.engines.vllm:VLLMEngine", "`vllm serve`, CUDA", "http", "vllm",
                starts_server=True, likelihoods=True, images=True, deployed=True, package="vllm",
-               warm="pipeline.engines.vllm:warm", shown_as="vLLM"),
+               warm="pipeline.engines.vllm:warm", shown_as="vLLM", hub_serving=True),
     EngineSpec("lmdeploy", LMDeploySettings, "pipeline.engines.lmdeploy:LMDeployEngine", "in-process, CUDA",
                "in-process", "lmdeploy", package="lmdeploy", check="pipeline.engines.lmdeploy:require_lmdeploy",
                deployed=True, shown_as="lmdeploy"),
@@ -73,6 +73,12 @@ def shown_as(name: str) -> str:
     """An engine's name where people read it (vLLM, transformers); an unregistered name as it is."""
     spec = ENGINES.get(name)
     return (spec.shown_as or spec.name) if spec else name
+
+
+def hub_serving() -> str | None:
+    """The engine a model card's deployment serves the published checkpoint with (EngineSpec.hub_serving), None when
+    none is registered."""
+    return next((name for name, spec in ENGINES.items() if spec.hub_serving), None)
 
 
 def engine_spec(name: str, what: str = "engine") -> EngineSpec:

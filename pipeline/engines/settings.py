@@ -71,3 +71,6 @@ class EngineSpec:
     # "module:function" starting the run's shared server for a checkpoint in the background (a server engine)
     warm: str | None = None
     shown_as: str | None = None  # its name where people read it (a model card's serving lines), else `name`
+    # serves a published compressed-tensors checkpoint by its Hub repository id, as it is (no export first): the
+    # engine a model card's deployment shows (pipeline/report/card_usage.py)
+    hub_serving: bool = False

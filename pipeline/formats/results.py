@@ -25,7 +25,7 @@ MAX_NLL_PER_TOKEN = 700  # nats: e^700 ~ 1e304, near the largest float; real mod
 MAX_DOCUMENT_TOKENS = 2 ** 53  # a token count a float (numpy's sums) holds exactly
 ENGINE_DEFECT = {"key": "text", "avoided": "flag", "what?": "text", "when?": "text", "avoided_by?": "text",
                  "upstream?": "text", "evidence?": "text"}  # pipeline/engines/vllm_defects.py: Defect.summary
-SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None),
+SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None), "available?": "count",
            "engine_defects?": [ENGINE_DEFECT],
            "long_context?": {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
                              "lengths_skipped?": [{"length": "count", "reason": "text"}]}}

@@ -3,23 +3,35 @@
 with its 95% interval, the recovery and the decision; then the Average recovery over the counted accuracy suites),
 the decision with each counted suite's sentence, what the fix bought, and the drift from the base.
 
-Every figure is verdict.json's; a recovery is named by what it divides (this model's accuracy over the base's; the
-base's perplexity over this model's). A run on made-up weights gets no table: its scores mean nothing. Nothing here
-reads a file.
+Every figure is verdict.json's; a recovery is given for a higher-is-better score only (this model's accuracy over the
+base's); perplexity, where lower is better, is given as its rise with its interval and the margin it was judged
+against. What the decision counted, is NO-GO or not settled on and rests on is pipeline/verdict/facts.py's. A run on
+made-up weights gets no table: its scores mean nothing. Nothing here reads a file.
 """
 
 from __future__ import annotations
 
+import re
+
 import pipeline.verdict.figures as figures
 from pipeline import engines
 from pipeline.report.card_header import data_of
-from pipeline.report.card_text import md, names
-from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN
-from pipeline.verdict.headline import GO, INCONCLUSIVE, NO_GO, label
+from pipeline.report.card_text import md, names, suite_name
+import pipeline.verdict.facts as facts
+from pipeline.verdict.coverage import NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN
+from pipeline.verdict.headline import GO_INCOMPLETE, INCONCLUSIVE, NO_GO, label
 
-RECOVERY_DEFINED = ("Recovery: this model's accuracy over the base's; for perplexity, where lower is better, the base's "
-                    "perplexity over this model's; 100% is no loss either way. The Average is over the counted "
-                    "accuracy suites.")
+RECOVERY_DEFINED = ("Recovery: this model's accuracy over the base's (100% is no loss), for accuracy only; the Average "
+                    "is over the counted accuracy suites. Perplexity, where lower is better, is given as its rise "
+                    "against the base, with its 95% interval and the margin it was judged against (GO when the whole "
+                    "interval lies below the margin).")
+# the decision as a card's reader reads it: the tool's own label for a GO on fewer suites than the base ran, in words
+CARD_LABELS = {GO_INCOMPLETE: "GO on the suites it was decided on, not on every suite the base ran"}
+
+
+def card_label(entry: dict) -> str:
+    """The decision in a card's words (pipeline/verdict/headline.py's label, "GO, incomplete" said in full)."""
+    return CARD_LABELS.get(label(entry), label(entry))
 
 
 # ---------------------------------------------------------------- which engine, at what precision
@@ -46,7 +58,7 @@ def how_scored(name: str, entry: dict, verdict: dict, source: dict | None, run: 
             parts.append(f"{engines.shown_as(engine)}, serving each model in its own format"
                          + (f" in {dtype}" if dtype else ""))
         else:
-            in_process = ((entry.get("serving") or {}).get("hf") or {})  # pipeline/checkpoints/serving.py
+            in_process = ((entry.get("serving") or {}).get(engine) or {})  # pipeline/checkpoints/serving.py
             precision = in_process.get("precision") or "weights decompressed at load"
             at = f"in {dtype}" if dtype else "in the engine's dtype (not recorded with this verdict)"
             base_dtype = (source or {}).get("dtype")
@@ -63,7 +75,8 @@ def how_scored(name: str, entry: dict, verdict: dict, source: dict | None, run: 
 def _accuracy_row(suite: str, d: dict, data: str, decision: str) -> str:
     return (f"| {md(suite)} | {md(data)} (accuracy) | {d['n']} items | {figures.share(d['base_score'])} | "
             f"{figures.share(d['variant_score'])} | {figures.points(d['delta'])} pts [{figures.points(d['ci_low'])}, "
-            f"{figures.points(d['ci_high'])}] | {figures.share(d.get('recovery'))} | {md(decision)} |")
+            f"{figures.points(d['ci_high'])}] | {figures.points(-d['margin'])} pts | {figures.share(d.get('recovery'))} "
+            f"| {md(decision)} |")
 
 
 def _perplexity_row(suite: str, d: dict, data: str, decision: str) -> str:
@@ -71,7 +84,7 @@ def _perplexity_row(suite: str, d: dict, data: str, decision: str) -> str:
     return (f"| {md(suite)} | {md(data)} (perplexity, lower is better) | {d['n']} documents{tokens} | "
             f"{figures.perplexity(d['base_ppl'])} | {figures.perplexity(d['variant_ppl'])} | "
             f"{figures.relative(d['change'])} [{figures.relative(d['ci_low'])}, {figures.relative(d['ci_high'])}] | "
-            f"{figures.share(d.get('recovery'))} | {md(decision)} |")
+            f"{figures.relative(d['margin'])} | – | {md(decision)} |")
 
 
 def _judge_row(judge: dict, decision: str) -> str:
@@ -79,19 +92,19 @@ def _judge_row(judge: dict, decision: str) -> str:
     pairs = f"{s.get('n')} pair{'s' if s.get('n') != 1 else ''}"
     return (f"| judge | held-out prompts, this model's answer against the base's (win rate) | {pairs} | "
             f"50.0% | {figures.share(s['win_rate'])} | [{figures.share(s['ci_low'])}, {figures.share(s['ci_high'])}] "
-            f"| – | {md(decision)} |")
+            f"| | – | {md(decision)} |")
 
 
 def _decision_cell(d: dict | None, state: dict) -> str:
     if state.get("state") == NOT_COUNTED:
-        return f"not counted: {state.get('why') or 'shown only'}"
+        return f"not counted: {state.get('why') or 'shown for information'}"
     return str((d or {}).get("decision") or state.get("decision") or state.get("label") or "")
 
 
 def evaluation_table(entry: dict, verdict: dict, tasks: dict[str, str]) -> list[str]:
     """Every suite the base ran (and the judge), accuracy first, then perplexity, then the judge; the Average row."""
-    lines = ["| suite | data | scored | base | this model | change [95% interval] | recovery | decision |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| suite | data | scored | base | this model | change [95% interval] | margin | recovery | decision |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     coverage = (entry.get("coverage") or {}).get("suites") or {}
     base_suites = (verdict.get("base") or {}).get("suites") or {}
     accuracy, perplexity = entry.get("suites") or {}, entry.get("perplexity") or {}
@@ -111,7 +124,7 @@ def evaluation_table(entry: dict, verdict: dict, tasks: dict[str, str]) -> list[
                            else figures.share(base.get("score")))
             why = ("not run on this model" if state["state"] == NOT_RUN else
                    f"not applicable: {md(state.get('why') or '')}")
-            lines.append(f"| {md(suite)} | {md(data)} | – | {base_figure} | – | | | {md(why)} |")
+            lines.append(f"| {md(suite)} | {md(data)} | – | {base_figure} | – | | | | {md(why)} |")
     judge = entry.get("judge") or {}
     if judge.get("summary") and judge["summary"].get("win_rate") is not None:
         lines.append(_judge_row(judge, _decision_cell(judge, coverage.get("judge") or {})))
@@ -119,45 +132,46 @@ def evaluation_table(entry: dict, verdict: dict, tasks: dict[str, str]) -> list[
     if recovery.get("accuracy") is not None:
         over = recovery.get("suites") or []
         lines.append(f"| **Average** | accuracy over {md(names(over))} | | {figures.share(recovery.get('base_mean'))} | "
-                     f"{figures.share(recovery.get('variant_mean'))} | | **{figures.share(recovery['accuracy'])}** | |")
+                     f"{figures.share(recovery.get('variant_mean'))} | | | **{figures.share(recovery['accuracy'])}** | |")
     else:
-        lines.append("| **Average** | accuracy | | – | – | | – | no accuracy suite counted |")
+        lines.append("| **Average** | accuracy | | – | – | | | – | no accuracy suite counted |")
     return lines
 
 
 def recovery_phrase(entry: dict) -> str:
-    """"recovers 98.2% of the base's accuracy on average over 3 suites (math, code and vqa)", or, without an accuracy
-    average, what the perplexity suites recover."""
+    """"it recovers 98.2% of the base's accuracy on average over 3 suites (math, code and vqa)"; without an accuracy
+    average, how much its perplexity rises on the counted perplexity suites and against which margin."""
     recovery = entry.get("recovery") or {}
     if recovery.get("accuracy") is not None:
         over = recovery.get("suites") or []
-        return (f"recovers {figures.share(recovery['accuracy'])} of the base's accuracy on average over {len(over)} "
+        return (f"it recovers {figures.share(recovery['accuracy'])} of the base's accuracy on average over {len(over)} "
                 f"suite{'s' if len(over) != 1 else ''} ({names(over)})")
-    per_suite = [d["recovery"] for d in (entry.get("perplexity") or {}).values()
-                 if d.get("counted") and d.get("recovery") is not None]
-    if not per_suite:
-        return "has no recovery figure (no suite was counted)"
-    low, high = min(per_suite), max(per_suite)
-    spread = figures.share(low) if low == high else f"{figures.share(low)} to {figures.share(high)}"
-    return (f"recovers {spread} of the base's perplexity score (the base's perplexity over this model's) on "
-            f"{len(per_suite)} perplexity suite{'s' if len(per_suite) != 1 else ''}, with no accuracy suite counted")
+    return perplexity_phrase(entry) or "it has no figure against the base (no suite was counted)"
+
+
+def perplexity_phrase(entry: dict) -> str | None:
+    """"its perplexity rises by +2.7% to +5.8% on 4 perplexity suites (upper 95% bounds +3.5% to +8.1%, against a
+    margin of +10.0%)", None when no perplexity suite was counted."""
+    counted = [d for d in (entry.get("perplexity") or {}).values() if d.get("counted")]
+    if not counted:
+        return None
+
+    def spread(values):
+        low, high = min(values), max(values)
+        return figures.relative(low) if low == high else f"{figures.relative(low)} to {figures.relative(high)}"
+
+    n = len(counted)
+    return (f"its perplexity rises by {spread([d['change'] for d in counted])} on {n} perplexity "
+            f"suite{'s' if n != 1 else ''} (upper 95% bound{'s' if n != 1 else ''} "
+            f"{spread([d['ci_high'] for d in counted])}, against a margin of {spread([d['margin'] for d in counted])})")
 
 
 # ---------------------------------------------------------------- the decision
 
 def rests_on(entry: dict) -> str:
     """What the decision rests on, in plain words: "decided on ppl-book, ppl-chat, ppl-code and ppl-math; math and code
-    not run on this model; the judge not counted"."""
-    coverage = (entry.get("coverage") or {}).get("suites") or {}
-    by_state: dict[str, list[str]] = {}
-    for suite, state in coverage.items():
-        by_state.setdefault(state.get("state"), []).append("the judge" if suite == "judge" else suite)
-    parts = [f"decided on {names(by_state[DECIDED])}" if by_state.get(DECIDED) else "nothing decided"]
-    for state, words in ((NOT_RUN, "not run on this model"), (NOT_COUNTED, "shown, not counted"),
-                         (NOT_APPLICABLE, "not applicable")):
-        if by_state.get(state):
-            parts.append(f"{names(by_state[state])} {words}")
-    return "; ".join(parts)
+    not run on this model; the judge shown, not counted" (pipeline/verdict/facts.py)."""
+    return facts.rests_on(entry, suite_name, {NOT_COUNTED: "shown for information, not counted"})
 
 
 def outcome(entry: dict) -> str:
@@ -190,15 +204,26 @@ def _fix(entry: dict, verdict: dict) -> list[str]:
 
 def decision(entry: dict, verdict: dict) -> list[str]:
     """The decision, what it rests on, each counted suite's sentence (the verdict's), and the fix."""
-    lines = [f"**{md(label(entry))}**: {md(rests_on(entry))}.", ""]
-    sentences = [d.get("sentence") for part in ("suites", "perplexity") for d in (entry.get(part) or {}).values()
-                 if d.get("counted")]
+    lines = [f"**{md(card_label(entry))}**: {md(rests_on(entry))}.", ""]
+    sentences = [d.get("sentence") if d.get("available") else unbounded_count_left_out(d.get("sentence") or "")
+                 for part in ("suites", "perplexity") for d in (entry.get(part) or {}).values() if d.get("counted")]
     judge = entry.get("judge") or {}
     if judge.get("counted"):
         sentences.append(judge.get("sentence"))
     lines += [f"- {md(s)}" for s in sentences if s]
     fix = _fix(entry, verdict)
     return lines + (["", *fix] if fix else [])
+
+
+UNBOUNDED = re.compile(r" \(about \d+ paired (?:documents|items)[^)]*would (?:likely )?settle it\)")
+
+
+def unbounded_count_left_out(sentence: str) -> str:
+    """A suite's sentence without "(about 2093 paired documents would likely settle it)": a verdict that records the
+    suite's size says "cannot be settled on this suite (164 documents)" instead when it has fewer; one that predates
+    that record gives a count that may exceed the suite, so a card leaves it out (the limitations say it did not
+    settle)."""
+    return UNBOUNDED.sub("", sentence)
 
 
 def drift(entry: dict) -> list[str]:
@@ -233,23 +258,10 @@ def synthetic_why(synthetic: dict) -> str:
 
 
 def still_nogo(entry: dict) -> dict[str, list[str]]:
-    """{kind: suites} of what a NO-GO is NO-GO on: accuracy, perplexity, the judge, speed."""
-    found: dict[str, list[str]] = {}
-    for part, kind in (("suites", "accuracy"), ("perplexity", "perplexity")):
-        for suite, d in sorted((entry.get(part) or {}).items()):
-            if d.get("counted") and d.get("decision") == NO_GO:
-                found.setdefault(kind, []).append(suite)
-    if (entry.get("judge") or {}).get("counted") and entry["judge"].get("decision") == NO_GO:
-        found["judge"] = ["judge"]
-    if (entry.get("speed") or {}).get("counted"):
-        found["speed"] = ["speed at batch 1"]
-    return found
+    """{kind: suites} of what a NO-GO is NO-GO on: accuracy, perplexity, the judge, speed (facts.nogo_by_kind)."""
+    return facts.nogo_by_kind(entry)
 
 
 def unsettled(entry: dict) -> list[str]:
-    """The counted suites whose evidence settles nothing (neither GO nor NO-GO)."""
-    return [suite for part in ("suites", "perplexity") for suite, d in sorted((entry.get(part) or {}).items())
-            if d.get("counted") and d.get("decision") not in (GO, NO_GO)] + (
-        ["the judge"] if (entry.get("judge") or {}).get("counted") and entry["judge"].get("decision") not in (GO, NO_GO)
-        else [])
-
+    """The counted suites whose evidence settles nothing (neither GO nor NO-GO), the judge named as "the judge"."""
+    return [suite_name(s) for s in facts.not_settled_on(entry)]

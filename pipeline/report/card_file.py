@@ -2,10 +2,11 @@
 verdict.json (the report's, or one a CI run kept): the very card the report stage writes into reports/cards/<variant>/ from the same
 verdict (pipeline/report/model_card.py), with the base's source.json and the calibration summary beside it.
 
-`--repo-id ORG/NAME` names the Hub repository the card is published in: its usage snippets load it (without it they
-load your-org/<variant>, and the card says to replace it). What the publisher should check before uploading (a
-variant that is not a plain GO, a licence or base repository the base's source does not state, no repository id)
-is printed after the path, never written on the card.
+`--repo-id ORG/NAME` names the Hub repository the card is published in: it is the card's title, first sentence and
+model-index name, and its usage snippets load it; without it the card is a local record that says so, its snippets
+loading models/<variant>. What the publisher should check before uploading (a variant that is not a plain GO, a
+licence or base repository the base's source does not state, no repository id) is printed after the path, never
+written on the card.
 
 Refused with one message naming the file and the fix, and nothing written: a verdict that is missing or was not
 written by `quantize report`, a folder that is no variant (no quant.json) or one the verdict did not decide, a

@@ -12,14 +12,18 @@ held-out conversations, Alice in Wonderland), often on a few dozen items: a lead
 runs of the benchmark's own harness. So they go in `model-index`, each dataset with its Hub id, config and split
 where it has one and the number of items scored in its name, and no `.eval_results/` file is written.
 
-Each counted suite's figure (accuracy, perplexity, the judge's win rate) and its recovery are verdict.json's numbers,
-unrounded; a recovery is named by what it divides: this model's accuracy over the base's, or the base's perplexity
-over this model's. A run on made-up weights (verdict.json's `synthetic`) puts no figure in the header.
+Each counted suite's figure (accuracy, perplexity, the judge's win rate) is verdict.json's number, unrounded; an
+accuracy suite adds its recovery (this model's accuracy over the base's, metric type `recovery`), a perplexity
+suite its relative rise against the base (metric type `perplexity_change`, named with its 95% interval and the
+margin it was judged against): never a recovery, which would read as a lower perplexity. The model-index's name
+is the Hub repository id (a local record's: the variant's name). A run on made-up weights (verdict.json's
+`synthetic`) puts no figure in the header.
 """
 
 from __future__ import annotations
 
 from pipeline.report.card_text import method_module
+from pipeline.verdict.figures import relative
 
 # Per shipped task (evals/README.md), the data it scores: (model-index dataset type: the Hub's id where there is one,
 # its name, config, split), and the unit its items are counted in
@@ -37,7 +41,7 @@ SHIPPED_DATA = {
 JUDGE_DATA = ("quant_judge", "held-out prompts of the publisher's own logs, judged against the base's answers", None,
               None)
 TASK_TYPES = {"quant_vqa": "visual-question-answering"}  # the Hub's task of a shipped suite, where not text-generation
-RECOVERY_NAMES = {"accuracy": "this model's accuracy / the base's", "perplexity": "the base's perplexity / this model's"}
+RECOVERY_NAMES = {"accuracy": "this model's accuracy / the base's"}
 
 
 def data_of(suite: str, tasks: dict[str, str]) -> tuple[str, str, str | None, str | None]:
@@ -68,7 +72,8 @@ def counted_figures(entry: dict) -> list[dict]:
     for suite, d in sorted((entry.get("perplexity") or {}).items()):
         if d.get("counted"):
             rows.append({"suite": suite, "kind": "perplexity", "metric": "perplexity", "value": d["variant_ppl"],
-                         "recovery": d.get("recovery"), "n": d.get("n")})
+                         "recovery": None, "n": d.get("n"), "change": d.get("change"), "ci_low": d.get("ci_low"),
+                         "ci_high": d.get("ci_high"), "margin": d.get("margin")})
     judge = entry.get("judge") or {}
     if judge.get("counted"):
         rows.append({"suite": "judge", "kind": "judge", "metric": "win_rate", "value": judge["summary"]["win_rate"],
@@ -97,6 +102,11 @@ def eval_results(entry: dict, tasks: dict[str, str]) -> list:
         if row["recovery"] is not None:
             results.append(EvalResult(**common, metric_type="recovery", metric_value=row["recovery"],
                                       metric_name=f"{suite} recovery ({RECOVERY_NAMES[kind]})"))
+        if row.get("change") is not None:
+            results.append(EvalResult(**common, metric_type="perplexity_change", metric_value=row["change"],
+                                      metric_name=f"{suite} perplexity change against the base (95% interval "
+                                                  f"{relative(row['ci_low'])} to {relative(row['ci_high'])}; margin "
+                                                  f"{relative(row['margin'])})"))
     return results
 
 
@@ -110,7 +120,7 @@ def card_data(name: str, entry: dict, verdict: dict, origin: dict, tasks: dict[s
               "license": origin.get("license"), "license_name": origin.get("license_name"),
               "license_link": origin.get("license_link"), "library_name": "transformers",
               "pipeline_tag": "image-text-to-text" if vision else "text-generation", "tags": tags(quant),
-              "model_name": repo_id.split("/")[-1] if repo_id else name}
+              "model_name": repo_id or name}
     if not verdict.get("synthetic"):  # made-up weights: their figures go on no model page
         fields["eval_results"] = eval_results(entry, tasks) or None
     return ModelCardData(**{key: value for key, value in fields.items() if value is not None})

@@ -15,9 +15,10 @@ import yaml
 
 from pipeline.methods import mixed
 from pipeline.report.card_evaluation import scored_by
+from pipeline.report.card_usage import serving_name
 from pipeline.report.card_header import data_of
 from pipeline.outputs import human_size
-from pipeline.report.card_text import code, md, method_module, names, repo_id_or_placeholder, source_file
+from pipeline.report.card_text import checkpoint_names, code, loads_from, md, method_module, names, source_file
 
 CALIB_DIR = "calib"  # where the recipe's `quantize calib` writes (its calib.out): the held-out conversations too
 RANKING_DIR = "ranking"  # where the recipe's `quantize kl --rank` writes a fix's ranking (sensitivity.json beside kl.json)
@@ -25,7 +26,8 @@ RANKING = f"{RANKING_DIR}/sensitivity.json"
 QUANT_KEYS = {"kv": "kv_cache", "base": "base_method"}  # a method's setting -> the quant.json key recording it
 LEFT_OUT = {"method", "batch_size", "sensitivity"}  # not the variant's recipe: memory only, or a path of the run
 BUILD_PACKAGES = ("llmcompressor", "compressed-tensors", "transformers", "torch")
-HELD_OUT_TASKS = ("quant_ppl_chat",)  # the shipped tasks that score the held-out conversations (options.data)
+HELD_OUT_TASKS = ("quant_ppl_chat",)
+BASE_FOR_LM_EVAL = "models/base"  # the base as the creation section's `quantize resave` writes it
 
 
 def variant_settings(quant: dict) -> dict:
@@ -109,7 +111,47 @@ def creation(name: str, entry: dict, verdict: dict, *, source: dict | None, orig
     unknown = ([f"{code('SOURCE')} stands for the checkpoint the base was converted from, which was not recorded "
                 "with this card.", ""] if params["model"]["source"] == "SOURCE" else [])
     return [made, "", "```yaml", *_yaml(params), "```", "", "```bash", *commands, "```", "", *unknown,
-            *recipe_facts(quant), *calibration(quant, calib)]
+            *llm_compressor(quant, verdict), *recipe_facts(quant), *calibration(quant, calib)]
+
+
+RECIPE_FILE = "recipe.yaml"  # what llm-compressor writes beside the weights it saves: the recipe as it ran it
+
+
+def llm_compressor(quant: dict, verdict: dict) -> list[str]:
+    """The recipe as llm-compressor runs it, with llm-compressor alone: its own recipe.yaml, shipped with the
+    checkpoint, applied by `oneshot` to the base as converted above, with calibration text of the reader's own where
+    the method needs data (the set used here is private)."""
+    weights_from = method_module({"method": quant.get("base_method")}) or method_module(quant)
+    used = quant.get("calibration") or {}
+    needs_data = weights_from is None or weights_from.NEEDS_CALIBRATION
+    version = _versions(verdict, ("llmcompressor",))
+    arguments = ['model="models/base"', f'recipe="{RECIPE_FILE}"']
+    if needs_data:
+        arguments += ['dataset=load_dataset("json", data_files="calibration.jsonl", split="train")',
+                      f"max_seq_length={used.get('seq_len') or 2048}",
+                      f"num_calibration_samples={used.get('blocks') or 512}"]
+    arguments.append('output_dir="quantized"')
+    head = (f"The recipe as llm-compressor runs it is the checkpoint's own `{RECIPE_FILE}` (llm-compressor writes it "
+            "beside the weights). With llm-compressor" + (f" ({md(version)})" if version else "") + " alone, on the base "
+            "as converted above" + (", and calibration conversations of your own, a `text` field each (the set used "
+            "here is private)" if needs_data else " (no calibration data: the method rounds each weight on its own)")
+            + ":")
+    return [head, "", "```python", *(["from datasets import load_dataset"] if needs_data else []),
+            "from llmcompressor import oneshot", "", "oneshot(" + ", ".join(arguments) + ")", "```", ""]
+
+
+def applicable_ignores(quant: dict) -> dict[str, str]:
+    """The recipe's ignore patterns that apply to this checkpoint, each with why: a vision tower's only where it has
+    one, a MoE router's only on a MoE architecture; the output head's without a claim about its size (it may be tied
+    to the embedding)."""
+    vision = ((quant.get("verify") or {}).get("vision") or {}).get("vision_tensors")
+    moe = "moe" in str(quant.get("architecture") or "").lower()
+    found = {}
+    for pattern, why in (quant.get("ignored") or {}).items():
+        if ("visual" in pattern and not vision) or (pattern.endswith("mlp\\.gate$") and not moe):
+            continue
+        found[pattern] = ("output head: its error goes straight into every logit" if pattern == "lm_head" else why)
+    return found
 
 
 def recipe_facts(quant: dict) -> list[str]:
@@ -118,10 +160,10 @@ def recipe_facts(quant: dict) -> list[str]:
     module = method_module(quant)
     if module is not None:
         lines.append(f"- method: {md(quant['method'])}: {md(module.SUMMARY)}")
-    for pattern, why in (quant.get("ignored") or {}).items():
+    for pattern, why in applicable_ignores(quant).items():
         lines.append(f"- kept in full precision: {code(pattern)} ({md(why)})")
     if quant.get("groups_in_8_bits") is not None:
-        kept = [g["name"] for g in quant.get("groups") or [] if g.get("scheme") == mixed.HIGH_SCHEME]
+        kept = [checkpoint_names(g["name"]) for g in quant.get("groups") or [] if g.get("scheme") == mixed.HIGH_SCHEME]
         lines.append(f"- kept in 8 bits (W8A16): {quant['groups_in_8_bits']} of {quant.get('groups_total')} groups, "
                      "those whose int4 error cost the W4A16 variant most KL from the base: " + md(", ".join(kept)))
     verify = quant.get("verify") or {}
@@ -157,9 +199,10 @@ def calibration(quant: dict, calib: dict | None) -> list[str]:
     else:
         kinds = [REDACTED.get(kind, kind) for kind in calib.get("redactions") or {}]
         redacted = (f", {names(kinds) if kinds else 'personal data'} redacted" if calib.get("redaction") else "")
+        checksum = f", sha256 {used['sha256']}" if used.get("sha256") else ""
         lines.append(f"- calibration: {blocks} from {calib.get('calib_conversations')} conversations of the "
                      f"publisher's own logs{redacted}; {calib.get('holdout')} more conversations held out, never "
-                     "calibrated on")
+                     f"calibrated on. The set is private, not published with the model (its blocks{checksum})")
     if quant.get("groups_in_8_bits") is not None:
         lines.append("- the groups kept in 8 bits were ranked by the KL from the base each costs, on the held-out "
                      "conversations")
@@ -198,21 +241,37 @@ def reproduction_params(name: str, entry: dict, verdict: dict, tasks: dict[str, 
 
 def reproduction(name: str, entry: dict, verdict: dict, *, tasks: dict[str, str], repo_id: str | None,
                  run: dict | None) -> list[str]:
-    """The reproduction section's lines (under its heading)."""
-    repo = repo_id_or_placeholder(name, repo_id)
+    """The reproduction section's lines (under its heading): the public suites only (a suite of the publisher's own
+    held-out data is named as private and left out of every command)."""
+    repo = loads_from(name, repo_id)
     env = verdict.get("environment") or {}
     params = reproduction_params(name, entry, verdict, tasks, run)
-    lm_eval = _versions(verdict, ("lm-eval",))
     held_out = [s for s, d in params["suites"].items() if d.get("options")]
-    lines = [f"With glm-quant-pipeline at git revision {md(env.get('git_revision') or 'not recorded')} (its evals/ "
-             f"folder holds these suites as lm-eval tasks{', run by ' + md(lm_eval) if lm_eval else ''}), the "
-             "creation section's params.yaml and these sections added to it, the published checkpoint is scored "
-             "again against the base, item by item, and decided as above:", "",
-             "```yaml", *_yaml(params), "```", "",
-             "```bash", f"hf download {repo} --local-dir models/{name}", "quantize resave", "quantize calib",
-             "quantize eval models/base", f"quantize eval models/{name}", "quantize report", "```"]
+    for suite in held_out:
+        del params["suites"][suite]
+        params["verdict"]["margins"]["suites"].pop(suite, None)
+    public = params["suites"]
+    lm_eval = _versions(verdict, ("lm-eval",))
+    revision = md(env.get("git_revision") or "not recorded")
+    lines = []
+    if public:
+        tasks_run = ",".join(d["task"] for d in public.values())
+        lines += [f"The public suites are lm-eval tasks of glm-quant-pipeline's evals/ folder (git revision {revision})"
+                  f"{', run by ' + md(lm_eval) if lm_eval else ''}: `lm_eval` scores the published checkpoint on them "
+                  f"with {serving_name()}, and the base the same way for the paired comparison (models/base: the "
+                  "base as the creation section's `quantize resave` converts it, the very model it was compared "
+                  "with):", "",
+                  "```bash", *[f"lm_eval --model vllm --model_args pretrained={model} --include_path evals "
+                               f"--tasks {tasks_run} --apply_chat_template --log_samples --output_path lm_eval/{out}"
+                               for model, out in ((repo, name), (BASE_FOR_LM_EVAL, "base"))], "```", "",
+                  "The decision above compares the two item by item: glm-quant-pipeline's `quantize report` does it "
+                  "from these suites, engine and margins added to the creation section's params.yaml:", "",
+                  "```yaml", *_yaml(params), "```", "",
+                  "```bash", *([f"hf download {repo} --local-dir models/{name}"] if repo_id else []),
+                  "quantize resave", "quantize eval models/base", f"quantize eval models/{name}", "quantize report",
+                  "```"]
     if held_out:
-        lines += ["", f"{md(names(held_out))} score{'s' if len(held_out) == 1 else ''} the held-out conversations "
-                  "of the publisher's own logs, which are not published with the model: without them "
-                  f"{'it is' if len(held_out) == 1 else 'they are'} left out."]
-    return lines
+        lines += ([""] if lines else []) + [
+            f"{md(names(held_out))} score{'s' if len(held_out) == 1 else ''} held-out conversations of the publisher's "
+            "own logs, which are private: not published with the model, so left out of these commands."]
+    return lines or ["No public suite was counted: nothing here can be scored again from public data."]

@@ -1,16 +1,17 @@
 """The words every part of a model card shares (pipeline/report/model_card.py assembles them): text from the verdict
-made safe for Markdown, the base and what the variant was compared with,
-the repository the usage snippets name, and the variant's method module. Nothing here reads a file."""
+made safe for Markdown, the base and what the variant was compared with, what the usage snippets load (the Hub
+repository of a card for the Hub, the checkpoint's own folder on a local record), a suite's and a group's names as
+a reader of the checkpoint knows them, and the variant's method module. Nothing here reads a file."""
 
 from __future__ import annotations
 
 from pathlib import PurePath
 
 from pipeline import methods
-from pipeline.verdict.headline import and_list as names  # noqa: F401  (the cards' "a, b and c")
+from pipeline.checkpoints.serving_names import VLLM_FUSED
+from pipeline.verdict.facts import SPEED_SUITE, and_list as names  # noqa: F401  (the cards' "a, b and c")
 
-# What the snippets name when the card is written without --repo-id: the card says to replace it
-PLACEHOLDER_ORG = "your-org"
+LOCAL_DIR = "models"  # where a local record's snippets load the checkpoint from: the pipeline's models/<variant>
 
 
 def md(text) -> str:
@@ -36,9 +37,23 @@ def valid_repo_id(text: str) -> bool:
     return text.count("/") == 1
 
 
-def repo_id_or_placeholder(name: str, repo_id: str | None) -> str:
-    """The repository the usage snippets load: the one the card is published in, else `your-org/<variant>`."""
-    return repo_id or f"{PLACEHOLDER_ORG}/{name}"
+def loads_from(name: str, repo_id: str | None) -> str:
+    """What the usage snippets load: the Hub repository the card is published in, else (a local record) the
+    checkpoint's own folder, models/<variant>."""
+    return repo_id or f"{LOCAL_DIR}/{name}"
+
+
+def suite_name(suite: str) -> str:
+    """A suite as a card's prose names it: the judge as "the judge", speed as it is, a suite by its name."""
+    return "the judge" if suite == "judge" else suite
+
+
+def checkpoint_names(group: str) -> str:
+    """A group of layers by the names the checkpoint has (model.layers.3.self_attn.qkv_proj, vLLM's fused layer, is
+    model.layers.3.self_attn.q_proj, k_proj and v_proj in the checkpoint)."""
+    head, _, last = group.rpartition(".")
+    parts = VLLM_FUSED.get(last)
+    return f"{head}.{names(parts)}" if parts and head else group
 
 
 # ---------------------------------------------------------------- the base and the reference

@@ -1,11 +1,13 @@
-"""A model card's deployment section: how to run the published checkpoint, by its repository id, with vLLM (Python and
-`vllm serve`) and with transformers, whether a run of a checkpoint like it was recorded on the GPU machine
-(pipeline/checkpoints/serving.py: shown, refused, or not tried), the GPU memory it needs, and its speed.
+"""A model card's deployment section: how to run the published checkpoint, by its repository id (a local record: by
+its folder), with the engine the registry names for serving a Hub checkpoint (EngineSpec.hub_serving: vLLM, in
+Python and as a server) and with transformers, whether a run of a checkpoint like it was recorded on the GPU machine
+(pipeline/checkpoints/serving.py: shown, refused, or not tried), how that differs from what scored it, the GPU
+memory it needs, and its speed.
 
-vLLM's flags are the ones the recorded run served it with (the verdict's serving entry), or, for a verdict written
-before entries carried their command, those its scheme needs (serving.vllm_serve_command). lmdeploy is left out: a
-Hub user serves a compressed-tensors checkpoint with vLLM or loads it with transformers, and lmdeploy needs this
-project's `quantize export` first. Nothing here reads a file.
+The serving engine's flags are the ones the recorded run served it with (the verdict's serving entry), or, for a
+verdict written before entries carried their command, those its scheme needs (serving.vllm_serve_command). An
+engine that needs this project's `quantize export` first (lmdeploy) is left out. No engine is named here by a
+string: its name, what people call it and how it serves come from the registry. Nothing here reads a file.
 """
 
 from __future__ import annotations
@@ -16,23 +18,28 @@ import shlex
 import pipeline.verdict.figures as figures
 from pipeline.checkpoints.serving import vllm_serve_command
 from pipeline.outputs import human_size
-from pipeline.report.card_text import code, md, method_module, repo_id_or_placeholder
-from pipeline.engines import shown_as
+from pipeline.report.card_text import md, method_module, loads_from
+from pipeline.engines import ENGINES, hub_serving, shown_as
 from pipeline.report.deploy import memory, served_by, speed_state
 
 PROMPT = "Give me three tips for writing a clear bug report."
 
 
+def serving_record(entry: dict) -> dict:
+    """The verdict's record of the Hub-serving engine for this variant (its serving entry), {} when none."""
+    engine = hub_serving()
+    return ((entry.get("serving") or {}).get(engine) or {}) if engine else {}
+
+
 def vllm_flags(entry: dict, source: dict | None) -> list[str]:
-    """The flags `vllm serve` takes for this checkpoint: the recorded run's (or the command to try), else what its
-    scheme needs."""
-    vllm = (entry.get("serving") or {}).get("vllm") or {}
-    command = vllm.get("command")
+    """The flags the serving engine's server takes for this checkpoint: the recorded run's (or the command to try),
+    else what its scheme needs."""
+    command = serving_record(entry).get("command")
     if not command:
         kv = (entry.get("quant") or {}).get("kv_cache")
         command = vllm_serve_command(kv not in (None, "none"), (source or {}).get("dtype"))
-    words = shlex.split(command)
-    return words[3:] if words[:3] == ["vllm", "serve", "DIR"] else []
+    words, plain = shlex.split(command), shlex.split(vllm_serve_command(False, None))  # `<server> serve DIR`
+    return words[len(plain):] if words[:len(plain)] == plain else []
 
 
 def python_arguments(flags: list[str]) -> list[str]:
@@ -55,37 +62,55 @@ def python_arguments(flags: list[str]) -> list[str]:
     return found
 
 
+def serving_name() -> str:
+    """The Hub-serving engine as people call it (vLLM)."""
+    engine = hub_serving()
+    return shown_as(engine) if engine else "a serving engine"
+
+
 def vllm_state(entry: dict, name: str) -> dict:
-    """vLLM's row of where the variant is served (pipeline/report/deploy.py: shown, refused or not tried)."""
-    return next((row for row in served_by(entry.get("serving"), name) if row["engine"] == "vllm"),
+    """The Hub-serving engine's row of where the variant is served (pipeline/report/deploy.py: shown, refused or not
+    tried)."""
+    engine = hub_serving()
+    return next((row for row in served_by(entry.get("serving"), name) if row["engine"] == engine),
                 {"state": "not tried", "detail": ""})
 
 
+def _serve_words(repo: str, flags: list[str]) -> list[str]:
+    """The server command: the recorded command's words (`vllm serve DIR ...`) with the repository for DIR."""
+    engine = hub_serving()
+    command = shlex.split(vllm_serve_command(False, None)) if engine else []
+    return [*(w for w in command if w != "DIR"), repo, *(shlex.quote(f) for f in flags)]
+
+
 def _vllm(entry: dict, name: str, repo: str, source: dict | None, vision: bool) -> list[str]:
-    row = vllm_state(entry, name)
-    vllm = (entry.get("serving") or {}).get("vllm") or {}
+    engine = hub_serving()
+    if engine is None:
+        return []
+    called, package = serving_name(), ENGINES[engine].package or engine
+    row, record = vllm_state(entry, name), serving_record(entry)
     arch = (entry.get("quant") or {}).get("architecture")
     checkpoint = f"a {md(arch)} checkpoint" if arch else "a checkpoint of this architecture"
     if row["state"] == "refused":
-        return [f"**vLLM**: {md(row['detail'])}, so it is not served with vLLM; transformers loads it (below)."]
+        return [f"**{called}**: {md(row['detail'])}, so it is not served with {called}; transformers loads it (below)."]
     if row["state"] == "shown":
-        tested = (f"vLLM {md(vllm.get('version') or '')} served {checkpoint} in this format on the "
-                  f"publisher's GPU machine ({md(vllm.get('date') or 'date not recorded')}).")
+        tested = (f"{called} {md(record.get('version') or '')} served {checkpoint} in this format "
+                  f"({md(record.get('date') or 'date not recorded')}).")
     else:
-        tested = (f"Not yet tested on vLLM: no vLLM run of {checkpoint} in this format was recorded. These "
-                  "are the commands vLLM takes for it.")
+        tested = (f"Not yet served with {called}: no {called} run of {checkpoint} in this format was recorded. "
+                  f"These are the commands {called} takes for it.")
     flags = vllm_flags(entry, source)
     arguments = ", ".join([f'model="{repo}"', *python_arguments(flags)])
     content = ('[{"type": "image_url", "image_url": {"url": "https://example.com/image.png"}}, '
                '{"type": "text", "text": "Describe the image."}]' if vision else f'"{PROMPT}"')
-    return [f"**vLLM**. {tested}", "",
-            "```python", "from vllm import LLM, SamplingParams", "",
+    return [f"**{called}**. {tested}", "",
+            "```python", f"from {package} import LLM, SamplingParams", "",
             f"llm = LLM({arguments})",
             f'messages = [{{"role": "user", "content": {content}}}]',
             "outputs = llm.chat(messages, SamplingParams(temperature=0, max_tokens=256))",
             "print(outputs[0].outputs[0].text)", "```", "",
             "As an OpenAI-compatible server:", "",
-            "```bash", " ".join(["vllm serve", repo, *(shlex.quote(f) for f in flags)]), "```"]
+            "```bash", " ".join(_serve_words(repo, flags)), "```"]
 
 
 def _transformers(quant: dict, repo: str, vision: bool) -> list[str]:
@@ -134,8 +159,8 @@ def gpu_memory(name: str, entry: dict, verdict: dict) -> list[str]:
                      f"{human_size(cap['kv_cache_bytes'])}" + (f" ({cap['kv_cache_tokens']:,} tokens)"
                                                                  if cap.get("kv_cache_tokens") else "")
                      + (f", the server given {figures.share(share)} of the GPU's memory" if share else ""))
-    lines.append("- the KV cache comes on top of the weights: vLLM gives it what `--gpu-memory-utilization` leaves of "
-                 "the GPU, and `--max-model-len` bounds what one request may hold")
+    lines.append(f"- the KV cache comes on top of the weights: {serving_name()} gives it what `--gpu-memory-utilization` "
+                 "leaves of the GPU, and `--max-model-len` bounds what one request may hold")
     return lines
 
 
@@ -176,14 +201,64 @@ def images_sent(load: dict) -> str:
 def deployment(name: str, entry: dict, verdict: dict, *, repo_id: str | None, source: dict | None, vision: bool,
                speed_engine: str | None) -> list[str]:
     """The deployment section's lines (under its heading)."""
-    repo = repo_id_or_placeholder(name, repo_id)
+    repo = loads_from(name, repo_id)
     quant = entry.get("quant") or {}
-    lines = []
-    if not repo_id:
-        lines += [f"{code(repo)} stands for the repository this card is published in: replace it (`quantize card "
-                  f"--repo-id ORG/NAME` writes the card with it).", ""]
-    lines += [*_vllm(entry, name, repo, source, vision), "", *_transformers(quant, repo, vision), "",
+    lines = [*_vllm(entry, name, repo, source, vision), "", *_transformers(quant, repo, vision), "",
               "### GPU memory", "", *gpu_memory(name, entry, verdict), "",
               "### Speed", "", *speed(name, entry, verdict, speed_engine)]
     return lines
 
+
+
+# ---------------------------------------------------------------- what scored it against what serves it; requirements
+
+def scored_and_served(name: str, entry: dict, verdict: dict, source: dict | None, run: dict | None) -> str | None:
+    """How what scored the variant differs from what serves it, in one sentence; None when the serving engine scored
+    it. "Its figures were scored with transformers in float32 on the CPU (FP8 simulated: ...); served with vLLM it runs
+    on vLLM's own kernels with --dtype bfloat16, which was not scored: its answers may differ slightly"."""
+    from pipeline.report.card_evaluation import scored_by
+
+    engine = hub_serving()
+    used = scored_by(name, verdict) or ([run["engine"]] if (run or {}).get("engine") else [])
+    if engine is None or not used or engine in used:
+        return None
+    dtype = (run or {}).get("dtype")
+    machine = (verdict.get("environment") or {}).get("machine")
+    precision = ((entry.get("serving") or {}).get(used[0]) or {}).get("precision")
+    flags = vllm_flags(entry, source)
+    served_dtype = flags[flags.index("--dtype") + 1] if "--dtype" in flags[:-1] else None
+    return (f"its figures were scored with {', '.join(shown_as(e) for e in used)}"
+            + (f" in {dtype}" if dtype else "") + (f" on {machine}" if machine else "")
+            + (f" ({precision})" if precision else "")
+            + f"; served with {serving_name()} it runs on {serving_name()}'s own kernels"
+            + (f" in {served_dtype}" if served_dtype else "")
+            + ", which was not scored: its answers may differ slightly from those scored here")
+
+
+GPU_CLASS = {  # what a scheme's compute needs of an NVIDIA GPU (vLLM's kernels for compressed-tensors), by weights
+    "FP8": "compute capability 8.9 or newer (Ada Lovelace, Hopper or later) for FP8 compute; older GPUs (8.0+) run "
+           "FP8 weights only through a weight-only kernel",
+    "W4A16": "compute capability 8.0 or newer (Ampere or later) for its 4-bit weight kernels",
+    "W8A16": "compute capability 8.0 or newer (Ampere or later) for its 8-bit weight kernels",
+}
+
+
+def requirements(name: str, entry: dict, verdict: dict) -> list[str]:
+    """The software it was built, scored and served with (the versions recorded, as minimums that were tested) and
+    the GPU class its scheme needs."""
+    packages = (verdict.get("environment") or {}).get("packages") or {}
+    record, engine = serving_record(entry), hub_serving()
+    tested = [f"{package} {packages[package]}" for package in ("transformers", "compressed-tensors")
+              if packages.get(package)]
+    lines = []
+    if engine:
+        served = record.get("version") if vllm_state(entry, name)["state"] == "shown" else None
+        lines.append(f"- {serving_name()}: " + (f"{md(served)} or newer (the version that served a checkpoint like "
+                                                   "it)" if served else "no version recorded serving it"))
+    if tested:
+        lines.append(f"- transformers loading: {md(', '.join(tested))} or newer (the versions it was built and scored "
+                     "with)")
+    scheme = str((entry.get("quant") or {}).get("scheme") or "")
+    gpu = next((text for key, text in GPU_CLASS.items() if key in scheme), None)
+    lines.append(f"- GPU: an NVIDIA GPU of {gpu}" if gpu else "- GPU: any the serving engine runs its format on")
+    return lines

@@ -10,7 +10,8 @@ from pipeline.report.charts import sensitivity_chart
 from pipeline.report.deploy import served_by, speed_state
 from pipeline.report.forest import forest_plot, forest_plot_narrow
 from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
-from pipeline.verdict.coverage import DECIDED, NOT_APPLICABLE, NOT_COUNTED
+import pipeline.verdict.facts as facts
+from pipeline.verdict.coverage import LABELS, NOT_APPLICABLE, NOT_COUNTED
 from pipeline.verdict.headline import label, ordered, rests
 
 
@@ -92,14 +93,9 @@ def recovery_note(variant: dict) -> dict:
         n = len(recovery.get("suites") or [])
         return {"text": f"recovery {figures.share(recovery['accuracy'])}",
                 "note": f"average over {n} accuracy suite{'s' if n != 1 else ''} ({', '.join(recovery['suites'])})"}
-    coverage = variant.get("coverage") or {}
-    suites, perplexity = coverage.get("suites") or {}, variant.get("perplexity") or {}
-    by_state: dict[str, list[str]] = {}
-    for suite in coverage.get("base_ran") or []:
-        entry = suites.get(suite) or {}
-        if suite not in perplexity and entry.get("state") != DECIDED:
-            by_state.setdefault(str(entry.get("label") or entry.get("state")), []).append(suite)
-    why = "; ".join(f"{', '.join(names)} {state}" for state, names in by_state.items())
+    perplexity = variant.get("perplexity") or {}
+    missing = {state: [s for s in suites if s not in perplexity] for state, suites in facts.missing(variant).items()}
+    why = "; ".join(f"{', '.join(names)} {LABELS.get(state, str(state))}" for state, names in missing.items() if names)
     return {"text": "no recovery average", "note": f"no accuracy suite counted: {why}" if why else "no accuracy suite ran"}
 
 
@@ -145,9 +141,6 @@ def not_counted(verdict: dict) -> list[dict]:
     (coverage.suites.<suite>.why): {suite, why, variants}, variants with the same why named together."""
     found: dict[tuple[str, str], list[str]] = {}
     for name in ordered(verdict["variants"]):
-        suites = (verdict["variants"][name].get("coverage") or {}).get("suites") or {}
-        for suite, entry in suites.items():
-            if entry.get("state") in (NOT_COUNTED, NOT_APPLICABLE):
-                why = str(entry.get("why") or entry.get("label") or entry.get("state"))
-                found.setdefault((suite, why), []).append(name)
+        for suite, why in facts.whys(verdict["variants"][name], NOT_COUNTED, NOT_APPLICABLE).items():
+            found.setdefault((suite, why), []).append(name)
     return [{"suite": suite, "why": why, "variants": names} for (suite, why), names in sorted(found.items())]

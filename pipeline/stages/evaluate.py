@@ -287,6 +287,9 @@ def _lines_and_summary(lm, results: dict, *, suite: str, task: str, variant: str
     summary = {
         "suite": suite, "task": task, "variant": variant, "model_dir": str(model_dir), "engine": engine,
         "metric": metric, "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
+        # the items the task has before the limit (lm-eval's count): no next step asks for more
+        **({"available": available} if isinstance(available := ((results.get("n-samples") or {}).get(task) or {})
+                                                  .get("original"), int) else {}),
         "metrics": {k: v for k, v in results["results"][task].items() if isinstance(v, (int, float))},
         **_speed(lines, lm),
         "cache": {"path": str(lm.cache.path), "lines_dropped": lm.cache.dropped},

@@ -143,7 +143,10 @@ def _write_source_json(tmp: Path, source: Path, kind: str, dtype: str, demo: boo
     (pipeline/checkpoints/origin.py: the variants' model cards read it)."""
     from pipeline.checkpoints.demo_model import HUB_ID
 
-    write_source_json(tmp, source, kind, dtype, read_origin(source, kind, HUB_ID if demo else None))
+    from pipeline.checkpoints.origin import gguf_file
+
+    write_source_json(tmp, source, kind, dtype, read_origin(source, kind, HUB_ID if demo else None),
+                      gguf_file(source) if kind == "gguf" else None)
 
 
 def run(source: Path | str, out: Path | str, dtype: str = "float16") -> ResaveResult:

@@ -12,13 +12,15 @@ import math
 from dataclasses import dataclass, field
 
 from pipeline.settings.params import Params
+import pipeline.verdict.facts as facts
 from pipeline.verdict.coverage import incomplete_why, suite_coverage, variants_without_results
 from pipeline.verdict.engines import engine_notes, unpaired_why
 from pipeline.verdict.fix import attach_fixes
+from pipeline.verdict.headline import label
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
 from pipeline.verdict.drift import kl_figures
 from pipeline.verdict.judge import judge_verdict, pairwise_figures, reference_figures
-from pipeline.verdict.next_steps import next_steps, why_in_brief
+from pipeline.verdict.next_steps import next_steps, suite_size, why_in_brief
 from pipeline.verdict.paired import SuiteVerdict, compare_suite
 from pipeline.verdict.perplexity import compare_perplexity
 from pipeline.verdict.recovery import average_recovery
@@ -143,6 +145,12 @@ def long_context_tables(results: dict, summaries: dict[str, dict[str, dict]]) ->
     return tables
 
 
+def _parts(suite_verdicts: list, perplexity: dict, judged: dict | None, speed: dict | None) -> dict:
+    """The entry's suites, perplexity suites, judge and speed as verdict.json holds them (what facts.py reads)."""
+    return {"suites": {v.suite: v.to_dict() for v in suite_verdicts},
+            "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()}, "judge": judged, "speed": speed}
+
+
 def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: dict, flagged: list[str]) -> dict:
     """verdict.json's variants.<variant>: each suite, the judge and speed against the base, the decision, why,
     what it rests on, recovery, what to run next, and what the report shows beside it."""
@@ -154,14 +162,16 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     compared = [suite for suite in sorted(suites) if suite in results["base"] and suite not in skipped]
     suite_verdicts = [compare_suite(results["base"][suite], suites[suite], variant=variant, suite=suite,
                                     margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
-                                    seed=p.seed, floor_ceiling=p.floor_ceiling)
+                                    seed=p.seed, floor_ceiling=p.floor_ceiling,
+                                    available=suite_size(evidence.summaries, variant, suite))
                       for suite in compared if not is_perplexity(results["base"][suite])]
     unsandboxed = {v.suite: [m for m in ("base", variant) if f"{m}/{v.suite}" in flagged] for v in suite_verdicts}
     for v in suite_verdicts:
         if unsandboxed[v.suite]:
             v.reasons.insert(0, _unsandboxed_reason(unsandboxed[v.suite], v.suite))
     perplexity = {suite: compare_perplexity(results["base"][suite], suites[suite], variant=variant, suite=suite,
-                                            margin=p.perplexity_margin_for(suite), confidence=p.confidence)
+                                            margin=p.perplexity_margin_for(suite), confidence=p.confidence,
+                                            available=suite_size(evidence.summaries, variant, suite))
                   for suite in compared if is_perplexity(results["base"][suite])}
     for v in [*suite_verdicts, *perplexity.values()]:  # scored on different engines: shown, not counted
         if why := unpaired_why(evidence.summaries, variant, v.suite):
@@ -183,7 +193,7 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     steps = next_steps(variant, suite_verdicts, perplexity, judged, evidence.summaries, params)
     return {
         "decision": decision,
-        "why": why_in_brief(decision, suite_verdicts, perplexity, judged, speed, steps),
+        "why": why_in_brief(decision, _parts(suite_verdicts, perplexity, judged, speed)),
         "coverage": suite_coverage(variant, decision, params, results, n_a, suite_verdicts, perplexity, judged),
         "recovery": average_recovery(suite_verdicts),
         "reasons": reasons,
@@ -297,6 +307,22 @@ def passed_by_fix(verdict: dict, fail_on: str | None) -> dict[str, str]:
     return {name: fixed for name, v in variants.items()
             if (fixed := _built_fix(v, variants)) and _gate_reason(v, fail_on)
             and _gate_reason(variants[fixed], fail_on) is None}
+
+
+def fix_gate_lines(verdict: dict, fail_on: str | None) -> list[str]:
+    """What the gate says of each variant that passes through its fix: "ship the fix in its place" only for a fix
+    that is GO (facts.ships); a fix that passes the gate without being GO (an INCONCLUSIVE under --fail-on no-go, a
+    GO on fewer suites than the base ran) is said to pass, and that nothing of the pair is to ship yet."""
+    variants, lines = verdict["variants"], []
+    for name, fixed in passed_by_fix(verdict, fail_on).items():
+        own, fix = label(variants[name]), variants[fixed]
+        if facts.ships(fix):
+            lines.append(f"gate: {name} is {own}; its fix {fixed} is GO and passes --fail-on {fail_on} in its place: "
+                         f"ship {fixed}")
+        else:
+            lines.append(f"gate: {name} is {own}; its fix {fixed} passes --fail-on {fail_on} but is {label(fix)}, "
+                         f"not GO: ship neither yet")
+    return lines
 
 
 def _built_fix(entry: dict, variants: dict) -> str | None:

@@ -21,6 +21,7 @@ report stage read them with their own readers).
 from __future__ import annotations
 
 from pipeline.settings import fixes
+import pipeline.verdict.facts as facts
 from pipeline.verdict.headline import SHIPPABLE, label
 from pipeline.verdict.intervals import GO, NO_GO
 
@@ -54,14 +55,8 @@ def offer(variant: str) -> dict:
 
 
 def still_nogo_on(entry: dict) -> list[str]:
-    """The counted suites (and the judge, and speed) an entry's decision is NO-GO on."""
-    found = [suite for part in ("suites", "perplexity") for suite, d in (entry.get(part) or {}).items()
-             if isinstance(d, dict) and d.get("counted") and d.get("decision") == NO_GO]
-    if (entry.get("judge") or {}).get("counted") and entry["judge"].get("decision") == NO_GO:
-        found.append("judge")
-    if (entry.get("speed") or {}).get("counted"):
-        found.append("speed at batch 1")
-    return found
+    """The counted suites (and the judge, and speed) an entry's decision is NO-GO on (facts.nogo_on)."""
+    return facts.nogo_on(entry)
 
 
 def fix_entry(variant: dict, fixed: str, fix: dict, quant: dict | None, fixed_quant: dict | None,

@@ -2,12 +2,16 @@
 show-verdict` prints) and `decisions` (each variant's label and what it rests on, in the order the page shows them).
 
 A GO whose decision rests on fewer suites than the base ran (`--fail-on incomplete` fails it) is labelled
-"GO, incomplete" everywhere, never a plain GO. Variants come GO first (complete, then incomplete), then
-INCONCLUSIVE, then NO-GO, then any other entry verdict.json holds (e.g. a variant not built), each group in the
-order verdict.json lists them.
+"GO, incomplete" everywhere, never a plain GO, and is never said to ship: only a plain GO is (facts.ships, what the
+model cards and the gate read too). Variants come GO first (complete, then incomplete), then INCONCLUSIVE, then
+NO-GO, then any other entry verdict.json holds (e.g. a variant not built), each group in the order verdict.json
+lists them.
 
-    Ship fp8-w8a8: GO, incomplete, on 4 perplexity suites (math, code not run); awq-w4a16 NO-GO on ppl-book.
+    Ship awq-w4a16: GO on 2 accuracy suites and 4 perplexity suites; rtn-w4a16 NO-GO on ppl-book.
+    Ship none yet: fp8-w8a8 GO, incomplete, on 4 perplexity suites (math, code not run); awq-w4a16 NO-GO on ppl-book.
     Ship none: awq-w4a16 and rtn-w4a16 INCONCLUSIVE, not settled on ppl-code.
+
+What each decision counted, is NO-GO or not settled on and rests on is pipeline/verdict/facts.py's.
 
 Nothing here reads a file: it reads the verdict `decide` wrote (pipeline/verdict/decision.py) and the base's
 config.json the report stage hands it (whether the base is synthetic: pipeline/verdict/synthetic.py).
@@ -15,20 +19,22 @@ config.json the report stage hands it (whether the base is synthetic: pipeline/v
 
 from __future__ import annotations
 
-from pipeline.verdict.coverage import DECIDED, LABELS, coverage_line
+import pipeline.verdict.facts as facts
+from pipeline.verdict.coverage import LABELS, coverage_line
+from pipeline.verdict.facts import and_list  # noqa: F401  (the readers' "a, b and c")
 from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
 from pipeline.verdict.synthetic import synthetic
 
 GO_INCOMPLETE = "GO, incomplete"
 ORDER = (GO, GO_INCOMPLETE, INCONCLUSIVE, NO_GO)  # anything else (not built, not evaluated, ...) comes after
-SHIPPABLE = (GO, GO_INCOMPLETE)
+SHIPPABLE = (GO,)  # what the headline, the gate and the cards say to ship: a plain GO only (facts.ships)
 
 
 def label(entry: dict) -> str:
     """The decision as the reviewer reads it: "GO, incomplete" for a GO that rests on fewer suites than the base
     ran; any other entry's own decision (or state) as verdict.json gives it."""
     decision = str(entry.get("decision") or entry.get("state") or "no decision")
-    if decision == GO and (entry.get("coverage") or {}).get("complete") is False:
+    if decision == GO and not facts.complete(entry):
         return GO_INCOMPLETE
     return decision
 
@@ -39,34 +45,16 @@ def ordered(variants: dict) -> list[str]:
     return sorted(variants, key=lambda name: rank[name])  # stable: verdict.json's order within a group
 
 
-def _counted(entry: dict) -> list[tuple[str, str]]:
-    """(suite, decision) of everything the variant's decision counted: suites, perplexity suites, the judge, speed."""
-    found = [(s, d.get("decision")) for part in ("suites", "perplexity")
-             for s, d in (entry.get(part) or {}).items() if isinstance(d, dict) and d.get("counted")]
-    judge = entry.get("judge") or {}
-    if judge.get("counted"):
-        found.append(("judge", judge.get("decision")))
-    if (entry.get("speed") or {}).get("counted"):
-        found.append(("speed at batch 1", NO_GO))
-    return found
-
-
 def _missing(entry: dict) -> str:
     """The suites the base ran that the variant's decision does not rest on, by state: "math, code not run"."""
-    coverage = entry.get("coverage") or {}
-    suites = coverage.get("suites") or {}
-    by_state: dict[str, list[str]] = {}
-    for suite in coverage.get("base_ran") or []:
-        state = (suites.get(suite) or {}).get("state")
-        if state != DECIDED:
-            by_state.setdefault(LABELS.get(state, str(state)), []).append(suite)
-    return "; ".join(f"{', '.join(names)} {state}" for state, names in by_state.items())
+    return "; ".join(f"{', '.join(suites)} {LABELS.get(state, str(state))}"
+                     for state, suites in facts.missing(entry).items())
 
 
 def rests(entry: dict) -> str:
     """What the decision rests on, without the decision: the coverage line ("on 4 perplexity suites; math, code
     not run; ..."), or for an entry that decided nothing (not built, ...) its why."""
-    suites = (entry.get("coverage") or {}).get("suites")
+    suites = facts.coverage_states(entry)
     return coverage_line("", suites).strip().lstrip(": ") if suites else str(entry.get("why") or entry.get("reason") or "")
 
 
@@ -78,23 +66,16 @@ def _rests_on(entry: dict) -> str:
 def phrase(entry: dict) -> str:
     """What one variant's decision rests on, in the headline's words (without its name)."""
     name = label(entry)
-    counted = _counted(entry)
-    if name in SHIPPABLE:
+    if name in (GO, GO_INCOMPLETE):
         missing = _missing(entry)
         return f"{name}, on {_rests_on(entry)} ({missing})" if missing else f"{name} on {_rests_on(entry)}"
     if name == NO_GO:
-        return f"NO-GO on {', '.join(s for s, d in counted if d == NO_GO) or 'what it counted'}"
+        return f"NO-GO on {', '.join(facts.nogo_on(entry)) or 'what it counted'}"
     if name == INCONCLUSIVE:
-        open_ = [s for s, d in counted if d not in (GO, NO_GO)]
+        open_ = facts.not_settled_on(entry)
         return f"INCONCLUSIVE, not settled on {', '.join(open_)}" if open_ else "INCONCLUSIVE, nothing counted"
     why = entry.get("why") or entry.get("reason")
     return f"{name}: {why}" if why else name
-
-
-def and_list(items) -> str:
-    """"a", "a and b", "a, b and c" ("" for none)."""
-    items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}" if items else ""
 
 
 def _grouped(variants: dict, names: list[str]) -> list[str]:
@@ -112,8 +93,7 @@ def headline(verdict: dict) -> str:
     if not names:
         return "Ship none: no variant was decided."
     synthetic = verdict.get("synthetic")
-    complete = [n for n in names if label(variants[n]) == GO]
-    ship = [] if synthetic else complete or [n for n in names if label(variants[n]) == GO_INCOMPLETE]
+    ship = [] if synthetic else [n for n in names if facts.ships(variants[n])]
     rest = [n for n in names if n not in ship]
     if len(ship) == 1:
         parts = [f"Ship {ship[0]}: {phrase(variants[ship[0]])}"]
@@ -122,6 +102,8 @@ def headline(verdict: dict) -> str:
     elif synthetic:
         parts = [f"Ship none on this evidence: {synthetic.get('short') or synthetic.get('why')} (timing only: these "
                  "accuracy figures mean nothing); as computed"]
+    elif any(label(variants[n]) == GO_INCOMPLETE for n in names):  # GO on fewer suites than the base ran: not yet
+        parts = ["Ship none yet"]
     else:
         parts = ["Ship none"]
     text = parts[0] + (": " if not ship and rest else "; " if rest else "") + "; ".join(_grouped(variants, rest))

@@ -180,3 +180,14 @@ def decide(ci_low: float, ci_high: float, margin: float) -> str:
     if ci_high < -margin:
         return NO_GO
     return INCONCLUSIVE
+
+
+def beyond_suite(needed: int | None, available: int | None) -> bool:
+    """Whether settling a suite would take more items than it has (`available`: the suite's items, when the results
+    recorded it)."""
+    return isinstance(needed, int) and isinstance(available, int) and needed > available
+
+
+def cannot_settle(available: int, unit: str) -> str:
+    """What an open suite's next step is when settling it would take more items than it has."""
+    return f"it cannot be settled on this suite ({available} {unit})"

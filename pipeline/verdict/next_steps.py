@@ -1,29 +1,28 @@
 """Beyond the decision: why it was reached, in a few words (`why_in_brief`, the reviewer's first screen),
 and for each counted suite left INCONCLUSIVE what to run to settle it and about how long that takes
-(`next_steps`, from the speed its results were produced at: each model's <suite>.json)."""
+(`next_steps`, from the speed its results were produced at: each model's <suite>.json). No step asks for more
+items than the suite has (`suite_size`: what `quantize eval` recorded of it): such a suite "cannot be settled on
+this suite (164 items)", and the step says what could settle it instead."""
 
 from __future__ import annotations
 
+import pipeline.verdict.facts as facts
 from pipeline.settings.params import Params
-from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
+from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO, beyond_suite, cannot_settle
 from pipeline.verdict.figures import share
 from pipeline.verdict.judge import UNRELIABLE, min_judged_pairs_for_go
 
 
-def why_in_brief(decision: str, suite_verdicts: list, perplexity: dict, judged: dict | None, speed: dict | None,
-                 steps: list[dict]) -> str:
+def why_in_brief(decision: str, parts: dict) -> str:
     """The decision's reason in a few words, for the first screen (the full sentences stay in the suites'
-    details, verdict.json and `quantize show-verdict`)."""
-    counted = [(v.suite, v.decision) for v in suite_verdicts if v.counted]
-    counted += [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
-    if judged and judged["counted"]:
-        counted.append(("judge", judged["decision"]))
-    if speed and speed.get("counted"):
+    details, verdict.json and `quantize show-verdict`); `parts`: the entry's suites, perplexity, judge and speed as
+    verdict.json holds them, read through pipeline/verdict/facts.py."""
+    if (parts.get("speed") or {}).get("counted"):
         return "slower than the base at batch 1 on the deployment engine"
+    counted = facts.counted(parts)
     if not counted:
         return "nothing counted: every suite at the floor or ceiling, or empty"
-    no_go = [name for name, d in counted if d == NO_GO]
-    open_ = [name for name, d in counted if d not in (GO, NO_GO)]
+    no_go, open_ = facts.nogo_on(parts), facts.not_settled_on(parts)
     if decision == NO_GO:
         text = f"beyond the margin on {', '.join(no_go)}"
         return text + (f"; {', '.join(open_)} open" if open_ else "")
@@ -54,18 +53,38 @@ def _stage_seconds(summary: dict | None, items: int) -> float | None:
     return (total - scoring) + scoring / n * items
 
 
+def suite_size(summaries: dict[str, dict[str, dict]], variant: str, suite: str) -> int | None:
+    """The items (or documents) the suite has, as `quantize eval` recorded it for the base and the variant
+    (<suite>.json's `available`: lm-eval's count before the limit); the smaller when they differ, None when neither
+    recorded it."""
+    found = [(summaries.get(model, {}).get(suite) or {}).get("available") for model in ("base", variant)]
+    found = [n for n in found if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    return min(found) if found else None
+
+
+def _unsettleable(suite: str, now: int, needed: int, unit: str, available: int) -> dict:
+    """The step of an open suite that settling would take more items than it has: no command, what would decide it."""
+    return {"suite": suite, "now": now, "needed": None, "available": available, "unit": unit, "commands": [],
+            "seconds": None, "duration": None, "counted": True,
+            "text": f"{suite}: {now} {unit} did not settle it, and {cannot_settle(available, unit)}: about {needed} "
+                    f"would be needed; a wider margin (verdict.margins.suites.{suite}) or a larger suite would decide it"}
+
+
 def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dict | None,
                summaries: dict[str, dict[str, dict]], params: Params) -> list[dict]:
     """For each counted suite left INCONCLUSIVE: what to run to settle it (how many items or documents,
     the commands) and about how long that takes at the speed its results were produced."""
     steps = []
     wanted = [(v.suite, v.n, v.items_to_settle or (v.min_items_for_go if v.min_items_for_go and v.n < v.min_items_for_go
-                                                  else None), "items")
+                                                  else None), "items", v.available)
               for v in suite_verdicts if v.counted and v.decision == INCONCLUSIVE]
-    wanted += [(suite, v.n, v.documents_to_settle, "documents")
+    wanted += [(suite, v.n, v.documents_to_settle, "documents", v.available)
                for suite, v in perplexity.items() if v.counted and v.decision == INCONCLUSIVE]
-    for suite, now, needed, unit in wanted:
+    for suite, now, needed, unit, available in wanted:
         if not needed or needed <= now:
+            continue
+        if beyond_suite(needed, available):
+            steps.append(_unsettleable(suite, now, needed, unit, available))
             continue
         times = [_stage_seconds(summaries.get(model, {}).get(suite), needed) for model in ("base", variant)]
         seconds = sum(times) if all(t is not None for t in times) else None

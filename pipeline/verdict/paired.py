@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from pipeline.verdict.figures import points, share
-from pipeline.verdict.intervals import (GO, INCONCLUSIVE, NO_GO, PARTIAL_CREDIT, TANGO, UNINFORMATIVE, decide,
+from pipeline.verdict.intervals import (GO, INCONCLUSIVE, NO_GO, PARTIAL_CREDIT, TANGO, UNINFORMATIVE, beyond_suite,
+                                        cannot_settle, decide,
                                         items_to_settle, mcnemar_exact, min_items_for_go, paired_bootstrap,
                                         partial_credit_interval, tango_interval, tango_items_to_settle)
 
@@ -47,6 +48,7 @@ class SuiteVerdict:
     interval: str = ""  # how ci_low / ci_high were computed
     min_items_for_go: int | None = None  # fewest paired items with which a GO is possible at all
     sentence: str = ""  # the decision in one sentence a reviewer can check
+    available: int | None = None  # the items the suite has (its results' record), None when not recorded
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,9 +56,10 @@ class SuiteVerdict:
 
 def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *, variant: str, suite: str,
                   margin: float, confidence: float = 0.95, iterations: int = 2000, seed: int = 0,
-                  floor_ceiling: float = 0.05) -> SuiteVerdict:
+                  floor_ceiling: float = 0.05, available: int | None = None) -> SuiteVerdict:
     """base_items / variant_items: result lines keyed by item id (the DESIGN.md contract).
-    Scores in [0, 1] (right/wrong, or partial credit): Tango's interval; other scores: the bootstrap."""
+    Scores in [0, 1] (right/wrong, or partial credit): Tango's interval; other scores: the bootstrap. `available`:
+    the items the suite has, so no next step asks for more."""
     ids = sorted(set(base_items) & set(variant_items))
     base = np.array([base_items[i]["score"] for i in ids], dtype=float)
     var = np.array([variant_items[i]["score"] for i in ids], dtype=float)
@@ -81,6 +84,7 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
         p_value=mcnemar_exact(len(r2w), len(w2r)) if binary and ids else None,
         margin=margin, decision=decision if counted else UNINFORMATIVE if ids else INCONCLUSIVE,
         counted=counted, reasons=reasons, interval=method if ids else "", min_items_for_go=fewest,
+        available=available,
     )
     if decision == INCONCLUSIVE and ids and counted:
         _items_to_settle(verdict, deltas, binary, margin, confidence, fewest)
@@ -136,7 +140,9 @@ def _items_to_settle(verdict: SuiteVerdict, deltas, binary: bool, margin: float,
         verdict.items_to_settle = items_to_settle(deltas, margin, confidence)
         if fewest and verdict.items_to_settle and verdict.delta > -margin:
             verdict.items_to_settle = max(verdict.items_to_settle, fewest)
-    if verdict.items_to_settle and verdict.items_to_settle != fewest:
+    if beyond_suite(verdict.items_to_settle, verdict.available):
+        verdict.reasons.append(cannot_settle(verdict.available, "items"))
+    elif verdict.items_to_settle and verdict.items_to_settle != fewest:
         verdict.reasons.append(f"about {verdict.items_to_settle} paired items at these flip rates would likely settle it")
 
 
@@ -170,7 +176,9 @@ def decision_sentence(v: SuiteVerdict, binary: bool = True) -> str:
         notes = []
         if v.min_items_for_go and v.n < v.min_items_for_go:
             notes.append(f"below {v.min_items_for_go} items not even zero flips could show a GO")
-        if v.items_to_settle and v.items_to_settle != v.min_items_for_go:
+        if beyond_suite(v.items_to_settle, v.available) or beyond_suite(v.min_items_for_go, v.available):
+            notes.append(cannot_settle(v.available, "items"))
+        elif v.items_to_settle and v.items_to_settle != v.min_items_for_go:
             notes.append(f"about {v.items_to_settle} paired items at these flip rates would settle it")
         if notes:
             end += f" ({'; '.join(notes)})"

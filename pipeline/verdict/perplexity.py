@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from pipeline.verdict import figures
-from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO
+from pipeline.verdict.intervals import GO, INCONCLUSIVE, NO_GO, beyond_suite, cannot_settle
 
 
 PERPLEXITY_INTERVAL = ("Student-t interval of the per-token change in log-likelihood (ratio estimator, HC2 error, "
@@ -45,6 +45,7 @@ class PerplexityVerdict:
     # base perplexity / variant perplexity: 100 % for no change, lower for a worse variant, as recovery reads for
     # accuracy (variant score / base score); never averaged with the accuracy suites' recovery
     recovery: float | None = None
+    available: int | None = None  # the documents the suite has (its results' record), None when not recorded
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,9 +130,10 @@ def decide_perplexity(ci_low: float, ci_high: float, margin: float) -> str:
 
 
 def compare_perplexity(base_items: dict[str, dict], variant_items: dict[str, dict], *, variant: str, suite: str,
-                       margin: float, confidence: float = 0.95) -> PerplexityVerdict:
+                       margin: float, confidence: float = 0.95, available: int | None = None) -> PerplexityVerdict:
     """base_items / variant_items: a perplexity suite's result lines keyed by document id, each with
-    `loglikelihood` (natural log, summed over the document) and `n_tokens`."""
+    `loglikelihood` (natural log, summed over the document) and `n_tokens`; `available`: the documents the suite
+    has, so no next step asks for more."""
     shared = sorted(set(base_items) & set(variant_items))
     ids = [i for i in shared if base_items[i]["n_tokens"] == variant_items[i]["n_tokens"] and base_items[i]["n_tokens"]]
     reasons: list[str] = []
@@ -159,7 +161,7 @@ def compare_perplexity(base_items: dict[str, dict], variant_items: dict[str, dic
         change=change, ci_low=ci_low, ci_high=ci_high, confidence=confidence, margin=margin,
         decision=decide_perplexity(ci_low, ci_high, margin) if counted else INCONCLUSIVE, counted=counted,
         worse_documents=int((var_ll < base_ll).sum()), reasons=reasons,
-        recovery=math.exp((var_ll.sum() - base_ll.sum()) / total),
+        recovery=math.exp((var_ll.sum() - base_ll.sum()) / total), available=available,
     )
     _explain(verdict, estimate, high)
     verdict.sentence = perplexity_sentence(verdict)
@@ -185,7 +187,8 @@ def _explain(verdict: PerplexityVerdict, estimate: float, high: float) -> None:
         gap = abs(math.log1p(margin) - estimate)
         if gap > 0 and math.isfinite((high - estimate) / gap):
             v.documents_to_settle = int(math.ceil(v.n * ((high - estimate) / gap) ** 2))
-            v.reasons.append(f"about {v.documents_to_settle} paired documents would likely settle it")
+            v.reasons.append(cannot_settle(v.available, "documents") if beyond_suite(v.documents_to_settle, v.available)
+                             else f"about {v.documents_to_settle} paired documents would likely settle it")
 
 
 def perplexity_sentence(v: PerplexityVerdict) -> str:
@@ -205,6 +208,8 @@ def perplexity_sentence(v: PerplexityVerdict) -> str:
         end = f"entirely above {bound}, so perplexity rises by more than the margin"
     else:
         end = f"which straddles {bound}, so the evidence settles nothing"
-        if v.documents_to_settle:
+        if beyond_suite(v.documents_to_settle, v.available):
+            end += f" ({cannot_settle(v.available, 'documents')})"
+        elif v.documents_to_settle:
             end += f" (about {v.documents_to_settle} paired documents would likely settle it)"
     return f"{v.suite}: {v.decision}: {facts}, {end}."
