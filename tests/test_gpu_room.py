@@ -238,3 +238,34 @@ def test_work_ahead_is_not_started_for_a_stage_dvc_has_recorded_with_its_outputs
     finally:
         run.send_signal(signal.SIGKILL)
         run.wait()
+
+
+def test_a_stage_waits_for_a_server_a_job_works_on_rather_than_refusing(tmp_path, tiny_llama, registry, run):
+    """evaluate@rtn-w4a16 on the H100 (2026-12-07) was refused "this stage holds every server up (base, fp8-w8a8)"
+    while the judge of fp8-w8a8, working ahead, was between two requests: a server whose model a job works on is
+    not the stage's own, so the stage waits for it to be given back, and starts its own once it is."""
+    from test_shared_server import STAGE
+
+    env = {**os.environ, shared.RUN_PID_ENV: str(run.pid)}
+    memory = ["--gpu-bytes", str(40 << 30), "--gpu-budget", str(73 << 30), "--max-servers", "3"]
+    fp8, rtn = _copy(tiny_llama, tmp_path, "fp8"), _copy(tiny_llama, tmp_path, "rtn")
+    first, _ = stage(fp8, tmp_path / "fp8.log", *memory, env={shared.RUN_PID_ENV: str(run.pid)})
+    job = _job(registry, fp8, kind="judge")
+    for lease in (registry / f"{first['key']}.leases").glob("*"):
+        lease.unlink()  # between its requests: no lease on the server, still working on its model
+    waiting = subprocess.Popen([*STAGE, str(rtn), str(tmp_path / "rtn.log"), *memory], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(4)
+        assert waiting.poll() is None, waiting.stderr.read()  # waiting, not refused
+        assert "waiting for room" in (tmp_path / "rtn.log").read_text()
+        job.send_signal(signal.SIGINT)
+        job.wait(timeout=10)
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0, err
+        assert json.loads(out.splitlines()[0])["started"] and gone(first["server_pid"])
+    finally:
+        for proc in (job, waiting):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from pipeline.engines.server_registry import (  # noqa: F401  (REGISTRY_ENV, keep_last: callers ask them here)
     POLL_S, REGISTRY_ENV, content_fingerprint, entries, forget, keep_last, kept_last, lease_name, leases_dir, live_leases,
-    locked, held_bytes, read_entry, registry_dir, server_key, stop_entry, stop_idle, write_entry)
+    locked, held_bytes, read_entry, registry_dir, running_jobs, server_key, stop_entry, stop_idle, write_entry)
 from pipeline.errors import UserError
 from pipeline.runs import RUN_PID_ENV, alive, run_owner, start_time  # noqa: F401  (the run a server belongs to)
 
@@ -189,6 +189,11 @@ def _refuse_when_all_mine(registry: Path, busy: dict, max_servers: int, name: st
     holds every one itself (nobody else would give one back). Call with the lock held."""
     mine = lease_name()
     if [k for k, e in busy.items() if e.get("state") == "starting" or set(live_leases(registry, k)) - {mine}]:
+        return
+    # a job of the run working on a server's model holds it between its requests too (a judge between its two
+    # servers, loading its prompts): stop_idle keeps that server, and the job gives it back when its work ends
+    working = {str(Path(j["model"]).resolve()) for j in running_jobs(registry) if j.get("model")}
+    if any(e.get("model_path") in working for e in busy.values()):
         return
     if len(busy) >= max_servers:
         raise UserError(f"{name}: engine.max_servers is {max_servers} and this stage holds every server up "
