@@ -82,7 +82,7 @@ def make_room(what: str, need_bytes: int, *, last: Path | str | None = None, reg
                 if now is None or now >= need_bytes:
                     return now
                 names = {k: _name(e) for k, e in entries(registry).items()}
-                gone = stop_idle(registry, keep=len(names) - 1, last=last)
+                gone = stop_idle(registry, keep=len(names) - 1, last=last, keep_working=True)
                 if not gone:
                     break
                 stopped.extend(f"{names[k]}'s server (idle)" for k in gone)

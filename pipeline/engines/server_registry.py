@@ -259,12 +259,13 @@ def held_bytes(found: dict[str, dict], registry: Path | None = None) -> int:
 
 def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
               exclude: str | None = None, last: str | None = None, need_bytes: int | None = None,
-              budget_bytes: int | None = None, pinned: str | None = None) -> list[str]:
+              budget_bytes: int | None = None, pinned: str | None = None, keep_working: bool = False) -> list[str]:
     """Stops idle servers (no live lease): those serving `model_path` (another content of that
     checkpoint), then the least recently used beyond `keep` servers in all, or while the servers' planned memory
     and need_bytes together pass budget_bytes (a server about to start: server_plan.py), the one serving `last` (a
     checkpoint path: the base, which every variant's judge asks) after every other; the one serving `pinned` (the
-    run's base, when another server needs room) is not stopped for room. Call with the lock held.
+    run's base, when another server needs room) is not stopped for room; nor, for room or with keep_working, one whose
+    model a job of the run works on. Call with the lock held.
     Returns the keys stopped."""
     registry = registry or registry_dir()
     stopped = []
@@ -277,7 +278,7 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
     # a server whose model a job of the run is still working on (its judging between its two servers, say) is kept
     # while another server needs room: it would be started again for that job
     working = {str(Path(j["model"]).resolve()) for j in running_jobs(registry) if j.get("model")} \
-        if budget_bytes is not None else set()
+        if budget_bytes is not None or keep_working else set()
     idle = sorted((e.get("model_path") == last, e.get("last_used", 0), k) for k, e in current.items()
                   if not live_leases(registry, k) and e.get("model_path") not in working)
     idle = [(used, key) for _, used, key in idle]
