@@ -27,3 +27,35 @@ def not_utf8(head: bytes) -> str | None:
     if even >= 0.3 and odd <= 0.05:
         return "UTF-16-BE"
     return None
+
+
+# ---------------------------------------------------------------- a write the file system refused
+
+import errno as _errno  # noqa: E402
+
+# What the file system says when it takes no more of a write: no space, a file-size limit (ulimit -f), a quota, a
+# read-only mount, no permission. Each is the user's environment, never a bug: one message, exit 2.
+WRITE_ERRNOS = {_errno.ENOSPC: "no space left on the device", _errno.EFBIG: "file too large",
+                _errno.EDQUOT: "disk quota exceeded", _errno.EROFS: "read-only file system",
+                _errno.EACCES: "permission denied", _errno.EPERM: "operation not permitted"}
+# The same, as libraries that are not Python's I/O word them (safetensors' Rust writer: "IoError(Os { code: 28,
+# kind: StorageFull, message: \"No space left on device\" })").
+_WORDED = {"No space left on device": _errno.ENOSPC, "database or disk is full": _errno.ENOSPC, "File too large": _errno.EFBIG,
+           "Disk quota exceeded": _errno.EDQUOT, "Read-only file system": _errno.EROFS}
+
+
+def refused_write(exc: BaseException) -> tuple[int, str | None] | None:
+    """(errno, the file it names or None) when `exc`, or an exception it was raised from or while handling, is the
+    file system refusing a write (WRITE_ERRNOS), else None."""
+    seen, current = set(), exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in WRITE_ERRNOS:
+            return current.errno, current.filename
+        if not isinstance(current, OSError):
+            text = str(current)
+            for words, code in _WORDED.items():
+                if words in text:
+                    return code, None
+        current = current.__cause__ or current.__context__
+    return None

@@ -16,6 +16,7 @@ those whose process is gone (a killed run's leftovers).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -166,18 +167,21 @@ def _files(root: Path) -> list[str]:
 
 
 def stage_record(root: Path, stage: str, inputs: dict[str, Path | str | None] | None, *,
-                 files: list[str] | None = None) -> dict:
-    """The provenance record of the output `root`: the stage, each input's path and fingerprint, the files."""
+                 files: list[str] | None = None, fingerprints: dict[str, str] | None = None) -> dict:
+    """The provenance record of the output `root`: the stage, each input's path and fingerprint (`fingerprints`: those
+    the stage took of the bytes it read, pipeline/formats/read_watch.py; the others taken now), the files."""
+    known = fingerprints or {}
     return {
         "stage": stage,
-        "inputs": {label: {"path": str(path), "fingerprint": fingerprint(path)}
+        "inputs": {label: {"path": str(path), "fingerprint": known.get(label) or fingerprint(path)}
                    for label, path in (inputs or {}).items() if path is not None},
         "files": _files(root) if files is None else sorted(files),
     }
 
 
-def write_stage_record(root: Path, stage: str, inputs: dict[str, Path | str | None] | None, **extra) -> None:
-    record = stage_record(root, stage, inputs) | extra
+def write_stage_record(root: Path, stage: str, inputs: dict[str, Path | str | None] | None, *,
+                       fingerprints: dict[str, str] | None = None, **extra) -> None:
+    record = stage_record(root, stage, inputs, fingerprints=fingerprints) | extra
     write_atomic(root / STAGE_RECORD, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -277,41 +281,129 @@ def remove_stale(dest: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None] | None = None) -> Iterator[Path]:
+def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None] | None = None, *,
+               fingerprints: dict[str, str] | None = None) -> Iterator[Path]:
     """Yields an empty temp dir; on success the stage's provenance record (`inputs`: label -> path) is
-    written into it and it replaces ``dest``; on failure it is removed. An existing ``dest`` is replaced
-    only when `check_replaceable` allows it (checked before and again just before the rename)."""
+    written into it and it replaces ``dest``; on failure it is removed, with the folders made for it. An existing
+    ``dest`` is replaced only when `check_replaceable` allows it (checked before and again just before the rename).
+    A write the file system refuses, anywhere in the stage's work, is a UserError naming ``dest`` (`write_refused`)."""
     dest = Path(dest)
     check_replaceable(dest, stage, "output")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-{os.getpid()}-", dir=dest.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the output is an ordinary folder
+    made = make_folders(dest.parent, f"the {stage} output {dest}")
+    tmp = None
     try:
+        remove_stale(dest)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-{os.getpid()}-", dir=dest.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the output is an ordinary folder
         yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    try:
-        write_stage_record(tmp, stage, inputs)
+        write_stage_record(tmp, stage, inputs, fingerprints=fingerprints)
         check_replaceable(dest, stage, "output")  # something may have been put there while the stage ran
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        if dest.exists():
+            dest.rename(old)
+        tmp.rename(dest)
+        tmp = None
+    except BaseException as exc:
+        written = dir_size(tmp) if tmp is not None and tmp.is_dir() else None
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        remove_folders(made)
+        if isinstance(exc, Exception) and (refused := write_refused(exc, dest, f"the {stage} output", written)):
+            raise refused from None
         raise
-    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
 
 
 def write_atomic(path: Path | str, text: str) -> None:
+    """Writes `text` to `path` through a temp file renamed into place: a failed write leaves neither a part of it
+    nor its temp file (a refused one is a UserError naming `path`: `write_refused`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(path)
+    made = make_folders(path.parent, str(path))
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        remove_stale(path)
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        remove_folders(made)
+        if isinstance(exc, Exception) and (refused := write_refused(exc, path, "the file",
+                                                                    len(text.encode("utf-8")), needed=True)):
+            raise refused from None
+        raise
+
+
+# ---------------------------------------------------------------- a write the file system refused
+
+def make_folders(folder: Path, what: str) -> list[Path]:
+    """mkdir -p `folder`; returns the folders it made (deepest first), for `remove_folders` after a failure. A
+    refused one is a UserError naming `what` was to be written there."""
+    made = []
+    probe = Path(folder)
+    while not probe.exists() and probe != probe.parent:
+        made.append(probe)
+        probe = probe.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        remove_folders(made)
+        if refused := write_refused(exc, Path(exc.filename or folder), f"the folder for {what}"):
+            raise refused from None
+        raise
+    return made
+
+
+def remove_folders(made: list[Path]) -> None:
+    """Removes the folders `make_folders` made, where still empty: a failed write leaves no empty output folder."""
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def free_bytes(path: Path | str) -> int | None:
+    """Bytes free for this user on the file system holding `path` (or its nearest existing ancestor)."""
+    probe = Path(os.path.abspath(path))
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def write_refused(exc: BaseException, path: Path, what: str, size: int | None = None, *, needed: bool = False):
+    """The UserError for a write the file system refused (pipeline/errors.py: refused_write) while writing `what`
+    at `path`, or None when `exc` is not one: the path, the reason, the space free there and what the write needed
+    (`needed`) or had written when it failed (`size`), and that nothing was kept."""
+    from pipeline.errors import WRITE_ERRNOS, UserError, refused_write
+
+    found = refused_write(exc)
+    if found is None:
+        return None
+    code, filename = found
+    reason = WRITE_ERRNOS[code]
+    detail = []
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        free = free_bytes(path)
+        if free is not None:
+            detail.append(f"{human_size(free)} free there")
+        if size:
+            detail.append(f"{'it needs' if needed else 'it had written'} {human_size(size)}"
+                          + ("" if needed else " when the disk filled, and needs more"))
+    elif code == errno.EFBIG:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            detail.append(f"this process may write files of at most {human_size(limit)}: `ulimit -f`")
+    fix = {errno.ENOSPC: "free space there or choose another path", errno.EDQUOT: "free space within your quota or "
+           "choose another path", errno.EFBIG: "raise the file-size limit (`ulimit -f unlimited`) or choose a file "
+           "system that takes larger files", errno.EROFS: "choose a writable path"}.get(code, "make it writable for "
+                                                                                        "you or choose another path")
+    at = f" ({filename})" if filename and Path(filename) != path and ".tmp-" not in str(filename) else ""
+    return UserError(f"cannot write {what} {path}{at}: {reason}" + (f" ({'; '.join(detail)})" if detail else "")
+                     + f"; nothing was kept: {fix}, then run the command again")
 
 
 def write_json(path: Path | str, data) -> None:

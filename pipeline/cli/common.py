@@ -6,6 +6,7 @@ the GPU of idle vLLM servers before an in-process model loads. pipeline/cli/app.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -45,6 +46,10 @@ def stage(func):
             code = exc.exit_code
             raise
         except Exception as exc:
+            if (refused := _refused_write_message(exc)) is not None:  # a full disk, a file-size limit, no permission
+                code = UserError.exit_code
+                console.error(f"error: {refused}")
+                raise typer.Exit(code) from None
             if console.log_path() is None:
                 raise  # the traceback on the terminal, as Python prints it
             import traceback
@@ -56,6 +61,26 @@ def stage(func):
         finally:
             _record_stage(code)
     return wrapper
+
+
+def _refused_write_message(exc: BaseException) -> str | None:
+    """The one line for a write the file system refused that no writer of pipeline/outputs.py named (a log, a cache,
+    a library's own file): the file, the reason and the way out; None for any other failure."""
+    from pipeline.errors import WRITE_ERRNOS, refused_write
+    from pipeline.outputs import write_refused
+
+    found = refused_write(exc)
+    if found is None:
+        return None
+    code, filename = found
+    if filename and code in (errno.EACCES, errno.EPERM):  # a read or a write: the file, either way
+        return (f"{filename}: {WRITE_ERRNOS[code]}; make it readable (and, for an output, writable) for you or "
+                "choose another path, then run the command again")
+    if filename:
+        return str(write_refused(exc, Path(filename), "the file"))
+    return (f"{os.environ.get('DVC_STAGE') or 'the command'} stopped: a write was refused ({WRITE_ERRNOS[code]}): "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}; free space or make the "
+            "project writable, then run the command again")
 
 
 WORK_SECONDS = [0.0]  # what this command spent working (quantizing, scoring, judging, benchmarking ...)
