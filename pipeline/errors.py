@@ -59,3 +59,14 @@ def refused_write(exc: BaseException) -> tuple[int, str | None] | None:
                     return code, None
         current = current.__cause__ or current.__context__
     return None
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` for a message, at most about `limit` characters: whole when it fits, else cut at the last space before
+    the limit and marked " ..." (never mid-word: "use sys.set_in")."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else head).rstrip(" ,;:") + " ..."

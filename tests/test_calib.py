@@ -124,6 +124,16 @@ def test_bad_records_name_file_line_and_fix(tmp_path, line, expected):
     assert expected.replace("f.jsonl", str(path)) in strict_error(path)
 
 
+def test_a_library_message_quoted_in_ours_is_never_cut_mid_word(tmp_path):
+    from pipeline.errors import cut
+
+    path = write_lines(tmp_path / "f.jsonl", ['{"text": ' + "9" * 5000 + "}"])
+    message = strict_error(path)
+    assert "sys.set_in" not in message.replace("sys.set_int_max_str_digits()", "")  # "use sys.set_in" was shown
+    assert "for integer string conversion: value has 5000 digits; use ...)" in message
+    assert cut("one two three", 9) == "one two ..." and cut("one two", 9) == "one two"
+
+
 def test_bad_fraction_over_limit_fails_and_lists_first_ten_and_a_count(tmp_path, tiny_llama):
     path = write_lines(tmp_path / "f.jsonl", LOGS[:8] + ["not json"] * 12)
     with pytest.raises(UserError) as err:

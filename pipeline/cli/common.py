@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 
 from pipeline.settings import params as params_mod
-from pipeline.errors import UserError
+from pipeline.errors import UserError, cut
 
 log = logging.getLogger("pipeline.cli.app")
 
@@ -55,7 +55,7 @@ def stage(func):
             import traceback
 
             traceback.print_exc()  # into the log
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            first = cut((str(exc).strip().splitlines() or [""])[0], 200)
             console.error(f"error: {os.environ.get('DVC_STAGE') or 'quantize'} failed: {type(exc).__name__}: {first}")
             raise typer.Exit(1) from None
         finally:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, not_utf8
+from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, cut, not_utf8
 from pipeline.formats.read_watch import ReadWatch
 
 MAX_LINE_BYTES = 8 << 20  # a longer line is a broken export, not a conversation
@@ -139,7 +139,7 @@ def _parse_line(raw: bytes | None, size: int, where: str) -> object:
         raise BadRecord(f"{where}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
                         "make the line one JSON object or remove it") from None
     except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
-        raise BadRecord(f"{where}: JSON that cannot be loaded ({str(exc)[:100]}); "
+        raise BadRecord(f"{where}: JSON that cannot be loaded ({cut(str(exc), 100)}); "
                         "make the line one plain JSON object or remove it") from None
 
 
@@ -266,7 +266,7 @@ class _JsonWindow:
                 raise UserError(f"{self.path}:{line}: invalid JSON ({exc.msg.removesuffix(' at')} at column {column}); "
                                 "a .json file must be one valid array, so fix it there (or use .jsonl)") from None
             except (ValueError, RecursionError) as exc:
-                raise UserError(f"{self.path}:{self.line_col(position)}: JSON that cannot be loaded ({str(exc)[:100]}); "
+                raise UserError(f"{self.path}:{self.line_col(position)}: JSON that cannot be loaded ({cut(str(exc), 100)}); "
                                 "fix the record there (or use .jsonl, where a bad record is skipped)") from None
 
 
