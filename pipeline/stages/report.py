@@ -117,6 +117,7 @@ def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: l
             if summary is not None:
                 summaries.setdefault(model, {})[suite] = summary
     inputs.long_context_from_lines(results_dir, results, summaries)
+    inputs.suite_summaries_from_lines(results_dir, results, summaries)
     variants = [name for name in results if name != "base"]
     return Evidence(
         results=results, summaries=summaries,
