@@ -16,7 +16,6 @@ those whose process is gone (a killed run's leftovers).
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -25,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
+
+from pipeline.errors import human_size, write_refused  # noqa: F401  (human_size: said here too)
 
 
 # The provenance record inside every folder a stage writes (written last, atomically, inside the temp dir).
@@ -361,51 +362,6 @@ def remove_folders(made: list[Path]) -> None:
             folder.rmdir()
 
 
-def free_bytes(path: Path | str) -> int | None:
-    """Bytes free for this user on the file system holding `path` (or its nearest existing ancestor)."""
-    probe = Path(os.path.abspath(path))
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        return shutil.disk_usage(probe).free
-    except OSError:
-        return None
-
-
-def write_refused(exc: BaseException, path: Path, what: str, size: int | None = None, *, needed: bool = False):
-    """The UserError for a write the file system refused (pipeline/errors.py: refused_write) while writing `what`
-    at `path`, or None when `exc` is not one: the path, the reason, the space free there and what the write needed
-    (`needed`) or had written when it failed (`size`), and that nothing was kept."""
-    from pipeline.errors import WRITE_ERRNOS, UserError, refused_write
-
-    found = refused_write(exc)
-    if found is None:
-        return None
-    code, filename = found
-    reason = WRITE_ERRNOS[code]
-    detail = []
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        free = free_bytes(path)
-        if free is not None:
-            detail.append(f"{human_size(free)} free there")
-        if size:
-            detail.append(f"{'it needs' if needed else 'it had written'} {human_size(size)}"
-                          + ("" if needed else " when the disk filled, and needs more"))
-    elif code == errno.EFBIG:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if limit != resource.RLIM_INFINITY:
-            detail.append(f"this process may write files of at most {human_size(limit)}: `ulimit -f`")
-    fix = {errno.ENOSPC: "free space there or choose another path", errno.EDQUOT: "free space within your quota or "
-           "choose another path", errno.EFBIG: "raise the file-size limit (`ulimit -f unlimited`) or choose a file "
-           "system that takes larger files", errno.EROFS: "choose a writable path"}.get(code, "make it writable for "
-                                                                                        "you or choose another path")
-    at = f" ({filename})" if filename and Path(filename) != path and ".tmp-" not in str(filename) else ""
-    return UserError(f"cannot write {what} {path}{at}: {reason}" + (f" ({'; '.join(detail)})" if detail else "")
-                     + f"; nothing was kept: {fix}, then run the command again")
-
-
 def write_json(path: Path | str, data) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
@@ -420,16 +376,6 @@ def dir_size(path: Path | str) -> int:
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """"1 record", "2 records" (`plural` for a noun that does not take -s)."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
-
-
-def human_size(n_bytes: int) -> str:
-    """A size in binary units, named as such: 1 KiB is 1,024 bytes, 1 GiB 1,073,741,824 (nvidia-smi's MiB, vLLM's GiB)."""
-    size = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 class Stopwatch:

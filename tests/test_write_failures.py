@@ -112,7 +112,7 @@ def test_the_message_names_the_space_a_write_needed(tmp_path):
     """write_atomic knows what it was writing: a full disk's message says how much that was."""
     import errno
 
-    from pipeline.outputs import write_refused
+    from pipeline.errors import write_refused
 
     full = OSError(errno.ENOSPC, "No space left on device")
     message = str(write_refused(full, tmp_path / "verdict.json", "the file", 3 << 20, needed=True))

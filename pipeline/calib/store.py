@@ -79,7 +79,7 @@ class ConversationStore:
         I/O error" for a file-size limit), as the UserError naming it and $TMPDIR; None for any other failure."""
         import errno
 
-        from pipeline.outputs import write_refused
+        from pipeline.errors import write_refused
 
         if isinstance(exc, sqlite3.OperationalError) and "disk I/O error" in str(exc):
             exc = OSError(errno.EFBIG if _file_size_limited() else errno.ENOSPC, str(exc))

@@ -66,8 +66,7 @@ def stage(func):
 def _refused_write_message(exc: BaseException) -> str | None:
     """The one line for a write the file system refused that no writer of pipeline/outputs.py named (a log, a cache,
     a library's own file): the file, the reason and the way out; None for any other failure."""
-    from pipeline.errors import WRITE_ERRNOS, refused_write
-    from pipeline.outputs import write_refused
+    from pipeline.errors import WRITE_ERRNOS, refused_fix, refused_write, write_refused
 
     found = refused_write(exc)
     if found is None:
@@ -78,9 +77,9 @@ def _refused_write_message(exc: BaseException) -> str | None:
                 "choose another path, then run the command again")
     if filename:
         return str(write_refused(exc, Path(filename), "the file"))
+    said = cut(str(exc).strip().splitlines()[0], 200) if str(exc).strip() else type(exc).__name__
     return (f"{os.environ.get('DVC_STAGE') or 'the command'} stopped: a write was refused ({WRITE_ERRNOS[code]}): "
-            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}; free space or make the "
-            "project writable, then run the command again")
+            f"{said}; {refused_fix(code).replace(' there', ' where it writes')}, then run the command again")
 
 
 WORK_SECONDS = [0.0]  # what this command spent working (quantizing, scoring, judging, benchmarking ...)

@@ -56,7 +56,8 @@ class KeyedJsonl:
         """Writes the entries, one line each, in one append, and adds them to `entries`."""
         if not entries:
             return
-        from pipeline.outputs import make_folders, remove_folders, write_refused
+        from pipeline.errors import write_refused
+        from pipeline.outputs import make_folders, remove_folders
 
         made = make_folders(self.path.parent, f"the resume cache {self.path}")
         text = "".join(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries)

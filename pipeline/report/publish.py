@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.outputs import make_folders, pid_alive, read_stage_record, remove_folders, write_refused, write_stage_record
+from pipeline.errors import write_refused
+from pipeline.outputs import make_folders, pid_alive, read_stage_record, remove_folders, write_stage_record
 
 PAUSE_ENV = "QUANTIZE_PAUSE_AT"  # tests only: the step name at which a writer stops and waits to be killed
 
