@@ -16,14 +16,17 @@ from conftest import REPO, TINY_PARAMS, write_params
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, tiny_llama, tiny_calib):
+def project(tmp_path_factory, tiny_llama, tiny_calib, tiny_variants):
     from test_bad_inputs import build_results
+    from test_bench import write_holdout
 
     root = tmp_path_factory.mktemp("full-disk")
     write_params(root, TINY_PARAMS)
     shutil.copy(REPO / "calib_data" / "support_logs.jsonl", root / "conversations.jsonl")
     shutil.copytree(tiny_llama, root / "models" / "m")
+    shutil.copytree(tiny_variants["awq-w4a16"], root / "models" / "awq")
     shutil.copytree(tiny_calib, root / "calib")
+    write_holdout(root / "short-prompts.jsonl")
     build_results(root / "report-inputs")
     return root
 
@@ -38,6 +41,11 @@ def _commands(root: Path, out: Path) -> dict[str, list[str]]:
                 "--group-size", "32"],
         "eval": ["eval", str(model), "--suite", "ppl-book", "--out", str(out)],
         "kl": ["kl", str(model), "--base", str(model), "--holdout", str(holdout), "--out", str(out)],
+        "judge": ["judge", str(model), "--base", str(model), "--prompts", str(holdout), "--out", str(out)],
+        "bench": ["bench", str(model), "--concurrency", "1", "--input-len", "16", "--output-len", "4", "--holdout",
+                  str(root / "short-prompts.jsonl"), "--out", str(out)],
+        "sensitivity": ["sensitivity", str(root / "models" / "awq"), "--base", str(model), "--holdout", str(holdout),
+                        "--sequences", "2", "--out", str(out)],
         "report": ["report", "--results", str(inputs / "results"), "--models", str(inputs / "models"),
                    "--params", str(inputs / "params.yaml"), "--out", str(out)],
     }
@@ -65,13 +73,14 @@ def _refused_cleanly(done: subprocess.CompletedProcess, out: Path, before: set[s
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "nothing was kept" in errors[0], done.stderr[-3000:]
     assert errors[0].startswith("error: cannot write "), errors  # what, where, why and the way out
-    assert not out.exists(), f"{out} left behind"
-    left = sorted(_listing(root) - before)
-    assert not [p for p in left if not p.startswith(".cache")], left  # no temp file, no empty folder
+    left = sorted(_listing(root) - before)  # no temp file, no empty folder; a stage's resume caches (.cache) stay
+    assert not [p for p in left if ".cache" not in Path(p).parts and not (root / p / ".cache").is_dir()], left
+    assert not out.exists() or {p.name for p in out.iterdir()} == {".cache"}, f"{out} left behind"
 
 
 # stage -> the file-size limit under which it fails while writing its output (its inputs read as usual)
-LIMITS = {"calib": 2048, "resave": 4096, "rtn": 4096, "eval": 64, "kl": 64, "report": 4096}
+LIMITS = {"calib": 2048, "resave": 4096, "rtn": 4096, "eval": 64, "kl": 64, "judge": 64, "bench": 64, "sensitivity": 64,
+          "report": 4096}
 
 
 @pytest.mark.parametrize("stage", list(LIMITS))
