@@ -287,9 +287,15 @@ def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None
     """Yields an empty temp dir; on success the stage's provenance record (`inputs`: label -> path) is
     written into it and it replaces ``dest``; on failure it is removed, with the folders made for it. An existing
     ``dest`` is replaced only when `check_replaceable` allows it (checked before and again just before the rename).
-    A write the file system refuses, anywhere in the stage's work, is a UserError naming ``dest`` (`write_refused`)."""
+    A write the file system refuses, anywhere in the stage's work, is a UserError naming ``dest`` (`write_refused`).
+    The inputs are fingerprinted as the stage starts, and an input changed by the end is refused (`_unchanged`): the
+    record names what the stage read, never what is at the path after it (`fingerprints`: those the stage took
+    itself of the bytes it read, pipeline/formats/read_watch.py)."""
     dest = Path(dest)
     check_replaceable(dest, stage, "output")
+    given = fingerprints or {}
+    before = {label: fingerprint(path) for label, path in (inputs or {}).items()
+              if path is not None and label not in given}
     made = make_folders(dest.parent, f"the {stage} output {dest}")
     tmp = None
     try:
@@ -297,7 +303,8 @@ def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-{os.getpid()}-", dir=dest.parent))
         tmp.chmod(0o755)  # mkdtemp makes it private; the output is an ordinary folder
         yield tmp
-        write_stage_record(tmp, stage, inputs, fingerprints=fingerprints)
+        _unchanged(inputs or {}, before, stage)
+        write_stage_record(tmp, stage, inputs, fingerprints={**before, **given})
         check_replaceable(dest, stage, "output")  # something may have been put there while the stage ran
         old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
         if dest.exists():
@@ -313,6 +320,17 @@ def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None
             raise refused from None
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _unchanged(inputs: dict, before: dict[str, str | None], stage: str) -> None:
+    """A UserError when an input's fingerprint is not the one it had when the stage started."""
+    from pipeline.errors import UserError
+
+    changed = [label for label, print_ in before.items() if fingerprint(inputs[label]) != print_]
+    if changed:
+        named = "; ".join(f"the {label} {inputs[label]}" for label in changed)
+        raise UserError(f"{named} changed while the {stage} stage ran (written to, or replaced); what the stage made "
+                        "from it could mix two versions, so nothing was kept: run the command again once it stays put")
 
 
 def write_atomic(path: Path | str, text: str) -> None:

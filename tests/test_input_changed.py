@@ -121,3 +121,30 @@ def test_calib_records_the_source_it_read(tmp_path, tiny_llama):
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert result.stats["source_sha256"] == digest
     assert read_stage_record(out)["inputs"]["source"]["fingerprint"] == f"sha256:{digest}"
+
+
+@pytest.mark.parametrize("change", ["a file rewritten", "a file replaced", "a folder's file changed"])
+def test_any_stage_refuses_an_input_changed_while_it_ran(tmp_path, change):
+    """Every stage writing through outputs.atomic_dir (resave, calib, quantize, export, card ...) fingerprints its
+    inputs as it starts and refuses one changed by its end: nothing kept, nothing left, the record never names the
+    new file (a calib.jsonl replaced during a quantize stage)."""
+    from pipeline.outputs import atomic_dir
+
+    source, folder = tmp_path / "calib.jsonl", tmp_path / "base"
+    source.write_text("[1, 2, 3]\n")
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    dest = tmp_path / "out" / "variant"
+    with pytest.raises(UserError) as refused:
+        with atomic_dir(dest, "quantize", {"calibration file": source, "base checkpoint": folder}) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"weights")
+            if change == "a file rewritten":
+                source.write_text("[4, 5, 6]\n")
+            elif change == "a file replaced":
+                (tmp_path / "new").write_text("[7]\n")
+                os.replace(tmp_path / "new", source)
+            else:
+                (folder / "config.json").write_text('{"changed": true}')
+    label = "base checkpoint" if "folder" in change else "calibration file"
+    assert f"the {label} " in str(refused.value) and "changed while the quantize stage ran" in str(refused.value)
+    assert not dest.exists() and not (tmp_path / "out").exists()  # nor its temp folder, nor the folder made for it
