@@ -107,3 +107,26 @@ def test_quantize_eval_against_a_server_of_another_model_exits_2(tmp_path, tiny_
     assert f"serves '{IMPOSTOR}' (its /v1/models), not the model asked for, 'served-tiny' (engine.model)" \
         in " ".join(result.output.split())
     assert not (tmp_path / "r" / "math.json").exists()
+
+
+def test_quantize_bench_against_a_server_answering_as_another_model_exits_2(server, tmp_path, tiny_llama, monkeypatch):
+    """bench's streamed chunks are checked as every other reply is: timings of another model are not this one's."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli.app import app
+    from test_bench import write_holdout
+
+    settings = json.loads(json.dumps(TINY_PARAMS))
+    settings["engine"] = dict(name="openai", base_url=server.base_url, model="served", prompt_format="tokens")
+    write_params(tmp_path, settings)
+    holdout = write_holdout(tmp_path / "holdout.jsonl")
+    monkeypatch.chdir(tmp_path)
+    server.edits[:] = [lambda event: {**event, "model": IMPOSTOR}]
+    try:
+        result = CliRunner().invoke(app, ["bench", str(tiny_llama), "--concurrency", "1", "--input-len", "16",
+                                          "--output-len", "4", "--holdout", str(holdout), "--out", "r/bench.json"])
+    finally:
+        server.edits.clear()
+    assert result.exit_code == 2, result.output
+    assert f"answered as the model '{IMPOSTOR}', not the model asked for, 'served'" in " ".join(result.output.split())
+    assert not (tmp_path / "r" / "bench.json").exists()
