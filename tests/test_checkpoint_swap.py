@@ -11,7 +11,7 @@ from pipeline.checkpoints.fingerprint import weights_fingerprint
 from test_bad_inputs import build_results, invoke, report_args
 
 
-def test_quantize_and_eval_record_the_weights_they_built_and_scored(tiny_llama, tiny_variants, tmp_path):
+def test_quantize_and_eval_record_the_weights_they_built_and_scored(tiny_llama, tiny_variants, tiny_calib, tmp_path):
     from pipeline.stages import evaluate
     from pipeline.settings.params import SuiteParams
 
@@ -22,6 +22,10 @@ def test_quantize_and_eval_record_the_weights_they_built_and_scored(tiny_llama, 
                  out_dir=tmp_path / "r", engine="hf", dtype="float32")
     scored = json.loads((tmp_path / "r" / "ppl-book.json").read_text())["checkpoint"]
     assert scored == weights_fingerprint(tiny_llama) != quant["checkpoint"]
+    from pipeline.stages import kl
+
+    kl.run(tiny_llama, awq, tiny_calib / "holdout.jsonl", tmp_path / "kl.json", sequences=2, max_tokens=32)
+    assert json.loads((tmp_path / "kl.json").read_text())["checkpoint"] == quant["checkpoint"]  # the variant's
 
 
 @pytest.fixture
@@ -71,3 +75,12 @@ def test_a_copy_without_weights_is_reported_as_before(project):
     for shard in (project / "models" / "awq-w4a16").glob("*.safetensors"):
         shard.unlink()  # what a bundle of report inputs keeps (benchmarks/report_bundle.py): no weights to check
     assert invoke(report_args(project)).exit_code == 0
+
+
+def test_a_kl_json_measured_on_another_checkpoint_is_refused(project):
+    path = project / "results" / "awq-w4a16" / "kl.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "checkpoint": "weights:0123456789abcdef"}))
+    refused = invoke(report_args(project))
+    assert refused.exit_code == 2, refused.output
+    message = " ".join(refused.output.split())
+    assert f"{path} records 0123456789ab" in message and "scored on another checkpoint" in message

@@ -40,14 +40,15 @@ LOAD = {"name?": "text", "label?": "text", "images_per_request?": "count", "imag
 IMAGE_WORKLOAD = {**LOAD, "name": "text", "label": "text", "images_per_request": "positive count", "levels": [LEVEL]}
 SCHEMAS = {  # file name -> (spec, command that writes it again)
     "kl.json": ({"sequences?": "count", "tokens": "count", "kl_mean": "number", "kl_p99": "number", "kl_max": "number",
-                 "top1_agreement": "share"}, "quantize kl models/{model}"),
+                 "top1_agreement": "share", "checkpoint?": ("text", None)}, "quantize kl models/{model}"),
     "judge.json": ({"mode?": "text", "n?": COUNT_OR_NULL, "judge?": ("text", None), "scoring?": "text",
                     "weak_judge?": ("flag", None),
                     "wins?": COUNT_OR_NULL, "ties?": COUNT_OR_NULL, "losses?": COUNT_OR_NULL,
                     "unjudged?": COUNT_OR_NULL, "win_rate?": SHARE_OR_NULL, "ci_low?": NUMBER_OR_NULL,
                     "ci_high?": NUMBER_OR_NULL, "consistency?": SHARE_OR_NULL, "confidence?": "share",
                     "control_win_rate?": SHARE_OR_NULL, "length_bias?": ("correlation", None),
-                    "noise_floor?": SHARE_OR_NULL, "control_consistency?": SHARE_OR_NULL, "control_n?": COUNT_OR_NULL},
+                    "noise_floor?": SHARE_OR_NULL, "control_consistency?": SHARE_OR_NULL, "control_n?": COUNT_OR_NULL,
+                    "checkpoint?": ("text", None)},
                    "quantize judge models/{model}"),
     "bench.json": ({"engine": "text", "device": "text", "date?": ("text", None), "input_len": "count",
                     "output_len": "count", "engine_info?": ({"tensor_parallel_size?": COUNT_OR_NULL}, None),

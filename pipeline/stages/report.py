@@ -156,7 +156,8 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     for folder, why in ignored.items():
         log.warning(printable(f"report: ignoring {results_dir / folder}: {why}"))  # a folder named in any bytes
     evidence = read_evidence(results_dir, models_dir, params, models)
-    checkpoint_match.check(results_dir, models_dir, list(evidence.results), evidence.summaries, evidence.quant)
+    checkpoint_match.check(results_dir, models_dir, list(evidence.results), evidence.summaries, evidence.quant,
+                           {"kl.json": evidence.kl, "judge.json": evidence.judge})
     if not [name for name in evidence.results if name != "base"]:
         raise UserError(_nothing_to_decide(results_dir, params, models, ignored))
     verdict = with_headline(decide(evidence, params), config_json.base_facts(_base_config(models_dir)),
