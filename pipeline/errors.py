@@ -55,6 +55,8 @@ def refused_write(exc: BaseException) -> tuple[int, str | None] | None:
     seen, current = set(), exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if isinstance(current, UserError):  # already the message (raised `from None` over the error it words)
+            return None
         if isinstance(current, OSError) and current.errno in WRITE_ERRNOS:
             return current.errno, current.filename
         if not isinstance(current, OSError):
@@ -62,7 +64,7 @@ def refused_write(exc: BaseException) -> tuple[int, str | None] | None:
             for words, code in _WORDED.items():
                 if words in text:
                     return code, None
-        current = current.__cause__ or current.__context__
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
     return None
 
 
@@ -86,10 +88,12 @@ def refused_fix(code: int) -> str:
             _errno.EROFS: "choose a writable path"}.get(code, "make it writable for you or choose another path")
 
 
-def write_refused(exc: BaseException, path: Path, what: str, size: int | None = None, *, needed: bool = False):
+def write_refused(exc: BaseException, path: Path, what: str, size: int | None = None, *, needed: bool = False,
+                  label: str | None = None):
     """The UserError for a write the file system refused (pipeline/errors.py: refused_write) while writing `what`
     at `path`, or None when `exc` is not one: the path, the reason, the space free there and what the write needed
-    (`needed`) or had written when it failed (`size`), and that nothing was kept."""
+    (`needed`) or had written when it failed (`size`), and that nothing was kept. label: what was written, said
+    whole (instead of `what` and `path`)."""
     found = refused_write(exc)
     if found is None:
         return None
@@ -111,7 +115,7 @@ def write_refused(exc: BaseException, path: Path, what: str, size: int | None = 
             detail.append(f"this process may write files of at most {human_size(limit)}: `ulimit -f`")
     fix = refused_fix(code)
     at = f" ({filename})" if filename and Path(filename) != path and ".tmp-" not in str(filename) else ""
-    return UserError(f"cannot write {what} {path}{at}: {reason}" + (f" ({'; '.join(detail)})" if detail else "")
+    return UserError(f"cannot write {label or f'{what} {path}'}{at}: {reason}" + (f" ({'; '.join(detail)})" if detail else "")
                      + f"; nothing was kept: {fix}, then run the command again")
 
 

@@ -128,8 +128,31 @@ def check_out(out: Path | str, inputs: dict[str, Path | str | None], *, option: 
 
         raise UserError(f"{option} {out}: " + "; ".join(collisions) + "; a command never writes over what it reads: "
                         "choose an output path outside its inputs")
+    if (problem := _unwritable(out)) is not None:
+        from pipeline.errors import UserError
+
+        raise UserError(f"{option} {out}: {problem}; nothing was done: choose a writable path")
     if replaces:
         check_replaceable(out, replaces, option)
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why nothing can be made at `out` (its nearest existing folder is on a read-only file system, or not writable
+    for this user), found before any work; else None."""
+    import errno
+
+    folder = Path(os.path.abspath(out))
+    folder = folder if folder.is_dir() else folder.parent  # a folder a stage writes files into, or beside
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return f"{folder} is {'on a read-only file system' if read_only else 'not writable for you'}" \
+        + ("" if read_only else f" ({os.strerror(errno.EACCES).lower()})")
 
 
 # ---------------------------------------------------------------- provenance
@@ -367,7 +390,8 @@ def make_folders(folder: Path, what: str) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         remove_folders(made)
-        if refused := write_refused(exc, Path(exc.filename or folder), f"the folder for {what}"):
+        made_at = Path(exc.filename or folder)
+        if refused := write_refused(exc, made_at, "", label=f"the folder {made_at} for {what}"):
             raise refused from None
         raise
     return made

@@ -138,3 +138,31 @@ def test_the_message_names_the_space_a_write_needed(tmp_path):
                                '"No space left on device" })')
     except RuntimeError as exc:
         assert "no space left" in str(write_refused(exc, tmp_path / "m", "the quantize output"))
+
+
+@pytest.fixture
+def read_only_copy(project, tmp_path):
+    """The project on a read-only file system (a tmpfs mounted again read-only), where this machine allows it."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a file system needs root here: the file-size limit tests stand in for it")
+    try:
+        shutil.copytree(project / "models" / "m", mount / "m")
+        shutil.copy(project / "conversations.jsonl", mount / "conversations.jsonl")
+        shutil.copy(project / "params.yaml", mount / "params.yaml")
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("command", [["calib", "conversations.jsonl", "--model", "m", "--out", "calib"],
+                                     ["rtn", "--model", "m", "--calib", "conversations.jsonl", "--out", "models/rtn"],
+                                     ["eval", "m", "--suite", "ppl-book", "--out", "results/m"]])
+def test_a_read_only_project_is_refused_before_any_work(read_only_copy, command):
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli.app", *command], cwd=read_only_copy, text=True,
+                          capture_output=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"error: --out {command[-1]}: {read_only_copy} is on a read-only file system; nothing was done" \
+        in done.stderr
