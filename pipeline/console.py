@@ -3,7 +3,8 @@
 `setup(verbosity)` is called once by the CLI (`-v` for debug detail, `--quiet` for warnings and
 errors only): messages go to stderr through Python's logging (rich formatting on a terminal), Python
 warnings are routed into it, and the chatter of the libraries underneath (transformers, datasets,
-lm-eval, llm-compressor) is held back to warnings unless `-v`. Stage modules log through
+lm-eval, llm-compressor) is held back to warnings unless `-v`; a command run by hand writes those warnings to
+LOG_DIR/<command>.log (`-v` or QUANTIZE_STAGE_OUTPUT=terminal: to the terminal) and says once where they are. Stage modules log through
 `logging.getLogger(__name__)` and never print; the CLI prints each stage's one-line summary (`summary`).
 
 Inside `dvc repro` (DVC_STAGE set; not with -v, nor with QUANTIZE_STAGE_OUTPUT=terminal) a stage keeps the
@@ -61,6 +62,9 @@ def setup(verbosity: int = 0, quiet: bool = False) -> None:
         to_log = logging.StreamHandler(sys.stderr)
         to_log.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         handlers.append(to_log)
+    elif verbosity == 0 and os.environ.get(OUTPUT_ENV) != "terminal":  # a command run by hand: the libraries'
+        handler.addFilter(_ours_or_an_error)  # warnings (lm-eval's, several lines each) go to its log, not the terminal
+        handlers.append(_LibraryLog(LOG_DIR / f"{_command_name()}.log", handler))
     for one in handlers:
         one._quantize = True
         root.addHandler(one)
@@ -75,6 +79,42 @@ def setup(verbosity: int = 0, quiet: bool = False) -> None:
         # per update into a log; ours are silent there too. tqdm reads TQDM_* when a bar is made.
         os.environ.setdefault("TQDM_DISABLE", "1")
     _state.update(quiet=quiet, configured=True)
+
+
+def _ours_or_an_error(record: logging.LogRecord) -> bool:
+    return record.name.startswith("pipeline") or record.levelno >= logging.ERROR
+
+
+def _command_name() -> str:
+    """The subcommand this process runs (`eval` of `quantize eval ...`), for its log's name."""
+    import re
+
+    name = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), "quantize")
+    return re.sub(r"[^A-Za-z0-9_.@-]", "_", name)[:60] or "quantize"
+
+
+class _LibraryLog(logging.Handler):
+    """The libraries' warnings of a command run by hand, appended to LOG_DIR/<command>.log (made at the first one,
+    when one comes); the terminal is told once where they are. A log that cannot be written drops them, silently."""
+
+    def __init__(self, path: Path, terminal: logging.Handler) -> None:
+        super().__init__(logging.WARNING)
+        self.path, self.terminal, self.stream = path, terminal, None
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.addFilter(lambda record: not _ours_or_an_error(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self.stream is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.stream = open(self.path, "a", encoding="utf-8")
+                told = logging.LogRecord("pipeline.console", logging.INFO, __file__, 0,
+                                         f"the libraries' warnings are in {self.path} (-v shows them here)", None, None)
+                self.terminal.handle(told)
+            self.stream.write(self.format(record) + "\n")
+            self.stream.flush()
+        except Exception:  # a full disk, a read-only project: the warning is dropped, never a traceback
+            pass
 
 
 def _to_stage_log(stage: str) -> None:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from pipeline.errors import human_size, write_refused  # noqa: F401  (human_size: said here too)
+
 
 # The provenance record inside every folder a stage writes (written last, atomically, inside the temp dir).
 STAGE_RECORD = ".stage.json"
@@ -126,8 +128,31 @@ def check_out(out: Path | str, inputs: dict[str, Path | str | None], *, option: 
 
         raise UserError(f"{option} {out}: " + "; ".join(collisions) + "; a command never writes over what it reads: "
                         "choose an output path outside its inputs")
+    if (problem := _unwritable(out)) is not None:
+        from pipeline.errors import UserError
+
+        raise UserError(f"{option} {out}: {problem}; nothing was done: choose a writable path")
     if replaces:
         check_replaceable(out, replaces, option)
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why nothing can be made at `out` (its nearest existing folder is on a read-only file system, or not writable
+    for this user), found before any work; else None."""
+    import errno
+
+    folder = Path(os.path.abspath(out))
+    folder = folder if folder.is_dir() else folder.parent  # a folder a stage writes files into, or beside
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return f"{folder} is {'on a read-only file system' if read_only else 'not writable for you'}" \
+        + ("" if read_only else f" ({os.strerror(errno.EACCES).lower()})")
 
 
 # ---------------------------------------------------------------- provenance
@@ -166,18 +191,21 @@ def _files(root: Path) -> list[str]:
 
 
 def stage_record(root: Path, stage: str, inputs: dict[str, Path | str | None] | None, *,
-                 files: list[str] | None = None) -> dict:
-    """The provenance record of the output `root`: the stage, each input's path and fingerprint, the files."""
+                 files: list[str] | None = None, fingerprints: dict[str, str] | None = None) -> dict:
+    """The provenance record of the output `root`: the stage, each input's path and fingerprint (`fingerprints`: those
+    the stage took of the bytes it read, pipeline/formats/read_watch.py; the others taken now), the files."""
+    known = fingerprints or {}
     return {
         "stage": stage,
-        "inputs": {label: {"path": str(path), "fingerprint": fingerprint(path)}
+        "inputs": {label: {"path": str(path), "fingerprint": known.get(label) or fingerprint(path)}
                    for label, path in (inputs or {}).items() if path is not None},
         "files": _files(root) if files is None else sorted(files),
     }
 
 
-def write_stage_record(root: Path, stage: str, inputs: dict[str, Path | str | None] | None, **extra) -> None:
-    record = stage_record(root, stage, inputs) | extra
+def write_stage_record(root: Path, stage: str, inputs: dict[str, Path | str | None] | None, *,
+                       fingerprints: dict[str, str] | None = None, **extra) -> None:
+    record = stage_record(root, stage, inputs, fingerprints=fingerprints) | extra
     write_atomic(root / STAGE_RECORD, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -277,41 +305,103 @@ def remove_stale(dest: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None] | None = None) -> Iterator[Path]:
+def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None] | None = None, *,
+               fingerprints: dict[str, str] | None = None) -> Iterator[Path]:
     """Yields an empty temp dir; on success the stage's provenance record (`inputs`: label -> path) is
-    written into it and it replaces ``dest``; on failure it is removed. An existing ``dest`` is replaced
-    only when `check_replaceable` allows it (checked before and again just before the rename)."""
+    written into it and it replaces ``dest``; on failure it is removed, with the folders made for it. An existing
+    ``dest`` is replaced only when `check_replaceable` allows it (checked before and again just before the rename).
+    A write the file system refuses, anywhere in the stage's work, is a UserError naming ``dest`` (`write_refused`).
+    The inputs are fingerprinted as the stage starts, and an input changed by the end is refused (`_unchanged`): the
+    record names what the stage read, never what is at the path after it (`fingerprints`: those the stage took
+    itself of the bytes it read, pipeline/formats/read_watch.py)."""
     dest = Path(dest)
     check_replaceable(dest, stage, "output")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-{os.getpid()}-", dir=dest.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the output is an ordinary folder
+    given = fingerprints or {}
+    before = {label: fingerprint(path) for label, path in (inputs or {}).items()
+              if path is not None and label not in given}
+    made = make_folders(dest.parent, f"the {stage} output {dest}")
+    tmp = None
     try:
+        remove_stale(dest)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-{os.getpid()}-", dir=dest.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the output is an ordinary folder
         yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    try:
-        write_stage_record(tmp, stage, inputs)
+        _unchanged(inputs or {}, before, stage)
+        write_stage_record(tmp, stage, inputs, fingerprints={**before, **given})
         check_replaceable(dest, stage, "output")  # something may have been put there while the stage ran
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        if dest.exists():
+            dest.rename(old)
+        tmp.rename(dest)
+        tmp = None
+    except BaseException as exc:
+        written = dir_size(tmp) if tmp is not None and tmp.is_dir() else None
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        remove_folders(made)
+        if isinstance(exc, Exception) and (refused := write_refused(exc, dest, f"the {stage} output", written)):
+            raise refused from None
         raise
-    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _unchanged(inputs: dict, before: dict[str, str | None], stage: str) -> None:
+    """A UserError when an input's fingerprint is not the one it had when the stage started."""
+    from pipeline.errors import UserError
+
+    changed = [label for label, print_ in before.items() if fingerprint(inputs[label]) != print_]
+    if changed:
+        named = "; ".join(f"the {label} {inputs[label]}" for label in changed)
+        raise UserError(f"{named} changed while the {stage} stage ran (written to, or replaced); what the stage made "
+                        "from it could mix two versions, so nothing was kept: run the command again once it stays put")
+
+
 def write_atomic(path: Path | str, text: str) -> None:
+    """Writes `text` to `path` through a temp file renamed into place: a failed write leaves neither a part of it
+    nor its temp file (a refused one is a UserError naming `path`: `write_refused`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(path)
+    made = make_folders(path.parent, str(path))
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        remove_stale(path)
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        remove_folders(made)
+        if isinstance(exc, Exception) and (refused := write_refused(exc, path, "the file",
+                                                                    len(text.encode("utf-8")), needed=True)):
+            raise refused from None
+        raise
+
+
+# ---------------------------------------------------------------- a write the file system refused
+
+def make_folders(folder: Path, what: str) -> list[Path]:
+    """mkdir -p `folder`; returns the folders it made (deepest first), for `remove_folders` after a failure. A
+    refused one is a UserError naming `what` was to be written there."""
+    made = []
+    probe = Path(folder)
+    while not probe.exists() and probe != probe.parent:
+        made.append(probe)
+        probe = probe.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        remove_folders(made)
+        made_at = Path(exc.filename or folder)
+        if refused := write_refused(exc, made_at, "", label=f"the folder {made_at} for {what}"):
+            raise refused from None
+        raise
+    return made
+
+
+def remove_folders(made: list[Path]) -> None:
+    """Removes the folders `make_folders` made, where still empty: a failed write leaves no empty output folder."""
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def write_json(path: Path | str, data) -> None:
@@ -328,16 +418,6 @@ def dir_size(path: Path | str) -> int:
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """"1 record", "2 records" (`plural` for a noun that does not take -s)."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
-
-
-def human_size(n_bytes: int) -> str:
-    """A size in binary units, named as such: 1 KiB is 1,024 bytes, 1 GiB 1,073,741,824 (nvidia-smi's MiB, vLLM's GiB)."""
-    size = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 class Stopwatch:

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, not_utf8
+from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, cut, not_utf8
 
 MAX_FILE_BYTES = 1 << 20  # a settings file; params.yaml is about 5 KB
 MAX_EXPANDED_NODES = 10_000  # scalars, lists and mappings, each alias counted as what it stands for
@@ -77,7 +77,7 @@ class _BoundedLoader(yaml.SafeLoader):
         try:
             return super().construct_object(node, deep)
         except (ValueError, OverflowError) as exc:  # 2024-13-45 as a date, a 5,000-digit number
-            raise _Refused(f"{node.value[:40]!r} cannot be read as {node.tag.rsplit(':', 1)[-1]} ({str(exc).split(':')[0][:80]}); "
+            raise _Refused(f"{node.value[:40]!r} cannot be read as {node.tag.rsplit(':', 1)[-1]} ({cut(str(exc).split(':')[0], 80)}); "
                            "quote it to make it text, or fix the value", node.start_mark) from None
 
 

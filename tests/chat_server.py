@@ -13,6 +13,8 @@ the request body returning the reply text). Actions:
                                     (Python's json: NaN and Infinity as those literals, a lone surrogate
                                     as its "\\ud800" escape): a reply that breaks the API on purpose
 Every request is recorded (headers, body, time) so tests can count retries and look for the key.
+A reply names the model the request asked for, as a server of that model does; with `served` set, the server serves
+that model alone: its /v1/models lists it and every reply names it (a server of another model than the one asked for).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from typing import Callable
 MAX_SLEEP = 5.0  # a scripted delay never holds a test longer than this
 
 
-def completion_body(text: str, finish_reason: str = "stop") -> bytes:
+def completion_body(text: str, finish_reason: str = "stop", model: str = "test-judge") -> bytes:
     return json.dumps({
-        "id": "chatcmpl-test", "object": "chat.completion", "model": "test-judge",
+        "id": "chatcmpl-test", "object": "chat.completion", "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}],
         "usage": {"prompt_tokens": 10, "completion_tokens": max(1, len(text.split()))},
     }).encode()
@@ -39,6 +41,7 @@ class ChatServer:
         self.script: list[tuple[str, object]] = []
         self.default = default or (lambda body: "Both are fine. [[C]]")
         self.requests: list[dict] = []
+        self.served: str | None = None  # the one model it serves (None: whichever a request asks for)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -69,6 +72,12 @@ class ChatServer:
             def log_message(self, *args):  # keep test output clean
                 pass
 
+            def do_GET(self):
+                if self.path.rstrip("/") == "/v1/models" and server.served:
+                    return self._send(200, json.dumps({"object": "list", "data": [
+                        {"id": server.served, "object": "model"}]}).encode())
+                self._send(404, b'{"error": "not found"}')
+
             def do_POST(self):
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
@@ -88,9 +97,10 @@ class ChatServer:
                     pass  # the client gave up (timeout): expected
 
             def _act(self, kind, value, body):
+                named = server.served or str(body.get("model"))
                 if kind == "sleep":
                     time.sleep(min(float(value), MAX_SLEEP))
-                    self._send(200, completion_body(server.default(body)))
+                    self._send(200, completion_body(server.default(body), model=named))
                 elif kind == "status":
                     echoed = self.headers.get("Authorization", "")  # a careless server echoing the key
                     self._send(int(value), json.dumps({"error": f"server error for {echoed}"}).encode())
@@ -101,11 +111,12 @@ class ChatServer:
                 elif kind == "redirect":
                     self._send(307, b"", {"Location": str(value)})
                 elif kind == "length":
-                    self._send(200, completion_body(str(value), finish_reason="length"))
+                    self._send(200, completion_body(str(value), finish_reason="length", model=named))
                 elif kind == "edit":
-                    self._send(200, json.dumps(value(json.loads(completion_body(server.default(body))))).encode())
+                    self._send(200, json.dumps(value(json.loads(completion_body(server.default(body),
+                                                                                model=named)))).encode())
                 else:
-                    self._send(200, completion_body(str(value)))
+                    self._send(200, completion_body(str(value), model=named))
 
             def _send(self, code: int, payload: bytes, headers: dict | None = None):
                 self.send_response(code)

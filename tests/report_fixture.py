@@ -16,6 +16,11 @@ PERPLEXITY = {"ppl-book": 8, "ppl-chat": 12, "ppl-code": 8, "ppl-math": 10}
 RISES = {"fp8-w8a8": 0.03, "awq-w4a16": 0.16, "rtn-w4a16": 0.27}
 
 
+
+def _perplexity(lines: list[dict]) -> float:
+    """A perplexity suite's summary score, as the evaluate stage computes it from the lines (the report checks it)."""
+    return math.exp(-sum(line["loglikelihood"] for line in lines) / sum(line["n_tokens"] for line in lines))
+
 def _write_lines(path: Path, lines: list[dict], summary: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -83,7 +88,7 @@ def demo_like(root: Path, *, capacity: bool = True) -> tuple[Path, Path, dict]:
                       "loglikelihood": -float(l), "n_tokens": int(t), "seconds": None}
                      for i, (l, t) in enumerate(zip(nll, tokens))]
             _write_lines(results / model / f"{suite}.jsonl", lines,
-                         {"suite": suite, "n": n, "score": 1.0, "seconds": 14.0, "generate_seconds": 6.0})
+                         {"suite": suite, "n": n, "score": _perplexity(lines), "seconds": 14.0, "generate_seconds": 6.0})
     for suite, n, model_scores in (("math", 20, {"base": 1, "awq-w4a16": 0}), ("code", 10, {"base": 0, "awq-w4a16": 0})):
         for model, right in model_scores.items():
             target = (lambda i: f"    if x:\n        return {i}\n") if suite == "code" else str  # code keeps its indent
@@ -208,7 +213,7 @@ def vlm_like(root: Path) -> tuple[Path, Path, dict]:
         lines = [{"id": f"ppl-chat-{i}", "suite": "ppl-chat", "variant": model, "prompt": f"conversation {i}", "target": "",
                   "output": "", "score": float(math.exp(l / t)), "correct": None, "loglikelihood": -float(l),
                   "n_tokens": int(t), "seconds": None} for i, (l, t) in enumerate(zip(nll, tokens))]
-        _write_lines(results / model / "ppl-chat.jsonl", lines, {"suite": "ppl-chat", "n": 12, "score": 1.0})
+        _write_lines(results / model / "ppl-chat.jsonl", lines, {"suite": "ppl-chat", "n": 12, "score": _perplexity(lines)})
     vision = {"fp8-w8a8": {"vision_tensors": 182, "mismatched": [], "dtypes": ["BF16"]},
               "awq-w4a16": {"vision_tensors": 182, "mismatched": ["model.visual.blocks.0.attn.qkv.weight",
                                                                    f"model.visual.merger.proj.weight {XSS}"],

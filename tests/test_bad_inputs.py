@@ -871,7 +871,9 @@ def test_verdict_and_page_change_together_or_not_at_all(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(publish.os, "replace", swap_fails)
-    with pytest.raises(OSError):
+    from pipeline.errors import UserError
+
+    with pytest.raises(UserError, match="no space left on the device"):  # one message (issue 70.1), not a traceback
         publish.write_pair(out, {"index.html": "new page", "verdict.json": "new verdict"}, "report")
     assert calls == [out / ".report"]  # one rename swaps both files
     assert (out / "index.html").read_text() == "old page" and (out / "verdict.json").read_text() == "old verdict"

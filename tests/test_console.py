@@ -94,11 +94,26 @@ def test_inside_dvc_a_failure_names_the_log_that_holds_the_traceback(tmp_path):
         in traceback
 
 
-def test_outside_dvc_or_asked_for_a_stage_writes_everything_to_the_terminal(tmp_path):
-    for env in ({"DVC_STAGE": ""}, {"QUANTIZE_STAGE_OUTPUT": "terminal"}):
-        done = run_stage(tmp_path, **env)
-        assert done.returncode == 0 and "a library print" in done.stdout and "C-level chatter" in done.stderr
-        assert not (tmp_path / ".cache" / "logs").exists()
+def test_asked_for_a_stage_writes_everything_to_the_terminal(tmp_path):
+    done = run_stage(tmp_path, QUANTIZE_STAGE_OUTPUT="terminal")
+    assert done.returncode == 0 and "a library print" in done.stdout and "C-level chatter" in done.stderr
+    assert "tokenizer chatter" in done.stderr and "a library deprecation" in done.stderr
+    assert not (tmp_path / ".cache" / "logs").exists()
+
+
+def test_outside_dvc_the_libraries_warnings_go_to_the_commands_log(tmp_path):
+    """Issue 70.6: lm-eval's warnings (several lines each) reached the terminal on every `quantize eval` run by hand."""
+    done = run_stage(tmp_path, DVC_STAGE="")
+    assert done.returncode == 0 and "a library print" in done.stdout and "C-level chatter" in done.stderr
+    assert "the judge is unreliable" in done.stderr  # the stage's own warning stays
+    assert "tokenizer chatter" not in done.stderr and "a library deprecation" not in done.stderr
+    [log] = (tmp_path / ".cache" / "logs").glob("*.log")
+    assert "tokenizer chatter" in log.read_text() and "a library deprecation" in log.read_text()
+    assert f"the libraries' warnings are in .cache/logs/{log.name}" in " ".join(done.stderr.split())
+    verbose = subprocess.run([sys.executable, "-c", STAGE.replace("console.setup(0)", "console.setup(1)"), "no"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(REPO), "DVC_STAGE": ""})
+    assert "tokenizer chatter" in verbose.stderr  # -v: on the terminal
 
 
 TERMINAL_BAR = ("import sys\n"

@@ -188,3 +188,33 @@ def test_a_broken_kl_or_judge_file_in_a_demo_like_tree_is_refused_through_the_cl
     assert_refused(invoke(["report", "--results", results, "--models", tmp_path / "models"]),
                    [f"{path}:4: kl_mean: -0.5 is negative: a KL divergence is >= 0", "quantize kl models/rtn-w4a16"],
                    "kl_mean -0.5")
+
+
+@pytest.mark.parametrize("suite, key, value", [
+    ("math", "score", 0.9), ("math", "n", 21), ("ppl-book", "score", 1.0), ("ppl-book", "tokens", 81),
+    ("ppl-book", "n", 7), ("math", "score", "0.5")])
+def test_a_suite_summary_its_lines_do_not_give_is_refused(tmp_path, monkeypatch, suite, key, value):
+    """Issue 70.6: math.json and ppl-*.json are checked against their lines, as kl.json and judge.json are (a corrupted
+    summary passed the report unflagged)."""
+    from test_bad_inputs import build_results, report_args
+
+    build_results(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    summaries = {}
+    for name in ("math", "ppl-book"):
+        lines = [json.loads(line) for line in (tmp_path / "results" / "awq-w4a16" / f"{name}.jsonl").read_text()
+                 .splitlines()]
+        summary = {"suite": name, "n": len(lines), "score": sum(line["score"] for line in lines) / len(lines)}
+        if name == "ppl-book":
+            tokens = sum(line["n_tokens"] for line in lines)
+            summary.update(tokens=tokens, score=math.exp(-sum(line["loglikelihood"] for line in lines) / tokens))
+        summaries[name] = summary
+        (tmp_path / "results" / "awq-w4a16" / f"{name}.json").write_text(json.dumps(summary))
+    assert invoke(report_args(tmp_path)).exit_code == 0  # the summaries as the evaluate stage writes them
+    path = tmp_path / "results" / "awq-w4a16" / f"{suite}.json"
+    path.write_text(json.dumps({**summaries[suite], key: value}))
+    refused = invoke(report_args(tmp_path))
+    assert refused.exit_code == 2, refused.output
+    message = " ".join(refused.output.split())
+    assert f"{path}" in message and f"{key}: " in message and "is not what the" in message
+    assert f"run `quantize eval models/awq-w4a16 --suite {suite}` again" in message

@@ -17,6 +17,7 @@ from pipeline.calib.redact import redact
 from pipeline.calib.store import ConversationStore
 from pipeline.errors import UserError
 from pipeline.outputs import counted
+from pipeline.formats.read_watch import ReadWatch
 
 BAD_RECORDS_LISTED = 10
 DEDUP_BATCH = 1024  # conversations whose MinHash signatures are computed in one numpy pass
@@ -105,12 +106,12 @@ def _record(where: str, record, stats: CalibStats, *, strict: bool, do_redact: b
 
 
 def _read_unique(path: Path, stats: CalibStats, store: ConversationStore, *, strict: bool, do_redact: bool,
-                 extra: list[re.Pattern], advance=None) -> None:
+                 extra: list[re.Pattern], advance=None, watch: ReadWatch | None = None) -> None:
     """Reads the file into `store`: valid, redacted conversations without exact duplicates (identical normalised
     text) or near-duplicates (the normalised text of their non-system turns: a long shared system prompt would make
     all texts alike), a batch of DEDUP_BATCH at a time."""
     finder, batch, batch_keys = NearDuplicates(store), [], set()
-    for where, record in iter_records(path, advance):
+    for where, record in iter_records(path, advance, watch):
         conversation = _record(where, record, stats, strict=strict, do_redact=do_redact, extra=extra)
         if conversation is None:
             continue
@@ -153,13 +154,15 @@ def _count_kept(stats: CalibStats, conversation: Conversation) -> None:
 
 
 def read_conversations(path: Path, store: ConversationStore, *, strict: bool, max_bad_fraction: float,
-                       do_redact: bool, extra_patterns: list[str], advance=None) -> CalibStats:
+                       do_redact: bool, extra_patterns: list[str], advance=None,
+                       watch: ReadWatch | None = None) -> CalibStats:
     """Reads, checks and redacts the file into `store`, dropping duplicates and near-duplicates; fails on too many
-    bad records. advance(n): n more bytes read (a progress bar)."""
+    bad records, and on a file changed while it was read. advance(n): n more bytes read (a progress bar); watch: the
+    fingerprint of the bytes read, for the caller (pipeline/formats/read_watch.py)."""
     stats = CalibStats()
     path = Path(path)
     extra = [re.compile(p) for p in extra_patterns]
-    _read_unique(path, stats, store, strict=strict, do_redact=do_redact, extra=extra, advance=advance)
+    _read_unique(path, stats, store, strict=strict, do_redact=do_redact, extra=extra, advance=advance, watch=watch)
     _check_usable(path, stats, store.kept, max_bad_fraction)
     return stats
 

@@ -37,29 +37,62 @@ CREATE INDEX bands_by_key ON bands (key);
 """
 
 
+def _file_size_limited() -> bool:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
+
+
 class ConversationStore:
     """The scratch store of one calib run (a context manager: the folder goes when it closes)."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="quantize-calib-"))
-        self.db = sqlite3.connect(self.folder / "conversations.sqlite", isolation_level=None)
-        for pragma in ("journal_mode = OFF", "synchronous = OFF", f"cache_size = -{CACHE_KIB}",
-                       "temp_store = FILE", "locking_mode = EXCLUSIVE"):
-            self.db.execute(f"PRAGMA {pragma}")
-        self.db.executescript(SCHEMA)
-        self.db.execute("BEGIN")
-        self.spill = open(self.folder / "kept.jsonl", "w+b")
+        try:
+            self.folder = Path(tempfile.mkdtemp(prefix="quantize-calib-"))
+        except OSError as exc:
+            raise self._refused(exc, Path(tempfile.gettempdir())) or exc
+        self.db, self.spill = None, None
+        try:
+            self.db = sqlite3.connect(self.folder / "conversations.sqlite", isolation_level=None)
+            for pragma in ("journal_mode = OFF", "synchronous = OFF", f"cache_size = -{CACHE_KIB}",
+                           "temp_store = FILE", "locking_mode = EXCLUSIVE"):
+                self.db.execute(f"PRAGMA {pragma}")
+            self.db.executescript(SCHEMA)
+            self.db.execute("BEGIN")
+            self.spill = open(self.folder / "kept.jsonl", "w+b")
+        except BaseException as exc:
+            self.close()
+            raise self._refused(exc, self.folder) or exc
         self.kept = 0
 
     def __enter__(self) -> ConversationStore:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, exc, trace) -> None:
         self.close()
+        if exc is not None and (refused := self._refused(exc, self.folder)):
+            raise refused from None
+
+    @staticmethod
+    def _refused(exc: BaseException, folder: Path):
+        """A write to the scratch folder the file system refused (SQLite says "database or disk is full", or "disk
+        I/O error" for a file-size limit), as the UserError naming it and $TMPDIR; None for any other failure."""
+        import errno
+
+        from pipeline.errors import write_refused
+
+        if isinstance(exc, sqlite3.OperationalError) and "disk I/O error" in str(exc):
+            exc = OSError(errno.EFBIG if _file_size_limited() else errno.ENOSPC, str(exc))
+        refused = write_refused(exc, folder, "the calibration scratch store (in $TMPDIR)")
+        if refused is not None:
+            refused.args = (refused.args[0].replace("choose another path", "set TMPDIR to a folder with room"),)
+        return refused
 
     def close(self) -> None:
-        self.spill.close()
-        self.db.close()
+        if self.spill is not None:
+            self.spill.close()
+        if self.db is not None:
+            self.db.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     # ---------------------------------------------------------------- while reading

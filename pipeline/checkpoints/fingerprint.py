@@ -1,9 +1,12 @@
 """A checkpoint's content fingerprint: the hash of its config, tokenizer and weights, so a changed variant
 never reuses another's cached outputs (pipeline/scoring/eval_cache.py) or an old server's answers
-(pipeline/engines/shared.py)."""
+(pipeline/engines/shared.py); and its weights' fingerprint (`weights_fingerprint`: config.json and the weight files),
+which quant.json and every <suite>.json record, so that the report checks a variant's results were scored on the
+checkpoint now in its folder (pipeline/report/checkpoint_match.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,12 +36,36 @@ def stat_signature(model_dir: Path, change_time: bool = True) -> str:
                                      for n, st in stats).encode()).hexdigest()
 
 
+_DIGESTS: dict[tuple, bytes] = {}  # this process's file digests, by path and stat: the two fingerprints share them
+
+
 def _file_digest(path: Path) -> bytes:
+    info = path.stat()
+    key = (str(Path(path).resolve()), info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = _hash_file(path)
+    return _DIGESTS[key]
+
+
+def _hash_file(path: Path) -> bytes:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 24):
             digest.update(chunk)  # hashlib lets go of the GIL for large updates: files hash side by side
     return digest.digest()
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    return [path for path in _hashed_files(model_dir) if path.suffix == ".safetensors" or path.name == "config.json"]
+
+
+def weights_fingerprint(model_dir: Path) -> str | None:
+    """Hash of the checkpoint's config.json and weight files (*.safetensors), by content: what its results were
+    scored on. Not its records (quant.json, .stage.json), so quant.json can hold it. None without weights."""
+    files = _weight_files(model_dir) if Path(model_dir).is_dir() else []
+    if not any(path.suffix == ".safetensors" for path in files):
+        return None
+    return "weights:" + _combined(model_dir, files, "weights")
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -48,14 +75,19 @@ def model_fingerprint(model_dir: Path) -> str:
     more (GLM-4-9B: 18.8 GB) is hashed once per stat signature (stat_signature), remembered under
     .cache/fingerprints (QUANTIZE_FINGERPRINT_DIR): a run's stages hash it once. Rewriting any file changes the
     signature, and the content is hashed again."""
+    return _combined(model_dir, _hashed_files(model_dir), "model")
+
+
+def _combined(model_dir: Path, files: list[Path], kind: str) -> str:
+    """One hash of `files` (names and contents), remembered per stat signature for a large checkpoint."""
     from concurrent.futures import ThreadPoolExecutor
 
-    files = _hashed_files(model_dir)
     memo = None
     if sum(path.stat().st_size for path in files) >= MEMO_MIN_BYTES:
         signature = stat_signature(model_dir)
         folder = Path(os.environ.get("QUANTIZE_FINGERPRINT_DIR") or Path.cwd() / ".cache" / "fingerprints")
-        memo = folder / (hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16] + ".json")
+        named = str(Path(model_dir).resolve()) + ("" if kind == "model" else f"\0{kind}")
+        memo = folder / (hashlib.sha256(named.encode()).hexdigest()[:16] + ".json")
         try:
             known = json.loads(memo.read_text())
             if known.get("signature") == signature:
@@ -75,6 +107,7 @@ def model_fingerprint(model_dir: Path) -> str:
             tmp = memo.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"signature": signature, "fingerprint": fingerprint}))
             tmp.replace(memo)
-        except OSError:
-            pass  # a read-only project: hashed again next time
+        except OSError:  # a read-only project, a full disk: hashed again next time
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     return fingerprint

@@ -6,6 +6,7 @@ the GPU of idle vLLM servers before an in-process model loads. pipeline/cli/app.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -16,7 +17,7 @@ from pathlib import Path
 import typer
 
 from pipeline.settings import params as params_mod
-from pipeline.errors import UserError
+from pipeline.errors import UserError, cut
 
 log = logging.getLogger("pipeline.cli.app")
 
@@ -45,17 +46,40 @@ def stage(func):
             code = exc.exit_code
             raise
         except Exception as exc:
+            if (refused := _refused_write_message(exc)) is not None:  # a full disk, a file-size limit, no permission
+                code = UserError.exit_code
+                console.error(f"error: {refused}")
+                raise typer.Exit(code) from None
             if console.log_path() is None:
                 raise  # the traceback on the terminal, as Python prints it
             import traceback
 
             traceback.print_exc()  # into the log
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            first = cut((str(exc).strip().splitlines() or [""])[0], 200)
             console.error(f"error: {os.environ.get('DVC_STAGE') or 'quantize'} failed: {type(exc).__name__}: {first}")
             raise typer.Exit(1) from None
         finally:
             _record_stage(code)
     return wrapper
+
+
+def _refused_write_message(exc: BaseException) -> str | None:
+    """The one line for a write the file system refused that no writer of pipeline/outputs.py named (a log, a cache,
+    a library's own file): the file, the reason and the way out; None for any other failure."""
+    from pipeline.errors import WRITE_ERRNOS, refused_fix, refused_write, write_refused
+
+    found = refused_write(exc)
+    if found is None:
+        return None
+    code, filename = found
+    if filename and code in (errno.EACCES, errno.EPERM):  # a read or a write: the file, either way
+        return (f"{filename}: {WRITE_ERRNOS[code]}; make it readable (and, for an output, writable) for you or "
+                "choose another path, then run the command again")
+    if filename:
+        return str(write_refused(exc, Path(filename), "the file"))
+    said = cut(str(exc).strip().splitlines()[0], 200) if str(exc).strip() else type(exc).__name__
+    return (f"{os.environ.get('DVC_STAGE') or 'the command'} stopped: a write was refused ({WRITE_ERRNOS[code]}): "
+            f"{said}; {refused_fix(code).replace(' there', ' where it writes')}, then run the command again")
 
 
 WORK_SECONDS = [0.0]  # what this command spent working (quantizing, scoring, judging, benchmarking ...)

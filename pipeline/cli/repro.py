@@ -8,6 +8,9 @@ out, named targets run in the order a whole run takes, and one closing line of t
     python -m pipeline.cli.repro --times FILE STARTED  # the closing line: the wall time since STARTED (a Unix
                                                        # time) and the CPU time of the stages FILE records
 
+One run of a project at a time (pipeline/cli/run_lock.py): a second `quantize repro` or `make demo` while one runs
+is refused, exit 2, naming the run that holds the project (PID, start time, command).
+
 `dvc repro` itself prints, for every stage, "Running stage 'x':", "> quantize x", "Updating lock file
 'dvc.lock'" and blank lines around the stage's own line, and "Use `dvc push` ..." at the end; `dvc repro -q`
 drops those and DVC's errors with them. Here DVC runs in this process with its loggers at WARNING and its
@@ -58,7 +61,15 @@ def repro(args: list[str], quiet: bool = True) -> int:
         ui.enable = lambda: None  # main() turns it on unless --quiet, which would also drop DVC's errors
         for name in DVC_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
-    return main(["repro", *ordered(args)])
+    from pipeline.cli.run_lock import held
+    from pipeline.errors import UserError
+
+    try:
+        with held():  # one run of a project at a time: a second is told who holds it
+            return main(["repro", *ordered(args)])
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
 
 
 def ordered(args: list[str]) -> list[str]:

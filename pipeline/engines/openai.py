@@ -27,7 +27,9 @@ exponential backoff and jitter, and so is a reply whose fields are not what the 
 finish_reason and token ids, `usage.completion_tokens`). A request that still fails comes back as a
 Completion with `error` set, never as an exception: one bad response must not end a stage. Answer text
 that no UTF-8 file can hold (a lone surrogate escape) has those characters replaced by U+FFFD, counted
-in `Completion.replaced`. The API key is read
+in `Completion.replaced`. The server must serve the model asked for (pipeline/engines/served_model.py): its
+`/v1/models` is read before the first request, and every reply's `model` checked; another model stops the stage
+(WrongModel, a UserError naming both), never one request. The API key is read
 from an environment variable, sent only in the Authorization header and scrubbed from every
 error message.
 """
@@ -49,6 +51,7 @@ from pipeline.engines.http import FatalError, Limits, RetryableError, post_json
 from pipeline.engines.inflight import LOST_AFTER_S, POLL_S, LoadProbe, Runner, Tracker
 from pipeline.engines.sections import PROMPT_FORMATS, OpenAISettings as Settings  # its params section
 from pipeline.errors import UserError
+from pipeline.engines.served_model import check_listed, check_reply
 from pipeline.formats.chat import render_prompt
 
 MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is treated as a plain failure after that wait
@@ -85,6 +88,7 @@ class OpenAIEngine:
         self.lost_after, self.poll = LOST_AFTER_S, POLL_S  # the watchdog's (pipeline/engines/inflight.py)
         self.peak_in_flight = 0  # most requests in flight at once in a generate() call
         self.tokenizer, self.eos_ids, self.vocab_size = None, set(), None
+        self.params_section, self.listed_checked = params_section, False
         if prompt_format != "chat":
             if self.model_dir is None or not config_json.present(self.model_dir):
                 raise UserError(f"params.yaml: {params_section}.prompt_format: {prompt_format} renders prompts with "
@@ -142,8 +146,16 @@ class OpenAIEngine:
     def runner(self, attempt, lost) -> Runner:
         """A Runner over this engine's server: `concurrency` in flight, the lost-request watchdog when `load`
         (a probe of the server's own count of requests it holds) is set."""
+        self.check_served()
         return Runner(attempt, lost, self.concurrency, load=self.load, server=self.base_url, lost_after=self.lost_after,
                       poll=self.poll)
+
+    def check_served(self) -> None:
+        """Once, before the first request: the server's /v1/models lists the model asked for (WrongModel if not)."""
+        if not self.listed_checked:
+            check_listed(self.base_url, self.model, self.headers, self.limits.deadline, self.params_section,
+                         redact=self._redact)
+            self.listed_checked = True
 
     def generate(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
         """on_done(index, completion), if given, is called (in this thread) for each request as its
@@ -182,8 +194,10 @@ class OpenAIEngine:
             if tracker is not None:
                 tracker.sending()
             try:
-                return read(await post_json(http, url, body, self.headers, self.limits,
-                                            on_headers=tracker.answered if tracker is not None else None))
+                data = await post_json(http, url, body, self.headers, self.limits,
+                                       on_headers=tracker.answered if tracker is not None else None)
+                check_reply(data, self.model, self.base_url, self.params_section)  # WrongModel: the stage stops
+                return read(data)
             except RetryableError as exc:
                 last_error, last_retry_after = self._redact(str(exc)), exc.retry_after
             except FatalError as exc:

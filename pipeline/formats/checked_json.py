@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, cut
 
 MAX_JSON_BYTES = 64 << 20  # a stage's summary is kilobytes; anything near this is not one
 
@@ -176,7 +176,7 @@ def parse(path: Path, text: str, where: str, command: str):
         raise problem(path, where or f":{exc.lineno}", f"not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})",
                        command) from None
     except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
-        raise problem(path, where, f"JSON that cannot be loaded ({str(exc).split(':')[0][:80]})", command) from None
+        raise problem(path, where, f"JSON that cannot be loaded ({cut(str(exc).split(':')[0], 80)})", command) from None
 
 
 def read_checked_json(path: Path, spec, command: str) -> dict | None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, not_utf8
+from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, cut, not_utf8
+from pipeline.formats.read_watch import ReadWatch
 
 MAX_LINE_BYTES = 8 << 20  # a longer line is a broken export, not a conversation
 ROLE_ALIASES = {
@@ -74,12 +75,15 @@ def _check_readable(path: Path) -> None:
         raise UserError(f"{path}:1: the file is empty; put one JSON conversation per line")
 
 
-def _open_binary(path: Path):
-    """Plain or gzip by content (not by name)."""
+def _open_binary(path: Path, watch: ReadWatch):
+    """Plain or gzip by content (not by name), opened once through `watch` (its bytes fingerprinted as read)."""
     try:
-        with open(path, "rb") as probe:
-            head = probe.read(2)
-        return gzip.open(path, "rb") if head == b"\x1f\x8b" else open(path, "rb")
+        handle = watch.open()
+        if handle.peek(2)[:2] != b"\x1f\x8b":
+            return handle
+        unzipped = gzip.GzipFile(fileobj=handle, mode="rb")
+        unzipped.myfileobj = handle  # closed with it, as a file gzip opened itself
+        return unzipped
     except OSError as exc:
         raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
 
@@ -135,22 +139,33 @@ def _parse_line(raw: bytes | None, size: int, where: str) -> object:
         raise BadRecord(f"{where}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
                         "make the line one JSON object or remove it") from None
     except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
-        raise BadRecord(f"{where}: JSON that cannot be loaded ({str(exc)[:100]}); "
+        raise BadRecord(f"{where}: JSON that cannot be loaded ({cut(str(exc), 100)}); "
                         "make the line one plain JSON object or remove it") from None
 
 
-def iter_records(path: Path, advance: Callable[[int], None] | None = None) -> Iterator[tuple[str, object]]:
+def iter_records(path: Path, advance: Callable[[int], None] | None = None,
+                 watch: ReadWatch | None = None) -> Iterator[tuple[str, object]]:
     """Yields (FILE:LINE, parsed JSON or BadRecord) for every record of the file, one line (a .json array: one
-    record) at a time. advance(n), when given: n more bytes of the file (as read: decompressed) are done."""
+    record) at a time. advance(n), when given: n more bytes of the file (as read: decompressed) are done. The file is
+    opened once, its bytes fingerprinted as they are read (`watch`, when the caller wants the fingerprint), and a
+    file that changed while it was read is a UserError after its last record (pipeline/formats/read_watch.py)."""
     path = Path(path)
     _check_readable(path)
-    if path.name.endswith((".json", ".json.gz")):
-        yield from _iter_json_array(path)
-        if advance is not None:
-            advance(path.stat().st_size)
-        return
+    watch = watch or ReadWatch(path, "conversation file")
+    array = path.name.endswith((".json", ".json.gz"))
+    try:
+        yield from _iter_json_array(path, watch) if array else _iter_lines(path, advance, watch)
+    except UserError:
+        watch.refuse_if_changed()  # a file changed under the reader reads as broken: the change is the news
+        raise
+    watch.check()
+    if array and advance is not None:
+        advance(path.stat().st_size)
+
+
+def _iter_lines(path: Path, advance: Callable[[int], None] | None, watch: ReadWatch) -> Iterator[tuple[str, object]]:
     number = 0
-    with _open_binary(path) as handle:
+    with _open_binary(path, watch) as handle:
         try:
             _refuse_utf16(path, handle.peek(UTF16_SAMPLE_BYTES)[:UTF16_SAMPLE_BYTES])
             for number, (raw, size) in enumerate(_bounded_lines(handle), start=1):
@@ -251,14 +266,14 @@ class _JsonWindow:
                 raise UserError(f"{self.path}:{line}: invalid JSON ({exc.msg.removesuffix(' at')} at column {column}); "
                                 "a .json file must be one valid array, so fix it there (or use .jsonl)") from None
             except (ValueError, RecursionError) as exc:
-                raise UserError(f"{self.path}:{self.line_col(position)}: JSON that cannot be loaded ({str(exc)[:100]}); "
+                raise UserError(f"{self.path}:{self.line_col(position)}: JSON that cannot be loaded ({cut(str(exc), 100)}); "
                                 "fix the record there (or use .jsonl, where a bad record is skipped)") from None
 
 
-def _iter_json_array(path: Path) -> Iterator[tuple[str, object]]:
+def _iter_json_array(path: Path, watch: ReadWatch) -> Iterator[tuple[str, object]]:
     """Records of a JSON array, each named FILE:LINE:COLUMN where it starts; read a chunk at a time, so a large
     file is never held whole."""
-    with _open_binary(path) as handle:
+    with _open_binary(path, watch) as handle:
         window, decoder = _JsonWindow(path, handle), json.JSONDecoder()
         position = window.skip_whitespace(0)
         if position == len(window.text):

@@ -12,6 +12,7 @@ naming the file and the line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -55,11 +56,23 @@ class KeyedJsonl:
         """Writes the entries, one line each, in one append, and adds them to `entries`."""
         if not entries:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from pipeline.errors import write_refused
+        from pipeline.outputs import make_folders, remove_folders
+
+        made = make_folders(self.path.parent, f"the resume cache {self.path}")
         text = "".join(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
+        size = self.path.stat().st_size if self.path.is_file() else None
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+        except OSError as exc:  # a full disk, a file-size limit: the cache as it was, the lines not written
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, size) if size is not None else self.path.unlink()
+            remove_folders(made)
+            if refused := write_refused(exc, self.path, "the resume cache", len(text.encode("utf-8")), needed=True):
+                raise refused from None
+            raise
         for entry in entries:
             self.entries[entry["key"]] = entry
 

@@ -15,7 +15,7 @@ SERVING = ({"*": ({"serves?": "flag", "how?": ("text", None)}, None)}, None)  # 
 SPEC = {"scheme": "text", "size_bytes": "count", "quantized_modules": "count",
         "calibration": {"blocks": "count", "seq_len": "count", "sha256": "text"},
         "seconds": {"total": "non-negative number"}, "device": "text", "peak_rss_bytes?": ("count", None),
-        "ignored?": {"*": "any"}, "serving?": SERVING,
+        "ignored?": {"*": "any"}, "serving?": SERVING, "checkpoint?": ("text", None),
         "verify?": {"reloads?": "flag", "sample?": "any",
                     "vision?": {"vision_tensors": "count", "mismatched": ["any"], "dtypes?": ["text"]}}}
 COMMAND = "quantize variant {model}"  # what writes it again

@@ -26,6 +26,7 @@ MAX_DOCUMENT_TOKENS = 2 ** 53  # a token count a float (numpy's sums) holds exac
 ENGINE_DEFECT = {"key": "text", "avoided": "flag", "what?": "text", "when?": "text", "avoided_by?": "text",
                  "upstream?": "text", "evidence?": "text"}  # pipeline/engines/vllm_defects.py: Defect.summary
 SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None), "available?": "count",
+           "checkpoint?": ("text", None),  # the weights it was scored on (pipeline/checkpoints/fingerprint.py)
            "engine_defects?": [ENGINE_DEFECT],
            "long_context?": {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
                              "lengths_skipped?": [{"length": "count", "reason": "text"}]}}

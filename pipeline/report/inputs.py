@@ -1,5 +1,6 @@
 """What `quantize report` reads, checked before anything is computed or written: the result lines
-and <suite>.json summaries (pipeline/formats/results.py), each variant's quant.json
+and <suite>.json summaries (pipeline/formats/results.py; a summary's n, score and tokens against its lines:
+`suite_summaries_from_lines`), each variant's quant.json
 (pipeline/formats/quant_json.py), and the summaries only the report reads (kl.json, judge.json,
 bench.json, calib stats.json), whose schemas are here.
 
@@ -39,14 +40,15 @@ LOAD = {"name?": "text", "label?": "text", "images_per_request?": "count", "imag
 IMAGE_WORKLOAD = {**LOAD, "name": "text", "label": "text", "images_per_request": "positive count", "levels": [LEVEL]}
 SCHEMAS = {  # file name -> (spec, command that writes it again)
     "kl.json": ({"sequences?": "count", "tokens": "count", "kl_mean": "number", "kl_p99": "number", "kl_max": "number",
-                 "top1_agreement": "share"}, "quantize kl models/{model}"),
+                 "top1_agreement": "share", "checkpoint?": ("text", None)}, "quantize kl models/{model}"),
     "judge.json": ({"mode?": "text", "n?": COUNT_OR_NULL, "judge?": ("text", None), "scoring?": "text",
                     "weak_judge?": ("flag", None),
                     "wins?": COUNT_OR_NULL, "ties?": COUNT_OR_NULL, "losses?": COUNT_OR_NULL,
                     "unjudged?": COUNT_OR_NULL, "win_rate?": SHARE_OR_NULL, "ci_low?": NUMBER_OR_NULL,
                     "ci_high?": NUMBER_OR_NULL, "consistency?": SHARE_OR_NULL, "confidence?": "share",
                     "control_win_rate?": SHARE_OR_NULL, "length_bias?": ("correlation", None),
-                    "noise_floor?": SHARE_OR_NULL, "control_consistency?": SHARE_OR_NULL, "control_n?": COUNT_OR_NULL},
+                    "noise_floor?": SHARE_OR_NULL, "control_consistency?": SHARE_OR_NULL, "control_n?": COUNT_OR_NULL,
+                    "checkpoint?": ("text", None)},
                    "quantize judge models/{model}"),
     "bench.json": ({"engine": "text", "device": "text", "date?": ("text", None), "input_len": "count",
                     "output_len": "count", "engine_info?": ({"tensor_parallel_size?": COUNT_OR_NULL}, None),
@@ -207,3 +209,24 @@ def long_context_from_lines(results_dir: Path, lines: dict, summaries: dict) -> 
             raise problem(path, "", f"id {bad[:80]!r} is not kind-length-dDEPTH-repeat, so its length and needle depth "
                                     "are unknown", results.COMMAND)
         table["by_length_and_depth"] = by_length_and_depth(list(items.values()))
+
+
+def suite_summaries_from_lines(results_dir: Path, lines: dict, summaries: dict) -> None:
+    """Each <suite>.json's count, score and (a perplexity suite) tokens checked against its <suite>.jsonl, as kl.json
+    and judge.json are (`agree`): n the number of lines, score their mean score (a perplexity suite: exp of minus the
+    summed log-likelihood per token), tokens their token count; a summary that disagrees is a UserError naming the
+    file, the key and both values. `lines`: {model: {suite: {id: line}}}."""
+    for model, by_suite in summaries.items():
+        for suite, summary in by_suite.items():
+            items = lines.get(model, {}).get(suite)
+            if items is None or summary.get("status") in ("not run", "not applicable"):
+                continue
+            rows = list(items.values())
+            recomputed: dict = {"n": len(rows)}
+            if rows and all("loglikelihood" in row for row in rows):
+                tokens = sum(row["n_tokens"] for row in rows)
+                recomputed.update(tokens=tokens, score=math.exp(-sum(row["loglikelihood"] for row in rows) / max(tokens, 1)))
+            elif rows and all(CHECKS["number"](row.get("score")) for row in rows):
+                recomputed["score"] = sum(row["score"] for row in rows) / len(rows)
+            agree(results.lines_path(results_dir / model, suite).with_suffix(".json"), summary, recomputed, len(rows),
+                  results.COMMAND, rel_tol=1e-9, abs_tol=1e-12)

@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.outputs import pid_alive, read_stage_record, write_stage_record
+from pipeline.errors import write_refused
+from pipeline.outputs import make_folders, pid_alive, read_stage_record, remove_folders, write_stage_record
 
 PAUSE_ENV = "QUANTIZE_PAUSE_AT"  # tests only: the step name at which a writer stops and waits to be killed
 
@@ -54,16 +55,8 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
     if problems:
         raise UserError(f"{out_dir}: " + "; ".join(problems) + f"; {stage} writes only files it wrote before: "
                         "move them away or choose another --out")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for leftover in out_dir.glob(f".{stage}.tmp-*"):  # a killed run's half-made link
-            match = leftover.name.rsplit("-", 1)[-1]
-            if match.isdigit() and not pid_alive(int(match)) and leftover.is_symlink():
-                leftover.unlink()
-        new = Path(tempfile.mkdtemp(prefix=f".{stage}-{os.getpid()}-", dir=out_dir))
-    except OSError as exc:
-        raise UserError(f"{out_dir}: cannot write the {stage} there ({exc.strerror}: {exc.filename}); "
-                        "pass --out a writable directory") from None
+    made = make_folders(out_dir, f"the {stage}")
+    new = _new_run_folder(out_dir, stage, made)
     try:
         new.chmod(0o755)
         for name, data in encoded.items():
@@ -80,8 +73,12 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
             link.unlink()
         os.symlink(new.name, link)
         os.replace(link, current)  # the one step that changes what every file reads
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(new, ignore_errors=True)
+        remove_folders(made)
+        if isinstance(exc, Exception) and (refused := write_refused(exc, out_dir, f"the {stage} into",
+                                                                    sum(map(len, encoded.values())), needed=True)):
+            raise refused from None
         raise
     _pause(f"{stage}:swapped")
     for index, name in enumerate(tops):
@@ -95,6 +92,25 @@ def write_pair(out_dir: Path | str, files: dict[str, str], stage: str,
             if index == 0:
                 _pause(f"{stage}:linked-first")
     _remove_earlier_runs(out_dir, stage, new)
+
+
+def _new_run_folder(out_dir: Path, stage: str, made: list[Path]) -> Path:
+    """This run's folder `.STAGE-PID-X` in out_dir, after removing a killed run's half-made link; a refusal is a
+    UserError (the folders `made` for out_dir removed)."""
+    from pipeline.errors import UserError
+
+    try:
+        for leftover in out_dir.glob(f".{stage}.tmp-*"):  # a killed run's half-made link
+            match = leftover.name.rsplit("-", 1)[-1]
+            if match.isdigit() and not pid_alive(int(match)) and leftover.is_symlink():
+                leftover.unlink()
+        return Path(tempfile.mkdtemp(prefix=f".{stage}-{os.getpid()}-", dir=out_dir))
+    except OSError as exc:
+        remove_folders(made)
+        if refused := write_refused(exc, out_dir, f"the {stage} into"):
+            raise refused from None
+        raise UserError(f"{out_dir}: cannot write the {stage} there ({exc.strerror}: {exc.filename}); "
+                        "pass --out a writable directory") from None
 
 
 def _top(name: str) -> str:

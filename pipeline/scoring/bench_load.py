@@ -328,10 +328,12 @@ class HttpTiming:
     async def _consume(self, http, prompt: list[int], output_len: int, limits, seen: dict, images=None) -> None:
         from pipeline.engines.http import stream_events
         from pipeline.engines.replies import BadReply, stream_chunk
+        from pipeline.engines.served_model import check_reply
 
         url = self.engine.base_url + ("/completions" if images is None else "/chat/completions")
         async for arrived, event in stream_events(http, url, self._body(prompt, output_len, images),
                                                   self.engine.headers, limits):
+            check_reply(event, self.engine.served_model, self.engine.base_url)  # another model's: the stage stops
             chunk = stream_chunk(event, output_len, chat=images is not None)
             seen["usage"] = chunk.completion_tokens if chunk.completion_tokens is not None else seen["usage"]
             seen["prompt_tokens"] = chunk.prompt_tokens if chunk.prompt_tokens is not None else seen["prompt_tokens"]
@@ -354,6 +356,8 @@ class HttpTiming:
         PromptImages, else None."""
         import asyncio
 
+        if callable(getattr(self.engine, "check_served", None)):  # the openai engine: its /v1/models, once
+            self.engine.check_served()
         jobs = list(zip(prompts, output_tokens, images or [None] * len(prompts)))
         return asyncio.run(self._timed(jobs, concurrency, rate, seed))
 

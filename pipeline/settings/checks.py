@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import safe_yaml
-from pipeline.errors import UserError
+from pipeline.errors import UserError, cut
 from pipeline.settings import fixes
 from pipeline.settings.errors import kind_of
 
@@ -96,7 +96,7 @@ def check_against_dvc(params, dvc_file: Path) -> None:
         for key in ("model", "suite"):
             names = matrix.get(key)
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise UserError(f"{dvc_file}: stages.{name}.matrix.{key} lists {str(names)[:200]}; give a list of "
+                raise UserError(f"{dvc_file}: stages.{name}.matrix.{key} lists {cut(str(names), 200)}; give a list of "
                                 f"{'model dir names (base and variants)' if key == 'model' else 'suite names'}")
         for suite in matrix["suite"]:
             listed.setdefault(suite, set()).update(matrix["model"])

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from pipeline import methods
-from pipeline.errors import UserError
+from pipeline.errors import UserError, cut
 from pipeline.section import BoolGiven
 
 
@@ -52,7 +52,7 @@ def message_for(err: dict) -> str:
     if kind == "engine_key":  # a key the chosen engine's section lacks, with who takes it (pipeline/engines)
         return message
     if kind == "literal_error":
-        return f"{str(repr(given))[:80]} is not allowed; {message.lower()}"
+        return f"{cut(repr(given), 80)} is not allowed; {message.lower()}"
     if kind == "union_tag_invalid":
         return f"method {given.get('method')!r} is not one of {methods.names(quote=True)}" if isinstance(given, dict) \
             else message

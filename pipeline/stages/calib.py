@@ -37,6 +37,7 @@ from pipeline.formats.calib_blocks import blocks_text, is_blocks_file, read_bloc
 from pipeline.formats.conversations import MAX_LINE_BYTES, Conversation, to_conversation
 from pipeline.formats.holdout import write_holdout
 from pipeline.outputs import Stopwatch, atomic_dir, counted
+from pipeline.formats.read_watch import ReadWatch
 from pipeline.settings.params import CalibParams, with_overrides
 
 __all__ = [  # the stage, and the names other code uses as calib.X
@@ -90,19 +91,11 @@ def _render_all(tokenizer, store: ConversationStore, held: list[Conversation], s
     return accepted, tokens, stream
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _summary(source: Path, stats: CalibStats, *, do_redact: bool, calib_set: int, held: int, seq_len: int,
+def _summary(source: Path, source_sha256: str, stats: CalibStats, *, do_redact: bool, calib_set: int, held: int, seq_len: int,
              blocks: list[list[int]], conversation_tokens: int, chat_template: bool) -> dict:
     return {
         "source": str(source),
-        "source_sha256": _file_sha256(source),
+        "source_sha256": source_sha256,  # of the bytes read (pipeline/formats/read_watch.py), not of the file after
         "records_in": stats.records_in,
         "records_kept": stats.kept,
         "dropped": _sorted(stats.dropped),
@@ -136,11 +129,12 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
     waits in a scratch store on disk (pipeline/calib/store.py), so its memory does not grow with the file."""
     s = with_overrides(settings or CalibParams(), **overrides)
     source, out, model_dir = Path(source), Path(out), Path(model_dir)
-    watch, phases = Stopwatch(), _Phases()
+    watch, phases, read = Stopwatch(), _Phases(), ReadWatch(source, "calibration file")
     with ConversationStore() as store:
         with progress("calib: reading", _readable_size(source), "bytes") as advance:
             stats = read_conversations(source, store, strict=strict, max_bad_fraction=s.max_bad_fraction,
-                                       do_redact=s.redact, extra_patterns=s.redact_patterns, advance=advance)
+                                       do_redact=s.redact, extra_patterns=s.redact_patterns, advance=advance,
+                                       watch=read)
         phases("read+redact+dedup")
         if s.holdout and not store.any_user_turn():
             raise UserError(f"{source}: no record has a user turn, so none can be held out for the judge, kl, bench "
@@ -155,10 +149,10 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
         check_skipped(source, stats, s.max_bad_fraction, model_dir)
         blocks = pack(stream, s.seq_len, s.num_blocks, source)
         phases("render+pack")
-        summary = _summary(source, stats, do_redact=s.redact, calib_set=calib_set, held=len(held),
+        summary = _summary(source, read.sha256, stats, do_redact=s.redact, calib_set=calib_set, held=len(held),
                            seq_len=s.seq_len, blocks=blocks, conversation_tokens=conversation_tokens,
                            chat_template=bool(getattr(tokenizer, "chat_template", None)))
-        _write(out, source, model_dir, store, held, blocks, summary)
+        _write(out, source, model_dir, store, held, blocks, summary, read)
         phases("write")
     return CalibResult(out, summary, watch.seconds, phases.seconds)
 
@@ -186,12 +180,14 @@ def _readable_size(source: Path) -> int | None:
 
 
 def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, held: list[Conversation],
-           blocks: list[list[int]], summary: dict) -> None:
-    """The stage's files, into a temp folder that replaces `out` whole (pipeline/outputs.py atomic_dir)."""
+           blocks: list[list[int]], summary: dict, read: ReadWatch) -> None:
+    """The stage's files, into a temp folder that replaces `out` whole (pipeline/outputs.py atomic_dir); its record
+    names the source by the fingerprint of the bytes read, and a source changed since is refused before the rename."""
     blocks_file = blocks_text(blocks)
     summary["blocks_sha256"] = hashlib.sha256(blocks_file.encode()).hexdigest()
     held_keys = {bytes.fromhex(c.key) for c in held}
-    with atomic_dir(out, "calib", {"source": source, "tokenizer checkpoint": model_dir}) as tmp:
+    with atomic_dir(out, "calib", {"source": source, "tokenizer checkpoint": model_dir},
+                    fingerprints={"source": read.fingerprint}) as tmp:
         (tmp / "calib.jsonl").write_text(blocks_file, encoding="utf-8")
         with open(tmp / "calib_conversations.jsonl", "wb") as handle:
             for key, _, offset, length, _ in store.by_hash():
@@ -199,3 +195,4 @@ def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, h
                     handle.write(store.line(offset, length))
         write_holdout(tmp / "holdout.jsonl", [holdout_prompt(c) for c in held])
         (tmp / "stats.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        read.check()  # changed since it was read: nothing is kept

@@ -30,6 +30,7 @@ from pipeline.engines import Engine, EngineSettings, capability, default_setting
 from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import GenerationCache, answers_fingerprint
 from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs
+from pipeline.checkpoints.fingerprint import weights_fingerprint
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
 from pipeline.settings import fixes
@@ -209,7 +210,8 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
                             task_manager=task_manager)
     lines, summary = _lines_and_summary(lm, results, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                         engine=engine)
-    summary.update(inputs=inputs, engine_start_s=engine_start_seconds(starts_before),
+    summary.update(inputs=inputs, checkpoint=weights_fingerprint(model_dir),  # what it was scored on: the report checks
+                   engine_start_s=engine_start_seconds(starts_before),
                    scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2),
                    **_fixed_and_work(lm, watch, starts_before))
     if sandbox_method is not None:

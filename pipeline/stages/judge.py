@@ -44,6 +44,7 @@ from pipeline.formats.holdout import read_holdout
 from pipeline.judge.client import Ask, Judge, JudgmentCache
 from pipeline.judge.prompts import conversation_text
 from pipeline.judge.scoring import ORDERS, combine, order_outcome
+from pipeline.checkpoints.fingerprint import weights_fingerprint
 from pipeline.outputs import Stopwatch, write_atomic, write_json
 from pipeline.settings.params import JudgeParams, VerdictParams, sections_with_overrides
 from pipeline.verdict.judge import decide_judge, explain_judge, judge_sentence, pairwise_figures, reference_figures
@@ -126,6 +127,7 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     finally:
         judge.close()
     summary["replaced_characters"] = replaced_characters(lines)
+    summary["checkpoint"] = weights_fingerprint(variant_dir)  # whose answers were judged: the report checks it
     summary = _finish_summary(summary, jp, v.margins.judge, variant_dir, base_dir, description, weak, judge,
                               confidence, watch)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from pipeline.errors import UserError
 from pipeline.formats.kl_lines import lines_path, write_kl_lines
 from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
 from pipeline.formats.sensitivity import write_sensitivity
+from pipeline.checkpoints.fingerprint import weights_fingerprint
 from pipeline.outputs import Stopwatch, write_json
 from pipeline.scoring import group_kl
 from pipeline.scoring.token_kl import holdout_texts, log_probs, token_kl
@@ -246,6 +247,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
         "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl.float(), 0.99)), "kl_max": float(kl.max()),
         "top1_agreement": float(agree.float().mean()), "device": device, "dtype": dtype,
         "models_resident": resident, "seconds": round(watch.seconds, 2),
+        "checkpoint": weights_fingerprint(variant_dir),  # what it measured: the report checks the folder against it
     }
     lengths = [len(s) for s in sequences]  # the scored positions, sequence after sequence
     write_kl_lines(lines_path(out), [(k.tolist(), int(a.sum())) for k, a in zip(kl.split(lengths), agree.split(lengths))])

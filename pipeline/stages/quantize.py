@@ -28,6 +28,7 @@ from pipeline.checkpoints.serving import serving_support
 from pipeline.checkpoints.serving_names import finish_config
 from pipeline.checkpoints.streaming import MAX_SHARD
 from pipeline.errors import UserError
+from pipeline.checkpoints.fingerprint import weights_fingerprint
 from pipeline.formats.quant_json import write_quant_json
 from pipeline.methods.recipe import Recipe, Target
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
@@ -249,6 +250,7 @@ def quantize(method, recipe: Recipe, model_dir: Path, out: Path, calib: Path, *,
         saved = save(loaded, inputs, tmp, watch)
         verification = check(loaded, run, inputs, tmp)
         info = describe(method, recipe, layout, inputs, run, saved, verification, tmp, watch)
+        info["checkpoint"] = weights_fingerprint(tmp)  # what the report checks the variant's results against
         write_quant_json(tmp, info)
     return QuantResult(out, info)
 

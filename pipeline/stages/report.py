@@ -28,7 +28,7 @@ from pipeline.outputs import human_size
 from pipeline.report.publish import write_pair
 from pipeline.settings import fixes
 from pipeline.settings.params import Params
-from pipeline.report import inputs
+from pipeline.report import checkpoint_match, inputs
 from pipeline.verdict.decision import Evidence, decide, metrics
 from pipeline.verdict.headline import with_headline
 
@@ -117,6 +117,7 @@ def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: l
             if summary is not None:
                 summaries.setdefault(model, {})[suite] = summary
     inputs.long_context_from_lines(results_dir, results, summaries)
+    inputs.suite_summaries_from_lines(results_dir, results, summaries)
     variants = [name for name in results if name != "base"]
     return Evidence(
         results=results, summaries=summaries,
@@ -155,6 +156,8 @@ def run(results_dir: Path | str, out_dir: Path | str, params: Params, *, models_
     for folder, why in ignored.items():
         log.warning(printable(f"report: ignoring {results_dir / folder}: {why}"))  # a folder named in any bytes
     evidence = read_evidence(results_dir, models_dir, params, models)
+    checkpoint_match.check(results_dir, models_dir, list(evidence.results), evidence.summaries, evidence.quant,
+                           {"kl.json": evidence.kl, "judge.json": evidence.judge})
     if not [name for name in evidence.results if name != "base"]:
         raise UserError(_nothing_to_decide(results_dir, params, models, ignored))
     verdict = with_headline(decide(evidence, params), config_json.base_facts(_base_config(models_dir)),

@@ -1,0 +1,150 @@
+"""A calibration file changed while `quantize calib` reads it is refused, never read as a mix of two files (issue
+70.2): overwritten in place (same size or not), appended to, or replaced by a rename, part-way through the read. The
+fingerprint recorded is that of the bytes read, not of whatever is at the path after the stage."""
+
+import gzip
+import hashlib
+import json
+import os
+
+import pytest
+
+from conftest import REPO
+from pipeline.calib.load import read_conversations
+from pipeline.calib.store import ConversationStore
+from pipeline.errors import UserError
+from pipeline.formats.read_watch import ReadWatch
+
+SOURCE = REPO / "calib_data" / "support_logs.jsonl"
+
+
+def _other_conversations(size: int) -> bytes:
+    """Other valid conversations, `size` bytes in all (padded with blank lines)."""
+    lines, text = [], b""
+    while len(text) < size - 200:
+        record = {"messages": [{"role": "user", "content": f"another question {len(lines)}"},
+                               {"role": "assistant", "content": f"another answer {len(lines)}"}]}
+        lines.append(json.dumps(record).encode() + b"\n")
+        text = b"".join(lines)
+    return text + b"\n" * (size - len(text))
+
+
+def overwrite_same_size(path):
+    data = path.read_bytes()
+    with open(path, "r+b") as handle:  # in place: same inode, same size
+        handle.write(_other_conversations(len(data)))
+
+
+def append(path):
+    with open(path, "ab") as handle:
+        handle.write(_other_conversations(4096))
+
+
+def replace_by_rename(path):
+    new = path.with_name("new.tmp")
+    new.write_bytes(_other_conversations(path.stat().st_size))
+    os.replace(new, path)
+
+
+CHANGES = {"overwritten in place, same size": (overwrite_same_size, "it was written to"),
+           "appended to": (append, "its size went from"),
+           "replaced by a rename": (replace_by_rename, "another file was put in its place")}
+
+
+def _source(tmp_path, kind: str):
+    data = SOURCE.read_bytes()
+    if kind == "jsonl":
+        path = tmp_path / "logs.jsonl"
+        path.write_bytes(data)
+    elif kind == "jsonl.gz":
+        path = tmp_path / "logs.jsonl.gz"
+        path.write_bytes(gzip.compress(data))
+    else:
+        records = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+        path = tmp_path / "logs.json"
+        path.write_text(json.dumps(records, indent=1))
+    return path
+
+
+def _read(path, advance=None, watch=None):
+    with ConversationStore() as store:
+        return read_conversations(path, store, strict=False, max_bad_fraction=0.5, do_redact=False,
+                                  extra_patterns=[], advance=advance, watch=watch)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "json"])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_calibration_file_changed_while_read_is_refused(tmp_path, kind, change):
+    path = _source(tmp_path, kind)
+    edit, said = CHANGES[change]
+    watch = ReadWatch(path, "calibration file")
+    if kind == "jsonl":  # part-way through: once a tenth of the bytes are read
+        read, size, changed = [0], path.stat().st_size, []
+
+        def advance(n):
+            read[0] += n
+            if read[0] >= size // 10 and not changed:
+                changed.append(edit(path))
+        with pytest.raises(UserError) as refused:
+            _read(path, advance, watch)
+    else:  # a .gz and a .json array are read in chunks: changed after the first chunk was read
+        opened = watch.open
+
+        def open_then_change():
+            handle = opened()
+            handle.peek(1)
+            edit(path)
+            return handle
+        watch.open = open_then_change
+        with pytest.raises(UserError) as refused:
+            _read(path, watch=watch)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: the calibration file changed while it was read (") and said in message
+    assert "nothing was written" in message
+
+
+def test_the_fingerprint_is_of_the_bytes_read(tmp_path):
+    path = _source(tmp_path, "jsonl.gz")
+    watch = ReadWatch(path)
+    stats = _read(path, watch=watch)
+    assert stats.records_in > 0
+    assert watch.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()  # the gzip trailer included
+
+
+def test_calib_records_the_source_it_read(tmp_path, tiny_llama):
+    from pipeline.outputs import read_stage_record
+    from pipeline.stages import calib
+
+    path = _source(tmp_path, "jsonl")
+    out = tmp_path / "build"
+    result = calib.run(path, out, tiny_llama, seq_len=64, num_blocks=4, holdout=2)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert result.stats["source_sha256"] == digest
+    assert read_stage_record(out)["inputs"]["source"]["fingerprint"] == f"sha256:{digest}"
+
+
+@pytest.mark.parametrize("change", ["a file rewritten", "a file replaced", "a folder's file changed"])
+def test_any_stage_refuses_an_input_changed_while_it_ran(tmp_path, change):
+    """Every stage writing through outputs.atomic_dir (resave, calib, quantize, export, card ...) fingerprints its
+    inputs as it starts and refuses one changed by its end: nothing kept, nothing left, the record never names the
+    new file (a calib.jsonl replaced during a quantize stage)."""
+    from pipeline.outputs import atomic_dir
+
+    source, folder = tmp_path / "calib.jsonl", tmp_path / "base"
+    source.write_text("[1, 2, 3]\n")
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    dest = tmp_path / "out" / "variant"
+    with pytest.raises(UserError) as refused:
+        with atomic_dir(dest, "quantize", {"calibration file": source, "base checkpoint": folder}) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"weights")
+            if change == "a file rewritten":
+                source.write_text("[4, 5, 6]\n")
+            elif change == "a file replaced":
+                (tmp_path / "new").write_text("[7]\n")
+                os.replace(tmp_path / "new", source)
+            else:
+                (folder / "config.json").write_text('{"changed": true}')
+    label = "base checkpoint" if "folder" in change else "calibration file"
+    assert f"the {label} " in str(refused.value) and "changed while the quantize stage ran" in str(refused.value)
+    assert not dest.exists() and not (tmp_path / "out").exists()  # nor its temp folder, nor the folder made for it

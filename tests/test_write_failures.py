@@ -1,0 +1,168 @@
+"""A write the file system refuses is one message, never a traceback (issue 70.1): each stage that writes, run under a
+file-size limit (`ulimit -f`: every write past it is refused with EFBIG, as a full disk refuses with ENOSPC) and, where
+this machine lets a test mount one, on a small file system, exits 2 with one line naming the path, and leaves no temp
+file and no empty output folder behind."""
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY_PARAMS, write_params
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, tiny_llama, tiny_calib, tiny_variants):
+    from test_bad_inputs import build_results
+    from test_bench import write_holdout
+
+    root = tmp_path_factory.mktemp("full-disk")
+    write_params(root, TINY_PARAMS)
+    shutil.copy(REPO / "calib_data" / "support_logs.jsonl", root / "conversations.jsonl")
+    shutil.copytree(tiny_llama, root / "models" / "m")
+    shutil.copytree(tiny_variants["awq-w4a16"], root / "models" / "awq")
+    shutil.copytree(tiny_calib, root / "calib")
+    write_holdout(root / "short-prompts.jsonl")
+    build_results(root / "report-inputs")
+    return root
+
+
+def _commands(root: Path, out: Path) -> dict[str, list[str]]:
+    model, holdout = root / "models" / "m", root / "calib" / "holdout.jsonl"
+    inputs = root / "report-inputs"
+    return {
+        "calib": ["calib", str(root / "conversations.jsonl"), "--model", str(model), "--out", str(out)],
+        "resave": ["resave", str(model), "--out", str(out)],
+        "rtn": ["rtn", "--model", str(model), "--calib", str(root / "calib" / "calib.jsonl"), "--out", str(out),
+                "--group-size", "32"],
+        "eval": ["eval", str(model), "--suite", "ppl-book", "--out", str(out)],
+        "kl": ["kl", str(model), "--base", str(model), "--holdout", str(holdout), "--out", str(out)],
+        "judge": ["judge", str(model), "--base", str(model), "--prompts", str(holdout), "--out", str(out)],
+        "bench": ["bench", str(model), "--concurrency", "1", "--input-len", "16", "--output-len", "4", "--holdout",
+                  str(root / "short-prompts.jsonl"), "--out", str(out)],
+        "sensitivity": ["sensitivity", str(root / "models" / "awq"), "--base", str(model), "--holdout", str(holdout),
+                        "--sequences", "2", "--out", str(out)],
+        "report": ["report", "--results", str(inputs / "results"), "--models", str(inputs / "models"),
+                   "--params", str(inputs / "params.yaml"), "--out", str(out)],
+    }
+
+
+def _listing(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
+
+
+def _run(root: Path, command: list[str], limit: int | None = None) -> subprocess.CompletedProcess:
+    def limited():
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    scratch = root / "tmp"  # $TMPDIR inside the project: the listing sees what a stage leaves there
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch)}
+    return subprocess.run([sys.executable, "-m", "pipeline.cli.app", *command], cwd=root, env=env, text=True,
+                          capture_output=True, preexec_fn=limited, timeout=600)
+
+
+def _refused_cleanly(done: subprocess.CompletedProcess, out: Path, before: set[str], root: Path) -> None:
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "nothing was kept" in errors[0], done.stderr[-3000:]
+    assert errors[0].startswith("error: cannot write "), errors  # what, where, why and the way out
+    left = sorted(_listing(root) - before)  # no temp file, no empty folder; a stage's resume caches (.cache) stay
+    kept = {str(a) for p in left if ".cache" in Path(p).parts for a in (Path(p), *Path(p).parents)}
+    assert not [p for p in left if p not in kept], left
+    assert not out.exists() or {p.name for p in out.iterdir()} == {".cache"}, f"{out} left behind"
+
+
+# stage -> the file-size limit under which it fails while writing its output (its inputs read as usual)
+LIMITS = {"calib": 2048, "resave": 4096, "rtn": 4096, "eval": 64, "kl": 64, "judge": 64, "bench": 64, "sensitivity": 64,
+          "report": 4096}
+
+
+@pytest.mark.parametrize("stage", list(LIMITS))
+def test_a_write_past_the_file_size_limit_is_one_message_and_leaves_nothing(project, stage):
+    out = project / "outs" / stage / "out"
+    (project / "tmp").mkdir(exist_ok=True)
+    before = _listing(project)
+    done = _run(project, _commands(project, out)[stage], LIMITS[stage])
+    _refused_cleanly(done, out, before, project)
+    assert "file too large" in done.stderr and "ulimit -f" in done.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB file system (tmpfs), where this machine lets a test mount one."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("mounting a small file system needs root here: the file-size limit tests stand in for it")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("stage", ["calib", "rtn", "eval", "report"])
+def test_a_full_disk_is_one_message_naming_the_free_space(project, small_disk, stage):
+    ballast = small_disk / "ballast"  # leaves the stage 16 KiB (eval, whose files are small: 4 KiB)
+    ballast.write_bytes(b"\0" * ((252 if stage == "eval" else 240) << 10))
+    out = small_disk / "outs" / stage
+    before = _listing(small_disk)
+    done = _run(project, _commands(project, out)[stage])
+    _refused_cleanly(done, out, before, small_disk)
+    assert "no space left on the device" in done.stderr and "free there" in done.stderr
+    assert stage == "eval" or not (small_disk / "outs").exists()  # the folder made for it goes (eval: its cache stays)
+    assert not list(small_disk.rglob("*.tmp-*"))  # eval left a hidden .ppl-book.jsonl.tmp-PID before
+
+
+def test_the_message_names_the_space_a_write_needed(tmp_path):
+    """write_atomic knows what it was writing: a full disk's message says how much that was."""
+    import errno
+
+    from pipeline.errors import write_refused
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    message = str(write_refused(full, tmp_path / "verdict.json", "the file", 3 << 20, needed=True))
+    assert f"cannot write the file {tmp_path / 'verdict.json'}: no space left on the device" in message
+    assert "it needs 3.0 MiB" in message and "free there" in message
+    # a library's own wording of the same (safetensors' Rust writer), raised while handling another error
+    try:
+        try:
+            raise full
+        except OSError:
+            raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                               '"No space left on device" })')
+    except RuntimeError as exc:
+        assert "no space left" in str(write_refused(exc, tmp_path / "m", "the quantize output"))
+
+
+@pytest.fixture
+def read_only_copy(project, tmp_path):
+    """The project on a read-only file system (a tmpfs mounted again read-only), where this machine allows it."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a file system needs root here: the file-size limit tests stand in for it")
+    try:
+        shutil.copytree(project / "models" / "m", mount / "m")
+        shutil.copy(project / "conversations.jsonl", mount / "conversations.jsonl")
+        shutil.copy(project / "params.yaml", mount / "params.yaml")
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("command", [["calib", "conversations.jsonl", "--model", "m", "--out", "calib"],
+                                     ["rtn", "--model", "m", "--calib", "conversations.jsonl", "--out", "models/rtn"],
+                                     ["eval", "m", "--suite", "ppl-book", "--out", "results/m"]])
+def test_a_read_only_project_is_refused_before_any_work(read_only_copy, command):
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli.app", *command], cwd=read_only_copy, text=True,
+                          capture_output=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"error: --out {command[-1]}: {read_only_copy} is on a read-only file system; nothing was done" \
+        in done.stderr
