@@ -2,6 +2,9 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# the PATH of the shell that ran make (before .venv/bin joins it): the demo's closing lines name the activation a
+# new shell needs for the commands they suggest (pipeline/console.py run_hint)
+SHELL_PATH := $(PATH)
 export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: demo test docs install constraints gpu-install system-deps sandbox-deps clean-demo example-report example-cards example-gpu-report
@@ -36,8 +39,8 @@ STAGE_TIMES := .cache/demo-commands.jsonl
 demo: install sandbox-deps
 	@started=$$(date +%s.%N); mkdir -p .cache; rm -f $(STAGE_TIMES); \
 	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/quantize fetch-demo && \
-	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/python -m pipeline.cli.repro && \
-	$(BIN)/quantize show-verdict; status=$$?; \
+	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) QUANTIZE_SHELL_PATH='$(SHELL_PATH)' $(BIN)/python -m pipeline.cli.repro && \
+	QUANTIZE_SHELL_PATH='$(SHELL_PATH)' $(BIN)/quantize show-verdict; status=$$?; \
 	$(BIN)/python -m pipeline.cli.repro --times $(STAGE_TIMES) $$started; exit $$status
 
 test: install system-deps docs
@@ -94,7 +97,7 @@ sandbox-deps:
 	@command -v bwrap >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) || \
 	  { echo "the code suite runs model-written code in a bubblewrap sandbox: sudo apt-get install bubblewrap"; \
-	    echo "(or, to run it without isolation, set suites.code.allow_unsandboxed: true in params.yaml and run: $(BIN)/quantize fetch-demo && $(BIN)/dvc repro)"; exit 1; }
+	    echo "(or, to run it without isolation, set suites.code.allow_unsandboxed: true in params.yaml and run: $(BIN)/quantize fetch-demo && $(BIN)/quantize repro)"; exit 1; }
 
 # Debian packages the tests use: chromium for the report's browser test (playwright's own
 # download needs a hub), poppler-utils' pdftotext to read the printed report back, bubblewrap for the code suite's sandbox.

@@ -442,21 +442,29 @@ def profile(
     from pipeline.profiles import fix as profile_fix
 
     root = Path.cwd()
+    said = []  # what this printed: the commands it names work in the user's shell (console.run_hint)
+
+    def say(text: str) -> None:
+        said.append(text)
+        typer.echo(text)
+
     if name is None and not fix and not unfix:
-        typer.echo(profiles.describe(root))  # and the fixes a verdict's NO-GO offers
-        return
+        say(profiles.describe(root))  # and the fixes a verdict's NO-GO offers
     if name is not None:
         name = profiles.ALIASES.get(name, name)
         changed = profiles.switch(name, root, force)
         what = ", ".join(changed) if changed else "nothing (already in use)"
-        typer.echo(f"profile {name}: wrote {what}; {profiles.SUMMARIES.get(name, '')}")
+        say(f"profile {name}: wrote {what}; {profiles.SUMMARIES.get(name, '')}")
         if name == "gpu":
-            typer.echo("  set model.source in params.yaml to your checkpoint (and engine.server_command if vLLM lives "
-                       "in another environment), then: dvc repro")
+            say("  set model.source in params.yaml to your checkpoint (and engine.server_command if vLLM lives "
+                "in another environment), then: `dvc repro`")
     for variant in fix or []:
-        typer.echo(profile_fix.told(variant, profile_fix.add_fix(root, variant)))
+        say(profile_fix.told(variant, profile_fix.add_fix(root, variant)))
     for variant in unfix or []:
-        typer.echo(profile_fix.told(variant, profile_fix.remove_fix(root, variant), removed=True))
+        say(profile_fix.told(variant, profile_fix.remove_fix(root, variant), removed=True))
+    hint = console.run_hint("\n".join(said))
+    if hint:
+        typer.echo(hint)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
