@@ -256,3 +256,35 @@ def test_the_holdout_leaves_calibration_data(requested, conversations, held):
     from pipeline.stages.calib import holdout_size
 
     assert holdout_size(requested, conversations)[0] == held
+
+
+# ---------------------------------------------------------------- AWQ's generation on the CPU
+
+def test_a_w4a16_variant_runs_plain_linears_on_the_cpu_with_the_same_numbers(tiny_variants):
+    """compressed-tensors reads every weight of a loaded variant through a CPU-to-CPU offload cache and wraps every
+    Linear's forward; for W4A16 (no activation to quantize, weights already on their grid) both do nothing but cost
+    time on each call (each decoding step calls every Linear): the loaded variant's Linears are plain, and its
+    logits and greedy tokens are bit for bit those of the wrapped model. FP8 keeps its activations' quantization."""
+    import torch
+
+    from pipeline.checkpoints import loading
+
+    ids = torch.tensor([[1, 15, 27, 99, 4, 8, 61, 3], [2, 44, 9, 13, 70, 5, 33, 12]])
+    for name, plain_expected in (("awq-w4a16", True), ("fp8-w8a8", False)):
+        model = loading.load_for_inference(tiny_variants[name], torch.float32)
+        linears = [m for m in model.modules() if getattr(m, "quantization_scheme", None) is not None]
+        assert linears and all(type(m._parameters) is dict for m in model.modules())  # no offload cache
+        assert all(("forward" not in vars(m)) == plain_expected for m in linears), name
+        with torch.inference_mode():
+            plain_logits = model(ids).logits
+            plain_tokens = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        original = loading.plain_forwards
+        try:
+            loading.plain_forwards = lambda model: 0  # compressed-tensors' wrappers left as they load (the real ones)
+            wrapped = loading.load_for_inference(tiny_variants[name], torch.float32)
+        finally:
+            loading.plain_forwards = original
+        assert any("forward" in vars(m) for m in wrapped.modules())
+        with torch.inference_mode():
+            assert torch.equal(plain_logits, wrapped(ids).logits), name
+            assert torch.equal(plain_tokens, wrapped.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0))
