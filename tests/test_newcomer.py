@@ -143,6 +143,12 @@ def test_the_demos_closing_lines_name_commands_that_run_in_a_new_shell(tmp_path)
         else:
             assert done.returncode == 0, f"{run}:\n{said}"
     assert "awq-w4a16" in (repo / "dvc.yaml").read_text(encoding="utf-8")  # the fix was added, as it said
+    # as `make demo` runs it: .venv/bin on make's PATH, the user's shell's PATH (without it) in QUANTIZE_SHELL_PATH
+    made = subprocess.run([str(BIN / "quantize"), "show-verdict"], cwd=repo, capture_output=True, text=True,
+                          env={**NEW_SHELL, "PATH": f"{BIN}:{NEW_SHELL['PATH']}", "QUANTIZE_SHELL_PATH": NEW_SHELL["PATH"]})
+    assert activation.group(0) in made.stdout
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    assert "QUANTIZE_SHELL_PATH='$(SHELL_PATH)' $(BIN)/quantize show-verdict" in makefile
     # with .venv/bin on the shell's PATH (activated), no activation line
     activated = subprocess.run([str(BIN / "quantize"), "show-verdict"], cwd=repo, capture_output=True, text=True,
                                env={**NEW_SHELL, "PATH": f"{BIN}:{NEW_SHELL['PATH']}"})

@@ -101,7 +101,7 @@ def pack(stream: list[int], seq_len: int, num_blocks: int, source: Path, held: s
         raise UserError(
             f"{source}: calibration set too small: {len(stream):,} tokens after de-duplication and holdout"
             f"{f' ({held})' if held else ''}, need calib.seq_len x calib.num_blocks = {seq_len} x {num_blocks} = "
-            f"{needed:,}; add conversations, lower calib.num_blocks / calib.seq_len"
+            f"{needed:,}; add conversations or lower calib.num_blocks / calib.seq_len"
             f"{f', or hold out fewer ({HOLDOUT_HOW})' if held else ''}"
         )
     return [stream[i * seq_len:(i + 1) * seq_len] for i in range(num_blocks)]
