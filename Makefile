@@ -2,18 +2,25 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# the PATH of the shell that ran make (before .venv/bin joins it): the demo's closing lines name the activation a
+# new shell needs for the commands they suggest (pipeline/console.py run_hint)
+SHELL_PATH := $(PATH)
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test docs install gpu-install system-deps sandbox-deps clean-demo example-report example-cards example-gpu-report
+.PHONY: demo test docs install constraints gpu-install system-deps sandbox-deps clean-demo example-report example-cards example-gpu-report
 
 # torch 2.13.0 is the CPU build these machines take from local disk (pyproject.toml pins no torch, so a
 # GPU machine keeps its CUDA build).
 CPU_TORCH := torch==2.13.0
 
-$(BIN)/quantize: pyproject.toml
+# constraints.txt: every package at one version (pip freeze of a working .venv), so a fresh clone installs what the
+# committed figures were computed with; `make constraints` writes it again after a change to the dependencies.
+LOCK := -c constraints.txt
+
+$(BIN)/quantize: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[quantize,dev]' '$(CPU_TORCH)'
+	$(BIN)/pip install -q $(LOCK) -e '.[quantize,dev]' '$(CPU_TORCH)'
 	touch $@
 
 install: $(BIN)/quantize
@@ -32,8 +39,8 @@ STAGE_TIMES := .cache/demo-commands.jsonl
 demo: install sandbox-deps
 	@started=$$(date +%s.%N); mkdir -p .cache; rm -f $(STAGE_TIMES); \
 	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/quantize fetch-demo && \
-	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) $(BIN)/python -m pipeline.cli.repro && \
-	$(BIN)/quantize show-verdict; status=$$?; \
+	QUANTIZE_STAGE_LOG=$(STAGE_TIMES) QUANTIZE_SHELL_PATH='$(SHELL_PATH)' $(BIN)/python -m pipeline.cli.repro && \
+	QUANTIZE_SHELL_PATH='$(SHELL_PATH)' $(BIN)/quantize show-verdict; status=$$?; \
 	$(BIN)/python -m pipeline.cli.repro --times $(STAGE_TIMES) $$started; exit $$status
 
 test: install system-deps docs
@@ -43,12 +50,17 @@ test: install system-deps docs
 # The docs site (mkdocs.yml): the `docs` extra, then a strict build into site/ (every warning an error: a broken link
 # or anchor, a missing include). The reference pages are generated from the code at each build (tools/gen_docs.py).
 DOCS_STAMP := $(VENV)/.docs-extra
-$(DOCS_STAMP): pyproject.toml $(BIN)/quantize
-	$(BIN)/pip install -q -e '.[docs]' '$(CPU_TORCH)'
+$(DOCS_STAMP): pyproject.toml constraints.txt $(BIN)/quantize
+	$(BIN)/pip install -q $(LOCK) -e '.[docs]' '$(CPU_TORCH)'
 	touch $@
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # not --quiet: it hides the warnings --strict counts
+
+# constraints.txt written again from .venv (its comment lines kept), after a change to pyproject.toml's dependencies
+constraints: $(DOCS_STAMP)
+	{ grep '^#' constraints.txt; $(BIN)/pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 # After `make demo`: its report becomes the committed example (reports/example/: the page, the verdict and the model
 # cards), with screenshots of the first screen at 1280 x 800 and at 390 x 844 beside it (Debian's chromium, headless,
@@ -85,7 +97,7 @@ sandbox-deps:
 	@command -v bwrap >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) || \
 	  { echo "the code suite runs model-written code in a bubblewrap sandbox: sudo apt-get install bubblewrap"; \
-	    echo "(or, to run it without isolation, set suites.code.allow_unsandboxed: true in params.yaml and run: $(BIN)/quantize fetch-demo && $(BIN)/dvc repro)"; exit 1; }
+	    echo "(or, to run it without isolation, set suites.code.allow_unsandboxed: true in params.yaml and run: $(BIN)/quantize fetch-demo && $(BIN)/quantize repro)"; exit 1; }
 
 # Debian packages the tests use: chromium for the report's browser test (playwright's own
 # download needs a hub), poppler-utils' pdftotext to read the printed report back, bubblewrap for the code suite's sandbox.

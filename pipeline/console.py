@@ -15,7 +15,9 @@ bar, its warnings, its one-line summary, and on failure the error with the log's
 
 `progress(description, total)` is a context manager giving an `advance(n)` callable: a rich bar on
 the terminal that moves per item (per request, per judgment, per sequence, per byte), transient,
-silent when the terminal is not one or with `--quiet` (and so are the libraries' tqdm bars).
+silent when the terminal is not one or with `--quiet` (and so are the libraries' tqdm bars). Where the bar is
+silent because the output is not a terminal (piped to a file, a CI log), a line says the stage still works after
+every HEARTBEAT_S seconds without one: the bar's description and count when a bar runs (`heartbeat`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ import contextlib
 import io
 import logging
 import os
+import re
+import shutil
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, Iterator
@@ -33,7 +39,10 @@ LIBRARIES = ("transformers", "datasets", "lm_eval", "lm-eval", "llmcompressor", 
              "httpx", "urllib3", "filelock", "fsspec", "torch", "numexpr")
 LOG_DIR = Path(".cache") / "logs"  # in the project (git-ignored): each DVC stage's log, by stage name
 OUTPUT_ENV = "QUANTIZE_STAGE_OUTPUT"  # "terminal": a DVC stage writes everything to the terminal, as outside DVC
-_state: dict = {"quiet": False, "configured": False, "terminal": None, "log": None, "console": None}
+HEARTBEAT_S = 25.0  # output not a terminal: a line at least this often (under 30 s, with room for a busy machine)
+HEARTBEAT_ENV = "QUANTIZE_HEARTBEAT_S"  # another interval (the tests' short one)
+_state: dict = {"quiet": False, "configured": False, "terminal": None, "log": None, "console": None,
+                "said": 0.0, "task": None, "heartbeat": None}
 
 
 def setup(verbosity: int = 0, quiet: bool = False) -> None:
@@ -79,6 +88,59 @@ def setup(verbosity: int = 0, quiet: bool = False) -> None:
         # per update into a log; ours are silent there too. tqdm reads TQDM_* when a bar is made.
         os.environ.setdefault("TQDM_DISABLE", "1")
     _state.update(quiet=quiet, configured=True)
+    if not quiet and not (_state.get("console") or Console(stderr=True)).is_terminal:
+        heartbeat()
+
+
+def heartbeat(interval: float | None = None) -> None:
+    """From now on, while nothing else is said for `interval` seconds (HEARTBEAT_S, or QUANTIZE_HEARTBEAT_S), one
+    line on the stage's output: what it does and for how long (a daemon thread: it ends with the process)."""
+    if interval is None:
+        try:
+            interval = float(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_S)
+        except ValueError:
+            interval = HEARTBEAT_S
+    started = _state["said"] = time.monotonic()
+    if _state["heartbeat"] is not None and _state["heartbeat"].is_alive():
+        _state["heartbeat_s"] = interval
+        return
+    _state["heartbeat_s"] = interval
+    name = os.environ.get("DVC_STAGE") or "quantize " + next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+
+    def beat() -> None:
+        while True:
+            wait = _state["said"] + _state["heartbeat_s"] - time.monotonic()
+            if wait > 0:
+                time.sleep(min(wait, 1.0))
+                continue
+            _say(f"{_doing() or name + ': working'} ({_elapsed(time.monotonic() - started)} so far)")
+
+    _state["heartbeat"] = threading.Thread(target=beat, name="quantize-heartbeat", daemon=True)
+    _state["heartbeat"].start()
+
+
+def _doing() -> str:
+    task = _state["task"]
+    if task is None:
+        return ""
+    bar, task_id, unit = task
+    found = next((t for t in bar.tasks if t.id == task_id), None)
+    if found is None:
+        return ""
+    done = f"{found.completed:,.0f}" + (f" of {found.total:,.0f}" if found.total else "")
+    return f"{found.description}: {done} {unit}"
+
+
+def _elapsed(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
+def _say(line: str) -> None:
+    """A line on the stage's output stream (the terminal's, inside dvc repro; else standard error)."""
+    _state["said"] = time.monotonic()
+    stream = _state["terminal"] or sys.stderr
+    with contextlib.suppress(Exception):
+        print(line, file=stream, flush=True)
 
 
 def _ours_or_an_error(record: logging.LogRecord) -> bool:
@@ -142,6 +204,28 @@ def _stream(fd: int) -> io.TextIOWrapper:
                             line_buffering=True)
 
 
+SHELL_PATH_ENV = "QUANTIZE_SHELL_PATH"  # the PATH of the shell the user types in, where it is not this one's (make's)
+_COMMANDS = re.compile(r"`((?:quantize|dvc)(?:\s[^`]*)?)`")  # a command a message tells the user to run
+
+
+def run_hint(text: str) -> str:
+    """'' when every `quantize ...` / `dvc ...` command `text` tells the user to run works as written in their shell;
+    else one line that makes it so: the activation of the environment this process runs from (`make demo` and
+    `make test` use .venv without activating it, so a new shell has neither command on its PATH)."""
+    names = {m.group(1).split()[0] for m in _COMMANDS.finditer(text)}
+    if not names:
+        return ""
+    bin_dir = Path(sys.executable).parent.absolute()  # the environment's bin (not resolved: a venv's python links out)
+    path = os.environ.get(SHELL_PATH_ENV) or os.environ.get("PATH", "")
+    found = {name: shutil.which(name, path=path) for name in names}
+    if all(where and Path(where).parent.absolute() == bin_dir for where in found.values()):
+        return ""
+    shown = Path(os.path.relpath(bin_dir)) if bin_dir.is_relative_to(Path.cwd()) else bin_dir
+    if (bin_dir / "activate").is_file():
+        return f"(these commands run in the project's environment: in a new shell, first `source {shown}/activate`)"
+    return f"(these commands are in {shown}: add it to PATH first, `export PATH={shown}:$PATH`)"
+
+
 def log_path() -> Path | None:
     """The stage's log, when its output goes there (inside dvc repro)."""
     return _state["log"]
@@ -151,6 +235,7 @@ def summary(line: str) -> None:
     """The stage's one-line summary: on standard output, and inside dvc repro on the terminal and in the log."""
     import typer
 
+    _state["said"] = time.monotonic()
     if _state["terminal"] is None:
         typer.echo(line)
         return
@@ -162,6 +247,9 @@ def error(message: str) -> None:
     """A failure: on standard error (red), and inside dvc repro on the terminal with the log's path."""
     import typer
 
+    _state["said"] = time.monotonic()
+    hint = run_hint(message)
+    message = f"{message}\n{hint}" if hint else message
     if _state["terminal"] is None:
         typer.secho(message, fg=typer.colors.RED, err=True)
         return
@@ -202,7 +290,11 @@ def progress(description: str, total: int | None, unit: str = "items") -> Iterat
     with Progress(*columns, console=console, transient=True, disable=disable, redirect_stdout=not logged,
                   redirect_stderr=not logged) as bar:
         task = bar.add_task(description, total=total)
-        yield _Advance(bar, task)
+        outer, _state["task"] = _state["task"], (bar, task, "bytes" if unit == "bytes" else unit)
+        try:
+            yield _Advance(bar, task)
+        finally:
+            _state["task"] = outer
 
 
 class _Advance:

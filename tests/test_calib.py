@@ -758,3 +758,43 @@ def test_a_json_array_reads_the_same_a_few_bytes_at_a_time(tmp_path, monkeypatch
     whole = read()
     monkeypatch.setattr(conversations, "JSON_CHUNK", 3)
     assert read() == whole
+
+
+# ---------------------------------------------------------------- the holdout of a small input (issue 69.4)
+
+def test_a_small_input_keeps_half_to_calibrate_on_and_says_so(tmp_path, tiny_llama):
+    """Issue 69: 30 conversations under calib.holdout 32 were all held out ("0 tokens after de-duplication and
+    holdout"); now the holdout takes at most half, the summary says so and how to choose it."""
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:30])
+    params = write_params(tmp_path, {"calib": {"holdout": 32, "seq_len": 32, "num_blocks": 4}})
+    result = cli(["calib", source, "--out", tmp_path / "out", "--model", tiny_llama, "--params", params])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text(encoding="utf-8"))
+    assert stats["holdout"] == 15 and stats["calib_conversations"] == 15 and stats["blocks"] == 4
+    assert len(read_jsonl(tmp_path / "out" / "holdout.jsonl")) == 15
+    said = " ".join(result.output.split())
+    assert "calib.holdout 32 would leave none of the 30 conversations to calibrate on: held out 15" in said
+    assert "--holdout N on `quantize calib`, or calib.holdout in params.yaml" in said
+
+
+def test_the_holdout_flag_sets_it_and_a_fitting_holdout_is_not_changed(tmp_path, tiny_llama):
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:30])
+    params = write_params(tmp_path, {"calib": {"holdout": 32, "seq_len": 32, "num_blocks": 4}})
+    result = cli(["calib", source, "--out", tmp_path / "out", "--model", tiny_llama, "--params", params,
+                  "--holdout", 4])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out" / "stats.json").read_text(encoding="utf-8"))["holdout"] == 4
+    assert "would leave" not in result.output
+    bad = cli(["calib", source, "--out", tmp_path / "bad", "--model", tiny_llama, "--params", params, "--holdout", -1])
+    assert bad.exit_code == 2 and "--holdout -1" in bad.output and not (tmp_path / "bad").exists()
+
+
+def test_too_small_a_set_names_what_the_holdout_took_and_how_to_change_it(tmp_path, tiny_llama):
+    source = write_lines(tmp_path / "f.jsonl", LOGS[:6])
+    params = write_params(tmp_path, {"calib": {"holdout": 32, "seq_len": 256, "num_blocks": 64}})
+    result = cli(["calib", source, "--out", tmp_path / "out", "--model", tiny_llama, "--params", params])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in said, said
+    assert "calibration set too small" in said and "the holdout took 3 of the 6 conversations, calib.holdout 32" in said
+    assert "hold out fewer (--holdout N on `quantize calib`, or calib.holdout in params.yaml)" in said
+    assert not (tmp_path / "out").exists()

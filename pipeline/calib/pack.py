@@ -13,6 +13,7 @@ from pipeline.errors import UserError
 from pipeline.formats.conversations import Conversation
 
 TOKENIZE_BATCH = 512  # rendered conversations tokenized at once
+HOLDOUT_HOW = "--holdout N on `quantize calib`, or calib.holdout in params.yaml"  # how to change the holdout
 
 # ---------------------------------------------------------------- split and pack
 
@@ -92,14 +93,16 @@ def render(tokenizer, conversation: Conversation) -> str | None:
     return render_chat(tokenizer, conversation.messages)
 
 
-def pack(stream: list[int], seq_len: int, num_blocks: int, source: Path) -> list[list[int]]:
-    """Cuts the concatenated token stream into fixed-length blocks: no padding, so blocks batch."""
+def pack(stream: list[int], seq_len: int, num_blocks: int, source: Path, held: str = "") -> list[list[int]]:
+    """Cuts the concatenated token stream into fixed-length blocks: no padding, so blocks batch. `held`: what the
+    holdout took, said when the set is too small."""
     needed = seq_len * num_blocks
     if len(stream) < needed:
         raise UserError(
-            f"{source}: calibration set too small: {len(stream)} tokens after de-duplication and holdout, "
-            f"need calib.seq_len x calib.num_blocks = {seq_len} x {num_blocks} = {needed}; "
-            "add conversations or lower calib.num_blocks / calib.seq_len"
+            f"{source}: calibration set too small: {len(stream):,} tokens after de-duplication and holdout"
+            f"{f' ({held})' if held else ''}, need calib.seq_len x calib.num_blocks = {seq_len} x {num_blocks} = "
+            f"{needed:,}; add conversations or lower calib.num_blocks / calib.seq_len"
+            f"{f', or hold out fewer ({HOLDOUT_HOW})' if held else ''}"
         )
     return [stream[i * seq_len:(i + 1) * seq_len] for i in range(num_blocks)]
 

@@ -69,4 +69,28 @@ def load_for_inference(model_dir: Path | str, dtype, device: str | None = None):
             # The dense weights already sit on the quantization grid: re-quantizing them in every
             # forward would change nothing and cost a pass over all weights per token.
             module.quantization_status = QuantizationStatus.COMPRESSED
+    if device is None:
+        plain_forwards(model)
     return model
+
+
+def plain_forwards(model) -> int:
+    """On the CPU, each quantized Linear as a plain one where its wrappers do nothing: compressed-tensors
+    "offloads" every module from the CPU to the CPU (each weight read through its cache) and wraps the forward of
+    each in one that fake-quantizes activations; a W4A16 module has none to quantize, its weights already hold their
+    quantized values (above), so its forward is Linear's own, with the same weight: the same numbers, and no
+    per-call overhead (0.25 -> 0.16 ms a call, 210 calls per decoding step of the demo model). An FP8 module keeps
+    its activations' fake quantization. Returns the modules made plain."""
+    from compressed_tensors.offload.dispatch import remove_dispatch
+    from compressed_tensors.quantization import QuantizationStatus
+
+    remove_dispatch(model)  # the tensors stay where they are: on the CPU
+    plain = 0
+    for module in model.modules():
+        scheme = getattr(module, "quantization_scheme", None)
+        if (scheme is not None and "forward" in vars(module) and not scheme.input_activations
+                and not scheme.output_activations
+                and getattr(module, "quantization_status", None) == QuantizationStatus.COMPRESSED):
+            del module.forward  # the class's forward again
+            plain += 1
+    return plain

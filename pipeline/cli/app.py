@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
 
 from pipeline import console, methods
 from pipeline.cli import quantize as cli_quantize
@@ -21,7 +22,32 @@ from pipeline.engines import engine_names
 from pipeline.errors import UserError
 from pipeline.settings.params import with_overrides
 
+
+
+def _flags_untyped(params: list) -> list:
+    """A flag (--quiet, --help, a counted -v) takes no value: its help shows no type (typer 0.29 shows `<bool>`, an
+    empty metavar shows nothing)."""
+    for param in params:
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            param.metavar = ""
+    return params
+
+
+class _Commands(TyperGroup):
+    """`quantize` and every subcommand's help without a type beside a flag."""
+
+    def get_params(self, ctx):
+        return _flags_untyped(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _flags_untyped(command.get_params(ctx))
+        return command
+
+
 app = typer.Typer(
+    cls=_Commands,
     help=f"Quantize an LLM (methods: {methods.names()}) and prove each variant against the FP16 base. "
          "Every option defaults from params.yaml in the current directory.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -110,6 +136,9 @@ def calib(
     model: Optional[Path] = typer.Option(None, help="Checkpoint whose tokenizer and chat template render the text (default: params model.base_dir)"),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record instead of skipping it."),
     redact: Optional[bool] = typer.Option(None, "--redact/--no-redact", help="Redact e-mails, phones, cards, IBANs, IPs (default: params calib.redact)"),
+    holdout: Optional[int] = typer.Option(None, help="Conversations held out for the judge, kl, bench and ppl-chat, "
+                                          "never calibrated on; at most half of a small input (default: params "
+                                          "calib.holdout)"),
     params_file: Path = PARAMS_OPTION,
 ):
     """Turn support logs into calibration token blocks and held-out judge prompts."""
@@ -117,7 +146,7 @@ def calib(
     from pipeline.outputs import counted
 
     p = load_params(params_file)
-    settings = with_overrides(p.calib, redact=redact)
+    settings = with_overrides(p.calib, redact=redact, holdout=holdout)
     source, out, model = source or settings.source, out or settings.out, model or p.model.base_dir
     refuse_overlap(out, replaces="calib", source=source, tokenizer_checkpoint=model)
     with working():
@@ -249,9 +278,9 @@ def bench(
 def code(
     out: Path = typer.Option(Path(".cache/code"), help="Where the code files go (dvc.yaml's code stage: .cache/code)"),
 ):
-    """The code stage: for each `quantize` command a stage runs, the pipeline/ files it imports with their hashes
-    (OUT/<command>.txt, derived from the source: pipeline/cli/code_deps.py); each stage depends on its command's
-    file, so an edit reruns exactly the stages whose code it changes."""
+    """The code stage: for each `quantize` command a stage runs, the project's source files it imports, with their
+    hashes (OUT/<command>.txt); each stage depends on its command's file, so an edit reruns exactly the stages whose
+    code it changes."""
     from pipeline.cli import code_deps
 
     counts = code_deps.write_code(out, Path.cwd(), app)
@@ -270,7 +299,7 @@ def warm(
 ):
     """Inside a run: start this checkpoint's vLLM server in the background for the run's later stages, when the
     GPU has room (engine.warm_servers); returns at once. The GPU profile runs it as soon as each checkpoint exists.
-    With fitted servers it prints the run's server plan first (pipeline/stages/warm.py)."""
+    With fitted servers it prints the run's server plan first."""
     from pipeline.stages import warm as warm_stage
 
     p = load_params(params_file)
@@ -406,27 +435,35 @@ def profile(
                                               "build: out of every list (and params.yaml fix.variants), in place; the "
                                               "report then leaves it out (repeatable)"),
 ):
-    """Switch params.yaml and dvc.yaml together: the CPU demo or the GPU configuration (pipeline/profiles/); with
-    --fix, add a variant's fix to the dvc.yaml (and params.yaml) in use, with --unfix take it out."""
+    """Switch params.yaml and dvc.yaml together: the CPU demo or the GPU configuration; with --fix, add a variant's
+    fix to the dvc.yaml (and params.yaml) in use, with --unfix take it out."""
     from pipeline import profiles
     from pipeline.profiles import fix as profile_fix
 
     root = Path.cwd()
+    said = []  # what this printed: the commands it names work in the user's shell (console.run_hint)
+
+    def say(text: str) -> None:
+        said.append(text)
+        typer.echo(text)
+
     if name is None and not fix and not unfix:
-        typer.echo(profiles.describe(root))  # and the fixes a verdict's NO-GO offers
-        return
+        say(profiles.describe(root))  # and the fixes a verdict's NO-GO offers
     if name is not None:
         name = profiles.ALIASES.get(name, name)
         changed = profiles.switch(name, root, force)
         what = ", ".join(changed) if changed else "nothing (already in use)"
-        typer.echo(f"profile {name}: wrote {what}; {profiles.SUMMARIES.get(name, '')}")
+        say(f"profile {name}: wrote {what}; {profiles.SUMMARIES.get(name, '')}")
         if name == "gpu":
-            typer.echo("  set model.source in params.yaml to your checkpoint (and engine.server_command if vLLM lives "
-                       "in another environment), then: dvc repro")
+            say("  set model.source in params.yaml to your checkpoint (and engine.server_command if vLLM lives "
+                "in another environment), then: `dvc repro`")
     for variant in fix or []:
-        typer.echo(profile_fix.told(variant, profile_fix.add_fix(root, variant)))
+        say(profile_fix.told(variant, profile_fix.add_fix(root, variant)))
     for variant in unfix or []:
-        typer.echo(profile_fix.told(variant, profile_fix.remove_fix(root, variant), removed=True))
+        say(profile_fix.told(variant, profile_fix.remove_fix(root, variant), removed=True))
+    hint = console.run_hint("\n".join(said))
+    if hint:
+        typer.echo(hint)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

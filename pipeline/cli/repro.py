@@ -54,6 +54,11 @@ def repro(args: list[str], quiet: bool = True) -> int:
     # this process is the run its stages belong to (they look for a `dvc repro` process, which this one is not by
     # name): their commands fork from the run's warm interpreter, its shared servers live as long as it does
     os.environ.setdefault(RUN_PID_ENV, str(os.getpid()))
+    # the stages' commands (`quantize ...`) are this environment's: found without an activated venv
+    # (`.venv/bin/quantize repro` in a new shell)
+    here = str(Path(sys.executable).parent.absolute())
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join(filter(None, (here, os.environ.get("PATH"))))
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"dvc(\.|$)")  # pygtrie's, in DVC's trie
     for name in DVC_LOGGERS:  # DVC's own handler says them (`quantize repro`'s logging would say them twice)
         logging.getLogger(name).propagate = False

@@ -87,7 +87,8 @@ def show_verdict(path: Path = typer.Argument(Path("reports/verdict.json"))):
     from pipeline.profiles.fix import fix_items, offers
 
     lines += offers(verdict, fix_items(Path.cwd()))  # a NO-GO W4A16 variant without a fix: the command that adds it
-    typer.echo("\n".join(lines))
+    hint = console.run_hint("\n".join(lines))  # a new shell after `make demo` has no `quantize` nor `dvc`
+    typer.echo("\n".join([*lines, *([hint] if hint else [])]))
     typer.echo(f"report: {path.parent.resolve() / 'index.html'}")
 
 

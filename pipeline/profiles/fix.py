@@ -268,10 +268,10 @@ def told(variant: str, changes: list[str], removed: bool = False) -> str:
         return (f"unfix {variant}: dvc.yaml builds no fix of it; nothing changed" if removed else
                 f"fix {variant}: dvc.yaml builds and decides it already; nothing changed")
     if removed:
-        return (f"unfix {variant}: dvc.yaml and params.yaml edited (comments kept): {'; '.join(changes)}\n  then: dvc "
-                f"repro (the report, without {fixes.fix_name(variant)}; its files stay in models/ and results/)")
-    return (f"fix {variant}: dvc.yaml and params.yaml edited (comments kept): {'; '.join(changes)}\n  then: dvc repro "
-            f"(quantize fix {variant}, then kl, eval and the report for {fixes.fix_name(variant)})")
+        return (f"unfix {variant}: dvc.yaml and params.yaml edited (comments kept): {'; '.join(changes)}\n  then: "
+                f"`dvc repro` (the report, without {fixes.fix_name(variant)}; its files stay in models/ and results/)")
+    return (f"fix {variant}: dvc.yaml and params.yaml edited (comments kept): {'; '.join(changes)}\n  then: "
+            f"`dvc repro` (quantize fix {variant}, then kl, eval and the report for {fixes.fix_name(variant)})")
 
 
 def fix_items(root: Path) -> list[str] | None:

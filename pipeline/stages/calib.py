@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pipeline.calib.dedup import NEAR_DUPLICATE_JACCARD, WordIds, jaccard, near_duplicates, normalised, shingles
 from pipeline.calib.load import CalibStats, _letters, check_skipped, load_conversations, read_conversations
-from pipeline.calib.pack import _load_tokenizer, calibration_stream, held_out, holdout_prompt, pack, render
+from pipeline.calib.pack import HOLDOUT_HOW, _load_tokenizer, calibration_stream, held_out, holdout_prompt, pack, render
 from pipeline.calib.redact import redact
 from pipeline.calib.store import ConversationStore
 from pipeline.console import progress
@@ -67,7 +67,7 @@ class CalibResult:
             f"calib: wrote {self.out} ({counted(s['blocks'], 'block')} x {s['seq_len']} tokens, "
             f"{counted(s['holdout'], 'holdout prompt')}; kept {s['records_kept']:,} of {counted(s['records_in'], 'record')}"
             f"{f' (dropped {dropped})' if dropped else ''}, {counted(sum(s['redactions'].values()), 'redaction')}{removed}) "
-            f"in {self.seconds:.1f} s"
+            f"in {self.seconds:.1f} s" + (f"; {s['holdout_note']}" if s.get("holdout_note") else "")
         )
 
 
@@ -140,21 +140,42 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
             raise UserError(f"{source}: no record has a user turn, so none can be held out for the judge, kl, bench "
                             f"and ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or set "
                             "calib.holdout: 0 to calibrate on this text alone")
-        held = held_out(store, s.holdout)
+        conversations = store.kept
+        holdout, held_note = holdout_size(s.holdout, conversations)
+        held = held_out(store, holdout)
         phases("split")
         tokenizer = _load_tokenizer(model_dir)
         phases("load tokenizer")
         calib_set, conversation_tokens, stream = _render_all(tokenizer, store, held, stats, model_dir,
                                                              s.seq_len * s.num_blocks)
         check_skipped(source, stats, s.max_bad_fraction, model_dir)
-        blocks = pack(stream, s.seq_len, s.num_blocks, source)
+        blocks = pack(stream, s.seq_len, s.num_blocks, source,
+                      held=f"the holdout took {len(held)} of the {counted(conversations, 'conversation')}, "
+                           f"calib.holdout {s.holdout}")
         phases("render+pack")
         summary = _summary(source, read.sha256, stats, do_redact=s.redact, calib_set=calib_set, held=len(held),
                            seq_len=s.seq_len, blocks=blocks, conversation_tokens=conversation_tokens,
                            chat_template=bool(getattr(tokenizer, "chat_template", None)))
+        if held_note:
+            summary["holdout_note"] = held_note
         _write(out, source, model_dir, store, held, blocks, summary, read)
         phases("write")
     return CalibResult(out, summary, watch.seconds, phases.seconds)
+
+
+HOLDOUT_SHARE = 0.5  # at most this share of the conversations is held out: the rest is left to calibrate on
+
+
+def holdout_size(requested: int, conversations: int) -> tuple[int, str]:
+    """(conversations to hold out, a note when that is fewer than calib.holdout asked for). A small input would be
+    held out whole (calib.holdout 32 of 30 conversations: nothing left to calibrate on): it keeps HOLDOUT_SHARE of
+    them held out, at least one, and says so."""
+    most = max(1, int(conversations * HOLDOUT_SHARE))
+    if requested <= most:
+        return requested, ""
+    return most, (f"calib.holdout {requested} would leave {'none' if requested >= conversations else 'few'} of the "
+                  f"{counted(conversations, 'conversation')} to calibrate on: held out {most} "
+                  f"(at most {HOLDOUT_SHARE:.0%}); to choose, {HOLDOUT_HOW}")
 
 
 class _Phases:
