@@ -219,17 +219,19 @@ def test_profile_fix_edits_dvc_yaml_in_place_keeping_comments_and_is_idempotent(
     assert done.exit_code == 0, done.output
     assert "stages.fix.foreach: + awq-w4a16; stages.kl.foreach: + awq-w4a16-mixed" in done.output
     assert "stages.rank" not in done.output  # the rank stage ranks awq-w4a16 already: no stage of its own changes
-    assert "stages.report deps: + models/awq-w4a16-mixed/quant.json, models/awq-w4a16-mixed/config.json" in done.output
+    assert ("stages.report deps: + models/awq-w4a16-mixed/quant.json, models/awq-w4a16-mixed/config.json, "
+            "models/awq-w4a16-mixed" in done.output)
     after = (repo / "dvc.yaml").read_text()
     comments = lambda text: [line.strip() for line in text.splitlines() if line.strip().startswith("#")]  # noqa: E731
-    assert comments(after) == comments(before) and len(after.splitlines()) == len(before.splitlines()) + 2
+    assert comments(after) == comments(before) and len(after.splitlines()) == len(before.splitlines()) + 3
     stages = yaml.safe_load(after)["stages"]
     assert stages["fix"]["foreach"] == ["rtn-w4a16", "awq-w4a16"]
     assert stages["kl"]["foreach"] == ["fp8-w8a8", "rtn-w4a16-mixed", "awq-w4a16-mixed"]
     assert stages["rank"] == yaml.safe_load(before)["stages"]["rank"]  # awq-w4a16's KL and ranking, as they were
     assert stages["evaluate"]["foreach"][-1] == "awq-w4a16-mixed"
     assert stages["judge"]["foreach"] == ["awq-w4a16", "fp8-w8a8"]  # the demo's judge covers two variants only
-    assert {"models/awq-w4a16-mixed/quant.json", "models/awq-w4a16-mixed/config.json"} <= set(stages["report"]["deps"])
+    assert {"models/awq-w4a16-mixed/quant.json", "models/awq-w4a16-mixed/config.json",
+            "models/awq-w4a16-mixed"} <= set(stages["report"]["deps"])  # its weights too: the report checks them
     params.load(repo / "params.yaml")  # the lists agree with params.yaml
     assert profiles.current(repo) is None  # local edits now: `quantize profile` says so
     again = runner.invoke(app, ["profile", "--fix", "awq-w4a16"])

@@ -136,7 +136,7 @@ def test_gpu_stages_depend_on_at_least_what_the_demos_do():
     gpu = yaml.safe_load(profiles.stored("gpu", "dvc.yaml").read_text())["stages"]
     body = lambda stage: stage.get("do", stage)  # noqa: E731
     pairs = [(n, n) for n in demo if n in gpu]
-    fixes = tuple(f"{v}-mixed/" for v in demo["fix"]["foreach"] if v not in gpu["fix"]["foreach"])
+    fixes = tuple(f"{v}-mixed" for v in demo["fix"]["foreach"] if v not in gpu["fix"]["foreach"])
     for gpu_name, demo_name in pairs:  # the demo's own fixes aside (the GPU profile adds its with profile --fix)
         g, d = body(gpu[gpu_name]), body(demo[demo_name])
         wanted = {p for p in map(str, d.get("deps", [])) if not any(f in p for f in fixes)}

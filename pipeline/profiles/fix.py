@@ -24,8 +24,14 @@ from pipeline.errors import UserError
 from pipeline.settings import fixes
 
 FLOW = re.compile(r"^(?P<head>\s+foreach:\s*\[)(?P<items>[^\]\n#]*)(?P<tail>\]\s*(#.*)?)$")
-PER_MODEL_DEP = re.compile(r"^(?P<indent>\s+)- (?P<root>models|results)/(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)/"
-                           r"(?P<file>[^\s#:]+)(?P<rest>.*)$")
+# a per-model dep: a file of each model (models/<m>/quant.json) or each model's whole folder (models/<m>)
+PER_MODEL_DEP = re.compile(r"^(?P<indent>\s+)- (?P<root>models|results)/(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)"
+                           r"(?:/(?P<file>[^\s#:]+))?(?P<rest>(?:\s.*)?)$")
+
+
+def _dep(root: str, model: str, file: str | None) -> str:
+    """A per-model dep's path: root/model/file, or root/model for the model's whole folder."""
+    return f"{root}/{model}/{file}" if file else f"{root}/{model}"
 
 
 def _items(text: str) -> list[str]:
@@ -38,7 +44,7 @@ def _stage_lines(lines: dict[tuple, int], names: list[str], total: int) -> dict[
     return {name: (start, starts[i + 1][0] if i + 1 < len(starts) else total) for i, (start, name) in enumerate(starts)}
 
 
-def _dep_runs(text_lines: list[str], start: int, end: int) -> dict[tuple[str, str], list[tuple[int, str]]]:
+def _dep_runs(text_lines: list[str], start: int, end: int) -> dict[tuple[str, str | None], list[tuple[int, str]]]:
     """{(root, file): [(line index, model name)]} of the per-model dep lines of one stage (models/<m>/quant.json)."""
     runs: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for i in range(start, end):
@@ -127,10 +133,10 @@ def plan(text: str, data: dict, lines: dict[tuple, int], variant: str) -> tuple[
             names = {model for _, model in run}
             if fixed in names or not every or not every <= names:
                 continue
-            dep, last = f"{root}/{fixed}/{file}", run[-1]
+            dep, last = _dep(root, fixed, file), run[-1]
             inserts.setdefault(last[0], []).append(f"{PER_MODEL_DEP.match(text_lines[last[0]])['indent']}- {dep}\n")
             deps = expected["stages"][name].get("do", expected["stages"][name])["deps"]
-            deps.insert(deps.index(f"{root}/{last[1]}/{file}") + 1, dep)
+            deps.insert(deps.index(_dep(root, last[1], file)) + 1, dep)
             added.append(dep)
         if added:
             changes.append(f"stages.{name} deps: + {', '.join(added)}")
@@ -198,8 +204,8 @@ def plan_removal(text: str, data: dict, lines: dict[tuple, int], variant: str) -
             for index, model in run:
                 if model == fixed:
                     dropped.add(index)
-                    expected["stages"][name].get("do", expected["stages"][name])["deps"].remove(f"{root}/{fixed}/{file}")
-                    changes.append(f"stages.{name} deps: - {root}/{fixed}/{file}")
+                    expected["stages"][name].get("do", expected["stages"][name])["deps"].remove(_dep(root, fixed, file))
+                    changes.append(f"stages.{name} deps: - {_dep(root, fixed, file)}")
     return "".join(line for i, line in enumerate(text_lines) if i not in dropped), changes, expected
 
 
