@@ -54,6 +54,7 @@ def check(results_dir: Path, models_dir: Path, models: list[str], summaries: dic
         else:
             why = (f"its results were scored on another checkpoint than the one in the folder now ({shown}; the folder "
                    f"holds {_short(now)}): the folder was replaced, or the results copied from another run")
-            fix = f"evaluate it again (`dvc repro`, or `quantize eval {models_dir / model}` per suite)"
+            folder = models_dir / model
+            fix = f"evaluate it again (`dvc repro`, or `quantize eval {folder}` per suite)"
         raise UserError(f"{models_dir / model}: {why}; the report would show one checkpoint's scores beside another's "
                         f"build, so none is written: {fix}, then run `quantize report`")
