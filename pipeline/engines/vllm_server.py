@@ -114,7 +114,6 @@ def fitted_share(model_dir: Path, settings: Settings, *, device: int | None = No
     device_bytes). A checkpoint not built yet (the run's plan, pipeline/stages/warm.py): model_dir the base, whose
     shapes it has, with its estimated weights and the KV cache dtype it will be served with."""
     import pipeline.engines.server_plan as server_plan
-    from pipeline.engines.long_context import context_length
 
     device = device or device_bytes(settings, "fitted")
     model_dir = Path(model_dir)
@@ -126,7 +125,7 @@ def fitted_share(model_dir: Path, settings: Settings, *, device: int | None = No
         name or model_dir.name, weights, server_plan.kv_bytes_per_token(config, kv, 2, tp),
         device_bytes=device, fraction=settings.gpu_memory_utilization, reserve_bytes=int(settings.non_kv_memory_gib * GIB),
         batch_size=settings.batch_size, request_tokens=settings.plan_request_tokens,
-        max_model_len=int(settings.max_model_len or context_length(model_dir) or 4096),
+        max_model_len=int(settings.max_model_len or checkpoint.open(model_dir).max_positions or 4096),
         estimated=estimated_weights is not None)
     return share, device
 

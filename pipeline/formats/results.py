@@ -27,8 +27,9 @@ ENGINE_DEFECT = {"key": "text", "avoided": "flag", "what?": "text", "when?": "te
                  "upstream?": "text", "evidence?": "text"}  # pipeline/engines/vllm_defects.py: Defect.summary
 SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None),
            "engine_defects?": [ENGINE_DEFECT],
-           "long_context?": {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
-                             "lengths_skipped?": [{"length": "count", "reason": "text"}]}}
+           # a retrieval-table suite's own table (its hooks' summarize: pipeline/settings/suites.py)
+           "table?": {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
+                      "lengths_skipped?": [{"length": "count", "reason": "text"}]}}
 COMMAND = "quantize eval models/{model} --suite {suite}"  # what writes them again
 NO_ITEMS = "\n"  # a suite not run (or not applicable): no item; not an empty file (DVC: "WARNING: ... is empty")
 

@@ -182,14 +182,14 @@ def _checked(model_dir: Path, b: BenchParams, spec, engine: str) -> int | None:
     a workload longer than the model's context. Returns the context length."""
     from pipeline.checkpoints import headers
     from pipeline.engines import engine_names
-    from pipeline.engines.long_context import context_length
+    from pipeline.checkpoints import checkpoint
 
     headers.check(model_dir, weights=spec.local_weights)  # openai: a running server holds the weights
     if b.request_rates and spec.timing != "http":
         raise UserError(f"bench.request_rates: request-rate sweeps need a server engine "
                         f"({engine_names(where=lambda s: s.timing == 'http')}), "
                         f"not {engine}; set bench.request_rates: [] or --engine vllm")
-    context = context_length(model_dir)
+    context = checkpoint.open(model_dir).max_positions
     if context is not None and b.input_len + b.output_len > context:
         raise UserError(f"--input-len {b.input_len} + --output-len {b.output_len} exceed {model_dir}'s "
                         f"{context}-token context; choose shorter lengths")
