@@ -175,8 +175,9 @@ def read_suite(path: Path | str) -> Suite | None:
         hooks_file=_file_of(path, lines, (*key, "hooks"), block["hooks"]) if block.get("hooks") is not None else None)
     missing = [h for h in TABLE_HOOKS if kind == "retrieval-table" and suite.hook(h) is None]
     if missing:
-        raise _problem(path, lines, (*key, "hooks"), f"a retrieval-table suite's module defines {', '.join(TABLE_HOOKS)}; "
-                                                     f"{suite.hooks_file or 'none named'} lacks {', '.join(missing)}")
+        where = f"{suite.hooks_file.name} lacks {', '.join(missing)}" if suite.hooks_file else "name it (hooks: hooks.py)"
+        raise _problem(path, lines, (*key, "hooks"), f"a retrieval-table suite's own module defines "
+                                                     f"{' and '.join(TABLE_HOOKS)}; {where}")
     return suite
 
 
