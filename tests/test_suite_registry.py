@@ -102,6 +102,9 @@ def test_a_suite_folder_is_scored_decided_reported_carded_and_in_the_params_refe
      "retrieval-table"),
     ("    kind: right-wrong\n", "    kind: right-wrong\n    needs: [gpu]\n",
      ":16: metadata.suite.needs: 'gpu' is not one of images, sandbox, context, thinking; fix or remove it"),
+    ("    kind: right-wrong\n", "    kind: perplexity\n",
+     ":15: metadata.suite.kind: perplexity: a perplexity suite's task has output_type: loglikelihood_rolling, not "
+     "generate_until; declare the kind its scorer gives"),
     ("    name: parity\n", "", ":13: metadata.suite.name: required: the suite's name in params.yaml (suites.<name>)"),
     ("    kind: right-wrong\n", "    kind: retrieval-table\n",
      ":13: metadata.suite.hooks: a retrieval-table suite's own module defines summarize and table_from_lines; name it "

@@ -162,6 +162,12 @@ def read_suite(path: Path | str) -> Suite | None:
         raise _problem(path, lines, (*key, "name"), "required: the suite's name in params.yaml (suites.<name>)")
     if kind not in KINDS:
         raise _problem(path, lines, (*key, "kind"), f"{kind!r} is not a suite kind; use one of {', '.join(KINDS)}")
+    rolling = data.get("output_type") == "loglikelihood_rolling"  # every token of each document scored
+    if (kind == "perplexity") != rolling:
+        fix = ("its task scores every token: declare kind: perplexity" if rolling else
+               f"a perplexity suite's task has output_type: loglikelihood_rolling, not {data.get('output_type')}; "
+               "declare the kind its scorer gives")
+        raise _problem(path, lines, (*key, "kind"), f"{kind}: {fix}")
     if not isinstance(block.get("held_out", False), bool):
         raise _problem(path, lines, (*key, "held_out"), "give true or false")
     bench = block.get("bench") or {}

@@ -1,7 +1,8 @@
 """`quantize bench MODEL_DIR [--engine vllm|lmdeploy|hf|openai]`: serving speed, beside the accuracy.
 
 Two workloads: `fixed` (every request has the same prompt and output length: real text from
-evals/long_context, cut to length) and `holdout` (the held-out conversations' real prompts, each
+the long text a suite declares for the bench, metadata.suite.bench.text: the
+long-context book, cut to length) and `holdout` (the held-out conversations' real prompts, each
 answered with as many tokens as its real reply had). For a model with a vision tower, on an engine that takes
 images, one more per count in `bench.images` (`1-image`, `4-images`): the fixed workload's text with that many of
 the VQA suite's real images (scaled to `bench.image_size`) and a question, in the chat format vLLM serves
