@@ -133,3 +133,12 @@ def test_every_shipped_suite_is_declared_and_its_hooks_are_its_own():
     assert suites.bench_file("text").name == "alice29.txt" and suites.bench_file("images").suffix == ".jsonl"
     assert suites.held_out_tasks() == ("quant_ppl_chat",)
     assert "lengths: give a list" in tabled[0].hook("options_problem")({"lengths": [10]})
+
+
+def test_a_suite_whose_own_module_is_broken_is_named_not_a_traceback(tmp_path):
+    folder = suite_folder(tmp_path / "my-suites", SUITE_YAML.replace("    kind: right-wrong\n",
+                                                                     "    kind: retrieval-table\n    hooks: hooks.py\n"))
+    (folder / "hooks.py").write_text("def summarize(lines, metadata:\n")
+    with pytest.raises(UserError, match=r"hooks\.py: the suite's hooks module \(metadata\.suite\.hooks\) cannot be "
+                                        r"loaded: SyntaxError: .*; fix it there"):
+        suites.read_suite(folder / "quant_selftest_parity.yaml")

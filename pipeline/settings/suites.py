@@ -257,5 +257,9 @@ def held_out_tasks() -> tuple[str, ...]:
 def _load_hooks(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"suite_hooks_{path.parent.name}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a suite's own code: its mistake is named with the file, not as a traceback
+        raise UserError(f"{path}: the suite's hooks module (metadata.suite.hooks) cannot be loaded: "
+                        f"{type(exc).__name__}: {exc}; fix it there") from None
     return module
