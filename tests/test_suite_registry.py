@@ -142,3 +142,23 @@ def test_a_suite_whose_own_module_is_broken_is_named_not_a_traceback(tmp_path):
     with pytest.raises(UserError, match=r"hooks\.py: the suite's hooks module \(metadata\.suite\.hooks\) cannot be "
                                         r"loaded: SyntaxError: .*; fix it there"):
         suites.read_suite(folder / "quant_selftest_parity.yaml")
+
+
+def test_a_retrieval_table_suite_keeps_its_table_under_any_name(tmp_path):
+    """The finding: the long-context table was found by the suite's name, so the same task under another name lost
+    it. Now the suite's kind and hooks (its YAML) bring it, recomputed from its lines, whatever params.yaml calls it."""
+    from test_report import write_results
+
+    results = tmp_path / "results"
+    for model in ("base", "v"):
+        write_results(results, model, [1] * 120 + [0] * 80)
+        lines = [{"id": f"niah-{length}-d{depth}-{r:02d}", "score": float(r < 2), "correct": r < 2}
+                 for length in (1024, 2048) for depth in (0, 50) for r in range(4)]
+        (results / model / "needles.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        (results / model / "needles.json").write_text(json.dumps({"table": {
+            "by_length_and_depth": {"1024": {"d0": {"n": 1, "score": 0.0}}}, "lengths_skipped": []}}))
+    params = Params.model_validate(with_variants({**TINY_PARAMS, "suites": {
+        "math": TINY_PARAMS["suites"]["math"], "needles": {"task": "quant_long_context"}}}, "v"))
+    verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
+    assert verdict["long_context"]["v"]["by_length_and_depth"] == {
+        str(n): {"d0": {"n": 4, "score": 0.5}, "d50": {"n": 4, "score": 0.5}} for n in (1024, 2048)}

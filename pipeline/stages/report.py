@@ -111,10 +111,9 @@ def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: l
     recomputed from, the .jsonl lines beside it), bench.json, quant.json and where it is served; for a W4A16
     variant whose fix has results, the ranking the fix was built from (sensitivity.json)."""
     results = collect(results_dir, list(params.suites), models)
-    declared = registry.of_params(params.suites)  # what each suite's YAML declares (pipeline/settings/suites.py)
     # a shipped suite with its own table is read where params.yaml leaves it out too: its table is still shown
-    tabled = [s.name for s in registry.shipped().values() if s.kind == "retrieval-table" and s.name not in params.suites]
-    declared |= {s.name: s for s in registry.shipped().values() if s.name in tabled}
+    tabled = {s.name: s for s in registry.shipped().values() if s.kind == "retrieval-table" and s.name not in params.suites}
+    declared = registry.of_params(params.suites) | tabled  # what each suite's YAML declares (pipeline/settings/suites.py)
     summaries: dict[str, dict[str, dict]] = {}
     for model in models:
         for suite in [*params.suites, *tabled]:
