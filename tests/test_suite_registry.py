@@ -162,3 +162,12 @@ def test_a_retrieval_table_suite_keeps_its_table_under_any_name(tmp_path):
     verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
     assert verdict["long_context"]["v"]["by_length_and_depth"] == {
         str(n): {"d0": {"n": 4, "score": 0.5}, "d50": {"n": 4, "score": 0.5}} for n in (1024, 2048)}
+
+
+def test_pipeline_names_no_task_of_a_suite():
+    """The registry is the one place a suite's task is known: no module of pipeline/ (nor the page's template) names
+    one, so a suite added as a folder needs no code."""
+    sources = [p for p in (REPO / "pipeline").rglob("*") if p.suffix in (".py", ".html")]
+    named = [f"{p.relative_to(REPO)} names {task}" for task in suites.shipped() for p in sources
+             if task in p.read_text(encoding="utf-8")]
+    assert named == []
