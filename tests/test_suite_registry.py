@@ -17,6 +17,13 @@ from pipeline.settings.params import Params
 from pipeline.stages import evaluate, report
 from test_bad_inputs import assert_refused, invoke
 
+@pytest.fixture(autouse=True)
+def own_includes(monkeypatch):
+    """The folders this module's params.yaml name join the registry for this test only (the registry keeps a
+    process's tasks_dirs, and a test process runs many params.yaml; a broken one stays with its own test)."""
+    monkeypatch.setattr(suites, "_INCLUDED", [])
+
+
 SUITE_YAML = """# A suite of this test's own: each item asks for its number back; its YAML says what the product needs.
 task: quant_selftest_parity
 custom_dataset: !function utils.load

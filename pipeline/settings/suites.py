@@ -227,11 +227,11 @@ def known() -> dict[str, Suite]:
 
 def find(task: str, tasks_dir: Path | str | None = None) -> Suite | None:
     """The suite that runs `task`: its own tasks_dir's first (params.yaml suites.<name>.tasks_dir), then evals/, then
-    the folders included; None for a task no suite declares (an lm-eval task of its own: its lines and summary say
-    what it is)."""
+    the folders included (read only for a task evals/ lacks); None for a task no suite declares (an lm-eval task of
+    its own: its lines and summary say what it is)."""
     if tasks_dir is not None and Path(tasks_dir).is_dir() and task in (own := _folder(Path(tasks_dir).resolve())):
         return own[task]
-    return known().get(task)
+    return shipped().get(task) or known().get(task)
 
 
 def of_params(suites: dict) -> dict[str, Suite]:
