@@ -59,8 +59,8 @@ NEEDS = {"images": "an engine and a model that take images (else: not applicable
 BENCH_FILES = {"text": "a long text the fixed-length workload cuts its prompts from",
                "images": "items (JSON lines with an `image` path) the image workload takes its images from"}
 HOOKS = ("options_problem", "task_metadata", "not_applicable", "summarize", "table_from_lines")
-TABLE_HOOKS = ("summarize", "table_from_lines")
-_INCLUDED: list[Path] = []  # folders of the user's own suites (include), after evals/  # what a retrieval-table suite's module must hold
+TABLE_HOOKS = ("summarize", "table_from_lines")  # what a retrieval-table suite's module must hold
+_INCLUDED: list[Path] = []  # folders of the user's own suites (include), after evals/
 DEFAULT_TASK_TYPE = "text-generation"
 FIELDS = ("name", "kind", "needs", "held_out", "card", "bench", "hooks")
 CARD_FIELDS = ("dataset", "describes", "config", "split", "task_type")
