@@ -81,6 +81,13 @@ class _BoundedLoader(yaml.SafeLoader):
                            "quote it to make it text, or fix the value", node.start_mark) from None
 
 
+class _TaskLoader(_BoundedLoader):
+    """The same bounds for an lm-eval task YAML, whose `!function utils.f` values are read as their text ("utils.f")."""
+
+
+_TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
 def _key_text(node: Node) -> str:
     return node.value if isinstance(node, ScalarNode) else f"<{node.tag.rsplit(':', 1)[-1]}>"
 
@@ -172,12 +179,13 @@ def _syntax_error(path: Path, exc: yaml.YAMLError) -> UserError:
     return UserError(text)
 
 
-def load(path: Path | str, what: str = "a YAML settings file") -> tuple[object, dict[tuple, int]]:
-    """The file's data and {key path: line}; a UserError naming file and line on any problem."""
+def load(path: Path | str, what: str = "a YAML settings file", *, task: bool = False) -> tuple[object, dict[tuple, int]]:
+    """The file's data and {key path: line}; a UserError naming file and line on any problem. task: an lm-eval task
+    YAML (its `!function` values read as text)."""
     path = Path(path)
     text = _read_text(path, what)
     try:
-        loader = _BoundedLoader(text)
+        loader = (_TaskLoader if task else _BoundedLoader)(text)
     except yaml.reader.ReaderError as exc:  # a control character such as NUL
         line = text.count("\n", 0, exc.position) + 1
         raise UserError(f"{path}:{line}: character #x{exc.character:04x} is not allowed in YAML; delete it") from None

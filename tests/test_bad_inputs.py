@@ -603,7 +603,7 @@ QUANT = {"scheme": "W4A16", "size_bytes": 100, "quantized_modules": 4, "ignored"
 STATS = {"source": "x.jsonl", "records_in": 10, "records_kept": 9, "dropped": {"duplicate": 1}, "shapes": {"turns": 9},
          "calib_conversations": 8, "holdout": 1, "blocks": 4, "seq_len": 32, "tokens": 128, "redaction": True,
          "redactions": {"email": 2}, "non_latin_share": 0.0}
-LONG = {"long_context": {"by_length_and_depth": {"1024": {"d0": {"n": 2, "score": 0.5}}},
+LONG = {"table": {"by_length_and_depth": {"1024": {"d0": {"n": 2, "score": 0.5}}},
                          "lengths_skipped": [{"length": 8192, "reason": "beyond"}]}}
 
 
@@ -784,8 +784,8 @@ RESULT_CASES = [
     ("a suite summary status as a number", "results/base/math.json", b'{"status": 1}',
      ["results/base/math.json: status: expected text or null, found a number"]),
     ("long_context.json of the wrong shape", "results/base/long_context.json",
-     json.dumps({"long_context": {"by_length_and_depth": [1, 2]}}).encode(),
-     ["results/base/long_context.json: long_context.by_length_and_depth: expected an object, found an array"]),
+     json.dumps({"table": {"by_length_and_depth": [1, 2]}}).encode(),
+     ["results/base/long_context.json: table.by_length_and_depth: expected an object, found an array"]),
     ("calib stats.json not JSON", STATS_PATH, b"\x00\x01", [f"{STATS_PATH}:1: not valid JSON", "run `quantize calib` again"]),
     ("calib stats.json share as text", STATS_PATH, but(STATS, non_latin_share="none"),
      [f"{STATS_PATH}: non_latin_share: expected a finite number, found text"]),

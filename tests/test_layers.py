@@ -143,8 +143,8 @@ def test_no_layer_imports_one_above_it():
 
 def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
     """Every decision rule lives in pipeline/verdict/, which opens no file (the report hands it the evidence) and
-    imports only the settings (params, the method registry: which methods a method is compared with, and the fixes'
-    names: which variant fixes which);
+    imports only the settings (params, the method registry: which methods a method is compared with, the fixes'
+    names: which variant fixes which, and the suite registry: which suites ship);
     the report stage takes the decision from pipeline.verdict.decision, its words for the reviewer from headline
     (what to ship, each variant's label) and coverage (each suite's state), what a decision means (counted, NO-GO
     on, not settled on, coverage by state: issue 65) from facts, its number formats from figures, and computes no
@@ -158,7 +158,8 @@ def test_the_verdict_is_decided_in_one_package_and_the_report_only_renders_it():
     outside = {f"{name} imports {target}" for name, targets in edges.items() if name.startswith("pipeline.verdict")
                for target in targets if not target.startswith("pipeline.verdict")
                and target not in ("pipeline", "pipeline.settings", "pipeline.settings.params", "pipeline.methods",
-                                  "pipeline.settings.fixes")}  # settings: the method registry, the fixes' names
+                                  "pipeline.settings.fixes", "pipeline.settings.suites")}
+    # settings: the method registry, the fixes' names, the suite registry (which suites ship)
     assert outside == set()
     assert not (PACKAGE / "verdict.py").exists() and not list(PACKAGE.glob("verdict_*.py"))
 

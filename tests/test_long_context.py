@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, read_jsonl
+from pipeline.settings import suites
 from pipeline.stages import evaluate
-from pipeline.engines import long_context
 
+long_context = suites.shipped()["quant_long_context"].hooks  # the suite's own module (evals/long_context/hooks.py)
 suite = long_context.suite()
 
 
@@ -176,7 +177,7 @@ def test_through_vllm_the_ladder_goes_as_far_as_the_served_engine_holds(tmp_path
     result = CliRunner().invoke(app, ["eval", str(tiny_llama), "--suite", "long_context", "--out", "r"])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "r" / "long_context.json").read_text())
-    lc = summary["long_context"]
+    lc = summary["table"]
     assert lc["max_context"] < 512  # the engine binds before the model's window does
     assert lc["lengths_run"] == [n for n in (128, 256, 384) if n not in skipped]
     assert [s["length"] for s in lc["lengths_skipped"]] == skipped

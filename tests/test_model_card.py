@@ -749,9 +749,13 @@ def test_quantize_card_refuses_bad_input_with_one_message_and_writes_nothing(car
 
 
 def test_every_shipped_suite_has_its_data_named_for_the_hub():
-    """The cards' table of what each shipped task scores (card_header.SHIPPED_DATA) covers the shipped suites
-    (coverage.SHIPPED_SUITES, checked against evals/ elsewhere) and nothing else."""
-    from pipeline.report.card_header import SHIPPED_DATA
-    from pipeline.verdict.coverage import SHIPPED_SUITES
+    """Each shipped suite's YAML names what it scores for the cards (metadata.suite.card), and the card reads it."""
+    from pipeline.report.card_header import data_of, task_type
+    from pipeline.settings import suites
 
-    assert set(SHIPPED_DATA) == set(SHIPPED_SUITES.values())
+    for task, suite in suites.shipped().items():
+        assert suite.card.describes != task, f"{suite.yaml}: metadata.suite.card.describes missing"
+        assert data_of(suite.name, {suite.name: task})[:2] == (suite.card.dataset, suite.card.describes)
+    assert data_of("math", {"math": "quant_gsm8k"}) == ("openai/gsm8k", "GSM8K test questions", "main", "test")
+    assert task_type("vqa", {"vqa": "quant_vqa"}) == "visual-question-answering"
+    assert data_of("mine", {"mine": "no_such_task"}) == ("no_such_task", "no_such_task", None, None)

@@ -153,7 +153,7 @@ def test_long_context_accuracy_by_length_and_skipped_lengths(tmp_path):
           "lengths_skipped": [{"length": 4096, "reason": "beyond the model's context: needs ~4364 tokens, has 2048"}],
           "by_length_and_depth": {"1024": {"d0": {"n": 4, "score": 0.75}, "d50": {"n": 4, "score": 0.5}}},
           "by_kind": {}}
-    (results / "base" / "long_context.json").write_text(json.dumps({"long_context": lc}))
+    (results / "base" / "long_context.json").write_text(json.dumps({"table": lc}))
     report.run(results, tmp_path / "reports", Params.model_validate(with_variants(TINY_PARAMS, "v")),
                models_dir=tmp_path / "models")
     html = (tmp_path / "reports" / "index.html").read_text()

@@ -131,7 +131,7 @@ def test_the_long_context_table_is_recomputed_from_its_lines(tmp_path):
         lines = [{"id": f"needle-{length}-d{depth}-{r}", "score": float(r < depth // 25 + 1), "correct": r < depth // 25 + 1}
                  for length in (1024, 2048) for depth in (0, 50) for r in range(4)]
         (results / model / "long_context.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-        (results / model / "long_context.json").write_text(json.dumps({"long_context": {
+        (results / model / "long_context.json").write_text(json.dumps({"table": {
             "by_length_and_depth": {"1024": {"d0": {"n": 4, "score": 1.0}}}, "lengths_skipped": []}}))
     params = {**TINY_PARAMS, "variants": {"v": {"method": "rtn", "group_size": 32}},
               "suites": {**TINY_PARAMS["suites"], "long_context": {"task": "quant_long_context"}}}

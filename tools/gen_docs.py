@@ -252,7 +252,26 @@ def params_page() -> str:
     for path, section in extra:
         if section not in seen:
             _section_table(path, section, seen, body)
-    return "\n".join(out + body) + "\n"
+    return "\n".join(out + body + _suites_table()) + "\n"
+
+
+def _suites_table() -> list[str]:
+    """The suites `suites.<name>.task` can name: every suite folder under evals/ (and of a tasks_dir read), as its
+    YAML's metadata.suite declares it (pipeline/settings/suites.py)."""
+    from pipeline.settings import suites
+
+    out = ["## Suites\n",
+           "What `suites.<name>.task` can name: each suite's task YAML declares it (`metadata.suite`, read by "
+           "`pipeline/settings/suites.py`; [add a suite](../extending.md#add-a-suite)). Any other lm-eval task runs "
+           "too, by its name.\n",
+           "| suite | task | kind | needs | scores | held-out | own hooks |", "|---|---|---|---|---|---|---|"]
+    for task, suite in suites.known().items():
+        data = suite.card.describes + ("" if suite.card.dataset == task else f" (`{suite.card.dataset}`)")
+        out.append(f"| `{suite.name}` | `{task}` | {suite.kind} | {', '.join(suite.needs) or '-'} | {_cell(data)} | "
+                   f"{'yes' if suite.held_out else 'no'} | {', '.join(h for h in suites.HOOKS if suite.hook(h)) or '-'} |")
+    kinds = "; ".join(f"`{kind}`: {what}" for kind, what in suites.KINDS.items())
+    needs = "; ".join(f"`{need}`: {what}" for need, what in suites.NEEDS.items())
+    return out + ["", f"Kinds: {kinds}.\n", f"Needs: {needs}.\n"]
 
 
 # ---------------------------------------------------------------- CLI reference

@@ -147,9 +147,7 @@ class VLLMEngine:
 
     @property
     def max_length(self) -> int:
-        from pipeline.engines.long_context import context_length
-
-        return int(self.settings.max_model_len or context_length(self.model_dir) or 4096)
+        return int(self.settings.max_model_len or checkpoint.open(self.model_dir).max_positions or 4096)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         prompt = self.client.apply_chat_template(messages)

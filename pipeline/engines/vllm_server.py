@@ -116,7 +116,6 @@ def fitted_share(model_dir: Path, settings: Settings, *, device: int | None = No
     import pipeline.engines.server_plan as server_plan
     from pipeline.checkpoints import config_json
     from pipeline.checkpoints.sizes import kv_bytes_per_token, kv_element_bytes
-    from pipeline.engines.long_context import context_length
 
     device = device or device_bytes(settings, "fitted")
     model_dir = Path(model_dir)
@@ -128,7 +127,7 @@ def fitted_share(model_dir: Path, settings: Settings, *, device: int | None = No
         name or model_dir.name, weights, kv_bytes_per_token(config_json.kv_cache_shape(config), kv_element_bytes(kv), tp),
         device_bytes=device, fraction=settings.gpu_memory_utilization, reserve_bytes=reserve_bytes(model_dir, settings),
         batch_size=settings.batch_size, request_tokens=settings.plan_request_tokens,
-        max_model_len=int(settings.max_model_len or context_length(model_dir) or 4096),
+        max_model_len=int(settings.max_model_len or checkpoint.open(model_dir).max_positions or 4096),
         estimated=estimated_weights is not None)
     return share, device
 

@@ -25,11 +25,13 @@ MAX_NLL_PER_TOKEN = 700  # nats: e^700 ~ 1e304, near the largest float; real mod
 MAX_DOCUMENT_TOKENS = 2 ** 53  # a token count a float (numpy's sums) holds exactly
 ENGINE_DEFECT = {"key": "text", "avoided": "flag", "what?": "text", "when?": "text", "avoided_by?": "text",
                  "upstream?": "text", "evidence?": "text"}  # pipeline/engines/vllm_defects.py: Defect.summary
+RETRIEVAL_TABLE = {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
+                   "lengths_skipped?": [{"length": "count", "reason": "text"}]}
 SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None), "available?": "count",
            "checkpoint?": ("text", None),  # the weights it was scored on (pipeline/checkpoints/fingerprint.py)
            "engine_defects?": [ENGINE_DEFECT],
-           "long_context?": {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
-                             "lengths_skipped?": [{"length": "count", "reason": "text"}]}}
+           # a retrieval-table suite's own table (its hooks' summarize: pipeline/settings/suites.py)
+           "table?": RETRIEVAL_TABLE, "long_context?": RETRIEVAL_TABLE}  # long_context: its key before issue 65
 COMMAND = "quantize eval models/{model} --suite {suite}"  # what writes them again
 NO_ITEMS = "\n"  # a suite not run (or not applicable): no item; not an empty file (DVC: "WARNING: ... is empty")
 
@@ -49,8 +51,12 @@ def write_results(out_dir: Path | str, suite: str, lines: list[dict], summary: d
 
 
 def read_summary(path: Path | str) -> dict | None:
-    """A <suite>.json, checked for what the report uses of it; None when absent."""
-    return read_checked_json(Path(path), SUMMARY, COMMAND)
+    """A <suite>.json, checked for what the report uses of it; None when absent. The long-context suite's table,
+    written under `long_context` before suites declared their kind (issue 65), is read as the suite's `table`."""
+    summary = read_checked_json(Path(path), SUMMARY, COMMAND)
+    if summary is not None and "long_context" in summary and "table" not in summary:
+        summary["table"] = summary.pop("long_context")
+    return summary
 
 
 def read_lines(path: Path | str) -> dict[str, dict]:

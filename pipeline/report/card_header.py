@@ -23,31 +23,26 @@ is the Hub repository id (a local record's: the variant's name). A run on made-u
 from __future__ import annotations
 
 from pipeline.report.card_text import method_module
+from pipeline.settings import suites as registry
 from pipeline.verdict.figures import relative
 
-# Per shipped task (evals/README.md), the data it scores: (model-index dataset type: the Hub's id where there is one,
-# its name, config, split), and the unit its items are counted in
-SHIPPED_DATA = {
-    "quant_gsm8k": ("openai/gsm8k", "GSM8K test questions", "main", "test"),
-    "quant_humaneval": ("openai/openai_humaneval", "HumanEval problems", "openai_humaneval", "test"),
-    "quant_long_context": ("quant_long_context", "needle and multi-key retrieval in Alice in Wonderland", None, None),
-    "quant_vqa": ("easy-vqa", "easy-VQA test questions", None, "test"),
-    "quant_ppl_chat": ("quant_ppl_chat", "held-out conversations of the publisher's own logs", None, None),
-    "quant_ppl_book": ("quant_ppl_book", "Alice in Wonderland, 1,000-character documents", None, None),
-    "quant_ppl_gsm8k": ("openai/gsm8k", "GSM8K test questions with their reference solutions", "main", "test"),
-    "quant_ppl_humaneval": ("openai/openai_humaneval", "HumanEval prompts with their canonical solutions",
-                            "openai_humaneval", "test"),
-}
 JUDGE_DATA = ("quant_judge", "held-out prompts of the publisher's own logs, judged against the base's answers", None,
               None)
-TASK_TYPES = {"quant_vqa": "visual-question-answering"}  # the Hub's task of a shipped suite, where not text-generation
 RECOVERY_NAMES = {"accuracy": "this model's accuracy / the base's"}
 
 
 def data_of(suite: str, tasks: dict[str, str]) -> tuple[str, str, str | None, str | None]:
-    """The data a suite scores: (dataset type, name, config, split); a task this project does not ship by its name."""
+    """The data a suite scores, as its YAML declares it (metadata.suite.card: pipeline/settings/suites.py): (dataset
+    type, name, config, split); a task no suite declares by its name."""
     task = tasks.get(suite) or suite
-    return SHIPPED_DATA.get(task, (task, task, None, None))
+    card = getattr(registry.find(task), "card", None)
+    return (card.dataset, card.describes, card.config, card.split) if card else (task, task, None, None)
+
+
+def task_type(suite: str, tasks: dict[str, str]) -> str:
+    """The Hub's task of what a suite scores (metadata.suite.card.task_type; text-generation by default)."""
+    card = getattr(registry.find(tasks.get(suite) or suite), "card", None)
+    return card.task_type if card else registry.DEFAULT_TASK_TYPE
 
 
 def tags(quant: dict) -> list[str]:
@@ -94,7 +89,7 @@ def eval_results(entry: dict, tasks: dict[str, str]) -> list:
         kind, suite = row["kind"], row["suite"]
         dataset, name, config, split = JUDGE_DATA if kind == "judge" else data_of(suite, tasks)
         scored = f" ({row['n']} {UNITS[kind]} scored)" if row["n"] else ""
-        common = {"task_type": TASK_TYPES.get(tasks.get(suite) or suite, "text-generation"), "task_name": suite,
+        common = {"task_type": task_type(suite, tasks), "task_name": suite,
                   "dataset_type": dataset, "dataset_name": name + scored, "dataset_config": config,
                   "dataset_split": split}
         results.append(EvalResult(**common, metric_type=row["metric"], metric_value=row["value"],

@@ -19,6 +19,7 @@ from pipeline.report.card_usage import serving_name
 from pipeline.report.card_header import data_of
 from pipeline.outputs import human_size
 from pipeline.report.card_text import checkpoint_names, code, loads_from, md, method_module, names, source_file
+from pipeline.settings import suites as registry
 
 CALIB_DIR = "calib"  # where the recipe's `quantize calib` writes (its calib.out): the held-out conversations too
 RANKING_DIR = "ranking"  # where the recipe's `quantize kl --rank` writes a fix's ranking (sensitivity.json beside kl.json)
@@ -26,7 +27,6 @@ RANKING = f"{RANKING_DIR}/sensitivity.json"
 QUANT_KEYS = {"kv": "kv_cache", "base": "base_method"}  # a method's setting -> the quant.json key recording it
 LEFT_OUT = {"method", "batch_size", "sensitivity"}  # not the variant's recipe: memory only, or a path of the run
 BUILD_PACKAGES = ("llmcompressor", "compressed-tensors", "transformers", "torch")
-HELD_OUT_TASKS = ("quant_ppl_chat",)
 BASE_FOR_LM_EVAL = "models/base"  # the base as the creation section's `quantize resave` writes it
 
 
@@ -222,7 +222,7 @@ def reproduction_params(name: str, entry: dict, verdict: dict, tasks: dict[str, 
             known = run_suites.get(suite) or {}
             setting.update({k: v for k, v in known.items() if k in ("task", "limit")
                             or (k == "max_new_tokens" and part == "suites")})
-            if known.get("options", {}).get("data") or setting["task"] in HELD_OUT_TASKS:  # `quantize calib` writes them
+            if known.get("options", {}).get("data") or setting["task"] in registry.held_out_tasks():  # `quantize calib` writes them
                 setting["options"] = {"data": f"{CALIB_DIR}/holdout.jsonl"}
             suites[suite] = setting
             if d.get("margin") is not None:

@@ -194,21 +194,20 @@ def _shown(value) -> str:
     return f"{value:.6g}" if CHECKS["number"](value) else "null" if value is None else json.dumps(value)[:80]
 
 
-def long_context_from_lines(results_dir: Path, lines: dict, summaries: dict) -> None:
-    """The long-context table (score per length and needle depth) of each model's long_context.json, recomputed
-    from its long_context.jsonl (`lines`: {model: {suite: {id: line}}}; pipeline/engines/long_context.py:
-    by_length_and_depth); an id that names no length and depth is a UserError naming the file and the id."""
-    from pipeline.engines.long_context import ID, by_length_and_depth
-
+def tables_from_lines(results_dir: Path, lines: dict, summaries: dict, declared: dict) -> None:
+    """Each suite's own table (a retrieval-table suite's score per length and needle depth, in <suite>.json's
+    `table`) recomputed from its lines by the suite's hook (`declared`: {suite: Suite}, pipeline/settings/suites.py;
+    `lines`: {model: {suite: {id: line}}}); a line the hook cannot place is a UserError naming the file and why."""
     for model, by_suite in summaries.items():
-        table, items = (by_suite.get("long_context") or {}).get("long_context"), lines.get(model, {}).get("long_context")
-        if not table or items is None:
-            continue
-        path = results.lines_path(results_dir / model, "long_context")
-        if bad := next((item_id for item_id in items if not ID.match(item_id)), None):
-            raise problem(path, "", f"id {bad[:80]!r} is not kind-length-dDEPTH-repeat, so its length and needle depth "
-                                    "are unknown", results.COMMAND)
-        table["by_length_and_depth"] = by_length_and_depth(list(items.values()))
+        for suite, summary in by_suite.items():
+            table, items = summary.get("table"), lines.get(model, {}).get(suite)
+            recompute = declared[suite].hook("table_from_lines") if suite in declared else None
+            if not table or items is None or recompute is None:
+                continue
+            try:
+                table.update(recompute(list(items.values())))
+            except ValueError as exc:
+                raise problem(results.lines_path(results_dir / model, suite), "", str(exc), results.COMMAND) from None
 
 
 def suite_summaries_from_lines(results_dir: Path, lines: dict, summaries: dict) -> None:

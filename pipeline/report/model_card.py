@@ -32,7 +32,7 @@ import re
 
 from pipeline.report.card_evaluation import (card_label, evaluation, recovery_phrase, rests_on, still_nogo,
                                              synthetic_why, unsettled)
-from pipeline.report.card_header import TASK_TYPES, card_data
+from pipeline.report.card_header import card_data
 from pipeline.report.card_recipe import creation, reproduction
 from pipeline.outputs import human_size
 from pipeline.report.card_text import (base_name, md, method_module, names, reference, source_file, suite_name,
@@ -42,7 +42,8 @@ from pipeline.report.render import decided_only
 from pipeline.report.screen import vision_tower
 import pipeline.verdict.figures as figures
 import pipeline.verdict.facts as facts
-from pipeline.verdict.coverage import NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN, SHIPPED_SUITES
+from pipeline.settings import suites as registry
+from pipeline.verdict.coverage import NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN
 from pipeline.verdict.headline import GO, GO_INCOMPLETE, INCONCLUSIVE, NO_GO, label
 
 README = "README.md"  # the file a Hub repository shows as its card
@@ -230,8 +231,10 @@ def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base
 
 
 def needs_images(suite: str) -> bool:
-    """Whether a suite the product ships asks about images (its Hub task type): never a limitation of a text model."""
-    return TASK_TYPES.get(SHIPPED_SUITES.get(suite, suite), "text-generation") != "text-generation"
+    """Whether a suite the product ships asks about images (its YAML's metadata.suite.needs): never a limitation of a
+    text model."""
+    declared = next((s for s in registry.shipped().values() if s.name == suite), None) or registry.find(suite)
+    return bool(declared and "images" in declared.needs)
 
 
 def _few_items(entry: dict) -> list[str]:

@@ -15,11 +15,9 @@ from pathlib import Path
 
 from pipeline.engines import Timing
 from pipeline.errors import UserError
+from pipeline.settings import suites as registry
 
 log = logging.getLogger(__name__)
-EVALS = Path(__file__).resolve().parents[2] / "evals"
-HAYSTACK = EVALS / "long_context" / "alice29.txt"
-VQA_ITEMS = EVALS / "vqa" / "easy_vqa_test.jsonl"  # the VQA suite's items: an image (evals/vqa/images) and a question
 STATS = ("mean", "median", "p90", "p99")
 
 
@@ -43,9 +41,10 @@ class Workload:
 
 def fixed_workload(encode, input_len: int, output_len: int, n: int = 64) -> Workload:
     """n different windows of real text, each exactly input_len tokens."""
-    tokens = encode(HAYSTACK.read_text(encoding="utf-8"))
+    text = registry.bench_file("text")  # the long text a suite declares for the bench (the long-context book)
+    tokens = encode(text.read_text(encoding="utf-8"))
     if len(tokens) < input_len + n:
-        raise UserError(f"{HAYSTACK}: too short for {input_len}-token prompts")
+        raise UserError(f"{text}: too short for {input_len}-token prompts")
     stride = max(1, (len(tokens) - input_len) // n)
     return Workload("fixed", [tokens[i * stride:i * stride + input_len] for i in range(n)], [output_len] * n)
 
@@ -92,7 +91,8 @@ def image_workload(engine, model_dir: Path, fixed: Workload, per_request: int, i
     from pipeline.checkpoints import checkpoint
     from pipeline.engines.vision import PromptImages, image_markup, load_image_processor, render_images
 
-    items = [json.loads(line) for line in VQA_ITEMS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    questions = registry.bench_file("images")  # the items a suite declares for the bench: an image and a question (VQA)
+    items = [json.loads(line) for line in questions.read_text(encoding="utf-8").splitlines() if line.strip()]
     processor = load_image_processor(model_dir)
     markup = image_markup(model_dir, engine.tokenizer)
     image_token_id = checkpoint.open(model_dir).config["image_token_id"]
@@ -102,7 +102,7 @@ def image_workload(engine, model_dir: Path, fixed: Workload, per_request: int, i
         picked = [items[(index * per_request + k) % len(items)] for k in range(per_request)]
         for item in picked:
             if item["image"] not in shipped:
-                shipped[item["image"]] = _scaled(VQA_ITEMS.parent / item["image"], image_size, processor)
+                shipped[item["image"]] = _scaled(questions.parent / item["image"], image_size, processor)
         own = [shipped[item["image"]] for item in picked]
         question = f"{picked[0]['question']}\nAnswer with a single word."
         content = engine.tokenizer.decode(context_ids) + "\n" + "<image>" * per_request + "\n" + question
@@ -155,8 +155,9 @@ def check_image_requests(model_dir: Path, counts: list[int], image_size: int, in
         processor = load_image_processor(model_dir)
     except ValueError as exc:  # no preprocessor_config.json, or a processor transformers lacks
         raise UserError(f"{exc}; or measure without images: bench.images: [] (--images none)") from None
-    first = json.loads(VQA_ITEMS.read_text(encoding="utf-8").splitlines()[0])
-    per_image = _scaled(VQA_ITEMS.parent / first["image"], image_size, processor)[2]
+    questions = registry.bench_file("images")
+    first = json.loads(questions.read_text(encoding="utf-8").splitlines()[0])
+    per_image = _scaled(questions.parent / first["image"], image_size, processor)[2]
     most = max(counts)
     if context is not None:
         refuse_beyond_context(model_dir, most, input_len + most * per_image, per_image, image_size, output_len,

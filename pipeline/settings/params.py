@@ -25,6 +25,7 @@ from pipeline.settings.checks import (check_against_dvc, check_against_model, ch
                                     check_moved_keys, check_suite_models)
 from pipeline.settings.errors import format_error, kind_of, sections_with_overrides, with_overrides  # noqa: F401
 from pipeline.section import OutPath, SafePath, Section
+from pipeline.settings import suites
 
 DEFAULT_PARAMS = Path("params.yaml")
 SEED_MAX = 2**32 - 1  # numpy and torch take seeds below 2**32
@@ -95,7 +96,7 @@ class SuiteParams(Section):
     task: str = Field(min_length=1)
     limit: int | None = Field(None, ge=1, le=10_000_000)
     max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)
-    options: dict = {}  # task settings, e.g. long_context: {lengths: [1024, 2048], repeats: 1}
+    options: dict = {}  # the task's settings (its loader's metadata), e.g. long context: {lengths: [1024], repeats: 1}
     # suites that run model-written code (code): true runs it without bubblewrap where bubblewrap is
     # unusable (rlimits + an audit hook only; the report marks those results); false refuses instead
     allow_unsandboxed: bool = False
@@ -103,40 +104,16 @@ class SuiteParams(Section):
     models: list[str] | None = None  # which of base and the variants run it (None: all); see check_against_dvc
 
     @model_validator(mode="after")
-    def _long_context_options(self):
-        if self.task == LONG_CONTEXT_TASK:
-            problem = long_context_options_problem(self.options)
-            if problem:
-                raise ValueError(f"options.{problem}")
+    def _suite_options(self):
+        """The options a suite's own module checks (its hooks: pipeline/settings/suites.py); a tasks_dir's suites join
+        the registry (read when first asked for)."""
+        if self.tasks_dir is not None:
+            suites.include(self.tasks_dir)
+        suite = suites.find(self.task, self.tasks_dir) if self.options else None
+        check = suite.hook("options_problem") if suite else None
+        if check and (problem := check(self.options)):
+            raise ValueError(f"options.{problem}")
         return self
-
-
-LONG_CONTEXT_TASK = "quant_long_context"
-MAX_LONG_CONTEXT_TOKENS = 20_000_000  # all items together: every one is generated in memory
-
-
-def long_context_options_problem(options: dict) -> str | None:
-    """What is wrong with a long_context suite's options (evals/long_context/utils.py), else None."""
-    allowed = {"lengths", "depths", "kinds", "repeats"}
-    for key in options:
-        if key not in allowed:
-            return f"{key}: unknown option; use {', '.join(sorted(allowed))}"
-    lengths, depths = options.get("lengths", [1024, 2048, 4096, 8192]), options.get("depths", [0, 25, 50, 75, 100])
-    kinds, repeats = options.get("kinds", ["niah", "multikey"]), options.get("repeats", 4)
-    whole = lambda v, lo, hi: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi  # noqa: E731
-    if not isinstance(lengths, list) or not 1 <= len(lengths) <= 32 or not all(whole(n, 64, 1 << 20) for n in lengths):
-        return "lengths: give a list of 1 to 32 token counts between 64 and 1048576, e.g. [1024, 2048]"
-    if not isinstance(depths, list) or not 1 <= len(depths) <= 101 or not all(whole(d, 0, 100) for d in depths):
-        return "depths: give a list of needle depths in % (whole numbers 0-100), e.g. [0, 50, 100]"
-    if not isinstance(kinds, list) or not kinds or not set(kinds) <= {"niah", "multikey"}:
-        return "kinds: give a list of niah and/or multikey"
-    if not whole(repeats, 1, 1000):
-        return "repeats: give a whole number from 1 to 1000"
-    total = sum(lengths) * len(depths) * len(kinds) * repeats
-    if total > MAX_LONG_CONTEXT_TOKENS:
-        return (f"the ladder holds {total:,} prompt tokens in all, over the limit of {MAX_LONG_CONTEXT_TOKENS:,}; "
-                "use fewer lengths, depths or repeats")
-    return None
 
 
 class JudgeParams(Section):

@@ -1,7 +1,8 @@
 """`quantize bench MODEL_DIR [--engine vllm|lmdeploy|hf|openai]`: serving speed, beside the accuracy.
 
 Two workloads: `fixed` (every request has the same prompt and output length: real text from
-evals/long_context, cut to length) and `holdout` (the held-out conversations' real prompts, each
+the long text a suite declares for the bench, metadata.suite.bench.text: the
+long-context book, cut to length) and `holdout` (the held-out conversations' real prompts, each
 answered with as many tokens as its real reply had). For a model with a vision tower, on an engine that takes
 images, one more per count in `bench.images` (`1-image`, `4-images`): the fixed workload's text with that many of
 the VQA suite's real images (scaled to `bench.image_size`) and a question, in the chat format vLLM serves
@@ -201,14 +202,14 @@ def _checked(model_dir: Path, b: BenchParams, spec, engine: str) -> int | None:
     a workload longer than the model's context. Returns the context length."""
     from pipeline.checkpoints import headers
     from pipeline.engines import engine_names
-    from pipeline.engines.long_context import context_length
+    from pipeline.checkpoints import checkpoint
 
     headers.check(model_dir, weights=spec.local_weights)  # openai: a running server holds the weights
     if b.request_rates and spec.timing != "http":
         raise UserError(f"bench.request_rates: request-rate sweeps need a server engine "
                         f"({engine_names(where=lambda s: s.timing == 'http')}), "
                         f"not {engine}; set bench.request_rates: [] or --engine vllm")
-    context = context_length(model_dir)
+    context = checkpoint.open(model_dir).max_positions
     if context is not None and b.input_len + b.output_len > context:
         raise UserError(f"--input-len {b.input_len} + --output-len {b.output_len} exceed {model_dir}'s "
                         f"{context}-token context; choose shorter lengths")

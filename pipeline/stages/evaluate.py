@@ -33,7 +33,7 @@ from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs
 from pipeline.checkpoints.fingerprint import weights_fingerprint
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
-from pipeline.settings import fixes
+from pipeline.settings import fixes, suites
 from pipeline.settings.params import SuiteParams, sections_with_overrides
 
 log = logging.getLogger(__name__)
@@ -184,26 +184,27 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
 
 def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: str, variant: str, out_dir: Path,
                inputs: str, watch: Stopwatch) -> EvalResult:
-    from pipeline.engines import long_context
     from pipeline.engines import STARTS, engine_start_seconds
 
     starts_before, sandbox_before = len(STARTS), sandbox.SECONDS[0]
     engine, task = shared.name, s.task
-    is_long_context = task == long_context.TASK
-    # the long-context ladder goes as far as the served engine holds (its max_model_len and KV cache), so a
-    # server engine is up before the items are made (and is the one that answers them)
-    serving = _started(shared) if is_long_context and capability(engine, "starts_server") else None
-    metadata = _task_metadata(model_dir, suite, s.options, is_long_context, serving)
+    declared = suites.find(task, s.tasks_dir)  # what the suite's YAML declares (None: a task of lm-eval's own)
+    tailored = declared is not None and declared.hook("task_metadata") is not None
+    # a suite that needs the context (long context: its ladder goes as far as the served engine holds, its
+    # max_model_len and KV cache) has a server engine up before its items are made (and that one answers them)
+    needs = declared.needs if declared else ()
+    serving = _started(shared) if "context" in needs and capability(engine, "starts_server") else None
+    metadata = _task_metadata(model_dir, suite, s.options, declared, serving)
     task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)
     raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
-    if is_long_context:
-        metadata = (raw_config.get("metadata") or {}) | metadata  # the ladder as the task will see it
-    reason = _not_applicable_reason(model_dir, suite, engine, raw_config, metadata if is_long_context else None)
+    if tailored:
+        metadata = (raw_config.get("metadata") or {}) | metadata  # as the task will see it (the long-context ladder)
+    reason = _not_applicable_reason(model_dir, suite, engine, raw_config, declared, metadata if tailored else None)
     if reason is not None:
         return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                engine=engine, reason=reason, inputs=inputs, seconds=round(watch.seconds, 2))
     sandbox_method = None
-    if (raw_config.get("metadata") or {}).get("runs_model_code"):  # refuse before any generation
+    if "sandbox" in needs:  # refuse before any generation
         sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
                                                    setting=f"suites.{suite}.allow_unsandboxed")
     lm, results = _evaluate(model_dir, s, shared, suite=suite, variant=variant, out_dir=out_dir,
@@ -216,8 +217,8 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
                    **_fixed_and_work(lm, watch, starts_before))
     if sandbox_method is not None:
         summary["sandbox"] = sandbox_method  # "rlimits+audit": ran unsandboxed (allow_unsandboxed)
-    if is_long_context:
-        summary["long_context"] = long_context.summarize(lines, metadata)
+    if declared is not None and (summarize := declared.hook("summarize")):
+        summary["table"] = summarize(lines, metadata)  # the suite's own table (long context: per length x depth)
     return EvalResult(write_results(out_dir, suite, lines, summary), summary)
 
 
@@ -243,10 +244,10 @@ def _started(shared: SharedEngine) -> Engine:
     return engine
 
 
-def _not_applicable_reason(model_dir: Path, suite: str, engine: str, raw_config: dict,
-                           long_context_metadata: dict | None) -> str | None:
-    """Why the suite cannot run on this model (e.g. VQA on a text-only checkpoint), before any engine work."""
-    from pipeline.engines import long_context
+def _not_applicable_reason(model_dir: Path, suite: str, engine: str, raw_config: dict, declared: suites.Suite | None,
+                           tailored_metadata: dict | None) -> str | None:
+    """Why the suite cannot run on this model (e.g. VQA on a text-only checkpoint, a context below the long-context
+    ladder: the suite's own hook), before any engine work."""
     from pipeline.engines import vision
 
     reason = vision.not_applicable(model_dir, raw_config)
@@ -254,8 +255,8 @@ def _not_applicable_reason(model_dir: Path, suite: str, engine: str, raw_config:
         raise UserError(f"suite {suite}: its prompts carry images, which the {engine} engine does not take here; "
                         f"evaluate it with {engine_names(where=lambda spec: spec.images)} (engine.name, or "
                         "quantize eval --engine)")
-    if reason is None and long_context_metadata is not None:
-        reason = long_context.not_applicable(long_context_metadata)
+    if reason is None and tailored_metadata is not None and (check := declared.hook("not_applicable")):
+        reason = check(tailored_metadata)
     return reason
 def _evaluate(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: str, variant: str, out_dir: Path,
               task_manager):
@@ -391,14 +392,13 @@ def _speed(lines: list[dict], lm) -> dict:
     }
 
 
-def _task_metadata(model_dir: Path, suite: str, options: dict, is_long_context: bool, engine=None) -> dict | None:
+def _task_metadata(model_dir: Path, suite: str, options: dict, declared: suites.Suite | None,
+                   engine=None) -> dict | None:
     """What the task's loader gets (lm-eval metadata): the suite's options, the checkpoint (whose
-    tokenizer and chat template a task may need, e.g. to render conversations), and for the
-    long-context suite what only the model knows."""
-    from pipeline.engines import long_context
-
-    if is_long_context:
-        return long_context.task_metadata(model_dir, engine=engine, **options)
+    tokenizer and chat template a task may need, e.g. to render conversations), and for a suite with its
+    own `task_metadata` hook (long context) what only the model knows."""
+    if declared is not None and (tailored := declared.hook("task_metadata")):
+        return tailored(model_dir, engine=engine, **options)
     data = options.get("data")
     if data is not None and not Path(data).exists():
         raise UserError(f"params.yaml: suites.{suite}.options.data: {data} does not exist; build it first "

@@ -27,6 +27,7 @@ from pipeline.formats.sensitivity import read_sensitivity
 from pipeline.outputs import human_size
 from pipeline.report.publish import write_pair
 from pipeline.settings import fixes
+from pipeline.settings import suites as registry
 from pipeline.settings.params import Params
 from pipeline.report import checkpoint_match, inputs
 from pipeline.verdict.decision import Evidence, decide, metrics
@@ -110,13 +111,16 @@ def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: l
     recomputed from, the .jsonl lines beside it), bench.json, quant.json and where it is served; for a W4A16
     variant whose fix has results, the ranking the fix was built from (sensitivity.json)."""
     results = collect(results_dir, list(params.suites), models)
+    # a shipped suite with its own table is read where params.yaml leaves it out too: its table is still shown
+    tabled = {s.name: s for s in registry.shipped().values() if s.kind == "retrieval-table" and s.name not in params.suites}
+    declared = registry.of_params(params.suites) | tabled  # what each suite's YAML declares (pipeline/settings/suites.py)
     summaries: dict[str, dict[str, dict]] = {}
     for model in models:
-        for suite in [*params.suites, *(["long_context"] if "long_context" not in params.suites else [])]:
+        for suite in [*params.suites, *tabled]:
             summary = result_files.read_summary(results_dir / model / f"{suite}.json")
             if summary is not None:
                 summaries.setdefault(model, {})[suite] = summary
-    inputs.long_context_from_lines(results_dir, results, summaries)
+    inputs.tables_from_lines(results_dir, results, summaries, declared)
     inputs.suite_summaries_from_lines(results_dir, results, summaries)
     variants = [name for name in results if name != "base"]
     return Evidence(

@@ -18,6 +18,7 @@ and a variant of params.yaml with no results at all: not built (no checkpoint) o
 from __future__ import annotations
 
 from pipeline.settings import fixes
+from pipeline.settings import suites as registry
 from pipeline.settings.params import Params
 from pipeline.verdict.judge import UNRELIABLE
 
@@ -27,11 +28,6 @@ STATES = (DECIDED, NOT_COUNTED, NOT_RUN, NOT_APPLICABLE, NOT_CONFIGURED)
 LABELS = {DECIDED: "decided", NOT_COUNTED: "shown, not counted", NOT_RUN: "not run",
           NOT_APPLICABLE: "not applicable", NOT_CONFIGURED: "not configured"}
 
-# The suites the product ships (evals/): params.yaml name -> lm-eval task. A suite is configured when any suite
-# of params.yaml runs its task, under whatever name (tests/test_coverage.py checks this table against evals/).
-SHIPPED_SUITES = {"math": "quant_gsm8k", "code": "quant_humaneval", "long_context": "quant_long_context",
-                  "vqa": "quant_vqa", "ppl-chat": "quant_ppl_chat", "ppl-book": "quant_ppl_book",
-                  "ppl-math": "quant_ppl_gsm8k", "ppl-code": "quant_ppl_humaneval"}
 KIND_NAMES = {"accuracy": ("accuracy suite", "accuracy suites"), "perplexity": ("perplexity suite", "perplexity suites")}
 
 
@@ -83,7 +79,8 @@ def suite_coverage(variant: str, decision: str, params: Params, results: dict, n
             suites[suite] = _not_run(suite, variant, params, results)
     suites["judge"] = _judge_coverage(variant, judged)
     configured_tasks = {s.task for s in params.suites.values()}
-    for name, task in SHIPPED_SUITES.items():
+    for task, shipped in registry.shipped().items():  # the suites the product ships (evals/), by their YAMLs
+        name = shipped.name
         if task not in configured_tasks and name not in suites:
             suites[name] = {"state": NOT_CONFIGURED, "key": f"suites.{name}",
                             "why": f"params.yaml has no suite running {task}: add suites.{name} (task: {task}) and "

@@ -136,12 +136,13 @@ def decide(evidence: Evidence, params: Params) -> dict:
 
 
 def long_context_tables(results: dict, summaries: dict[str, dict[str, dict]]) -> dict:
-    """Per model, the long-context suite's accuracy by length and needle depth, and what was skipped."""
+    """Per model, the retrieval table of its suite that has one (a retrieval-table suite's `table` in <suite>.json,
+    whatever the suite's name: the long-context accuracy by length and needle depth, and what was skipped)."""
     tables = {}
     for model in results:
-        summary = summaries.get(model, {}).get("long_context") or {}
-        if summary.get("long_context"):
-            tables[model] = summary["long_context"]
+        found = [summary["table"] for summary in summaries.get(model, {}).values() if summary.get("table")]
+        if found:
+            tables[model] = found[0]
     return tables
 
 

@@ -1,6 +1,7 @@
-"""The long_context suite, pipeline side: what only the model knows (its context length, its
-tokenizer's characters per token on the haystack) goes to the task as lm-eval metadata, and the
-result lines are summarized per length and depth, with the lengths skipped as beyond the context.
+"""The long-context suite's hooks (its YAML's metadata.suite.hooks; pipeline/settings/suites.py finds them): what
+only the model knows (its context length, its tokenizer's characters per token on the haystack) goes to the task as
+lm-eval metadata, the options params.yaml may set are checked, and the result lines are summarized per length and
+depth, with the lengths skipped as beyond the context.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
 
-SUITE_DIR = Path(__file__).resolve().parents[2] / "evals" / "long_context"
-TASK = "quant_long_context"
+SUITE_DIR = Path(__file__).resolve().parent
 ID = re.compile(r"^(?P<kind>[a-z]+)-(?P<length>\d+)-d(?P<depth>\d+)-(?P<repeat>\d+)$")
 
 
@@ -23,13 +23,6 @@ def suite():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def context_length(model_dir: Path | str) -> int | None:
-    """Positions the model was built for (config.json); None when the config does not say."""
-    from pipeline.checkpoints import checkpoint
-
-    return checkpoint.open(model_dir).max_positions
 
 
 def chars_per_token(model_dir: Path | str, sample_chars: int = 40_000) -> float:
@@ -45,8 +38,10 @@ def context_limits(model_dir: Path | str, engine=None) -> list[list]:
     """[[tokens, what], ...]: every bound on one prompt's length, the model's window first, then what the
     engine serving it holds: its max_model_len and its KV cache (vLLM's own start-up figures:
     pipeline/engines/capacity.py). A length past the smallest is skipped, with that bound as the reason."""
+    from pipeline.checkpoints import checkpoint
+
     limits = []
-    if (positions := context_length(model_dir)) is not None:
+    if (positions := checkpoint.open(model_dir).max_positions) is not None:
         limits.append([positions, "the model's context"])
     if engine is not None:
         figures = engine.capacity() if hasattr(engine, "capacity") else {}
@@ -71,6 +66,33 @@ def task_metadata(model_dir: Path | str, engine=None, **overrides) -> dict:
         metadata["max_context"] = min(n for n, _ in limits)
         metadata["context_limits"] = limits
     return metadata
+
+
+MAX_TOKENS = 20_000_000  # all items together: every one is generated in memory
+
+
+def options_problem(options: dict) -> str | None:
+    """What is wrong with the suite's options (params.yaml suites.<name>.options: the ladder of utils.py), else None."""
+    allowed = {"lengths", "depths", "kinds", "repeats"}
+    for key in options:
+        if key not in allowed:
+            return f"{key}: unknown option; use {', '.join(sorted(allowed))}"
+    lengths, depths = options.get("lengths", list(suite().LENGTHS)), options.get("depths", list(suite().DEPTHS))
+    kinds, repeats = options.get("kinds", list(suite().KINDS)), options.get("repeats", suite().REPEATS)
+    whole = lambda v, lo, hi: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi  # noqa: E731
+    if not isinstance(lengths, list) or not 1 <= len(lengths) <= 32 or not all(whole(n, 64, 1 << 20) for n in lengths):
+        return "lengths: give a list of 1 to 32 token counts between 64 and 1048576, e.g. [1024, 2048]"
+    if not isinstance(depths, list) or not 1 <= len(depths) <= 101 or not all(whole(d, 0, 100) for d in depths):
+        return "depths: give a list of needle depths in % (whole numbers 0-100), e.g. [0, 50, 100]"
+    if not isinstance(kinds, list) or not kinds or not set(kinds) <= set(suite().KINDS):
+        return f"kinds: give a list of {' and/or '.join(suite().KINDS)}"
+    if not whole(repeats, 1, 1000):
+        return "repeats: give a whole number from 1 to 1000"
+    total = sum(lengths) * len(depths) * len(kinds) * repeats
+    if total > MAX_TOKENS:
+        return (f"the ladder holds {total:,} prompt tokens in all, over the limit of {MAX_TOKENS:,}; "
+                "use fewer lengths, depths or repeats")
+    return None
 
 
 def _lengths(metadata: dict) -> list[int]:
@@ -117,7 +139,8 @@ def by_length_and_depth(result_lines: list[dict]) -> dict[str, dict[str, dict]]:
     for line in result_lines:
         match = ID.match(line["id"])
         if match is None:
-            raise ValueError(f"long_context: result id {line['id']!r} is not kind-length-dDEPTH-repeat")
+            raise ValueError(f"id {line['id'][:80]!r} is not kind-length-dDEPTH-repeat, so its length and needle "
+                             "depth are unknown")
         table[int(match["length"])][int(match["depth"])].append(float(line["score"]))
     return {str(length): {f"d{depth}": cell for depth, cell in sorted(_mean_table(depths).items())}
             for length, depths in sorted(table.items())}
@@ -142,3 +165,8 @@ def summarize(result_lines: list[dict], metadata: dict) -> dict:
         "by_length_and_depth": by_length_and_depth(result_lines),
         "by_kind": by_kind(result_lines),
     }
+
+
+def table_from_lines(result_lines: list[dict]) -> dict:
+    """The table's figures the lines determine (the report recomputes them from results/<model>/<suite>.jsonl)."""
+    return {"by_length_and_depth": by_length_and_depth(result_lines)}
