@@ -328,7 +328,8 @@ def test_make_demo_installs_bubblewrap_before_the_pipeline_runs():
                          env={"PATH": "/usr/bin:/bin"})
     assert dry.returncode == 0, dry.stderr
     install = dry.stdout.find("apt-get install -y -qq bubblewrap")
-    assert 0 <= install < dry.stdout.find("quantize fetch-demo") < dry.stdout.find("dvc repro")
+    fetch = dry.stdout.find("QUANTIZE_STAGE_LOG=.cache/demo-commands.jsonl .venv/bin/quantize fetch-demo")
+    assert 0 <= install < fetch < dry.stdout.find("-m pipeline.cli.repro")  # the pipeline: dvc repro, one line a stage
 
 
 def test_allow_unsandboxed_is_a_validated_setting_off_by_default(tmp_path):
