@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import TINY_PARAMS, write_params
 from pipeline.checkpoints import config_json, headers
+from pipeline.console import LOG_DIR
 from pipeline.errors import UserError
 from tiny import save_tiny_glm, save_tiny_llama
 
@@ -142,7 +143,12 @@ def _commands(bad: Path, good: Path, holdout: Path, calib: Path, out: Path) -> d
 
 
 def _listing(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+    """What the project holds, less the libraries' warning logs (.cache/logs/<command>.log): a refused command may
+    leave the warnings that led to its refusal there (transformers warns about a broken config's token ids once per
+    process, so whether it does depends on what ran before in the worker), and a log is no half-written output."""
+    logs = root / LOG_DIR
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+            if logs not in p.parents and p != logs and p not in logs.parents}
 
 
 @pytest.fixture(scope="module")
