@@ -173,6 +173,24 @@ def test_the_reproduction_needs_only_public_tools_and_names_private_data_as_priv
     assert "The set is private, not published with the model (its blocks, sha256 4fd37417" in text
 
 
+def test_the_pipelines_revision_comes_with_its_address_or_says_it_has_none():
+    """Item 3: a git revision with no address cannot be fetched; the card says where the revision lives (the
+    package's Project-URL, recorded by the report) or that a reader cannot fetch it."""
+    import copy
+
+    verdict = example_verdict()
+    revision = verdict["environment"]["git_revision"]
+    text = model_card("fp8-w8a8", verdict, source=SOURCE, calib=CALIB, tasks=TASKS, repo_id="my-org/fp8").content
+    unfetchable = f"glm-quant-pipeline git revision {revision}, whose repository has no public address"
+    assert text.count(unfetchable) == 3  # the creation, the reproduction and the date-and-version line
+    assert "git revision" not in text.replace(unfetchable, "")
+    published = copy.deepcopy(verdict)
+    published["environment"]["pipeline_repository"] = "https://example.org/team/glm-quant-pipeline"
+    text = model_card("fp8-w8a8", published, source=SOURCE, calib=CALIB, tasks=TASKS, repo_id="my-org/fp8").content
+    assert text.count(f"glm-quant-pipeline https://example.org/team/glm-quant-pipeline, git revision {revision}") == 3
+    assert "no public address" not in text
+
+
 def test_the_cards_code_names_no_engine_by_string():
     """Item 7: what an engine is called and how it is served comes from the engine registry (EngineSpec.hub_serving,
     shown_as, package), never a literal in the card's code."""

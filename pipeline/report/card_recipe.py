@@ -18,7 +18,8 @@ from pipeline.report.card_evaluation import scored_by
 from pipeline.report.card_usage import serving_name
 from pipeline.report.card_header import data_of
 from pipeline.outputs import human_size
-from pipeline.report.card_text import checkpoint_names, code, loads_from, md, method_module, names, source_file
+from pipeline.report.card_text import (checkpoint_names, code, loads_from, md, method_module, names, pipeline_revision,
+                                       source_file)
 from pipeline.settings import suites as registry
 
 CALIB_DIR = "calib"  # where the recipe's `quantize calib` writes (its calib.out): the held-out conversations too
@@ -103,7 +104,7 @@ def creation(name: str, entry: dict, verdict: dict, *, source: dict | None, orig
     quant = entry.get("quant") or {}
     env = verdict.get("environment") or {}
     params, commands = creation_params(name, entry, verdict, source, origin, calib)
-    made = (f"Made with `quantize` (glm-quant-pipeline, git revision {md(env.get('git_revision') or 'not recorded')}) "
+    made = (f"Made with `quantize` ({pipeline_revision(env)}) "
             f"on {md(_versions(verdict, BUILD_PACKAGES) or 'package versions not recorded')}"
             + (f", on {md(env['machine'])}" if env.get("machine") else "")
             + (f", {md(env['generated'])}" if env.get("generated") else "") + ": this params.yaml, then the commands "
@@ -252,11 +253,10 @@ def reproduction(name: str, entry: dict, verdict: dict, *, tasks: dict[str, str]
         params["verdict"]["margins"]["suites"].pop(suite, None)
     public = params["suites"]
     lm_eval = _versions(verdict, ("lm-eval",))
-    revision = md(env.get("git_revision") or "not recorded")
     lines = []
     if public:
         tasks_run = ",".join(d["task"] for d in public.values())
-        lines += [f"The public suites are lm-eval tasks of glm-quant-pipeline's evals/ folder (git revision {revision})"
+        lines += [f"The public suites are lm-eval tasks of the evals/ folder of {pipeline_revision(env)}"
                   f"{', run by ' + md(lm_eval) if lm_eval else ''}: `lm_eval` scores the published checkpoint on them "
                   f"with {serving_name()}, and the base the same way for the paired comparison (models/base: the "
                   "base as the creation section's `quantize resave` converts it, the very model it was compared "

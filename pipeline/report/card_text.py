@@ -101,3 +101,15 @@ def method_module(quant: dict):
     """The variant's method module (pipeline/methods/), None for a name the registry does not hold."""
     name = quant.get("method")
     return methods.method(name) if methods.is_method(name) else None
+
+
+def pipeline_revision(env: dict) -> str:
+    """The pipeline's revision as a reader can fetch it: its repository's address (the package's Project-URL,
+    recorded by the report as `pipeline_repository`) and the git revision, or what is missing said plainly."""
+    revision, where = env.get("git_revision"), env.get("pipeline_repository")
+    if not revision:
+        return "glm-quant-pipeline, revision not recorded"
+    if where:
+        return f"glm-quant-pipeline {md(where)}, git revision {md(revision)}"
+    return (f"glm-quant-pipeline git revision {md(revision)}, whose repository has no public address: a reader cannot "
+            "fetch this revision")

@@ -36,7 +36,7 @@ from pipeline.report.card_header import card_data
 from pipeline.report.card_recipe import creation, reproduction
 from pipeline.outputs import human_size
 from pipeline.report.card_text import (base_name, md, method_module, names, reference, source_file, suite_name,
-                                       reference_is_quantized)
+                                       pipeline_revision, reference_is_quantized)
 from pipeline.report.card_usage import deployment, requirements, scored_and_served, serving_name, vllm_state
 from pipeline.report.render import decided_only
 from pipeline.report.screen import vision_tower
@@ -188,8 +188,8 @@ def overview(name: str, entry: dict, verdict: dict, base: str, source: dict | No
     if repo_id:
         lines.append(f"- **Quantized by**: {md(repo_id.split('/')[0])}")
     if env.get("generated") or env.get("git_revision"):
-        lines.append(f"- **Date and version**: {md(env.get('generated') or 'date not recorded')}; glm-quant-pipeline "
-                     f"{md(env.get('git_revision') or 'revision not recorded')}")
+        lines.append(f"- **Date and version**: {md(env.get('generated') or 'date not recorded')}; "
+                     f"{pipeline_revision(env)}")
     if not verdict.get("synthetic"):
         lines.append(f"- **Decision**: {md(card_label(entry))}: {md(rests_on(entry))}")
     return lines

@@ -61,6 +61,18 @@ def _git_revision() -> str | None:
         return None
 
 
+def _pipeline_repository() -> str | None:
+    """Where a reader fetches this pipeline: the package's Project-URL named Repository or Source, if it declares one."""
+    from importlib import metadata
+
+    try:
+        urls = metadata.metadata("glm-quant-pipeline").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        return None
+    found = dict(url.split(", ", 1) for url in urls if ", " in url)
+    return next((found[k] for k in ("Repository", "Source", "Homepage") if k in found), None)
+
+
 def this_environment() -> dict:
     from importlib import metadata
 
@@ -79,6 +91,7 @@ def this_environment() -> dict:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "processor": platform.processor() or platform.machine(),
         "git_revision": _git_revision(),
+        "pipeline_repository": _pipeline_repository(),
         "dvc_lock_sha256": hashlib.sha256(dvc_lock.read_bytes()).hexdigest()[:16] if dvc_lock.is_file() else None,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
