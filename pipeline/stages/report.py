@@ -54,9 +54,12 @@ def collect(results_dir: Path, suites: list[str], models: list[str] | None = Non
 
 
 def _git_revision() -> str | None:
+    """The pipeline's own revision (its source's git checkout, wherever the project is), None when installed
+    from a package."""
     try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        return done.stdout.strip() or None
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parents[2])
+        return (done.stdout.strip() or None) if done.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None
 
