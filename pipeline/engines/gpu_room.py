@@ -20,17 +20,14 @@ Standard library only (nvidia-smi through gpu_memory): no torch, no CUDA context
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
-import time
 from pathlib import Path
 
 from pipeline.engines import gpu_memory
 from pipeline.engines.gpu_memory import GIB
-from pipeline.engines.server_registry import (entries, held_bytes, locked, measured_memory, registry_dir, running_jobs,
-                                              stop_idle)
+from pipeline.engines.server_registry import (end_process, entries, held_bytes, locked, measured_memory, registry_dir,
+                                              running_jobs, stop_idle)
 from pipeline.runs import alive
 
 log = logging.getLogger(__name__)
@@ -108,16 +105,7 @@ def _interrupt(job: dict) -> bool:
     pid, started = job.get("pid"), job.get("started")
     if not alive(pid, started):
         return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGINT)
-    deadline = time.monotonic() + JOB_STOP_S
-    while alive(pid, started) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if alive(pid, started):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        time.sleep(0.5)
-    return not alive(pid, started)
+    return end_process(pid, started, signal.SIGINT, JOB_STOP_S, group=True, poll=0.2)
 
 
 def room_for_models(what: str, models: list[Path], factor: float, last: Path | None = None) -> list[str]:

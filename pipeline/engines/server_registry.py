@@ -131,19 +131,28 @@ def forget(registry: Path, key: str) -> None:
             folder.rmdir()
 
 
+def end_process(pid: int | None, started, first: int, wait: float, *, group: bool = False, poll: float = 0.1) -> bool:
+    """Sends `first` (SIGTERM, SIGINT) to a process (its process group with `group`), waits up to `wait` seconds for it
+    to end, then SIGKILL; True once it is gone (`started`: its start time, so a reused pid is left alone)."""
+    if not alive(pid, started):
+        return True
+    send = os.killpg if group else os.kill
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        send(pid, first)
+    deadline = time.monotonic() + wait
+    while alive(pid, started) and time.monotonic() < deadline:
+        time.sleep(poll)
+    if alive(pid, started):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            send(pid, signal.SIGKILL)
+        time.sleep(poll)
+    return not alive(pid, started)
+
+
 def stop_entry(registry: Path, key: str, entry: dict, wait: float = 60.0) -> None:
     """Asks the supervisor to stop its server (SIGTERM) and waits for both to be gone; SIGKILL after
     `wait` seconds. The server's process group is killed too, in case the supervisor could not."""
-    supervisor, started = entry.get("supervisor_pid"), entry.get("supervisor_started")
-    if alive(supervisor, started):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(supervisor, signal.SIGTERM)
-        deadline = time.monotonic() + wait
-        while alive(supervisor, started) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if alive(supervisor, started):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(supervisor, signal.SIGKILL)
+    end_process(entry.get("supervisor_pid"), entry.get("supervisor_started"), signal.SIGTERM, wait)
     server = entry.get("server_pid")
     if server and alive(server, entry.get("server_started")):
         with contextlib.suppress(ProcessLookupError, PermissionError):
