@@ -185,7 +185,7 @@ def decision_sentence(v: SuiteVerdict, binary: bool = True) -> str:
                                          f"{share(v.base_score)}, at the {'floor' if v.base_score < 0.5 else 'ceiling'})")
     if v.samples_per_item > 1:
         facts = (f"on {v.n} paired items, each answered {v.samples_per_item} times by each model and compared on its "
-                 f"mean (avg@{v.samples_per_item})")
+                 f"mean, avg@{v.samples_per_item}")
     elif binary:
         facts = (f"on {v.n} paired items the variant turned {_count(len(v.right_to_wrong), 'right answer')} wrong "
                  f"and {_count(len(v.wrong_to_right), 'wrong answer')} right")
