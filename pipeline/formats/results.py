@@ -3,9 +3,11 @@ summary. Written by `quantize eval` (pipeline/stages/evaluate.py), read by `quan
 
 A line holds at least `id`, `score` (in [0, 1]) and `correct` (true exactly when the score is 1); a
 perplexity suite's line is one document with its summed `loglikelihood` (at most 0) and `n_tokens` (at
-least 1; `correct` null). The verdict is computed from these lines; the summary names the suite, metric
-and score, or `status: not applicable` (or `not run`) with a `reason`, and a .jsonl of no items beside it:
-one blank line, not an empty file, which `dvc repro` would warn about as if something had failed.
+least 1; `correct` null). An item answered k times (k samples per item) holds its `samples`, each with its own
+`score` and `correct`; its `score` is their mean (avg@k), `correct` null and `pass_at_k` whether any is right.
+The verdict is computed from these lines; the summary names the suite, metric and score, or `status: not
+applicable` (or `not run`) with a `reason`, and a .jsonl of no items beside it: one blank line, not an empty
+file, which `dvc repro` would warn about as if something had failed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from pipeline.formats.checked_json import fix_command, problem, read_checked_jso
 from pipeline.outputs import write_atomic, write_json
 
 RESULT_LINE = {"id": "result id", "score": "share", "correct": "flag"}  # the item's share of credit; right or wrong
+# an item answered k times (issue 66): each sample's score and right/wrong; the line's score is their mean (avg@k),
+# `correct` null, `pass_at_k` whether any sample was right
+SAMPLE = {"score": "share", "correct": "flag"}
+SAMPLED_LINE = {"id": "result id", "score": "share", "correct": ("flag", None), "samples": [SAMPLE],
+                "pass_at_k?": "flag"}
 # a perplexity suite's line: one document, its summed log-likelihood and its token count (no right/wrong)
 DOCUMENT_LINE = {"id": "result id", "score": "number", "correct": ("flag", None), "loglikelihood": "number",
                  "n_tokens": "positive count"}
@@ -66,7 +73,8 @@ def read_lines(path: Path | str) -> dict[str, dict]:
     path = Path(path)
     items: dict[str, dict] = {}
     first_line: dict[str, str] = {}
-    spec_of = lambda item: DOCUMENT_LINE if "loglikelihood" in item else RESULT_LINE  # noqa: E731
+    spec_of = lambda item: (DOCUMENT_LINE if "loglikelihood" in item  # noqa: E731
+                            else SAMPLED_LINE if "samples" in item else RESULT_LINE)
     for where, item in read_checked_lines(path, spec_of, COMMAND, "result line"):
         check_domain(path, where, item)
         item_id = str(item["id"])
@@ -96,6 +104,32 @@ def check_domain(path: Path, where: str, item: dict) -> None:
                                        f"{loglikelihood / tokens:.4g} per token, below -{MAX_NLL_PER_TOKEN}: a "
                                        f"perplexity above e^{MAX_NLL_PER_TOKEN}, past what any model scores and what a "
                                        "float holds", COMMAND)
+    elif "samples" in item:
+        check_samples(path, where, item)
     elif item["correct"] != (item["score"] == 1):
+        raise problem(path, where, f"correct: {str(item['correct']).lower()} with score {item['score']:g}: an item is "
+                                   "correct exactly when it scores 1", COMMAND)
+
+
+def check_samples(path: Path, where: str, item: dict) -> None:
+    """An item answered k times: at least one sample, each correct exactly when it scores 1, the line's score their
+    mean (avg@k), `pass_at_k` whether any sample is right, and `correct` (null, as `quantize eval` writes it for k > 1)
+    when given, the line's score being 1."""
+    samples = item["samples"]
+    if not samples:
+        raise problem(path, where, "samples: an empty list: an item answered k times holds its k samples", COMMAND)
+    for number, sample in enumerate(samples):
+        if sample["correct"] != (sample["score"] == 1):
+            raise problem(path, where, f"samples[{number}].correct: {str(sample['correct']).lower()} with score "
+                                       f"{sample['score']:g}: a sample is correct exactly when it scores 1", COMMAND)
+    mean = sum(sample["score"] for sample in samples) / len(samples)
+    if abs(item["score"] - mean) > 1e-9:
+        raise problem(path, where, f"score: {item['score']:g} is not the mean of its {len(samples)} samples' scores "
+                                   f"({mean:g}, avg@k)", COMMAND)
+    right = any(sample["correct"] for sample in samples)
+    if item.get("pass_at_k", right) != right:
+        raise problem(path, where, f"pass_at_k: {str(item['pass_at_k']).lower()} where "
+                                   f"{'a sample is' if right else 'no sample is'} correct", COMMAND)
+    if item["correct"] is not None and item["correct"] != (item["score"] == 1):
         raise problem(path, where, f"correct: {str(item['correct']).lower()} with score {item['score']:g}: an item is "
                                    "correct exactly when it scores 1", COMMAND)

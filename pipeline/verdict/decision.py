@@ -24,6 +24,7 @@ from pipeline.verdict.next_steps import next_steps, suite_size, why_in_brief
 from pipeline.verdict.paired import SuiteVerdict, compare_suite
 from pipeline.verdict.perplexity import compare_perplexity
 from pipeline.verdict.recovery import average_recovery
+from pipeline.verdict.samples import sampled_figures
 from pipeline.verdict.speed import capacity_line, speed_row, speed_verdict
 
 
@@ -250,12 +251,13 @@ def _compared(results: dict, variant: str, against: str, confidence: float, row:
 
 
 def suite_score(items: dict) -> dict:
-    """A model's score on one suite: mean score over its items, or perplexity over all its tokens."""
+    """A model's score on one suite: mean score over its items (avg@k where sampled k times per item, with pass@k),
+    or perplexity over all its tokens."""
     n = len(items)
     if is_perplexity(items):
         tokens = sum(i["n_tokens"] for i in items.values())
         return {"n": n, "perplexity": math.exp(-sum(i["loglikelihood"] for i in items.values()) / tokens) if tokens else None}
-    return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None}
+    return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None, **(sampled_figures(items) or {})}
 
 
 def speed_commands(variant: str, speeds: dict, p) -> list[str]:

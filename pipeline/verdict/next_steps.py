@@ -2,7 +2,9 @@
 and for each counted suite left INCONCLUSIVE what to run to settle it and about how long that takes
 (`next_steps`, from the speed its results were produced at: each model's <suite>.json). No step asks for more
 items than the suite has (`suite_size`: what `quantize eval` recorded of it): such a suite "cannot be settled on
-this suite (164 items)", and the step says what could settle it instead."""
+this suite (164 items)", and the step says what could settle it instead. A suite sampled k times per item may also be
+settled by more samples per item on the same items (`samples_steps`), where the spread of its per-item changes is
+mostly sampling noise."""
 
 from __future__ import annotations
 
@@ -70,6 +72,31 @@ def _unsettleable(suite: str, now: int, needed: int, unit: str, available: int) 
                     f"would be needed; a wider margin (verdict.margins.suites.{suite}) or a larger suite would decide it"}
 
 
+SAMPLES_FIELD = "samples"  # params.yaml's suites.<suite> field for the samples per item (k)
+
+
+def samples_steps(variant: str, suite_verdicts: list, summaries: dict[str, dict[str, dict]]) -> list[dict]:
+    """For each counted INCONCLUSIVE suite sampled k times per item whose comparison more samples per item would
+    likely settle (pipeline/verdict/samples.py): how many, where to set it, and about how long it takes (the suite's
+    generation time grows with the samples)."""
+    steps = []
+    for v in suite_verdicts:
+        if not (v.counted and v.decision == INCONCLUSIVE and v.samples_to_settle and v.samples_per_item > 1):
+            continue
+        scale = v.samples_to_settle / v.samples_per_item
+        times = [_stage_seconds(summaries.get(model, {}).get(v.suite), v.n * scale) for model in ("base", variant)]
+        seconds = sum(times) if all(t is not None for t in times) else None
+        text = (f"{v.suite}: {v.samples_per_item} samples per item did not settle it; about {v.samples_to_settle} on "
+                f"the same {v.n} items would: set suites.{v.suite}.{SAMPLES_FIELD}: {v.samples_to_settle} in "
+                "params.yaml and run `dvc repro`")
+        text += (f", about {_duration(seconds)} at the speed these results were produced" if seconds is not None
+                 else "; no timing recorded to estimate how long")
+        steps.append({"suite": v.suite, "now": v.samples_per_item, "needed": v.samples_to_settle,
+                      "unit": "samples per item", "commands": [], "seconds": round(seconds, 1) if seconds else None,
+                      "duration": _duration(seconds) if seconds is not None else None, "text": text, "counted": True})
+    return steps
+
+
 def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dict | None,
                summaries: dict[str, dict[str, dict]], params: Params) -> list[dict]:
     """For each counted suite left INCONCLUSIVE: what to run to settle it (how many items or documents,
@@ -100,6 +127,7 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
         steps.append({"suite": suite, "now": now, "needed": needed, "unit": unit, "commands": commands,
                       "seconds": round(seconds, 1) if seconds is not None else None,
                       "duration": _duration(seconds) if seconds is not None else None, "text": text, "counted": True})
+    steps += samples_steps(variant, suite_verdicts, summaries)
     stronger = "(judge.backend: vllm or openai with a stronger model), not more prompts"
     if judged and judged["decision"] == UNRELIABLE:
         summary = judged["summary"]

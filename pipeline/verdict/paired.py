@@ -19,10 +19,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from pipeline.verdict.figures import points, share
-from pipeline.verdict.intervals import (GO, INCONCLUSIVE, NO_GO, PARTIAL_CREDIT, TANGO, UNINFORMATIVE, beyond_suite,
-                                        cannot_settle, decide,
+from pipeline.verdict.intervals import (GO, INCONCLUSIVE, NO_GO, PARTIAL_CREDIT, PER_ITEM_MEANS, TANGO, UNINFORMATIVE,
+                                        beyond_suite, cannot_settle, decide,
                                         items_to_settle, mcnemar_exact, min_items_for_go, paired_bootstrap,
-                                        partial_credit_interval, tango_interval, tango_items_to_settle)
+                                        partial_credit_interval, per_item_mean_interval, tango_interval,
+                                        tango_items_to_settle)
+from pipeline.verdict.samples import sampled_figures, samples_per_item, samples_to_settle, within_item_variance
 
 
 @dataclass
@@ -49,6 +51,11 @@ class SuiteVerdict:
     min_items_for_go: int | None = None  # fewest paired items with which a GO is possible at all
     sentence: str = ""  # the decision in one sentence a reviewer can check
     available: int | None = None  # the items the suite has (its results' record), None when not recorded
+    # k samples per item (issue 66): scores are then avg@k, compared on the per-item means
+    samples_per_item: int = 1
+    base_pass_at: dict[str, float] | None = None  # {"1": pass@1, ..., "k": pass@k}, Chen et al.'s estimator
+    variant_pass_at: dict[str, float] | None = None
+    samples_to_settle: int | None = None  # samples per item that would likely settle an INCONCLUSIVE on these items
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,9 +71,14 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
     base = np.array([base_items[i]["score"] for i in ids], dtype=float)
     var = np.array([variant_items[i]["score"] for i in ids], dtype=float)
     deltas = var - base
+    paired_base, paired_variant = {i: base_items[i] for i in ids}, {i: variant_items[i] for i in ids}
+    samples = max(samples_per_item(paired_base), samples_per_item(paired_variant))
     bounded = bool(ids) and bool(((base >= 0) & (base <= 1) & (var >= 0) & (var <= 1)).all())
-    binary = bool(ids) and bool(np.isin(base, (0.0, 1.0)).all() and np.isin(var, (0.0, 1.0)).all())
-    low, high, method = _interval(deltas, binary, bounded, len(ids), confidence, iterations, seed)
+    binary = samples == 1 and bool(ids) and bool(np.isin(base, (0.0, 1.0)).all() and np.isin(var, (0.0, 1.0)).all())
+    if samples > 1:
+        low, high, method = (*per_item_mean_interval(deltas, confidence), PER_ITEM_MEANS)
+    else:
+        low, high, method = _interval(deltas, binary, bounded, len(ids), confidence, iterations, seed)
     base_right = [bool(base_items[i]["correct"]) for i in ids]
     var_right = [bool(variant_items[i]["correct"]) for i in ids]
     r2w = [i for i, b, v in zip(ids, base_right, var_right) if b and not v]
@@ -84,10 +96,19 @@ def compare_suite(base_items: dict[str, dict], variant_items: dict[str, dict], *
         p_value=mcnemar_exact(len(r2w), len(w2r)) if binary and ids else None,
         margin=margin, decision=decision if counted else UNINFORMATIVE if ids else INCONCLUSIVE,
         counted=counted, reasons=reasons, interval=method if ids else "", min_items_for_go=fewest,
-        available=available,
+        available=available, samples_per_item=samples,
+        base_pass_at=(sampled_figures(paired_base) or {}).get("pass_at"),
+        variant_pass_at=(sampled_figures(paired_variant) or {}).get("pass_at"),
     )
     if decision == INCONCLUSIVE and ids and counted:
         _items_to_settle(verdict, deltas, binary, margin, confidence, fewest)
+        if samples > 1:
+            within = np.array([within_item_variance(base_items[i]) + within_item_variance(variant_items[i]) for i in ids])
+            verdict.samples_to_settle = samples_to_settle(deltas, within, samples, margin, confidence,
+                                                          -tango_interval(0, 0, len(ids), confidence)[0])
+            if verdict.samples_to_settle:
+                verdict.reasons.append(f"about {verdict.samples_to_settle} samples per item (now {samples}) on these "
+                                       f"{len(ids)} items would likely settle it")
     verdict.sentence = decision_sentence(verdict, binary)
     return verdict
 
@@ -143,7 +164,12 @@ def _items_to_settle(verdict: SuiteVerdict, deltas, binary: bool, margin: float,
     if beyond_suite(verdict.items_to_settle, verdict.available):
         verdict.reasons.append(cannot_settle(verdict.available, "items"))
     elif verdict.items_to_settle and verdict.items_to_settle != fewest:
-        verdict.reasons.append(f"about {verdict.items_to_settle} paired items at these flip rates would likely settle it")
+        verdict.reasons.append(f"about {verdict.items_to_settle} paired items at {_rates(verdict)} would likely settle it")
+
+
+def _rates(v: SuiteVerdict) -> str:
+    """What an item count to settle a suite assumes stays as it is."""
+    return "these flip rates" if v.samples_per_item == 1 else "this spread of the per-item changes"
 
 
 def _count(number: int, noun: str) -> str:
@@ -157,7 +183,10 @@ def decision_sentence(v: SuiteVerdict, binary: bool = True) -> str:
         return f"{v.suite}: {v.decision}: the variant and the base share no item, so nothing can be compared."
     head = f"{v.suite}: {v.decision}" + ("" if v.counted else " (not counted: the base scores "
                                          f"{share(v.base_score)}, at the {'floor' if v.base_score < 0.5 else 'ceiling'})")
-    if binary:
+    if v.samples_per_item > 1:
+        facts = (f"on {v.n} paired items, each answered {v.samples_per_item} times by each model and compared on its "
+                 f"mean, avg@{v.samples_per_item}")
+    elif binary:
         facts = (f"on {v.n} paired items the variant turned {_count(len(v.right_to_wrong), 'right answer')} wrong "
                  f"and {_count(len(v.wrong_to_right), 'wrong answer')} right")
     else:
@@ -179,7 +208,9 @@ def decision_sentence(v: SuiteVerdict, binary: bool = True) -> str:
         if beyond_suite(v.items_to_settle, v.available) or beyond_suite(v.min_items_for_go, v.available):
             notes.append(cannot_settle(v.available, "items"))
         elif v.items_to_settle and v.items_to_settle != v.min_items_for_go:
-            notes.append(f"about {v.items_to_settle} paired items at these flip rates would settle it")
+            notes.append(f"about {v.items_to_settle} paired items at {_rates(v)} would settle it")
+        if v.samples_to_settle:
+            notes.append(f"about {v.samples_to_settle} samples per item on these {v.n} items would")
         if notes:
             end += f" ({'; '.join(notes)})"
     return f"{head}: {facts}, {end}."
