@@ -29,6 +29,7 @@ from pipeline.checkpoints.serving_names import finish_config
 from pipeline.checkpoints.streaming import MAX_SHARD
 from pipeline.errors import UserError
 from pipeline.checkpoints.fingerprint import weights_fingerprint
+from pipeline.formats.calib_blocks import IMAGE_SAMPLES
 from pipeline.formats.quant_json import write_quant_json
 from pipeline.methods.recipe import Recipe, Target
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
@@ -304,6 +305,9 @@ def calibrate_loaded(method, recipe: Recipe, loaded: Loaded, inputs: Inputs, wat
     print(f"{method.NAME}: {what} on {len(blocks)} blocks x {len(blocks[0])} tokens, batch {inputs.batch_size}, "
           f"{'GPU' if on_gpu else 'CPU (small budget: set calib.num_blocks for more)'}"
           f"{', one layer at a time from the host' if loaded.offload else ''}")
+    if (images := inputs.calib.parent / IMAGE_SAMPLES).exists():  # `quantize calib` kept a VLM's image samples
+        print(f"{method.NAME}: {images} holds image samples; this version calibrates on the text blocks only "
+              "(the report and the card say so)")
     if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
