@@ -185,3 +185,15 @@ def test_the_card_says_what_the_calibration_held():
     dropped = calibration(quant, {**text, "images_dropped": 3})
     assert dropped[1].startswith("- calibration images: 3 dropped, the base has no vision tower")
     assert len(calibration(quant, text)) == 1
+
+
+def test_conversations_with_images_are_never_held_out(vlm, tmp_path):
+    """The judge, kl, bench and ppl-chat read the held-out turns as text: a file whose every user turn carries an
+    image has none to hold out, and the message says why."""
+    (tmp_path / "screens").mkdir()
+    _png_with_text(tmp_path / "screens" / "a.png")
+    path = tmp_path / "only_images.jsonl"
+    path.write_text(json.dumps(_image_turn({"type": "image", "path": "screens/a.png"})) + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"no record without images \(those are read as text\) has a user turn, so "
+                                        r"none can be held out .*calib.holdout: 1"):
+        calib.run(path, tmp_path / "out", vlm, seq_len=16, num_blocks=1, holdout=1)

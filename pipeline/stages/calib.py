@@ -145,9 +145,10 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
                                        watch=read, reading=reading)
         phases("read+redact+dedup")
         if s.holdout and not store.any_user_turn():
-            raise UserError(f"{source}: no record has a user turn, so none can be held out for the judge, kl, bench "
-                            f"and ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or set "
-                            "calib.holdout: 0 to calibrate on this text alone")
+            which = " without images (those are read as text)" if stats.image_conversations else ""
+            raise UserError(f"{source}: no record{which} has a user turn, so none can be held out for the judge, kl, "
+                            f"bench and ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or "
+                            "set calib.holdout: 0 to calibrate on this text alone")
         conversations = store.kept
         holdout, held_note = holdout_size(s.holdout, conversations)
         held = held_out(store, holdout)
@@ -227,20 +228,22 @@ def _image_samples(tokenizer, model_dir: Path, store: ConversationStore, convers
         return []
     from PIL import Image
 
-    from pipeline.engines.vision import ImagePrompter, image_tokens
+    from pipeline.checkpoints import checkpoint
+    from pipeline.checkpoints.image_processor import image_markup, image_tokens, load_image_processor
 
-    prompter = ImagePrompter(model_dir, tokenizer)
+    processor, markup = load_image_processor(model_dir), image_markup(model_dir, tokenizer)
+    image_token_id = checkpoint.open(model_dir).config["image_token_id"]
 
     def counts(shas: list[str]) -> list[int]:
         images = []
         for sha in shas:
             with Image.open(store.image_path(sha)) as image:
                 images.append(image.convert("RGB"))
-        return image_tokens(prompter.image_processor, images)
+        return image_tokens(processor, images)
 
     samples = []
     for conversation in conversations:
-        sample = image_sample(tokenizer, conversation, prompter.markup, prompter.image_token_id, s.seq_len, counts)
+        sample = image_sample(tokenizer, conversation, markup, image_token_id, s.seq_len, counts)
         if sample is not None:
             samples.append(sample)
         if len(samples) == s.image_samples:
