@@ -182,6 +182,9 @@ def test_the_card_says_what_the_calibration_held():
     assert held[1] == ("- calibration images: 2 conversations held 3 images, kept as their pixels alone (no metadata, "
                        "no file names); 2 of them taken as samples (3 images, 1,234 tokens with each image as its "
                        "image tokens), not calibrated on: the quantize stage calibrated on the text blocks only")
+    used = {**quant, "calibration": {**quant["calibration"], "image_samples": 2}}
+    assert calibration(used, {**text, "images": 3, "image_conversations": 2, "image_samples": 2})[1].endswith(
+        "calibrated on with the text blocks")
     dropped = calibration(quant, {**text, "images_dropped": 3})
     assert dropped[1].startswith("- calibration images: 3 dropped, the base has no vision tower")
     assert len(calibration(quant, text)) == 1
@@ -197,3 +200,45 @@ def test_conversations_with_images_are_never_held_out(vlm, tmp_path):
     with pytest.raises(UserError, match=r"no record without images \(those are read as text\) has a user turn, so "
                                         r"none can be held out .*calib.holdout: 1"):
         calib.run(path, tmp_path / "out", vlm, seq_len=16, num_blocks=1, holdout=1)
+
+
+@pytest.mark.slow
+def test_awq_and_fp8_on_a_vlm_calibrate_on_the_images_through_its_processor(vlm, tmp_path):
+    """The quantize stage reads calib_images.jsonl beside the blocks: each sample's image tokens expanded by the
+    model's own image processor, its pixels through the vision tower, one sample per batch with the text blocks.
+    The samples shape AWQ's weights (against the same build without them), the pixels shape FP8's static activation
+    scales (against the same build with blank images of the same sizes: the same tokens), quant.json says what the
+    calibration held, and the vision tower stays bit-identical to the base's."""
+    import shutil
+
+    from conftest import read_tensors
+    from pipeline.stages.quantize import run as quantize_run
+
+    source, _ = _files(tmp_path)
+    build = tmp_path / "build"
+    calib.run(source, build, vlm, seq_len=32, num_blocks=2, holdout=1)
+    text_only, blank = tmp_path / "text_build", tmp_path / "blank_build"
+    shutil.copytree(build, text_only)
+    (text_only / "calib_images.jsonl").unlink()
+    shutil.copytree(build, blank)
+    for path in (blank / "images").iterdir():
+        Image.new("RGB", Image.open(path).size, "gray").save(path)
+    quantize_run(vlm, tmp_path / "awq", build / "calib.jsonl", "awq", batch_size=2, n_grid=3)
+    quantize_run(vlm, tmp_path / "awq_text", text_only / "calib.jsonl", "awq", batch_size=2, n_grid=3)
+    quantize_run(vlm, tmp_path / "fp8", build / "calib.jsonl", "fp8")
+    quantize_run(vlm, tmp_path / "fp8_blank", blank / "calib.jsonl", "fp8")
+    for variant in ("awq", "fp8", "fp8_blank"):
+        info = json.loads((tmp_path / variant / "quant.json").read_text())
+        assert info["calibration"]["image_samples"] == 2 and info["calibration"]["image_sample_images"] == 2
+        assert info["calibration"]["image_sample_tokens"] > 2 * 32 // 2
+        assert info["verify"]["vision"]["mismatched"] == [] and info["verify"]["vision"]["vision_tensors"] > 0
+    assert "image_samples" not in json.loads((tmp_path / "awq_text" / "quant.json").read_text())["calibration"]
+
+    def differ(a: str, b: str, suffix: str) -> list[str]:
+        first, second = read_tensors(tmp_path / a), read_tensors(tmp_path / b)
+        keys = [k for k in first if k.endswith(suffix)]
+        assert keys
+        return [k for k in keys if not first[k].equal(second[k])]
+
+    assert differ("awq", "awq_text", ".weight_packed")
+    assert differ("fp8", "fp8_blank", ".input_scale")

@@ -46,3 +46,15 @@ def image_markup(model_dir: Path | str, tokenizer) -> str:
     config = checkpoint.open(model_dir).config
     ids = (config.get("image_start_token_id"), config["image_token_id"], config.get("image_end_token_id"))
     return "".join(tokenizer.convert_ids_to_tokens(i) if i is not None else "" for i in ids)
+
+
+def image_inputs(image_processor, ids: list[int], images, image_token_id: int) -> dict:
+    """One prompt's model inputs with its images, as plain lists (a calibration dataset's row): each image token
+    expanded to the tokens its image takes, the pixel values and grids the processor makes, mm_token_type_ids (1 at
+    each image token)."""
+    pixels = image_processor(images=list(images), return_tensors="pt")
+    counts = iter(tokens_per_grid(pixels["image_grid_thw"], image_processor.merge_size))
+    expanded = [t for token in ids for t in ([token] * next(counts) if token == image_token_id else [token])]
+    return {"input_ids": expanded, "attention_mask": [1] * len(expanded),
+            "mm_token_type_ids": [int(token == image_token_id) for token in expanded],
+            "pixel_values": pixels["pixel_values"].tolist(), "image_grid_thw": pixels["image_grid_thw"].tolist()}
