@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipeline.calib.dedup import NearDuplicates, normalised
 from pipeline.formats.conversations import BadRecord, Conversation, OnlySystemTurns, iter_records, to_conversation
+from pipeline.formats.image_parts import ImageReading
 from pipeline.calib.redact import redact
 from pipeline.calib.store import ConversationStore
 from pipeline.errors import UserError
@@ -40,6 +41,9 @@ class CalibStats:
     turns: int = 0
     letters: int = 0
     non_latin_letters: int = 0
+    images: int = 0  # image parts of the kept conversations (each kept as its pixels alone)
+    image_conversations: int = 0  # kept conversations with at least one image
+    images_dropped: int = 0  # image parts dropped unread: a text-only model (their turns' text kept)
 
 
 # ---------------------------------------------------------------- loading
@@ -84,13 +88,14 @@ def _redacted_message(message: str, where: str, do_redact: bool, extra: list[re.
 
 
 def _record(where: str, record, stats: CalibStats, *, strict: bool, do_redact: bool,
-            extra: list[re.Pattern]) -> Conversation | None:
-    """The record as a checked, redacted conversation; None (counted, listed) when it is bad."""
+            extra: list[re.Pattern], reading: ImageReading | None = None) -> Conversation | None:
+    """The record as a checked, redacted conversation (its images re-encoded as their pixels alone); None (counted,
+    listed) when it is bad."""
     stats.records_in += 1
     try:
         if isinstance(record, BadRecord):
             raise record
-        conversation = to_conversation(record, where)
+        conversation = to_conversation(record, where, reading)
     except BadRecord as exc:
         if isinstance(exc, OnlySystemTurns):
             stats.only_system += 1
@@ -106,16 +111,19 @@ def _record(where: str, record, stats: CalibStats, *, strict: bool, do_redact: b
 
 
 def _read_unique(path: Path, stats: CalibStats, store: ConversationStore, *, strict: bool, do_redact: bool,
-                 extra: list[re.Pattern], advance=None, watch: ReadWatch | None = None) -> None:
+                 extra: list[re.Pattern], advance=None, watch: ReadWatch | None = None,
+                 reading: ImageReading | None = None) -> None:
     """Reads the file into `store`: valid, redacted conversations without exact duplicates (identical normalised
     text) or near-duplicates (the normalised text of their non-system turns: a long shared system prompt would make
     all texts alike), a batch of DEDUP_BATCH at a time."""
     finder, batch, batch_keys = NearDuplicates(store), [], set()
     for where, record in iter_records(path, advance, watch):
-        conversation = _record(where, record, stats, strict=strict, do_redact=do_redact, extra=extra)
+        conversation = _record(where, record, stats, strict=strict, do_redact=do_redact, extra=extra, reading=reading)
         if conversation is None:
             continue
-        words = [normalised(m["content"]) for m in conversation.messages]
+        # its images count as words: the same question on another screenshot is another conversation
+        words = [normalised(m["content"]) + "".join(f" {sha}" for sha in m.get("images", ()))
+                 for m in conversation.messages]
         key = hashlib.sha256(" ".join(w for w in words if w).encode("utf-8")).digest()
         if key in batch_keys or store.seen(key):
             stats.dropped["duplicate"] += 1
@@ -151,18 +159,23 @@ def _count_kept(stats: CalibStats, conversation: Conversation) -> None:
         stats.non_latin_letters += non_latin
     stats.kept += 1
     stats.conversations += 1
+    stats.images += len(conversation.images)
+    stats.image_conversations += bool(conversation.images)
+    stats.images_dropped += conversation.images_dropped
 
 
 def read_conversations(path: Path, store: ConversationStore, *, strict: bool, max_bad_fraction: float,
                        do_redact: bool, extra_patterns: list[str], advance=None,
-                       watch: ReadWatch | None = None) -> CalibStats:
+                       watch: ReadWatch | None = None, reading: ImageReading | None = None) -> CalibStats:
     """Reads, checks and redacts the file into `store`, dropping duplicates and near-duplicates; fails on too many
     bad records, and on a file changed while it was read. advance(n): n more bytes read (a progress bar); watch: the
-    fingerprint of the bytes read, for the caller (pipeline/formats/read_watch.py)."""
+    fingerprint of the bytes read, for the caller (pipeline/formats/read_watch.py); reading: how image parts are
+    read (pipeline/formats/image_parts.py; without it a turn must be text)."""
     stats = CalibStats()
     path = Path(path)
     extra = [re.compile(p) for p in extra_patterns]
-    _read_unique(path, stats, store, strict=strict, do_redact=do_redact, extra=extra, advance=advance, watch=watch)
+    _read_unique(path, stats, store, strict=strict, do_redact=do_redact, extra=extra, advance=advance, watch=watch,
+                 reading=reading)
     _check_usable(path, stats, store.kept, max_bad_fraction)
     return stats
 

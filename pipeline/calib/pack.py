@@ -30,11 +30,12 @@ def held_out(store: ConversationStore, holdout: int) -> list[Conversation]:
 
 
 def calibration_stream(tokenizer, store: ConversationStore, held: set[bytes], needed: int,
-                       advance) -> tuple[int, int, int, list[int]]:
+                       advance, with_images: list[Conversation] | None = None) -> tuple[int, int, int, list[int]]:
     """Every calibration conversation (hash order, the held-out ones left out) rendered with the chat template
     and tokenized: (conversations the template accepted, those it rejected (marked in the store), their tokens in
     all, the first `needed` tokens of their concatenation). Tokenizes TOKENIZE_BATCH texts at a time through the
-    fast (Rust) tokenizer, which uses every core; holds one batch."""
+    fast (Rust) tokenizer, which uses every core; holds one batch. A conversation with images is not cut into the
+    stream (an image is not text): it goes to `with_images`, each one a sample of its own (`image_sample`)."""
     accepted = rejected = total = 0
     stream: list[int] = []
     batch: list[str] = []
@@ -42,7 +43,11 @@ def calibration_stream(tokenizer, store: ConversationStore, held: set[bytes], ne
         if key in held:
             continue
         advance(1)
-        text = render(tokenizer, store.conversation(key, offset, length, shape))
+        conversation = store.conversation(key, offset, length, shape)
+        if with_images is not None and any(m.get("images") for m in conversation.messages):
+            with_images.append(conversation)
+            continue
+        text = render(tokenizer, conversation)
         if text is None:
             store.reject(key)
             rejected += 1
@@ -85,12 +90,33 @@ def holdout_prompt(conversation: Conversation) -> dict:
 
 def render(tokenizer, conversation: Conversation) -> str | None:
     """The conversation as the model sees it (pipeline/formats/chat.py); None when the chat template
-    rejects it."""
+    rejects it. An image stands as IMAGE_PLACEHOLDER in its turn's text (`image_sample` puts the model's markup
+    there)."""
     from pipeline.formats.chat import has_template, render_chat
 
     if conversation.shape == "text" or not has_template(tokenizer):
         return conversation.text()
-    return render_chat(tokenizer, conversation.messages)
+    return render_chat(tokenizer, [{"role": m["role"], "content": m["content"]} for m in conversation.messages])
+
+
+def image_sample(tokenizer, conversation: Conversation, markup: str, image_token_id: int, seq_len: int,
+                 image_tokens) -> dict | None:
+    """A conversation with images as one calibration sample ({"input_ids": one image token per image, "images":
+    ["images/<sha256>.png", ...], "image_tokens": [each image's tokens as the processor expands it]}): rendered with
+    the chat template, each image placeholder made the model's image markup, cut to `seq_len` tokens after its last
+    image; None when the template rejects it or an image lies past `seq_len` tokens. image_tokens(shas) -> counts."""
+    from pipeline.formats.image_parts import IMAGE_PLACEHOLDER
+
+    text = render(tokenizer, conversation)
+    if text is None:
+        return None
+    ids = tokenizer(text.replace(IMAGE_PLACEHOLDER, markup), add_special_tokens=False)["input_ids"]
+    shas = [sha for m in conversation.messages for sha in m.get("images", ())]
+    places = [i for i, token in enumerate(ids) if token == image_token_id]
+    if len(places) != len(shas) or places[-1] >= seq_len:
+        return None
+    return {"input_ids": ids[:seq_len], "images": [f"images/{sha}.png" for sha in shas],
+            "image_tokens": image_tokens(shas)}
 
 
 def pack(stream: list[int], seq_len: int, num_blocks: int, source: Path, held: str = "") -> list[list[int]]:

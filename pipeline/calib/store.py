@@ -8,7 +8,9 @@ conversation once.
   near-duplicate check compares against);
 - `bands`: the LSH band buckets of the kept conversations (pipeline/calib/dedup.py), at most LSH_BUCKET_CAP each;
 - the spill file: each kept conversation as the line calib_conversations.jsonl will hold
-  ({"messages", "where"}, keys sorted), read back by offset in content-hash order for the split.
+  ({"messages", "where"}, keys sorted; a message with images names them by sha256), read back by offset in
+  content-hash order for the split;
+- images/: each image of a kept conversation once, as the PNG its sha256 names (pipeline/formats/image_parts.py).
 
 SQLite's page cache is bounded (CACHE_KIB), so the process holds a constant amount however large the input;
 the scratch folder takes about as much disk as the input.
@@ -126,9 +128,12 @@ class ConversationStore:
         returns its row."""
         line = json.dumps({"where": conversation.where, "messages": conversation.messages}, ensure_ascii=False,
                           sort_keys=True).encode("utf-8") + b"\n"
+        for image in conversation.images:
+            self.add_image(image.sha256, image.png)
         offset = self.spill.seek(0, 2)
         self.spill.write(line)
-        has_user = any(m["role"] == "user" for m in conversation.messages)
+        # held out only without images: the judge, kl, bench and ppl-chat read the held-out turns as text
+        has_user = any(m["role"] == "user" for m in conversation.messages) and not conversation.images
         row = self.db.execute(
             "INSERT INTO docs (key, kept, has_user, shape, offset, length, signature, shingles) "
             "VALUES (?, 1, ?, ?, ?, ?, ?, ?)",
@@ -138,6 +143,16 @@ class ConversationStore:
         self.db.executemany("INSERT INTO bands (key, row) VALUES (?, ?)", [(band, row) for band in band_keys])
         self.kept += 1
         return row
+
+    def add_image(self, sha256: str, png: bytes) -> None:
+        """Keeps an image (once) as images/<sha256>.png."""
+        path = self.image_path(sha256)
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(png)
+
+    def image_path(self, sha256: str) -> Path:
+        return self.folder / "images" / f"{sha256}.png"
 
     # ---------------------------------------------------------------- after reading
 
@@ -174,5 +189,6 @@ class ConversationStore:
 
     def conversation(self, key: bytes, offset: int, length: int, shape: str) -> Conversation:
         record = json.loads(self.line(offset, length))
-        messages = [{"role": m["role"], "content": m["content"]} for m in record["messages"]]  # the reader's order
+        messages = [{"role": m["role"], "content": m["content"], **({"images": m["images"]} if m.get("images") else {})}
+                    for m in record["messages"]]  # the reader's order
         return Conversation(messages, shape, record["where"], key=key.hex())

@@ -14,12 +14,13 @@ image token expanded by the same rule, `image_tokens`).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.checkpoints import checkpoint
+from pipeline.checkpoints.image_processor import (image_markup, image_tokens,  # noqa: F401 (engines' names)
+                                               load_image_processor, tokens_per_grid)
 from pipeline.engines.base import Completion, GenRequest
 from pipeline.engines.hf import HFEngine
 
@@ -42,19 +43,6 @@ class PromptImages:
     urls: tuple[str, ...]
     text: str
     prompt_tokens: int
-
-
-def tokens_per_grid(grid_thw, merge_size: int) -> list[int]:
-    """Image tokens per image from the processor's grids: t*h*w / merge^2 (the vision tower merges merge x merge
-    patches into one token)."""
-    return (grid_thw.prod(-1) // merge_size ** 2).tolist()
-
-
-def image_tokens(image_processor, images) -> list[int]:
-    """The image tokens each image takes, as the model's processor computes them (what the hf engine expands an
-    image token to, and what vLLM's processor for the model does)."""
-    grid = image_processor(images=list(images), return_tensors="pt")["image_grid_thw"]
-    return tokens_per_grid(grid, image_processor.merge_size)
 
 
 def is_multimodal(model_dir: Path | str) -> bool:
@@ -86,29 +74,6 @@ def request_from_lm_eval(args: tuple, max_new_tokens_default: int = 256) -> GenR
     if not images:
         return GenRequest(context, max_new, stop)
     return VisionRequest(context, max_new, stop, images=list(images) if isinstance(images, (list, tuple)) else [images])
-
-
-def load_image_processor(model_dir: Path | str):
-    """The checkpoint's image processor, PIL backend (no torchvision needed)."""
-    import transformers
-
-    path = Path(model_dir) / "preprocessor_config.json"
-    if not path.exists():
-        raise ValueError(f"{model_dir}: no preprocessor_config.json, so images cannot be prepared for this "
-                         "model; copy it from the base checkpoint")
-    kind = json.loads(path.read_text())["image_processor_type"]
-    cls = getattr(transformers, kind.removesuffix("Fast") + "Pil", None)
-    if cls is None:
-        raise ValueError(f"{model_dir}: no PIL image processor for {kind!r} in transformers")
-    return cls.from_pretrained(model_dir)
-
-
-def image_markup(model_dir: Path | str, tokenizer) -> str:
-    """What stands for one image in a rendered prompt: <|begin_of_image|><|image|><|end_of_image|> for GLM-4.1V
-    and kin, from the config's token ids (the string vLLM's GLM-4V processor looks for, too)."""
-    config = checkpoint.open(model_dir).config
-    ids = (config.get("image_start_token_id"), config["image_token_id"], config.get("image_end_token_id"))
-    return "".join(tokenizer.convert_ids_to_tokens(i) if i is not None else "" for i in ids)
 
 
 def render_images(prompt: str, markup: str) -> str:

@@ -1,6 +1,10 @@
-"""calib.jsonl: the fixed-length token blocks `quantize calib` writes and the quantize stages calibrate on.
+"""calib.jsonl: the fixed-length token blocks `quantize calib` writes and the quantize stages calibrate on; and
+calib_images.jsonl beside it (a vision-language model's): the conversations with images, one sample each.
 
-One record per line: {"block": its index, "input_ids": [token ids, all blocks the same length]}.
+calib.jsonl, one record per line: {"block": its index, "input_ids": [token ids, all blocks the same length]}.
+calib_images.jsonl, one record per line: {"sample": its index, "input_ids": [the rendered conversation's token ids,
+one image token per image], "images": ["images/<sha256>.png", ...: the folder's PNGs, in the order of the image
+tokens], "image_tokens": [what each image expands to, as the model's processor computes it]}.
 """
 
 from __future__ import annotations
@@ -36,3 +40,34 @@ def is_blocks_file(path: Path) -> bool:
     for _, record in iter_records(path):
         return isinstance(record, dict) and "input_ids" in record
     return False
+
+
+IMAGE_SAMPLES = "calib_images.jsonl"
+
+
+def image_samples_text(samples: list[dict]) -> str:
+    """calib_images.jsonl's text for `samples` ({"input_ids", "images", "image_tokens"} each)."""
+    return "".join(json.dumps({"sample": i, **sample}, sort_keys=True) + "\n" for i, sample in enumerate(samples))
+
+
+def read_image_samples(path: Path) -> list[dict]:
+    """The image samples, checked: token ids, and as many images (each a PNG of the file's folder) as image tokens
+    counted (FILE:LINE on a bad one); [] when the file is not there (a text-only build)."""
+    if not path.exists():
+        return []
+    samples = []
+    for where, record in iter_records(path):
+        ids = record.get("input_ids") if isinstance(record, dict) else None
+        images = record.get("images") if isinstance(record, dict) else None
+        if not isinstance(ids, list) or not ids or not all(type(i) is int and 0 <= i < 1 << 31 for i in ids) or \
+                not isinstance(images, list) or not images or not all(isinstance(i, str) for i in images):
+            raise UserError(f"{where}: not an image calibration sample (input_ids and images); build it with "
+                            "`quantize calib`")
+        missing = [name for name in images if Path(name).is_absolute() or ".." in Path(name).parts
+                   or not (path.parent / name).is_file()]
+        if missing:
+            raise UserError(f"{where}: image {missing[0]} is not in {path.parent}; build the folder again with "
+                            "`quantize calib`")
+        samples.append({"input_ids": ids, "images": [path.parent / name for name in images],
+                        "image_tokens": record.get("image_tokens")})
+    return samples

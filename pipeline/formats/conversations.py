@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from pipeline.errors import UTF16_SAMPLE_BYTES, UserError, cut, not_utf8
+from pipeline.formats.image_parts import BadImage, ImageReading, content_parts
 from pipeline.formats.read_watch import ReadWatch
 
 MAX_LINE_BYTES = 8 << 20  # a longer line is a broken export, not a conversation
@@ -59,6 +60,9 @@ class Conversation:
     key: str = ""  # sha256 of the normalised text: de-duplication, split and holdout id
     removed: dict[str, dict[str, int]] = field(default_factory=dict)  # control characters taken out:
     # {"turns[1].content": {"U+0000": 2}}
+    images: list = field(default_factory=list)  # image_parts.KeptImage of its turns, in order (a message names
+    # its own by sha256: "images")
+    images_dropped: int = 0  # image parts dropped unread (a text-only model)
 
     def text(self) -> str:
         return "\n".join(m["content"] for m in self.messages)
@@ -351,8 +355,19 @@ def without_control_characters(text: str) -> tuple[str, dict[str, int]]:
     return CONTROL.sub("", text), counts
 
 
-def _content(value, where: str, what: str, removed: dict | None = None) -> str:
-    """A turn's text, checked; control characters taken out (counted in `removed[what]`)."""
+def _content(value, where: str, what: str, removed: dict | None = None, reading: ImageReading | None = None,
+             found: list | None = None) -> str:
+    """A turn's text, checked; control characters taken out (counted in `removed[what]`). A list of parts (text and
+    images, pipeline/formats/image_parts.py) with `reading`: its text, an image placeholder where each image was, the
+    images (or the count dropped) appended to `found`."""
+    if isinstance(value, list) and reading is not None and found is not None:
+        try:
+            value, images, dropped = content_parts(value, what, reading)
+        except BadImage as exc:
+            raise BadRecord(f"{where}: {exc}") from None
+        found.append((images, dropped))
+        if not value.strip() and (images or dropped):
+            return value.strip()  # an image alone: its placeholder (or, dropped, nothing) is the turn
     if not isinstance(value, str):
         kind = JSON_TYPES.get(type(value).__name__, type(value).__name__)
         raise BadRecord(f"{where}: {what} is {kind}, not text; make it a string")
@@ -378,7 +393,10 @@ def _role(value, where: str, what: str) -> str:
     return role
 
 
-def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str, removed: dict) -> list[dict]:
+def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str, removed: dict,
+               reading: ImageReading | None = None, kept: list | None = None) -> list[dict]:
+    """The turns as messages; with `reading`, a turn's list of parts is read (its images appended to `kept` as
+    (images, dropped), the message naming its images by sha256: "images")."""
     if not isinstance(turns, list) or not turns:
         raise BadRecord(f"{where}: '{shape}' must be a non-empty list of turns; "
                         f"give it [{{\"{role_key}\": ..., \"{text_key}\": ...}}, ...]")
@@ -386,10 +404,15 @@ def _turn_list(turns, where: str, role_key: str, text_key: str, shape: str, remo
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
             raise BadRecord(f"{where}: {shape}[{i}] needs '{role_key}' and '{text_key}' keys; add them or drop the turn")
+        own: list = []
         messages.append({
             "role": _role(turn[role_key], where, f"{shape}[{i}].{role_key}"),
-            "content": _content(turn[text_key], where, f"{shape}[{i}].{text_key}", removed),
+            "content": _content(turn[text_key], where, f"{shape}[{i}].{text_key}", removed, reading, own),
         })
+        if own and own[0][0]:
+            messages[-1]["images"] = [image.sha256 for image in own[0][0]]
+        if kept is not None:
+            kept += own
     if all(m["role"] == "system" for m in messages):
         raise OnlySystemTurns(f"{where}: '{shape}' holds only system turns ({len(messages)}), no user or assistant "
                               "turn: nothing to calibrate on or hold out; export the conversation's turns with it, "
@@ -405,15 +428,18 @@ def _pair(record: dict, where: str, ask: str, answer: str, removed: dict) -> lis
             {"role": "assistant", "content": _content(record[answer], where, answer, removed)}]
 
 
-def to_conversation(record, where: str) -> Conversation:
-    """Detects the record's shape and normalises it to OpenAI-style messages."""
+def to_conversation(record, where: str, reading: ImageReading | None = None) -> Conversation:
+    """Detects the record's shape and normalises it to OpenAI-style messages. reading: how image parts of a turn's
+    content are read (`quantize calib`: pipeline/formats/image_parts.py); without it a turn must be text."""
     if not isinstance(record, dict):
         kind = JSON_TYPES.get(type(record).__name__, type(record).__name__)
         raise BadRecord(f"{where}: a record must be a JSON object, not {kind}; put one conversation object "
                         "per line (a JSON array belongs in a .json file)")
     removed: dict[str, dict[str, int]] = {}
+    kept: list = []  # (images, dropped) of each turn given as parts
     if "messages" in record:
-        shape, messages = "messages", _turn_list(record["messages"], where, "role", "content", "messages", removed)
+        shape, messages = "messages", _turn_list(record["messages"], where, "role", "content", "messages", removed,
+                                                 reading, kept)
     elif "conversations" in record:
         shape, messages = "conversations", _turn_list(record["conversations"], where, "from", "value", "conversations",
                                                       removed)
@@ -433,4 +459,5 @@ def to_conversation(record, where: str) -> Conversation:
             f"{where}: unknown record shape (keys: {keys}); use one of: "
             "messages, conversations, turns, prompt+response, instruction+output, text"
         )
-    return Conversation(messages, shape, where, removed=removed)
+    return Conversation(messages, shape, where, removed=removed, images=[i for images, _ in kept for i in images],
+                        images_dropped=sum(dropped for _, dropped in kept))

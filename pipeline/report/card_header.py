@@ -23,6 +23,7 @@ is the Hub repository id (a local record's: the variant's name). A run on made-u
 from __future__ import annotations
 
 from pipeline.report.card_text import method_module
+from pipeline.settings import lm_eval_tasks
 from pipeline.settings import suites as registry
 from pipeline.verdict.figures import relative
 
@@ -32,16 +33,17 @@ RECOVERY_NAMES = {"accuracy": "this model's accuracy / the base's"}
 
 
 def data_of(suite: str, tasks: dict[str, str]) -> tuple[str, str, str | None, str | None]:
-    """The data a suite scores, as its YAML declares it (metadata.suite.card: pipeline/settings/suites.py): (dataset
-    type, name, config, split); a task no suite declares by its name."""
+    """The data a suite scores, as its YAML declares it (metadata.suite.card: pipeline/settings/suites.py) or a plain
+    lm-eval task's YAML says it (its dataset_path: pipeline/settings/lm_eval_tasks.py): (dataset type, name, config,
+    split); a task no YAML names, by its name."""
     task = tasks.get(suite) or suite
-    card = getattr(registry.find(task), "card", None)
+    card = getattr(lm_eval_tasks.suite_quietly(task), "card", None)
     return (card.dataset, card.describes, card.config, card.split) if card else (task, task, None, None)
 
 
 def task_type(suite: str, tasks: dict[str, str]) -> str:
     """The Hub's task of what a suite scores (metadata.suite.card.task_type; text-generation by default)."""
-    card = getattr(registry.find(tasks.get(suite) or suite), "card", None)
+    card = getattr(lm_eval_tasks.suite_quietly(tasks.get(suite) or suite), "card", None)
     return card.task_type if card else registry.DEFAULT_TASK_TYPE
 
 

@@ -204,10 +204,28 @@ def calibration(quant: dict, calib: dict | None) -> list[str]:
         lines.append(f"- calibration: {blocks} from {calib.get('calib_conversations')} conversations of the "
                      f"publisher's own logs{redacted}; {calib.get('holdout')} more conversations held out, never "
                      f"calibrated on. The set is private, not published with the model (its blocks{checksum})")
+        if held := images_held(calib, used):
+            lines.append(f"- {held}")
     if quant.get("groups_in_8_bits") is not None:
         lines.append("- the groups kept in 8 bits were ranked by the KL from the base each costs, on the held-out "
                      "conversations")
     return lines
+
+
+def images_held(calib: dict, used: dict) -> str | None:
+    """What the calibration build held of images, in words (stats.json; quant.json's calibration says which the
+    variant calibrated on): conversations, images and their tokens, or the images a text-only base dropped."""
+    if calib.get("images_dropped"):
+        return (f"calibration images: {calib['images_dropped']} dropped, the base has no vision tower; it calibrated "
+                "on the conversations' text")
+    if not calib.get("images"):
+        return None
+    samples = (f"{calib.get('image_samples', 0)} of them taken as samples ({calib.get('image_sample_images', 0)} "
+               f"images, {calib.get('image_sample_tokens', 0):,} tokens with each image as its image tokens)")
+    how = ("calibrated on with the text blocks" if used.get("image_samples") else
+           "not calibrated on: the quantize stage calibrated on the text blocks only")
+    return (f"calibration images: {calib.get('image_conversations')} conversations held {calib['images']} images, kept "
+            f"as their pixels alone (no metadata, no file names); {samples}, {how}")
 
 
 # ---------------------------------------------------------------- scoring it again

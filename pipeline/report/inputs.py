@@ -65,7 +65,9 @@ SCHEMAS = {  # file name -> (spec, command that writes it again)
     "stats.json": ({"source": "text", "records_in": "count", "records_kept": "count", "dropped": {"*": "count"},
                     "shapes": {"*": "count"}, "calib_conversations": "count", "holdout": "count", "blocks": "count",
                     "seq_len": "count", "tokens": "count", "redaction": "flag", "redactions": {"*": "count"},
-                    "non_latin_share": "number"}, "quantize calib"),
+                    "non_latin_share": "number", **{f"{key}?": ("count", None) for key in (
+                        "images", "image_conversations", "images_dropped", "image_samples", "image_sample_images",
+                        "image_sample_tokens")}}, "quantize calib"),
 }
 
 

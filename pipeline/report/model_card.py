@@ -42,6 +42,7 @@ from pipeline.report.render import decided_only
 from pipeline.report.screen import vision_tower
 import pipeline.verdict.figures as figures
 import pipeline.verdict.facts as facts
+from pipeline.settings import lm_eval_tasks
 from pipeline.settings import suites as registry
 from pipeline.verdict.coverage import NOT_APPLICABLE, NOT_CONFIGURED, NOT_COUNTED, NOT_RUN
 from pipeline.verdict.headline import GO, GO_INCOMPLETE, INCONCLUSIVE, NO_GO, label
@@ -233,7 +234,8 @@ def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base
 def needs_images(suite: str) -> bool:
     """Whether a suite the product ships asks about images (its YAML's metadata.suite.needs): never a limitation of a
     text model."""
-    declared = next((s for s in registry.shipped().values() if s.name == suite), None) or registry.find(suite)
+    declared = next((s for s in registry.shipped().values() if s.name == suite), None) or \
+        lm_eval_tasks.suite_quietly(suite)  # or a plain lm-eval task's, its params name its task
     return bool(declared and "images" in declared.needs)
 
 

@@ -1,7 +1,8 @@
 """What a suite's results were computed from, as one digest (`inputs` in <suite>.json): the evaluate stage
 (pipeline/stages/evaluate.py) keeps a suite's results as they are while the digest is unchanged, and scores the suite
 again when any input changed: its settings, the engine and its settings (not the operational ones), the checkpoint's
-content, the code and data that score it, and any file its options name."""
+content, the code and data that score it, any file its options name, and the local copy of its dataset
+(suites.<name>.dataset_path)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def _tree_digest(path: Path) -> str:
+    """Content hash of a file, or of every file under a folder with its name (a dataset's local copy)."""
+    if path.is_file():
+        return _file_digest(path)
+    digest = hashlib.sha256()
+    for found in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(found.relative_to(path)).encode() + b"\0" + _file_digest(found).encode())
+    return digest.hexdigest()[:16]
+
+
 def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, options: EngineSettings) -> str:
     """One digest of everything a suite's results depend on: the suite's settings, the engine and its
     settings (not the operational ones), the checkpoint's content, the code and data that score it, and
@@ -53,6 +64,8 @@ def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, optio
     <suite>.json: a later run with the same digest keeps those results as they are."""
     files = {key: _file_digest(Path(value)) for key, value in sorted(s.options.items())
              if isinstance(value, str) and Path(value).is_file()}
+    if s.dataset_path is not None and Path(s.dataset_path).exists():  # a local copy of the task's dataset
+        files["dataset_path"] = _tree_digest(Path(s.dataset_path))
     payload = {"suite": suite, "settings": s.model_dump(mode="json"), "engine": engine,
                "engine_settings": options.model_dump(mode="json", exclude=OPERATIONAL),
                "model": model_fingerprint(model_dir), "code": code_digest(engine), "files": files}

@@ -67,6 +67,11 @@ class CalibParams(Section):
     redact: bool = True
     redact_patterns: list[Annotated[str, Field(min_length=1, max_length=1000)]] = Field([], max_length=100)
     seed: int = Field(0, ge=0, le=SEED_MAX)
+    # image parts of the conversations (OpenAI's image_url, a data URL or a path; pipeline/formats/image_parts.py):
+    # an image over either limit makes its record bad (checked before its pixels are decoded)
+    max_image_bytes: int = Field(20 << 20, ge=1024, le=1 << 30)  # encoded bytes of one image
+    max_image_pixels: int = Field(4096 * 4096, ge=64, le=1 << 28)  # width x height of one image
+    image_samples: int = Field(16, ge=0, le=4096)  # conversations with images kept as calibration samples (VLM)
 
     @model_validator(mode="after")
     def _tokens_bounded(self):
@@ -101,6 +106,9 @@ class SuiteParams(Section):
     # unusable (rlimits + an audit hook only; the report marks those results); false refuses instead
     allow_unsandboxed: bool = False
     tasks_dir: Path | None = None  # a folder of the user's own lm-eval task YAMLs, searched before lm-eval's
+    # a local copy of the task's dataset in place of its YAML's dataset_path (a folder datasets.load_dataset reads:
+    # a Hub snapshot of it, parquet files named by split); for a task that downloads its data (lm-eval's own)
+    dataset_path: Path | None = None
     models: list[str] | None = None  # which of base and the variants run it (None: all); see check_against_dvc
 
     @model_validator(mode="after")

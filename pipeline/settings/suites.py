@@ -216,6 +216,11 @@ def include(folder: Path | str) -> None:
         _INCLUDED.append(folder)
 
 
+def included() -> tuple[Path, ...]:
+    """The folders of the user's own tasks the registry was told of (include), in that order."""
+    return tuple(_INCLUDED)
+
+
 def known() -> dict[str, Suite]:
     """{task: Suite}: the shipped suites, then those of every folder included."""
     found = dict(shipped())

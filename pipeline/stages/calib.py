@@ -22,19 +22,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.calib.dedup import NEAR_DUPLICATE_JACCARD, WordIds, jaccard, near_duplicates, normalised, shingles
 from pipeline.calib.load import CalibStats, _letters, check_skipped, load_conversations, read_conversations
-from pipeline.calib.pack import HOLDOUT_HOW, _load_tokenizer, calibration_stream, held_out, holdout_prompt, pack, render
+from pipeline.calib.pack import (HOLDOUT_HOW, _load_tokenizer, calibration_stream, held_out, holdout_prompt,
+                                 image_sample, pack, render)
 from pipeline.calib.redact import redact
 from pipeline.calib.store import ConversationStore
 from pipeline.console import progress
 from pipeline.errors import UserError
-from pipeline.formats.calib_blocks import blocks_text, is_blocks_file, read_blocks
+from pipeline.formats.calib_blocks import IMAGE_SAMPLES, blocks_text, image_samples_text, is_blocks_file, read_blocks
 from pipeline.formats.conversations import MAX_LINE_BYTES, Conversation, to_conversation
+from pipeline.formats.image_parts import ImageLimits, ImageReading
 from pipeline.formats.holdout import write_holdout
 from pipeline.outputs import Stopwatch, atomic_dir, counted
 from pipeline.formats.read_watch import ReadWatch
@@ -68,6 +71,9 @@ class CalibResult:
             f"{counted(s['holdout'], 'holdout prompt')}; kept {s['records_kept']:,} of {counted(s['records_in'], 'record')}"
             f"{f' (dropped {dropped})' if dropped else ''}, {counted(sum(s['redactions'].values()), 'redaction')}{removed}) "
             f"in {self.seconds:.1f} s" + (f"; {s['holdout_note']}" if s.get("holdout_note") else "")
+            + (f"; {counted(s['image_samples'], 'image sample')} ({counted(s['image_sample_images'], 'image')}, "
+               f"{s['image_sample_tokens']:,} tokens with the images)" if s.get("image_samples") else "")
+            + (f"; {s['images_note']}" if s.get("images_note") else "")
         )
 
 
@@ -76,13 +82,13 @@ def _sorted(counts: dict) -> dict:
 
 
 def _render_all(tokenizer, store: ConversationStore, held: list[Conversation], stats: CalibStats, model_dir: Path,
-                needed: int) -> tuple[int, int, list[int]]:
+                needed: int, with_images: list[Conversation] | None = None) -> tuple[int, int, list[int]]:
     """(calibration conversations the chat template accepted, their tokens in all, the first `needed` tokens of
-    their concatenation); those it rejects are counted as dropped."""
+    their concatenation); those it rejects are counted as dropped. Conversations with images go to `with_images`."""
     count = store.kept - len(held)
     with progress("calib: chat template", count, "conversations") as advance:
         accepted, rejected, tokens, stream = calibration_stream(tokenizer, store, {bytes.fromhex(c.key) for c in held},
-                                                                needed, advance)
+                                                                needed, advance, with_images)
     if rejected and not accepted:
         raise UserError(f"{model_dir}: the chat template rejected every conversation; check the template in "
                         "tokenizer_config.json or chat_template.jinja")
@@ -130,24 +136,29 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
     s = with_overrides(settings or CalibParams(), **overrides)
     source, out, model_dir = Path(source), Path(out), Path(model_dir)
     watch, phases, read = Stopwatch(), _Phases(), ReadWatch(source, "calibration file")
+    vision = _has_vision(model_dir)  # a text-only model: image parts dropped unread, their turns' text kept
+    reading = ImageReading(source.resolve().parent, ImageLimits(s.max_image_bytes, s.max_image_pixels), keep=vision)
     with ConversationStore() as store:
         with progress("calib: reading", _readable_size(source), "bytes") as advance:
             stats = read_conversations(source, store, strict=strict, max_bad_fraction=s.max_bad_fraction,
                                        do_redact=s.redact, extra_patterns=s.redact_patterns, advance=advance,
-                                       watch=read)
+                                       watch=read, reading=reading)
         phases("read+redact+dedup")
         if s.holdout and not store.any_user_turn():
-            raise UserError(f"{source}: no record has a user turn, so none can be held out for the judge, kl, bench "
-                            f"and ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or set "
-                            "calib.holdout: 0 to calibrate on this text alone")
+            which = " without images (those are read as text)" if stats.image_conversations else ""
+            raise UserError(f"{source}: no record{which} has a user turn, so none can be held out for the judge, kl, "
+                            f"bench and ppl-chat (calib.holdout: {s.holdout}); add conversations with user turns, or "
+                            "set calib.holdout: 0 to calibrate on this text alone")
         conversations = store.kept
         holdout, held_note = holdout_size(s.holdout, conversations)
         held = held_out(store, holdout)
         phases("split")
         tokenizer = _load_tokenizer(model_dir)
         phases("load tokenizer")
+        with_images: list[Conversation] | None = [] if vision else None
         calib_set, conversation_tokens, stream = _render_all(tokenizer, store, held, stats, model_dir,
-                                                             s.seq_len * s.num_blocks)
+                                                             s.seq_len * s.num_blocks, with_images)
+        samples = _image_samples(tokenizer, model_dir, store, with_images or [], s)
         check_skipped(source, stats, s.max_bad_fraction, model_dir)
         blocks = pack(stream, s.seq_len, s.num_blocks, source,
                       held=f"the holdout took {len(held)} of the {counted(conversations, 'conversation')}, "
@@ -158,7 +169,8 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
                            chat_template=bool(getattr(tokenizer, "chat_template", None)))
         if held_note:
             summary["holdout_note"] = held_note
-        _write(out, source, model_dir, store, held, blocks, summary, read)
+        summary.update(_image_summary(stats, samples, len(with_images or []), model_dir))
+        _write(out, source, model_dir, store, held, blocks, summary, read, samples)
         phases("write")
     return CalibResult(out, summary, watch.seconds, phases.seconds)
 
@@ -200,8 +212,65 @@ def _readable_size(source: Path) -> int | None:
         return None  # the reader says what is wrong
 
 
+def _has_vision(model_dir: Path) -> bool:
+    """Whether the checkpoint takes images (a vision tower in config.json); a folder without one: the tokenizer's
+    load says what is wrong."""
+    from pipeline.checkpoints import checkpoint
+
+    return (model_dir / "config.json").is_file() and checkpoint.open(model_dir).has_vision
+
+
+def _image_samples(tokenizer, model_dir: Path, store: ConversationStore, conversations: list[Conversation],
+                   s: CalibParams) -> list[dict]:
+    """The first calib.image_samples conversations with images (hash order) as samples of their own
+    (pipeline/calib/pack.py image_sample), each image's tokens counted by the model's own image processor."""
+    if not conversations or not s.image_samples:
+        return []
+    from PIL import Image
+
+    from pipeline.checkpoints import checkpoint
+    from pipeline.checkpoints.image_processor import image_markup, image_tokens, load_image_processor
+
+    processor, markup = load_image_processor(model_dir), image_markup(model_dir, tokenizer)
+    image_token_id = checkpoint.open(model_dir).config["image_token_id"]
+
+    def counts(shas: list[str]) -> list[int]:
+        images = []
+        for sha in shas:
+            with Image.open(store.image_path(sha)) as image:
+                images.append(image.convert("RGB"))
+        return image_tokens(processor, images)
+
+    samples = []
+    for conversation in conversations:
+        sample = image_sample(tokenizer, conversation, markup, image_token_id, s.seq_len, counts)
+        if sample is not None:
+            samples.append(sample)
+        if len(samples) == s.image_samples:
+            break
+    return samples
+
+
+def _image_summary(stats: CalibStats, samples: list[dict], with_images: int, model_dir: Path) -> dict:
+    """What stats.json says of the images: those read and kept, the samples calibration takes (their images and
+    tokens, each image counted as the tokens it expands to), and, for a text-only model, the images dropped."""
+    if not (stats.images or stats.images_dropped):
+        return {}  # a text-only file: stats.json as before
+    expanded = sum(len(s["input_ids"]) - len(s["images"]) + sum(s["image_tokens"]) for s in samples)
+    summary = {"images": stats.images, "image_conversations": stats.image_conversations,
+               "images_dropped": stats.images_dropped, "image_samples": len(samples),
+               "image_sample_images": sum(len(s["images"]) for s in samples), "image_sample_tokens": expanded}
+    if stats.images_dropped:
+        summary["images_note"] = (f"{counted(stats.images_dropped, 'image')} dropped: {model_dir} has no vision tower "
+                                  "(no vision_config in config.json), so its calibration is the conversations' text")
+    elif with_images > len(samples):
+        summary["images_note"] = (f"{with_images - len(samples)} of the {counted(with_images, 'conversation')} with "
+                                  "images not taken (calib.image_samples, or an image past calib.seq_len tokens)")
+    return summary
+
+
 def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, held: list[Conversation],
-           blocks: list[list[int]], summary: dict, read: ReadWatch) -> None:
+           blocks: list[list[int]], summary: dict, read: ReadWatch, samples: list[dict] | None = None) -> None:
     """The stage's files, into a temp folder that replaces `out` whole (pipeline/outputs.py atomic_dir); its record
     names the source by the fingerprint of the bytes read, and a source changed since is refused before the rename."""
     blocks_file = blocks_text(blocks)
@@ -215,5 +284,9 @@ def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, h
                 if key not in held_keys:
                     handle.write(store.line(offset, length))
         write_holdout(tmp / "holdout.jsonl", [holdout_prompt(c) for c in held])
+        if (store.folder / "images").is_dir():  # the images of calib_conversations.jsonl, their pixels alone
+            shutil.copytree(store.folder / "images", tmp / "images")
+        if samples:
+            (tmp / IMAGE_SAMPLES).write_text(image_samples_text(samples), encoding="utf-8")
         (tmp / "stats.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         read.check()  # changed since it was read: nothing is kept

@@ -33,7 +33,7 @@ from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs
 from pipeline.checkpoints.fingerprint import weights_fingerprint
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
-from pipeline.settings import fixes, suites
+from pipeline.settings import fixes, lm_eval_tasks, suites
 from pipeline.settings.params import SuiteParams, sections_with_overrides
 
 log = logging.getLogger(__name__)
@@ -189,16 +189,21 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
     starts_before, sandbox_before = len(STARTS), sandbox.SECONDS[0]
     engine, task = shared.name, s.task
     declared = suites.find(task, s.tasks_dir)  # what the suite's YAML declares (None: a task of lm-eval's own)
+    # a plain lm-eval task (chartqa): what its YAML says, read as a suite (pipeline/settings/lm_eval_tasks.py)
+    plain = lm_eval_tasks.plain(task, s.tasks_dir, suite) if declared is None else None
     tailored = declared is not None and declared.hook("task_metadata") is not None
     # a suite that needs the context (long context: its ladder goes as far as the served engine holds, its
     # max_model_len and KV cache) has a server engine up before its items are made (and that one answers them)
-    needs = declared.needs if declared else ()
+    needs = declared.needs if declared else plain.suite.needs if plain else ()
     serving = _started(shared) if "context" in needs and capability(engine, "starts_server") else None
     metadata = _task_metadata(model_dir, suite, s.options, declared, serving)
     task_manager = _task_manager(task, suite, metadata, Path(s.tasks_dir) if s.tasks_dir else None)
     raw_config = task_manager.task_index[task].cfg or {}  # the task's YAML, functions unresolved
     if tailored:
         metadata = (raw_config.get("metadata") or {}) | metadata  # as the task will see it (the long-context ladder)
+    if "images" in needs:  # an include's doc_to_image (mmmu_val_art) counts: the index's YAML is the file alone
+        raw_config = {**raw_config, "doc_to_image": raw_config.get("doc_to_image") or True}
+    spec = lm_eval_tasks.task_spec(task, s.dataset_path, suite, raw_config, task_manager.task_index[task].yaml_path)
     reason = _not_applicable_reason(model_dir, suite, engine, raw_config, declared, metadata if tailored else None)
     if reason is not None:
         return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
@@ -208,9 +213,9 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
         sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
                                                    setting=f"suites.{suite}.allow_unsandboxed")
     lm, results = _evaluate(model_dir, s, shared, suite=suite, variant=variant, out_dir=out_dir,
-                            task_manager=task_manager)
+                            task_manager=task_manager, spec=spec)
     lines, summary = _lines_and_summary(lm, results, suite=suite, task=task, variant=variant, model_dir=model_dir,
-                                        engine=engine)
+                                        engine=engine, metric=plain.metric if plain else None)
     summary.update(inputs=inputs, checkpoint=weights_fingerprint(model_dir),  # what it was scored on: the report checks
                    engine_start_s=engine_start_seconds(starts_before),
                    scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2),
@@ -258,9 +263,12 @@ def _not_applicable_reason(model_dir: Path, suite: str, engine: str, raw_config:
     if reason is None and tailored_metadata is not None and (check := declared.hook("not_applicable")):
         reason = check(tailored_metadata)
     return reason
+
+
 def _evaluate(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: str, variant: str, out_dir: Path,
-              task_manager):
-    """lm-eval's run of the task through the shared engine and the suite's resume cache: (lm, results)."""
+              task_manager, spec: str | dict):
+    """lm-eval's run of the task (`spec`: its name, or its config with a local dataset) through the shared engine
+    and the suite's resume cache: (lm, results)."""
     from lm_eval import simple_evaluate
 
     from pipeline.console import progress
@@ -273,7 +281,7 @@ def _evaluate(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: s
         lm = _lm_class()(shared.get(), cache, chunk=shared.settings.batch_size, on_done=advance, task=s.task,
                          on_items=advance.expect)
         results = simple_evaluate(
-            model=lm, tasks=[s.task], task_manager=task_manager, limit=s.limit, log_samples=True,
+            model=lm, tasks=[spec], task_manager=task_manager, limit=s.limit, log_samples=True,
             apply_chat_template=True, gen_kwargs={"max_gen_toks": s.max_new_tokens},
             bootstrap_iters=0, verbosity="ERROR",
         )
@@ -282,9 +290,12 @@ def _evaluate(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: s
 
 
 def _lines_and_summary(lm, results: dict, *, suite: str, task: str, variant: str, model_dir: Path,
-                       engine: str) -> tuple[list[dict], dict]:
+                       engine: str, metric: str | None = None) -> tuple[list[dict], dict]:
+    """metric: the primary metric a plain task's YAML names (lm-eval's config dump holds a metric function's
+    source, not its name); default: the config's."""
     task_config = results["configs"][task]
-    metric = (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
+    metric = metric or (task_config.get("metadata") or {}).get("primary_metric") or \
+        task_config["metric_list"][0]["metric"]
     samples = sorted(results["samples"][task], key=lambda sample: sample["doc_id"])
     lines = [_result_line(sample, suite, variant, metric, lm) for sample in samples]
     summary = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import methods
@@ -29,6 +29,7 @@ from pipeline.checkpoints.serving_names import finish_config
 from pipeline.checkpoints.streaming import MAX_SHARD
 from pipeline.errors import UserError
 from pipeline.checkpoints.fingerprint import weights_fingerprint
+from pipeline.formats.calib_blocks import IMAGE_SAMPLES
 from pipeline.formats.quant_json import write_quant_json
 from pipeline.methods.recipe import Recipe, Target
 from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
@@ -210,6 +211,8 @@ class Inputs:
     base_dtype: object
     work_dtype: object
     on_gpu: bool
+    image_rows: list[dict] = field(default_factory=list)  # a VLM's image samples (calib_images.jsonl), as model inputs
+    image_samples: dict = field(default_factory=dict)  # what quant.json says of them: samples, images, tokens
 
 
 def read_inputs(model_dir: Path, calib: Path, batch_size: int, calibrate_all_experts: bool) -> Inputs:
@@ -222,8 +225,34 @@ def read_inputs(model_dir: Path, calib: Path, batch_size: int, calibrate_all_exp
     found = checkpoint.open(model_dir)  # parsed once for the process (pipeline/checkpoints/checkpoint.py)
     config, base_dtype = found.config, getattr(torch, found.dtype)
     # fp16 matmuls are slow on CPUs: calibrate in fp32 there, save in the base checkpoint's dtype.
+    rows, described = _image_rows(Path(calib), model_dir, found.has_vision)
     return Inputs(model_dir, Path(calib), batch_size, calibrate_all_experts, blocks, digest, probe_blocks, probe_source,
-                  tokenizer, config, base_dtype, base_dtype if on_gpu else torch.float32, on_gpu)
+                  tokenizer, config, base_dtype, base_dtype if on_gpu else torch.float32, on_gpu, rows, described)
+
+
+def _image_rows(calib: Path, model_dir: Path, vision: bool) -> tuple[list[dict], dict]:
+    """A vision-language model's image samples (calib_images.jsonl beside the blocks, `quantize calib`) as model
+    inputs, each image token expanded by the checkpoint's own image processor; none for a text-only model (its
+    calib stage drops images) or a build without them."""
+    from pipeline.formats.calib_blocks import read_image_samples
+
+    samples = read_image_samples(calib.parent / IMAGE_SAMPLES) if vision else []
+    if not samples:
+        return [], {}
+    from PIL import Image
+
+    from pipeline.checkpoints.image_processor import image_inputs, load_image_processor
+
+    processor, token = load_image_processor(model_dir), checkpoint.open(model_dir).config["image_token_id"]
+    rows = []
+    for sample in samples:
+        images = []
+        for path in sample["images"]:
+            with Image.open(path) as image:
+                images.append(image.convert("RGB"))
+        rows.append(image_inputs(processor, sample["input_ids"], images, token))
+    return rows, {"image_samples": len(rows), "image_sample_images": sum(len(s["images"]) for s in samples),
+                  "image_sample_tokens": sum(len(row["input_ids"]) for row in rows)}
 
 
 def quantize(method, recipe: Recipe, model_dir: Path, out: Path, calib: Path, *, batch_size: int,
@@ -304,13 +333,18 @@ def calibrate_loaded(method, recipe: Recipe, loaded: Loaded, inputs: Inputs, wat
     print(f"{method.NAME}: {what} on {len(blocks)} blocks x {len(blocks[0])} tokens, batch {inputs.batch_size}, "
           f"{'GPU' if on_gpu else 'CPU (small budget: set calib.num_blocks for more)'}"
           f"{', one layer at a time from the host' if loaded.offload else ''}")
+    if inputs.image_rows:  # `quantize calib` kept a VLM's image samples: calibrated on with the blocks
+        shown = inputs.image_samples
+        print(f"{method.NAME}: and on {shown['image_samples']} image samples ({shown['image_sample_images']} images, "
+              f"{shown['image_sample_tokens']:,} tokens with the images), one per batch")
     if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     # the whole model on the accelerator: the activations between layers stay there too (the plan counts them)
     calibrated = calibrate(loaded.model, inputs.tokenizer, blocks, recipe.modifiers, inputs.batch_size,
                            calibrate_all_experts=inputs.calibrate_all_experts,
-                           activations_device=activations_device_for(loaded.device, on_gpu, loaded.offload))
+                           activations_device=activations_device_for(loaded.device, on_gpu, loaded.offload),
+                           image_rows=inputs.image_rows)
     peak = max(calibrated.layers["overall_peak_gpu_bytes"], torch.cuda.max_memory_allocated()) if on_gpu else None
     experts = verify.check_experts(calibrated.experts, needs_data(recipe.modifiers) and recipe.experts_need_tokens)
     return CalibrationRun(calibrated, experts, _quantized_modules(loaded.model), peak, watch.seconds - loaded.seconds,
@@ -364,7 +398,8 @@ def describe(method, recipe: Recipe, layout: Plan, inputs: Inputs, run: Calibrat
             "quantized_modules": len(run.quantized),
             "calibration": {"source": str(inputs.calib), "sha256": inputs.digest, "blocks": len(blocks),
                             "seq_len": len(blocks[0]), "tokens": len(blocks) * len(blocks[0]),
-                            "batch_size": inputs.batch_size, "calibrate_all_experts": inputs.calibrate_all_experts},
+                            "batch_size": inputs.batch_size, "calibrate_all_experts": inputs.calibrate_all_experts,
+                            **inputs.image_samples},
             "device": "cuda" if inputs.on_gpu else "cpu", "placement": layout.info["placement"],
             "placement_why": layout.info["placement_why"], "threads": torch.get_num_threads(),
             "seconds": _seconds(run.load_s, run, saved, watch), "layers": _layer_figures(run, inputs.on_gpu),
