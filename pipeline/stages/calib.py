@@ -286,7 +286,7 @@ def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, h
         write_holdout(tmp / "holdout.jsonl", [holdout_prompt(c) for c in held])
         if (store.folder / "images").is_dir():  # the images of calib_conversations.jsonl, their pixels alone
             shutil.copytree(store.folder / "images", tmp / "images")
-        if samples:
-            (tmp / IMAGE_SAMPLES).write_text(image_samples_text(samples), encoding="utf-8")
+        # always written (empty for a text build): the quantize stages depend on it, so new images rerun them
+        (tmp / IMAGE_SAMPLES).write_text(image_samples_text(samples or []), encoding="utf-8")
         (tmp / "stats.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         read.check()  # changed since it was read: nothing is kept
