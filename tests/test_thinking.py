@@ -165,7 +165,8 @@ def test_a_thinking_suite_scores_the_answer_and_records_the_reasoning_and_the_cu
     generation = json.loads((tmp_path / "fits" / "think.json").read_text())["generation"]
     assert generation == {"thinking": True, "max_new_tokens": 64, "samples": 1, "seeds": None, "sampling": None}
 
-    evaluate.run(thinker, out_dir=tmp_path / "short", thinking="auto", thinking_max_new_tokens=4, **THINK)
+    said = evaluate.run(thinker, out_dir=tmp_path / "short", thinking="auto", thinking_max_new_tokens=4, **THINK)
+    assert "2 cut inside the reasoning (raise suites.think.thinking_max_new_tokens)" in said.summary()
     short = read_lines(tmp_path / "short" / "think.jsonl")  # the reader takes the new fields
     assert [(line["cut"], line["output"], line["score"]) for line in short.values()] == [("reasoning", "", 0.0)] * 2
 

@@ -84,8 +84,10 @@ class EvalResult:
         work = (f"{s['scored_tokens']} tokens scored" if s.get("scored_tokens")
                 else f"{s['generated_tokens']} tokens")
         kept = " (unchanged: kept)" if s.get("kept") else ""
+        cut = (s.get("cut") or {}).get("reasoning")  # the budget too small: said where it is seen first
+        cut = f", {cut} cut inside the reasoning (raise suites.{s['suite']}.thinking_max_new_tokens)" if cut else ""
         return (f"eval: {self.lines} ({s['n']} items, {s['metric']} {s['score']:.3f}, "
-                f"{work} at {s['tokens_per_second']:.0f} tok/s) in {s['seconds']:.0f} s{kept}")
+                f"{work} at {s['tokens_per_second']:.0f} tok/s{cut}) in {s['seconds']:.0f} s{kept}")
 
 
 class SharedEngine:
@@ -291,6 +293,9 @@ def _lines_and_summary(lm, passes: list, *, suite: str, task: str, variant: str,
                                                   .get("original"), int) else {}),
         "metrics": _metrics(every),
         "generation": lm.plan.describe(),
+        # answers the token budget cut, by where (every sample counted)
+        "cut": {where: sum(a.get("cut") == where for line in lines for a in line.get("samples") or [line])
+                for where in ("reasoning", "answer")},
         **_speed(lines, lm),
         "cache": {"path": str(lm.cache.path), "lines_dropped": lm.cache.dropped},
     }
