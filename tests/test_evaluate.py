@@ -8,7 +8,8 @@ import time
 from conftest import REPO, read_jsonl
 from pipeline.stages import evaluate
 
-FIELDS = {"id", "suite", "variant", "prompt", "target", "output", "score", "correct", "n_tokens", "seconds"}
+FIELDS = {"id", "suite", "variant", "prompt", "target", "output", "score", "correct", "n_tokens", "seconds",
+          "thinking", "reasoning", "reasoning_tokens", "answer_tokens", "cut"}  # how it was generated (issue 66)
 
 
 def test_math_suite_on_three_items_writes_the_contract(tmp_path, tiny_llama):
@@ -20,6 +21,9 @@ def test_math_suite_on_three_items_writes_the_contract(tmp_path, tiny_llama):
     assert lines[0]["target"] == "18" and "Janet" in lines[0]["prompt"]
     assert lines[0]["prompt"].startswith("<|im_start|>user\n")  # the chat template was applied
     assert all(0 < l["n_tokens"] <= 8 for l in lines)
+    # SmolLM2's case, a template that does not think: nothing split, only where the budget cut
+    assert all(not l["thinking"] and l["reasoning"] == "" and l["answer_tokens"] == l["n_tokens"] for l in lines)
+    assert all(l["cut"] == ("answer" if l["n_tokens"] == 8 else None) for l in lines)
     summary = json.loads((tmp_path / "math.json").read_text())
     assert summary["n"] == 3 and summary["metric"] == "acc" and summary == result.figures
     assert summary["available"] == 1319  # the suite's items before the limit: no next step asks for more (issue 69)

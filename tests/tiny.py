@@ -329,3 +329,67 @@ def save_tiny_glm46v(path: Path, seed: int = 0, dtype=torch.float16, moe: bool =
     return _build_tiny_glm_vision(Glm46VConfig, Glm46VForConditionalGeneration, path, seed, dtype, None, None, "cpu",
                                   moe=moe, text_type="glm4v_moe_text" if moe else "glm4v_text",
                                   vision_type="glm4v_moe_vision" if moe else "glm4v_vision", family="Glm46V")
+
+
+# ---------------------------------------------------------------- a reasoning model (issue 66)
+
+# Qwen3's switch on the tiny ChatML template: with enable_thinking false the reply opens on an empty reasoning block
+THINKING_TEMPLATE = CHATML.replace(
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}")
+# GLM-4.5V / 4.6V's switch (their release's template, shortened): "/nothink" after the user's turn, an empty block
+GLM_THINKING_TEMPLATE = (
+    "[gMASK]<sop>{%- for m in messages %}{%- if m.role == 'user' %}<|user|>\n{{ m.content }}"
+    "{{- '/nothink' if (enable_thinking is defined and not enable_thinking) else '' -}}"
+    "{%- elif m.role == 'assistant' %}<|assistant|>\n{{ m.content }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt -%}<|assistant|>"
+    "{{- '\n<think></think>' if (enable_thinking is defined and not enable_thinking) else '' -}}{%- endif -%}")
+
+
+def thinking_tokenizer(template: str = THINKING_TEMPLATE):
+    """The tiny BPE with `<think>` and `</think>` as tokens of their own (not special, as Qwen3's and GLM's) and a
+    template that switches thinking."""
+    tok = tiny_tokenizer()
+    tok.add_tokens(["<think>", "</think>"])
+    tok.chat_template = template
+    return tok
+
+
+def save_thinking_llama(path: Path, script: str, prompts: list[str], steps: int = 60, seed: int = 0) -> Path:
+    """A tiny Llama trained for a few dozen steps (one thread: seconds) to answer every prompt of `prompts` (rendered,
+    thinking on) with `script` and EOS: a reasoning model whose generation the test knows (greedy decoding reproduces
+    it; 40 steps were enough)."""
+    from transformers import LlamaForCausalLM
+
+    tok = thinking_tokenizer()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(vocab_size=len(tok)))
+    target = tok(script, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    width = max(len(r) for r in rows) + len(target)
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        whole = row + target
+        ids[i, :len(whole)] = torch.tensor(whole)
+        mask[i, :len(whole)] = 1
+        labels[i, len(row):len(whole)] = torch.tensor(target)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 64-wide model: more threads only contend
+    try:
+        for _ in range(steps):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    model.generation_config.eos_token_id = model.config.eos_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return Path(path)

@@ -240,17 +240,33 @@ def is_compressed_tensors(config: dict) -> bool:
     return quantization(config).get("quant_method") == "compressed-tensors"
 
 
-def generation_eos(model_dir: Path | str):
-    """generation_config.json's eos_token_id (an id or a list of ids), None when the file or the key is absent
-    or the file does not parse (the tokenizer's own end-of-sequence token still stops generation)."""
+def _generation_config(model_dir: Path | str) -> dict:
+    """generation_config.json's fields, {} when the file is absent or does not parse."""
     generation = Path(model_dir) / "generation_config.json"
     if not generation.is_file():
-        return None
+        return {}
     try:
         found = json.loads(generation.read_text(encoding="utf-8"))
     except (ValueError, OSError):
-        return None
-    return found.get("eos_token_id") if isinstance(found, dict) else None
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def generation_eos(model_dir: Path | str):
+    """generation_config.json's eos_token_id (an id or a list of ids), None when the file or the key is absent
+    or the file does not parse (the tokenizer's own end-of-sequence token still stops generation)."""
+    return _generation_config(model_dir).get("eos_token_id")
+
+
+def generation_sampling(model_dir: Path | str) -> dict:
+    """The sampling generation_config.json recommends: those of temperature, top_p and top_k it sets to a number in
+    range (a file that does not sample, do_sample false, recommends none)."""
+    found = _generation_config(model_dir)
+    if found.get("do_sample") is False:
+        return {}
+    ranges = {"temperature": (0, 10), "top_p": (0, 1), "top_k": (0, 1_000_000)}
+    return {key: found[key] for key, (low, high) in ranges.items()
+            if isinstance(found.get(key), (int, float)) and not isinstance(found[key], bool) and low <= found[key] <= high}
 
 
 def kv_cache_scheme(config: dict) -> dict | None:

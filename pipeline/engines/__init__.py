@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from pipeline.engines.base import (  # noqa: F401  (the engine protocol's types, for callers)
-    Completion, GenRequest, Timing, eos_token_ids, to_completion, truncate_at_stop,
+    Completion, GenRequest, Sampling, Timing, eos_token_ids, to_completion, truncate_at_stop,
 )
 from pipeline.engines.records import PEAK_IN_FLIGHT, STALLS, STARTS, engine_start_seconds  # noqa: F401
 from pipeline.engines.sections import HFSettings, LMDeploySettings, OpenAISettings, VLLMSettings
@@ -54,7 +54,7 @@ class Engine(Protocol):
 
     def generate(self, requests: list[GenRequest]) -> list[Completion]: ...
 
-    def apply_chat_template(self, messages: list[dict]) -> str: ...
+    def apply_chat_template(self, messages: list[dict], enable_thinking: bool | None = None) -> str: ...
 
     def close(self) -> None: ...  # frees what the engine holds (GPU memory, worker processes)
 

@@ -1,5 +1,9 @@
 """In-process transformers engine: greedy, left-padded batches sorted by prompt length; and
-token log-probabilities for likelihood suites (right-padded batches, longest first)."""
+token log-probabilities for likelihood suites (right-padded batches, longest first).
+
+A sampled request (a seed: a suite's k samples) draws each token with its own torch generator seeded with the
+request's seed (`RowSampler`, a logits processor that leaves greedy decoding only the token it drew), so a sample
+never depends on another row's draws, and greedy rows beside it are unchanged."""
 
 from __future__ import annotations
 
@@ -53,8 +57,8 @@ class HFEngine:
 
             use_grouped_attention(self.model)
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        return render_prompt(self.tokenizer, messages)
+    def apply_chat_template(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
+        return render_prompt(self.tokenizer, messages, enable_thinking)
 
     def generate(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
         """on_done(index, completion), if given, is called for each request as soon as its row
@@ -98,7 +102,7 @@ class HFEngine:
             output = self.model.generate(
                 **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.pad_token_id,
                 past_key_values=self._cache(prompt_len + max_new_tokens),
-                **({"stopping_criteria": [watcher]} if watcher else {}),
+                **({"stopping_criteria": [watcher]} if watcher else {}), **row_sampling(requests, self.device),
             )
         seconds = (time.perf_counter() - started) / len(requests)
         completions = self._decode(requests, output[:, prompt_len:].tolist(), seconds)
@@ -319,3 +323,44 @@ class HFEngine:
 
     def close(self) -> None:
         pass
+
+
+def row_sampling(requests: list[GenRequest], device) -> dict:
+    """generate()'s logits_processor for a batch with sampled requests ({} for an all-greedy batch)."""
+    if not any(r.seed is not None for r in requests):
+        return {}
+    from transformers import LogitsProcessorList
+
+    return {"logits_processor": LogitsProcessorList([RowSampler(requests, device)])}
+
+
+class RowSampler:
+    """Draws the next token of each sampled row (temperature, top-k, top-p) with the row's own generator, seeded
+    with its request's seed, and leaves greedy decoding that token alone; greedy rows pass through untouched."""
+
+    def __init__(self, requests: list[GenRequest], device):
+        import torch
+
+        self.rows = [(row, r.sampling, torch.Generator(device=device).manual_seed(r.seed))
+                     for row, r in enumerate(requests) if r.seed is not None and r.sampling is not None]
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        for row, sampling, generator in self.rows:
+            logits = scores[row].float()
+            if sampling.temperature > 0:
+                logits = logits / sampling.temperature
+                if sampling.top_k:
+                    logits[logits < torch.topk(logits, min(sampling.top_k, logits.numel())).values[-1]] = float("-inf")
+                probs = torch.softmax(logits, dim=-1)
+                if sampling.top_p < 1:
+                    ordered, order = torch.sort(probs, descending=True)
+                    drop = ordered.cumsum(0) - ordered > sampling.top_p  # past the nucleus: the first token stays
+                    probs[order[drop]] = 0
+                token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+            else:
+                token = int(logits.argmax())
+            scores[row] = float("-inf")
+            scores[row, token] = 0
+        return scores

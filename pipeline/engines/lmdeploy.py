@@ -122,8 +122,8 @@ class LMDeployEngine:
         # ids an answer may hold (checked before decoding): the tokenizer's, or the model's padded embedding rows
         self.vocab_size = max(len(self.tokenizer), checkpoint.open(self.model_dir).vocab_size)
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        return render_prompt(self.tokenizer, messages)
+    def apply_chat_template(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
+        return render_prompt(self.tokenizer, messages, enable_thinking)
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -135,7 +135,7 @@ class LMDeployEngine:
         completion = lambda i, timing: to_completion(  # noqa: E731
             self.tokenizer, requests[i], timing.token_ids, self.eos_ids, timing.seconds, timing.error)
         finished = (lambda i, timing: on_done(i, completion(i, timing))) if on_done else None
-        timings = self._run([(i, r.max_new_tokens, False) for i, r in zip(ids, requests)], self.batch_size, finished)
+        timings = self._run([(i, r.max_new_tokens, False, r) for i, r in zip(ids, requests)], self.batch_size, finished)
         return [completion(i, timing) for i, timing in enumerate(timings)]
 
     def timed_generate(self, prompts: list[list[int]], output_tokens: list[int], concurrency: int | None,
@@ -165,12 +165,16 @@ class LMDeployEngine:
 
         return asyncio.run_coroutine_threadsafe(all_jobs(), self.pipe.internal_thread.loop).result()
 
-    async def _one(self, input_ids: list[int], max_new_tokens: int, ignore_eos: bool) -> Timing:
+    async def _one(self, input_ids: list[int], max_new_tokens: int, ignore_eos: bool,
+                   request: GenRequest | None = None) -> Timing:
         from lmdeploy import GenerationConfig
 
         engine = self.pipe.async_engine
-        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, ignore_eos=ignore_eos,
-                                  skip_special_tokens=True)
+        sampled = request is not None and request.seed is not None and request.sampling is not None
+        sampling = {"do_sample": True, "random_seed": request.seed, "temperature": request.sampling.temperature,
+                    "top_p": request.sampling.top_p, "top_k": request.sampling.top_k} if sampled else {"do_sample": False}
+        config = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, skip_special_tokens=True,
+                                  **sampling)
         started = time.perf_counter()
         first, last, tokens, error, itl = None, None, [], None, []
         try:

@@ -126,11 +126,12 @@ class OpenAIEngine:
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self._key}"} if self._key else {}
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        """tokens/text: rendered here by the checkpoint's template; chat: the messages as JSON, for the server."""
+    def apply_chat_template(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
+        """tokens/text: rendered here by the checkpoint's template; chat: the messages as JSON, for the server (a
+        request's thinking goes with it: chat_template_kwargs)."""
         if self.prompt_format == "chat":
             return json.dumps(messages, ensure_ascii=False)
-        return render_prompt(self.tokenizer, messages)
+        return render_prompt(self.tokenizer, messages, enable_thinking)
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -211,6 +212,10 @@ class OpenAIEngine:
 
     def _body(self, request: GenRequest) -> dict:
         body = {"model": self.model, "max_tokens": request.max_new_tokens, "temperature": self.temperature}
+        if request.seed is not None and request.sampling is not None:  # one of a suite's k samples
+            sampling = request.sampling
+            body.update(seed=request.seed, temperature=sampling.temperature, top_p=sampling.top_p,
+                        **({"top_k": sampling.top_k} if sampling.top_k else {}))
         images = getattr(request, "images", None)
         if images and self.prompt_format != "chat":
             from pipeline.engines.vision import image_data_url
@@ -227,7 +232,9 @@ class OpenAIEngine:
             body["messages"] = messages
         else:
             body["prompt"] = self.encode(request.prompt) if self.prompt_format == "tokens" else request.prompt
-        if request.stop:
+        if self._is_chat(request) and request.thinking is not None:  # the server's template, and its reasoning parser
+            body["chat_template_kwargs"] = {"enable_thinking": request.thinking}
+        if request.stop and request.thinking is None:  # a reasoning model's stops end its answer, never its reasoning
             body["stop"] = request.stop
         return body | self.extra_body
 
@@ -239,12 +246,35 @@ class OpenAIEngine:
         return choice
 
     def _completion(self, request: GenRequest, choice: replies.Choice, seconds: float) -> Completion:
+        capped = choice.finish_reason == "length" if choice.finish_reason is not None else None
         if self.prompt_format != "chat" and choice.token_ids is not None:
-            # vLLM's return_token_ids: decoded and cut at EOS / stop strings as the hf engine does
-            done = to_completion(self.tokenizer, request, choice.token_ids, self.eos_ids, seconds)
-            return Completion(self._redact(done.text), done.n_tokens, seconds)
-        return Completion(self._redact(truncate_at_stop(choice.text, request.stop)), choice.completion_tokens or 0,
-                          seconds, replaced=choice.replaced)
+            # vLLM's return_token_ids: decoded, the reasoning split off and cut at EOS / stop strings as the hf engine does
+            done = to_completion(self.tokenizer, request, choice.token_ids, self.eos_ids, seconds, capped=capped)
+            done.text, done.reasoning = self._redact(done.text), self._redact(done.reasoning)
+            return done
+        if request.thinking is None and choice.reasoning is None:
+            answer = truncate_at_stop(choice.text, request.stop)
+            return Completion(self._redact(answer), choice.completion_tokens or 0, seconds, replaced=choice.replaced,
+                              cut="answer" if capped and answer == choice.text else None)
+        return self._reasoned(request, choice, seconds, capped)
+
+    def _reasoned(self, request: GenRequest, choice: replies.Choice, seconds: float, capped: bool | None) -> Completion:
+        """A reasoning model's reply as text: its reasoning as the server's parser split it (`reasoning`), else split
+        here at END_OF_THINKING; its tokens counted by the server (usage), else by the checkpoint's tokenizer."""
+        from pipeline.engines.reasoning import START_OF_THINKING, split_text
+
+        if choice.reasoning is not None:
+            reasoning, text, closed = choice.reasoning.strip(), choice.text, bool(choice.text) or not capped
+        else:
+            reasoning, text, closed = split_text(choice.text, request.prompt.rstrip().endswith(START_OF_THINKING))
+        answer = truncate_at_stop(text, request.stop)
+        thought = choice.reasoning_tokens
+        if thought is None and reasoning and self.tokenizer is not None:
+            thought = len(self.encode(reasoning)) + 1  # and its closing marker
+        cut = None if not capped else "reasoning" if not closed else "answer" if answer == text else None
+        return Completion(self._redact(answer), choice.completion_tokens or 0, seconds, replaced=choice.replaced,
+                          reasoning=self._redact(reasoning), reasoning_tokens=thought if reasoning else 0, cut=cut,
+                          thinking=request.thinking if request.thinking is not None else bool(reasoning))
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "[REDACTED]") if self._key else text

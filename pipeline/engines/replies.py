@@ -111,6 +111,8 @@ class Choice:
     completion_tokens: int | None  # usage.completion_tokens, when the reply has it
     finish_reason: str | None
     replaced: int = 0
+    reasoning: str | None = None  # a chat reply's reasoning, split off by the server's reasoning parser (vLLM)
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when the reply has it
 
 
 def completion_choice(data: dict, *, chat: bool, max_tokens: int | None = None,
@@ -119,9 +121,17 @@ def completion_choice(data: dict, *, chat: bool, max_tokens: int | None = None,
     read is not what the API specifies. max_tokens: what the request allowed (bounds the counts);
     vocab_size: the model's (bounds token ids)."""
     choice = first_choice(data)
+    reasoning = None
     if chat:
         message = obj(choice.get("message"), "choices[0].message")
-        content = text(message.get("content"), "choices[0].message.content")
+        # vLLM's reasoning parser: the reasoning apart (`reasoning`; `reasoning_content` in older vLLM and other
+        # servers), and the content null when the reasoning took every token
+        for key in ("reasoning", "reasoning_content"):
+            if message.get(key) is not None:
+                reasoning = encodable(text(message[key], f"choices[0].message.{key}"))[0]
+                break
+        content = "" if reasoning is not None and message.get("content") is None else \
+            text(message.get("content"), "choices[0].message.content")
     else:
         content = text(choice.get("text"), "choices[0].text")
     finish = choice.get("finish_reason")
@@ -131,11 +141,14 @@ def completion_choice(data: dict, *, chat: bool, max_tokens: int | None = None,
     if ids is not None:
         ids = token_ids(ids, "choices[0].token_ids", vocab_size, max_tokens)
     usage = optional_obj(data, "usage", "usage")
-    count = None
+    count = thought = None
     if usage is not None and usage.get("completion_tokens") is not None:
         count = whole_number(usage["completion_tokens"], "usage.completion_tokens", max_tokens)
+    details = optional_obj(usage or {}, "completion_tokens_details", "usage.completion_tokens_details")
+    if details is not None and details.get("reasoning_tokens") is not None:
+        thought = whole_number(details["reasoning_tokens"], "usage.completion_tokens_details.reasoning_tokens", max_tokens)
     content, replaced = encodable(content)
-    return Choice(content, ids, count, finish, replaced)
+    return Choice(content, ids, count, finish, replaced, reasoning, thought)
 
 
 def prompt_logprobs(data: dict, ids: list[int], start: int) -> tuple[float, bool] | None:

@@ -22,7 +22,7 @@ from pipeline.checkpoints import checkpoint
 from pipeline.checkpoints.image_processor import (image_markup, image_tokens,  # noqa: F401 (engines' names)
                                                load_image_processor, tokens_per_grid)
 from pipeline.engines.base import Completion, GenRequest
-from pipeline.engines.hf import HFEngine
+from pipeline.engines.hf import HFEngine, row_sampling
 
 IMAGE_PLACEHOLDER = "<image>"  # lm-eval's placeholder in a multimodal task's prompt
 
@@ -157,8 +157,8 @@ class VisionEngine(HFEngine):
             self._prompter = ImagePrompter(self.model_dir, self.tokenizer)
         return self._prompter
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        prompt = super().apply_chat_template(messages)
+    def apply_chat_template(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
+        prompt = super().apply_chat_template(messages, enable_thinking)
         return self.prompter.render(prompt) if IMAGE_PLACEHOLDER in prompt else prompt
 
     def _generate_batch(self, requests: list[GenRequest], on_done=None) -> list[Completion]:
@@ -172,7 +172,8 @@ class VisionEngine(HFEngine):
         inputs = inputs.to(self.device)
         with torch.inference_mode():
             output = self.model.generate(**inputs, max_new_tokens=max(r.max_new_tokens for r in requests),
-                                         do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
+                                         do_sample=False, pad_token_id=self.tokenizer.pad_token_id,
+                                         **row_sampling(requests, self.device))
         seconds = (time.perf_counter() - started) / len(requests)
         completions = self._decode(requests, output[:, inputs["input_ids"].shape[1]:].tolist(), seconds)
         for row, completion in enumerate(completions if on_done else []):  # image batches: all at their end

@@ -149,8 +149,8 @@ class VLLMEngine:
     def max_length(self) -> int:
         return int(self.settings.max_model_len or checkpoint.open(self.model_dir).max_positions or 4096)
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        prompt = self.client.apply_chat_template(messages)
+    def apply_chat_template(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
+        prompt = self.client.apply_chat_template(messages, enable_thinking)
         if self.accepts_images and IMAGE_PLACEHOLDER in prompt:
             return render_images(prompt, image_markup(self.model_dir, self.tokenizer))
         return prompt

@@ -9,6 +9,7 @@ from pathlib import Path
 import pipeline.engines.vllm_defects as vllm_defects
 from pipeline.checkpoints import checkpoint
 from pipeline.engines.gpu_memory import GIB, device_memory_bytes
+from pipeline.engines.reasoning import vllm_reasoning_parser
 from pipeline.engines.vision import is_multimodal
 from pipeline.engines.sections import VLLMSettings as Settings
 from pipeline.errors import UserError
@@ -96,6 +97,9 @@ def server_args(model_dir: Path, port: int | None, settings: Settings) -> list[s
     if is_multimodal(model_dir):
         args += ["--chat-template", PASSTHROUGH_TEMPLATE, "--chat-template-content-format", "string"]
     user_args = [str(a) for a in settings.server_args]
+    if "--reasoning-parser" not in user_args and (parser := vllm_reasoning_parser(checkpoint.open(model_dir).config,
+                                                                                model_dir)):
+        args += ["--reasoning-parser", parser]  # a thinking template: the chat endpoint answers as served
     args += vllm_defects.server_args(checkpoint.open(model_dir).config, user_args, settings.defect_workarounds)
     return args + user_args
 

@@ -3,11 +3,12 @@ summary. Written by `quantize eval` (pipeline/stages/evaluate.py), read by `quan
 
 A line holds at least `id`, `score` (in [0, 1]) and `correct` (true exactly when the score is 1); a
 perplexity suite's line is one document with its summed `loglikelihood` (at most 0) and `n_tokens` (at
-least 1; `correct` null). An item answered k times (k samples per item) holds its `samples`, each with its own
-`score` and `correct`; its `score` is their mean (avg@k), `correct` null and `pass_at_k` whether any is right.
-The verdict is computed from these lines; the summary names the suite, metric and score, or `status: not
-applicable` (or `not run`) with a `reason`, and a .jsonl of no items beside it: one blank line, not an empty
-file, which `dvc repro` would warn about as if something had failed.
+least 1; `correct` null). A generated answer's line says how it was generated (`thinking`, `reasoning`,
+`reasoning_tokens`, `answer_tokens`, `cut`: pipeline/scoring/result_lines.py); lines written before those
+fields are read as they are. An item of k samples holds them (`samples`), its score their mean (avg@k), `correct`
+null and, on a right/wrong suite, `pass_at_k`. The verdict is computed from these lines; the summary names the suite, metric
+and score, or `status: not applicable` (or `not run`) with a `reason`, and a .jsonl of no items beside it:
+one blank line, not an empty file, which `dvc repro` would warn about as if something had failed.
 """
 
 from __future__ import annotations
@@ -19,12 +20,17 @@ from pipeline.errors import UserError
 from pipeline.formats.checked_json import fix_command, problem, read_checked_json, read_checked_lines
 from pipeline.outputs import write_atomic, write_json
 
-RESULT_LINE = {"id": "result id", "score": "share", "correct": "flag"}  # the item's share of credit; right or wrong
-# an item answered k times (issue 66): each sample's score and right/wrong; the line's score is their mean (avg@k),
-# `correct` null, `pass_at_k` whether any sample was right
-SAMPLE = {"score": "share", "correct": "flag"}
-SAMPLED_LINE = {"id": "result id", "score": "share", "correct": ("flag", None), "samples": [SAMPLE],
-                "pass_at_k?": "flag"}
+CUT = ("text", None)  # where the token budget cut an answer: "reasoning", "answer", or null
+GENERATED = {"thinking?": "flag", "reasoning?": "text", "reasoning_tokens?": ("count", None),
+             "answer_tokens?": ("count", None), "cut?": CUT}  # how an answer was generated (absent in older lines)
+CUT_WHERE = ("reasoning", "answer", None)
+# the item's share of credit; right or wrong
+RESULT_LINE = {"id": "result id", "score": "share", "correct": "flag", **GENERATED}
+SAMPLE = {"seed?": "count", "score": "share", "correct": "flag", "output?": ("text", None),
+          "reasoning_tokens?": ("count", None), "answer_tokens?": ("count", None), "cut?": CUT}
+# an item of k samples: its score their mean (avg@k), correct null, and on a right/wrong suite whether any is right
+SAMPLED_LINE = {"id": "result id", "score": "share", "correct": ("flag", None), "samples": [SAMPLE], "pass_at_k?": "flag",
+                **GENERATED}
 # a perplexity suite's line: one document, its summed log-likelihood and its token count (no right/wrong)
 DOCUMENT_LINE = {"id": "result id", "score": "number", "correct": ("flag", None), "loglikelihood": "number",
                  "n_tokens": "positive count"}
@@ -73,8 +79,9 @@ def read_lines(path: Path | str) -> dict[str, dict]:
     path = Path(path)
     items: dict[str, dict] = {}
     first_line: dict[str, str] = {}
-    spec_of = lambda item: (DOCUMENT_LINE if "loglikelihood" in item  # noqa: E731
-                            else SAMPLED_LINE if "samples" in item else RESULT_LINE)
+    def spec_of(item: dict) -> dict:
+        return DOCUMENT_LINE if "loglikelihood" in item else SAMPLED_LINE if "samples" in item else RESULT_LINE
+
     for where, item in read_checked_lines(path, spec_of, COMMAND, "result line"):
         check_domain(path, where, item)
         item_id = str(item["id"])
@@ -109,6 +116,10 @@ def check_domain(path: Path, where: str, item: dict) -> None:
     elif item["correct"] != (item["score"] == 1):
         raise problem(path, where, f"correct: {str(item['correct']).lower()} with score {item['score']:g}: an item is "
                                    "correct exactly when it scores 1", COMMAND)
+    for holder, key in [(item, "cut"), *((sample, f"samples[{i}].cut") for i, sample in enumerate(item.get("samples") or []))]:
+        if holder.get("cut") not in CUT_WHERE:
+            raise problem(path, where, f"{key}: {holder['cut']!r} is not where a budget cuts an answer: "
+                                       "\"reasoning\", \"answer\" or null", COMMAND)
 
 
 def check_samples(path: Path, where: str, item: dict) -> None:

@@ -57,13 +57,14 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     fix_charts = {name: sensitivity_chart(v.get("fix"), f"fix-chart-detail-{name}") for name, v in verdict["variants"].items()}
     sections = [("coverage", "What each decision rests on"), ("decisions", "Each decision in full"),
                 ("suites", "Accuracy suites"), ("perplexity", "Perplexity"), ("long-context", "Long context"),
-                ("engines", "Engines"),
+                ("budgets", "Token budgets"), ("engines", "Engines"),
                 ("flipped", "Flipped items"), ("items", "Every item"), ("judge", "Judge"), ("kl", "Drift (KL)"),
                 ("speed", "Serving speed"), ("serving", "Where served"), ("size", "Size"),
                 ("calibration", "Calibration data"), ("environment", "Environment")]
     lines = engine_lines(verdict)
+    budgets = budget_rows(verdict)
     shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get("long_context")),
-             "engines": bool(lines)}
+             "engines": bool(lines), "budgets": bool(budgets)}
     sections = [(anchor, title) for anchor, title in sections if shown.get(anchor, True)]
     page = env.get_template("template.html").render(
         verdict=verdict, rows=rows, screen=screen, items_by_suite=items_by_suite, charts=charts,
@@ -73,6 +74,7 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
         results_read=bool(results),
         flipped_total=sum(bool(it["flipped"]) for items in items_by_suite.values() for it in items),
         toc=toc(verdict, sections), serving_engines=SERVING_ENGINES, engine_lines=lines, fix_charts=fix_charts,
+        budget_rows=budgets,
         **_suite_anchors(verdict, rows, perplexity_rows), **view,
     )
     return printable(page)  # whatever the results hold: no control character but newline and tab
@@ -121,6 +123,14 @@ def engine_lines(verdict: dict) -> list[dict]:
             grouped.setdefault((tuple(note["engines"]), models, note["paired"]), []).append(note["suite"])
     return [{"suites": suites, "engines": list(engines), "models": models, "paired": paired, "defects": []}
             for (engines, models, paired), suites in grouped.items()] + lines
+
+
+def budget_rows(verdict: dict) -> list[dict]:
+    """The report's Token budgets section: per suite whose answers were generated thinking or cut at the budget, each
+    model's answers, those cut inside the reasoning and inside the answer, and why the suite is not counted when its
+    budget is too small for the base (verdict.json's `budgets`; pipeline/verdict/budget.py)."""
+    return [{"suite": suite, **entry} for suite, entry in (verdict.get("budgets") or {}).items()
+            if any(m["thinking"] or m["reasoning"] or m["answer"] for m in entry["models"].values())]
 
 
 def _suite_anchors(verdict: dict, rows: list[dict], perplexity_rows: list[dict]) -> dict:

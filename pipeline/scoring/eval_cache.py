@@ -52,9 +52,12 @@ def is_entry(entry: dict) -> bool:
 
     if "logprob" in entry:
         return number(entry["logprob"]) and type(entry.get("greedy")) is bool and count(entry.get("n_tokens"))
-    text = entry.get("text")
+    text, reasoning = entry.get("text"), entry.get("reasoning", "")
     return isinstance(text, str) and unpaired_surrogate(text) is None and count(entry.get("n_tokens")) \
-        and number(entry.get("seconds")) and entry["seconds"] >= 0
+        and number(entry.get("seconds")) and entry["seconds"] >= 0 \
+        and isinstance(reasoning, str) and unpaired_surrogate(reasoning) is None \
+        and (entry.get("reasoning_tokens") is None or count(entry["reasoning_tokens"])) \
+        and entry.get("cut") in (None, "reasoning", "answer")
 
 
 class GenerationCache(KeyedJsonl):
@@ -66,24 +69,38 @@ class GenerationCache(KeyedJsonl):
 
     @staticmethod
     def key(request: GenRequest) -> str:
+        """The request's prompt, budget and stops; a reasoning model's mode (its answer is split off the reasoning);
+        a sample's seed and sampling. A greedy request to a model that does not think keeps the key it always had."""
         parts = [request.prompt, request.max_new_tokens, request.stop]
         if getattr(request, "images", None):  # same question, other image: another answer
             from pipeline.engines.vision import image_digest
 
             parts.append(image_digest(request.images))
+        if request.thinking is not None:
+            parts.append({"thinking": request.thinking})
+        if request.seed is not None:
+            parts.append({"seed": request.seed, "sampling": request.sampling and vars(request.sampling)})
         raw = json.dumps(parts)
         return hashlib.sha256(raw.encode()).hexdigest()
 
     def get(self, request: GenRequest) -> Completion | None:
+        """The cached answer; an entry written before answers recorded where the budget cut them (no `cut`) is asked
+        again."""
         entry = self.entries.get(self.key(request))
-        return Completion(entry["text"], entry["n_tokens"], entry["seconds"]) if entry else None
+        if not entry or "cut" not in entry:
+            return None
+        return Completion(entry["text"], entry["n_tokens"], entry["seconds"], reasoning=entry.get("reasoning", ""),
+                          reasoning_tokens=entry.get("reasoning_tokens", 0), cut=entry["cut"],
+                          thinking=bool(entry.get("thinking")))
 
     def put(self, request: GenRequest, completion: Completion) -> None:
         self.put_many([request], [completion])
 
     def put_many(self, requests: list[GenRequest], completions: list[Completion]) -> None:
         self.append([{"model": self.fingerprint, "key": self.key(request), "text": completion.text,
-                      "n_tokens": completion.n_tokens, "seconds": completion.seconds}
+                      "n_tokens": completion.n_tokens, "seconds": completion.seconds, "cut": completion.cut,
+                      **({"thinking": completion.thinking, "reasoning": completion.reasoning,
+                          "reasoning_tokens": completion.reasoning_tokens} if request.thinking is not None else {})}
                      for request, completion in zip(requests, completions)])
 
     # ---------------------------------------------------------------- token scores (likelihood suites)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import replace
 
 from lm_eval.api.model import LM
 
@@ -30,12 +31,17 @@ class PipelineLM(LM):
     An engine that keeps its own requests in flight (a server engine: `in_flight`, pipeline/engines/inflight.py)
     is handed every request of a call at once, and caches each answer and score as it arrives: it keeps
     `in_flight` requests at the server until the last, where handing it `chunk` at a time would let each chunk's
-    stragglers hold the next chunk back (waves)."""
+    stragglers hold the next chunk back (waves).
+
+    plan: how the suite generates on this model (pipeline/scoring/generation_plan.py): thinking handed to the chat
+    template, and with k samples every request asked once per seed, all at once in the first pass; `sample` is the
+    pass, whose answers lm-eval gets."""
 
     def __init__(self, engine: Engine, cache: GenerationCache, chunk: int, on_done=None, task: str = "",
-                 on_items=None):
+                 on_items=None, plan=None):
         super().__init__()
         self.engine, self.cache, self.chunk, self.task = engine, cache, chunk, task
+        self.plan, self.sample = plan, 0
         self.on_done, self.on_items = on_done or (lambda n: None), on_items or (lambda n: None)
         self.stats: dict[str, Completion] = {}
         self.documents: dict[str, tuple[float, int]] = {}  # rolling requests: text -> (log-likelihood, tokens)
@@ -50,22 +56,35 @@ class PipelineLM(LM):
     def tokenizer_name(self) -> str:
         return str(getattr(self.engine, "model_dir", self.engine.name))
 
+    @property
+    def thinking(self) -> bool | None:
+        return self.plan.thinking if self.plan is not None else None
+
     def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
         tokenizer = getattr(self.engine, "tokenizer", None)
+        switch = {} if self.thinking is None else {"enable_thinking": self.thinking}
         if not add_generation_prompt and getattr(tokenizer, "chat_template", None):
             # lm-eval continues a final assistant turn (a task's gen_prefix), as HFLM does
             return tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=False,
-                                                 continue_final_message=True)
-        return self.engine.apply_chat_template(chat_history)
+                                                 continue_final_message=True, **switch)
+        return self.engine.apply_chat_template(chat_history, **switch)
 
-    def generate_until(self, requests) -> list[str]:
+    def _requests(self, requests) -> tuple[list[GenRequest], list[GenRequest]]:
+        """lm-eval's requests as ours (the plan's thinking), and every one the plan asks: one per seed with k samples."""
         from pipeline.engines.vision import request_from_lm_eval
 
+        asked = [replace(request_from_lm_eval(request.args), thinking=self.thinking) for request in requests]
+        if self.plan is None or not self.plan.seeds:
+            return asked, asked
+        return asked, [replace(r, seed=seed, sampling=self.plan.sampling) for r in asked for seed in self.plan.seeds]
+
+    def generate_until(self, requests) -> list[str]:
         self._asked()
-        gen = [request_from_lm_eval(request.args) for request in requests]
+        asked, gen = self._requests(requests)
         todo = [r for r in gen if self.cache.get(r) is None]
-        self.on_items(len(gen))
-        self.on_done(len(gen) - len(todo))  # read back from the cache
+        if self.sample == 0:  # later passes read the samples the first generated
+            self.on_items(len(gen))
+            self.on_done(len(gen) - len(todo))  # read back from the cache
         reports_each = "on_done" in inspect.signature(self.engine.generate).parameters
         size = self._part_size(len(todo))
         for start in range(0, len(todo), size):
@@ -86,8 +105,10 @@ class PipelineLM(LM):
                 raise UserError(f"engine {self.engine.name}: {len(failed)} of {len(part)} requests failed (the "
                                 f"first: {failed[0]}); the finished ones are cached, rerun the same command to "
                                 "resume once the engine answers")
-        done = [self.cache.get(r) for r in gen]
-        for request, completion in zip(gen, done):
+        if self.plan is not None and self.plan.seeds:  # this pass's sample of each
+            asked = [replace(r, seed=self.plan.seeds[self.sample], sampling=self.plan.sampling) for r in asked]
+        done = [self.cache.get(r) for r in asked]
+        for request, completion in zip(asked, done):
             self.stats[request.prompt] = completion
         return [c.text for c in done]
 

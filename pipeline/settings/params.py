@@ -97,10 +97,32 @@ class CalibParams(Section):
 VariantParams = Annotated[Union[methods.sections()], Field(discriminator="method")]
 
 
+# k samples' sampling where neither suites.<name>.sampling nor the checkpoint's generation_config.json says: plain
+# sampling (no top-p, no top-k cut)
+SAMPLING_FALLBACK = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+class SamplingParams(Section):
+    """How a suite's k samples are drawn; a field left out (null): the checkpoint's generation_config.json, else
+    SAMPLING_FALLBACK."""
+
+    temperature: float | None = Field(None, ge=0, le=10)  # 0: greedy
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=1_000_000)  # 0: no top-k cut
+
+
 class SuiteParams(Section):
     task: str = Field(min_length=1)
     limit: int | None = Field(None, ge=1, le=10_000_000)
     max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)
+    # a reasoning model (its chat template reads enable_thinking, or closes reasoning with </think>): auto, its
+    # template's own default; on / off, enable_thinking handed to the template (hf, vLLM, lmdeploy) or the server
+    # (openai chat: chat_template_kwargs). A template that does not think (SmolLM2): auto and off change nothing
+    thinking: Literal["auto", "on", "off"] = "auto"
+    thinking_max_new_tokens: int = Field(8192, ge=1, le=MAX_NEW_TOKENS)  # the budget, reasoning and answer, when thinking
+    samples: int = Field(1, ge=1, le=64)  # k: 1, one greedy answer per item; k > 1, k sampled answers (avg@k, pass@k)
+    sampling: SamplingParams = SamplingParams()  # the k samples' sampling (default: generation_config.json's)
+    seed: int = Field(0, ge=0, le=SEED_MAX)  # sample j of every item and model draws with seed + j
     options: dict = {}  # the task's settings (its loader's metadata), e.g. long context: {lengths: [1024], repeats: 1}
     # suites that run model-written code (code): true runs it without bubblewrap where bubblewrap is
     # unusable (rlimits + an audit hook only; the report marks those results); false refuses instead
@@ -214,6 +236,9 @@ class VerdictParams(Section):
     seed: int = Field(0, ge=0, le=SEED_MAX)
     margins: MarginParams = MarginParams()
     floor_ceiling: float = Field(0.05, ge=0, le=0.5)
+    # a suite whose base has more than this share of its items cut at the token budget inside the reasoning is shown,
+    # not counted: "budget too small for this model" (raise suites.<name>.thinking_max_new_tokens)
+    max_cut_share: float = Field(0.10, ge=0, le=1)
     # Speed (from `quantize bench`, when both base and variant were benched with the same engine):
     # when true, a variant whose batch-1 decode rate is below the base's by more than speed_tolerance
     # is NO-GO; when false, the report only shows it.

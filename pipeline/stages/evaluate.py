@@ -12,7 +12,9 @@ token requests, the same for every engine). Every finished generation and token 
 appended to a cache beside the output (pipeline/scoring/eval_cache.py), keyed by the model's fingerprint
 and the request, so a killed run resumes where it stopped and a rerun of an unchanged model
 costs nothing. A perplexity suite's lines carry each document's log-likelihood and token count,
-so the verdict pairs the models per document.
+so the verdict pairs the models per document. A reasoning model answers as it is served (thinking as its template
+switches it, the budget that fits, k samples per item: pipeline/scoring/generation_plan.py); its lines say how
+(pipeline/scoring/result_lines.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pipeline.checkpoints import checkpoint
 from pipeline.engines import Engine, EngineSettings, capability, default_settings, engine_names, settings_for
 from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import GenerationCache, answers_fingerprint
+from pipeline.scoring.result_lines import merged, result_line
 from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs
 from pipeline.checkpoints.fingerprint import weights_fingerprint
 from pipeline.formats.results import lines_path, write_results
@@ -81,46 +84,10 @@ class EvalResult:
         work = (f"{s['scored_tokens']} tokens scored" if s.get("scored_tokens")
                 else f"{s['generated_tokens']} tokens")
         kept = " (unchanged: kept)" if s.get("kept") else ""
+        cut = (s.get("cut") or {}).get("reasoning")  # the budget too small: said where it is seen first
+        cut = f", {cut} cut inside the reasoning (raise suites.{s['suite']}.thinking_max_new_tokens)" if cut else ""
         return (f"eval: {self.lines} ({s['n']} items, {s['metric']} {s['score']:.3f}, "
-                f"{work} at {s['tokens_per_second']:.0f} tok/s) in {s['seconds']:.0f} s{kept}")
-
-
-def _arguments(sample: dict) -> list[tuple]:
-    """The sample's request arguments, one tuple per request (lm-eval logs a list or a dict of them)."""
-    args = sample["arguments"]
-    if isinstance(args, dict):
-        return [tuple(a[k] for k in sorted(a, key=lambda k: int(k.split("_")[-1]))) for a in args.values()]
-    return [tuple(a) if isinstance(a, (list, tuple)) else (a,) for a in args]
-
-
-def _result_line(sample: dict, suite: str, variant: str, metric: str, lm) -> dict:
-    arguments = _arguments(sample)
-    prompt = arguments[0][0]
-    doc = sample.get("doc", {})
-    line = {"id": str(doc.get("id", f"{suite}-{sample['doc_id']}")), "suite": suite, "variant": variant,
-            "prompt": prompt, "target": str(sample.get("target", ""))}
-    if prompt in lm.documents and len(arguments) == 1 and len(arguments[0]) == 1:  # loglikelihood_rolling
-        loglikelihood, n_tokens = lm.documents[prompt]
-        return {**line, "target": "", "output": "", "score": math.exp(-loglikelihood / max(n_tokens, 1)),
-                "correct": None, "loglikelihood": loglikelihood, "n_tokens": n_tokens, "seconds": None}
-    score = float(sample.get(metric, 0.0))
-    if len(arguments[0]) == 2 and isinstance(arguments[0][1], str):  # loglikelihood: the likeliest choice
-        lls = [resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0] for resp in sample["resps"]]
-        best = max(range(len(lls)), key=lambda i: lls[i]) if lls else None
-        return {**line, "output": arguments[best][1] if best is not None else "", "score": score,
-                "correct": score >= 1.0, "loglikelihoods": lls, "n_tokens": None, "seconds": None}
-    output = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else ""
-    completion = lm.stats.get(prompt)
-    return {
-        **line,
-        "output": output,
-        "score": score,
-        "correct": score >= 1.0,
-        "n_tokens": completion.n_tokens if completion else None,
-        "seconds": round(completion.seconds, 4) if completion else None,
-        # suites that run model-written code: whether it ran in the bubblewrap sandbox
-        **({"isolated": bool(sample["isolated"])} if "isolated" in sample else {}),
-    }
+                f"{work} at {s['tokens_per_second']:.0f} tok/s{cut}) in {s['seconds']:.0f} s{kept}")
 
 
 class SharedEngine:
@@ -212,10 +179,14 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
     if "sandbox" in needs:  # refuse before any generation
         sandbox_method = sandbox.require_isolation(allowed=s.allow_unsandboxed,
                                                    setting=f"suites.{suite}.allow_unsandboxed")
-    lm, results = _evaluate(model_dir, s, shared, suite=suite, variant=variant, out_dir=out_dir,
-                            task_manager=task_manager, spec=spec)
-    lines, summary = _lines_and_summary(lm, results, suite=suite, task=task, variant=variant, model_dir=model_dir,
-                                        engine=engine, metric=plain.metric if plain else None)
+    kind = declared.kind if declared else plain.suite.kind if plain else None
+    metric = plain.metric if plain else None  # a plain task's primary metric (its config dump holds no name)
+    lm, passes = _evaluate(model_dir, s, shared, suite=suite, variant=variant, out_dir=out_dir,
+                           task_manager=task_manager, spec=spec, metric=metric,
+                           generates=raw_config.get("output_type", "generate_until") == "generate_until")
+    lines, summary = _lines_and_summary(lm, passes, suite=suite, task=task, variant=variant, model_dir=model_dir,
+                                        engine=engine, right_wrong=kind in (None, "right-wrong", "retrieval-table"),
+                                        metric=metric)
     summary.update(inputs=inputs, checkpoint=weights_fingerprint(model_dir),  # what it was scored on: the report checks
                    engine_start_s=engine_start_seconds(starts_before),
                    scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2),
@@ -266,45 +237,78 @@ def _not_applicable_reason(model_dir: Path, suite: str, engine: str, raw_config:
 
 
 def _evaluate(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: str, variant: str, out_dir: Path,
-              task_manager, spec: str | dict):
+              task_manager, spec: str | dict, generates: bool = True, metric: str | None = None):
     """lm-eval's run of the task (`spec`: its name, or its config with a local dataset) through the shared engine
-    and the suite's resume cache: (lm, results)."""
+    and the suite's resume cache, once per sample (k samples of a task that generates:
+    pipeline/scoring/generation_plan.py): (lm, [(lm-eval's results, lines) of each pass])."""
     from lm_eval import simple_evaluate
 
     from pipeline.console import progress
+    from pipeline.scoring.generation_plan import plan_for
 
     cache = GenerationCache(out_dir / ".cache" / f"{suite}.jsonl",
                             answers_fingerprint(model_dir, shared.name, shared.settings))
+    engine = shared.get()
+    plan = plan_for(getattr(engine, "model_dir", None), s if generates else s.model_copy(update={"samples": 1}),
+                    suite=suite, tokenizer=getattr(engine, "tokenizer", None))
+    passes = []
     # the code suite's scoring runs model-written code (evals/code/utils.py): sandboxed unless allowed
     with progress(f"eval {variant}/{suite}", None, "requests") as advance, \
             sandbox.allow_unsandboxed(s.allow_unsandboxed):
-        lm = _lm_class()(shared.get(), cache, chunk=shared.settings.batch_size, on_done=advance, task=s.task,
-                         on_items=advance.expect)
-        results = simple_evaluate(
-            model=lm, tasks=[spec], task_manager=task_manager, limit=s.limit, log_samples=True,
-            apply_chat_template=True, gen_kwargs={"max_gen_toks": s.max_new_tokens},
-            bootstrap_iters=0, verbosity="ERROR",
-        )
+        lm = _lm_class()(engine, cache, chunk=shared.settings.batch_size, on_done=advance, task=s.task,
+                         on_items=advance.expect, plan=plan)
+        for sample in range(plan.samples):
+            lm.sample = sample
+            results = simple_evaluate(
+                model=lm, tasks=[spec], task_manager=task_manager, limit=s.limit, log_samples=True,
+                apply_chat_template=True, gen_kwargs={"max_gen_toks": plan.max_new_tokens},
+                bootstrap_iters=0, verbosity="ERROR",
+            )
+            passes.append((results, _pass_lines(lm, results, suite=suite, task=s.task, variant=variant,
+                                                metric=metric)))
     lm.cache = cache
-    return lm, results
+    return lm, passes
 
 
-def _lines_and_summary(lm, results: dict, *, suite: str, task: str, variant: str, model_dir: Path,
-                       engine: str, metric: str | None = None) -> tuple[list[dict], dict]:
-    """metric: the primary metric a plain task's YAML names (lm-eval's config dump holds a metric function's
-    source, not its name); default: the config's."""
-    task_config = results["configs"][task]
-    metric = metric or (task_config.get("metadata") or {}).get("primary_metric") or \
-        task_config["metric_list"][0]["metric"]
+def _pass_lines(lm, results: dict, *, suite: str, task: str, variant: str, metric: str | None = None) -> list[dict]:
+    """One pass's line per item, in lm-eval's document order (its answers are lm.stats' until the next pass).
+    metric: the primary metric a plain task's YAML names (lm-eval's config dump holds a metric function's source, not
+    its name); default: the config's."""
     samples = sorted(results["samples"][task], key=lambda sample: sample["doc_id"])
-    lines = [_result_line(sample, suite, variant, metric, lm) for sample in samples]
+    return [result_line(sample, suite, variant, metric or _metric(results, task), lm) for sample in samples]
+
+
+def _metric(results: dict, task: str) -> str:
+    task_config = results["configs"][task]
+    return (task_config.get("metadata") or {}).get("primary_metric") or task_config["metric_list"][0]["metric"]
+
+
+def _metrics(every: list[dict]) -> dict:
+    """lm-eval's figures of the task (k samples: their mean over the passes)."""
+    numbers = {k: v for k, v in every[0].items() if isinstance(v, (int, float))}
+    if len(every) == 1:
+        return numbers
+    return {k: sum(m[k] for m in every) / len(every) for k in numbers
+            if all(isinstance(m.get(k), (int, float)) for m in every)}
+
+
+def _lines_and_summary(lm, passes: list, *, suite: str, task: str, variant: str, model_dir: Path, engine: str,
+                       right_wrong: bool, metric: str | None = None) -> tuple[list[dict], dict]:
+    results, lines = passes[0]
+    if len(passes) > 1:  # k samples: each item's line from its k
+        lines = merged([p[1] for p in passes], lm.plan.seeds, right_wrong)
+    every = [r["results"][task] for r, _ in passes]
     summary = {
         "suite": suite, "task": task, "variant": variant, "model_dir": str(model_dir), "engine": engine,
-        "metric": metric, "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
+        "metric": metric or _metric(results, task), "n": len(lines), "score": sum(l["score"] for l in lines) / max(len(lines), 1),
         # the items the task has before the limit (lm-eval's count): no next step asks for more
         **({"available": available} if isinstance(available := ((results.get("n-samples") or {}).get(task) or {})
                                                   .get("original"), int) else {}),
-        "metrics": {k: v for k, v in results["results"][task].items() if isinstance(v, (int, float))},
+        "metrics": _metrics(every),
+        "generation": lm.plan.describe(),
+        # answers the token budget cut, by where (every sample counted)
+        "cut": {where: sum(a.get("cut") == where for line in lines for a in line.get("samples") or [line])
+                for where in ("reasoning", "answer")},
         **_speed(lines, lm),
         "cache": {"path": str(lm.cache.path), "lines_dropped": lm.cache.dropped},
     }

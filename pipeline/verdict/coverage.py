@@ -2,8 +2,8 @@
 params.yaml leaves out), and for the judge, one state, never silence:
 
     decided         counted: its GO / NO-GO / INCONCLUSIVE is part of the variant's decision
-    not counted     shown, not counted: the base at the floor or ceiling, too few paired items or documents,
-                    an unreliable judge (why)
+    not counted     shown, not counted: the base at the floor or ceiling, its answers cut inside the reasoning
+                    by a token budget too small for it, too few paired items or documents, an unreliable judge (why)
     not run         no results for the variant or the base (the params.yaml key that left it out, e.g.
                     suites.math.models, or the command that runs it)
     not applicable  the evaluation said so (why, e.g. a text-only model and the VQA suite)
@@ -20,6 +20,7 @@ from __future__ import annotations
 from pipeline.settings import fixes
 from pipeline.settings import suites as registry
 from pipeline.settings.params import Params
+from pipeline.verdict.budget import BUDGET_TOO_SMALL
 from pipeline.verdict.judge import UNRELIABLE
 
 DECIDED, NOT_COUNTED, NOT_RUN, NOT_APPLICABLE, NOT_CONFIGURED = (
@@ -94,7 +95,7 @@ def suite_coverage(variant: str, decision: str, params: Params, results: dict, n
 
 
 def _not_counted_why(v, kind: str) -> str:
-    if v.reasons and v.reasons[0].startswith("NOT PAIRED"):
+    if v.reasons and v.reasons[0].startswith(("NOT PAIRED", BUDGET_TOO_SMALL)):
         return v.reasons[0]
     if kind == "perplexity":
         return v.reasons[-1] if v.reasons else "too few paired documents for an interval"

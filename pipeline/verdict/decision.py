@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pipeline.settings.params import Params
 import pipeline.verdict.facts as facts
+from pipeline.verdict.budget import budget_table, budget_why
 from pipeline.verdict.coverage import incomplete_why, suite_coverage, variants_without_results
 from pipeline.verdict.engines import engine_notes, unpaired_why
 from pipeline.verdict.fix import attach_fixes
@@ -128,6 +129,7 @@ def decide(evidence: Evidence, params: Params) -> dict:
         "base": {"suites": base_suites},
         "long_context": long_context_tables(results, evidence.summaries),
         "engines": engine_notes(evidence.summaries, list(params.suites)),
+        "budgets": budget_table(results, p.max_cut_share),  # per suite and model: answers cut at the token budget, and where
         "method_comparisons": method_comparisons(results, evidence.quant, p.confidence),
         "speed": speeds,
         "params_sha256": params.digest(),
@@ -153,6 +155,21 @@ def _parts(suite_verdicts: list, perplexity: dict, judged: dict | None, speed: d
             "perplexity": {suite: v.to_dict() for suite, v in perplexity.items()}, "judge": judged, "speed": speed}
 
 
+def _shown_not_counted(suite_verdicts: list, perplexity: dict, evidence: Evidence, variant: str,
+                       max_cut_share: float) -> None:
+    """Suites compared that are shown, not counted, first of their reasons: scored on different engines; the base cut
+    inside its reasoning by the token budget (the budget was scored, not the model)."""
+    for v in [*suite_verdicts, *perplexity.values()]:
+        if why := unpaired_why(evidence.summaries, variant, v.suite):
+            v.counted = False
+            v.reasons.insert(0, why)
+    for v in suite_verdicts:
+        if why := budget_why(evidence.results["base"][v.suite], v.suite, max_cut_share):
+            v.counted = False
+            v.reasons.insert(0, why)
+            v.sentence = f"{v.suite}: not counted, {why}. {v.sentence}"
+
+
 def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: dict, flagged: list[str]) -> dict:
     """verdict.json's variants.<variant>: each suite, the judge and speed against the base, the decision, why,
     what it rests on, recovery, what to run next, and what the report shows beside it."""
@@ -175,10 +192,7 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
                                             margin=p.perplexity_margin_for(suite), confidence=p.confidence,
                                             available=suite_size(evidence.summaries, variant, suite))
                   for suite in compared if is_perplexity(results["base"][suite])}
-    for v in [*suite_verdicts, *perplexity.values()]:  # scored on different engines: shown, not counted
-        if why := unpaired_why(evidence.summaries, variant, v.suite):
-            v.counted = False
-            v.reasons.insert(0, why)
+    _shown_not_counted(suite_verdicts, perplexity, evidence, variant, p.max_cut_share)
     judged = judge_verdict(evidence.judge.get(variant), params)
     extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
     if judged and judged["counted"]:
