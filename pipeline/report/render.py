@@ -57,13 +57,13 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     fix_charts = {name: sensitivity_chart(v.get("fix"), f"fix-chart-detail-{name}") for name, v in verdict["variants"].items()}
     sections = [("coverage", "What each decision rests on"), ("decisions", "Each decision in full"),
                 ("suites", "Accuracy suites"), ("perplexity", "Perplexity"), ("long-context", "Long context"),
-                ("engines", "Engines"),
+                ("difficulty", "Accuracy by difficulty"), ("engines", "Engines"),
                 ("flipped", "Flipped items"), ("items", "Every item"), ("judge", "Judge"), ("kl", "Drift (KL)"),
                 ("speed", "Serving speed"), ("serving", "Where served"), ("size", "Size"),
                 ("calibration", "Calibration data"), ("environment", "Environment")]
     lines = engine_lines(verdict)
     shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get("long_context")),
-             "engines": bool(lines)}
+             "difficulty": bool(verdict.get("difficulty")), "engines": bool(lines)}
     sections = [(anchor, title) for anchor, title in sections if shown.get(anchor, True)]
     page = env.get_template("template.html").render(
         verdict=verdict, rows=rows, screen=screen, items_by_suite=items_by_suite, charts=charts,
