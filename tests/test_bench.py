@@ -79,7 +79,7 @@ def test_bench_weight_bytes_leave_out_the_untied_embedding(tiny_llama):
 
 
 def test_bench_times_requests_with_images_on_a_vision_model_in_process(tmp_path, monkeypatch):
-    """A vision model on the hf engine: the text-only load and the same text with 1 and 4 images of the visual suites'
+    """A vision model on the hf engine: the text-only load and the same text with 1 and 2 images of the visual suites'
     items, each at the size its suite scored it at, each image's tokens by the model's processor, the engine expanding
     each image token to as many; bench.json says per suite which sizes and tokens per image it sent."""
     from tiny import save_tiny_glm4v
@@ -90,10 +90,10 @@ def test_bench_times_requests_with_images_on_a_vision_model_in_process(tmp_path,
     write_params(tmp_path, {**TINY_PARAMS, "bench": {"holdout": False}})
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "16", "--output-len",
-                                      "3", "--images", "4,1", "--out", "bench.json"])
+                                      "3", "--images", "2,1", "--out", "bench.json"])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "bench.json").read_text())
-    assert list(summary["workloads"]) == ["fixed", "1-image", "4-images"]
+    assert list(summary["workloads"]) == ["fixed", "1-image", "2-images"]  # 4 at these sizes pass 512 tokens
     fixed = summary["workloads"]["fixed"]
     assert fixed["label"] == "text only" and fixed["kv_tokens_per_request"] == 16 + 3
     # the suites' own sizes, and each image's tokens as the model's processor gives them (an independent count here)
@@ -101,7 +101,7 @@ def test_bench_times_requests_with_images_on_a_vision_model_in_process(tmp_path,
     visual = [s for s in registry.shipped().values() if "images" in s.needs]
     first = {s.name: (s.hook("bench_images")(1)[0]["image"] if s.hook("bench_images") else None) for s in visual}
     expected = {name: image_tokens(processor, [image])[0] for name, image in first.items() if image is not None}
-    for count in (1, 4):
+    for count in (1, 2):
         load = summary["workloads"][f"{count}-image" + ("s" if count > 1 else "")]
         assert load["label"] == f"{count} image" + ("s" if count > 1 else "") and load["images_per_request"] == count
         assert load["image_size"] is None and "at the sizes they were scored at" in load["images_from"]
@@ -116,11 +116,11 @@ def test_bench_times_requests_with_images_on_a_vision_model_in_process(tmp_path,
         [level] = load["levels"]
         assert level["failed"] == 0 and level["requests"] == 4 and level["output_tokens_mean"] == 3
         assert load["text_tokens_mean"] > 16
-        assert load["kv_tokens_per_request"] == pytest.approx(level["input_tokens_mean"] + 3)
+        assert load["kv_tokens_per_request"] == pytest.approx(level["input_tokens_mean"] + 3, abs=0.051)  # to 0.1
         assert "image processor" in load["kv_tokens_source"]
         assert summary["capacity"]["by_load"][load["name"]]["kv_tokens_per_request"] == load["kv_tokens_per_request"]
         assert summary["capacity"]["by_load"][load["name"]]["requests_in_kv_pool"] is None  # no KV pool in-process
-    assert summary["workloads"]["4-images"]["prompt_tokens_mean"] > summary["workloads"]["1-image"]["prompt_tokens_mean"]
+    assert summary["workloads"]["2-images"]["prompt_tokens_mean"] > summary["workloads"]["1-image"]["prompt_tokens_mean"]
     # --image-size scales every suite's images to that longest side (the 1 image load: one size per suite's shape)
     result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "16", "--output-len",
                                       "3", "--images", "1", "--image-size", "32", "--out", "scaled.json"])
