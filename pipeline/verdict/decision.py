@@ -126,7 +126,8 @@ def decide(evidence: Evidence, params: Params) -> dict:
         "variants": variants,
         "base": {"suites": base_suites},
         "long_context": long_context_tables(results, evidence.summaries),
-        "difficulty": difficulty_tables(results, evidence.summaries),
+        # the generated visual suites' tables by difficulty, where any was scored (none: no key, as before them)
+        **({"difficulty": tables} if (tables := difficulty_tables(results, evidence.summaries)) else {}),
         "engines": engine_notes(evidence.summaries, list(params.suites)),
         "method_comparisons": method_comparisons(results, evidence.quant, p.confidence),
         "speed": speeds,
