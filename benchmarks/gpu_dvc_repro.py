@@ -34,8 +34,9 @@ The base (`--model`, at the first call; BASES): `glm4-9b` (the default: GlmForCa
 at the depth the machine's disk holds for the run's four checkpoints, computed at setup: disk_plan; AWQ and RTN at
 group 64; FP8 with its experts dynamic, as the fp8 method does for every MoE). A vision base gets random bf16
 weights built on the GPU with tests/tiny.py's builders (GLM's image tokens, processors and chat template), and the
-same DAG: the vqa suite, which a text-only base records as not applicable, is scored on every model through vLLM
-(images in OpenAI chat format, pipeline/engines/vllm.py), and every variant's verify checks its vision tower
+same DAG: the vqa suite and the generated visual suites (charts, documents, small_text, counting: evals/visual/),
+which a text-only base records as not applicable, are scored on every model through vLLM (images in OpenAI chat
+format, pipeline/engines/vllm.py), each timed per model and suite (`suites`), and every variant's verify checks its vision tower
 bit-identical (`variants` in the JSON). Its runs default to 16 items per suite (one 30-minute lease); the JSON
 names the model (`model`: its shapes, planned and built depth, the disk plan, `results_file`, where its figures are
 kept once run). `--tiny --model glm46v-flash|glm46v-moe` runs it on the CPU with save_tiny_glm4v / _moe.

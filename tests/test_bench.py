@@ -79,37 +79,55 @@ def test_bench_weight_bytes_leave_out_the_untied_embedding(tiny_llama):
 
 
 def test_bench_times_requests_with_images_on_a_vision_model_in_process(tmp_path, monkeypatch):
-    """A vision model on the hf engine: the text-only load and the same text with 1 and 4 of the VQA suite's images,
-    each image's tokens by the model's processor, the engine expanding each image token to as many."""
+    """A vision model on the hf engine: the text-only load and the same text with 1 and 2 images of the visual suites'
+    items, each at the size its suite scored it at, each image's tokens by the model's processor, the engine expanding
+    each image token to as many; bench.json says per suite which sizes and tokens per image it sent."""
     from tiny import save_tiny_glm4v
+    from pipeline.engines.vision import image_tokens, load_image_processor
+    from pipeline.settings import suites as registry
 
     model = save_tiny_glm4v(tmp_path / "glm4v")
     write_params(tmp_path, {**TINY_PARAMS, "bench": {"holdout": False}})
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "16", "--output-len",
-                                      "3", "--images", "4,1", "--image-size", "32", "--out", "bench.json"])
+                                      "3", "--images", "2,1", "--out", "bench.json"])
     assert result.exit_code == 0, result.output
-    assert "1 image (64 tokens each): TTFT p50" in result.output
     summary = json.loads((tmp_path / "bench.json").read_text())
-    assert list(summary["workloads"]) == ["fixed", "1-image", "4-images"]
+    assert list(summary["workloads"]) == ["fixed", "1-image", "2-images"]  # 4 at these sizes pass 512 tokens
     fixed = summary["workloads"]["fixed"]
     assert fixed["label"] == "text only" and fixed["kv_tokens_per_request"] == 16 + 3
-    # a 32 x 32 image at 2-pixel patches, 2 x 2 merged: 16 x 16 patches, 64 tokens
-    for count in (1, 4):
+    # the suites' own sizes, and each image's tokens as the model's processor gives them (an independent count here)
+    processor = load_image_processor(model)
+    visual = [s for s in registry.shipped().values() if "images" in s.needs]
+    first = {s.name: (s.hook("bench_images")(1)[0]["image"] if s.hook("bench_images") else None) for s in visual}
+    expected = {name: image_tokens(processor, [image])[0] for name, image in first.items() if image is not None}
+    for count in (1, 2):
         load = summary["workloads"][f"{count}-image" + ("s" if count > 1 else "")]
         assert load["label"] == f"{count} image" + ("s" if count > 1 else "") and load["images_per_request"] == count
-        assert load["image_size"] == [32, 32] and load["image_tokens_per_image"] == 64
+        assert load["image_size"] is None and "at the sizes they were scored at" in load["images_from"]
+        sent = load["image_sizes"]
+        assert set(sent) == {s.name for s in visual} and sum(v["images"] for v in sent.values()) == 64 * count
+        for name, tokens in expected.items():
+            assert list(first[name].size) in sent[name]["sizes"]
+            assert sent[name]["tokens_per_image"]["min"] <= tokens <= sent[name]["tokens_per_image"]["max"]
+        assert sent["counting"]["sizes"] == [[320, 320]] and sent["small_text"]["sizes"] == [[320, 96]]
+        mean = sum(v["tokens_per_image"]["mean"] * v["images"] for v in sent.values()) / (64 * count)
+        assert load["image_tokens_per_image"] == pytest.approx(mean, abs=0.11)  # each mean rounded to 0.1
         [level] = load["levels"]
         assert level["failed"] == 0 and level["requests"] == 4 and level["output_tokens_mean"] == 3
-        # the engine's own count of each prompt: its text (the fixed workload's 16 tokens, the question and the
-        # chat template) and 64 tokens per image
-        assert level["input_tokens_mean"] - count * 64 == pytest.approx(load["text_tokens_mean"], abs=8)
         assert load["text_tokens_mean"] > 16
-        assert load["kv_tokens_per_request"] == pytest.approx(level["input_tokens_mean"] + 3)
+        assert load["kv_tokens_per_request"] == pytest.approx(level["input_tokens_mean"] + 3, abs=0.051)  # to 0.1
         assert "image processor" in load["kv_tokens_source"]
         assert summary["capacity"]["by_load"][load["name"]]["kv_tokens_per_request"] == load["kv_tokens_per_request"]
         assert summary["capacity"]["by_load"][load["name"]]["requests_in_kv_pool"] is None  # no KV pool in-process
-    assert summary["workloads"]["4-images"]["prompt_tokens_mean"] > summary["workloads"]["1-image"]["prompt_tokens_mean"] + 3 * 64 - 8
+    assert summary["workloads"]["2-images"]["prompt_tokens_mean"] > summary["workloads"]["1-image"]["prompt_tokens_mean"]
+    # --image-size scales every suite's images to that longest side (the 1 image load: one size per suite's shape)
+    result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "16", "--output-len",
+                                      "3", "--images", "1", "--image-size", "32", "--out", "scaled.json"])
+    assert result.exit_code == 0, result.output
+    scaled = json.loads((tmp_path / "scaled.json").read_text())["workloads"]["1-image"]
+    assert scaled["image_sizes"]["counting"]["sizes"] == [[32, 32]] and "scaled to 32 pixels" in scaled["images_from"]
+    assert all(max(size) == 32 for v in scaled["image_sizes"].values() for size in v["sizes"])
     # an engine that takes no images measures the text-only loads and says why there are no others
     from pipeline.engines import engine_spec
     from pipeline.settings.params import BenchParams
@@ -118,13 +136,13 @@ def test_bench_times_requests_with_images_on_a_vision_model_in_process(tmp_path,
     assert _image_counts(model, BenchParams(), engine_spec("lmdeploy"), "lmdeploy") == (
         [], "lmdeploy takes no images; requests with images are measured on hf, vllm or openai (--engine)")
 
-    # a request that does not fit the model's context is refused before the weights load (32 text tokens and 4 images
+    # a request that does not fit the model's context is refused before the weights load (480 text tokens and 4 images
     # at least), naming the settings to change; nothing written
-    result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "32", "--output-len", "3",
+    result = CliRunner().invoke(app, ["bench", str(model), "--concurrency", "1", "--input-len", "480", "--output-len", "3",
                                       "--images", "4", "--image-size", "64", "--out", "big.json"])
-    assert result.exit_code == 2 and "bench.images: a request with 4 images (516 prompt tokens:" in result.output
-    # 64 x 64 x 2 frames passes the processor's 4,096-pixel cap: scaled to 44 x 44, 22 x 22 patches, 121 tokens
-    assert "each image 121 tokens at bench.image_size 64" in result.output and "512-token context" in result.output
+    assert result.exit_code == 2 and "bench.images: a request with 4 images (" in result.output
+    # 64 pixels on the longest side, x 2 frames, passes the processor's 4,096-pixel cap: the fewest tokens of an image
+    assert "tokens at bench.image_size 64) + --output-len 3" in result.output and "512-token context" in result.output
     assert not (tmp_path / "big.json").exists()
     result = CliRunner().invoke(app, ["bench", str(model), "--images", "0"])
     assert result.exit_code == 2 and "--images [0]: must be a list of image counts per request" in result.output

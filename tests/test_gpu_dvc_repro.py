@@ -106,11 +106,17 @@ def test_a_vision_base_runs_the_same_dag_vqa_scored_through_the_server_on_every_
     assert model["results_file"] == "benchmarks/results/gpu_dvc_repro_glm46v.json"
     assert model["disk"]["layers"] == 40 and model["built"]["num_hidden_layers"] == 2  # planned at full size; tiny built
     results, vqa_rows = work / "project" / "results", {r["model"]: r for r in figures["suites"] if r["suite"] == "vqa"}
+    visual = ("vqa", "charts", "documents", "small_text", "counting")  # easy-VQA and the generated visual suites
+    timed = {(r["model"], r["suite"]): r for r in figures["suites"]}
     for name in MODELS:
         vqa = json.loads((results / name / "vqa.json").read_text())
         assert (vqa_rows[name]["status"], vqa["engine"], vqa["n"]) == ("scored", "vllm", 2), (name, vqa)
+        for suite in visual[1:]:  # each scored through the server, timed per model and suite, its table by difficulty
+            summary = json.loads((results / name / f"{suite}.json").read_text())
+            assert (timed[name, suite]["status"], summary["engine"], summary["n"]) == ("scored", "vllm", 2), (name, suite)
+            assert timed[name, suite]["work_s"] is not None and summary["table"]["by_difficulty"]["bins"]
         log = (results / name / "vllm-server.log").read_text()
-        assert log.count('"POST /v1/chat/completions HTTP/1.1" 200 OK (1 image(s))') >= 2, name
+        assert log.count('"POST /v1/chat/completions HTTP/1.1" 200 OK (1 image(s))') >= 2 * len(visual), name
     for name in MODELS[1:]:
         assert figures["variants"][name]["vision_tensors"] > 0 and figures["variants"][name]["vision_mismatched"] == []
     assert {name: server["starts"] for name, server in figures["servers"].items()} == dict.fromkeys(MODELS, 1)

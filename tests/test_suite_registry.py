@@ -131,12 +131,17 @@ def test_a_mistake_in_a_suite_declaration_names_file_line_key_and_fix(tmp_path, 
 
 
 def test_every_shipped_suite_is_declared_and_its_hooks_are_its_own():
-    """evals/ holds the eight shipped suites, each declared; only the long-context suite has its own module, found
-    by the registry from its YAML (not by its name), and its options are checked there."""
+    """evals/ holds the twelve shipped suites, each declared; the long-context suite and the generated visual suites
+    have their own module, found by the registry from their YAML (not by their name), and their options are checked
+    there."""
     shipped = suites.shipped()
     assert {s.kind for s in shipped.values()} == {"right-wrong", "perplexity", "retrieval-table"}
-    tabled = [s for s in shipped.values() if s.hooks_file]
-    assert [s.task for s in tabled] == ["quant_long_context"] and tabled[0].hooks_file.parent == tabled[0].folder
+    own = [s for s in shipped.values() if s.hooks_file]
+    assert all(s.hooks_file.parent == s.folder for s in own)
+    assert sorted(s.task for s in own) == ["quant_charts", "quant_counting", "quant_documents", "quant_long_context",
+                                           "quant_small_text"]
+    tabled = [s for s in own if s.kind == "retrieval-table"]
+    assert [s.task for s in tabled] == ["quant_long_context"]
     assert suites.bench_file("text").name == "alice29.txt" and suites.bench_file("images").suffix == ".jsonl"
     assert suites.held_out_tasks() == ("quant_ppl_chat",)
     assert "lengths: give a list" in tabled[0].hook("options_problem")({"lengths": [10]})

@@ -226,7 +226,8 @@ def bench(
     images: Optional[str] = typer.Option(None, help="A model with a vision tower: images per request of the image "
                                          "workloads, comma-separated, or none (default: params bench.images)"),
     image_size: Optional[int] = typer.Option(None, help="Pixels on the longest side the images are sent at "
-                                             "(default: params bench.image_size)"),
+                                             "(default: params bench.image_size; unset there: each image at the "
+                                             "size its suite scored it at)"),
     out: Optional[Path] = typer.Option(None, help="Output JSON (default: results/<model dir name>/bench.json)"),
     params_file: Path = PARAMS_OPTION,
 ):

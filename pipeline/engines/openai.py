@@ -89,6 +89,7 @@ class OpenAIEngine:
         self.peak_in_flight = 0  # most requests in flight at once in a generate() call
         self.tokenizer, self.eos_ids, self.vocab_size = None, set(), None
         self.params_section, self.listed_checked = params_section, False
+        self.image_markup = None  # a checkpoint with a vision tower: its image markup (lm-eval's image tasks run)
         if prompt_format != "chat":
             if self.model_dir is None or not config_json.present(self.model_dir):
                 raise UserError(f"params.yaml: {params_section}.prompt_format: {prompt_format} renders prompts with "
@@ -99,6 +100,15 @@ class OpenAIEngine:
             self.eos_ids = eos_token_ids(self.tokenizer, config_json.generation_eos(self.model_dir))
             # token ids a reply may hold: the tokenizer's, or the model's (padded) embedding rows
             self.vocab_size = max(len(self.tokenizer), checkpoint.open(self.model_dir).vocab_size)
+            if checkpoint.open(self.model_dir).has_vision:
+                from pipeline.engines.vision import image_markup
+
+                self.image_markup = image_markup(self.model_dir, self.tokenizer)
+
+    @property
+    def accepts_images(self) -> bool:
+        """Whether lm-eval may hand it image tasks: a checkpoint with a vision tower, its prompts rendered here."""
+        return self.image_markup is not None
 
     @property
     def served_model(self) -> str:
@@ -131,7 +141,12 @@ class OpenAIEngine:
         request's thinking goes with it: chat_template_kwargs)."""
         if self.prompt_format == "chat":
             return json.dumps(messages, ensure_ascii=False)
-        return render_prompt(self.tokenizer, messages, enable_thinking)
+        prompt = render_prompt(self.tokenizer, messages, enable_thinking)
+        if self.image_markup is not None:  # lm-eval's image marker as the model's markup, as the hf engine renders it
+            from pipeline.engines.vision import render_images
+
+            return render_images(prompt, self.image_markup)
+        return prompt
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -25,12 +25,13 @@ GENERATED = {"thinking?": "flag", "reasoning?": "text", "reasoning_tokens?": ("c
              "answer_tokens?": ("count", None), "cut?": CUT}  # how an answer was generated (absent in older lines)
 CUT_WHERE = ("reasoning", "answer", None)
 # the item's share of credit; right or wrong
-RESULT_LINE = {"id": "result id", "score": "share", "correct": "flag", **GENERATED}
+DIFFICULTY = {"*": ("number", "text")}  # a generated item's (evals/visual/): its table's bins
+RESULT_LINE = {"id": "result id", "score": "share", "correct": "flag", "difficulty?": DIFFICULTY, **GENERATED}
 SAMPLE = {"seed?": "count", "score": "share", "correct": "flag", "output?": ("text", None),
           "reasoning_tokens?": ("count", None), "answer_tokens?": ("count", None), "cut?": CUT}
 # an item of k samples: its score their mean (avg@k), correct null, and on a right/wrong suite whether any is right
 SAMPLED_LINE = {"id": "result id", "score": "share", "correct": ("flag", None), "samples": [SAMPLE], "pass_at_k?": "flag",
-                **GENERATED}
+                "difficulty?": DIFFICULTY, **GENERATED}
 # a perplexity suite's line: one document, its summed log-likelihood and its token count (no right/wrong)
 DOCUMENT_LINE = {"id": "result id", "score": "number", "correct": ("flag", None), "loglikelihood": "number",
                  "n_tokens": "positive count"}
@@ -38,13 +39,16 @@ MAX_NLL_PER_TOKEN = 700  # nats: e^700 ~ 1e304, near the largest float; real mod
 MAX_DOCUMENT_TOKENS = 2 ** 53  # a token count a float (numpy's sums) holds exactly
 ENGINE_DEFECT = {"key": "text", "avoided": "flag", "what?": "text", "when?": "text", "avoided_by?": "text",
                  "upstream?": "text", "evidence?": "text"}  # pipeline/engines/vllm_defects.py: Defect.summary
-RETRIEVAL_TABLE = {"by_length_and_depth": {"*": {"*": {"score": "number", "n": "count"}}},
-                   "lengths_skipped?": [{"length": "count", "reason": "text"}]}
+CELL = {"score": "number", "n": "count"}
+# a suite's own table (its hooks' summarize): the long-context one per length x needle depth, with the lengths skipped;
+# a generated visual suite's per bin of one difficulty axis (evals/visual/common.py: by_difficulty)
+SUITE_TABLE = {"by_length_and_depth?": {"*": {"*": CELL}}, "lengths_skipped?": [{"length": "count", "reason": "text"}],
+               "by_difficulty?": {"axis": "text", "bins": {"*": CELL}}}
 SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None), "available?": "count",
            "checkpoint?": ("text", None),  # the weights it was scored on (pipeline/checkpoints/fingerprint.py)
            "engine_defects?": [ENGINE_DEFECT],
-           # a retrieval-table suite's own table (its hooks' summarize: pipeline/settings/suites.py)
-           "table?": RETRIEVAL_TABLE, "long_context?": RETRIEVAL_TABLE}  # long_context: its key before issue 65
+           # a suite's own table (its hooks' summarize: pipeline/settings/suites.py)
+           "table?": SUITE_TABLE, "long_context?": SUITE_TABLE}  # long_context: its key before issue 65
 COMMAND = "quantize eval models/{model} --suite {suite}"  # what writes them again
 NO_ITEMS = "\n"  # a suite not run (or not applicable): no item; not an empty file (DVC: "WARNING: ... is empty")
 

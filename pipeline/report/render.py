@@ -57,14 +57,14 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
     fix_charts = {name: sensitivity_chart(v.get("fix"), f"fix-chart-detail-{name}") for name, v in verdict["variants"].items()}
     sections = [("coverage", "What each decision rests on"), ("decisions", "Each decision in full"),
                 ("suites", "Accuracy suites"), ("perplexity", "Perplexity"), ("long-context", "Long context"),
-                ("budgets", "Token budgets"), ("engines", "Engines"),
+                ("budgets", "Token budgets"), ("difficulty", "Accuracy by difficulty"), ("engines", "Engines"),
                 ("flipped", "Flipped items"), ("items", "Every item"), ("judge", "Judge"), ("kl", "Drift (KL)"),
                 ("speed", "Serving speed"), ("serving", "Where served"), ("size", "Size"),
                 ("calibration", "Calibration data"), ("environment", "Environment")]
     lines = engine_lines(verdict)
     budgets = budget_rows(verdict)
     shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get("long_context")),
-             "engines": bool(lines), "budgets": bool(budgets)}
+             "difficulty": bool(verdict.get("difficulty")), "engines": bool(lines), "budgets": bool(budgets)}
     sections = [(anchor, title) for anchor, title in sections if shown.get(anchor, True)]
     page = env.get_template("template.html").render(
         verdict=verdict, rows=rows, screen=screen, items_by_suite=items_by_suite, charts=charts,

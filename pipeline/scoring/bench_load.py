@@ -76,77 +76,131 @@ def image_label(count: int) -> str:
     return f"{count} image{'s' if count != 1 else ''}"
 
 
-def image_workload(engine, model_dir: Path, fixed: Workload, per_request: int, image_size: int,
+def image_workload(engine, model_dir: Path, fixed: Workload, per_request: int, image_size: int | None,
                    context: int | None) -> Workload:
     """Requests with `per_request` images each, as a deployer's client sends them: one user turn holding the fixed
-    workload's text (its input_len tokens of real text, decoded) as the context, the images (the VQA suite's real
-    images, evals/vqa/images, scaled to `image_size` pixels on their longest side, as photos arrive), and the
-    suite's question; rendered by the checkpoint's chat template with the model's image markup, each answered with
-    as many tokens as the fixed workload's requests. Each image takes the tokens the model's own processor gives it
-    (grid t*h*w / merge^2, pipeline/engines/vision.py: image_tokens), so a request's prompt is its text tokens
-    plus those (`facts`: over the workload's distinct prompts; the KV tokens per request are taken from the requests
-    measured, `kv_tokens`). Refused (UserError) when a request does not fit the context."""
-    import json
-
+    workload's text (its input_len tokens of real text, decoded) as the context, the images and the question of the
+    visual suites' items (`suite_images`: each suite's images at the size it scored them, or scaled to `image_size`
+    pixels on their longest side), rendered by the checkpoint's chat template with the model's image markup, each
+    answered with as many tokens as the fixed workload's requests. Each image takes the tokens the model's own
+    processor gives it (grid t*h*w / merge^2, pipeline/engines/vision.py: image_tokens), so a request's prompt is its
+    text tokens plus those (`facts`: over the workload's distinct prompts, and per suite its images' sizes and tokens;
+    the KV tokens per request are taken from the requests measured, `kv_tokens`). Refused (UserError) when a request
+    does not fit the context."""
     from pipeline.checkpoints import checkpoint
     from pipeline.engines.vision import PromptImages, image_markup, load_image_processor, render_images
 
-    questions = registry.bench_file("images")  # the items a suite declares for the bench: an image and a question (VQA)
-    items = [json.loads(line) for line in questions.read_text(encoding="utf-8").splitlines() if line.strip()]
-    processor = load_image_processor(model_dir)
+    needed = len(fixed.prompts) * per_request
+    items = suite_images(-(-needed // max(1, len(image_sources()))), image_size, load_image_processor(model_dir))
     markup = image_markup(model_dir, engine.tokenizer)
     image_token_id = checkpoint.open(model_dir).config["image_token_id"]
-    shipped: dict[str, tuple] = {}  # image file -> (PIL image at image_size, PNG data URL, its image tokens)
-    prompts, images, counts, text_tokens = [], [], [], []
+    prompts, images, used, text_tokens = [], [], [], []
     for index, context_ids in enumerate(fixed.prompts):
         picked = [items[(index * per_request + k) % len(items)] for k in range(per_request)]
-        for item in picked:
-            if item["image"] not in shipped:
-                shipped[item["image"]] = _scaled(questions.parent / item["image"], image_size, processor)
-        own = [shipped[item["image"]] for item in picked]
-        question = f"{picked[0]['question']}\nAnswer with a single word."
-        content = engine.tokenizer.decode(context_ids) + "\n" + "<image>" * per_request + "\n" + question
+        content = engine.tokenizer.decode(context_ids) + "\n" + "<image>" * per_request + "\n" + picked[0]["question"]
         text = render_images(engine.apply_chat_template([{"role": "user", "content": content}]), markup)
         ids = engine.encode(text)
         if ids.count(image_token_id) != per_request:
             raise UserError(f"{model_dir}: its tokenizer does not keep the image markup {markup!r} as tokens "
                             f"({ids.count(image_token_id)} image tokens for {per_request} images); requests with "
                             "images cannot be built for it: set bench.images: []")
-        tokens = len(ids) - per_request + sum(count for _, _, count in own)
+        tokens = len(ids) - per_request + sum(item["tokens"] for item in picked)
         prompts.append(ids)
-        images.append(PromptImages(tuple(i for i, _, _ in own), tuple(u for _, u, _ in own), text, tokens))
-        counts += [count for _, _, count in own]
+        images.append(PromptImages(tuple(i["image"] for i in picked), tuple(i["url"] for i in picked), text, tokens))
+        used += picked
         text_tokens.append(len(ids) - per_request)
     output_len = fixed.output_tokens[0]
-    refuse_beyond_context(model_dir, per_request, max(i.prompt_tokens for i in images), max(counts), image_size,
-                          output_len, context)
-    width, height = images[0].images[0].size
-    prompt_mean = sum(i.prompt_tokens for i in images) / len(images)
-    facts = {"label": image_label(per_request), "images_per_request": per_request, "image_size": [width, height],
-             "image_tokens_per_image": _whole(sum(counts) / len(counts)),
+    refuse_beyond_context(model_dir, per_request, max(i.prompt_tokens for i in images), max(i["tokens"] for i in used),
+                          image_size, output_len, context)
+    sizes = {tuple(item["image"].size) for item in used}
+    facts = {"label": image_label(per_request), "images_per_request": per_request,
+             "image_size": list(next(iter(sizes))) if len(sizes) == 1 else None,
+             "image_tokens_per_image": _whole(sum(item["tokens"] for item in used) / len(used)),
              "image_tokens_rule": "the model's image processor: grid t*h*w / merge^2 per image",
+             "images_from": ("the visual suites' items at the sizes they were scored at" if image_size is None else
+                             f"the visual suites' items scaled to {image_size} pixels on their longest side"),
+             "image_sizes": _sizes_by_suite(used),
              "text_tokens_mean": _whole(sum(text_tokens) / len(text_tokens)),
-             "prompt_tokens_mean": _whole(prompt_mean)}
+             "prompt_tokens_mean": _whole(sum(i.prompt_tokens for i in images) / len(images))}
     return Workload(image_label(per_request).replace(" ", "-"), prompts, [output_len] * len(prompts), images, facts)
 
 
-def refuse_beyond_context(model_dir: Path, per_request: int, prompt_tokens: int, per_image: int, image_size: int,
-                          output_len: int, context: int | None) -> None:
+def image_sources() -> list:
+    """The shipped suites whose items carry images, in the registry's order: those that hand the bench their items
+    (their hooks' bench_images: the generated visual suites, evals/visual/) and those that declare a file of them
+    (metadata.suite.bench.images: VQA's)."""
+    found = [s for s in registry.shipped().values() if "images" in s.needs and (s.hook("bench_images") or "images" in s.bench)]
+    if not found:
+        raise UserError(f"no suite under {registry.EVALS_DIR} with `needs: [images]` hands the bench its items (a hooks "
+                        "module's bench_images, or metadata.suite.bench.images); requests with images cannot be built: "
+                        "set bench.images: []")
+    return found
+
+
+def suite_images(per_suite: int, image_size: int | None, processor) -> list[dict]:
+    """Up to `per_suite` items of each suite with images (`image_sources`), taken in turn (one of each suite, then the
+    next of each): {"suite", "question", "image" (PIL, at the suite's own size, or scaled so that its longest side is
+    `image_size`), "url" (its PNG data URL: lossless, the server decodes these very pixels), "tokens" (the image tokens
+    the model's processor gives it)}."""
+    import json
+    from itertools import zip_longest
+
+    from PIL import Image
+
+    from pipeline.engines.vision import image_data_url, image_tokens
+
+    groups = []
+    for suite in image_sources():
+        if hook := suite.hook("bench_images"):
+            groups.append(hook(per_suite))
+            continue
+        path = suite.bench["images"]
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        group = []
+        for row in rows[:per_suite]:
+            with Image.open(path.parent / row["image"]) as shipped:
+                group.append({"image": shipped.convert("RGB"), "question": row["question"], "suite": suite.name})
+        groups.append(group)
+    items = [item for turn in zip_longest(*groups) for item in turn if item is not None]
+    for item in items:
+        image = item["image"]
+        if image_size is not None:
+            scale = image_size / max(image.size)
+            image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                                 Image.BICUBIC)
+        item.update(image=image, url=image_data_url(image), tokens=image_tokens(processor, [image])[0])
+    return items
+
+
+def _sizes_by_suite(items: list[dict]) -> dict:
+    """Per suite the images a workload sent: how many, their distinct sizes and their tokens per image."""
+    out: dict[str, dict] = {}
+    for suite in dict.fromkeys(item["suite"] for item in items):
+        own = [item for item in items if item["suite"] == suite]
+        tokens = [item["tokens"] for item in own]
+        out[suite] = {"images": len(own), "sizes": [list(size) for size in sorted({item["image"].size for item in own})],
+                      "tokens_per_image": {"min": min(tokens), "mean": _whole(sum(tokens) / len(tokens)),
+                                           "max": max(tokens)}}
+    return out
+
+
+def refuse_beyond_context(model_dir: Path, per_request: int, prompt_tokens: int, per_image: int,
+                          image_size: int | None, output_len: int, context: int | None) -> None:
     """A request with images whose prompt and output do not fit the model's context: UserError naming the settings."""
     if context is not None and prompt_tokens + output_len > context:
+        sent = "at the suites' own sizes" if image_size is None else f"at bench.image_size {image_size}"
         raise UserError(f"bench.images: a request with {per_request} images ({prompt_tokens} prompt tokens: each image "
-                        f"{per_image} tokens at bench.image_size {image_size}) + --output-len {output_len} exceeds "
-                        f"{model_dir}'s {context}-token context; lower bench.image_size or take {per_request} out of "
+                        f"{per_image} tokens {sent}) + --output-len {output_len} exceeds {model_dir}'s "
+                        f"{context}-token context; set a smaller bench.image_size or take {per_request} out of "
                         "bench.images")
 
 
-def check_image_requests(model_dir: Path, counts: list[int], image_size: int, input_len: int, output_len: int,
+def check_image_requests(model_dir: Path, counts: list[int], image_size: int | None, input_len: int, output_len: int,
                          context: int | None) -> None:
     """Before any weight loads: the checkpoint's image processor must load, and the image workloads' requests, counted
-    at their least (input_len text tokens and the first shipped image's tokens at image_size for each image;
-    image_workload checks each request in full), must fit the context; else a UserError saying what to change."""
-    import json
-
+    at their least (input_len text tokens and, for each image, the fewest tokens an image of the suites takes at
+    image_size; image_workload checks each request in full), must fit the context; else a UserError saying what to
+    change."""
     from pipeline.engines.vision import load_image_processor
 
     if not counts:
@@ -155,27 +209,11 @@ def check_image_requests(model_dir: Path, counts: list[int], image_size: int, in
         processor = load_image_processor(model_dir)
     except ValueError as exc:  # no preprocessor_config.json, or a processor transformers lacks
         raise UserError(f"{exc}; or measure without images: bench.images: [] (--images none)") from None
-    questions = registry.bench_file("images")
-    first = json.loads(questions.read_text(encoding="utf-8").splitlines()[0])
-    per_image = _scaled(questions.parent / first["image"], image_size, processor)[2]
+    per_image = min(item["tokens"] for item in suite_images(1, image_size, processor))
     most = max(counts)
     if context is not None:
         refuse_beyond_context(model_dir, most, input_len + most * per_image, per_image, image_size, output_len,
                               context)
-
-
-def _scaled(path: Path, longest_side: int, processor) -> tuple:
-    """The shipped image scaled (aspect kept) to `longest_side` pixels on its longest side, its PNG data URL (lossless:
-    the server decodes these very pixels) and the image tokens the model's processor gives it."""
-    from PIL import Image
-
-    from pipeline.engines.vision import image_data_url, image_tokens
-
-    with Image.open(path) as shipped:
-        image = shipped.convert("RGB")
-    scale = longest_side / max(image.size)
-    image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BICUBIC)
-    return image, image_data_url(image), image_tokens(processor, [image])[0]
 
 
 def _whole(value: float) -> float | int:

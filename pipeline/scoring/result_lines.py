@@ -53,6 +53,8 @@ def result_line(sample: dict, suite: str, variant: str, metric: str, lm) -> dict
         **generation_fields(completion),
         # suites that run model-written code: whether it ran in the bubblewrap sandbox
         **({"isolated": bool(sample["isolated"])} if "isolated" in sample else {}),
+        # a generated item's difficulty (font size, element count, image size: evals/visual/), its table's bins
+        **({"difficulty": dict(doc["difficulty"])} if isinstance(doc.get("difficulty"), dict) else {}),
     }
 
 

@@ -278,10 +278,11 @@ class BenchParams(Section):
     output_len: int = Field(256, ge=2, le=1 << 20)
     requests_per_level: int = Field(2, ge=1, le=1000)  # requests per level, as a multiple of the concurrency
     holdout: bool = True  # also the held-out prompts' real lengths
-    # a model with a vision tower: also requests with this many images each (the VQA suite's images), one workload
-    # per count beside the text-only ones; [] for none. A text-only model ignores it
+    # a model with a vision tower: also requests with this many images each (the visual suites' items, in turn), one
+    # workload per count beside the text-only ones; [] for none. A text-only model ignores it
     images: list[int] = Field([1, 4], max_length=8)
-    image_size: int = Field(1024, ge=16, le=8192)  # pixels on the longest side the images are sent at (aspect kept)
+    # pixels on the longest side the images are sent at (aspect kept); null: each at the size its suite scored it at
+    image_size: int | None = Field(None, ge=16, le=8192)
     slo: SloParams = SloParams()
 
     @field_validator("images")

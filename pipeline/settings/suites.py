@@ -31,6 +31,8 @@ to the task, and a table per length and depth comes back) names its own module, 
     summarize(lines, metadata) -> dict            its table, kept in <suite>.json as `table`
     table_from_lines(lines) -> dict               the table's figures recomputed from the lines (the report), a
                                                    ValueError naming what is wrong with a line
+    bench_images(n) -> list[dict]                 a suite with images: its first n items as the bench sends them,
+                                                   {"image": PIL image at the size scored, "question", "suite"}
 
 A mistake in the block is a UserError naming the file, its line, the key and the fix. Nothing in pipeline/ names a
 task: every reader asks this registry.
@@ -58,7 +60,7 @@ NEEDS = {"images": "an engine and a model that take images (else: not applicable
          "thinking": "a model that reasons before answering"}
 BENCH_FILES = {"text": "a long text the fixed-length workload cuts its prompts from",
                "images": "items (JSON lines with an `image` path) the image workload takes its images from"}
-HOOKS = ("options_problem", "task_metadata", "not_applicable", "summarize", "table_from_lines")
+HOOKS = ("options_problem", "task_metadata", "not_applicable", "summarize", "table_from_lines", "bench_images")
 TABLE_HOOKS = ("summarize", "table_from_lines")  # what a retrieval-table suite's module must hold
 _INCLUDED: list[Path] = []  # folders of the user's own suites (include), after evals/
 DEFAULT_TASK_TYPE = "text-generation"

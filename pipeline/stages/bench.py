@@ -5,10 +5,11 @@ the long text a suite declares for the bench, metadata.suite.bench.text: the
 long-context book, cut to length) and `holdout` (the held-out conversations' real prompts, each
 answered with as many tokens as its real reply had). For a model with a vision tower, on an engine that takes
 images, one more per count in `bench.images` (`1-image`, `4-images`): the fixed workload's text with that many of
-the VQA suite's real images (scaled to `bench.image_size`) and a question, in the chat format vLLM serves
-(pipeline/scoring/bench_load.py: image_workload); each states its image tokens per image (the model's processor's
-rule), its prompt and KV tokens per request (the server's own prompt count where it reports one), and the
-capacity counts how many requests of each load the KV pool holds. Two kinds of load, as `vllm bench serve` offers:
+the visual suites' images (their items in turn, each at the size its suite scored it at, or scaled to
+`bench.image_size`) and a question, in the chat format vLLM serves (pipeline/scoring/bench_load.py: image_workload);
+each states its image tokens per image (the model's processor's rule; per suite its sizes and tokens), its prompt
+and KV tokens per request (the server's own prompt count where it reports one), and the capacity counts how many
+requests of each load the KV pool holds. Two kinds of load, as `vllm bench serve` offers:
 a closed-loop sweep over max concurrency (default 1, 4, 16, 64 requests in flight) and, for server
 engines, a sweep over request rates with Poisson arrivals (on the fixed workload). Per level, as vLLM's bench reports them:
 TTFT, TPOT, ITL and end-to-end latency (mean, median, p90, p99), output tokens/s, requests/s,

@@ -128,6 +128,8 @@ def decide(evidence: Evidence, params: Params) -> dict:
         "variants": variants,
         "base": {"suites": base_suites},
         "long_context": long_context_tables(results, evidence.summaries),
+        # the generated visual suites' tables by difficulty, where any was scored (none: no key, as before them)
+        **({"difficulty": tables} if (tables := difficulty_tables(results, evidence.summaries)) else {}),
         "engines": engine_notes(evidence.summaries, list(params.suites)),
         "budgets": budget_table(results, p.max_cut_share),  # per suite and model: answers cut at the token budget, and where
         "method_comparisons": method_comparisons(results, evidence.quant, p.confidence),
@@ -143,9 +145,25 @@ def long_context_tables(results: dict, summaries: dict[str, dict[str, dict]]) ->
     whatever the suite's name: the long-context accuracy by length and needle depth, and what was skipped)."""
     tables = {}
     for model in results:
-        found = [summary["table"] for summary in summaries.get(model, {}).values() if summary.get("table")]
+        found = [summary["table"] for summary in summaries.get(model, {}).values()
+                 if (summary.get("table") or {}).get("by_length_and_depth") is not None]
         if found:
             tables[model] = found[0]
+    return tables
+
+
+def difficulty_tables(results: dict, summaries: dict[str, dict[str, dict]]) -> dict:
+    """Per suite whose table is by difficulty (the generated visual suites: evals/visual/common.py), its axis and per
+    model the accuracy of each bin: {suite: {"axis": "font_px", "bins": [...], "models": {model: {bin: {"n", "score"}}}}}, base first,
+    so the report shows where a variant starts to fail."""
+    tables: dict[str, dict] = {}
+    for model in sorted(results, key=lambda m: m != "base"):
+        for suite, summary in sorted(summaries.get(model, {}).items()):
+            table = (summary.get("table") or {}).get("by_difficulty")
+            if table:
+                entry = tables.setdefault(suite, {"axis": table["axis"], "bins": [], "models": {}})
+                entry["models"][model] = table["bins"]
+                entry["bins"] += [b for b in table["bins"] if b not in entry["bins"]]
     return tables
 
 
