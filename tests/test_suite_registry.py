@@ -131,7 +131,7 @@ def test_a_mistake_in_a_suite_declaration_names_file_line_key_and_fix(tmp_path, 
 
 
 def test_every_shipped_suite_is_declared_and_its_hooks_are_its_own():
-    """evals/ holds the eight shipped suites, each declared; only the long-context suite has its own module, found
+    """evals/ holds the shipped suites, each declared; only the long-context suite has its own module, found
     by the registry from its YAML (not by its name), and its options are checked there."""
     shipped = suites.shipped()
     assert {s.kind for s in shipped.values()} == {"right-wrong", "perplexity", "retrieval-table"}
