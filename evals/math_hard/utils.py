@@ -292,7 +292,7 @@ def _within(seconds: float, function, *args):
         except Exception:  # sympy's own errors on what it cannot read: not equal
             return None
 
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+    if threading.current_thread() is not threading.main_thread():
         box: list = []
         worker = threading.Thread(target=lambda: box.append(guarded()), daemon=True)
         worker.start()
