@@ -3,7 +3,8 @@
 The answer is the content of the last `\\boxed{...}` (or `\\fbox{...}`; nested braces kept) in the text after the
 reasoning: what a `</think>` closes is reasoning, and an output cut inside its reasoning (`<think>` never closed) has no
 answer. No box, an empty box, or a last box never closed (the output cut at the token cap) is no answer: wrong. A model
-that boxes several things committed to the last one.
+that boxes several things committed to the last one, save boxes that close the answer together
+(`\\boxed{1}` and `\\boxed{-2}`: a list; the same value twice, `\\boxed{15\\frac{39}{40}}, or \\boxed{\\frac{639}{40}}`: that value).
 
 Both answers are normalised the same way: `$`, `\\(`, `\\)`, `\\left`, `\\right`, `\\displaystyle`, LaTeX spacing
 (`\\,` `\\!` `\\;` `~`) dropped; `\\dfrac` / `\\tfrac` are `\\frac`; `\\frac12`, `\\frac{270}7`, `\\sqrt2` get their braces;
@@ -93,7 +94,8 @@ JOINED = re.compile(r"[\s$,.;]*(?:(?:and|or|\\text\s*\{\s*(?:and|or)\s*\}|\\quad
 
 def final_answer(output: str) -> str | None:
     """The content of the last \\boxed{} after the reasoning, None when there is none, it is empty or never closed.
-    Boxes that end the answer joined only by a comma, `and` or `or` (`\\boxed{2} and \\boxed{3}`) are one list."""
+    Boxes that end the answer joined only by a comma, `and` or `or` (`\\boxed{2} and \\boxed{3}`) are one list, or
+    one answer when they are the same value."""
     text = answer_text(output)
     boxes = []
     for match in BOX.finditer(text):
@@ -105,8 +107,10 @@ def final_answer(output: str) -> str | None:
         end = match.end() + len(content) + 1
         joined = bool(boxes) and JOINED.fullmatch(text[boxes[-1][1]:match.start()]) is not None
         boxes = [*boxes, (content, end)] if joined else [(content, end)]
-    answer = ", ".join(content.strip() for content, _ in boxes if content.strip())
-    return answer or None
+    contents = [content.strip() for content, _ in boxes if content.strip()]
+    if len(contents) > 1 and all(equivalent(other, contents[0]) for other in contents[1:]):
+        contents = contents[-1:]  # one value in two forms: `\\boxed{15\\frac{39}{40}}, or \\boxed{\\frac{639}{40}}`
+    return ", ".join(contents) or None
 
 
 # ---------------------------------------------------------------- normalisation
