@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import re
 import threading
 import time
 
@@ -65,6 +66,17 @@ def test_the_scorer_agrees_with_the_hand_grade(scorer, case):
     assert scorer.process_results({"answer": case["gold"]}, [case["output"]])["acc"] == float(case["grade"])
 
 
+def test_every_solution_of_the_data_scores_right_and_no_gold_passes_for_another(scorer, items):
+    """The MATH authors wrote each solution and its answer: all 500 solutions (their last boxes) score right. Each gold
+    against another item's gold (a fixed shuffle) scores wrong unless the two are the same value."""
+    assert [row["id"] for row in items if not scorer.is_correct(row["solution"], row["answer"])] == []
+    golds = list(items["answer"])
+    others = golds[1:] + golds[:1]
+    same = [(a, b) for a, b in zip(golds, others) if scorer.equivalent(a, b)]
+    assert all(re.sub(r"^x=", "", scorer.normalize(a)) == re.sub(r"^x=", "", scorer.normalize(b)) for a, b in same), same
+    assert ("5", "x=5") in same  # the one pair of different texts: x = 5 is 5
+
+
 def test_the_answer_is_the_last_closed_box_after_the_reasoning(scorer):
     assert scorer.final_answer(r"\boxed{1} then \boxed{\frac{2}{3}}") == r"\frac{2}{3}"
     assert scorer.final_answer(r"$\boxed{1}$ and $\boxed{-2}$") == "1, -2"  # boxes that close the answer together
@@ -108,6 +120,25 @@ def test_a_comparison_is_time_limited_in_the_main_thread_and_in_others(scorer):
     assert scorer._within(1.0, lambda: 7) == 7
     start = time.monotonic()  # a power tower is refused before sympy works on it
     assert not scorer.is_correct(r"\boxed{9^{9^{9^{9}}}}", "5") and time.monotonic() - start < 1.0
+
+
+def test_sympy_is_imported_before_the_timer_starts():
+    """The first comparison of a process imports sympy, which takes seconds on a busy machine: outside the time limit
+    (it cut the first comparison of a run, scored wrong, before)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("u", {str(REPO / "evals" / "math_hard" / "utils.py")!r})
+u = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(u)
+assert "sympy" not in sys.modules
+real, seen = u._within, []
+u._within = lambda *args: seen.append("sympy.parsing.sympy_parser" in sys.modules) or real(*args)
+assert u.equivalent(r"\\sqrt{{117}}", r"3\\sqrt{{13}}") and seen == [True], seen
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 # ---------------------------------------------------------------- peers

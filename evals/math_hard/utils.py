@@ -268,6 +268,7 @@ def _same(a: str, b: str) -> bool:
         return True
     if kind_a.startswith("tuple"):
         return all(_same(x, y) for x, y in zip(items_a, items_b))
+    _import_sympy()  # once, before any timer starts: importing it takes seconds on a busy machine
     if kind_a == "equation":
         return bool(_within(TIMEOUT_S, _proportional, f"({items_a[0]})-({items_a[1]})",
                             f"({items_b[0]})-({items_b[1]})"))
@@ -358,6 +359,10 @@ def to_python(latex: str) -> str | None:
     if re.search(r"\d{60,}", text) or re.search(r"\*\*\s*\(?\s*\d{5,}", text) or re.search(r"\*\*\s*\([^()]*\*\*", text):
         return None  # a huge number or a power tower: refused before sympy spends minutes on it
     return text
+
+
+def _import_sympy() -> None:
+    import sympy.parsing.sympy_parser  # noqa: F401
 
 
 def _sympy(latex: str):
