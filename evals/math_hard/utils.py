@@ -31,7 +31,7 @@ Then, in order, the first that holds decides "right" (none holding is "wrong"):
    power tower or a huge exponent is refused before; a comparison that times out or cannot be read is "not equal".
 
 math-verify (`math_verify`) scores the same answer text (the output after its reasoning) against `$<gold>$`: a peer
-figure, reported beside `acc`, not counted. tests/test_math_hard_scorer.py measures where it, and lm-eval's
+figure, reported beside `acc`, not counted. tests/test_math_hard.py measures where it, and lm-eval's
 hendrycks_math `is_equiv` (the MATH authors' string normaliser), disagree with a hand-graded corpus.
 """
 
