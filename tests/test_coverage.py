@@ -26,9 +26,9 @@ def test_the_shipped_suites_are_the_task_files_under_evals():
     params.yaml leaves it out), under the name params.yaml gives it."""
     shipped = {path.stem for path in EVALS.rglob("quant_*.yaml")}
     assert set(suites.shipped()) == shipped
-    assert {s.name for s in suites.shipped().values()} == {"math", "code", "long_context", "vqa", "ppl-chat", "ppl-book",
-                                                             "ppl-math", "ppl-code", "charts", "documents", "small_text",
-                                                             "counting"}
+    assert {s.name for s in suites.shipped().values()} == {"math", "math-hard", "code", "long_context", "vqa", "ppl-chat",
+                                                             "ppl-book", "ppl-math", "ppl-code", "charts", "documents",
+                                                             "small_text", "counting"}
 
 
 def test_each_suite_is_decided_not_counted_not_run_not_applicable_or_not_configured(tmp_path):
@@ -37,7 +37,7 @@ def test_each_suite_is_decided_not_counted_not_run_not_applicable_or_not_configu
     fp8, awq, rtn = (verdict["variants"][v]["coverage"] for v in ("fp8-w8a8", "awq-w4a16", "rtn-w4a16"))
     # the issue's example: a GO on perplexity alone says so, and why the rest is missing
     assert fp8["line"] == ("GO on 4 perplexity suites; math, code not run; judge shown, not counted; vqa not applicable; "
-                           "long_context, charts, counting, documents, small_text not configured")
+                           "long_context, math-hard, charts, counting, documents, small_text not configured")
     assert fp8["suites"]["math"] == {"state": "not run", "key": "suites.math.models", "label": "not run",
                                      "why": "suites.math.models (base, awq-w4a16) leaves out fp8-w8a8"}
     assert fp8["suites"]["vqa"]["state"] == "not applicable" and "has no vision tower" in fp8["suites"]["vqa"]["why"]

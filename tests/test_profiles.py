@@ -36,8 +36,8 @@ def test_one_command_switches_to_the_gpu_profile_and_back(tmp_path, monkeypatch)
     assert p.engine.name == "vllm" and p.engine.share_server and p.engine.kv_cache_memory == "fitted"
     assert p.bench.engine == "vllm" and p.verdict.speed_engine == "vllm" and p.judge.backend == "vllm"
     assert all(s.limit is None for s in p.suites.values())  # every suite at full size
-    assert {"math", "code", "long_context", "vqa", "charts", "documents", "small_text", "counting", "ppl-chat",
-            "ppl-book", "ppl-math", "ppl-code"} == set(p.suites)
+    assert {"math", "math-hard", "code", "long_context", "vqa", "charts", "documents", "small_text", "counting",
+            "ppl-chat", "ppl-book", "ppl-math", "ppl-code"} == set(p.suites)
     assert max(p.suites["long_context"].options["lengths"]) >= 120_000 and p.engine.max_model_len == 131072
     assert p.bench.slo.ttft_ms and p.bench.slo.tpot_ms
     back = runner.invoke(app, ["profile", "cpu-demo"])

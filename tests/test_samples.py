@@ -23,7 +23,7 @@ from pipeline.verdict.samples import pass_at_k, pass_at_ks, samples_to_settle
 def sampled_line(item: int, scores, seeds=None) -> dict:
     """One item answered len(scores) times, as the evaluate stage writes it for k > 1."""
     samples = [{"seed": (seeds or range(len(scores)))[j], "output": f"answer {item}.{j}", "score": float(s),
-                "correct": bool(s == 1), "reasoning_tokens": 12, "answer_tokens": 4, "cut": False}
+                "correct": bool(s == 1), "reasoning_tokens": 12, "answer_tokens": 4, "cut": None}
                for j, s in enumerate(scores)]
     return {"id": f"q{item}", "suite": "math", "prompt": f"question {item}", "target": str(item), "output": None,
             "score": float(np.mean(scores)), "correct": None, "pass_at_k": any(s == 1 for s in scores),

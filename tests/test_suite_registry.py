@@ -131,7 +131,7 @@ def test_a_mistake_in_a_suite_declaration_names_file_line_key_and_fix(tmp_path, 
 
 
 def test_every_shipped_suite_is_declared_and_its_hooks_are_its_own():
-    """evals/ holds the twelve shipped suites, each declared; the long-context suite and the generated visual suites
+    """evals/ holds the thirteen shipped suites, each declared; the long-context suite and the generated visual suites
     have their own module, found by the registry from their YAML (not by their name), and their options are checked
     there."""
     shipped = suites.shipped()
