@@ -49,7 +49,7 @@ def test_the_template_says_whether_and_how_the_model_thinks():
     user = [{"role": "user", "content": "Hi"}]
     assert render_prompt(glm, user, False).endswith("Hi/nothink<|assistant|>\n<think></think>")  # GLM-4.5V's switch
     assert render_prompt(glm, user, True) == render_prompt(glm, user)
-    where = dict(suite="math", model="models/base")
+    where = dict(key="suites.math.thinking", model="models/base")
     assert [resolve_thinking(s, qwen, **where) for s in ("auto", "on", "off")] == [True, True, False]
     assert resolve_thinking("auto", off_by_default, **where) is False
     assert resolve_thinking("auto", plain, **where) is None and resolve_thinking("off", plain, **where) is None
@@ -309,3 +309,19 @@ def test_vllm_serves_a_thinking_checkpoint_with_its_reasoning_parser(tmp_path):
     assert args[args.index("--reasoning-parser") + 1] == "glm45"
     own = server_args(model, None, VLLMSettings(server_args=["--reasoning-parser", "deepseek_r1"]))
     assert own.count("--reasoning-parser") == 1 and own[own.index("--reasoning-parser") + 1] == "deepseek_r1"
+
+
+def test_the_judge_sees_a_thinking_models_answer_after_its_reasoning_with_the_thinking_budget(tmp_path, thinker):
+    """judge.thinking (auto: the template's default) renders the held-out prompt as served; the answer the judge
+    compares is the text after the reasoning, and the reasoning gets judge.thinking_max_new_tokens."""
+    from pipeline.engines import default_settings
+    from pipeline.settings.params import JudgeParams
+    from pipeline.stages.judge import generate_answers
+
+    records = [{"messages": [{"role": "user", "content": QUESTIONS[0]}]}]
+    options = (default_settings("hf"), {})
+    served = generate_answers(thinker, records, tmp_path / "a", "base", JudgeParams(max_new_tokens=3), options, "hf")
+    assert served == [" 42"]  # max_new_tokens 3 would cut the reasoning: the thinking budget (8192) applies
+    cut = generate_answers(thinker, records, tmp_path / "b", "base",
+                           JudgeParams(thinking_max_new_tokens=3), options, "hf")
+    assert cut == [""]  # cut inside the reasoning: no answer, and none of the reasoning shown to the judge

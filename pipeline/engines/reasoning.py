@@ -32,22 +32,23 @@ VLLM_REASONING_PARSERS = {
 }
 
 
-def resolve_thinking(setting: str, tokenizer, *, suite: str, model: str) -> bool | None:
-    """suites.<suite>.thinking for this checkpoint's template: True / False (handed to the template as
-    enable_thinking, the reasoning split off the answer), or None (a template that does not think: nothing passed,
-    nothing split). auto: the template's own default. No tokenizer (an openai engine sending chat messages, the
-    server's template): on / off as asked, auto None."""
+def resolve_thinking(setting: str, tokenizer, *, key: str, model: str) -> bool | None:
+    """A thinking setting (`key`: its params.yaml key, suites.<suite>.thinking or judge.thinking) for this
+    checkpoint's template: True / False (handed to the template as enable_thinking, the reasoning split off the
+    answer), or None (a template that does not think: nothing passed, nothing split). auto: the template's own
+    default. No tokenizer (an openai engine sending chat messages, the server's template): on / off as asked, auto
+    None."""
     if tokenizer is None:
         return None if setting == "auto" else setting == "on"
     found = template_thinking(tokenizer)
     if found is None:
         if setting == "on":
-            raise UserError(f"params.yaml: suites.{suite}.thinking: on, but {model}'s chat template does not think "
+            raise UserError(f"params.yaml: {key}: on, but {model}'s chat template does not think "
                             f"(it neither reads enable_thinking nor closes reasoning with {END_OF_THINKING}); use auto or off")
         return None
     if not found.switchable:
         if setting == "off":
-            raise UserError(f"params.yaml: suites.{suite}.thinking: off, but {model}'s chat template always thinks (it "
+            raise UserError(f"params.yaml: {key}: off, but {model}'s chat template always thinks (it "
                             "does not read enable_thinking); use auto or on")
         return True
     return found.default if setting == "auto" else setting == "on"

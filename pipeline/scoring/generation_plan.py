@@ -52,7 +52,7 @@ def resolve_sampling(model_dir: Path | str | None, chosen: SamplingParams) -> Sa
 def plan_for(model_dir: Path | str | None, s: SuiteParams, *, suite: str, tokenizer) -> GenerationPlan:
     """The plan of suite `suite` (its params.yaml section `s`) on the checkpoint at model_dir, whose template the
     tokenizer holds (None: an engine that sends the server chat messages)."""
-    thinking = resolve_thinking(s.thinking, tokenizer, suite=suite, model=str(model_dir or "the served model"))
+    thinking = resolve_thinking(s.thinking, tokenizer, key=f"suites.{suite}.thinking", model=str(model_dir or "the served model"))
     budget = s.thinking_max_new_tokens if thinking else s.max_new_tokens
     if s.samples == 1:
         return GenerationPlan(thinking, budget)

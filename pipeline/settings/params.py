@@ -30,6 +30,7 @@ from pipeline.settings import suites
 DEFAULT_PARAMS = Path("params.yaml")
 SEED_MAX = 2**32 - 1  # numpy and torch take seeds below 2**32
 MAX_NEW_TOKENS = 32768  # per answer: engines preallocate the KV cache for prompt + new tokens
+THINKING_MAX_NEW_TOKENS = 8192  # a thinking answer's budget, reasoning and answer (suites, judge): docs/reasoning.md
 MAX_CALIB_TOKENS = 1 << 24  # seq_len x num_blocks: every block is held in memory while packing
 
 
@@ -119,7 +120,7 @@ class SuiteParams(Section):
     # template's own default; on / off, enable_thinking handed to the template (hf, vLLM, lmdeploy) or the server
     # (openai chat: chat_template_kwargs). A template that does not think (SmolLM2): auto and off change nothing
     thinking: Literal["auto", "on", "off"] = "auto"
-    thinking_max_new_tokens: int = Field(8192, ge=1, le=MAX_NEW_TOKENS)  # the budget, reasoning and answer, when thinking
+    thinking_max_new_tokens: int = Field(THINKING_MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS)  # reasoning and answer
     samples: int = Field(1, ge=1, le=64)  # k: 1, one greedy answer per item; k > 1, k sampled answers (avg@k, pass@k)
     sampling: SamplingParams = SamplingParams()  # the k samples' sampling (default: generation_config.json's)
     seed: int = Field(0, ge=0, le=SEED_MAX)  # sample j of every item and model draws with seed + j
@@ -157,6 +158,10 @@ class JudgeParams(Section):
     scoring: Literal["auto", "logprobs", "text"] = "auto"
     limit: int | None = Field(None, ge=1, le=100_000)  # held-out prompts to judge; None: all
     max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)  # base and variant answers
+    # a reasoning model's answers as served (as suites.<name>.thinking): auto, its template's default; the judge sees
+    # the answers after the reasoning, which gets thinking_max_new_tokens instead of max_new_tokens
+    thinking: Literal["auto", "on", "off"] = "auto"
+    thinking_max_new_tokens: int = Field(THINKING_MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS)
     judge_max_new_tokens: int = Field(512, ge=1, le=MAX_NEW_TOKENS)  # the judge's reasoning and verdict (scoring text)
     control: bool = True  # also judge the base against itself: the noise floor
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1

@@ -112,9 +112,8 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
         headers.check(model_dir)
     records = read_holdout(Path(prompts), limit=jp.limit, purpose="judge prompts")
     factory, judge_id, description, weak = judge_engine(jp, base_dir, judge_options)  # bad judge settings fail first
-    base_answers = generate_answers(base_dir, records, out_dir, "base", jp.max_new_tokens, options, answer_engine)
-    variant_answers = generate_answers(variant_dir, records, out_dir, "variant", jp.max_new_tokens, options,
-                                       answer_engine)
+    base_answers = generate_answers(base_dir, records, out_dir, "base", jp, options, answer_engine)
+    variant_answers = generate_answers(variant_dir, records, out_dir, "variant", jp, options, answer_engine)
     judge = Judge(factory, judge_id, JudgmentCache(out_dir / ".cache" / "judgments.jsonl"), mode=jp.mode,
                   scoring=jp.scoring_method, max_new_tokens=jp.judge_max_new_tokens, chunk=max(jp.concurrency * 4, 16))
     try:
@@ -168,19 +167,25 @@ def _reliable(summary: dict, min_consistency: float) -> bool:
     return summary["consistency"] is not None and summary["consistency"] >= min_consistency
 
 
-def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label: str, max_new_tokens: int,
+def generate_answers(model_dir: Path, records: list[dict], out_dir: Path, label: str, jp,
                      engine_options: tuple[EngineSettings, dict], engine_name: str) -> list[str]:
-    """Greedy answers to each held-out conversation, through the eval stage's resume cache. The
-    engine is made only when something is missing, and closed after (a GPU engine holds memory)."""
+    """Greedy answers to each held-out conversation, through the eval stage's resume cache, as the model is served:
+    a reasoning model thinking as judge.thinking says (its template's default), its answer the text after the
+    reasoning, which the judge sees alone. The engine is made only when something is missing, and closed after (a
+    GPU engine holds memory)."""
     from transformers import AutoTokenizer
 
     from pipeline.engines import make_engine
+    from pipeline.engines.reasoning import resolve_thinking
     from pipeline.formats.chat import render_prompt
 
     cache = GenerationCache(out_dir / ".cache" / f"judge-answers-{label}.jsonl",
                             answers_fingerprint(model_dir, engine_name, engine_options[0]))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    requests = [GenRequest(render_prompt(tokenizer, r["messages"]), max_new_tokens) for r in records]
+    thinking = resolve_thinking(jp.thinking, tokenizer, key="judge.thinking", model=str(model_dir))
+    budget = jp.thinking_max_new_tokens if thinking else jp.max_new_tokens
+    requests = [GenRequest(render_prompt(tokenizer, r["messages"], thinking), budget, thinking=thinking)
+                for r in records]
     todo = list({cache.key(r): r for r in requests if cache.get(r) is None}.values())
     if todo:
         from pipeline.console import progress
