@@ -110,7 +110,7 @@ def test_a_text_only_model_drops_the_images_with_a_line(tiny_llama, tmp_path):
     stats = result.stats
     assert (stats["images"], stats["images_dropped"], stats["image_samples"]) == (0, 2, 0)
     assert "2 images dropped" in stats["images_note"] and "no vision tower" in stats["images_note"]
-    assert not (tmp_path / "out" / "images").exists() and (tmp_path / "out" / "calib_images.jsonl").read_text() == ""
+    assert not (tmp_path / "out" / "images").exists() and (tmp_path / "out" / "calib_images.jsonl").read_text() == "\n"
     text = (tmp_path / "out" / "calib_conversations.jsonl").read_text()
     assert "Why is my order stuck?" in text and "<image>" not in text  # its text still calibrates
     assert "2 images dropped" in result.summary()

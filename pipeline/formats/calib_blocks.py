@@ -46,8 +46,9 @@ IMAGE_SAMPLES = "calib_images.jsonl"
 
 
 def image_samples_text(samples: list[dict]) -> str:
-    """calib_images.jsonl's text for `samples` ({"input_ids", "images", "image_tokens"} each)."""
-    return "".join(json.dumps({"sample": i, **sample}, sort_keys=True) + "\n" for i, sample in enumerate(samples))
+    """calib_images.jsonl's text for `samples` ({"input_ids", "images", "image_tokens"} each); no samples (a text
+    build): one blank line, not an empty file, which `dvc repro` would warn about as if something had failed."""
+    return "".join(json.dumps({"sample": i, **sample}, sort_keys=True) + "\n" for i, sample in enumerate(samples)) or "\n"
 
 
 def read_image_samples(path: Path) -> list[dict]:
