@@ -304,8 +304,8 @@ def test_no_internal_material_goes_on_a_card():
             assert not found, f"{name}: {found.group(0)!r} ({pattern})"
         assert ".cache/" not in text and "results/" not in text  # nor in a code block
     # the calibration set in words: which kinds of personal data were redacted, never how many of each
-    assert ("- calibration: 16 blocks of 256 tokens from 468 conversations of the publisher's own logs, e-mail "
-            "addresses and phone numbers redacted; 32 more conversations held out") in texts["awq-w4a16"]
+    assert ("- calibration: 16 blocks of 256 tokens from 468 conversations of the publisher's own logs, card "
+            "numbers, e-mail addresses and phone numbers redacted; 32 more conversations held out") in texts["awq-w4a16"]
     assert "- calibration: none: the rtn method rounds each weight on its own" in texts["rtn-w4a16-mixed"]
 
 
@@ -392,7 +392,7 @@ def test_the_evaluation_says_which_engine_and_precision_scored_it_and_shows_math
     assert "| math | GSM8K test questions | – | 5.0% | – | | | | not run on this model |" in fp8
     # issue 68 item 4: perplexity as its rise with its interval and margin, never a recovery
     assert ("| ppl-chat | held-out conversations of the publisher's own logs (perplexity, lower is better) | 12 documents "
-            "(6,233 tokens) | 18.166 | 18.660 | +2.7% [+1.9%, +3.5%] | +10.0% | – | GO |") in fp8
+            "(6,233 tokens) | 18.166 | 18.758 | +3.3% [+2.4%, +4.2%] | +10.0% | – | GO |") in fp8
     assert "recovers" not in fp8 and "perplexity score" not in cards["fp8-w8a8"]
     # a params.yaml other than the one the verdict was decided under says nothing of the dtype
     other = model_card("awq-w4a16", example_verdict(), source=SOURCE, tasks=TASKS, run=None).content
