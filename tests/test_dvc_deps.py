@@ -169,6 +169,24 @@ def test_rules_on_a_small_package(tmp_path):
     assert "pipeline.engine" not in reach(("pipeline.user", "names"))
 
 
+def test_a_module_not_of_ours_held_as_a_value_reaches_nothing(tmp_path):
+    """An evals/ file passing the standard library's `signal` as a value (`hasattr(signal, "SIGALRM")`) held a module
+    the package does not have, and the reach stopped with a KeyError at the first duck call (`clock.start()`; issue 66's
+    MATH-500 scorer met it)."""
+    modules = _package(tmp_path, {
+        "pipeline": "", "pipeline.helper": "",
+        "evals_utils": """
+            import signal
+            from pipeline import helper
+            def timer(clock):
+                return hasattr(signal, "SIGALRM") and clock.start() and helper.go()
+            """,
+    })
+    r = code_reach.Reach(modules)
+    r.add("evals_utils", "timer")
+    assert "pipeline.helper" in r.run()
+
+
 def test_rewrite_replaces_only_the_code_entries_of_each_stage():
     text = (REPO / "dvc.yaml").read_text()
     current = dvc_deps.code_deps(text)

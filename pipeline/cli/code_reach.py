@@ -215,9 +215,9 @@ class Reach:
                 return {name for name, _ in self.reached}
 
     def _target(self, binding) -> str | None:
-        """The module a binding names, if it names one."""
+        """The module of ours a binding names, if it names one (`signal` in `hasattr(signal, ...)` names none)."""
         if binding and binding[0] == "module":
-            return binding[1]
+            return binding[1] if binding[1] in self.modules else None
         if binding and binding[0] == "member" and f"{binding[1]}.{binding[2]}" in self.modules:
             return f"{binding[1]}.{binding[2]}"
         return None
