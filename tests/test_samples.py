@@ -149,6 +149,8 @@ def test_a_suite_sampled_k_times_is_decided_on_per_item_means_through_the_report
     assert base_suite["pass_at"] == pytest.approx(bad["base_pass_at"])
     assert "each answered 4 times by each model" in bad["sentence"] and bad["sentence"] in unescape(html)
     assert "samples per item (k)" in html and "pass@k" in html and PER_ITEM_MEANS in unescape(html)
+    first = int(base[0].sum())  # the item tables: how many of an item's k samples were right, not a right/wrong mark
+    assert f"{first} of {k} right" in html
 
 
 def test_an_open_sampled_suite_says_which_items_or_samples_would_settle_it(tmp_path):
