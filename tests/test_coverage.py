@@ -37,7 +37,9 @@ def test_each_suite_is_decided_not_counted_not_run_not_applicable_or_not_configu
     fp8, awq, rtn = (verdict["variants"][v]["coverage"] for v in ("fp8-w8a8", "awq-w4a16", "rtn-w4a16"))
     # the example: a GO on perplexity alone says so, and why the rest is missing
     assert fp8["line"] == ("GO on 4 perplexity suites; math, code not run; judge shown, not counted; vqa not applicable; "
-                           "long_context, math-hard, charts, counting, documents, small_text not configured")
+                           "6 suites not configured")
+    assert [s for s, e in fp8["suites"].items() if e["state"] == "not configured"] == [
+        "long_context", "math-hard", "charts", "counting", "documents", "small_text"]  # each named in its entry
     assert fp8["suites"]["math"] == {"state": "not run", "key": "suites.math.models", "label": "not run",
                                      "why": "suites.math.models (base, awq-w4a16) leaves out fp8-w8a8"}
     assert fp8["suites"]["vqa"]["state"] == "not applicable" and "has no vision tower" in fp8["suites"]["vqa"]["why"]

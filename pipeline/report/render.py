@@ -7,6 +7,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 import pipeline.verdict.figures as figures
+from pipeline.verdict.coverage import NOT_CONFIGURED
 from pipeline.report.recovery_table import recovery_table
 from pipeline.report.deploy import SERVING_ENGINES, memory
 from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
@@ -24,12 +25,13 @@ def clip(text) -> str:
 
 
 def toc(verdict: dict, sections: list[tuple[str, str]]) -> dict:
-    """The table of contents: the page's sections, each variant's decision and each suite (its rows in the
-    suite or perplexity table, else its line in the coverage table)."""
+    """The table of contents: the page's sections, each variant's decision and each suite of the run (its rows in
+    the suite or perplexity table, else its line in the coverage table); the shipped suites params.yaml does not
+    name are in the coverage table, not here (they would grow the first screen with every suite evals/ ships)."""
     suites = []
     for v in verdict["variants"].values():
-        for name in (v.get("coverage") or {}).get("suites") or {}:
-            if name not in suites:
+        for name, entry in ((v.get("coverage") or {}).get("suites") or {}).items():
+            if name not in suites and entry.get("state") != NOT_CONFIGURED:
                 suites.append(name)
     return {"sections": sections, "variants": list(verdict["variants"]), "suites": suites}
 
@@ -126,11 +128,12 @@ def engine_lines(verdict: dict) -> list[dict]:
 
 
 def budget_rows(verdict: dict) -> list[dict]:
-    """The report's Token budgets section: per suite whose answers were generated thinking or cut at the budget, each
-    model's answers, those cut inside the reasoning and inside the answer, and why the suite is not counted when its
-    budget is too small for the base (verdict.json's `budgets`; pipeline/verdict/budget.py)."""
+    """The report's Token budgets section: per suite whose answers were generated thinking (or cut inside a
+    reasoning), each model's answers, those cut inside the reasoning and inside the answer, and why the suite is not
+    counted when its budget is too small for the base (verdict.json's `budgets`; pipeline/verdict/budget.py). A suite
+    no model thinks on is left out: its answers cut at the cap are marked in the item tables."""
     return [{"suite": suite, **entry} for suite, entry in (verdict.get("budgets") or {}).items()
-            if any(m["thinking"] or m["reasoning"] or m["answer"] for m in entry["models"].values())]
+            if entry.get("too_small") or any(m["thinking"] or m["reasoning"] for m in entry["models"].values())]
 
 
 def _suite_anchors(verdict: dict, rows: list[dict], perplexity_rows: list[dict]) -> dict:

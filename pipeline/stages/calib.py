@@ -127,6 +127,15 @@ def _summary(source: Path, source_sha256: str, stats: CalibStats, *, do_redact: 
     }
 
 
+def _folder_of(source: Path) -> Path:
+    """The folder an image part's relative path starts from: the conversation file's, its symlinks followed (a link
+    that loops or is broken: its own folder, and reading the file says what is wrong with it)."""
+    try:
+        return source.resolve().parent
+    except (OSError, RuntimeError):
+        return source.absolute().parent
+
+
 def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: CalibParams | None = None, *,
         strict: bool = False, **overrides) -> CalibResult:
     """settings: params.yaml `calib` (defaults in params.py; its source and out are the CLI's defaults,
@@ -137,7 +146,7 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
     source, out, model_dir = Path(source), Path(out), Path(model_dir)
     watch, phases, read = Stopwatch(), _Phases(), ReadWatch(source, "calibration file")
     vision = _has_vision(model_dir)  # a text-only model: image parts dropped unread, their turns' text kept
-    reading = ImageReading(source.resolve().parent, ImageLimits(s.max_image_bytes, s.max_image_pixels), keep=vision)
+    reading = ImageReading(_folder_of(source), ImageLimits(s.max_image_bytes, s.max_image_pixels), keep=vision)
     with ConversationStore() as store:
         with progress("calib: reading", _readable_size(source), "bytes") as advance:
             stats = read_conversations(source, store, strict=strict, max_bad_fraction=s.max_bad_fraction,

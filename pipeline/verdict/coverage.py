@@ -132,6 +132,8 @@ def coverage_line(decision: str, suites: dict[str, dict]) -> str:
     line = [f"{decision} on {rests}" if rests else f"{decision}: nothing decided"]
     for state in (NOT_RUN, NOT_COUNTED, NOT_APPLICABLE, NOT_CONFIGURED):
         names = [name for name, e in suites.items() if e["state"] == state]
+        if state == NOT_CONFIGURED and len(names) > 1:  # the first screen's line stays short: a count (each suite
+            names = [f"{len(names)} suites"]              # is named with its params key in its entry below)
         if names:
             line.append(f"{', '.join(names)} {LABELS[state]}")
     return "; ".join(line)
