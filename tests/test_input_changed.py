@@ -4,12 +4,15 @@ fingerprint recorded is that of the bytes read, not of whatever is at the path a
 
 import gzip
 import hashlib
+import io
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from test_calib_images import vlm  # noqa: F401  (the tiny GLM-4.1V checkpoint)
 from pipeline.calib.load import read_conversations
 from pipeline.calib.store import ConversationStore
 from pipeline.errors import UserError
@@ -148,3 +151,111 @@ def test_any_stage_refuses_an_input_changed_while_it_ran(tmp_path, change):
     label = "base checkpoint" if "folder" in change else "calibration file"
     assert f"the {label} " in str(refused.value) and "changed while the quantize stage ran" in str(refused.value)
     assert not dest.exists() and not (tmp_path / "out").exists()  # nor its temp folder, nor the folder made for it
+
+
+# ---------------------------------------------------------------- image files a calibration file names (issue 70.2)
+
+def _image_logs(tmp_path, parts: int = 1):
+    """A calibration file whose last `parts` conversations name the same image file by path; the file."""
+    from test_calib_images import TEXT, _image_turn, _screenshot
+
+    (tmp_path / "screens").mkdir(parents=True)
+    image = tmp_path / "screens" / "a.png"
+    _screenshot("navy").save(image)
+    questions = ["Why does checkout fail on this screen?", "Which setting here turns the dark theme off?"]
+    rows = TEXT + [_image_turn({"type": "image", "path": "screens/a.png"}, questions[i]) for i in range(parts)]
+    path = tmp_path / "logs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path, image
+
+
+def _other_image(path):
+    from test_calib_images import _screenshot
+
+    new = path.with_name("new.png")
+    _screenshot("darkred").save(new)
+    return new
+
+
+def _edit(image, how: str) -> None:
+    new = _other_image(image)
+    if how == "replaced by a rename":
+        os.replace(new, image)
+    else:  # overwritten in place: the same inode
+        data = new.read_bytes()
+        new.unlink()
+        with open(image, "r+b") as handle:
+            handle.write(data)
+            handle.truncate()
+
+
+def _refused_calib(path, out, model) -> str:
+    from pipeline.stages import calib
+
+    with pytest.raises(UserError) as refused:
+        calib.run(path, out, model, seq_len=32, num_blocks=2, holdout=1)
+    assert not out.exists()  # nothing kept, not half of it
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("how", ["overwritten in place", "replaced by a rename"])
+def test_an_image_file_changed_while_read_is_refused(tmp_path, vlm, monkeypatch, how):
+    """The image's bytes change under the reader (after its first bytes were read): refused, never kept as a mix."""
+    from pipeline.formats import image_parts
+
+    path, image = _image_logs(tmp_path)
+
+    class ChangedMidRead(io.BufferedReader):
+        def read(self, size=-1):
+            head = super().read(16)
+            _edit(image, how)  # the rest is read from what is there now
+            return head + super().read(size - 16 if size and size > 0 else -1)
+
+    opened = image_parts.__dict__.get("open", open)
+    monkeypatch.setattr(image_parts, "open", lambda file, mode="r", *a, **k: ChangedMidRead(
+        io.FileIO(file, "r")) if Path(file) == image else opened(file, mode, *a, **k), raising=False)
+    message = _refused_calib(path, tmp_path / "out", vlm)
+    said = ("another file was put in its place",) if "rename" in how else ("it was written to", "its size went from")
+    assert message.startswith(f"{image}: the image file changed while the calibration read it (")
+    assert message.split("read it (")[1].startswith(said), message
+    assert "nothing was written from it" in message
+
+
+@pytest.mark.parametrize("how", ["overwritten in place", "replaced by a rename"])
+def test_an_image_file_changed_between_two_reads_or_before_the_end_is_refused(tmp_path, vlm, monkeypatch, how):
+    """Two conversations name one image file: it changed between their reads (each read whole, but of two files);
+    or it changed after it was read, while the stage worked on: refused, the record would name neither."""
+    from pipeline.formats import image_parts
+    from pipeline.stages import calib
+
+    path, image = _image_logs(tmp_path, parts=2)
+    keep, reads = image_parts.keep_image, []
+
+    def keep_then_change(source, *args):
+        kept = keep(source, *args)
+        reads.append(source)
+        if len(reads) == 1:
+            _edit(image, how)
+        return kept
+    monkeypatch.setattr(image_parts, "keep_image", keep_then_change)
+    message = _refused_calib(path, tmp_path / "out", vlm)
+    assert message.startswith(f"{image}: the image file changed while the calibration read it (") and len(reads) == 1
+    monkeypatch.undo()
+
+    path, image = _image_logs(tmp_path / "later", parts=1)
+    samples = calib._image_samples
+
+    def change_then_sample(*args):
+        _edit(image, how)
+        return samples(*args)
+    monkeypatch.setattr(calib, "_image_samples", change_then_sample)
+    message = _refused_calib(path, tmp_path / "later" / "out", vlm)
+    assert message.startswith(f"{image}: the image file changed while the calibration read it (")
+
+
+def test_an_image_file_read_twice_unchanged_is_kept_once(tmp_path, vlm):
+    from pipeline.stages import calib
+
+    path, _ = _image_logs(tmp_path, parts=2)
+    stats = calib.run(path, tmp_path / "out", vlm, seq_len=32, num_blocks=2, holdout=1).stats
+    assert stats["images"] == 2 and len(list((tmp_path / "out" / "images").iterdir())) == 1

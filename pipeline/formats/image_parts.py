@@ -13,6 +13,10 @@ pixels alone, never the EXIF (camera, GPS, time) or any other metadata, nor the 
 known by the sha256 of that PNG. An image that is missing, unreadable, over a limit, or named by a URL that would
 be fetched (http, https: calibration reads no network) makes the record bad, with FILE:LINE, the part and the fix.
 The turn's text keeps IMAGE_PLACEHOLDER where each image was (the engines' and lm-eval's placeholder).
+
+An image file is read through one descriptor and known by what it was when read (device, inode, size, modification
+and change time: `ImageReading.files`): one written to or replaced while it is read, between two parts that name it,
+or before the stage ends (`ImageReading.check`), stops the stage with a UserError naming it, never kept as a mix.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import base64
 import binascii
 import hashlib
 import io
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from pipeline.errors import UserError
 
 IMAGE_PLACEHOLDER = "<image>"
 DATA_URL = re.compile(r"data:(image/[\w.+-]+)?(;[\w=.+-]+)*;base64,", re.I)
@@ -47,6 +54,36 @@ class ImageReading:
     base_dir: Path
     limits: ImageLimits
     keep: bool = True
+    # every image file read: its path -> what it was when read (`_identity`); `check` compares them with the files
+    files: dict = field(default_factory=dict, compare=False)
+
+    def check(self) -> None:
+        """A UserError when an image file read is no longer what it was when read (written to, or replaced)."""
+        for path, read in self.files.items():
+            try:
+                now = _identity(os.stat(path))
+            except OSError as exc:
+                _changed(path, f"it is no longer there: {exc.strerror}")
+            if now != read:
+                _changed(path, _how(read, now))
+
+
+def _identity(info: os.stat_result) -> tuple:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _how(before: tuple, now: tuple) -> str:
+    if before[:2] != now[:2]:
+        return "another file was put in its place"
+    if before[2] != now[2]:
+        return f"its size went from {before[2]:,} to {now[2]:,} bytes"
+    return "it was written to"
+
+
+def _changed(path: Path, how: str):
+    raise UserError(f"{path}: the image file changed while the calibration read it ({how}); nothing was written "
+                    "from it: run the command again once nothing writes to the image (copy it first if something "
+                    "keeps writing to it)")
 
 
 @dataclass(frozen=True)
@@ -68,8 +105,9 @@ def image_source(part: dict) -> str | None:
     return url if isinstance(url, str) and url.strip() else None
 
 
-def _encoded(source: str, base_dir: Path, limits: ImageLimits) -> bytes:
-    """The image's encoded bytes from a data URL or a file, at most limits.max_bytes."""
+def _encoded(source: str, base_dir: Path, limits: ImageLimits, files: dict | None = None) -> bytes:
+    """The image's encoded bytes from a data URL or a file, at most limits.max_bytes; `files`: what each image file
+    was when read (ImageReading.files), a file changed under the reader or since an earlier read refused."""
     if (match := DATA_URL.match(source)) is not None:
         payload = source[match.end():]
         if len(payload) * 3 // 4 > limits.max_bytes:
@@ -87,25 +125,40 @@ def _encoded(source: str, base_dir: Path, limits: ImageLimits) -> bytes:
     path = Path(source.removeprefix("file://"))
     path = path if path.is_absolute() else base_dir / path
     try:
-        size = path.stat().st_size
-        if not path.is_file():
+        if not path.is_file():  # checked before it is opened: a FIFO would block the open
+            path.stat()  # FileNotFoundError for one that is not there
             raise BadImage(f"image {path.name!r} is not a file; name an image file")
-        if size > limits.max_bytes:
-            raise BadImage(f"image file {path.name!r} is {size:,} bytes, over calib.max_image_bytes "
-                           f"{limits.max_bytes:,}; scale it down or raise the limit")
-        return path.read_bytes()
+        with open(path, "rb") as handle:  # one descriptor: the size checked is that of the bytes read
+            before = _identity(os.fstat(handle.fileno()))
+            if before[2] > limits.max_bytes:
+                raise BadImage(f"image file {path.name!r} is {before[2]:,} bytes, over calib.max_image_bytes "
+                               f"{limits.max_bytes:,}; scale it down or raise the limit")
+            data = handle.read(limits.max_bytes + 1)
+            after = _identity(os.fstat(handle.fileno()))
     except FileNotFoundError:
         raise BadImage(f"image file {path.name!r} not found (paths are relative to the conversation file's "
                        "folder); put it there or fix the path") from None
     except PermissionError:
         raise BadImage(f"image file {path.name!r} cannot be read (permission denied); check its permissions") from None
+    try:
+        now = _identity(os.stat(path))
+    except OSError as exc:
+        _changed(path, f"it is no longer there: {exc.strerror}")
+    for seen in (now[:2] == before[:2] and after or now, now):  # replaced (another inode at the path), written to
+        if seen != before:
+            _changed(path, _how(before, seen))
+    if len(data) != before[2]:
+        _changed(path, f"{len(data):,} bytes were read of its {before[2]:,}")
+    if files is not None and (first := files.setdefault(path, before)) != before:  # a part before read another file
+        _changed(path, _how(first, before))
+    return data
 
 
-def keep_image(source: str, base_dir: Path, limits: ImageLimits) -> KeptImage:
+def keep_image(source: str, base_dir: Path, limits: ImageLimits, files: dict | None = None) -> KeptImage:
     """The image a part names, checked and re-encoded (module docstring); BadImage says why not."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    data = _encoded(source, base_dir, limits)
+    data = _encoded(source, base_dir, limits, files)
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size  # read from the header: the pixels are not decoded yet
@@ -151,7 +204,7 @@ def content_parts(parts: list, what: str, reading: ImageReading) -> tuple[str, l
             dropped += 1
             continue
         try:
-            images.append(keep_image(source, reading.base_dir, reading.limits))
+            images.append(keep_image(source, reading.base_dir, reading.limits, reading.files))
         except BadImage as exc:
             raise BadImage(f"{at}: {exc}") from None
         pieces.append(IMAGE_PLACEHOLDER)

@@ -179,7 +179,7 @@ def run(source: Path | str, out: Path | str, model_dir: Path | str, settings: Ca
         if held_note:
             summary["holdout_note"] = held_note
         summary.update(_image_summary(stats, samples, len(with_images or []), model_dir))
-        _write(out, source, model_dir, store, held, blocks, summary, read, samples)
+        _write(out, source, model_dir, store, held, blocks, summary, read, samples, reading)
         phases("write")
     return CalibResult(out, summary, watch.seconds, phases.seconds)
 
@@ -279,9 +279,11 @@ def _image_summary(stats: CalibStats, samples: list[dict], with_images: int, mod
 
 
 def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, held: list[Conversation],
-           blocks: list[list[int]], summary: dict, read: ReadWatch, samples: list[dict] | None = None) -> None:
+           blocks: list[list[int]], summary: dict, read: ReadWatch, samples: list[dict] | None = None,
+           reading: ImageReading | None = None) -> None:
     """The stage's files, into a temp folder that replaces `out` whole (pipeline/outputs.py atomic_dir); its record
-    names the source by the fingerprint of the bytes read, and a source changed since is refused before the rename."""
+    names the source by the fingerprint of the bytes read, and a source, or an image file it names, changed since is
+    refused before the rename."""
     blocks_file = blocks_text(blocks)
     summary["blocks_sha256"] = hashlib.sha256(blocks_file.encode()).hexdigest()
     held_keys = {bytes.fromhex(c.key) for c in held}
@@ -299,3 +301,5 @@ def _write(out: Path, source: Path, model_dir: Path, store: ConversationStore, h
         (tmp / IMAGE_SAMPLES).write_text(image_samples_text(samples or []), encoding="utf-8")
         (tmp / "stats.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         read.check()  # changed since it was read: nothing is kept
+        if reading is not None:
+            reading.check()  # an image file read by path, the same
