@@ -259,3 +259,62 @@ def test_an_image_file_read_twice_unchanged_is_kept_once(tmp_path, vlm):
     path, _ = _image_logs(tmp_path, parts=2)
     stats = calib.run(path, tmp_path / "out", vlm, seq_len=32, num_blocks=2, holdout=1).stats
     assert stats["images"] == 2 and len(list((tmp_path / "out" / "images").iterdir())) == 1
+
+
+# ---------------------------------------------------------------- what an eval reads (issue 70.2, 70.4)
+
+def _changed_during(monkeypatch, edit) -> None:
+    """`edit()` runs once the suite's items are answered, before its results are written."""
+    from pipeline.stages import evaluate
+
+    lines_and_summary = evaluate._lines_and_summary
+
+    def edit_then(*args, **kwargs):
+        edit()
+        return lines_and_summary(*args, **kwargs)
+    monkeypatch.setattr(evaluate, "_lines_and_summary", edit_then)
+
+
+@pytest.mark.parametrize("change", ["the conversations an option names", "the checkpoint's weights"])
+def test_an_eval_refuses_what_it_read_changed_while_it_ran(tmp_path, tiny_llama, tiny_calib, monkeypatch, change):
+    """ppl-chat reads its option's file and the checkpoint: either rewritten while it runs, no result is kept (the
+    summary would name the new weights beside scores of the old, or mix two holdouts)."""
+    import shutil
+
+    from pipeline.stages import evaluate
+
+    model, data = tmp_path / "m", tmp_path / "holdout.jsonl"
+    shutil.copytree(tiny_llama, model)
+    shutil.copy(tiny_calib / "holdout.jsonl", data)
+    if change.startswith("the conversations"):
+        _changed_during(monkeypatch, lambda: data.write_text(data.read_text() + data.read_text().splitlines()[0] + "\n"))
+        said = f"{data} (suites.ppl-chat.options.data) changed while the eval of ppl-chat ran"
+    else:
+        weights = model / "model.safetensors"
+        _changed_during(monkeypatch, lambda: (weights.with_name("new").write_bytes(weights.read_bytes()),
+                                              os.replace(weights.with_name("new"), weights)))
+        said = f"the checkpoint {model} changed while the eval of ppl-chat ran"
+    with pytest.raises(UserError) as refused:
+        evaluate.run(model, suite="ppl-chat", task="quant_ppl_chat", variant="m", out_dir=tmp_path / "r", limit=2,
+                     options={"data": str(data)})
+    assert said in str(refused.value) and "none were kept" in str(refused.value)
+    assert not (tmp_path / "r" / "ppl-chat.json").exists() and not (tmp_path / "r" / "ppl-chat.jsonl").exists()
+    monkeypatch.undo()  # unchanged: written, and the weights recorded are those it was scored on
+    result = evaluate.run(model, suite="ppl-chat", task="quant_ppl_chat", variant="m", out_dir=tmp_path / "r",
+                          limit=2, options={"data": str(data)})
+    from pipeline.checkpoints.fingerprint import weights_fingerprint
+
+    assert result.figures["checkpoint"] == weights_fingerprint(model)
+
+
+def test_an_eval_refuses_a_dataset_copy_changed_while_it_ran(tmp_path, monkeypatch):
+    """suites.<name>.dataset_path: a local copy of an lm-eval task's data, changed while the suite runs."""
+    from test_lm_eval_image_task import _eval, save_tiny_glm4v, write_chartqa
+
+    vlm, data = save_tiny_glm4v(tmp_path / "glm4v"), write_chartqa(tmp_path / "chartqa")
+    parquet = next((data / "data").iterdir())
+    _changed_during(monkeypatch, lambda: parquet.write_bytes(parquet.read_bytes() + b"\0"))
+    with pytest.raises(UserError) as refused:
+        _eval(vlm, tmp_path / "r", "hf", "charts", "chartqa", data)
+    assert f"{data} (suites.charts.dataset_path) changed while the eval of charts ran" in str(refused.value)
+    assert not (tmp_path / "r" / "charts.json").exists()

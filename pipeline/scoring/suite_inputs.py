@@ -2,16 +2,20 @@
 (pipeline/stages/evaluate.py) keeps a suite's results as they are while the digest is unchanged, and scores the suite
 again when any input changed: its settings, the engine and its settings (not the operational ones), the checkpoint's
 content, the code and data that score it, any file its options name, and the local copy of its dataset
-(suites.<name>.dataset_path)."""
+(suites.<name>.dataset_path). And what a suite reads as it starts (`watch`): the checkpoint's weights, the files
+its options name, its dataset's local copy; one changed by the time its results are written is refused (`Watched.check`),
+and its results record the weights they were scored on, not what is in the folder after the eval."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from pipeline.engines import EngineSettings
+from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import model_fingerprint
 from pipeline.settings.params import SuiteParams
 
@@ -62,11 +66,51 @@ def suite_inputs(model_dir: Path, suite: str, s: SuiteParams, engine: str, optio
     settings (not the operational ones), the checkpoint's content, the code and data that score it, and
     any file the suite's options name (ppl-chat: the held-out conversations). Written as `inputs` in
     <suite>.json: a later run with the same digest keeps those results as they are."""
-    files = {key: _file_digest(Path(value)) for key, value in sorted(s.options.items())
-             if isinstance(value, str) and Path(value).is_file()}
-    if s.dataset_path is not None and Path(s.dataset_path).exists():  # a local copy of the task's dataset
-        files["dataset_path"] = _tree_digest(Path(s.dataset_path))
+    files = {key: _tree_digest(path) for key, path in read_files(s).items()}
     payload = {"suite": suite, "settings": s.model_dump(mode="json"), "engine": engine,
                "engine_settings": options.model_dump(mode="json", exclude=OPERATIONAL),
                "model": model_fingerprint(model_dir), "code": code_digest(engine), "files": files}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_files(s: SuiteParams) -> dict[str, Path]:
+    """The files a suite reads besides the checkpoint and its code: those its options name (by option), and the local
+    copy of its dataset (dataset_path)."""
+    files = {key: Path(value) for key, value in sorted(s.options.items())
+             if isinstance(value, str) and Path(value).is_file()}
+    if s.dataset_path is not None and Path(s.dataset_path).exists():  # a local copy of the task's dataset
+        files["dataset_path"] = Path(s.dataset_path)
+    return files
+
+
+@dataclass
+class Watched:
+    """What a suite read, as the eval found it when it started: the checkpoint's weights (`checkpoint`, what its
+    <suite>.json records; `signature`, its files' names, sizes, modification times and inodes) and the other files it
+    reads (label -> path and pipeline/outputs.py's fingerprint)."""
+    model_dir: Path
+    checkpoint: str | None
+    signature: str
+    files: dict[str, tuple[Path, str | None]]
+
+    def check(self, suite: str) -> None:
+        """A UserError when any of them changed since the eval started: its results could mix two versions."""
+        from pipeline.checkpoints.fingerprint import stat_signature
+        from pipeline.outputs import fingerprint
+
+        changed = [f"the checkpoint {self.model_dir}"] if stat_signature(self.model_dir, False) != self.signature else []
+        changed += [f"{path} (suites.{suite}.{'' if label == 'dataset_path' else 'options.'}{label})"
+                    for label, (path, print_) in self.files.items() if fingerprint(path) != print_]
+        if changed:
+            raise UserError(f"{'; '.join(changed)} changed while the eval of {suite} ran (written to, or replaced); its "
+                            "results could mix two versions, so none were kept: run the command again once it stays put")
+
+
+def watch(model_dir: Path, s: SuiteParams) -> Watched:
+    """What the suite reads, fingerprinted as the eval starts (`Watched`)."""
+    from pipeline.checkpoints.fingerprint import stat_signature, weights_fingerprint
+    from pipeline.outputs import fingerprint
+
+    signature = stat_signature(model_dir, False)  # before the weights are hashed: a change meanwhile is seen
+    return Watched(model_dir, weights_fingerprint(model_dir), signature,
+                   {label: (path, fingerprint(path)) for label, path in read_files(s).items()})

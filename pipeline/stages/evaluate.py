@@ -33,7 +33,7 @@ from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import GenerationCache, answers_fingerprint
 from pipeline.scoring.result_lines import merged, result_line
 from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs
-from pipeline.checkpoints.fingerprint import weights_fingerprint
+from pipeline.scoring.suite_inputs import watch as suite_reads
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
 from pipeline.settings import fixes, lm_eval_tasks, suites
@@ -136,6 +136,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     else:
         engine, options, stage = shared.name, shared.settings, shared.stage
     checkpoint.open(model_dir)  # a missing or broken config.json: one message naming it and the fix (read once)
+    watched = suite_reads(model_dir, s)  # what it reads, as it is now: checked again before its results are written
     inputs = suite_inputs(model_dir, suite, s, engine, options)
     if keep_current and (kept := _current(out_dir, suite, inputs)) is not None:
         return kept
@@ -143,14 +144,14 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     shared = shared or SharedEngine(engine, model_dir, options, stage)
     try:
         return _run_suite(model_dir, s, shared, suite=suite, variant=variant, out_dir=out_dir, inputs=inputs,
-                          watch=watch)
+                          watch=watch, watched=watched)
     finally:
         if own:
             shared.close()
 
 
 def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: str, variant: str, out_dir: Path,
-               inputs: str, watch: Stopwatch) -> EvalResult:
+               inputs: str, watch: Stopwatch, watched) -> EvalResult:
     from pipeline.engines import STARTS, engine_start_seconds
 
     starts_before, sandbox_before = len(STARTS), sandbox.SECONDS[0]
@@ -187,7 +188,7 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
     lines, summary = _lines_and_summary(lm, passes, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                         engine=engine, right_wrong=kind in (None, "right-wrong", "retrieval-table"),
                                         metric=metric)
-    summary.update(inputs=inputs, checkpoint=weights_fingerprint(model_dir),  # what it was scored on: the report checks
+    summary.update(inputs=inputs, checkpoint=watched.checkpoint,  # what it was scored on: the report checks
                    engine_start_s=engine_start_seconds(starts_before),
                    scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2),
                    **_fixed_and_work(lm, watch, starts_before))
@@ -195,6 +196,7 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
         summary["sandbox"] = sandbox_method  # "rlimits+audit": ran unsandboxed (allow_unsandboxed)
     if declared is not None and (summarize := declared.hook("summarize")):
         summary["table"] = summarize(lines, metadata)  # the suite's own table (long context: per length x depth)
+    watched.check(suite)  # the weights, option files or dataset changed since it started: nothing is kept
     return EvalResult(write_results(out_dir, suite, lines, summary), summary)
 
 
