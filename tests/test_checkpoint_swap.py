@@ -84,3 +84,44 @@ def test_a_kl_json_measured_on_another_checkpoint_is_refused(project):
     assert refused.exit_code == 2, refused.output
     message = " ".join(refused.output.split())
     assert f"{path} records 0123456789ab" in message and "scored on another checkpoint" in message
+
+
+def _swap_weights(model, other) -> None:
+    """The weights replaced by another build's, as `cp` over a file does (in place, the same names)."""
+    for path in other.glob("*.safetensors"):
+        (model / path.name).write_bytes(path.read_bytes())
+
+
+@pytest.mark.parametrize("stage", ["kl", "judge"])
+def test_weights_swapped_while_kl_or_judge_runs_are_refused(tiny_llama, tiny_calib, tmp_path, monkeypatch, stage):
+    """kl.json and judge.json record the weights the stage took as it started: weights swapped while it ran (after
+    its start, before its results) stop it, never recorded as the weights it measured (issue 70.4)."""
+    from chat_server import ChatServer
+    from pipeline.errors import UserError
+    from pipeline.settings.params import JudgeParams
+    from pipeline.stages import judge, kl
+    from tiny import save_tiny_llama
+
+    variant = shutil.copytree(tiny_llama, tmp_path / "variant")
+    other = save_tiny_llama(tmp_path / "other", seed=1)
+    module, hook = (kl, "holdout_texts") if stage == "kl" else (judge, "generate_answers")
+    before = getattr(module, hook)
+    calls = []
+
+    def swap_then(*args, **kwargs):
+        if not calls:
+            _swap_weights(variant, other)
+        calls.append(1)
+        return before(*args, **kwargs)
+    monkeypatch.setattr(module, hook, swap_then)
+    with pytest.raises(UserError) as refused:
+        if stage == "kl":
+            kl.run(tiny_llama, variant, tiny_calib / "holdout.jsonl", tmp_path / "out" / "kl.json", sequences=2,
+                   max_tokens=32)
+        else:
+            with ChatServer(lambda body: "[[A]]") as server:
+                params = JudgeParams(backend="openai", model="test-judge", retries=0, base_url=server.base_url,
+                                     limit=2, max_new_tokens=6, judge_max_new_tokens=8, control=False)
+                judge.run(variant, tiny_llama, tiny_calib / "holdout.jsonl", tmp_path / "out", params, bootstrap=200)
+    assert f"the checkpoint {variant} changed while the {stage} stage ran" in str(refused.value)
+    assert not (tmp_path / "out" / f"{stage}.json").exists()

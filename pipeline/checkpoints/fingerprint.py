@@ -2,7 +2,9 @@
 never reuses another's cached outputs (pipeline/scoring/eval_cache.py) or an old server's answers
 (pipeline/engines/shared.py); and its weights' fingerprint (`weights_fingerprint`: config.json and the weight files),
 which quant.json and every <suite>.json record, so that the report checks a variant's results were scored on the
-checkpoint now in its folder (pipeline/report/checkpoint_match.py)."""
+checkpoint now in its folder (pipeline/report/checkpoint_match.py). A stage that scores a checkpoint takes that
+fingerprint as it starts (`hold_weights`) and refuses weights changed by the time it writes (`HeldWeights.checked`):
+what it records is what it scored, never what is in the folder after it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -111,3 +114,31 @@ def _combined(model_dir: Path, files: list[Path], kind: str) -> str:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
     return fingerprint
+
+
+@dataclass
+class HeldWeights:
+    """A checkpoint's weights as a stage found them when it started (`hold_weights`)."""
+    model_dir: Path
+    signature: str  # stat_signature without change times (DVC's links move those: stat_signature's docstring)
+    fingerprint: str | None  # weights_fingerprint
+
+    def changed(self) -> bool:
+        return stat_signature(self.model_dir, change_time=False) != self.signature
+
+    def checked(self, stage: str) -> str | None:
+        """The fingerprint taken at the start; a UserError when the weights changed since (written to, replaced)."""
+        if self.changed():
+            from pipeline.errors import UserError
+
+            raise UserError(f"the checkpoint {self.model_dir} changed while the {stage} ran (written to, or replaced); "
+                            "its results could mix two versions, so none were kept: run the command again once it "
+                            "stays put")
+        return self.fingerprint
+
+
+def hold_weights(model_dir: Path | str) -> HeldWeights:
+    """The checkpoint's weights fingerprinted now (their stat signature first: a change while they are hashed shows)."""
+    model_dir = Path(model_dir)
+    signature = stat_signature(model_dir, change_time=False)
+    return HeldWeights(model_dir, signature, weights_fingerprint(model_dir))

@@ -85,20 +85,21 @@ def read_files(s: SuiteParams) -> dict[str, Path]:
 
 @dataclass
 class Watched:
-    """What a suite read, as the eval found it when it started: the checkpoint's weights (`checkpoint`, what its
-    <suite>.json records; `signature`, its files' names, sizes, modification times and inodes) and the other files it
-    reads (label -> path and pipeline/outputs.py's fingerprint)."""
-    model_dir: Path
-    checkpoint: str | None
-    signature: str
+    """What a suite read, as the eval found it when it started: the checkpoint's weights (`held`:
+    pipeline/checkpoints/fingerprint.py's HeldWeights, what its <suite>.json records) and the other files it reads
+    (label -> path and pipeline/outputs.py's fingerprint)."""
+    held: object
     files: dict[str, tuple[Path, str | None]]
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.held.fingerprint
 
     def check(self, suite: str) -> None:
         """A UserError when any of them changed since the eval started: its results could mix two versions."""
-        from pipeline.checkpoints.fingerprint import stat_signature
         from pipeline.outputs import fingerprint
 
-        changed = [f"the checkpoint {self.model_dir}"] if stat_signature(self.model_dir, False) != self.signature else []
+        changed = [f"the checkpoint {self.held.model_dir}"] if self.held.changed() else []
         changed += [f"{path} (suites.{suite}.{'' if label == 'dataset_path' else 'options.'}{label})"
                     for label, (path, print_) in self.files.items() if fingerprint(path) != print_]
         if changed:
@@ -108,9 +109,7 @@ class Watched:
 
 def watch(model_dir: Path, s: SuiteParams) -> Watched:
     """What the suite reads, fingerprinted as the eval starts (`Watched`)."""
-    from pipeline.checkpoints.fingerprint import stat_signature, weights_fingerprint
+    from pipeline.checkpoints.fingerprint import hold_weights
     from pipeline.outputs import fingerprint
 
-    signature = stat_signature(model_dir, False)  # before the weights are hashed: a change meanwhile is seen
-    return Watched(model_dir, weights_fingerprint(model_dir), signature,
-                   {label: (path, fingerprint(path)) for label, path in read_files(s).items()})
+    return Watched(hold_weights(model_dir), {label: (path, fingerprint(path)) for label, path in read_files(s).items()})

@@ -44,7 +44,7 @@ from pipeline.formats.holdout import read_holdout
 from pipeline.judge.client import Ask, Judge, JudgmentCache
 from pipeline.judge.prompts import conversation_text
 from pipeline.judge.scoring import ORDERS, combine, order_outcome
-from pipeline.checkpoints.fingerprint import weights_fingerprint
+from pipeline.checkpoints.fingerprint import hold_weights
 from pipeline.outputs import Stopwatch, write_atomic, write_json
 from pipeline.settings.params import JudgeParams, VerdictParams, sections_with_overrides
 from pipeline.verdict.judge import decide_judge, explain_judge, judge_sentence, pairwise_figures, reference_figures
@@ -110,6 +110,7 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
 
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
         headers.check(model_dir)
+    held = hold_weights(variant_dir)  # whose answers are judged: checked again before the results are written
     records = read_holdout(Path(prompts), limit=jp.limit, purpose="judge prompts")
     factory, judge_id, description, weak = judge_engine(jp, base_dir, judge_options)  # bad judge settings fail first
     base_answers = generate_answers(base_dir, records, out_dir, "base", jp, options, answer_engine)
@@ -126,7 +127,7 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     finally:
         judge.close()
     summary["replaced_characters"] = replaced_characters(lines)
-    summary["checkpoint"] = weights_fingerprint(variant_dir)  # whose answers were judged: the report checks it
+    summary["checkpoint"] = held.checked("judge stage")  # whose answers were judged: the report checks it
     summary = _finish_summary(summary, jp, v.margins.judge, variant_dir, base_dir, description, weak, judge,
                               confidence, watch)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from pipeline.errors import UserError
 from pipeline.formats.kl_lines import lines_path, write_kl_lines
 from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
 from pipeline.formats.sensitivity import write_sensitivity
-from pipeline.checkpoints.fingerprint import weights_fingerprint
+from pipeline.checkpoints.fingerprint import hold_weights
 from pipeline.outputs import Stopwatch, write_json
 from pipeline.scoring import group_kl
 from pipeline.scoring.token_kl import holdout_texts, log_probs, token_kl
@@ -218,6 +218,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
     watch = Stopwatch()
     for model_dir in (variant_dir, base_dir):  # both whole before either loads
         headers.check(model_dir)
+    held = hold_weights(variant_dir)  # what it measures: checked again before the results are written
     if rank:
         group_kl.refuse_quantized_activations(Path(variant_dir), "kl --rank")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -247,7 +248,7 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
         "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl.float(), 0.99)), "kl_max": float(kl.max()),
         "top1_agreement": float(agree.float().mean()), "device": device, "dtype": dtype,
         "models_resident": resident, "seconds": round(watch.seconds, 2),
-        "checkpoint": weights_fingerprint(variant_dir),  # what it measured: the report checks the folder against it
+        "checkpoint": held.checked("kl stage"),  # what it measured: the report checks the folder against it
     }
     lengths = [len(s) for s in sequences]  # the scored positions, sequence after sequence
     write_kl_lines(lines_path(out), [(k.tolist(), int(a.sum())) for k, a in zip(kl.split(lengths), agree.split(lengths))])
