@@ -130,3 +130,60 @@ def test_quantize_bench_against_a_server_answering_as_another_model_exits_2(serv
     assert result.exit_code == 2, result.output
     assert f"answered as the model '{IMPOSTOR}', not the model asked for, 'served'" in " ".join(result.output.split())
     assert not (tmp_path / "r" / "bench.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["one of k samples, with its seed", "thinking, its reasoning apart"])
+def test_every_kind_of_request_checks_the_model_its_reply_names(server, tiny_llama, kind):
+    """The request paths added since the check (issue 66: k samples with seeds, answers with thinking and a
+    `reasoning` field) go through the same call: the right model's reply is read, another model's stops the call."""
+    from pipeline.engines.base import Sampling
+
+    if kind.startswith("one of k"):
+        request = GenRequest("Where is my order?", 4, seed=7, sampling=Sampling(0.6, 0.95, 20))
+    else:
+        request = GenRequest("Where is my order?", 4, thinking=True)
+
+    def named(model):
+        def edit(reply):
+            choice = reply["choices"][0]
+            if request.thinking:  # a reasoning parser's reply: the reasoning apart from the answer
+                choice = {**choice, "reasoning_content": "The user asks about an order.", "text": "It ships today."}
+            return {**reply, "model": model, "choices": [choice]}
+        return edit
+    client = openai_client(tiny_llama, base_url=server.base_url, model="served", prompt_format="text", retries=2,
+                           backoff=0.001, concurrency=1, params_section="engine")
+    server.edits[:] = [named("served")]
+    try:
+        [answer] = client.generate([request])
+        assert answer.error is None
+        sent = server.requests[-1]["body"]
+        assert sent.get("seed") == 7 if request.seed else True
+        server.edits[:] = [named(IMPOSTOR)] * 3
+        with pytest.raises(WrongModel) as refused:
+            client.generate([request])
+    finally:
+        server.edits.clear()
+    assert f"answered as the model '{IMPOSTOR}', not the model asked for, 'served' (engine.model)" in str(refused.value)
+
+
+def test_a_judge_reply_with_its_reasoning_from_another_model_exits_2(tmp_path, tiny_llama, tiny_calib, monkeypatch):
+    """A reasoning judge's reply (its `reasoning` apart, as vLLM's reasoning parser gives it) naming another model
+    stops the stage as a plain reply does."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli.app import app
+
+    with ChatServer(prefers_longer) as server:
+        server.script = [("edit", lambda body: {**body, "model": IMPOSTOR, "choices": [{
+            **body["choices"][0], "message": {**body["choices"][0]["message"], "reasoning": "Both answer."}}]})]
+        write_params(tmp_path, {**TINY_PARAMS, "judge": {
+            "backend": "openai", "model": "test-judge", "base_url": server.base_url, "retries": 2, "backoff": 0.01,
+            "concurrency": 1, "control": False, "limit": 2, "max_new_tokens": 6, "judge_max_new_tokens": 8}})
+        monkeypatch.chdir(tmp_path)
+        result = CliRunner().invoke(app, ["judge", str(tiny_llama), "--base", str(tiny_llama), "--prompts",
+                                          str(tiny_calib / "holdout.jsonl"), "--out", "out"])
+        bodies = [r["body"] for r in server.requests if r["path"].endswith("/chat/completions")]
+    assert result.exit_code == 2, result.output
+    assert f"answered as the model '{IMPOSTOR}'" in " ".join(result.output.split())
+    assert len(bodies) == 1  # stopped at the first reply, not retried
+    assert not (tmp_path / "out" / "judge.json").exists()
