@@ -359,19 +359,32 @@ def _unchanged(inputs: dict, before: dict[str, str | None], stage: str) -> None:
 def write_atomic(path: Path | str, text: str) -> None:
     """Writes `text` to `path` through a temp file renamed into place: a failed write leaves neither a part of it
     nor its temp file (a refused one is a UserError naming `path`: `write_refused`)."""
-    path = Path(path)
-    made = make_folders(path.parent, str(path))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write_together({path: text})
+
+
+def write_together(files: dict[Path | str, str | bytes]) -> None:
+    """Writes each file (path -> text or bytes) through a temp file beside it, and renames them into place once every
+    one is written: a failed write changes none of them and leaves no temp file, nor a folder made for them (a
+    refused one is a UserError naming the file it was writing and the size it needed: `write_refused`)."""
+    temps: dict[Path, Path] = {}
+    made: list[Path] = []
+    writing, size = Path(next(iter(files), ".")), 0
     try:
-        remove_stale(path)
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        for path, data in files.items():
+            writing, data = Path(path), data.encode("utf-8") if isinstance(data, str) else data
+            size = len(data)
+            made += make_folders(writing.parent, str(writing))
+            remove_stale(writing)
+            temps[writing] = writing.with_name(f".{writing.name}.tmp-{os.getpid()}")
+            temps[writing].write_bytes(data)
+        for path, tmp in temps.items():
+            tmp.replace(path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        for tmp in temps.values():
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
         remove_folders(made)
-        if isinstance(exc, Exception) and (refused := write_refused(exc, path, "the file",
-                                                                    len(text.encode("utf-8")), needed=True)):
+        if isinstance(exc, Exception) and (refused := write_refused(exc, writing, "the file", size, needed=True)):
             raise refused from None
         raise
 

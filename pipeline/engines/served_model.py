@@ -15,7 +15,7 @@ import re
 import urllib.error
 import urllib.request
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, cut
 
 SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{4})")  # what a dated snapshot adds to the name asked for
 MAX_LISTED_BYTES = 1 << 20
@@ -31,8 +31,7 @@ def same_model(asked: str, named: str) -> bool:
 
 
 def _shown(name) -> str:
-    text = str(name)
-    return repr(text if len(text) <= 120 else text[:117] + "...")
+    return repr(cut(str(name), 120))  # a name too long for a message: cut at a word where it has one (errors.cut)
 
 
 def _fix(section: str) -> str:

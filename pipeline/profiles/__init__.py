@@ -68,13 +68,9 @@ def switch(name: str, root: Path, force: bool = False) -> list[str]:
         if edited:
             raise UserError(f"{', '.join(edited)} in {root} differ from every profile (local edits); keep a copy "
                             f"and rerun with --force to replace them with the {name} profile")
-    changed = []
-    for f in FILES:
-        new = stored(name, f).read_bytes()
-        target = root / f
-        if not target.is_file() or target.read_bytes() != new:
-            tmp = target.with_name(f".{f}.profile.tmp")
-            tmp.write_bytes(new)
-            tmp.replace(target)
-            changed.append(f)
+    new = {f: stored(name, f).read_bytes() for f in FILES}
+    changed = [f for f in FILES if not (root / f).is_file() or (root / f).read_bytes() != new[f]]
+    from pipeline.outputs import write_together
+
+    write_together({root / f: new[f] for f in changed})  # both or neither: a refused write changes none
     return changed

@@ -262,6 +262,12 @@ def _edit(root: Path, variant: str, params_file: Path | None, remove: bool) -> l
         check_against_dvc(updated, tmp)  # the lists agree with params.yaml, as every command will check
         tmp.replace(path)
         params_tmp.replace(params_path)
+    except OSError as exc:
+        from pipeline.errors import write_refused
+
+        if refused := write_refused(exc, path, "the file", len(new.encode()) + len(new_params.encode()), needed=True):
+            raise refused from None  # the temp files go (below): dvc.yaml and params.yaml as they were
+        raise
     finally:
         tmp.unlink(missing_ok=True)
         params_tmp.unlink(missing_ok=True)
