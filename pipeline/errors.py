@@ -59,7 +59,7 @@ def refused_write(exc: BaseException) -> tuple[int, str | None] | None:
             return None
         if isinstance(current, OSError) and current.errno in WRITE_ERRNOS:
             return current.errno, current.filename
-        if not isinstance(current, OSError):
+        if not isinstance(current, OSError) or current.errno is None:  # shutil.copytree's Error: its files' errors as text
             text = str(current)
             for words, code in _WORDED.items():
                 if words in text:

@@ -132,7 +132,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(mount)], check=False)
 
 
-@pytest.mark.parametrize("stage", ["calib", "rtn", "eval", "report"])
+@pytest.mark.parametrize("stage", ["calib", "rtn", "eval", "report", "calib-images", "resave-vlm"])
 def test_a_full_disk_is_one_message_naming_the_free_space(project, small_disk, stage):
     ballast = small_disk / "ballast"  # leaves the stage 16 KiB (eval, whose files are small: 4 KiB)
     ballast.write_bytes(b"\0" * ((252 if stage == "eval" else 240) << 10))
