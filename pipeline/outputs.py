@@ -417,8 +417,12 @@ def remove_folders(made: list[Path]) -> None:
             folder.rmdir()
 
 
+def json_text(data) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+
+
 def write_json(path: Path | str, data) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    write_atomic(path, json_text(data))
 
 
 def dir_size(path: Path | str) -> int:

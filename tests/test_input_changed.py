@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from test_calib_images import vlm  # noqa: F401  (the tiny GLM-4.1V checkpoint)
 from pipeline.calib.load import read_conversations
 from pipeline.calib.store import ConversationStore
 from pipeline.errors import UserError
@@ -154,6 +153,13 @@ def test_any_stage_refuses_an_input_changed_while_it_ran(tmp_path, change):
 
 
 # ---------------------------------------------------------------- image files a calibration file names (issue 70.2)
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    from tiny import save_tiny_glm4v
+
+    return save_tiny_glm4v(tmp_path_factory.mktemp("vlm") / "glm4v")
+
 
 def _image_logs(tmp_path, parts: int = 1):
     """A calibration file whose last `parts` conversations name the same image file by path; the file."""
@@ -311,10 +317,10 @@ def test_an_eval_refuses_a_dataset_copy_changed_while_it_ran(tmp_path, monkeypat
     """suites.<name>.dataset_path: a local copy of an lm-eval task's data, changed while the suite runs."""
     from test_lm_eval_image_task import _eval, save_tiny_glm4v, write_chartqa
 
-    vlm, data = save_tiny_glm4v(tmp_path / "glm4v"), write_chartqa(tmp_path / "chartqa")
+    model, data = save_tiny_glm4v(tmp_path / "glm4v"), write_chartqa(tmp_path / "chartqa")
     parquet = next((data / "data").iterdir())
     _changed_during(monkeypatch, lambda: parquet.write_bytes(parquet.read_bytes() + b"\0"))
     with pytest.raises(UserError) as refused:
-        _eval(vlm, tmp_path / "r", "hf", "charts", "chartqa", data)
+        _eval(model, tmp_path / "r", "hf", "charts", "chartqa", data)
     assert f"{data} (suites.charts.dataset_path) changed while the eval of charts ran" in str(refused.value)
     assert not (tmp_path / "r" / "charts.json").exists()

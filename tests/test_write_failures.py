@@ -132,16 +132,21 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(mount)], check=False)
 
 
-@pytest.mark.parametrize("stage", ["calib", "rtn", "eval", "report", "calib-images", "resave-vlm"])
+SMALL_FILES = {"eval", "kl", "judge", "bench", "code", "card"}  # whose files are small: left 4 KiB, not 16
+
+
+@pytest.mark.parametrize("stage", ["calib", "rtn", "eval", "report", "calib-images", "resave-vlm", "resave", "export",
+                                   "card", "kl", "judge", "bench", "code"])
 def test_a_full_disk_is_one_message_naming_the_free_space(project, small_disk, stage):
-    ballast = small_disk / "ballast"  # leaves the stage 16 KiB (eval, whose files are small: 4 KiB)
-    ballast.write_bytes(b"\0" * ((252 if stage == "eval" else 240) << 10))
+    ballast = small_disk / "ballast"  # leaves the stage 16 KiB (those whose files are small: 4 KiB)
+    ballast.write_bytes(b"\0" * ((252 if stage in SMALL_FILES else 240) << 10))
     out = small_disk / "outs" / stage
     before = _listing(small_disk)
     done = _run(project, _commands(project, out)[stage])
     _refused_cleanly(done, out, before, small_disk)
     assert "no space left on the device" in done.stderr and "free there" in done.stderr
-    assert stage == "eval" or not (small_disk / "outs").exists()  # the folder made for it goes (eval: its cache stays)
+    if stage not in ("eval", "judge", "bench"):  # the folder made for it goes (eval, judge: their caches stay)
+        assert not (small_disk / "outs").exists(), _listing(small_disk)
     assert not list(small_disk.rglob("*.tmp-*"))  # eval left a hidden .ppl-book.jsonl.tmp-PID before
 
 

@@ -27,11 +27,15 @@ def lines_path(summary_path: Path | str) -> Path:
 
 def write_kl_lines(path: Path | str, sequences: list[tuple[list[float], int]]) -> Path:
     """One line per sequence from (per-token KL values, positions whose top-1 tokens agree), atomically."""
-    text = "".join(json.dumps({"sequence": i, "tokens": len(kl), "top1_agree": agree,
+    write_atomic(path, kl_lines_text(sequences))
+    return Path(path)
+
+
+def kl_lines_text(sequences: list[tuple[list[float], int]]) -> str:
+    """What write_kl_lines writes (the kl stage writes it together with its summary: outputs.write_together)."""
+    return "".join(json.dumps({"sequence": i, "tokens": len(kl), "top1_agree": agree,
                                "kl": [float(f"{value:.9g}") for value in kl]}) + "\n"
                    for i, (kl, agree) in enumerate(sequences))
-    write_atomic(path, text)
-    return Path(path)
 
 
 def read_kl_lines(path: Path | str) -> list[dict]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.formats.checked_json import fix_command, problem, read_checked_json, read_checked_lines
-from pipeline.outputs import write_atomic, write_json
+from pipeline.outputs import json_text, write_together
 
 CUT = ("text", None)  # where the token budget cut an answer: "reasoning", "answer", or null
 GENERATED = {"thinking?": "flag", "reasoning?": "text", "reasoning_tokens?": ("count", None),
@@ -58,12 +58,11 @@ def lines_path(out_dir: Path | str, suite: str) -> Path:
 
 
 def write_results(out_dir: Path | str, suite: str, lines: list[dict], summary: dict) -> Path:
-    """<out_dir>/<suite>.jsonl (the lines, in order) and <suite>.json (the summary), each atomically."""
+    """<out_dir>/<suite>.jsonl (the lines, in order) and <suite>.json (the summary), together atomically."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = lines_path(out_dir, suite)
-    write_atomic(path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines) or NO_ITEMS)
-    write_json(out_dir / f"{suite}.json", summary)
+    write_together({path: "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines) or NO_ITEMS,
+                    out_dir / f"{suite}.json": json_text(summary)})  # both or neither: a refused write changes none
     return path
 
 

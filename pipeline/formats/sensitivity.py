@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.formats.checked_json import problem, read_checked_json
-from pipeline.outputs import write_json
+from pipeline.outputs import json_text, write_atomic
 
 GROUP = {"name": "text", "layer": ("count", None), "kind": "text", "modules": ["text"], "weights": "positive count",
          "kl_restored": "number", "kl_removed": "number", "share_removed": "number"}
@@ -34,9 +34,13 @@ NAME = "sensitivity.json"
 
 def write_sensitivity(path: Path | str, summary: dict) -> Path:
     """The summary, its groups sorted most KL removed first, atomically."""
-    summary = {**summary, "groups": sorted(summary["groups"], key=lambda g: -g["kl_removed"])}
-    write_json(path, summary)
+    write_atomic(path, sensitivity_text(summary))
     return Path(path)
+
+
+def sensitivity_text(summary: dict) -> str:
+    """What write_sensitivity writes (`quantize kl --rank` writes it together with kl.json: outputs.write_together)."""
+    return json_text({**summary, "groups": sorted(summary["groups"], key=lambda g: -g["kl_removed"])})
 
 
 def read_sensitivity(path: Path | str) -> dict:

@@ -45,7 +45,7 @@ from pipeline.judge.client import Ask, Judge, JudgmentCache
 from pipeline.judge.prompts import conversation_text
 from pipeline.judge.scoring import ORDERS, combine, order_outcome
 from pipeline.checkpoints.fingerprint import hold_weights
-from pipeline.outputs import Stopwatch, write_atomic, write_json
+from pipeline.outputs import Stopwatch, json_text, write_together
 from pipeline.settings.params import JudgeParams, VerdictParams, sections_with_overrides
 from pipeline.verdict.judge import decide_judge, explain_judge, judge_sentence, pairwise_figures, reference_figures
 
@@ -130,10 +130,9 @@ def run(variant_dir: Path | str, base_dir: Path | str, prompts: Path | str, out_
     summary["checkpoint"] = held.checked("judge stage")  # whose answers were judged: the report checks it
     summary = _finish_summary(summary, jp, v.margins.judge, variant_dir, base_dir, description, weak, judge,
                               confidence, watch)
-    out_dir.mkdir(parents=True, exist_ok=True)
     lines_path = out_dir / "judge.jsonl"
-    write_atomic(lines_path, "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines))
-    write_json(out_dir / "judge.json", summary)
+    write_together({lines_path: "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines),
+                    out_dir / "judge.json": json_text(summary)})  # both or neither: a refused write changes none
     return JudgeResult(lines_path, out_dir / "judge.json", summary)
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from pipeline.checkpoints import checkpoint
 from pipeline.engines import DEFAULT, EngineSettings, default_settings, gpu_room, settings_for
 from pipeline.errors import UserError
-from pipeline.formats.kl_lines import lines_path, write_kl_lines
+from pipeline.formats.kl_lines import kl_lines_text, lines_path
 from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
-from pipeline.formats.sensitivity import write_sensitivity
+from pipeline.formats.sensitivity import sensitivity_text
 from pipeline.checkpoints.fingerprint import hold_weights
-from pipeline.outputs import Stopwatch, write_json
+from pipeline.outputs import Stopwatch, json_text, write_together
 from pipeline.scoring import group_kl
 from pipeline.scoring.token_kl import holdout_texts, log_probs, token_kl
 from pipeline.settings.params import KlParams, sections_with_overrides
@@ -251,8 +251,8 @@ def run(base_dir: Path | str, variant_dir: Path | str, holdout: Path | str, out:
         "checkpoint": held.checked("kl stage"),  # what it measured: the report checks the folder against it
     }
     lengths = [len(s) for s in sequences]  # the scored positions, sequence after sequence
-    write_kl_lines(lines_path(out), [(k.tolist(), int(a.sum())) for k, a in zip(kl.split(lengths), agree.split(lengths))])
-    if ranking:
-        write_sensitivity(Path(out).with_name(SENSITIVITY_FILE), ranking)
-    write_json(out, summary)  # last: a summary beside its lines
+    files = {lines_path(out): kl_lines_text([(k.tolist(), int(a.sum()))
+                                             for k, a in zip(kl.split(lengths), agree.split(lengths))])}
+    files |= {Path(out).with_name(SENSITIVITY_FILE): sensitivity_text(ranking)} if ranking else {}
+    write_together({**files, Path(out): json_text(summary)})  # all or none; the summary beside its lines last
     return KLResult(Path(out), summary, ranking)
