@@ -252,3 +252,30 @@ def test_profile_fix_past_the_file_size_limit_changes_neither_file(project, tmp_
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"error: cannot write the file {folder / 'dvc.yaml'}: file too large" in done.stderr
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # no temp file, neither file changed
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EFBIG", "EDQUOT", "EROFS", "EACCES", "EPERM"])
+def test_every_refusal_the_file_system_gives_is_worded_and_leaves_nothing(tmp_path, monkeypatch, code):
+    """An injected write error of each kind, mid-write of the second of two files written together (a stage's lines
+    and summary): one UserError naming the file and the reason, neither file changed, no temp file, no folder made."""
+    import errno
+
+    from pipeline.errors import WRITE_ERRNOS, UserError
+    from pipeline.outputs import write_together
+
+    out = tmp_path / "results" / "m"
+    written = []
+    original = Path.write_bytes
+
+    def refuse_the_second(self, data):
+        written.append(self)
+        if len(written) == 2:
+            original(self, data[:3])  # part of it on disk, then refused
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), str(self))
+        return original(self, data)
+    monkeypatch.setattr(Path, "write_bytes", refuse_the_second)
+    with pytest.raises(UserError) as refused:
+        write_together({out / "kl.jsonl": "lines\n", out / "kl.json": "{}\n"})
+    assert str(refused.value).startswith(f"cannot write the file {out / 'kl.json'}: {WRITE_ERRNOS[getattr(errno, code)]}")
+    assert "nothing was kept" in str(refused.value)
+    assert not (tmp_path / "results").exists()  # the lines written first are gone with their folder
