@@ -3,7 +3,7 @@ never reuses another's cached outputs (pipeline/scoring/eval_cache.py) or an old
 (pipeline/engines/shared.py); and its weights' fingerprint (`weights_fingerprint`: config.json and the weight files),
 which quant.json and every <suite>.json record, so that the report checks a variant's results were scored on the
 checkpoint now in its folder (pipeline/report/checkpoint_match.py). A stage that scores a checkpoint takes that
-fingerprint as it starts (`hold_weights`) and refuses weights changed by the time it writes (`HeldWeights.checked`):
+files' stat signature as it starts (`hold_weights`) and refuses weights changed by the time it writes (`HeldWeights.checked`):
 what it records is what it scored, never what is in the folder after it."""
 
 from __future__ import annotations
@@ -118,27 +118,28 @@ def _combined(model_dir: Path, files: list[Path], kind: str) -> str:
 
 @dataclass
 class HeldWeights:
-    """A checkpoint's weights as a stage found them when it started (`hold_weights`)."""
+    """A checkpoint's weights as a stage found them when it started (`hold_weights`): their files' stat signature,
+    taken then; their content hashed once, when the stage writes (`checked`), as before it held them."""
     model_dir: Path
     signature: str  # stat_signature without change times (DVC's links move those: stat_signature's docstring)
-    fingerprint: str | None  # weights_fingerprint
 
     def changed(self) -> bool:
         return stat_signature(self.model_dir, change_time=False) != self.signature
 
     def checked(self, stage: str) -> str | None:
-        """The fingerprint taken at the start; a UserError when the weights changed since (written to, replaced)."""
+        """weights_fingerprint, once the files are shown to be those the stage started with (after it is taken: a
+        change while they are hashed shows too); a UserError when they changed (written to, replaced)."""
+        fingerprint = weights_fingerprint(self.model_dir)
         if self.changed():
             from pipeline.errors import UserError
 
             raise UserError(f"the checkpoint {self.model_dir} changed while the {stage} ran (written to, or replaced); "
                             "its results could mix two versions, so none were kept: run the command again once it "
                             "stays put")
-        return self.fingerprint
+        return fingerprint
 
 
 def hold_weights(model_dir: Path | str) -> HeldWeights:
-    """The checkpoint's weights fingerprinted now (their stat signature first: a change while they are hashed shows)."""
+    """The checkpoint's weights as they are now (their files' names, sizes, modification times, inodes: no byte read)."""
     model_dir = Path(model_dir)
-    signature = stat_signature(model_dir, change_time=False)
-    return HeldWeights(model_dir, signature, weights_fingerprint(model_dir))
+    return HeldWeights(model_dir, stat_signature(model_dir, change_time=False))

@@ -86,25 +86,22 @@ def read_files(s: SuiteParams) -> dict[str, Path]:
 @dataclass
 class Watched:
     """What a suite read, as the eval found it when it started: the checkpoint's weights (`held`:
-    pipeline/checkpoints/fingerprint.py's HeldWeights, what its <suite>.json records) and the other files it reads
-    (label -> path and pipeline/outputs.py's fingerprint)."""
+    pipeline/checkpoints/fingerprint.py's HeldWeights) and the other files it reads (label -> path and
+    pipeline/outputs.py's fingerprint)."""
     held: object
     files: dict[str, tuple[Path, str | None]]
 
-    @property
-    def checkpoint(self) -> str | None:
-        return self.held.fingerprint
-
-    def check(self, suite: str) -> None:
-        """A UserError when any of them changed since the eval started: its results could mix two versions."""
+    def check(self, suite: str) -> str | None:
+        """The weights' fingerprint (what <suite>.json records); a UserError when any of them changed since the eval
+        started: its results could mix two versions."""
         from pipeline.outputs import fingerprint
 
-        changed = [f"the checkpoint {self.held.model_dir}"] if self.held.changed() else []
-        changed += [f"{path} (suites.{suite}.{'' if label == 'dataset_path' else 'options.'}{label})"
-                    for label, (path, print_) in self.files.items() if fingerprint(path) != print_]
+        changed = [f"{path} (suites.{suite}.{'' if label == 'dataset_path' else 'options.'}{label})"
+                   for label, (path, print_) in self.files.items() if fingerprint(path) != print_]
         if changed:
             raise UserError(f"{'; '.join(changed)} changed while the eval of {suite} ran (written to, or replaced); its "
                             "results could mix two versions, so none were kept: run the command again once it stays put")
+        return self.held.checked(f"eval of {suite}")
 
 
 def watch(model_dir: Path, s: SuiteParams) -> Watched:

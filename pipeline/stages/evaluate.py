@@ -188,7 +188,7 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
     lines, summary = _lines_and_summary(lm, passes, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                         engine=engine, right_wrong=kind in (None, "right-wrong", "retrieval-table"),
                                         metric=metric)
-    summary.update(inputs=inputs, checkpoint=watched.checkpoint,  # what it was scored on: the report checks
+    summary.update(inputs=inputs, checkpoint=None,  # what it was scored on (below): the report checks
                    engine_start_s=engine_start_seconds(starts_before),
                    scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2),
                    **_fixed_and_work(lm, watch, starts_before))
@@ -196,7 +196,7 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
         summary["sandbox"] = sandbox_method  # "rlimits+audit": ran unsandboxed (allow_unsandboxed)
     if declared is not None and (summarize := declared.hook("summarize")):
         summary["table"] = summarize(lines, metadata)  # the suite's own table (long context: per length x depth)
-    watched.check(suite)  # the weights, option files or dataset changed since it started: nothing is kept
+    summary["checkpoint"] = watched.check(suite)  # the weights, option files or dataset changed: nothing kept
     return EvalResult(write_results(out_dir, suite, lines, summary), summary)
 
 
