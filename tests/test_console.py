@@ -153,3 +153,23 @@ def test_on_a_terminal_the_bar_runs_and_what_libraries_write_meanwhile_stays_in_
     assert "Applying quantization config" not in terminal and "a library print" not in terminal, terminal
     log = (tmp_path / ".cache" / "logs" / "quantize@awq-w4a16.log").read_text()
     assert "a library print while the bar runs" in log and "Applying quantization config" in log
+
+
+def test_an_eval_by_hand_outside_a_git_checkout_shows_only_its_own_lines(tmp_path, tiny_llama):
+    """Issue 70.6, on the new paths (MATH-500's sympy scorer, an lm-eval generation task): lm-eval's warnings go to
+    the command's log, and the `git describe` lm-eval runs for its records no longer prints "fatal: not a git
+    repository" on the terminal of every eval run outside a git checkout."""
+    from conftest import TINY_PARAMS, write_params
+
+    assert subprocess.run(["git", "rev-parse"], cwd=tmp_path, capture_output=True).returncode != 0  # no checkout
+    write_params(tmp_path, {**TINY_PARAMS, "suites": {**TINY_PARAMS["suites"], "math-hard": {
+        "task": "quant_math500", "limit": 2, "max_new_tokens": 8}}})
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli.app", "eval", str(tiny_llama), "--suite", "math-hard",
+                           "--out", "r"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "DVC_STAGE": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert not [line for line in said if "fatal" in line or "WARNING" in line or "Warning" in line], said
+    assert any(line.startswith("eval: r/math-hard.jsonl (2 items") for line in said), said
+    log = (tmp_path / ".cache" / "logs" / "eval.log").read_text()
+    assert "lm_eval" in log  # its warnings are there instead

@@ -182,3 +182,25 @@ class PipelineLM(LM):
             self.scored_tokens += sum(len(r[1]) for _, r in part)
         return [self.cache.get_score(key) for key in keys]
 
+
+
+def _quiet_git_hash() -> str | None:
+    """lm-eval's get_git_commit_hash (the working directory's `git describe --always`, recorded in its results), its
+    git's stderr kept off the terminal: lm-eval lets it through, and outside a git checkout every `quantize eval`
+    printed "fatal: not a git repository ..." (issue 70.6: library output goes to the stage's log, not the user)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def _quiet_lm_eval() -> None:
+    import lm_eval.evaluator
+
+    lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
+
+
+_quiet_lm_eval()
