@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import human_size, write_refused  # noqa: F401  (human_size: said here too)
+from pipeline.errors import UserError, human_size, write_refused  # noqa: F401  (human_size: said here too)
 
 
 # The provenance record inside every folder a stage writes (written last, atomically, inside the temp dir).
@@ -113,8 +113,6 @@ def check_out(out: Path | str, inputs: dict[str, Path | str | None], *, option: 
     an existing directory that stage may not replace (`check_replaceable`)."""
     out = Path(out)
     if (problem := path_problem(out)) is not None:
-        from pipeline.errors import UserError
-
         raise UserError(f"{option} {shown_name(str(out), 80)}: {problem}")
     collisions = []
     for label, source in inputs.items():
@@ -124,13 +122,9 @@ def check_out(out: Path | str, inputs: dict[str, Path | str | None], *, option: 
         if how:
             collisions.append(f"{how} the {label} {source}")
     if collisions:
-        from pipeline.errors import UserError
-
         raise UserError(f"{option} {out}: " + "; ".join(collisions) + "; a command never writes over what it reads: "
                         "choose an output path outside its inputs")
     if (problem := _unwritable(out)) is not None:
-        from pipeline.errors import UserError
-
         raise UserError(f"{option} {out}: {problem}; nothing was done: choose a writable path")
     if replaces:
         check_replaceable(out, replaces, option)
@@ -256,8 +250,6 @@ def check_replaceable(dest: Path | str, stage: str, option: str = "--out") -> No
     dest = Path(dest)
     problem = replace_problem(dest, stage)
     if problem:
-        from pipeline.errors import UserError
-
         raise UserError(f"{option} {dest}: {problem}; nothing was changed: choose another path, or move "
                         "what is there away yourself")
 
@@ -306,19 +298,19 @@ def remove_stale(dest: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None] | None = None, *,
-               fingerprints: dict[str, str] | None = None) -> Iterator[Path]:
+               fingerprints: dict[str, str] | None = None, started: dict | None = None) -> Iterator[Path]:
     """Yields an empty temp dir; on success the stage's provenance record (`inputs`: label -> path) is
     written into it and it replaces ``dest``; on failure it is removed, with the folders made for it. An existing
     ``dest`` is replaced only when `check_replaceable` allows it (checked before and again just before the rename).
     A write the file system refuses, anywhere in the stage's work, is a UserError naming ``dest`` (`write_refused`).
     The inputs are fingerprinted as the stage starts, and an input changed by the end is refused (`_unchanged`): the
     record names what the stage read, never what is at the path after it (`fingerprints`: those the stage took
-    itself of the bytes it read, pipeline/formats/read_watch.py)."""
+    itself of the bytes it read, pipeline/formats/read_watch.py; `started`: `fingerprints_of` the inputs, taken by a
+    stage that reads them before it writes, as it started)."""
     dest = Path(dest)
     check_replaceable(dest, stage, "output")
     given = fingerprints or {}
-    before = {label: fingerprint(path) for label, path in (inputs or {}).items()
-              if path is not None and label not in given}
+    before = started or {label: print_ for label, print_ in fingerprints_of(inputs or {}).items() if label not in given}
     made = make_folders(dest.parent, f"the {stage} output {dest}")
     tmp = None
     try:
@@ -345,10 +337,12 @@ def atomic_dir(dest: Path | str, stage: str, inputs: dict[str, Path | str | None
     shutil.rmtree(old, ignore_errors=True)
 
 
+def fingerprints_of(inputs: dict[str, Path | str | None]) -> dict[str, str | None]:
+    return {label: fingerprint(path) for label, path in inputs.items() if path is not None}
+
+
 def _unchanged(inputs: dict, before: dict[str, str | None], stage: str) -> None:
     """A UserError when an input's fingerprint is not the one it had when the stage started."""
-    from pipeline.errors import UserError
-
     changed = [label for label, print_ in before.items() if fingerprint(inputs[label]) != print_]
     if changed:
         named = "; ".join(f"the {label} {inputs[label]}" for label in changed)

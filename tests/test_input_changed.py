@@ -324,3 +324,35 @@ def test_an_eval_refuses_a_dataset_copy_changed_while_it_ran(tmp_path, monkeypat
         _eval(model, tmp_path / "r", "hf", "charts", "chartqa", data)
     assert f"{data} (suites.charts.dataset_path) changed while the eval of charts ran" in str(refused.value)
     assert not (tmp_path / "r" / "charts.json").exists()
+
+
+@pytest.mark.parametrize("change", ["the calibration file", "the base checkpoint"])
+def test_a_quantize_stage_refuses_an_input_changed_while_it_calibrated(tmp_path, tiny_llama, tiny_calib, monkeypatch,
+                                                                       change):
+    """The quantize stage reads its inputs long before it writes (hours of calibration): they are fingerprinted
+    before it reads them, so one changed while it calibrated is refused; before, the fingerprint was taken as the
+    output folder opened, after calibration, and the record named the new file beside a build from the old."""
+    import shutil
+
+    from pipeline.outputs import read_stage_record
+    from pipeline.stages import quantize
+
+    model, calib = shutil.copytree(tiny_llama, tmp_path / "base"), shutil.copytree(tiny_calib, tmp_path / "calib")
+    calibrate = quantize.calibrate_loaded
+
+    def change_then_calibrate(*args, **kwargs):
+        if change == "the calibration file":
+            (calib / "calib.jsonl").write_text((calib / "calib.jsonl").read_text() + "\n")
+        else:
+            (model / "generation_config.json").write_text('{"changed": true}\n')
+        return calibrate(*args, **kwargs)
+    monkeypatch.setattr(quantize, "calibrate_loaded", change_then_calibrate)
+    with pytest.raises(UserError) as refused:
+        quantize.run(model, tmp_path / "out", calib / "calib.jsonl", "rtn", group_size=32)
+    label = "calibration file" if "calibration" in change else "base checkpoint"
+    assert f"the {label} " in str(refused.value) and "changed while the quantize stage ran" in str(refused.value)
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    quantize.run(model, tmp_path / "out", calib / "calib.jsonl", "rtn", group_size=32)
+    record = read_stage_record(tmp_path / "out")["inputs"]
+    assert set(record) == {"base checkpoint", "calibration file", "calibration image samples"}  # a text build's too

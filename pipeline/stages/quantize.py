@@ -32,7 +32,7 @@ from pipeline.checkpoints.fingerprint import weights_fingerprint
 from pipeline.formats.calib_blocks import IMAGE_SAMPLES
 from pipeline.formats.quant_json import write_quant_json
 from pipeline.methods.recipe import Recipe, Target
-from pipeline.outputs import Stopwatch, atomic_dir, dir_size, human_size
+from pipeline.outputs import Stopwatch, atomic_dir, dir_size, fingerprints_of, human_size
 from pipeline.quantize import compat, plan
 from pipeline.quantize.layout import Plan, add_probe, make_plan
 
@@ -263,7 +263,12 @@ def quantize(method, recipe: Recipe, model_dir: Path, out: Path, calib: Path, *,
     if placement not in plan.PLACEMENTS:
         raise UserError(f"placement {placement!r}: use one of {', '.join(plan.PLACEMENTS)}")
     watch = Stopwatch()
-    model_dir, out = Path(model_dir), Path(out)
+    model_dir, out, calib = Path(model_dir), Path(out), Path(calib)
+    # what it reads, fingerprinted before it reads them: one changed by the end (hours of calibration) is refused
+    read = {"base checkpoint": model_dir, "calibration file": calib, "calibration image samples":
+            calib.parent / IMAGE_SAMPLES, "calibration images": calib.parent / "images"}
+    read = {label: path for label, path in read.items() if path.exists()}
+    started = fingerprints_of(read)
     inputs = read_inputs(model_dir, calib, batch_size, calibrate_all_experts)
     patch_cpu_pin_memory()
     layout = make_plan(method=method, model_dir=model_dir, config=inputs.config, blocks=inputs.blocks,
@@ -275,7 +280,7 @@ def quantize(method, recipe: Recipe, model_dir: Path, out: Path, calib: Path, *,
     print(layout.summary(), flush=True)
     loaded = load(inputs, layout.info["placement"] == "offload", watch)
     run = calibrate_loaded(method, recipe, loaded, inputs, watch)
-    with atomic_dir(out, "quantize", {"base checkpoint": model_dir, "calibration file": calib}) as tmp:
+    with atomic_dir(out, "quantize", read, started=started) as tmp:
         saved = save(loaded, inputs, tmp, watch)
         verification = check(loaded, run, inputs, tmp)
         info = describe(method, recipe, layout, inputs, run, saved, verification, tmp, watch)
