@@ -23,7 +23,7 @@ from pathlib import Path
 from pipeline.errors import UserError
 from pipeline.formats import quant_json
 from pipeline.formats.source_json import read_source_json
-from pipeline.outputs import atomic_dir
+from pipeline.outputs import atomic_dir, fingerprints_of
 from pipeline.report import inputs
 from pipeline.settings.params import Params
 
@@ -94,6 +94,9 @@ def run(variant_dir: Path | str, verdict_path: Path | str, out: Path | str, para
         raise UserError(f"--repo-id {repo_id}: not a Hub repository id; pass ORG/NAME (letters, digits, '-', '_' and "
                         "'.', e.g. --repo-id my-org/awq-w4a16)")
     variant_dir, verdict_path, out = Path(variant_dir), Path(verdict_path), Path(out)
+    read = {"verdict": verdict_path, "variant": variant_dir, "base source": params.model.base_dir / "source.json",
+            "calibration stats": calib_stats}
+    started = fingerprints_of(read)  # before they are read: one changed by the end is refused (outputs.atomic_dir)
     verdict = read_verdict(verdict_path)
     name = _decided_variant(variant_dir, verdict, verdict_path)
     calib = inputs.read_json(Path(calib_stats)) if calib_stats and Path(calib_stats).is_file() else None
@@ -106,8 +109,6 @@ def run(variant_dir: Path | str, verdict_path: Path | str, out: Path | str, para
     except (LookupError, TypeError, AttributeError, ValueError) as exc:
         raise UserError(f"{verdict_path}: variants.{name} is not as `quantize report` writes it ({type(exc).__name__}: "
                         f"{exc}); rerun `quantize report`") from None
-    with atomic_dir(out / name, STAGE, {"verdict": verdict_path, "variant": variant_dir,
-                                        "base source": params.model.base_dir / "source.json",
-                                        "calibration stats": calib_stats}) as tmp:
+    with atomic_dir(out / name, STAGE, read, started=started) as tmp:
         (tmp / README).write_text(card.content, encoding="utf-8")
     return CardResult(out / name / README, label(verdict["variants"][name]), checks)
