@@ -67,3 +67,35 @@ def test_a_plain_dvc_repro_holding_outputs_is_named_too(tmp_path):
         other.wait()
     assert f"another run holds this project: PID {other.pid}, started " in str(refused.value)
     assert "(dvc repro)" in str(refused.value)
+
+
+@pytest.mark.parametrize("code", ["EROFS", "EACCES", "ENOSPC"])
+def test_a_project_where_the_lock_cannot_be_written_is_one_message(tmp_path, monkeypatch, code):
+    """The run lock is the first thing a run writes: a project on a read-only file system, not writable for the run,
+    or full, is our message naming the lock (exit 2 from `quantize repro`), not a traceback (issue 70.1). The
+    refusal is injected where the lock is opened, or written."""
+    import errno
+
+    from pipeline.cli import run_lock
+    from pipeline.errors import UserError
+
+    (tmp_path / ".dvc").mkdir()
+    refusal = OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+    if code == "ENOSPC":
+        class Full:
+            def __init__(self, *args, **kwargs):
+                self.handle = open(*args, **kwargs)
+
+            def write(self, text):
+                raise refusal
+
+            def __getattr__(self, name):
+                return getattr(self.handle, name)
+        monkeypatch.setattr(run_lock, "open", Full, raising=False)
+    else:
+        monkeypatch.setattr(run_lock, "open", lambda *args, **kwargs: (_ for _ in ()).throw(refusal), raising=False)
+    with pytest.raises(UserError) as refused:
+        with run_lock.held(tmp_path):
+            pass
+    said = {"EROFS": "read-only file system", "EACCES": "permission denied", "ENOSPC": "no space left on the device"}
+    assert str(refused.value).startswith(f"cannot write the run lock {tmp_path / '.cache' / 'run.lock'}: {said[code]}")

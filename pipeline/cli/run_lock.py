@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, cut
 
 LOCK_FILE = Path(".cache") / "run.lock"
 DVC_RWLOCK = Path(".dvc") / "tmp" / "rwlock"
@@ -69,7 +69,7 @@ def _dvc_holder(root: Path) -> tuple[int, str] | None:
     for info in infos:
         if isinstance(info, dict) and isinstance(info.get("pid"), int) and info["pid"] != os.getpid() \
                 and start_time(info["pid"]) is not None:
-            return info["pid"], str(info.get("cmd") or "dvc")[:120]
+            return info["pid"], cut(str(info.get("cmd") or "dvc"), 120)
     return None
 
 
@@ -78,8 +78,15 @@ def held(root: Path | None = None) -> Iterator[None]:
     """Holds the project's run lock for the enclosed run; a UserError when another run holds it."""
     root = project_root(root)
     path = root / LOCK_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a+", encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")
+    except OSError as exc:  # a read-only project, no permission: one message, not a traceback
+        from pipeline.errors import write_refused
+
+        if refused := write_refused(exc, path, "the run lock"):
+            raise refused from None
+        raise
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,11 +101,24 @@ def held(root: Path | None = None) -> Iterator[None]:
                 from None
         if (dvc := _dvc_holder(root)) is not None:
             raise _refusal(root, dvc[0], _started(dvc[0]), dvc[1])
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "started": _started(os.getpid()),
-                                 "command": " ".join(["quantize repro", *sys.argv[2:]])[:200]}))
-        handle.flush()
+        _record_holder(handle, path)
         yield
     finally:
         handle.close()  # lets go of the lock
+
+
+def _record_holder(handle, path: Path) -> None:
+    """This run as the lock's holder (its pid, start and command: what a second run is told); a full disk is one
+    message naming the lock (pipeline/errors.py write_refused)."""
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "started": _started(os.getpid()),
+                                 "command": cut(" ".join(["quantize repro", *sys.argv[2:]]), 200)}))
+        handle.flush()
+    except OSError as exc:
+        from pipeline.errors import write_refused
+
+        if refused := write_refused(exc, path, "the run lock", needed=True, size=200):
+            raise refused from None
+        raise
