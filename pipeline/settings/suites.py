@@ -241,11 +241,6 @@ def find(task: str, tasks_dir: Path | str | None = None) -> Suite | None:
     return shipped().get(task) or known().get(task)
 
 
-def of_params(suites: dict) -> dict[str, Suite]:
-    """{params.yaml suite name: Suite} for the suites of params.yaml `suites` the registry knows."""
-    return {name: found for name, s in suites.items() if (found := find(s.task, s.tasks_dir)) is not None}
-
-
 def bench_file(role: str) -> Path:
     """The file a bench workload takes (BENCH_FILES): the first shipped suite that declares one for `role`."""
     for suite in shipped().values():

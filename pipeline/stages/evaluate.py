@@ -186,7 +186,7 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
                            generates=raw_config.get("output_type", "generate_until") == "generate_until")
     lines, summary = _lines_and_summary(lm, passes, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                         engine=engine, right_wrong=kind in (None, "right-wrong", "retrieval-table"),
-                                        metric=metric)
+                                        metric=metric, kind=kind)
     summary.update(inputs=inputs, checkpoint=weights_fingerprint(model_dir),  # what it was scored on: the report checks
                    engine_start_s=engine_start_seconds(starts_before),
                    scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2),
@@ -293,7 +293,7 @@ def _metrics(every: list[dict]) -> dict:
 
 
 def _lines_and_summary(lm, passes: list, *, suite: str, task: str, variant: str, model_dir: Path, engine: str,
-                       right_wrong: bool, metric: str | None = None) -> tuple[list[dict], dict]:
+                       right_wrong: bool, metric: str | None = None, kind: str | None = None) -> tuple[list[dict], dict]:
     results, lines = passes[0]
     if len(passes) > 1:  # k samples: each item's line from its k
         lines = merged([p[1] for p in passes], lm.plan.seeds, right_wrong)
@@ -314,7 +314,8 @@ def _lines_and_summary(lm, passes: list, *, suite: str, task: str, variant: str,
     }
     if defects := getattr(lm.engine, "defects", lambda: [])():  # known engine defects it met (vllm), and if avoided
         summary["engine_defects"] = defects
-    if lines and all("loglikelihood" in line for line in lines):  # a perplexity suite: per token, over all documents
+    # a perplexity suite (its declared kind; a task no YAML describes: its lines are documents): per token, over all
+    if lines and (kind == "perplexity" or kind is None and all("loglikelihood" in line for line in lines)):
         tokens = sum(line["n_tokens"] for line in lines)
         summary.update(metric="perplexity", tokens=tokens,
                        score=math.exp(-sum(line["loglikelihood"] for line in lines) / max(tokens, 1)))

@@ -43,6 +43,19 @@ class Evidence:
     serving: dict[str, dict | None] = field(default_factory=dict)  # {variant: where it is served}
     built: dict[str, bool] = field(default_factory=dict)  # {variant of params.yaml: its checkpoint is in models/}
     sensitivity: dict[str, dict] = field(default_factory=dict)  # {W4A16 variant with a fix: its sensitivity.json}
+    # {suite: its kind} as its YAML declares it (pipeline/settings/suites.py KINDS): perplexity, paired per document;
+    # any other, paired per item. A suite missing here is a task no YAML describes: its lines say (`kind_of`)
+    kinds: dict[str, str] = field(default_factory=dict)
+
+    def kind_of(self, suite: str) -> str | None:
+        """The suite's declared kind; for a task no YAML describes, perplexity when its lines are documents."""
+        if suite in self.kinds:
+            return self.kinds[suite]
+        lines = [items.get(suite) for items in self.results.values() if items.get(suite)]
+        return "perplexity" if lines and all(is_perplexity(items) for items in lines) else None
+
+    def perplexity(self, suite: str) -> bool:
+        return self.kind_of(suite) == "perplexity"
 
 
 def summary_figures(name: str, summary: dict, lines: list[dict], params: Params) -> tuple[dict, tuple[str, ...]]:
@@ -77,7 +90,8 @@ def overall(suite_verdicts: list[SuiteVerdict], extra: list[tuple[str, str]] = (
 
 
 def is_perplexity(items: dict[str, dict]) -> bool:
-    """A perplexity suite's lines carry each document's log-likelihood and token count."""
+    """Whether a suite's lines are documents (each's log-likelihood and token count): read only for a task no YAML
+    describes (`Evidence.kind_of`); a suite's declared kind decides how it is compared."""
     return bool(items) and all("loglikelihood" in item and "n_tokens" in item for item in items.values())
 
 
@@ -121,7 +135,7 @@ def decide(evidence: Evidence, params: Params) -> dict:
     variants = {variant: _decide_variant(variant, evidence, params, speeds, flagged)
                 for variant in results if variant != "base"}
     attach_fixes(variants, evidence.quant, evidence.sensitivity, params)  # each W4A16 variant beside its fix
-    base_suites = {s: suite_score(items) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
+    base_suites = {s: suite_score(items, evidence.perplexity(s)) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
                    for s, items in results.get("base", {}).items()}
     return {
         **({"unsandboxed": flagged} if flagged else {}),  # every result whose model-written code ran without isolation
@@ -132,7 +146,7 @@ def decide(evidence: Evidence, params: Params) -> dict:
         **({"difficulty": tables} if (tables := difficulty_tables(results, evidence.summaries)) else {}),
         "engines": engine_notes(evidence.summaries, list(params.suites)),
         "budgets": budget_table(results, p.max_cut_share),  # per suite and model: answers cut at the token budget, and where
-        "method_comparisons": method_comparisons(results, evidence.quant, p.confidence),
+        "method_comparisons": method_comparisons(results, evidence.quant, p.confidence, evidence.perplexity),
         "speed": speeds,
         "params_sha256": params.digest(),
         # variants of params.yaml with no result: named, never left out in silence (--fail-on incomplete fails them)
@@ -201,7 +215,7 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
                                     margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
                                     seed=p.seed, floor_ceiling=p.floor_ceiling,
                                     available=suite_size(evidence.summaries, variant, suite))
-                      for suite in compared if not is_perplexity(results["base"][suite])]
+                      for suite in compared if not evidence.perplexity(suite)]
     unsandboxed = {v.suite: [m for m in ("base", variant) if f"{m}/{v.suite}" in flagged] for v in suite_verdicts}
     for v in suite_verdicts:
         if unsandboxed[v.suite]:
@@ -209,7 +223,7 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     perplexity = {suite: compare_perplexity(results["base"][suite], suites[suite], variant=variant, suite=suite,
                                             margin=p.perplexity_margin_for(suite), confidence=p.confidence,
                                             available=suite_size(evidence.summaries, variant, suite))
-                  for suite in compared if is_perplexity(results["base"][suite])}
+                  for suite in compared if evidence.perplexity(suite)}
     _shown_not_counted(suite_verdicts, perplexity, evidence, variant, p.max_cut_share)
     judged = judge_verdict(evidence.judge.get(variant), params)
     extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
@@ -246,11 +260,11 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     }
 
 
-def method_comparisons(results: dict, quant: dict[str, dict | None], confidence: float) -> list[dict]:
+def method_comparisons(results: dict, quant: dict[str, dict | None], confidence: float, perplexity) -> list[dict]:
     """Each method against those it declares in COMPARED_WITH (pipeline/methods/: AWQ against round-to-nearest,
     the contrast of the AWQ paper, Lin et al. 2023), variants at the same group size, on every perplexity suite
     both ran: the variant's perplexity relative to the other's, paired per document. Shown, not counted: the
-    verdict compares each variant with the base."""
+    verdict compares each variant with the base. `perplexity(suite)`: whether the suite is a perplexity suite."""
     from pipeline import methods
 
     quant = {name: quant.get(name) or {} for name in results if name != "base"}
@@ -260,16 +274,16 @@ def method_comparisons(results: dict, quant: dict[str, dict | None], confidence:
             for against, r in quant.items():
                 if q.get("method") != method or r.get("method") != other or q.get("group_size") != r.get("group_size"):
                     continue
-                rows += _compared(results, variant, against, confidence,
+                rows += _compared(results, variant, against, confidence, perplexity,
                                   {"method": method, "against_method": other, "why": why,
                                    "group_size": q.get("group_size")})
     return rows
 
 
-def _compared(results: dict, variant: str, against: str, confidence: float, row: dict) -> list[dict]:
+def _compared(results: dict, variant: str, against: str, confidence: float, perplexity, row: dict) -> list[dict]:
     rows = []
     for suite in sorted(set(results[variant]) & set(results[against])):
-        if not (is_perplexity(results[variant][suite]) and is_perplexity(results[against][suite])):
+        if not perplexity(suite):
             continue
         c = compare_perplexity(results[against][suite], results[variant][suite], variant=variant, suite=suite,
                                margin=1.0, confidence=confidence)
@@ -282,11 +296,11 @@ def _compared(results: dict, variant: str, against: str, confidence: float, row:
     return rows
 
 
-def suite_score(items: dict) -> dict:
+def suite_score(items: dict, perplexity: bool) -> dict:
     """A model's score on one suite: mean score over its items (avg@k where sampled k times per item, with pass@k),
-    or perplexity over all its tokens."""
+    or, a perplexity suite's, perplexity over all its tokens."""
     n = len(items)
-    if is_perplexity(items):
+    if perplexity:
         tokens = sum(i["n_tokens"] for i in items.values())
         return {"n": n, "perplexity": math.exp(-sum(i["loglikelihood"] for i in items.values()) / tokens) if tokens else None}
     return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None, **(sampled_figures(items) or {})}
