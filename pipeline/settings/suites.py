@@ -241,13 +241,29 @@ def find(task: str, tasks_dir: Path | str | None = None) -> Suite | None:
     return shipped().get(task) or known().get(task)
 
 
-def bench_file(role: str) -> Path:
-    """The file a bench workload takes (BENCH_FILES): the first shipped suite that declares one for `role`."""
-    for suite in shipped().values():
+def bench_suites(role: str, configured=()) -> list[Suite]:
+    """The suites a bench workload takes `role` from (BENCH_FILES; images: also those whose hooks hand their items,
+    bench_images): the run's own (`configured`: the Suites of params.yaml `suites`), in their order; where none of
+    them gives it, the shipped ones (a text model's bench takes the long-context book whether or not it runs the
+    suite; a vision model benched with no image suite configured, the shipped suites' images)."""
+    def gives(suite: Suite) -> bool:
+        return role in suite.bench or (role == "images" and "images" in suite.needs and bool(suite.hook("bench_images")))
+
+    return [s for s in configured if gives(s)] or [s for s in shipped().values() if gives(s)]
+
+
+def bench_file(role: str, configured=()) -> Path:
+    """The file a bench workload takes (BENCH_FILES): the first suite that declares one for `role` (`bench_suites`)."""
+    for suite in bench_suites(role, configured):
         if role in suite.bench:
             return suite.bench[role]
     raise UserError(f"no suite under {EVALS_DIR} declares metadata.suite.bench.{role} ({BENCH_FILES[role]}); "
                     "declare it in the task YAML of the suite whose data it is")
+
+
+def configured(suites: dict) -> tuple[Suite, ...]:
+    """The Suites of params.yaml `suites` ({name: SuiteParams}) that a YAML declares, in params.yaml's order."""
+    return tuple(found for s in suites.values() if (found := find(s.task, s.tasks_dir)) is not None)
 
 
 def held_out_tasks() -> tuple[str, ...]:
