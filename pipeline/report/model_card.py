@@ -240,13 +240,13 @@ def needs_images(suite: str) -> bool:
 
 
 def _few_items(entry: dict) -> list[str]:
-    counted = [(s, d, part) for part in ("suites", "perplexity") for s, d in sorted((entry.get(part) or {}).items())
-               if d.get("counted")]
+    counted = [(s, d, kind) for kind in (facts.ACCURACY, facts.PERPLEXITY)
+               for s, _, d in sorted(facts.counted_entries(entry, kind))]
     if not counted:
         return []
     sizes = sorted({d.get("n") for _, d, _ in counted if d.get("n")})
-    margins = "; ".join(f"{s}: {figures.relative(d['margin']) if part == 'perplexity' else figures.points(-d['margin']) + ' points'}"
-                        for s, d, part in counted)
+    margins = "; ".join(f"{s}: {figures.relative(d['margin']) if kind == facts.PERPLEXITY else figures.points(-d['margin']) + ' points'}"
+                        for s, d, kind in counted)
     spread = (f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}") if sizes else "few"
     lines = [f"- each suite scored {spread} items: GO means the interval of the change lies within the margin "
              f"({md(margins)}); a loss smaller than that cannot be told apart from none"]

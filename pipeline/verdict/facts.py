@@ -3,7 +3,8 @@ every reader of it: the headline (pipeline/verdict/headline.py), the fix (fix.py
 (pipeline/report/screen.py), the gate (decision.py) and the model cards (pipeline/report/card_*.py).
 
     counted(entry)          what the decision counted: (suite, kind, decision) of the right/wrong suites, the
-                            perplexity suites, the judge and speed at batch 1
+                            perplexity suites, the judge and speed at batch 1 (`counted_entries`: with their
+                            figures; `counted_part`: one suite's)
     nogo_on(entry)          what it is NO-GO on (by kind: `nogo_by_kind`)
     not_settled_on(entry)   the counted suites whose interval settles neither way
     not_counted(entry)      {suite: why} of what is shown and not counted
@@ -26,17 +27,29 @@ PARTS = (("suites", ACCURACY), ("perplexity", PERPLEXITY))  # verdict.json's par
 SPEED_SUITE = "speed at batch 1"  # what a counted speed regression is named as
 
 
-def counted(entry: dict) -> list[tuple[str, str, str | None]]:
-    """(suite, kind, decision) of everything the variant's decision counted, right/wrong suites then perplexity
-    suites (each by name), then the judge, then speed (a counted speed is a NO-GO)."""
-    found = [(suite, kind, d.get("decision")) for part, kind in PARTS
+def counted_entries(entry: dict, *kinds: str) -> list[tuple[str, str, dict]]:
+    """(suite, kind, its part of the entry) of everything the variant's decision counted, right/wrong suites then
+    perplexity suites (each by name), then the judge, then speed at batch 1 (a counted speed is a NO-GO); only those
+    of `kinds` when given. The one reading of what was counted: every reader of the figures goes through it."""
+    found = [(suite, kind, d) for part, kind in PARTS
              for suite, d in (entry.get(part) or {}).items() if isinstance(d, dict) and d.get("counted")]
     judge = entry.get("judge") or {}
     if judge.get("counted"):
-        found.append((JUDGE, JUDGE, judge.get("decision")))
-    if (entry.get("speed") or {}).get("counted"):
-        found.append((SPEED_SUITE, SPEED, NO_GO))
-    return found
+        found.append((JUDGE, JUDGE, judge))
+    speed = entry.get("speed") or {}
+    if speed.get("counted"):
+        found.append((SPEED_SUITE, SPEED, speed))
+    return [row for row in found if not kinds or row[1] in kinds]
+
+
+def counted_part(entry: dict, kind: str, suite: str) -> dict | None:
+    """The suite's part of the entry (its figures) where the decision counted it as `kind`, else None."""
+    return next((d for s, k, d in counted_entries(entry, kind) if s == suite), None)
+
+
+def counted(entry: dict) -> list[tuple[str, str, str | None]]:
+    """(suite, kind, decision) of everything the variant's decision counted (`counted_entries`)."""
+    return [(suite, kind, NO_GO if kind == SPEED else d.get("decision")) for suite, kind, d in counted_entries(entry)]
 
 
 def nogo_by_kind(entry: dict) -> dict[str, list[str]]:
