@@ -11,6 +11,7 @@ from pipeline.errors import UserError
 from pipeline.settings import suites
 from pipeline.settings.params import Params
 from pipeline.stages import report
+from pipeline.verdict.decision import TABLES_KEY
 
 CHOICE_YAML = """task: quant_selftest_choice
 custom_dataset: !function utils.load
@@ -53,6 +54,9 @@ def test_a_right_wrong_suite_whose_lines_carry_loglikelihoods_is_decided_per_ite
     for model, rights in (("base", [1] * 60 + [0] * 40), ("v", [1] * 60 + [0] * 40)):
         (results / model).mkdir(parents=True)
         (results / model / "choice.jsonl").write_text(_lines("choice", rights, documents=True))
+        # a table shaped as a retrieval table's: it is one only for a suite that declares kind retrieval-table
+        (results / model / "choice.json").write_text(json.dumps({"table": {
+            "by_length_and_depth": {"1024": {"d0": {"n": 1, "score": 1.0}}}}}))
     params = Params.model_validate(with_variants({**TINY_PARAMS, "suites": {
         "choice": {"task": "quant_selftest_choice", "tasks_dir": str(folder.parent)}}}, "v"))
     verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
@@ -60,6 +64,7 @@ def test_a_right_wrong_suite_whose_lines_carry_loglikelihoods_is_decided_per_ite
     assert "choice" in entry["suites"] and "choice" not in entry["perplexity"]  # per item, as its YAML declares
     assert entry["suites"]["choice"]["n"] == 100 and entry["coverage"]["suites"]["choice"]["kind"] == "accuracy"
     assert verdict["base"]["suites"]["choice"]["score"] == pytest.approx(0.6)
+    assert verdict[TABLES_KEY] == {}  # not a retrieval-table suite: no retrieval table
 
 
 def test_a_perplexity_suite_whose_lines_are_not_documents_is_refused_naming_the_file(tmp_path):

@@ -13,6 +13,7 @@ from pipeline.report.deploy import SERVING_ENGINES, memory
 from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
 from pipeline.report.printable import printable
 from pipeline.report.screen import first_screen
+from pipeline.verdict.decision import TABLES_KEY
 from pipeline.verdict.headline import headline, label
 
 TEMPLATE_DIR = Path(__file__).parent
@@ -65,7 +66,7 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
                 ("calibration", "Calibration data"), ("environment", "Environment")]
     lines = engine_lines(verdict)
     budgets = budget_rows(verdict)
-    shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get("long_context")),
+    shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get(TABLES_KEY)),
              "difficulty": bool(verdict.get("difficulty")), "engines": bool(lines), "budgets": bool(budgets)}
     sections = [(anchor, title) for anchor, title in sections if shown.get(anchor, True)]
     page = env.get_template("template.html").render(
@@ -76,7 +77,7 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
         results_read=bool(results),
         flipped_total=sum(bool(it["flipped"]) for items in items_by_suite.values() for it in items),
         toc=toc(verdict, sections), serving_engines=SERVING_ENGINES, engine_lines=lines, fix_charts=fix_charts,
-        budget_rows=budgets,
+        budget_rows=budgets, retrieval_tables=verdict.get(TABLES_KEY) or {},
         **_suite_anchors(verdict, rows, perplexity_rows), **view,
     )
     return printable(page)  # whatever the results hold: no control character but newline and tab

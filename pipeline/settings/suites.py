@@ -57,7 +57,7 @@ KINDS = {"right-wrong": "each item right or wrong (accuracy)",
 NEEDS = {"images": "an engine and a model that take images (else: not applicable)",
          "sandbox": "bubblewrap: it runs model-written code (suites.<name>.allow_unsandboxed otherwise)",
          "context": "the model's context length (and the served engine's bounds) before its items are made",
-         "thinking": "a model that reasons before answering"}
+         "thinking": "a model whose chat template thinks (else: not applicable)"}
 BENCH_FILES = {"text": "a long text the fixed-length workload cuts its prompts from",
                "images": "items (JSON lines with an `image` path) the image workload takes its images from"}
 HOOKS = ("options_problem", "task_metadata", "not_applicable", "summarize", "table_from_lines", "bench_images")

@@ -119,7 +119,7 @@ def _judge_coverage(variant: str, judged: dict | None) -> dict:
 
 
 def coverage_line(decision: str, suites: dict[str, dict]) -> str:
-    """E.g. 'GO on 4 perplexity suites; math, code not run; long_context, vqa not configured'."""
+    """E.g. 'GO on 4 perplexity suites; math, code not run; 2 suites not configured'."""
     decided = [(name, e) for name, e in suites.items() if e["state"] == DECIDED]
     parts = []
     for kind, (one, many) in KIND_NAMES.items():

@@ -29,6 +29,11 @@ from pipeline.verdict.samples import sampled_figures
 from pipeline.verdict.speed import capacity_line, speed_row, speed_verdict
 
 
+# verdict.json's key of the retrieval-table suites' tables, per model: the name it has had since the first such suite,
+# kept so that the verdicts written since (reports/example-gpu) and what reads them (the page, dvc metrics) agree
+TABLES_KEY = "long_context"
+
+
 @dataclass
 class Evidence:
     """What a verdict is decided from, per model (base, the variants of params.yaml and their fixes), as read from
@@ -74,19 +79,19 @@ def summary_figures(name: str, summary: dict, lines: list[dict], params: Params)
         "ci_low", "ci_high", "confidence")
 
 
-def overall(suite_verdicts: list[SuiteVerdict], extra: list[tuple[str, str]] = ()) -> tuple[str, list[str]]:
-    """NO-GO if any counted suite is NO-GO, GO if all counted suites are GO, else INCONCLUSIVE.
-    `extra`: other counted evidence as (name, decision), e.g. a reliable judge."""
-    counted = [(v.suite, v.decision) for v in suite_verdicts if v.counted] + list(extra)
+def overall(suite_verdicts: list[SuiteVerdict], perplexity: dict | None = None, judged: dict | None = None,
+            speed: dict | None = None) -> tuple[str, list[str]]:
+    """NO-GO if anything counted is NO-GO (a right/wrong or perplexity suite, a reliable judge, speed at batch 1),
+    GO if all of it is GO, else INCONCLUSIVE: what was counted, NO-GO on and not settled on as facts.py reads them."""
+    parts = _parts(suite_verdicts, perplexity or {}, judged, speed)
+    counted = facts.counted(parts)
     if not counted:
         return INCONCLUSIVE, ["nothing counted: every suite was uninformative or empty"]
-    no_go = [name for name, d in counted if d == NO_GO]
-    if no_go:
+    if no_go := facts.nogo_on(parts):
         return NO_GO, [f"NO-GO on {', '.join(no_go)}"]
-    open_ = [name for name, d in counted if d != GO]
-    if open_:
+    if open_ := facts.not_settled_on(parts):
         return INCONCLUSIVE, [f"not settled on {', '.join(open_)}"]
-    return GO, [f"GO on everything counted ({', '.join(name for name, _ in counted)})"]
+    return GO, [f"GO on everything counted ({', '.join(name for name, _, _ in counted)})"]
 
 
 def is_perplexity(items: dict[str, dict]) -> bool:
@@ -141,7 +146,7 @@ def decide(evidence: Evidence, params: Params) -> dict:
         **({"unsandboxed": flagged} if flagged else {}),  # every result whose model-written code ran without isolation
         "variants": variants,
         "base": {"suites": base_suites},
-        "long_context": long_context_tables(results, evidence.summaries),
+        TABLES_KEY: retrieval_tables(results, evidence.summaries, evidence.kinds),
         # the generated visual suites' tables by difficulty, where any was scored (none: no key, as before them)
         **({"difficulty": tables} if (tables := difficulty_tables(results, evidence.summaries)) else {}),
         "engines": engine_notes(evidence.summaries, list(params.suites)),
@@ -154,13 +159,14 @@ def decide(evidence: Evidence, params: Params) -> dict:
     }
 
 
-def long_context_tables(results: dict, summaries: dict[str, dict[str, dict]]) -> dict:
-    """Per model, the retrieval table of its suite that has one (a retrieval-table suite's `table` in <suite>.json,
-    whatever the suite's name: the long-context accuracy by length and needle depth, and what was skipped)."""
+def retrieval_tables(results: dict, summaries: dict[str, dict[str, dict]], kinds: dict[str, str]) -> dict:
+    """Per model, the table of its retrieval-table suite (the kind its YAML declares, `kinds`; whatever the suite's
+    name): its `table` in <suite>.json, the accuracy by length and needle depth, and what was skipped."""
     tables = {}
     for model in results:
-        found = [summary["table"] for summary in summaries.get(model, {}).values()
-                 if (summary.get("table") or {}).get("by_length_and_depth") is not None]
+        found = [summary["table"] for suite, summary in summaries.get(model, {}).items()
+                 if kinds.get(suite) == "retrieval-table" and (summary.get("table") or {}).get("by_length_and_depth")
+                 is not None]
         if found:
             tables[model] = found[0]
     return tables
@@ -226,17 +232,12 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
                   for suite in compared if evidence.perplexity(suite)}
     _shown_not_counted(suite_verdicts, perplexity, evidence, variant, p.max_cut_share)
     judged = judge_verdict(evidence.judge.get(variant), params)
-    extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
-    if judged and judged["counted"]:
-        extra.append(("judge", judged["decision"]))
-    speed = speed_verdict(speeds, variant, p)
-    if speed and speed.get("counted"):
-        extra.append(("speed at batch 1", NO_GO))  # speed can stop a variant, never pass one
-    decision, reasons = overall(suite_verdicts, extra)
+    speed = speed_verdict(speeds, variant, p)  # speed can stop a variant, never pass one
+    decision, reasons = overall(suite_verdicts, perplexity, judged, speed)
     for suite in sorted(suites):  # a result run without isolation that no suite comparison above shows
         if f"{variant}/{suite}" in flagged and suite not in unsandboxed:
             reasons.insert(0, _unsandboxed_reason([variant], suite))
-    if speed and speed.get("counted"):
+    if facts.counted_entries({"speed": speed}, facts.SPEED):
         reasons.append(f"slower than the base at batch 1: {speed['reason']}")
     steps = next_steps(variant, suite_verdicts, perplexity, judged, evidence.summaries, params)
     return {
