@@ -143,7 +143,8 @@ def test_every_shipped_suite_is_declared_and_its_hooks_are_its_own():
     tabled = [s for s in own if s.kind == "retrieval-table"]
     assert [s.task for s in tabled] == ["quant_long_context"]
     assert suites.bench_file("text").name == "alice29.txt" and suites.bench_file("images").suffix == ".jsonl"
-    assert suites.held_out_tasks() == ("quant_ppl_chat",)
+    assert [s.task for s in shipped.values() if s.held_out] == ["quant_ppl_chat"]
+    assert suites.named("long_context") is tabled[0] and suites.named("no such suite") is None
     assert "lengths: give a list" in tabled[0].hook("options_problem")({"lengths": [10]})
 
 
@@ -258,3 +259,21 @@ def test_pipeline_names_no_suite_of_evals():
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if not kept.match(line)
              for word in words if re.search(rf"""["']{re.escape(word)}["']""", line)]
     assert named == []
+
+
+def test_a_cards_reading_of_a_suite_of_ones_own_is_by_its_task_not_its_name(tmp_path):
+    """The cards find what a suite declares from the task params.yaml runs it with, a user's own folder included:
+    an image suite is no limitation of a text model, a held-out suite's reproduction names the held-out data."""
+    from pipeline.report.card_recipe import reproduction_params
+    from pipeline.report.model_card import needs_images
+
+    root = tmp_path / "my-suites"
+    _own_suite(root, "pictures", "    name: pictures\n    kind: right-wrong\n    needs: [images]\n")
+    _own_suite(root, "chats", "    name: chats\n    kind: right-wrong\n    held_out: true\n")
+    suites.include(root)
+    tasks = {"pictures": "quant_selftest_pictures", "chats": "quant_selftest_chats"}
+    assert needs_images("pictures", tasks) and not needs_images("chats", tasks)
+    assert needs_images("vqa", {}) and not needs_images("math", {})  # shipped, not configured: by declared name
+    entry = {"suites": {"chats": {"n": 40, "margin": 0.1}}}
+    setting = reproduction_params("v", entry, {"variants": {"v": entry}}, tasks, None)["suites"]["chats"]
+    assert setting["options"] == {"data": "calib/holdout.jsonl"}  # CALIB_DIR: where its calib stage writes

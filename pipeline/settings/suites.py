@@ -218,6 +218,12 @@ def include(folder: Path | str) -> None:
         _INCLUDED.append(folder)
 
 
+def named(name: str) -> Suite | None:
+    """The suite whose YAML declares `name` (metadata.suite.name): the shipped ones, then those of every folder
+    included; None for a name none declares."""
+    return next((suite for suite in known().values() if suite.name == name), None)
+
+
 def included() -> tuple[Path, ...]:
     """The folders of the user's own tasks the registry was told of (include), in that order."""
     return tuple(_INCLUDED)
@@ -264,11 +270,6 @@ def bench_file(role: str, configured=()) -> Path:
 def configured(suites: dict) -> tuple[Suite, ...]:
     """The Suites of params.yaml `suites` ({name: SuiteParams}) that a YAML declares, in params.yaml's order."""
     return tuple(found for s in suites.values() if (found := find(s.task, s.tasks_dir)) is not None)
-
-
-def held_out_tasks() -> tuple[str, ...]:
-    """The shipped tasks that score the publisher's held-out conversations (options.data)."""
-    return tuple(task for task, suite in shipped().items() if suite.held_out)
 
 
 @lru_cache(maxsize=None)
