@@ -16,7 +16,8 @@ free-form; the task's loader gets it as keywords and ignores what it does not na
           config: main           # optional, as the split
           split: test
           task_type: text-generation   # the Hub's task (the default)
-        bench: {}                # files of the folder the bench's workloads take: text (a long text), images
+        bench: {}                # files of the folder the bench's workloads take (when params.yaml runs the suite:
+                                 # bench_suites): text (a long text), images
         hooks: hooks.py          # optional: the suite's own module (below)
 
 Every YAML under evals/ that names a `task` is a suite and declares this block; a folder named by
