@@ -139,13 +139,6 @@ def coverage_line(decision: str, suites: dict[str, dict]) -> str:
     return "; ".join(line)
 
 
-def incomplete_why(coverage: dict) -> str:
-    """Why a variant's decision rests on fewer suites than the base ran, in a few words."""
-    missing = [s for s in coverage["base_ran"] if coverage["suites"][s]["state"] != DECIDED]
-    return (f"decided on {len(coverage['base_ran']) - len(missing)} of the {len(coverage['base_ran'])} suites the base "
-            f"ran; " + "; ".join(f"{s} {LABELS[coverage['suites'][s]['state']]}" for s in missing))
-
-
 NOT_BUILT, NOT_EVALUATED = "not built", "not evaluated"
 
 

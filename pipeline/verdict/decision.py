@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pipeline.settings.params import Params
 import pipeline.verdict.facts as facts
 from pipeline.verdict.budget import budget_table, budget_why
-from pipeline.verdict.coverage import incomplete_why, suite_coverage, variants_without_results
+from pipeline.verdict.coverage import suite_coverage, variants_without_results
 from pipeline.verdict.engines import engine_notes, unpaired_why
 from pipeline.verdict.fix import attach_fixes
 from pipeline.verdict.headline import label
@@ -385,8 +385,8 @@ def _gate_reason(v: dict, fail_on: str) -> str | None:
     """Why one decided variant trips the gate `fail_on`, or None."""
     if v["decision"] == NO_GO or (v["decision"] == INCONCLUSIVE and fail_on != "no-go"):
         return v["decision"]
-    if fail_on == "incomplete" and not v["coverage"]["complete"]:
-        return f"{v['decision']}, incomplete: {incomplete_why(v['coverage'])}"
+    if fail_on == "incomplete" and not facts.complete(v):
+        return f"{v['decision']}, incomplete: {facts.incomplete_why(v)}"
     return None
 
 

@@ -10,6 +10,7 @@ every reader of it: the headline (pipeline/verdict/headline.py), the fix (fix.py
     not_counted(entry)      {suite: why} of what is shown and not counted
     by_state(entry)         coverage by state: {state: [suite]}, over every suite (or only those the base ran)
     rests_on(entry)         what the decision rests on, in words
+    incomplete_why(entry)   why a GO rests on fewer suites than the base ran (the gate's --fail-on incomplete)
     ships(entry)            whether this variant is one to ship: a plain GO, never a GO resting on fewer suites
                             than the base ran, an INCONCLUSIVE or a NO-GO
     unreachable(step)       a next step that asks for more items than its suite has (`next_steps.py` says so)
@@ -125,6 +126,16 @@ def rests_on(entry: dict, name=str, words: dict[str, str] | None = None) -> str:
     parts = [f"decided on {and_list(shown[DECIDED])}" if shown.get(DECIDED) else "nothing decided"]
     parts += [f"{and_list(shown[state])} {words[state]}" for state in words if shown.get(state)]
     return "; ".join(parts)
+
+
+def incomplete_why(entry: dict) -> str:
+    """Why a variant's decision rests on fewer suites than the base ran, in a few words: "decided on 4 of the 6 suites
+    the base ran; math not run; code not run"."""
+    ran = (entry.get("coverage") or {}).get("base_ran") or []
+    states = coverage_states(entry)
+    left = [s for s in ran if (states.get(s) or {}).get("state") != DECIDED]
+    return (f"decided on {len(ran) - len(left)} of the {len(ran)} suites the base ran; "
+            + "; ".join(f"{s} {LABELS[states[s]['state']]}" for s in left))
 
 
 def complete(entry: dict) -> bool:
