@@ -88,3 +88,15 @@ def test_what_was_counted_is_read_in_one_place():
              for p in sorted((REPO / "pipeline" / folder).glob("*.py")) if p.name not in setters
              for n, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
     assert found == []
+
+
+def test_coverage_by_state_is_read_in_one_place():
+    """Issue 65.3: what each suite's state is (decided, not counted and why, not run, ...) is read off an entry through
+    facts.py (coverage_states, by_state, whys, missing, rests_on), never by a reader's own walk of its coverage."""
+    import re
+
+    reads = re.compile(r"""\.get\(["']coverage["']\)\s*or\s*\{\}\)\.get\(["']suites["']\)|\[["']coverage["']\]\[["']suites["']\]""")
+    found = [f"{p.relative_to(REPO)}:{n}" for folder in ("verdict", "report")
+             for p in sorted((REPO / "pipeline" / folder).glob("*.py")) if p.name not in ("facts.py", "coverage.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
+    assert found == []

@@ -105,7 +105,7 @@ def evaluation_table(entry: dict, verdict: dict, tasks: dict[str, str]) -> list[
     """Every suite the base ran (and the judge), accuracy first, then perplexity, then the judge; the Average row."""
     lines = ["| suite | data | scored | base | this model | change [95% interval] | margin | recovery | decision |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    coverage = (entry.get("coverage") or {}).get("suites") or {}
+    coverage = facts.coverage_states(entry)
     base_suites = (verdict.get("base") or {}).get("suites") or {}
     accuracy, perplexity = entry.get("suites") or {}, entry.get("perplexity") or {}
     shown = [s for s in coverage if s != "judge" and coverage[s].get("state") != NOT_CONFIGURED]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+import pipeline.verdict.facts as facts
 import pipeline.verdict.figures as figures
 from pipeline.verdict.coverage import NOT_CONFIGURED
 from pipeline.report.recovery_table import recovery_table
@@ -31,7 +32,7 @@ def toc(verdict: dict, sections: list[tuple[str, str]]) -> dict:
     name are in the coverage table, not here (they would grow the first screen with every suite evals/ ships)."""
     suites = []
     for v in verdict["variants"].values():
-        for name, entry in ((v.get("coverage") or {}).get("suites") or {}).items():
+        for name, entry in facts.coverage_states(v).items():
             if name not in suites and entry.get("state") != NOT_CONFIGURED:
                 suites.append(name)
     return {"sections": sections, "variants": list(verdict["variants"]), "suites": suites}
@@ -146,7 +147,7 @@ def _suite_anchors(verdict: dict, rows: list[dict], perplexity_rows: list[dict])
         first.setdefault(s["suite"], (s["variant"], s["suite"]))
     coverage = {}
     for name, v in verdict["variants"].items():
-        for suite in (v.get("coverage") or {}).get("suites") or {}:
+        for suite in facts.coverage_states(v):
             if suite not in first:
                 coverage.setdefault(suite, (name, suite))
     return {"first_of_suite": set(first.values()), "coverage_anchors": set(coverage.values())}

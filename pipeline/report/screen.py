@@ -56,7 +56,7 @@ def matrix_cell(variant: dict, kind: str, suite: str) -> dict | None:
 def cell_note(variant: dict, suite: str) -> str:
     """What a matrix cell says when the variant's decision does not count the suite: the state and the verdict's
     own why (coverage.suites.<suite> of verdict.json), up to its first semicolon."""
-    entry = ((variant.get("coverage") or {}).get("suites") or {}).get(suite) or {}
+    entry = facts.coverage_states(variant).get(suite) or {}
     state = entry.get("label") or entry.get("state") or "not decided"
     why = str(entry.get("why") or "").split("; ")[0]
     return f"{state}: {why}" if why else str(state)
@@ -99,7 +99,7 @@ def recovery_note(variant: dict) -> dict:
 def _row(name: str, v: dict, columns: list, speed: dict, base: dict, human_size, speed_engine: str | None) -> dict:
     quant, kl = v.get("quant") or {}, v.get("kl")
     size, base_size = quant.get("size_bytes"), base.get("size_bytes") or quant.get("base_size_bytes")
-    shown, suites = label(v), (v.get("coverage") or {}).get("suites")
+    shown, suites = label(v), facts.coverage_states(v)
     return {
         "name": name, "scheme": quant.get("scheme"), "decision": v.get("decision"), "label": shown,
         "class": LABEL_CLASS.get(shown) or DECISION_CLASS.get(shown, "uninformative"), "why": v.get("why") or "",
