@@ -270,7 +270,7 @@ def bench(
     warm_run_servers(p)
     start_ahead(p, params_file)  # the others' evaluation starts now, not after this stage: it waits for a quiet GPU
     with working():
-        result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout)
+        result = bench_stage.run(model_dir, out, settings, p.engine, engine=engine, holdout=holdout, suites=p.suites)
     console.summary(result.summary())
 
 
