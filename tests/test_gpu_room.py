@@ -17,6 +17,7 @@ import pytest
 from pipeline.engines import gpu_room, server_plan, shared
 from pipeline.engines.server_registry import held_bytes, measured_memory, model_peak_bytes
 
+from shared_stage import SERVER
 from test_shared_server import gone, stage
 
 GIB_MIB = 1024  # MiB in a GiB: the fake nvidia-smi speaks MiB, as the real one does
@@ -155,6 +156,25 @@ def test_an_in_process_stage_gets_its_room_idle_servers_first_then_work_started_
     finally:
         job.kill()
         job.wait()
+
+
+def test_a_server_still_starting_that_nothing_waits_for_goes_last_rather_than_the_stage_refusing(
+        tmp_path, tiny_llama, registry, run, gpu, monkeypatch):
+    """The H100 run of 2026-12-07: kl --rank of RTN was refused with 60 GiB free beside AWQ's server, started for the
+    evaluation working ahead and still loading when make_room stopped that job; a starting server was never stopped
+    for room. Now it goes, after the idle servers and the jobs, and its stage starts it again when it needs it."""
+    monkeypatch.setenv(shared.RUN_PID_ENV, str(run.pid))
+    awq = _copy(tiny_llama, tmp_path, "awq")
+    key = shared.warm([*SERVER, str(awq), "--served-model-name", "model", "--start-delay", "60"], "--port",
+                      model_dir=awq, log_path=tmp_path / "awq.log", max_servers=2)
+    assert key and _wait(lambda: shared.entries(registry)[key].get("server_pid"))
+    entry = shared.entries(registry)[key]
+    assert entry["state"] == "starting"
+    gpu({entry["server_pid"]: 20})  # 59.6 of 79.6 GiB free: a pass needing 65 does not fit beside it
+    assert gpu_room.make_room("kl --rank", 40 << 30) == []  # it fits: a starting server is left alone
+    said = gpu_room.make_room("kl --rank", 65 << 30)
+    assert said == ["awq's server (starting)"]
+    assert gone(entry["server_pid"]) and key not in shared.entries(registry)
 
 
 def test_what_cannot_be_freed_is_said_as_it_is(tmp_path, tiny_llama, registry, run, gpu):

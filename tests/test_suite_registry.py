@@ -143,7 +143,8 @@ def test_every_shipped_suite_is_declared_and_its_hooks_are_its_own():
     tabled = [s for s in own if s.kind == "retrieval-table"]
     assert [s.task for s in tabled] == ["quant_long_context"]
     assert suites.bench_file("text").name == "alice29.txt" and suites.bench_file("images").suffix == ".jsonl"
-    assert suites.held_out_tasks() == ("quant_ppl_chat",)
+    assert [s.task for s in shipped.values() if s.held_out] == ["quant_ppl_chat"]
+    assert suites.named("long_context") is tabled[0] and suites.named("no such suite") is None
     assert "lengths: give a list" in tabled[0].hook("options_problem")({"lengths": [10]})
 
 
@@ -183,3 +184,96 @@ def test_pipeline_names_no_task_of_a_suite():
     named = [f"{p.relative_to(REPO)} names {task}" for task in suites.shipped() for p in sources
              if task in p.read_text(encoding="utf-8")]
     assert named == []
+
+
+TABLED_HOOKS = """from collections import defaultdict
+
+
+def table(lines):
+    bins = defaultdict(list)
+    for line in lines:
+        bins[line["difficulty"]["parity"]].append(line["score"])
+    return {"by_difficulty": {"axis": "parity", "bins": {k: {"n": len(v), "score": sum(v) / len(v)}
+                                                        for k, v in sorted(bins.items())}}}
+
+
+def summarize(lines, metadata):
+    return table(lines)
+
+
+def table_from_lines(lines):
+    return table(lines)
+"""
+
+
+def _own_suite(root, name: str, block: str, hooks: str | None = None):
+    """A suite folder of this test's own: the parity items (each with its difficulty), `block` its metadata.suite."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    yaml_text = SUITE_YAML.replace("quant_selftest_parity", f"quant_selftest_{name}").split("  suite:\n")[0]
+    (folder / f"quant_selftest_{name}.yaml").write_text(yaml_text + "  suite:\n" + block)
+    (folder / "utils.py").write_text(SUITE_UTILS)
+    (folder / "items.jsonl").write_text("".join(json.dumps({"id": f"{name}-{n:03d}", "n": n, "difficulty": {
+        "parity": "even" if n % 2 == 0 else "odd"}}) + "\n" for n in range(40)))
+    if hooks:
+        (folder / "hooks.py").write_text(hooks)
+    return folder
+
+
+def test_suites_with_their_own_table_images_or_thinking_are_folders_too(tmp_path, tiny_llama):
+    """A suite with a table of its own (its hooks, found from its YAML), one that needs images and one that needs
+    thinking, each a folder outside the repository: the table is scored, kept in the verdict and shown on the page;
+    the two others are "not applicable" to a text model whose template does not think, with why, never 0 %."""
+    root = tmp_path / "my-suites"
+    _own_suite(root, "tabled", "    name: tabled\n    kind: right-wrong\n    hooks: hooks.py\n", TABLED_HOOKS)
+    _own_suite(root, "pictures", "    name: pictures\n    kind: right-wrong\n    needs: [images]\n")
+    _own_suite(root, "reasoned", "    name: reasoned\n    kind: right-wrong\n    needs: [thinking]\n")
+    own = {name: {"task": f"quant_selftest_{name}", "tasks_dir": str(root)} for name in ("tabled", "pictures", "reasoned")}
+    params = Params.model_validate(with_variants({**TINY_PARAMS, "verdict": {**TINY_PARAMS["verdict"], "margins": {
+        "suites": {"tabled": 0.1}}}, "suites": own}, "copy"))
+    models, results = tmp_path / "models", tmp_path / "results"
+    shutil.copytree(tiny_llama, models / "base")
+    shutil.copytree(tiny_llama, models / "copy")
+    for model in ("base", "copy"):
+        evaluate.run_model(models / model, params, out_dir=results / model)
+    out = report.run(results, tmp_path / "reports", params, models_dir=models)
+    bins = {"even": {"n": 20, "score": 1.0}, "odd": {"n": 20, "score": 0.0}}
+    assert out.verdict["difficulty"]["tabled"]["models"] == {"base": bins, "copy": bins}  # its own table, by its hooks
+    coverage = out.verdict["variants"]["copy"]["coverage"]["suites"]
+    assert coverage["tabled"]["state"] == "decided"
+    assert coverage["pictures"]["state"] == "not applicable" and "the suite needs images" in coverage["pictures"]["why"]
+    assert coverage["reasoned"]["state"] == "not applicable" and "chat template does not think" in coverage["reasoned"]["why"]
+    assert 'id="difficulty-tabled"' in out.html.read_text()
+
+
+def test_pipeline_names_no_suite_of_evals():
+    """Nor a shipped suite's name or folder as a string (`== "long_context"`, `suites["vqa"]`): a special case by
+    name is what a folder of its own could never get. The words that are also something else are left out: the
+    `code` stage, the kind and verdict part `perplexity`, the unit `documents`, the page's `charts`; the one old key
+    a summary or verdict kept a table under is named once, by the constant that reads it."""
+    other_meanings = {"code", "perplexity", "documents", "charts"}
+    words = {w for s in suites.shipped().values() for w in (s.name, s.folder.name)} - other_meanings
+    kept = re.compile(r"^(OLD_TABLE_KEY|TABLES_KEY) = ")  # formats/results.py, verdict/decision.py
+    sources = [p for p in (REPO / "pipeline").rglob("*") if p.suffix in (".py", ".html")]
+    named = [f"{p.relative_to(REPO)}:{n} names {word}" for p in sources
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if not kept.match(line)
+             for word in words if re.search(rf"""["']{re.escape(word)}["']""", line)]
+    assert named == []
+
+
+def test_a_cards_reading_of_a_suite_of_ones_own_is_by_its_task_not_its_name(tmp_path):
+    """The cards find what a suite declares from the task params.yaml runs it with, a user's own folder included:
+    an image suite is no limitation of a text model, a held-out suite's reproduction names the held-out data."""
+    from pipeline.report.card_recipe import reproduction_params
+    from pipeline.report.model_card import needs_images
+
+    root = tmp_path / "my-suites"
+    _own_suite(root, "pictures", "    name: pictures\n    kind: right-wrong\n    needs: [images]\n")
+    _own_suite(root, "chats", "    name: chats\n    kind: right-wrong\n    held_out: true\n")
+    suites.include(root)
+    tasks = {"pictures": "quant_selftest_pictures", "chats": "quant_selftest_chats"}
+    assert needs_images("pictures", tasks) and not needs_images("chats", tasks)
+    assert needs_images("vqa", {}) and not needs_images("math", {})  # shipped, not configured: by declared name
+    entry = {"suites": {"chats": {"n": 40, "margin": 0.1}}}
+    setting = reproduction_params("v", entry, {"variants": {"v": entry}}, tasks, None)["suites"]["chats"]
+    assert setting["options"] == {"data": "calib/holdout.jsonl"}  # CALIB_DIR: where its calib stage writes

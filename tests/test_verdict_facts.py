@@ -73,3 +73,30 @@ def test_the_suite_size_is_what_quantize_eval_recorded_for_both_models():
     summaries = {"base": {"ppl-code": {"available": 164}}, "v": {"ppl-code": {"available": 170}}, "w": {}}
     assert suite_size(summaries, "v", "ppl-code") == 164
     assert suite_size(summaries, "w", "ppl-code") == 164 and suite_size(summaries, "v", "math") is None
+
+
+def test_what_was_counted_is_read_in_one_place():
+    """Issue 65.3: the readers of a verdict (the headline, the fix, the next steps, the first screen, the recovery
+    table, the cards) learn what a decision counted through pipeline/verdict/facts.py, never by reading an entry's
+    `counted` flag themselves: only facts.py and the modules that set it (the judge's, speed's and the coverage it
+    is derived from) name it."""
+    import re
+
+    setters = {"facts.py", "coverage.py", "judge.py", "speed.py"}
+    reads = re.compile(r"""\.get\(["']counted["']\)|\[["']counted["']\]""")
+    found = [f"{p.relative_to(REPO)}:{n}" for folder in ("verdict", "report")
+             for p in sorted((REPO / "pipeline" / folder).glob("*.py")) if p.name not in setters
+             for n, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
+    assert found == []
+
+
+def test_coverage_by_state_is_read_in_one_place():
+    """Issue 65.3: what each suite's state is (decided, not counted and why, not run, ...) is read off an entry through
+    facts.py (coverage_states, by_state, whys, missing, rests_on), never by a reader's own walk of its coverage."""
+    import re
+
+    reads = re.compile(r"""\.get\(["']coverage["']\)\s*or\s*\{\}\)\.get\(["']suites["']\)|\[["']coverage["']\]\[["']suites["']\]""")
+    found = [f"{p.relative_to(REPO)}:{n}" for folder in ("verdict", "report")
+             for p in sorted((REPO / "pipeline" / folder).glob("*.py")) if p.name not in ("facts.py", "coverage.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
+    assert found == []

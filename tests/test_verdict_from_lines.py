@@ -114,7 +114,7 @@ def test_documents_at_the_edge_of_their_domain_decide_without_a_traceback():
         variant = {f"d{i}": {"loglikelihood": -float(rng.uniform(0, 700)) * t, "n_tokens": t} for i, t in enumerate(tokens)}
         v = compare_perplexity(base, variant, variant="v", suite="s", margin=0.05)
         assert v.decision in ("GO", "NO-GO", "INCONCLUSIVE") and v.n == m and not math.isnan(v.change)
-        assert math.isfinite(suite_score(base)["perplexity"]) and v.sentence
+        assert math.isfinite(suite_score(base, True)["perplexity"]) and v.sentence
         assert len(document_rows({"base": {"s": base}, "v": {"s": variant}}, {"s"})["s"]) == m
     wild = compare_perplexity({"a": {"loglikelihood": -10.0, "n_tokens": 10}, "b": {"loglikelihood": -6990.0, "n_tokens": 10}},
                               {"a": {"loglikelihood": -6990.0, "n_tokens": 10}, "b": {"loglikelihood": -10.0, "n_tokens": 10}},

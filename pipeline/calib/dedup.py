@@ -141,7 +141,7 @@ def near_duplicates(texts: list[str]) -> list[bool]:
     """True for each text whose word 3-grams overlap an earlier kept text's by >= NEAR_DUPLICATE_JACCARD.
     Input order decides which of a pair is kept, so the result is deterministic."""
     from pipeline.calib.store import ConversationStore
-    from pipeline.formats.conversations import Conversation
+    from pipeline.formats.conversation_shapes import Conversation
 
     dropped = []
     with ConversationStore() as store:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.calib.dedup import NearDuplicates, normalised
-from pipeline.formats.conversations import BadRecord, Conversation, OnlySystemTurns, iter_records, to_conversation
+from pipeline.formats.conversation_shapes import BadRecord, Conversation, OnlySystemTurns, to_conversation
+from pipeline.formats.conversations import iter_records
 from pipeline.formats.image_parts import ImageReading
 from pipeline.calib.redact import redact
 from pipeline.calib.store import ConversationStore

@@ -10,7 +10,7 @@ from pathlib import Path
 from pipeline.calib.dedup import content_hash
 from pipeline.calib.store import ConversationStore
 from pipeline.errors import UserError
-from pipeline.formats.conversations import Conversation
+from pipeline.formats.conversation_shapes import Conversation
 
 TOKENIZE_BATCH = 512  # rendered conversations tokenized at once
 HOLDOUT_HOW = "--holdout N on `quantize calib`, or calib.holdout in params.yaml"  # how to change the holdout

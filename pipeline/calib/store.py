@@ -27,7 +27,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeline.formats.conversations import Conversation
+from pipeline.formats.conversation_shapes import Conversation
 
 CACHE_KIB = 32 << 10  # SQLite's page cache: 32 MB
 PAGE_ROWS = 2048  # rows read per query when walking the kept conversations in hash order

@@ -13,7 +13,8 @@ made for a stage that loads a model on the GPU in its own process.
   ranking, bench's bandwidth probe) asks for the bytes it needs. Idle servers stop first, least recently used first,
   `last` (the base, or the model the stage is about to serve) after every other; then, if that is not enough, the
   work started ahead of its stage (pipeline/scoring/ahead.py: it stops as a cut stage stops, and its stage finishes
-  it) and the servers it held. What was stopped is said; what still holds the GPU is `holders()`.
+  it) and the servers it held, and last a server still starting that nothing waits for any more. What was stopped is
+  said; what still holds the GPU is `holders()`.
 
 Standard library only (nvidia-smi through gpu_memory): no torch, no CUDA context.
 """
@@ -62,7 +63,8 @@ def holders(registry: Path | None = None) -> str:
 
 def make_room(what: str, need_bytes: int, *, last: Path | str | None = None, registry: Path | None = None) -> list[str]:
     """Frees the GPU until need_bytes are free for `what` (a stage's in-process work): idle servers first, `last`'s
-    after every other, then the jobs working ahead and their servers. Returns what it stopped, in words (logged);
+    after every other, then the jobs working ahead and their servers, then servers still starting that no lease or
+    job waits for. Returns what it stopped, in words (logged);
     [] when the room was there or there is no GPU to free. It never fails: the caller checks what it got (free
     memory) and says what is wrong, with `holders()`."""
     registry = registry or registry_dir()
@@ -72,17 +74,19 @@ def make_room(what: str, need_bytes: int, *, last: Path | str | None = None, reg
     last = str(Path(last).resolve()) if last else None
     stopped: list[str] = []
 
-    def stop_idle_servers() -> int | None:
+    def stop_idle_servers(starting: bool = False) -> int | None:
         with locked(registry):
             while entries(registry):
                 now = gpu_memory.device_memory_free_bytes()
                 if now is None or now >= need_bytes:
                     return now
-                names = {k: _name(e) for k, e in entries(registry).items()}
-                gone = stop_idle(registry, keep=len(names) - 1, last=last, keep_working=True)
+                found = entries(registry)
+                names = {k: _name(e) for k, e in found.items()}
+                gone = stop_idle(registry, keep=len(names) - 1, last=last, keep_working=True, starting=starting)
                 if not gone:
                     break
-                stopped.extend(f"{names[k]}'s server (idle)" for k in gone)
+                stopped.extend(f"{names[k]}'s server ({'starting' if found[k].get('state') == 'starting' else 'idle'})"
+                               for k in gone)
         return gpu_memory.device_memory_free_bytes()
 
     free = stop_idle_servers()
@@ -93,6 +97,11 @@ def make_room(what: str, need_bytes: int, *, last: Path | str | None = None, reg
         if _interrupt(job):
             stopped.append(f"the {job.get('kind')} of {_name(job)} started ahead (its stage finishes it)")
         free = stop_idle_servers()
+    if free is not None and free < need_bytes:
+        # last, a server still starting that no stage or job is waiting for any more (its job was stopped above):
+        # the H100 run of 2026-12-07 refused kl --rank beside AWQ's server, started for the evaluation working ahead
+        # and still loading when that job was stopped; its stage starts it again when it needs it
+        free = stop_idle_servers(starting=True)
     if stopped:
         log.info(f"{what}: to free {_gib(need_bytes)} of GPU memory, stopped {', '.join(stopped)}; "
                  f"{_gib(free or 0)} free now")

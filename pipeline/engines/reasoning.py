@@ -54,6 +54,18 @@ def resolve_thinking(setting: str, tokenizer, *, key: str, model: str) -> bool |
     return found.default if setting == "auto" else setting == "on"
 
 
+def model_thinks(model_dir) -> bool | None:
+    """Whether the checkpoint's chat template thinks (`template_thinking`: switchable or always), None where its
+    tokenizer cannot be read here (a server's model: its template is the server's)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError):
+        return None
+    return template_thinking(tokenizer) is not None
+
+
 def _one_token(tokenizer, text: str) -> int | None:
     """The id of `text` when the tokenizer holds it as one token, else None."""
     token = tokenizer.convert_tokens_to_ids(text)

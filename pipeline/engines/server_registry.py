@@ -268,13 +268,15 @@ def held_bytes(found: dict[str, dict], registry: Path | None = None) -> int:
 
 def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | None = None,
               exclude: str | None = None, last: str | None = None, need_bytes: int | None = None,
-              budget_bytes: int | None = None, pinned: str | None = None, keep_working: bool = False) -> list[str]:
+              budget_bytes: int | None = None, pinned: str | None = None, keep_working: bool = False,
+              starting: bool = False) -> list[str]:
     """Stops idle servers (no live lease): those serving `model_path` (another content of that
     checkpoint), then the least recently used beyond `keep` servers in all, or while the servers' planned memory
     and need_bytes together pass budget_bytes (a server about to start: server_plan.py), the one serving `last` (a
     checkpoint path: the base, which every variant's judge asks) after every other; the one serving `pinned` (the
     run's base, when another server needs room) is not stopped for room; nor, for room or with keep_working, one whose
-    model a job of the run works on. Call with the lock held.
+    model a job of the run works on. A server still starting is stopped for room only with `starting` (an in-process
+    stage that cannot run beside it: gpu_room.make_room, once nothing else is left to stop). Call with the lock held.
     Returns the keys stopped."""
     registry = registry or registry_dir()
     stopped = []
@@ -300,7 +302,7 @@ def stop_idle(registry: Path | None = None, *, keep: int = 0, model_path: str | 
         return len(current) > keep or over
 
     for _, key in idle:  # a server still starting (warm) is about to be asked for: not evicted for room
-        if key in current and crowded() and current[key].get("state") != "starting" \
+        if key in current and crowded() and (starting or current[key].get("state") != "starting") \
                 and (pinned is None or current[key].get("model_path") != pinned):
             stop_entry(registry, key, current.pop(key))
             stopped.append(key)

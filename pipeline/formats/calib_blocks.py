@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.formats.conversations import BadRecord, iter_records
+from pipeline.formats.conversation_shapes import BadRecord
+from pipeline.formats.conversations import iter_records
 
 
 def blocks_text(blocks: list[list[int]]) -> str:

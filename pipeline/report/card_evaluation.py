@@ -105,7 +105,7 @@ def evaluation_table(entry: dict, verdict: dict, tasks: dict[str, str]) -> list[
     """Every suite the base ran (and the judge), accuracy first, then perplexity, then the judge; the Average row."""
     lines = ["| suite | data | scored | base | this model | change [95% interval] | margin | recovery | decision |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    coverage = (entry.get("coverage") or {}).get("suites") or {}
+    coverage = facts.coverage_states(entry)
     base_suites = (verdict.get("base") or {}).get("suites") or {}
     accuracy, perplexity = entry.get("suites") or {}, entry.get("perplexity") or {}
     shown = [s for s in coverage if s != "judge" and coverage[s].get("state") != NOT_CONFIGURED]
@@ -152,7 +152,7 @@ def recovery_phrase(entry: dict) -> str:
 def perplexity_phrase(entry: dict) -> str | None:
     """"its perplexity rises by +2.7% to +5.8% on 4 perplexity suites (upper 95% bounds +3.5% to +8.1%, against a
     margin of +10.0%)", None when no perplexity suite was counted."""
-    counted = [d for d in (entry.get("perplexity") or {}).values() if d.get("counted")]
+    counted = [d for _, _, d in facts.counted_entries(entry, facts.PERPLEXITY)]
     if not counted:
         return None
 
@@ -206,10 +206,8 @@ def decision(entry: dict, verdict: dict) -> list[str]:
     """The decision, what it rests on, each counted suite's sentence (the verdict's), and the fix."""
     lines = [f"**{md(card_label(entry))}**: {md(rests_on(entry))}.", ""]
     sentences = [d.get("sentence") if d.get("available") else unbounded_count_left_out(d.get("sentence") or "")
-                 for part in ("suites", "perplexity") for d in (entry.get(part) or {}).values() if d.get("counted")]
-    judge = entry.get("judge") or {}
-    if judge.get("counted"):
-        sentences.append(judge.get("sentence"))
+                 for _, _, d in facts.counted_entries(entry, facts.ACCURACY, facts.PERPLEXITY)]
+    sentences += [judge.get("sentence") for _, _, judge in facts.counted_entries(entry, facts.JUDGE)]
     lines += [f"- {md(s)}" for s in sentences if s]
     fix = _fix(entry, verdict)
     return lines + (["", *fix] if fix else [])

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pipeline.report.card_text import method_module
 from pipeline.settings import lm_eval_tasks
 from pipeline.settings import suites as registry
+import pipeline.verdict.facts as facts
 from pipeline.verdict.figures import relative
 
 JUDGE_DATA = ("quant_judge", "held-out prompts of the publisher's own logs, judged against the base's answers", None,
@@ -62,18 +63,15 @@ def counted_figures(entry: dict) -> list[dict]:
     """Per counted suite its figures as verdict.json holds them: {suite, kind, metric, value, recovery, n}, the
     right/wrong suites (accuracy), the perplexity suites, then the judge (win rate)."""
     rows = []
-    for suite, d in sorted((entry.get("suites") or {}).items()):
-        if d.get("counted"):
-            rows.append({"suite": suite, "kind": "accuracy", "metric": "accuracy", "value": d["variant_score"],
-                         "recovery": d.get("recovery"), "n": d.get("n")})
-    for suite, d in sorted((entry.get("perplexity") or {}).items()):
-        if d.get("counted"):
-            rows.append({"suite": suite, "kind": "perplexity", "metric": "perplexity", "value": d["variant_ppl"],
-                         "recovery": None, "n": d.get("n"), "change": d.get("change"), "ci_low": d.get("ci_low"),
-                         "ci_high": d.get("ci_high"), "margin": d.get("margin")})
-    judge = entry.get("judge") or {}
-    if judge.get("counted"):
-        rows.append({"suite": "judge", "kind": "judge", "metric": "win_rate", "value": judge["summary"]["win_rate"],
+    for suite, _, d in sorted(facts.counted_entries(entry, facts.ACCURACY)):
+        rows.append({"suite": suite, "kind": "accuracy", "metric": "accuracy", "value": d["variant_score"],
+                     "recovery": d.get("recovery"), "n": d.get("n")})
+    for suite, _, d in sorted(facts.counted_entries(entry, facts.PERPLEXITY)):
+        rows.append({"suite": suite, "kind": "perplexity", "metric": "perplexity", "value": d["variant_ppl"],
+                     "recovery": None, "n": d.get("n"), "change": d.get("change"), "ci_low": d.get("ci_low"),
+                     "ci_high": d.get("ci_high"), "margin": d.get("margin")})
+    for suite, _, judge in facts.counted_entries(entry, facts.JUDGE):
+        rows.append({"suite": suite, "kind": "judge", "metric": "win_rate", "value": judge["summary"]["win_rate"],
                      "recovery": None, "n": judge["summary"].get("n")})
     return rows
 

@@ -241,7 +241,8 @@ def reproduction_params(name: str, entry: dict, verdict: dict, tasks: dict[str, 
             known = run_suites.get(suite) or {}
             setting.update({k: v for k, v in known.items() if k in ("task", "limit")
                             or (k == "max_new_tokens" and part == "suites")})
-            if known.get("options", {}).get("data") or setting["task"] in registry.held_out_tasks():  # `quantize calib` writes them
+            declared = registry.find(setting["task"])  # a suite that scores the held-out conversations `quantize calib` writes
+            if known.get("options", {}).get("data") or (declared is not None and declared.held_out):
                 setting["options"] = {"data": f"{CALIB_DIR}/holdout.jsonl"}
             suites[suite] = setting
             if d.get("margin") is not None:

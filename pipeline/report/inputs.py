@@ -212,11 +212,23 @@ def tables_from_lines(results_dir: Path, lines: dict, summaries: dict, declared:
                 raise problem(results.lines_path(results_dir / model, suite), "", str(exc), results.COMMAND) from None
 
 
-def suite_summaries_from_lines(results_dir: Path, lines: dict, summaries: dict) -> None:
-    """Each <suite>.json's count, score and (a perplexity suite) tokens checked against its <suite>.jsonl, as kl.json
-    and judge.json are (`agree`): n the number of lines, score their mean score (a perplexity suite: exp of minus the
-    summed log-likelihood per token), tokens their token count; a summary that disagrees is a UserError naming the
-    file, the key and both values. `lines`: {model: {suite: {id: line}}}."""
+def lines_of_their_kind(results_dir: Path, lines: dict, perplexity) -> None:
+    """A perplexity suite's lines (its YAML's kind: `perplexity(suite)`) are documents, each with its log-likelihood
+    and token count; a line that is not (results of another task, or of the suite before its kind changed) is a
+    UserError naming the file, the line and the command that writes them again. `lines`: {model: {suite: {id: line}}}."""
+    for model, by_suite in lines.items():
+        for suite, items in by_suite.items():
+            if perplexity(suite) and (item := next((i for i in items.values() if "loglikelihood" not in i), None)):
+                raise problem(results.lines_path(results_dir / model, suite), f"id {item.get('id')}",
+                              f"{suite} is a perplexity suite (its task YAML's metadata.suite.kind) and this line is "
+                              "no document: it has no loglikelihood", results.COMMAND)
+
+
+def suite_summaries_from_lines(results_dir: Path, lines: dict, summaries: dict, perplexity) -> None:
+    """Each <suite>.json's count, score and (a perplexity suite: `perplexity(suite)`) tokens checked against its
+    <suite>.jsonl, as kl.json and judge.json are (`agree`): n the number of lines, score their mean score (a perplexity
+    suite: exp of minus the summed log-likelihood per token), tokens their token count; a summary that disagrees is a
+    UserError naming the file, the key and both values. `lines`: {model: {suite: {id: line}}}."""
     for model, by_suite in summaries.items():
         for suite, summary in by_suite.items():
             items = lines.get(model, {}).get(suite)
@@ -224,7 +236,7 @@ def suite_summaries_from_lines(results_dir: Path, lines: dict, summaries: dict) 
                 continue
             rows = list(items.values())
             recomputed: dict = {"n": len(rows)}
-            if rows and all("loglikelihood" in row for row in rows):
+            if rows and perplexity(suite):
                 tokens = sum(row["n_tokens"] for row in rows)
                 recomputed.update(tokens=tokens, score=math.exp(-sum(row["loglikelihood"] for row in rows) / max(tokens, 1)))
             elif rows and all(CHECKS["number"](row.get("score")) for row in rows):

@@ -198,8 +198,9 @@ def overview(name: str, entry: dict, verdict: dict, base: str, source: dict | No
 
 # ---------------------------------------------------------------- limitations
 
-def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base: str, run: dict | None) -> list[str]:
-    """What this model's evidence does not cover, only what applies to it."""
+def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base: str, run: dict | None,
+                tasks: dict[str, str] | None = None) -> list[str]:
+    """What this model's evidence does not cover, only what applies to it (`tasks`: {suite: task} of params.yaml)."""
     lines = []
     synthetic = verdict.get("synthetic")
     if synthetic:
@@ -212,7 +213,7 @@ def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base
     vision = bool(vision_tower(entry.get("quant") or {}))
     for state, words in ((NOT_RUN, "not run on this model: nothing here says what it does to them"),
                          (NOT_CONFIGURED, "not part of this evaluation")):
-        found = [suite_name(s) for s in states.get(state) or [] if vision or not needs_images(s)]
+        found = [suite_name(s) for s in states.get(state) or [] if vision or not needs_images(s, tasks or {})]
         if found:
             lines.append(f"- {md(names(found))} {'was' if len(found) == 1 else 'were'} {words}")
     if not synthetic:
@@ -231,22 +232,22 @@ def limitations(name: str, entry: dict, verdict: dict, source: dict | None, base
     return lines or ["- none recorded"]
 
 
-def needs_images(suite: str) -> bool:
-    """Whether a suite the product ships asks about images (its YAML's metadata.suite.needs): never a limitation of a
-    text model."""
-    declared = next((s for s in registry.shipped().values() if s.name == suite), None) or \
-        lm_eval_tasks.suite_quietly(suite)  # or a plain lm-eval task's, its params name its task
+def needs_images(suite: str, tasks: dict[str, str]) -> bool:
+    """Whether a suite asks about images (its YAML's metadata.suite.needs, or a plain lm-eval task's doc_to_image):
+    never a limitation of a text model. Found by the task params.yaml runs it with (`tasks`), else, a suite the
+    product ships that params.yaml does not name, by its declared name."""
+    declared = lm_eval_tasks.suite_quietly(tasks[suite]) if suite in tasks else registry.named(suite)
     return bool(declared and "images" in declared.needs)
 
 
 def _few_items(entry: dict) -> list[str]:
-    counted = [(s, d, part) for part in ("suites", "perplexity") for s, d in sorted((entry.get(part) or {}).items())
-               if d.get("counted")]
+    counted = [(s, d, kind) for kind in (facts.ACCURACY, facts.PERPLEXITY)
+               for s, _, d in sorted(facts.counted_entries(entry, kind))]
     if not counted:
         return []
     sizes = sorted({d.get("n") for _, d, _ in counted if d.get("n")})
-    margins = "; ".join(f"{s}: {figures.relative(d['margin']) if part == 'perplexity' else figures.points(-d['margin']) + ' points'}"
-                        for s, d, part in counted)
+    margins = "; ".join(f"{s}: {figures.relative(d['margin']) if kind == facts.PERPLEXITY else figures.points(-d['margin']) + ' points'}"
+                        for s, d, kind in counted)
     spread = (f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}") if sizes else "few"
     lines = [f"- each suite scored {spread} items: GO means the interval of the change lies within the margin "
              f"({md(margins)}); a loss smaller than that cannot be told apart from none"]
@@ -319,7 +320,7 @@ def model_card(name: str, verdict: dict, *, source: dict | None = None, calib: d
             "## Creation", "", *creation(name, entry, verdict, source=source, origin=origin, calib=calib), ""]
     if not verdict.get("synthetic"):
         body += ["## Reproduction", "", *reproduction(name, entry, verdict, tasks=tasks, repo_id=repo_id, run=run), ""]
-    body += ["## Limitations", "", *limitations(name, entry, verdict, source, base, run)]
+    body += ["## Limitations", "", *limitations(name, entry, verdict, source, base, run, tasks)]
     data = card_data(name, entry, verdict, origin, tasks, repo_id)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body) + "\n")
 

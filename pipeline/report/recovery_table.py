@@ -4,6 +4,7 @@ score and each variant's with its recovery (variant / base), and an Average row 
 
 from __future__ import annotations
 
+import pipeline.verdict.facts as facts
 import pipeline.verdict.figures as figures
 from pipeline.report.screen import recovery_note
 from pipeline.verdict.headline import ordered
@@ -14,13 +15,13 @@ def recovery_table(verdict: dict) -> dict:
     suites counted for any variant; a variant without an average gets the visible reason instead."""
     variants = verdict.get("variants") or {}
     names = [n for n in ordered(variants) if "suites" in variants[n]]
-    suites = sorted({s for n in names for s, d in variants[n]["suites"].items() if d.get("counted")})
+    suites = sorted({s for n in names for s, _, _ in facts.counted_entries(variants[n], facts.ACCURACY)})
     rows = []
     for suite in suites:
         cells, base = {}, None
         for name in names:
-            d = variants[name]["suites"].get(suite)
-            if d and d.get("counted"):
+            d = facts.counted_part(variants[name], facts.ACCURACY, suite)
+            if d:
                 base = d.get("base_score")
                 cells[name] = f"{figures.share(d.get('variant_score'))} ({figures.share(d.get('recovery'))})"
             else:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+import pipeline.verdict.facts as facts
 import pipeline.verdict.figures as figures
 from pipeline.verdict.coverage import NOT_CONFIGURED
 from pipeline.report.recovery_table import recovery_table
@@ -13,6 +14,7 @@ from pipeline.report.deploy import SERVING_ENGINES, memory
 from pipeline.report.labels import DECISION_CLASS, LABEL_CLASS
 from pipeline.report.printable import printable
 from pipeline.report.screen import first_screen
+from pipeline.verdict.decision import TABLES_KEY
 from pipeline.verdict.headline import headline, label
 
 TEMPLATE_DIR = Path(__file__).parent
@@ -30,7 +32,7 @@ def toc(verdict: dict, sections: list[tuple[str, str]]) -> dict:
     name are in the coverage table, not here (they would grow the first screen with every suite evals/ ships)."""
     suites = []
     for v in verdict["variants"].values():
-        for name, entry in ((v.get("coverage") or {}).get("suites") or {}).items():
+        for name, entry in facts.coverage_states(v).items():
             if name not in suites and entry.get("state") != NOT_CONFIGURED:
                 suites.append(name)
     return {"sections": sections, "variants": list(verdict["variants"]), "suites": suites}
@@ -65,7 +67,7 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
                 ("calibration", "Calibration data"), ("environment", "Environment")]
     lines = engine_lines(verdict)
     budgets = budget_rows(verdict)
-    shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get("long_context")),
+    shown = {"suites": bool(rows), "perplexity": bool(perplexity_rows), "long-context": bool(verdict.get(TABLES_KEY)),
              "difficulty": bool(verdict.get("difficulty")), "engines": bool(lines), "budgets": bool(budgets)}
     sections = [(anchor, title) for anchor, title in sections if shown.get(anchor, True)]
     page = env.get_template("template.html").render(
@@ -76,7 +78,7 @@ def render_html(*, verdict: dict, results: dict, params, calib: dict | None, bas
         results_read=bool(results),
         flipped_total=sum(bool(it["flipped"]) for items in items_by_suite.values() for it in items),
         toc=toc(verdict, sections), serving_engines=SERVING_ENGINES, engine_lines=lines, fix_charts=fix_charts,
-        budget_rows=budgets,
+        budget_rows=budgets, retrieval_tables=verdict.get(TABLES_KEY) or {},
         **_suite_anchors(verdict, rows, perplexity_rows), **view,
     )
     return printable(page)  # whatever the results hold: no control character but newline and tab
@@ -145,7 +147,7 @@ def _suite_anchors(verdict: dict, rows: list[dict], perplexity_rows: list[dict])
         first.setdefault(s["suite"], (s["variant"], s["suite"]))
     coverage = {}
     for name, v in verdict["variants"].items():
-        for suite in (v.get("coverage") or {}).get("suites") or {}:
+        for suite in facts.coverage_states(v):
             if suite not in first:
                 coverage.setdefault(suite, (name, suite))
     return {"first_of_suite": set(first.values()), "coverage_anchors": set(coverage.values())}

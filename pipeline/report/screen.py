@@ -18,10 +18,10 @@ from pipeline.verdict.headline import label, ordered, rests
 def matrix_columns(verdict: dict) -> list[tuple[str, str]]:
     """The counted suites, as (kind, suite) in the order the matrix and forest show them: right/wrong
     suites, then perplexity suites, then the judge; a suite counted for any variant gets a column."""
-    variants = verdict["variants"].values()
-    plain = sorted({s for v in variants for s, d in (v.get("suites") or {}).items() if d["counted"]})
-    ppl = sorted({s for v in variants for s, d in (v.get("perplexity") or {}).items() if d["counted"]})
-    judge = [("judge", "judge")] if any((v.get("judge") or {}).get("counted") for v in variants) else []
+    counted = {(kind, suite) for v in verdict["variants"].values() for suite, kind, _ in facts.counted_entries(v)}
+    plain = sorted(s for kind, s in counted if kind == facts.ACCURACY)
+    ppl = sorted(s for kind, s in counted if kind == facts.PERPLEXITY)
+    judge = [("judge", "judge")] if (facts.JUDGE, facts.JUDGE) in counted else []
     return [("suite", s) for s in plain] + [("perplexity", s) for s in ppl] + judge
 
 
@@ -29,8 +29,7 @@ def matrix_cell(variant: dict, kind: str, suite: str) -> dict | None:
     """One cell: the change in the suite's own unit, its interval, the recovery, the margin, the decision, and
     the interval as harm (worse is positive) over the margin, for the forest plot."""
     if kind == "suite":
-        s = (variant.get("suites") or {}).get(suite)
-        if not s or not s["counted"]:
+        if not (s := facts.counted_part(variant, facts.ACCURACY, suite)):
             return None
         return {"change": f"{figures.points(s['delta'])} pts",
                 "interval": f"[{figures.points(s['ci_low'])}, {figures.points(s['ci_high'])}]",
@@ -38,16 +37,14 @@ def matrix_cell(variant: dict, kind: str, suite: str) -> dict | None:
                 "decision": s["decision"], "n": f"{s['n']} items",
                 "harm": (-s["delta"], -s["ci_high"], -s["ci_low"]), "margin_value": s["margin"]}
     if kind == "perplexity":
-        s = (variant.get("perplexity") or {}).get(suite)
-        if not s or not s["counted"]:
+        if not (s := facts.counted_part(variant, facts.PERPLEXITY, suite)):
             return None
         return {"change": figures.relative(s["change"]),
                 "interval": f"[{figures.relative(s['ci_low'])}, {figures.relative(s['ci_high'])}]",
                 "recovery": figures.share(s.get("recovery")), "margin": figures.relative(s["margin"]),
                 "decision": s["decision"], "n": f"{s['n']} docs",
                 "harm": (s["change"], s["ci_low"], s["ci_high"]), "margin_value": s["margin"]}
-    j = variant.get("judge")
-    if not j or not j["counted"]:
+    if not (j := facts.counted_part(variant, facts.JUDGE, facts.JUDGE)):
         return None
     s = j["summary"]
     return {"change": f"win {figures.share(s['win_rate'])}",
@@ -59,7 +56,7 @@ def matrix_cell(variant: dict, kind: str, suite: str) -> dict | None:
 def cell_note(variant: dict, suite: str) -> str:
     """What a matrix cell says when the variant's decision does not count the suite: the state and the verdict's
     own why (coverage.suites.<suite> of verdict.json), up to its first semicolon."""
-    entry = ((variant.get("coverage") or {}).get("suites") or {}).get(suite) or {}
+    entry = facts.coverage_states(variant).get(suite) or {}
     state = entry.get("label") or entry.get("state") or "not decided"
     why = str(entry.get("why") or "").split("; ")[0]
     return f"{state}: {why}" if why else str(state)
@@ -102,7 +99,7 @@ def recovery_note(variant: dict) -> dict:
 def _row(name: str, v: dict, columns: list, speed: dict, base: dict, human_size, speed_engine: str | None) -> dict:
     quant, kl = v.get("quant") or {}, v.get("kl")
     size, base_size = quant.get("size_bytes"), base.get("size_bytes") or quant.get("base_size_bytes")
-    shown, suites = label(v), (v.get("coverage") or {}).get("suites")
+    shown, suites = label(v), facts.coverage_states(v)
     return {
         "name": name, "scheme": quant.get("scheme"), "decision": v.get("decision"), "label": shown,
         "class": LABEL_CLASS.get(shown) or DECISION_CLASS.get(shown, "uninformative"), "why": v.get("why") or "",

@@ -39,9 +39,10 @@ class Workload:
         return {"images": [self.images[i % len(self.prompts)] for i in range(n)]} if self.images else {}
 
 
-def fixed_workload(encode, input_len: int, output_len: int, n: int = 64) -> Workload:
-    """n different windows of real text, each exactly input_len tokens."""
-    text = registry.bench_file("text")  # the long text a suite declares for the bench (the long-context book)
+def fixed_workload(encode, input_len: int, output_len: int, n: int = 64, configured=()) -> Workload:
+    """n different windows of real text, each exactly input_len tokens (`configured`: the run's suites,
+    pipeline/settings/suites.py bench_suites)."""
+    text = registry.bench_file("text", configured)  # the long text a suite declares for the bench (the long-context book)
     tokens = encode(text.read_text(encoding="utf-8"))
     if len(tokens) < input_len + n:
         raise UserError(f"{text}: too short for {input_len}-token prompts")
@@ -77,10 +78,10 @@ def image_label(count: int) -> str:
 
 
 def image_workload(engine, model_dir: Path, fixed: Workload, per_request: int, image_size: int | None,
-                   context: int | None) -> Workload:
+                   context: int | None, configured=()) -> Workload:
     """Requests with `per_request` images each, as a deployer's client sends them: one user turn holding the fixed
     workload's text (its input_len tokens of real text, decoded) as the context, the images and the question of the
-    visual suites' items (`suite_images`: each suite's images at the size it scored them, or scaled to `image_size`
+    run's suites with images (`suite_images`: each suite's images at the size it scored them, or scaled to `image_size`
     pixels on their longest side), rendered by the checkpoint's chat template with the model's image markup, each
     answered with as many tokens as the fixed workload's requests. Each image takes the tokens the model's own
     processor gives it (grid t*h*w / merge^2, pipeline/engines/vision.py: image_tokens), so a request's prompt is its
@@ -91,7 +92,8 @@ def image_workload(engine, model_dir: Path, fixed: Workload, per_request: int, i
     from pipeline.engines.vision import PromptImages, image_markup, load_image_processor, render_images
 
     needed = len(fixed.prompts) * per_request
-    items = suite_images(-(-needed // max(1, len(image_sources()))), image_size, load_image_processor(model_dir))
+    sources = image_sources(configured)
+    items = suite_images(-(-needed // max(1, len(sources))), image_size, load_image_processor(model_dir), configured)
     markup = image_markup(model_dir, engine.tokenizer)
     image_token_id = checkpoint.open(model_dir).config["image_token_id"]
     prompts, images, used, text_tokens = [], [], [], []
@@ -125,11 +127,11 @@ def image_workload(engine, model_dir: Path, fixed: Workload, per_request: int, i
     return Workload(image_label(per_request).replace(" ", "-"), prompts, [output_len] * len(prompts), images, facts)
 
 
-def image_sources() -> list:
-    """The shipped suites whose items carry images, in the registry's order: those that hand the bench their items
-    (their hooks' bench_images: the generated visual suites, evals/visual/) and those that declare a file of them
-    (metadata.suite.bench.images: VQA's)."""
-    found = [s for s in registry.shipped().values() if "images" in s.needs and (s.hook("bench_images") or "images" in s.bench)]
+def image_sources(configured=()) -> list:
+    """The suites whose items carry images (`registry.bench_suites`: the run's own, `configured`, else the shipped
+    ones), in params.yaml's order: those that hand the bench their items (their hooks' bench_images: the generated
+    visual suites, evals/visual/) and those that declare a file of them (metadata.suite.bench.images: VQA's)."""
+    found = registry.bench_suites("images", configured)
     if not found:
         raise UserError(f"no suite under {registry.EVALS_DIR} with `needs: [images]` hands the bench its items (a hooks "
                         "module's bench_images, or metadata.suite.bench.images); requests with images cannot be built: "
@@ -137,7 +139,7 @@ def image_sources() -> list:
     return found
 
 
-def suite_images(per_suite: int, image_size: int | None, processor) -> list[dict]:
+def suite_images(per_suite: int, image_size: int | None, processor, configured=()) -> list[dict]:
     """Up to `per_suite` items of each suite with images (`image_sources`), taken in turn (one of each suite, then the
     next of each): {"suite", "question", "image" (PIL, at the suite's own size, or scaled so that its longest side is
     `image_size`), "url" (its PNG data URL: lossless, the server decodes these very pixels), "tokens" (the image tokens
@@ -150,7 +152,7 @@ def suite_images(per_suite: int, image_size: int | None, processor) -> list[dict
     from pipeline.engines.vision import image_data_url, image_tokens
 
     groups = []
-    for suite in image_sources():
+    for suite in image_sources(configured):
         if hook := suite.hook("bench_images"):
             groups.append(hook(per_suite))
             continue
@@ -196,7 +198,7 @@ def refuse_beyond_context(model_dir: Path, per_request: int, prompt_tokens: int,
 
 
 def check_image_requests(model_dir: Path, counts: list[int], image_size: int | None, input_len: int, output_len: int,
-                         context: int | None) -> None:
+                         context: int | None, configured=()) -> None:
     """Before any weight loads: the checkpoint's image processor must load, and the image workloads' requests, counted
     at their least (input_len text tokens and, for each image, the fewest tokens an image of the suites takes at
     image_size; image_workload checks each request in full), must fit the context; else a UserError saying what to
@@ -209,7 +211,7 @@ def check_image_requests(model_dir: Path, counts: list[int], image_size: int | N
         processor = load_image_processor(model_dir)
     except ValueError as exc:  # no preprocessor_config.json, or a processor transformers lacks
         raise UserError(f"{exc}; or measure without images: bench.images: [] (--images none)") from None
-    per_image = min(item["tokens"] for item in suite_images(1, image_size, processor))
+    per_image = min(item["tokens"] for item in suite_images(1, image_size, processor, configured))
     most = max(counts)
     if context is not None:
         refuse_beyond_context(model_dir, most, input_len + most * per_image, per_image, image_size, output_len,

@@ -178,6 +178,12 @@ def suite_quietly(task: str, tasks_dir: Path | str | None = None) -> registry.Su
         return None
 
 
+def of_params(suites: dict) -> dict[str, registry.Suite]:
+    """{params.yaml suite name: Suite} of every suite of params.yaml `suites` that runs as one: declared in its YAML
+    (the registry) or a plain lm-eval task (`suite_quietly`)."""
+    return {name: found for name, s in suites.items() if (found := suite_quietly(s.task, s.tasks_dir)) is not None}
+
+
 def task_spec(task: str, dataset_path: Path | None, name: str, raw_config: dict, yaml_path) -> str | dict:
     """The task as lm-eval loads it: by its name, or, with suites.<name>.dataset_path, its YAML's config (includes and
     functions resolved by lm-eval's own loader) reading that local copy of its dataset; a UserError naming the key

@@ -16,7 +16,8 @@ free-form; the task's loader gets it as keywords and ignores what it does not na
           config: main           # optional, as the split
           split: test
           task_type: text-generation   # the Hub's task (the default)
-        bench: {}                # files of the folder the bench's workloads take: text (a long text), images
+        bench: {}                # files of the folder the bench's workloads take (when params.yaml runs the suite:
+                                 # bench_suites): text (a long text), images
         hooks: hooks.py          # optional: the suite's own module (below)
 
 Every YAML under evals/ that names a `task` is a suite and declares this block; a folder named by
@@ -57,7 +58,7 @@ KINDS = {"right-wrong": "each item right or wrong (accuracy)",
 NEEDS = {"images": "an engine and a model that take images (else: not applicable)",
          "sandbox": "bubblewrap: it runs model-written code (suites.<name>.allow_unsandboxed otherwise)",
          "context": "the model's context length (and the served engine's bounds) before its items are made",
-         "thinking": "a model that reasons before answering"}
+         "thinking": "a model whose chat template thinks (else: not applicable)"}
 BENCH_FILES = {"text": "a long text the fixed-length workload cuts its prompts from",
                "images": "items (JSON lines with an `image` path) the image workload takes its images from"}
 HOOKS = ("options_problem", "task_metadata", "not_applicable", "summarize", "table_from_lines", "bench_images")
@@ -218,6 +219,12 @@ def include(folder: Path | str) -> None:
         _INCLUDED.append(folder)
 
 
+def named(name: str) -> Suite | None:
+    """The suite whose YAML declares `name` (metadata.suite.name): the shipped ones, then those of every folder
+    included; None for a name none declares."""
+    return next((suite for suite in known().values() if suite.name == name), None)
+
+
 def included() -> tuple[Path, ...]:
     """The folders of the user's own tasks the registry was told of (include), in that order."""
     return tuple(_INCLUDED)
@@ -241,23 +248,29 @@ def find(task: str, tasks_dir: Path | str | None = None) -> Suite | None:
     return shipped().get(task) or known().get(task)
 
 
-def of_params(suites: dict) -> dict[str, Suite]:
-    """{params.yaml suite name: Suite} for the suites of params.yaml `suites` the registry knows."""
-    return {name: found for name, s in suites.items() if (found := find(s.task, s.tasks_dir)) is not None}
+def bench_suites(role: str, configured=()) -> list[Suite]:
+    """The suites a bench workload takes `role` from (BENCH_FILES; images: also those whose hooks hand their items,
+    bench_images): the run's own (`configured`: the Suites of params.yaml `suites`), in their order; where none of
+    them gives it, the shipped ones (a text model's bench takes the long-context book whether or not it runs the
+    suite; a vision model benched with no image suite configured, the shipped suites' images)."""
+    def gives(suite: Suite) -> bool:
+        return role in suite.bench or (role == "images" and "images" in suite.needs and bool(suite.hook("bench_images")))
+
+    return [s for s in configured if gives(s)] or [s for s in shipped().values() if gives(s)]
 
 
-def bench_file(role: str) -> Path:
-    """The file a bench workload takes (BENCH_FILES): the first shipped suite that declares one for `role`."""
-    for suite in shipped().values():
+def bench_file(role: str, configured=()) -> Path:
+    """The file a bench workload takes (BENCH_FILES): the first suite that declares one for `role` (`bench_suites`)."""
+    for suite in bench_suites(role, configured):
         if role in suite.bench:
             return suite.bench[role]
     raise UserError(f"no suite under {EVALS_DIR} declares metadata.suite.bench.{role} ({BENCH_FILES[role]}); "
                     "declare it in the task YAML of the suite whose data it is")
 
 
-def held_out_tasks() -> tuple[str, ...]:
-    """The shipped tasks that score the publisher's held-out conversations (options.data)."""
-    return tuple(task for task, suite in shipped().items() if suite.held_out)
+def configured(suites: dict) -> tuple[Suite, ...]:
+    """The Suites of params.yaml `suites` ({name: SuiteParams}) that a YAML declares, in params.yaml's order."""
+    return tuple(found for s in suites.values() if (found := find(s.task, s.tasks_dir)) is not None)
 
 
 @lru_cache(maxsize=None)

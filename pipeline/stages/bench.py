@@ -43,6 +43,7 @@ from pipeline.engines import EngineSettings, capability
 from pipeline.engines.gpu_memory import GIB
 from pipeline.errors import UserError
 from pipeline.outputs import Stopwatch, write_json
+from pipeline.settings import suites as registry
 from pipeline.settings.params import BenchParams, sections_with_overrides
 
 log = logging.getLogger(__name__)
@@ -156,13 +157,14 @@ def describe_engine(lm, name: str, options: dict) -> dict:
 
 def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = None,
         engine_settings: EngineSettings | None = None, *, engine: str | None = None, holdout: Path | None = None,
-        **overrides) -> BenchResult:
+        suites: dict | None = None, **overrides) -> BenchResult:
     """settings: params.yaml `bench`; engine_settings: params.yaml `engine` (an engine's section, pipeline/engines/);
     `overrides` (e.g. concurrency=[1, 2], input_len=16, batch_size=64) replace the field of that name in
     the bench section, else in the engine section, and are validated again. engine: the engine's name
     (default: bench.engine, else engine.name). holdout: held-out conversations for the real-length
-    workload (None: the fixed workload only). requests_per_level: requests per level as a multiple of
-    the concurrency (at least 4 in all)."""
+    workload (None: the fixed workload only). suites: params.yaml `suites`, whose declared bench items the
+    workloads take (pipeline/settings/suites.py bench_suites; None: the shipped suites'). requests_per_level:
+    requests per level as a multiple of the concurrency (at least 4 in all)."""
     from pipeline.engines import STARTS, default_settings, engine_spec, engine_start_seconds, make_engine, settings_for
 
     starts_before, watch = len(STARTS), Stopwatch()
@@ -173,7 +175,8 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     chosen = settings_for(e, engine)  # a missing setting (openai: engine.model) stops before any work
     context = _checked(model_dir, b, spec, engine)
     images, no_images = _image_counts(model_dir, b, spec, engine)
-    check_image_requests(model_dir, images, b.image_size, b.input_len, b.output_len, context)
+    configured = registry.configured(suites or {})
+    check_image_requests(model_dir, images, b.image_size, b.input_len, b.output_len, context, configured)
     chosen = chosen.model_copy(update={"batch_size": max(max(b.concurrency), chosen.batch_size)})
     options = chosen.model_dump()
     stage = {"log_path": out.with_name(out.stem + ".vllm.log")} if spec.starts_server else {}
@@ -184,7 +187,7 @@ def run(model_dir: Path | str, out: Path | str, settings: BenchParams | None = N
     try:
         quiet_wait = _quiet_gpu(lm) if spec.starts_server else 0.0
         timer = HttpTiming(lm, vllm_extras=spec.starts_server) if spec.timing == "http" else lm
-        workloads = _sweep(timer, b, holdout, context, model_dir, images)
+        workloads = _sweep(timer, b, holdout, context, model_dir, images, configured)
         summary = _summary(lm, model_dir, engine, spec, options, b, workloads, bandwidth)
         if no_images:
             summary["images_not_measured"] = no_images
@@ -233,15 +236,15 @@ def _image_counts(model_dir: Path, b: BenchParams, spec, engine: str) -> tuple[l
 
 
 def _sweep(timer, b: BenchParams, holdout: Path | None, context: int | None, model_dir: Path | None = None,
-           images: list[int] = ()) -> dict:
+           images: list[int] = (), configured=()) -> dict:
     """Each workload (fixed lengths; the held-out prompts' real lengths; the fixed text with `images` images per
     request, one workload per count) at every concurrency, and the fixed one at every request rate."""
     slo = b.slo.model_dump()
-    fixed = fixed_workload(timer.encode, b.input_len, b.output_len)
+    fixed = fixed_workload(timer.encode, b.input_len, b.output_len, configured=configured)
     loads = [fixed]
     if holdout is not None:
         loads.append(holdout_workload(timer, Path(holdout), b.output_len, context))
-    loads += [image_workload(timer, model_dir, fixed, count, b.image_size, context) for count in images]
+    loads += [image_workload(timer, model_dir, fixed, count, b.image_size, context, configured) for count in images]
     workloads = {}
     for load in loads:
         # warm-up on this workload's own shapes: kernels autotune on the first new size (seen:

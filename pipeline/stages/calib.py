@@ -6,7 +6,7 @@ instruction/output, plain text). Records that cannot be used (bad ones, a system
 the chat template rejects) are skipped and listed; more than calib.max_bad_fraction of them fail the
 run, and so does a file without a single user or assistant turn (or, with calib.holdout above 0,
 without a user turn to hold out). Control characters but tab and newline (NUL included) are removed
-from the text and counted (pipeline/formats/conversations.py). Personal data is redacted by default,
+from the text and counted (pipeline/formats/conversation_shapes.py). Personal data is redacted by default,
 before anything else looks at the text. Duplicates (identical normalised text) and near-duplicates
 (word 3-gram Jaccard >= NEAR_DUPLICATE_JACCARD, found with MinHash + LSH) are dropped; the rest is split
 by content hash into calibration and holdout (never sharing a conversation), rendered with the model's
@@ -36,7 +36,8 @@ from pipeline.calib.store import ConversationStore
 from pipeline.console import progress
 from pipeline.errors import UserError
 from pipeline.formats.calib_blocks import IMAGE_SAMPLES, blocks_text, image_samples_text, is_blocks_file, read_blocks
-from pipeline.formats.conversations import MAX_LINE_BYTES, Conversation, to_conversation
+from pipeline.formats.conversation_shapes import Conversation, to_conversation
+from pipeline.formats.conversations import MAX_LINE_BYTES
 from pipeline.formats.image_parts import ImageLimits, ImageReading
 from pipeline.formats.holdout import write_holdout
 from pipeline.outputs import Stopwatch, atomic_dir, counted

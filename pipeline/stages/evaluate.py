@@ -32,8 +32,7 @@ from pipeline.engines import Engine, EngineSettings, capability, default_setting
 from pipeline.errors import UserError
 from pipeline.scoring.eval_cache import GenerationCache, answers_fingerprint
 from pipeline.scoring.result_lines import merged, result_line
-from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs
-from pipeline.scoring.suite_inputs import watch as suite_reads
+from pipeline.scoring.suite_inputs import EVALS_DIR, suite_inputs, watch as suite_reads
 from pipeline.formats.results import lines_path, write_results
 from pipeline.outputs import Stopwatch
 from pipeline.settings import fixes, lm_eval_tasks, suites
@@ -136,8 +135,7 @@ def run(model_dir: Path | str, settings: SuiteParams | None = None, engine_setti
     else:
         engine, options, stage = shared.name, shared.settings, shared.stage
     checkpoint.open(model_dir)  # a missing or broken config.json: one message naming it and the fix (read once)
-    watched = suite_reads(model_dir, s)  # what it reads, as it is now: checked again before its results are written
-    inputs = suite_inputs(model_dir, suite, s, engine, options)
+    watched, inputs = suite_reads(model_dir, s), suite_inputs(model_dir, suite, s, engine, options)  # checked later
     if keep_current and (kept := _current(out_dir, suite, inputs)) is not None:
         return kept
     own = shared is None
@@ -172,7 +170,8 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
     if "images" in needs:  # an include's doc_to_image (mmmu_val_art) counts: the index's YAML is the file alone
         raw_config = {**raw_config, "doc_to_image": raw_config.get("doc_to_image") or True}
     spec = lm_eval_tasks.task_spec(task, s.dataset_path, suite, raw_config, task_manager.task_index[task].yaml_path)
-    reason = _not_applicable_reason(model_dir, suite, engine, raw_config, declared, metadata if tailored else None)
+    reason = _not_applicable_reason(model_dir, suite, engine, raw_config, declared, metadata if tailored else None,
+                                    needs)
     if reason is not None:
         return _not_applicable(out_dir, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                engine=engine, reason=reason, inputs=inputs, seconds=round(watch.seconds, 2))
@@ -187,7 +186,7 @@ def _run_suite(model_dir: Path, s: SuiteParams, shared: SharedEngine, *, suite: 
                            generates=raw_config.get("output_type", "generate_until") == "generate_until")
     lines, summary = _lines_and_summary(lm, passes, suite=suite, task=task, variant=variant, model_dir=model_dir,
                                         engine=engine, right_wrong=kind in (None, "right-wrong", "retrieval-table"),
-                                        metric=metric)
+                                        metric=metric, kind=kind)
     summary.update(inputs=inputs, checkpoint=None,  # what it was scored on (below): the report checks
                    engine_start_s=engine_start_seconds(starts_before),
                    scoring_seconds=round(sandbox.SECONDS[0] - sandbox_before, 2), seconds=round(watch.seconds, 2),
@@ -223,12 +222,17 @@ def _started(shared: SharedEngine) -> Engine:
 
 
 def _not_applicable_reason(model_dir: Path, suite: str, engine: str, raw_config: dict, declared: suites.Suite | None,
-                           tailored_metadata: dict | None) -> str | None:
-    """Why the suite cannot run on this model (e.g. VQA on a text-only checkpoint, a context below the long-context
-    ladder: the suite's own hook), before any engine work."""
+                           tailored_metadata: dict | None, needs: tuple[str, ...] = ()) -> str | None:
+    """Why the suite cannot run on this model (e.g. VQA on a text-only checkpoint, a suite that needs thinking on a
+    model whose template does not think, a context below the long-context ladder: the suite's own hook), before any
+    engine work."""
     from pipeline.engines import vision
+    from pipeline.engines.reasoning import model_thinks
 
     reason = vision.not_applicable(model_dir, raw_config)
+    if reason is None and "thinking" in needs and model_thinks(model_dir) is False:
+        reason = (f"{Path(model_dir).name}: its chat template does not think (it neither reads enable_thinking nor "
+                  "closes reasoning with </think>); the suite needs a model that reasons before answering")
     if reason is None and raw_config.get("doc_to_image") and not capability(engine, "images"):
         raise UserError(f"suite {suite}: its prompts carry images, which the {engine} engine does not take here; "
                         f"evaluate it with {engine_names(where=lambda spec: spec.images)} (engine.name, or "
@@ -295,7 +299,7 @@ def _metrics(every: list[dict]) -> dict:
 
 
 def _lines_and_summary(lm, passes: list, *, suite: str, task: str, variant: str, model_dir: Path, engine: str,
-                       right_wrong: bool, metric: str | None = None) -> tuple[list[dict], dict]:
+                       right_wrong: bool, metric: str | None = None, kind: str | None = None) -> tuple[list[dict], dict]:
     results, lines = passes[0]
     if len(passes) > 1:  # k samples: each item's line from its k
         lines = merged([p[1] for p in passes], lm.plan.seeds, right_wrong)
@@ -316,7 +320,8 @@ def _lines_and_summary(lm, passes: list, *, suite: str, task: str, variant: str,
     }
     if defects := getattr(lm.engine, "defects", lambda: [])():  # known engine defects it met (vllm), and if avoided
         summary["engine_defects"] = defects
-    if lines and all("loglikelihood" in line for line in lines):  # a perplexity suite: per token, over all documents
+    # a perplexity suite (its declared kind; a task no YAML describes: its lines are documents): per token, over all
+    if lines and (kind == "perplexity" or kind is None and all("loglikelihood" in line for line in lines)):
         tokens = sum(line["n_tokens"] for line in lines)
         summary.update(metric="perplexity", tokens=tokens,
                        score=math.exp(-sum(line["loglikelihood"] for line in lines) / max(tokens, 1)))

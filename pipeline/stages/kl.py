@@ -189,7 +189,9 @@ def residency(resident: str, rank: bool, device: str, base_dir: Path, variant_di
         held = gpu_room.holders()
         raise UserError(f"kl --rank: {base_dir} and {variant_dir} resident together with the gradients of the "
                         f"variant's weights need ~{need / 2**30:.0f} GiB of GPU memory at {batch_size} sequence(s) a "
-                        f"pass, and {free / 2**30:.0f} GiB is free" + (f" ({held})" if held else "") + "; the "
+                        f"pass, and {free / 2**30:.0f} GiB is free, of which a pass plans on {FIT_SHARE:.0%} "
+                        f"({FIT_SHARE * free / 2**30:.0f} GiB: the rest is the allocator's slack)"
+                        + (f" ({held})" if held else "") + "; the "
                         "ranking needs both models resident. Free the GPU of other processes or lower params.yaml "
                         "kl.max_tokens (each batch's log-probabilities); a model whose weights do not fit three "
                         "times cannot be ranked here")

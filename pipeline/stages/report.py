@@ -26,7 +26,7 @@ from pipeline.formats.sensitivity import NAME as SENSITIVITY_FILE
 from pipeline.formats.sensitivity import read_sensitivity
 from pipeline.outputs import human_size
 from pipeline.report.publish import write_pair
-from pipeline.settings import fixes
+from pipeline.settings import fixes, lm_eval_tasks
 from pipeline.settings import suites as registry
 from pipeline.settings.params import Params
 from pipeline.report import checkpoint_match, inputs
@@ -129,18 +129,22 @@ def read_evidence(results_dir: Path, models_dir: Path, params: Params, models: l
     results = collect(results_dir, list(params.suites), models)
     # a shipped suite with its own table is read where params.yaml leaves it out too: its table is still shown
     tabled = {s.name: s for s in registry.shipped().values() if s.kind == "retrieval-table" and s.name not in params.suites}
-    declared = registry.of_params(params.suites) | tabled  # what each suite's YAML declares (pipeline/settings/suites.py)
+    # what each suite's YAML declares (pipeline/settings/suites.py), or a plain lm-eval task's says (lm_eval_tasks.py)
+    declared = lm_eval_tasks.of_params(params.suites) | tabled
     summaries: dict[str, dict[str, dict]] = {}
     for model in models:
         for suite in [*params.suites, *tabled]:
             summary = result_files.read_summary(results_dir / model / f"{suite}.json")
             if summary is not None:
                 summaries.setdefault(model, {})[suite] = summary
+    kinds = {name: suite.kind for name, suite in declared.items()}
+    evidence = Evidence(results=results, kinds=kinds)  # how each suite is compared: its declared kind
+    inputs.lines_of_their_kind(results_dir, results, evidence.perplexity)
     inputs.tables_from_lines(results_dir, results, summaries, declared)
-    inputs.suite_summaries_from_lines(results_dir, results, summaries)
+    inputs.suite_summaries_from_lines(results_dir, results, summaries, evidence.perplexity)
     variants = [name for name in results if name != "base"]
     return Evidence(
-        results=results, summaries=summaries,
+        results=results, summaries=summaries, kinds=kinds,
         judge={v: found for v in variants if (found := inputs.read_judge(results_dir / v / "judge.json", params))},
         kl={v: found for v in variants if (found := inputs.read_kl(results_dir / v / "kl.json", params)) is not None},
         bench={m: found for m in results if (found := _read_json(results_dir / m / "bench.json"))},

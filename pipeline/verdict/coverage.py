@@ -119,7 +119,7 @@ def _judge_coverage(variant: str, judged: dict | None) -> dict:
 
 
 def coverage_line(decision: str, suites: dict[str, dict]) -> str:
-    """E.g. 'GO on 4 perplexity suites; math, code not run; long_context, vqa not configured'."""
+    """E.g. 'GO on 4 perplexity suites; math, code not run; 2 suites not configured'."""
     decided = [(name, e) for name, e in suites.items() if e["state"] == DECIDED]
     parts = []
     for kind, (one, many) in KIND_NAMES.items():
@@ -137,13 +137,6 @@ def coverage_line(decision: str, suites: dict[str, dict]) -> str:
         if names:
             line.append(f"{', '.join(names)} {LABELS[state]}")
     return "; ".join(line)
-
-
-def incomplete_why(coverage: dict) -> str:
-    """Why a variant's decision rests on fewer suites than the base ran, in a few words."""
-    missing = [s for s in coverage["base_ran"] if coverage["suites"][s]["state"] != DECIDED]
-    return (f"decided on {len(coverage['base_ran']) - len(missing)} of the {len(coverage['base_ran'])} suites the base "
-            f"ran; " + "; ".join(f"{s} {LABELS[coverage['suites'][s]['state']]}" for s in missing))
 
 
 NOT_BUILT, NOT_EVALUATED = "not built", "not evaluated"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pipeline.settings.params import Params
 import pipeline.verdict.facts as facts
 from pipeline.verdict.budget import budget_table, budget_why
-from pipeline.verdict.coverage import incomplete_why, suite_coverage, variants_without_results
+from pipeline.verdict.coverage import suite_coverage, variants_without_results
 from pipeline.verdict.engines import engine_notes, unpaired_why
 from pipeline.verdict.fix import attach_fixes
 from pipeline.verdict.headline import label
@@ -27,6 +27,11 @@ from pipeline.verdict.perplexity import compare_perplexity
 from pipeline.verdict.recovery import average_recovery
 from pipeline.verdict.samples import sampled_figures
 from pipeline.verdict.speed import capacity_line, speed_row, speed_verdict
+
+
+# verdict.json's key of the retrieval-table suites' tables, per model: the name it has had since the first such suite,
+# kept so that the verdicts written since (reports/example-gpu) and what reads them (the page, dvc metrics) agree
+TABLES_KEY = "long_context"
 
 
 @dataclass
@@ -43,6 +48,19 @@ class Evidence:
     serving: dict[str, dict | None] = field(default_factory=dict)  # {variant: where it is served}
     built: dict[str, bool] = field(default_factory=dict)  # {variant of params.yaml: its checkpoint is in models/}
     sensitivity: dict[str, dict] = field(default_factory=dict)  # {W4A16 variant with a fix: its sensitivity.json}
+    # {suite: its kind} as its YAML declares it (pipeline/settings/suites.py KINDS): perplexity, paired per document;
+    # any other, paired per item. A suite missing here is a task no YAML describes: its lines say (`kind_of`)
+    kinds: dict[str, str] = field(default_factory=dict)
+
+    def kind_of(self, suite: str) -> str | None:
+        """The suite's declared kind; for a task no YAML describes, perplexity when its lines are documents."""
+        if suite in self.kinds:
+            return self.kinds[suite]
+        lines = [items.get(suite) for items in self.results.values() if items.get(suite)]
+        return "perplexity" if lines and all(is_perplexity(items) for items in lines) else None
+
+    def perplexity(self, suite: str) -> bool:
+        return self.kind_of(suite) == "perplexity"
 
 
 def summary_figures(name: str, summary: dict, lines: list[dict], params: Params) -> tuple[dict, tuple[str, ...]]:
@@ -61,23 +79,24 @@ def summary_figures(name: str, summary: dict, lines: list[dict], params: Params)
         "ci_low", "ci_high", "confidence")
 
 
-def overall(suite_verdicts: list[SuiteVerdict], extra: list[tuple[str, str]] = ()) -> tuple[str, list[str]]:
-    """NO-GO if any counted suite is NO-GO, GO if all counted suites are GO, else INCONCLUSIVE.
-    `extra`: other counted evidence as (name, decision), e.g. a reliable judge."""
-    counted = [(v.suite, v.decision) for v in suite_verdicts if v.counted] + list(extra)
+def overall(suite_verdicts: list[SuiteVerdict], perplexity: dict | None = None, judged: dict | None = None,
+            speed: dict | None = None) -> tuple[str, list[str]]:
+    """NO-GO if anything counted is NO-GO (a right/wrong or perplexity suite, a reliable judge, speed at batch 1),
+    GO if all of it is GO, else INCONCLUSIVE: what was counted, NO-GO on and not settled on as facts.py reads them."""
+    parts = _parts(suite_verdicts, perplexity or {}, judged, speed)
+    counted = facts.counted(parts)
     if not counted:
         return INCONCLUSIVE, ["nothing counted: every suite was uninformative or empty"]
-    no_go = [name for name, d in counted if d == NO_GO]
-    if no_go:
+    if no_go := facts.nogo_on(parts):
         return NO_GO, [f"NO-GO on {', '.join(no_go)}"]
-    open_ = [name for name, d in counted if d != GO]
-    if open_:
+    if open_ := facts.not_settled_on(parts):
         return INCONCLUSIVE, [f"not settled on {', '.join(open_)}"]
-    return GO, [f"GO on everything counted ({', '.join(name for name, _ in counted)})"]
+    return GO, [f"GO on everything counted ({', '.join(name for name, _, _ in counted)})"]
 
 
 def is_perplexity(items: dict[str, dict]) -> bool:
-    """A perplexity suite's lines carry each document's log-likelihood and token count."""
+    """Whether a suite's lines are documents (each's log-likelihood and token count): read only for a task no YAML
+    describes (`Evidence.kind_of`); a suite's declared kind decides how it is compared."""
     return bool(items) and all("loglikelihood" in item and "n_tokens" in item for item in items.values())
 
 
@@ -121,18 +140,18 @@ def decide(evidence: Evidence, params: Params) -> dict:
     variants = {variant: _decide_variant(variant, evidence, params, speeds, flagged)
                 for variant in results if variant != "base"}
     attach_fixes(variants, evidence.quant, evidence.sensitivity, params)  # each W4A16 variant beside its fix
-    base_suites = {s: suite_score(items) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
+    base_suites = {s: suite_score(items, evidence.perplexity(s)) | ({"unsandboxed": True} if f"base/{s}" in flagged else {})
                    for s, items in results.get("base", {}).items()}
     return {
         **({"unsandboxed": flagged} if flagged else {}),  # every result whose model-written code ran without isolation
         "variants": variants,
         "base": {"suites": base_suites},
-        "long_context": long_context_tables(results, evidence.summaries),
+        TABLES_KEY: retrieval_tables(results, evidence.summaries, evidence.kinds),
         # the generated visual suites' tables by difficulty, where any was scored (none: no key, as before them)
         **({"difficulty": tables} if (tables := difficulty_tables(results, evidence.summaries)) else {}),
         "engines": engine_notes(evidence.summaries, list(params.suites)),
         "budgets": budget_table(results, p.max_cut_share),  # per suite and model: answers cut at the token budget, and where
-        "method_comparisons": method_comparisons(results, evidence.quant, p.confidence),
+        "method_comparisons": method_comparisons(results, evidence.quant, p.confidence, evidence.perplexity),
         "speed": speeds,
         "params_sha256": params.digest(),
         # variants of params.yaml with no result: named, never left out in silence (--fail-on incomplete fails them)
@@ -140,13 +159,14 @@ def decide(evidence: Evidence, params: Params) -> dict:
     }
 
 
-def long_context_tables(results: dict, summaries: dict[str, dict[str, dict]]) -> dict:
-    """Per model, the retrieval table of its suite that has one (a retrieval-table suite's `table` in <suite>.json,
-    whatever the suite's name: the long-context accuracy by length and needle depth, and what was skipped)."""
+def retrieval_tables(results: dict, summaries: dict[str, dict[str, dict]], kinds: dict[str, str]) -> dict:
+    """Per model, the table of its retrieval-table suite (the kind its YAML declares, `kinds`; whatever the suite's
+    name): its `table` in <suite>.json, the accuracy by length and needle depth, and what was skipped."""
     tables = {}
     for model in results:
-        found = [summary["table"] for summary in summaries.get(model, {}).values()
-                 if (summary.get("table") or {}).get("by_length_and_depth") is not None]
+        found = [summary["table"] for suite, summary in summaries.get(model, {}).items()
+                 if kinds.get(suite) == "retrieval-table" and (summary.get("table") or {}).get("by_length_and_depth")
+                 is not None]
         if found:
             tables[model] = found[0]
     return tables
@@ -201,7 +221,7 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
                                     margin=p.margin_for(suite), confidence=p.confidence, iterations=p.bootstrap,
                                     seed=p.seed, floor_ceiling=p.floor_ceiling,
                                     available=suite_size(evidence.summaries, variant, suite))
-                      for suite in compared if not is_perplexity(results["base"][suite])]
+                      for suite in compared if not evidence.perplexity(suite)]
     unsandboxed = {v.suite: [m for m in ("base", variant) if f"{m}/{v.suite}" in flagged] for v in suite_verdicts}
     for v in suite_verdicts:
         if unsandboxed[v.suite]:
@@ -209,20 +229,15 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     perplexity = {suite: compare_perplexity(results["base"][suite], suites[suite], variant=variant, suite=suite,
                                             margin=p.perplexity_margin_for(suite), confidence=p.confidence,
                                             available=suite_size(evidence.summaries, variant, suite))
-                  for suite in compared if is_perplexity(results["base"][suite])}
+                  for suite in compared if evidence.perplexity(suite)}
     _shown_not_counted(suite_verdicts, perplexity, evidence, variant, p.max_cut_share)
     judged = judge_verdict(evidence.judge.get(variant), params)
-    extra = [(suite, v.decision) for suite, v in perplexity.items() if v.counted]
-    if judged and judged["counted"]:
-        extra.append(("judge", judged["decision"]))
-    speed = speed_verdict(speeds, variant, p)
-    if speed and speed.get("counted"):
-        extra.append(("speed at batch 1", NO_GO))  # speed can stop a variant, never pass one
-    decision, reasons = overall(suite_verdicts, extra)
+    speed = speed_verdict(speeds, variant, p)  # speed can stop a variant, never pass one
+    decision, reasons = overall(suite_verdicts, perplexity, judged, speed)
     for suite in sorted(suites):  # a result run without isolation that no suite comparison above shows
         if f"{variant}/{suite}" in flagged and suite not in unsandboxed:
             reasons.insert(0, _unsandboxed_reason([variant], suite))
-    if speed and speed.get("counted"):
+    if facts.counted_entries({"speed": speed}, facts.SPEED):
         reasons.append(f"slower than the base at batch 1: {speed['reason']}")
     steps = next_steps(variant, suite_verdicts, perplexity, judged, evidence.summaries, params)
     return {
@@ -246,11 +261,11 @@ def _decide_variant(variant: str, evidence: Evidence, params: Params, speeds: di
     }
 
 
-def method_comparisons(results: dict, quant: dict[str, dict | None], confidence: float) -> list[dict]:
+def method_comparisons(results: dict, quant: dict[str, dict | None], confidence: float, perplexity) -> list[dict]:
     """Each method against those it declares in COMPARED_WITH (pipeline/methods/: AWQ against round-to-nearest,
     the contrast of the AWQ paper, Lin et al. 2023), variants at the same group size, on every perplexity suite
     both ran: the variant's perplexity relative to the other's, paired per document. Shown, not counted: the
-    verdict compares each variant with the base."""
+    verdict compares each variant with the base. `perplexity(suite)`: whether the suite is a perplexity suite."""
     from pipeline import methods
 
     quant = {name: quant.get(name) or {} for name in results if name != "base"}
@@ -260,16 +275,16 @@ def method_comparisons(results: dict, quant: dict[str, dict | None], confidence:
             for against, r in quant.items():
                 if q.get("method") != method or r.get("method") != other or q.get("group_size") != r.get("group_size"):
                     continue
-                rows += _compared(results, variant, against, confidence,
+                rows += _compared(results, variant, against, confidence, perplexity,
                                   {"method": method, "against_method": other, "why": why,
                                    "group_size": q.get("group_size")})
     return rows
 
 
-def _compared(results: dict, variant: str, against: str, confidence: float, row: dict) -> list[dict]:
+def _compared(results: dict, variant: str, against: str, confidence: float, perplexity, row: dict) -> list[dict]:
     rows = []
     for suite in sorted(set(results[variant]) & set(results[against])):
-        if not (is_perplexity(results[variant][suite]) and is_perplexity(results[against][suite])):
+        if not perplexity(suite):
             continue
         c = compare_perplexity(results[against][suite], results[variant][suite], variant=variant, suite=suite,
                                margin=1.0, confidence=confidence)
@@ -282,11 +297,11 @@ def _compared(results: dict, variant: str, against: str, confidence: float, row:
     return rows
 
 
-def suite_score(items: dict) -> dict:
+def suite_score(items: dict, perplexity: bool) -> dict:
     """A model's score on one suite: mean score over its items (avg@k where sampled k times per item, with pass@k),
-    or perplexity over all its tokens."""
+    or, a perplexity suite's, perplexity over all its tokens."""
     n = len(items)
-    if is_perplexity(items):
+    if perplexity:
         tokens = sum(i["n_tokens"] for i in items.values())
         return {"n": n, "perplexity": math.exp(-sum(i["loglikelihood"] for i in items.values()) / tokens) if tokens else None}
     return {"n": n, "score": sum(i["score"] for i in items.values()) / n if n else None, **(sampled_figures(items) or {})}
@@ -370,8 +385,8 @@ def _gate_reason(v: dict, fail_on: str) -> str | None:
     """Why one decided variant trips the gate `fail_on`, or None."""
     if v["decision"] == NO_GO or (v["decision"] == INCONCLUSIVE and fail_on != "no-go"):
         return v["decision"]
-    if fail_on == "incomplete" and not v["coverage"]["complete"]:
-        return f"{v['decision']}, incomplete: {incomplete_why(v['coverage'])}"
+    if fail_on == "incomplete" and not facts.complete(v):
+        return f"{v['decision']}, incomplete: {facts.incomplete_why(v)}"
     return None
 
 

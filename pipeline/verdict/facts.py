@@ -3,12 +3,14 @@ every reader of it: the headline (pipeline/verdict/headline.py), the fix (fix.py
 (pipeline/report/screen.py), the gate (decision.py) and the model cards (pipeline/report/card_*.py).
 
     counted(entry)          what the decision counted: (suite, kind, decision) of the right/wrong suites, the
-                            perplexity suites, the judge and speed at batch 1
+                            perplexity suites, the judge and speed at batch 1 (`counted_entries`: with their
+                            figures; `counted_part`: one suite's)
     nogo_on(entry)          what it is NO-GO on (by kind: `nogo_by_kind`)
     not_settled_on(entry)   the counted suites whose interval settles neither way
     not_counted(entry)      {suite: why} of what is shown and not counted
     by_state(entry)         coverage by state: {state: [suite]}, over every suite (or only those the base ran)
     rests_on(entry)         what the decision rests on, in words
+    incomplete_why(entry)   why a GO rests on fewer suites than the base ran (the gate's --fail-on incomplete)
     ships(entry)            whether this variant is one to ship: a plain GO, never a GO resting on fewer suites
                             than the base ran, an INCONCLUSIVE or a NO-GO
     unreachable(step)       a next step that asks for more items than its suite has (`next_steps.py` says so)
@@ -26,17 +28,29 @@ PARTS = (("suites", ACCURACY), ("perplexity", PERPLEXITY))  # verdict.json's par
 SPEED_SUITE = "speed at batch 1"  # what a counted speed regression is named as
 
 
-def counted(entry: dict) -> list[tuple[str, str, str | None]]:
-    """(suite, kind, decision) of everything the variant's decision counted, right/wrong suites then perplexity
-    suites (each by name), then the judge, then speed (a counted speed is a NO-GO)."""
-    found = [(suite, kind, d.get("decision")) for part, kind in PARTS
+def counted_entries(entry: dict, *kinds: str) -> list[tuple[str, str, dict]]:
+    """(suite, kind, its part of the entry) of everything the variant's decision counted, right/wrong suites then
+    perplexity suites (each by name), then the judge, then speed at batch 1 (a counted speed is a NO-GO); only those
+    of `kinds` when given. The one reading of what was counted: every reader of the figures goes through it."""
+    found = [(suite, kind, d) for part, kind in PARTS
              for suite, d in (entry.get(part) or {}).items() if isinstance(d, dict) and d.get("counted")]
     judge = entry.get("judge") or {}
     if judge.get("counted"):
-        found.append((JUDGE, JUDGE, judge.get("decision")))
-    if (entry.get("speed") or {}).get("counted"):
-        found.append((SPEED_SUITE, SPEED, NO_GO))
-    return found
+        found.append((JUDGE, JUDGE, judge))
+    speed = entry.get("speed") or {}
+    if speed.get("counted"):
+        found.append((SPEED_SUITE, SPEED, speed))
+    return [row for row in found if not kinds or row[1] in kinds]
+
+
+def counted_part(entry: dict, kind: str, suite: str) -> dict | None:
+    """The suite's part of the entry (its figures) where the decision counted it as `kind`, else None."""
+    return next((d for s, k, d in counted_entries(entry, kind) if s == suite), None)
+
+
+def counted(entry: dict) -> list[tuple[str, str, str | None]]:
+    """(suite, kind, decision) of everything the variant's decision counted (`counted_entries`)."""
+    return [(suite, kind, NO_GO if kind == SPEED else d.get("decision")) for suite, kind, d in counted_entries(entry)]
 
 
 def nogo_by_kind(entry: dict) -> dict[str, list[str]]:
@@ -112,6 +126,16 @@ def rests_on(entry: dict, name=str, words: dict[str, str] | None = None) -> str:
     parts = [f"decided on {and_list(shown[DECIDED])}" if shown.get(DECIDED) else "nothing decided"]
     parts += [f"{and_list(shown[state])} {words[state]}" for state in words if shown.get(state)]
     return "; ".join(parts)
+
+
+def incomplete_why(entry: dict) -> str:
+    """Why a variant's decision rests on fewer suites than the base ran, in a few words: "decided on 4 of the 6 suites
+    the base ran; math not run; code not run"."""
+    ran = (entry.get("coverage") or {}).get("base_ran") or []
+    states = coverage_states(entry)
+    left = [s for s in ran if (states.get(s) or {}).get("state") != DECIDED]
+    return (f"decided on {len(ran) - len(left)} of the {len(ran)} suites the base ran; "
+            + "; ".join(f"{s} {LABELS[states[s]['state']]}" for s in left))
 
 
 def complete(entry: dict) -> bool:

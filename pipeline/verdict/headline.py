@@ -117,7 +117,7 @@ def decisions(verdict: dict) -> list[dict]:
     rows = []
     for name in ordered(variants):
         entry = variants[name]
-        line = f"{label(entry)} {rests(entry)}" if (entry.get("coverage") or {}).get("suites") else phrase(entry)
+        line = f"{label(entry)} {rests(entry)}" if facts.coverage_states(entry) else phrase(entry)
         rows.append({"variant": name, "decision": entry.get("decision"), "label": label(entry), "rests_on": line,
                      "why": entry.get("why") or ""})
     return rows

@@ -19,7 +19,7 @@ def why_in_brief(decision: str, parts: dict) -> str:
     """The decision's reason in a few words, for the first screen (the full sentences stay in the suites'
     details, verdict.json and `quantize show-verdict`); `parts`: the entry's suites, perplexity, judge and speed as
     verdict.json holds them, read through pipeline/verdict/facts.py."""
-    if (parts.get("speed") or {}).get("counted"):
+    if facts.counted_entries(parts, facts.SPEED):
         return "slower than the base at batch 1 on the deployment engine"
     counted = facts.counted(parts)
     if not counted:
@@ -129,17 +129,18 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
                       "duration": _duration(seconds) if seconds is not None else None, "text": text, "counted": True})
     steps += samples_steps(variant, suite_verdicts, summaries)
     stronger = "(judge.backend: vllm or openai with a stronger model), not more prompts"
+    judge_counted = bool(facts.counted_entries({"judge": judged}, facts.JUDGE))
     if judged and judged["decision"] == UNRELIABLE:
         summary = judged["summary"]
         steps.append({"suite": "judge", "now": summary.get("n") or 0, "needed": None, "unit": "judged pairs",
-                      "commands": [], "seconds": None, "duration": None, "counted": judged["counted"],
+                      "commands": [], "seconds": None, "duration": None, "counted": judge_counted,
                       "text": f"judge: unreliable: it gave the same verdict with the answers swapped in "
                               f"{share(summary.get('consistency') or 0)} of pairs; a stronger judge is needed {stronger}"})
     if judged and judged["decision"] == INCONCLUSIVE and judged["summary"].get("mode", "pairwise") == "pairwise":
         summary = judged["summary"]
         if not summary.get("n"):
             steps.append({"suite": "judge", "now": 0, "needed": None, "unit": "judged pairs", "commands": [],
-                          "seconds": None, "duration": None, "counted": judged["counted"],
+                          "seconds": None, "duration": None, "counted": judge_counted,
                           "text": f"judge: no pair was judged; a judge that answers in the required format is needed "
                                   f"{stronger}"})
         else:
@@ -154,5 +155,5 @@ def next_steps(variant: str, suite_verdicts: list, perplexity: dict, judged: dic
             steps.append({"suite": "judge", "now": summary["n"], "needed": needed, "unit": "judged pairs",
                           "commands": [command], "seconds": round(seconds, 1) if seconds else None,
                           "duration": _duration(seconds) if seconds else None, "text": text,
-                          "counted": judged["counted"]})
+                          "counted": judge_counted})
     return steps
