@@ -150,6 +150,18 @@ def test_max_servers_stops_the_idle_server_of_another_checkpoint(tmp_path, tiny_
     assert len(running) == 1  # two at most: the least recently used idle one was stopped
 
 
+def test_a_holder_that_ends_while_a_stage_looks_for_room_is_no_reason_to_refuse(tmp_path, tiny_llama, registry, run):
+    """CI (2026-12-07, under load): a stage waiting for the one server engine.max_servers allows was refused "holds every
+    server up" when the holder ended between stop_idle (which saw the server leased) and the refusal's check (which
+    saw it leased by nobody). A server given back in between is stopped on the next round, not a refusal."""
+    env = {shared.RUN_PID_ENV: str(run.pid)}
+    _, holder = stage(tiny_llama, tmp_path / "a.log", env=env, hold=True)
+    busy = shared.entries(registry)
+    holder.kill()
+    holder.wait()
+    assert shared._refuse_when_all_mine(registry, busy, 1, "eval", None) is None
+
+
 def test_max_servers_holds_when_every_server_is_in_use(tmp_path, tiny_llama, registry, run):
     """engine.max_servers is never passed (a run with fixes serves more models than it keeps servers): a stage that
     needs another checkpoint while every server is in use waits until one is given back, then stops it and starts
@@ -169,7 +181,9 @@ def test_max_servers_holds_when_every_server_is_in_use(tmp_path, tiny_llama, reg
     assert len(shared.entries(registry)) == 1 and waiting.poll() is None  # no second server while the first is used
     holder.kill()  # the lease is given back (a SIGKILLed stage's lease counts as released)
     holder.wait()
-    second = json.loads(waiting.stdout.readline())
+    line = waiting.stdout.readline()
+    assert line, waiting.stderr.read()
+    second = json.loads(line)
     assert waiting.wait(timeout=60) == 0
     assert second["started"] and gone(first["server_pid"])  # the idle one was stopped for it: one server at a time
     lease = shared.acquire([*STAGE_SERVER, str(tiny_llama), "--served-model-name", "model"], "--port",

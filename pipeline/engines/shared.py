@@ -187,9 +187,13 @@ def _fits(busy: dict, max_servers: int, gpu_bytes: int | None, gpu_budget: int |
 def _refuse_when_all_mine(registry: Path, busy: dict, max_servers: int, name: str, gpu_budget: int | None) -> None:
     """No room for one more server and none is idle: a stage waits for one to be given back, unless this process
     holds every one itself (nobody else would give one back). Call with the lock held."""
-    mine = lease_name()
-    if [k for k, e in busy.items() if e.get("state") == "starting" or set(live_leases(registry, k)) - {mine}]:
-        return
+    mine, pinned = lease_name(), (kept_last(registry) if gpu_budget else None)
+    for key, entry in busy.items():
+        leases = set(live_leases(registry, key))
+        if entry.get("state") == "starting" or leases - {mine}:
+            return  # another process holds it and gives it back
+        if not leases and entry.get("model_path") != pinned:
+            return  # given back since stop_idle looked (its holder ended in between): stopped on the next round
     # a job of the run working on a server's model holds it between its requests too (a judge between its two
     # servers, loading its prompts): stop_idle keeps that server, and the job gives it back when its work ends
     working = {str(Path(j["model"]).resolve()) for j in running_jobs(registry) if j.get("model")}
