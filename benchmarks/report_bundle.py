@@ -94,6 +94,7 @@ def render_bundle(bundle: Path, out_dir: Path, leave_out: tuple[str, ...] = ()) 
                 print(f"left out {member.relative_to(tmp)} (--leave-out {pattern})")
         if not Path("params.yaml").is_file() or not Path("results").is_dir():
             raise Refused(f"{bundle}: holds no params.yaml or no results/; make it with `report_bundle.py pack PROJECT`")
+        _tables_under_their_key(Path("results"))
         params = load(Path("params.yaml"))
         environment = Path("environment.json")
         result = report.run(Path("results"), Path("reports"), params, models_dir=Path("models"),
@@ -101,6 +102,19 @@ def render_bundle(bundle: Path, out_dir: Path, leave_out: tuple[str, ...] = ()) 
                             environment=json.loads(environment.read_text()) if environment.is_file() else None)
         _publish(Path("reports"), out_dir)
     return result.verdict
+
+
+OLD_TABLE_KEY = "long_context"  # where a run before issue 65 kept a suite's table (<suite>.json) and the tables (verdict.json)
+
+
+def _tables_under_their_key(results: Path) -> None:
+    """A bundle of a run before issue 65 (the GPU run of 2026-12-02): its long-context suite's <suite>.json kept the
+    table under `long_context`; the pipeline reads it under `table`, as every summary is written since."""
+    for path in results.glob("*/*.json"):
+        summary = json.loads(path.read_text())
+        if isinstance(summary, dict) and OLD_TABLE_KEY in summary and "table" not in summary:
+            summary["table"] = summary.pop(OLD_TABLE_KEY)
+            path.write_text(json.dumps(summary, indent=2))
 
 
 def _publish(rendered: Path, out_dir: Path) -> None:
@@ -127,7 +141,11 @@ def render_verdict(verdict_file: Path, out_dir: Path, params_file: Path, base_co
     from pipeline.verdict.headline import with_headline
     from pipeline.report.render import render_html
 
+    from pipeline.verdict.decision import TABLES_KEY
+
     stored = json.loads(verdict_file.read_text())
+    if OLD_TABLE_KEY in stored and TABLES_KEY not in stored:  # a verdict written before issue 65
+        stored[TABLES_KEY] = stored.pop(OLD_TABLE_KEY)
     for key in ("headline", "synthetic", "decisions"):
         stored.pop(key, None)
     import contextlib

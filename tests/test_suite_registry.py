@@ -15,6 +15,7 @@ from pipeline.errors import UserError
 from pipeline.settings import suites
 from pipeline.settings.params import Params
 from pipeline.stages import evaluate, report
+from pipeline.verdict.decision import TABLES_KEY
 from test_bad_inputs import assert_refused, invoke
 
 @pytest.fixture(autouse=True)
@@ -173,7 +174,7 @@ def test_a_retrieval_table_suite_keeps_its_table_under_any_name(tmp_path):
     params = Params.model_validate(with_variants({**TINY_PARAMS, "suites": {
         "math": TINY_PARAMS["suites"]["math"], "needles": {"task": "quant_long_context"}}}, "v"))
     verdict = report.run(results, tmp_path / "reports", params, models_dir=tmp_path / "models").verdict
-    assert verdict["long_context"]["v"]["by_length_and_depth"] == {
+    assert verdict[TABLES_KEY]["v"]["by_length_and_depth"] == {
         str(n): {"d0": {"n": 4, "score": 0.5}, "d50": {"n": 4, "score": 0.5}} for n in (1024, 2048)}
 
 
@@ -249,14 +250,12 @@ def test_suites_with_their_own_table_images_or_thinking_are_folders_too(tmp_path
 def test_pipeline_names_no_suite_of_evals():
     """Nor a shipped suite's name or folder as a string (`== "long_context"`, `suites["vqa"]`): a special case by
     name is what a folder of its own could never get. The words that are also something else are left out: the
-    `code` stage, the kind and verdict part `perplexity`, the unit `documents`, the page's `charts`; the one old key
-    a summary or verdict kept a table under is named once, by the constant that reads it."""
+    `code` stage, the kind and verdict part `perplexity`, the unit `documents`, the page's `charts`."""
     other_meanings = {"code", "perplexity", "documents", "charts"}
     words = {w for s in suites.shipped().values() for w in (s.name, s.folder.name)} - other_meanings
-    kept = re.compile(r"^(OLD_TABLE_KEY|TABLES_KEY) = ")  # formats/results.py, verdict/decision.py
     sources = [p for p in (REPO / "pipeline").rglob("*") if p.suffix in (".py", ".html")]
     named = [f"{p.relative_to(REPO)}:{n} names {word}" for p in sources
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if not kept.match(line)
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              for word in words if re.search(rf"""["']{re.escape(word)}["']""", line)]
     assert named == []
 

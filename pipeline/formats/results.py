@@ -44,12 +44,11 @@ CELL = {"score": "number", "n": "count"}
 # a generated visual suite's per bin of one difficulty axis (evals/visual/common.py: by_difficulty)
 SUITE_TABLE = {"by_length_and_depth?": {"*": {"*": CELL}}, "lengths_skipped?": [{"length": "count", "reason": "text"}],
                "by_difficulty?": {"axis": "text", "bins": {"*": CELL}}}
-OLD_TABLE_KEY = "long_context"  # where a <suite>.json kept its table before suites declared their kind (issue 65)
 SUMMARY = {"status?": ("text", None), "reason?": ("text", None), "engine?": ("text", None), "available?": "count",
            "checkpoint?": ("text", None),  # the weights it was scored on (pipeline/checkpoints/fingerprint.py)
            "engine_defects?": [ENGINE_DEFECT],
            # a suite's own table (its hooks' summarize: pipeline/settings/suites.py)
-           "table?": SUITE_TABLE, f"{OLD_TABLE_KEY}?": SUITE_TABLE}
+           "table?": SUITE_TABLE}
 COMMAND = "quantize eval models/{model} --suite {suite}"  # what writes them again
 NO_ITEMS = "\n"  # a suite not run (or not applicable): no item; not an empty file (DVC: "WARNING: ... is empty")
 
@@ -68,12 +67,8 @@ def write_results(out_dir: Path | str, suite: str, lines: list[dict], summary: d
 
 
 def read_summary(path: Path | str) -> dict | None:
-    """A <suite>.json, checked for what the report uses of it; None when absent. The long-context suite's table,
-    written under `long_context` before suites declared their kind (issue 65), is read as the suite's `table`."""
-    summary = read_checked_json(Path(path), SUMMARY, COMMAND)
-    if summary is not None and OLD_TABLE_KEY in summary and "table" not in summary:
-        summary["table"] = summary.pop(OLD_TABLE_KEY)
-    return summary
+    """A <suite>.json, checked for what the report uses of it; None when absent."""
+    return read_checked_json(Path(path), SUMMARY, COMMAND)
 
 
 def read_lines(path: Path | str) -> dict[str, dict]:
