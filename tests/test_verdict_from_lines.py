@@ -14,6 +14,7 @@ from conftest import TINY_PARAMS, write_params
 from pipeline.stages import report
 from pipeline.errors import UserError
 from pipeline.settings.params import Params
+from pipeline.verdict.decision import TABLES_KEY
 from report_fixture import demo_like, judge_line, write_judge
 from test_bad_inputs import assert_refused, invoke
 from test_report import write_results
@@ -135,7 +136,7 @@ def test_the_long_context_table_is_recomputed_from_its_lines(tmp_path):
             "by_length_and_depth": {"1024": {"d0": {"n": 4, "score": 1.0}}}, "lengths_skipped": []}}))
     params = {**TINY_PARAMS, "variants": {"v": {"method": "rtn", "group_size": 32}},
               "suites": {**TINY_PARAMS["suites"], "long_context": {"task": "quant_long_context"}}}
-    table = _verdict(tmp_path, params)["long_context"]["base"]["by_length_and_depth"]
+    table = _verdict(tmp_path, params)[TABLES_KEY]["base"]["by_length_and_depth"]
     assert table == {str(n): {"d0": {"n": 4, "score": 0.25}, "d50": {"n": 4, "score": 0.75}} for n in (1024, 2048)}
     (results / "v" / "long_context.jsonl").write_text(json.dumps({"id": "needle-long", "score": 1.0, "correct": True}) + "\n")
     with pytest.raises(UserError, match="long_context.jsonl: id 'needle-long' is not kind-length-dDEPTH-repeat"):
